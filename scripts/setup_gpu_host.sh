@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# Install the bundle on a GPU host without package access (source this script):
+#   source scripts/setup_gpu_host.sh
+# Installs the cuda-tile wheel with pip --no-index, unpacks tileiras/ptxas/libnvvm 13.4 under
+# $WAVEFRONT_TK (default /tmp/wavefront-tk), puts them on PATH / LD_LIBRARY_PATH and unsets
+# CUDA_HOME and CUDA_PATH (an older toolkit there makes tileiras fail with "Return code 5").
+_wf_root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+WAVEFRONT_TK="${WAVEFRONT_TK:-/tmp/wavefront-tk}"
+_wf_py="${PYTHON:-python3}"
+if ! "$_wf_py" -c "import cuda.tile" 2>/dev/null; then
+    "$_wf_py" -m pip install -q --no-deps --no-index "$_wf_root"/bundle/cuda_tile-*.whl
+fi
+if [ ! -x "$WAVEFRONT_TK/cu13/bin/tileiras" ]; then
+    mkdir -p "$WAVEFRONT_TK"
+    tar -C "$WAVEFRONT_TK" -xJf "$_wf_root"/bundle/tileiras-*.tar.xz
+fi
+export PATH="$WAVEFRONT_TK/cu13/bin:$PATH"
+export LD_LIBRARY_PATH="$WAVEFRONT_TK/cu13/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+export PATH="$PATH:/usr/local/cuda/bin"   # ncu
+unset CUDA_HOME CUDA_PATH
+export PYTHONPATH="$_wf_root${PYTHONPATH:+:$PYTHONPATH}"
+export CUDA_TILE_CACHE_DIR="${CUDA_TILE_CACHE_DIR:-/tmp/wavefront-cutile-cache}"
+unset _wf_root _wf_py

@@ -1,0 +1,250 @@
+"""`wavefront` command line."""
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+
+import click
+
+from wavefront.schedules import CTA_SCHEDULES, KV_SCHEDULES
+
+
+def _schedules_option(default):
+    return click.option("--schedule", "schedules", default=default, show_default=True,
+                        help="Comma-separated '<cta>+<kv>' with cta in "
+                             f"{{{','.join(CTA_SCHEDULES)}}} and kv in {{{','.join(KV_SCHEDULES)}}}.")
+
+
+def _int_list(ctx, param, value):
+    if value is None:
+        return None
+    try:
+        out = [int(x) for x in str(value).split(",") if x.strip()]
+    except ValueError:
+        raise click.BadParameter(f"expected comma-separated integers, got {value!r}") from None
+    if not out or any(x <= 0 for x in out):
+        raise click.BadParameter(f"expected positive integers, got {value!r}")
+    return out
+
+
+@click.group()
+@click.version_option(package_name="wavefront")
+def main():
+    """wavefront: cache behaviour of attention kernels on NVIDIA GPUs."""
+
+
+@main.command()
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+def info(as_json):
+    """GPU, L2, driver and tool versions (or what is missing on a CPU-only machine)."""
+    from wavefront.device import current_device, find_ncu, software_versions
+    dev = current_device()
+    data = {"gpu": dev.as_dict() if dev else None, **software_versions(),
+            "ncu_path": find_ncu()}
+    if as_json:
+        click.echo(json.dumps(data, indent=2))
+        return
+    if dev is None:
+        click.echo("GPU: none visible (CPU-only machine): kernels can still be compiled ahead "
+                   "of time with `wavefront compile`; measuring needs a GPU.")
+    else:
+        click.echo(f"GPU: {dev.name} (sm_{dev.compute_capability.replace('.', '')}), "
+                   f"{dev.sms} SMs, L2 {dev.l2_bytes / 2**20:.1f} MiB, "
+                   f"memory {dev.memory_bytes / 2**30:.1f} GiB")
+        click.echo(f"driver: {dev.driver_version}, CUDA runtime {dev.cuda_runtime}")
+    for key in ("cuda_tile", "tileiras", "cupy", "torch"):
+        click.echo(f"{key}: {data[key] or 'not found'}")
+    click.echo(f"ncu: {data['ncu'] + ' at ' + data['ncu_path'] if data['ncu'] else 'not found'}")
+
+
+def _compile_one(args):
+    variant, arch = args
+    from wavefront.cubin import kernel_resources
+    from wavefront.kernels import compile_variant
+    start = time.perf_counter()
+    try:
+        cubin = compile_variant(variant, arch)
+    except Exception as exc:
+        return variant, None, time.perf_counter() - start, f"{type(exc).__name__}: {exc}"
+    res = kernel_resources(cubin)
+    return variant, res[0] if res else None, time.perf_counter() - start, None
+
+
+@main.command("compile")
+@click.option("--arch", default="sm_90", show_default=True, help="Target GPU architecture.")
+@click.option("--all", "all_variants", is_flag=True,
+              help="Every specialisation (both dtypes, all tiles, LSE on and off); default: bf16, "
+                   "the default tiles, no LSE.")
+@click.option("--jobs", "-j", type=click.IntRange(1, 128), default=None,
+              help="Parallel compiler processes (default: CPU count).")
+def compile_cmd(arch, all_variants, jobs):
+    """Compile kernel specialisations ahead of time (no GPU needed)."""
+    from concurrent.futures import ProcessPoolExecutor
+
+    from wavefront import kernels
+    if all_variants:
+        variants = list(kernels.all_variants(write_lse=(False, True)))
+    else:
+        variants = list(kernels.all_variants(dtypes=("bfloat16",),
+                                             tiles=sorted(set(kernels.DEFAULT_TILES.values()))))
+    jobs = jobs or os.cpu_count() or 1
+    failures = 0
+    start = time.perf_counter()
+    click.echo(f"compiling {len(variants)} variants for {arch} with {jobs} processes")
+    with ProcessPoolExecutor(max_workers=jobs) as pool:
+        for variant, res, seconds, error in pool.map(_compile_one,
+                                                     [(v, arch) for v in variants]):
+            if error:
+                failures += 1
+                click.echo(f"{variant.label:<48} FAILED {seconds:6.1f} s  {error}")
+                continue
+            regs = res.registers if res and res.registers is not None else "?"
+            smem = f"{res.shared_bytes / 1024:.0f} KiB" if res else "?"
+            click.echo(f"{variant.label:<48} regs {regs:>4}  smem {smem:>8}  {seconds:6.1f} s")
+    click.echo(f"{len(variants) - failures} compiled, {failures} failed in "
+               f"{time.perf_counter() - start:.0f} s")
+    if failures:
+        sys.exit(1)
+
+
+def _config_options(f):
+    opts = [
+        click.option("--batch", type=click.IntRange(min=1), default=1, show_default=True),
+        click.option("--heads", type=click.IntRange(min=1), default=32, show_default=True),
+        click.option("--kv-heads", type=click.IntRange(min=1), default=None,
+                     help="K/V heads (GQA); default: --heads."),
+        click.option("--dtype", type=click.Choice(["bfloat16", "float16"]), default="bfloat16",
+                     show_default=True),
+        click.option("--tile", "tiles", default=None, help="MxN (64x64, 128x64, 128x128)."),
+        click.option("--occupancy", type=click.IntRange(1, 32), default=None),
+        click.option("--ctas", type=click.IntRange(min=1), default=None,
+                     help="Persistent grid size (default: SMs x occupancy)."),
+        click.option("--warmup", type=click.IntRange(min=0), default=5, show_default=True),
+        click.option("--reps", type=click.IntRange(min=1), default=30, show_default=True),
+    ]
+    for opt in reversed(opts):
+        f = opt(f)
+    return f
+
+
+def _require_gpu():
+    from wavefront.device import current_device
+    dev = current_device()
+    if dev is None:
+        raise click.ClickException("no CUDA GPU is visible: `run` and `bench` measure on a GPU "
+                                   "(`wavefront compile` and `wavefront simulate` do not need one)")
+    return dev
+
+
+@main.command()
+@_config_options
+@click.option("--seqlen", type=click.IntRange(min=1), default=8192, show_default=True)
+@click.option("--head-dim", type=click.Choice(["64", "128"]), default="128", show_default=True)
+@click.option("--causal/--no-causal", default=False, show_default=True)
+@click.option("--schedule", default="persistent+linear", show_default=True,
+              help="'<cta>+<kv>'.")
+@click.option("--json", "as_json", is_flag=True)
+def run(batch, heads, kv_heads, dtype, tiles, occupancy, ctas, warmup, reps, seqlen, head_dim,
+        causal, schedule, as_json):
+    """One configuration: check against the reference, time it, print TFLOP/s."""
+    from wavefront.api import parse_schedule, parse_tiles
+    from wavefront.bench import Config, measure
+    try:
+        parse_schedule(schedule)
+        if tiles:
+            parse_tiles(tiles)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc)) from None
+    dev = _require_gpu()
+    cfg = Config(batch, heads, kv_heads, seqlen, int(head_dim), dtype, causal, schedule, tiles,
+                 occupancy, ctas)
+    m = measure(cfg, warmup=warmup, reps=reps)
+    if as_json:
+        click.echo(json.dumps({"gpu": dev.name, **m.as_dict()}, indent=2))
+        return
+    status = "ok" if m.rel_error < 1e-2 else "WRONG"
+    click.echo(f"{dev.name}: {schedule} B={batch} H={heads} S={seqlen} D={head_dim} {dtype} "
+               f"{'causal' if causal else 'non-causal'} ctas={m.num_ctas}")
+    click.echo(f"rel. error {m.rel_error:.2e} ({status}); median {m.timing['median_ms']:.3f} ms "
+               f"(p10 {m.timing['p10_ms']:.3f}, p90 {m.timing['p90_ms']:.3f}); "
+               f"{m.tflops:.1f} TFLOP/s")
+    if m.rel_error >= 1e-2:
+        sys.exit(1)
+
+
+@main.command()
+@_config_options
+@click.option("--seqlen", "seqlens", default="8192", show_default=True, callback=_int_list,
+              help="Comma-separated sequence lengths.")
+@click.option("--head-dim", "head_dims", default="64,128", show_default=True, callback=_int_list)
+@click.option("--causal", "causal_modes", type=click.Choice(["both", "yes", "no"]),
+              default="both", show_default=True)
+@_schedules_option("grid+linear,persistent+linear,persistent+sawtooth,grouped+linear,"
+                   "grouped+sawtooth")
+@click.option("--peers/--no-peers", default=True, show_default=True,
+              help="Time torch SDPA flash (FA2) and cuDNN in the same process.")
+@click.option("--out", "out_path", type=click.Path(dir_okay=False), default=None,
+              help="Also write every measurement as JSON lines here.")
+def bench(batch, heads, kv_heads, dtype, tiles, occupancy, ctas, warmup, reps, seqlens,
+          head_dims, causal_modes, schedules, peers, out_path):
+    """A table of schedules x shapes, as TFLOP/s and ratios to FA2 and cuDNN."""
+    from wavefront.api import parse_schedule
+    from wavefront.bench import Config, measure, measure_peers
+    schedule_list = [s.strip() for s in schedules.split(",") if s.strip()]
+    try:
+        for s in schedule_list:
+            parse_schedule(s)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="--schedule") from None
+    dev = _require_gpu()
+    causals = {"both": (False, True), "yes": (True,), "no": (False,)}[causal_modes]
+    shapes = [(s, d, c) for s in seqlens for d in head_dims for c in causals]
+    rows = []
+    sink = open(out_path, "a") if out_path else None
+    total = len(shapes) * len(schedule_list)
+    with click.progressbar(length=total, label="measuring", file=sys.stderr) as bar:
+        for seqlen, head_dim, causal in shapes:
+            base = Config(batch, heads, kv_heads, seqlen, head_dim, dtype, causal,
+                          "persistent+linear", tiles, occupancy, ctas)
+            peer = measure_peers(base, warmup=warmup, reps=reps) if peers else {}
+            for sched in schedule_list:
+                cfg = Config(batch, heads, kv_heads, seqlen, head_dim, dtype, causal, sched,
+                             tiles, occupancy, ctas)
+                try:
+                    m = measure(cfg, warmup=warmup, reps=reps)
+                    m.peers = peer
+                    row = m.as_dict()
+                except Exception as exc:  # one failing point must not lose the table
+                    row = {"config": cfg.__dict__, "error": f"{type(exc).__name__}: {exc}"}
+                row["gpu"] = dev.name
+                rows.append(row)
+                if sink:
+                    sink.write(json.dumps(row) + "\n")
+                    sink.flush()
+                bar.update(1)
+    if sink:
+        sink.close()
+    click.echo(f"\n{dev.name}, B={batch} H={heads} {dtype}, TFLOP/s (useful FLOPs), "
+               "ratios against peers measured in this run")
+    click.echo(f"{'S':>6} {'D':>4} {'causal':>6} {'schedule':<22} {'TFLOP/s':>8} {'ms':>8} "
+               f"{'err':>8} {'/cuDNN':>7} {'/FA2':>6} {'cuDNN':>7} {'FA2':>7}")
+    for row in rows:
+        c = row["config"]
+        if "error" in row:
+            click.echo(f"{c['seqlen']:>6} {c['head_dim']:>4} {str(c['causal']):>6} "
+                       f"{c['schedule']:<22} FAILED: {row['error'][:60]}")
+            continue
+        pr = row["peers"]
+        cudnn = pr.get("cudnn", {}).get("tflops")
+        fa2 = pr.get("fa2", {}).get("tflops")
+        ratio = lambda x: f"{row['tflops'] / x:7.2f}" if x else "      -"  # noqa: E731
+        click.echo(f"{c['seqlen']:>6} {c['head_dim']:>4} {str(c['causal']):>6} "
+                   f"{c['schedule']:<22} {row['tflops']:8.1f} {row['timing']['median_ms']:8.3f} "
+                   f"{row['rel_error']:8.1e} {ratio(cudnn)} {ratio(fa2)[1:]} "
+                   f"{cudnn or 0:7.1f} {fa2 or 0:7.1f}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,146 @@
+"""What GPU (if any) this process sees, and the versions of the tools around it."""
+from __future__ import annotations
+
+import functools
+import os
+import shutil
+import subprocess
+from dataclasses import asdict, dataclass
+from importlib import metadata
+
+
+@dataclass(frozen=True)
+class DeviceInfo:
+    name: str
+    sms: int
+    l2_bytes: int
+    compute_capability: str
+    memory_bytes: int
+    driver_version: str
+    cuda_runtime: str
+    sm_clock_khz: int
+    memory_clock_khz: int
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+def _cuda_version(v: int) -> str:
+    return f"{v // 1000}.{(v % 1000) // 10}"
+
+
+@functools.lru_cache(maxsize=None)
+def current_device() -> DeviceInfo | None:
+    """The current CUDA device, or None on a machine without a usable GPU."""
+    try:
+        import cupy
+        from cupy.cuda import runtime
+        if runtime.getDeviceCount() < 1:
+            return None
+        dev = cupy.cuda.Device()
+        props = runtime.getDeviceProperties(dev.id)
+    except Exception:
+        return None
+    name = props["name"]
+    name = name.decode() if isinstance(name, bytes) else name
+    return DeviceInfo(
+        name=name,
+        sms=int(props["multiProcessorCount"]),
+        l2_bytes=int(props["l2CacheSize"]),
+        compute_capability=f"{props['major']}.{props['minor']}",
+        memory_bytes=int(props["totalGlobalMem"]),
+        driver_version=_driver_version(),
+        cuda_runtime=_cuda_version(runtime.runtimeGetVersion()),
+        sm_clock_khz=int(props.get("clockRate", 0)),
+        memory_clock_khz=int(props.get("memoryClockRate", 0)),
+    )
+
+
+def has_gpu() -> bool:
+    return current_device() is not None
+
+
+def _driver_version() -> str:
+    smi = shutil.which("nvidia-smi")
+    if smi:
+        try:
+            out = subprocess.run([smi, "--query-gpu=driver_version", "--format=csv,noheader"],
+                                 capture_output=True, text=True, timeout=20)
+            if out.returncode == 0 and out.stdout.strip():
+                return out.stdout.strip().splitlines()[0]
+        except (OSError, subprocess.SubprocessError):
+            pass
+    try:
+        from cupy.cuda import runtime
+        return "cuda " + _cuda_version(runtime.driverGetVersion())
+    except Exception:
+        return "unknown"
+
+
+def package_version(name: str) -> str | None:
+    try:
+        return metadata.version(name)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def find_tileiras() -> str | None:
+    """tileiras as cuda-tile will find it: on PATH, else from the nvidia pip packages."""
+    found = shutil.which("tileiras")
+    if found:
+        return found
+    try:
+        import nvidia
+        for base in nvidia.__path__:
+            cand = os.path.join(base, "cu13", "bin", "tileiras")
+            if os.path.exists(cand):
+                return cand
+    except ImportError:
+        pass
+    return None
+
+
+def tileiras_version() -> str | None:
+    path = find_tileiras()
+    if not path:
+        return None
+    try:
+        out = subprocess.run([path, "--version"], capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    for line in (out.stdout + out.stderr).splitlines():
+        if "release" in line.lower() or "version" in line.lower():
+            return line.strip()
+    return (out.stdout or out.stderr).strip().splitlines()[-1] if (out.stdout or out.stderr) else None
+
+
+def find_ncu() -> str | None:
+    found = shutil.which("ncu")
+    if found:
+        return found
+    for cand in ("/usr/local/cuda/bin/ncu",):
+        if os.path.exists(cand):
+            return cand
+    return None
+
+
+def ncu_version() -> str | None:
+    path = find_ncu()
+    if not path:
+        return None
+    try:
+        out = subprocess.run([path, "--version"], capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    lines = [ln.strip() for ln in out.stdout.splitlines() if ln.strip()]
+    return lines[-1] if lines else None
+
+
+def software_versions() -> dict:
+    return {
+        "cuda_tile": package_version("cuda-tile"),
+        "cupy": package_version("cupy-cuda13x"),
+        "torch": package_version("torch"),
+        "tileiras": tileiras_version(),
+        "ncu": ncu_version(),
+    }

@@ -1,0 +1,370 @@
+"""The schedule vocabulary: which CTA takes which work item, and in which order it scans K/V.
+
+One vocabulary serves the kernel, the cache simulator and the docs. The mapping itself lives
+in the small integer functions below (`decode_work_item`, `kv_tile_span`, `local_iteration`,
+`scans_backward`). They use only integer arithmetic, `min` and `if` on constants, so cuTile
+compiles them into the kernel unchanged, and the host calls the very same functions to
+enumerate a launch (tests, simulator). There is no second copy of the mapping.
+
+A *work item* is one (batch, query head, Q tile): the unit of split-Q FlashAttention.
+Work items are numbered 0..N-1; a CTA schedule says which CTA takes which numbers and how
+a number decodes to (batch, head, Q tile); a K/V schedule says in which order the work item
+visits its K/V tiles.
+
+Style follows flash-attention's tile schedulers: each schedule is a small frozen dataclass
+holding its host-side parameters, the grid shape is computed on the host (`Launch`), and the
+device side is "current work item / advance" (`for item in range(bid, items, num_ctas)`).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Iterator, Protocol
+
+# Compile-time codes that select the device-side mapping. Plain ints so that cuTile can take
+# them as kernel constants.
+CTA_GRID = 0  # one work item per CTA, hardware dispatch order
+CTA_PERSISTENT = 1  # persistent grid-stride: CTA c takes items c, c+P, c+2P, ...
+CTA_GROUPED = 2  # persistent, items ordered in L2-sized head groups, heads fastest
+
+KV_LINEAR = 0  # every work item scans K/V forward
+KV_SAWTOOTH = 1  # a CTA's successive work items alternate forward / backward
+KV_TILED = 2  # reserved: L2-blocked split-KV (chunk-major work items), not implemented yet
+
+
+# --------------------------------------------------------------------------------------------
+# The mapping, shared by host and tile code. Keep to integer arithmetic, `min` and `if`.
+# --------------------------------------------------------------------------------------------
+
+def decode_work_item(item, q_tiles, heads, kv_heads, kv_units, group_units, cta_order, causal):
+    """Work item number -> (batch, query head, Q tile).
+
+    Linear orders (grid, persistent) put Q tiles fastest, then heads, then batch, so the CTAs
+    of one wave share the K/V of as few heads as possible. The grouped order cuts the
+    (batch, K/V head) units into groups of `group_units` whose K/V fits the L2 budget and, inside
+    a group, puts query heads fastest (FlashAttention-3's L2 swizzle): concurrent CTAs then spread
+    over the group's heads, whose K/V all stays in L2. The query heads of one K/V head are
+    adjacent, so GQA siblings run together. Causal grouped work goes longest first.
+    """
+    qheads_per_kv = heads // kv_heads
+    batch = 0
+    head = 0
+    q_tile = 0
+    if cta_order == CTA_GROUPED:
+        items_per_group = group_units * qheads_per_kv * q_tiles
+        group = item // items_per_group
+        within = item - group * items_per_group
+        # The last group may hold fewer units; its items still start at group * items_per_group.
+        heads_here = min(group_units, kv_units - group * group_units) * qheads_per_kv
+        head_in_group = within % heads_here
+        rank = within // heads_here
+        unit = group * group_units + head_in_group // qheads_per_kv
+        batch = unit // kv_heads
+        head = (unit % kv_heads) * qheads_per_kv + head_in_group % qheads_per_kv
+        q_tile = rank
+        if causal:
+            q_tile = q_tiles - 1 - rank
+    else:
+        q_tile = item % q_tiles
+        batch_head = item // q_tiles
+        batch = batch_head // heads
+        head = batch_head % heads
+    return batch, head, q_tile
+
+
+def kv_tile_span(q_tile, tile_m, tile_n, seqlen_q, seqlen_kv, causal):
+    """-> (K/V tiles visited, first tile that needs a mask).
+
+    Tiles [0, first_masked) are fully visible; tiles [first_masked, visited) need the causal
+    mask or the ragged-end mask. Causal attention is top-left aligned (query row r sees keys
+    0..r), as in torch's `is_causal`.
+    """
+    visited = (seqlen_kv + tile_n - 1) // tile_n
+    first_masked = seqlen_kv // tile_n
+    if causal:
+        last_row_end = min((q_tile + 1) * tile_m, seqlen_kv)
+        visited = (last_row_end + tile_n - 1) // tile_n
+        first_masked = min((q_tile * tile_m) // tile_n, seqlen_kv // tile_n)
+    return visited, first_masked
+
+
+def local_iteration(item, num_ctas, resident_ctas, cta_order):
+    """How many work items this CTA slot has taken before `item` (0, 1, 2, ...).
+
+    Persistent CTA c takes items c, c+P, ...: its local iteration is item // P. A grid launch
+    has one item per CTA, so the slot's iteration is the wave the CTA belongs to in dispatch
+    order: item // resident CTAs.
+    """
+    per_round = num_ctas
+    if cta_order == CTA_GRID:
+        per_round = resident_ctas
+    return item // per_round
+
+
+def scans_backward(local_iter, kv_order):
+    """1 if this iteration scans K/V from the last tile to the first, else 0.
+
+    Sawtooth flips on the CTA's *own* iteration parity, so all CTAs of a wave share a
+    direction and wave w+1 starts on the tiles wave w just left in L2. (Flipping on the global
+    item parity makes neighbours scan opposite ways; measured, far worse.)
+    """
+    backward = 0
+    if kv_order == KV_SAWTOOTH:
+        backward = local_iter % 2
+    return backward
+
+
+# --------------------------------------------------------------------------------------------
+# Host-side description of a problem and a launch
+# --------------------------------------------------------------------------------------------
+
+def _positive_int(name: str, value) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise ValueError(f"{name} must be a positive integer, got {value!r}")
+    return value
+
+
+@dataclass(frozen=True)
+class AttentionProblem:
+    """Shape of one attention launch; everything a schedule needs to know about the data."""
+
+    batch: int
+    heads: int
+    kv_heads: int
+    seqlen_q: int
+    seqlen_kv: int
+    head_dim: int
+    causal: bool = False
+    tile_m: int = 128
+    tile_n: int = 64
+    element_bytes: int = 2
+
+    def __post_init__(self):
+        for name in ("batch", "heads", "kv_heads", "seqlen_q", "seqlen_kv", "head_dim",
+                     "tile_m", "tile_n", "element_bytes"):
+            _positive_int(name, getattr(self, name))
+        if self.heads % self.kv_heads:
+            raise ValueError(f"heads ({self.heads}) must be a multiple of kv_heads "
+                             f"({self.kv_heads})")
+
+    @property
+    def q_tiles(self) -> int:
+        return -(-self.seqlen_q // self.tile_m)
+
+    @property
+    def kv_tiles(self) -> int:
+        return -(-self.seqlen_kv // self.tile_n)
+
+    @property
+    def qheads_per_kv(self) -> int:
+        return self.heads // self.kv_heads
+
+    @property
+    def kv_units(self) -> int:
+        """(batch, K/V head) pairs: the units whose K/V is shared."""
+        return self.batch * self.kv_heads
+
+    @property
+    def num_items(self) -> int:
+        return self.batch * self.heads * self.q_tiles
+
+    @property
+    def kv_bytes_per_unit(self) -> int:
+        """K and V of one (batch, K/V head)."""
+        return 2 * self.seqlen_kv * self.head_dim * self.element_bytes
+
+    def kv_span(self, q_tile: int) -> tuple[int, int]:
+        return kv_tile_span(q_tile, self.tile_m, self.tile_n, self.seqlen_q, self.seqlen_kv,
+                            self.causal)
+
+
+class CtaSchedule(Protocol):
+    """Which CTA takes which work item. Host side: grid size and the group size."""
+
+    name: str
+    code: int
+
+    def num_ctas(self, problem: AttentionProblem, resident_ctas: int) -> int: ...
+
+    def group_units(self, problem: AttentionProblem, l2_bytes: int) -> int: ...
+
+
+@dataclass(frozen=True)
+class GridSchedule:
+    """One work item per CTA; the hardware dispatches CTAs in index order."""
+
+    name: str = field(default="grid", init=False)
+    code: int = field(default=CTA_GRID, init=False)
+
+    def num_ctas(self, problem, resident_ctas):
+        return problem.num_items
+
+    def group_units(self, problem, l2_bytes):
+        return 1
+
+
+@dataclass(frozen=True)
+class PersistentSchedule:
+    """P = resident CTAs (SMs x CTAs per SM) loop over the work items grid-stride."""
+
+    name: str = field(default="persistent", init=False)
+    code: int = field(default=CTA_PERSISTENT, init=False)
+
+    def num_ctas(self, problem, resident_ctas):
+        return min(problem.num_items, resident_ctas)
+
+    def group_units(self, problem, l2_bytes):
+        return 1
+
+
+@dataclass(frozen=True)
+class GroupedSchedule:
+    """Persistent, with heads taken in groups whose K/V fits `l2_fraction` of the L2.
+
+    Group size (in (batch, K/V head) units) is the largest power of two whose K/V bytes fit the
+    budget, at least 1 and at most all units. The default budget is half the L2: data read by
+    every SM falls out of Hopper's L2 well before its nominal size (BRIEF section 3).
+    """
+
+    l2_fraction: float = 0.5
+    name: str = field(default="grouped", init=False)
+    code: int = field(default=CTA_GROUPED, init=False)
+
+    def __post_init__(self):
+        if not (0.0 < self.l2_fraction <= 4.0):
+            raise ValueError(f"l2_fraction must be in (0, 4], got {self.l2_fraction!r}")
+
+    def num_ctas(self, problem, resident_ctas):
+        return min(problem.num_items, resident_ctas)
+
+    def group_units(self, problem, l2_bytes):
+        budget = self.l2_fraction * l2_bytes
+        units = 1
+        while units * 2 <= problem.kv_units and units * 2 * problem.kv_bytes_per_unit <= budget:
+            units *= 2
+        return units
+
+
+class KvSchedule(Protocol):
+    """In which order a work item visits its K/V tiles."""
+
+    name: str
+    code: int
+
+
+@dataclass(frozen=True)
+class LinearScan:
+    name: str = field(default="linear", init=False)
+    code: int = field(default=KV_LINEAR, init=False)
+
+
+@dataclass(frozen=True)
+class SawtoothScan:
+    name: str = field(default="sawtooth", init=False)
+    code: int = field(default=KV_SAWTOOTH, init=False)
+
+
+CTA_SCHEDULES: dict[str, CtaSchedule] = {
+    "grid": GridSchedule(),
+    "persistent": PersistentSchedule(),
+    "grouped": GroupedSchedule(),
+}
+KV_SCHEDULES: dict[str, KvSchedule] = {
+    "linear": LinearScan(),
+    "sawtooth": SawtoothScan(),
+}
+
+
+def cta_schedule(name: str | CtaSchedule) -> CtaSchedule:
+    if not isinstance(name, str):
+        return name
+    try:
+        return CTA_SCHEDULES[name]
+    except KeyError:
+        raise ValueError(f"cta schedule must be one of {sorted(CTA_SCHEDULES)}, "
+                         f"got {name!r}") from None
+
+
+def kv_schedule(name: str | KvSchedule) -> KvSchedule:
+    if not isinstance(name, str):
+        return name
+    try:
+        return KV_SCHEDULES[name]
+    except KeyError:
+        raise ValueError(f"kv schedule must be one of {sorted(KV_SCHEDULES)}, "
+                         f"got {name!r}") from None
+
+
+@dataclass(frozen=True)
+class WorkItem:
+    cta: int
+    local_iter: int
+    item: int
+    batch: int
+    head: int
+    q_tile: int
+    kv_tiles: tuple[int, ...]  # in visiting order
+
+
+@dataclass(frozen=True)
+class Launch:
+    """A problem, a CTA schedule and a K/V schedule placed on a GPU: what one kernel launch does.
+
+    `resident_ctas` is how many CTAs run at once (SMs x CTAs per SM, or `ctas` when given: a
+    persistent grid of fewer CTAs than the GPU holds, e.g. to study CTAs in flight); the kernel
+    wrapper builds the same object and takes its grid from it.
+    """
+
+    problem: AttentionProblem
+    cta: CtaSchedule
+    kv: KvSchedule
+    sms: int
+    ctas_per_sm: int
+    l2_bytes: int
+    ctas: int | None = None
+
+    def __post_init__(self):
+        _positive_int("sms", self.sms)
+        _positive_int("ctas_per_sm", self.ctas_per_sm)
+        _positive_int("l2_bytes", self.l2_bytes)
+        if self.ctas is not None:
+            _positive_int("ctas", self.ctas)
+
+    @property
+    def resident_ctas(self) -> int:
+        if self.ctas is not None:
+            return self.ctas
+        return self.sms * self.ctas_per_sm
+
+    @property
+    def num_ctas(self) -> int:
+        return self.cta.num_ctas(self.problem, self.resident_ctas)
+
+    @property
+    def group_units(self) -> int:
+        return self.cta.group_units(self.problem, self.l2_bytes)
+
+    @property
+    def name(self) -> str:
+        return f"{self.cta.name}+{self.kv.name}"
+
+    def items_of_cta(self, cta: int) -> range:
+        if self.cta.code == CTA_GRID:
+            return range(cta, cta + 1)
+        return range(cta, self.problem.num_items, self.num_ctas)
+
+    def work_item(self, cta: int, item: int) -> WorkItem:
+        p = self.problem
+        batch, head, q_tile = decode_work_item(item, p.q_tiles, p.heads, p.kv_heads, p.kv_units,
+                                               self.group_units, self.cta.code, p.causal)
+        it = local_iteration(item, self.num_ctas, self.resident_ctas, self.cta.code)
+        visited, _ = p.kv_span(q_tile)
+        order = range(visited - 1, -1, -1) if scans_backward(it, self.kv.code) else range(visited)
+        return WorkItem(cta, it, item, batch, head, q_tile, tuple(order))
+
+    def work_of_cta(self, cta: int) -> Iterator[WorkItem]:
+        for item in self.items_of_cta(cta):
+            yield self.work_item(cta, item)
+
+    def all_work(self) -> Iterator[WorkItem]:
+        for cta in range(self.num_ctas):
+            yield from self.work_of_cta(cta)
