@@ -246,5 +246,86 @@ def bench(batch, heads, kv_heads, dtype, tiles, occupancy, ctas, warmup, reps, s
                    f"{cudnn or 0:7.1f} {fa2 or 0:7.1f}")
 
 
+@main.command()
+@_config_options
+@click.option("--seqlen", type=click.IntRange(min=1), default=131072, show_default=True)
+@click.option("--head-dim", type=click.Choice(["64", "128"]), default="64", show_default=True)
+@click.option("--causal/--no-causal", default=False, show_default=True)
+@_schedules_option("persistent+linear,persistent+sawtooth")
+@click.option("--out", "out_dir", type=click.Path(file_okay=False), default=None,
+              help="Append the rows to <out>/results.csv (with a manifest).")
+@click.option("--timeout", "timeout_s", type=click.FloatRange(min=1), default=300,
+              show_default=True, help="Per configuration.")
+def profile(batch, heads, kv_heads, dtype, tiles, occupancy, ctas, warmup, reps, seqlen,
+            head_dim, causal, schedules, out_dir, timeout_s):
+    """Run configurations under Nsight Compute and print L2 / DRAM counters.
+
+    Kernel replay, --cache-control all (cold L2 each pass), only the measured launch.
+    """
+    from wavefront.profiling import ProfilerError
+    from wavefront.sweep import SubprocessRunner, SweepSpec, expand, run_sweep
+    dev = _require_gpu()
+    grid = {"batch": [batch], "heads": [heads], "kv_heads": [kv_heads or heads],
+            "seqlen": [seqlen], "head_dim": [int(head_dim)], "dtype": [dtype],
+            "causal": [causal], "tiles": [tiles] if tiles else [None],
+            "occupancy": [occupancy] if occupancy else [None], "ctas": [ctas or 0],
+            "schedule": [s.strip() for s in schedules.split(",") if s.strip()]}
+    spec = SweepSpec(name="profile", grid=grid, measure=["counters"], timeout_s=timeout_s)
+    try:
+        expand(spec, gpu=dev.name, sms=dev.sms, l2_bytes=dev.l2_bytes)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc)) from None
+    import tempfile
+    target = out_dir or tempfile.mkdtemp(prefix="wavefront-profile-")
+    try:
+        run_sweep(spec, target, gpu=dev.name, sms=dev.sms, l2_bytes=dev.l2_bytes,
+                  runner=SubprocessRunner(), retry_failed=True)
+    except ProfilerError as exc:
+        raise click.ClickException(str(exc)) from None
+    from wavefront.records import load_results
+    df = load_results(f"{target}/results.csv")
+    df = df[df["run_id"] == df["run_id"].iloc[-1]]
+    click.echo(f"\n{dev.name}: B={batch} H={heads} S={seqlen} D={head_dim} {dtype} "
+               f"{'causal' if causal else 'non-causal'} (ncu, cold L2, kernel replay)")
+    _print_counters(df)
+
+
+def _print_counters(df):
+    click.echo(f"{'schedule':<22} {'L2 reads':>11} {'/closed':>7} {'miss sect':>11} "
+               f"{'SM hit':>7} {'DRAM rd MB':>10} {'fabric rd':>11} {'L1 hit%':>7}")
+    for _, r in df.iterrows():
+        name = f"{r['cta_schedule']}+{r['kv_schedule']}"
+        if r["status"] != "ok":
+            click.echo(f"{name:<22} FAILED: {str(r['error'])[:70]}")
+            continue
+        click.echo(f"{name:<22} {r['l2_tex_read_sectors']:11.4g} {r['read_sectors_ratio']:7.3f} "
+                   f"{r['l2_read_miss_sectors']:11.4g} {r['sm_hit_rate']:7.3f} "
+                   f"{r['dram_read_bytes'] / 1e6:10.1f} {r['l2_fabric_read_sectors']:11.4g} "
+                   f"{r['l1_hit_rate_pct']:7.2f}")
+
+
+@main.command()
+@click.argument("spec_path", type=click.Path(exists=True, dir_okay=False))
+@click.option("--out", "out_dir", type=click.Path(file_okay=False), required=True,
+              help="Results directory (results.csv + manifest.json); re-running resumes.")
+@click.option("--retry-failed", is_flag=True, help="Measure failed points again.")
+def sweep(spec_path, out_dir, retry_failed):
+    """Measure a TOML grid of points (timing and/or counters), resumable."""
+    from wavefront.profiling import ProfilerError
+    from wavefront.sweep import load_spec, run_sweep
+    try:
+        spec = load_spec(spec_path)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="SPEC_PATH") from None
+    dev = _require_gpu()
+    try:
+        summary = run_sweep(spec, out_dir, gpu=dev.name, sms=dev.sms, l2_bytes=dev.l2_bytes,
+                            retry_failed=retry_failed)
+    except ProfilerError as exc:
+        raise click.ClickException(str(exc)) from None
+    click.echo(f"{spec.name}: {summary['points']} points, {summary['skipped']} already done, "
+               f"{summary['ok']} measured, {summary['failed']} failed -> {out_dir}/results.csv")
+
+
 if __name__ == "__main__":
     main()

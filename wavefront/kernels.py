@@ -80,7 +80,7 @@ def _attend_work_item(Q, K, V, Out, Lse, item, local_iter, qk_scale_log2, group_
     seqlen_kv = K.shape[2]
     q_tiles = (seqlen_q + TILE_M - 1) // TILE_M
     batch, head, q_tile = decode_work_item(item, q_tiles, heads, kv_heads, batch_size * kv_heads,
-                                           group_units, CTA_ORDER, CAUSAL)
+                                           group_units, CTA_ORDER)
     kv_head = head // (heads // kv_heads)
     visited, first_masked = kv_tile_span(q_tile, TILE_M, TILE_N, seqlen_q, seqlen_kv, CAUSAL)
 
