@@ -58,6 +58,8 @@ def _view(name: str, x) -> tuple[_ArrayView, object]:
             raise ValueError(f"{name} must be on a CUDA device, got device {x.device}")
         dtype = str(x.dtype).replace("torch.", "")
         return _ArrayView("torch", tuple(x.shape), dtype, x.device.index, tuple(x.stride())), x
+    if mod == "numpy":
+        raise ValueError(f"{name} must live in GPU memory, got a NumPy (host) array")
     import cupy
     if not isinstance(x, cupy.ndarray):
         if not hasattr(x, "__dlpack__"):
@@ -76,6 +78,13 @@ def _check_inputs(q, k, v):
     vq, aq = _view("q", q)
     vk, ak = _view("k", k)
     vv, av = _view("v", v)
+    validate_views(vq, vk, vv)
+    return vq, (aq, ak, av)
+
+
+def validate_views(vq: _ArrayView, vk: _ArrayView, vv: _ArrayView) -> None:
+    """Every rule the kernel relies on, with an error that names the argument."""
+    from wavefront.kernels import HEAD_DIMS
     for name, view in (("q", vq), ("k", vk), ("v", vv)):
         if len(view.shape) != 4:
             raise ValueError(f"{name} must be 4-D (batch, heads, seqlen, head_dim), "
@@ -95,19 +104,17 @@ def _check_inputs(q, k, v):
             raise ValueError(f"{name} dtype must match q ({vq.dtype}), got {view.dtype}")
         if view.device != vq.device:
             raise ValueError(f"{name} must be on q's device ({vq.device}), got {view.device}")
-    b, h, sq, d = vq.shape
-    if vk.shape != vv.shape:
+    b, h, _, d = vq.shape
+    if vv.shape != vk.shape:
         raise ValueError(f"v shape must equal k shape {vk.shape}, got {vv.shape}")
     if vk.shape[0] != b:
         raise ValueError(f"k batch must equal q batch ({b}), got {vk.shape[0]}")
     if vk.shape[3] != d:
         raise ValueError(f"k head_dim must equal q head_dim ({d}), got {vk.shape[3]}")
-    from wavefront.kernels import HEAD_DIMS
     if d not in HEAD_DIMS:
         raise ValueError(f"q head_dim must be one of {HEAD_DIMS}, got {d}")
     if h % vk.shape[1]:
         raise ValueError(f"q heads ({h}) must be a multiple of k heads ({vk.shape[1]})")
-    return vq, (aq, ak, av)
 
 
 def plan(q_shape, k_shape, *, causal=False, schedule="persistent+linear", tiles=None,

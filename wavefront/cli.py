@@ -79,7 +79,9 @@ def _compile_one(args):
                    "the default tiles, no LSE.")
 @click.option("--jobs", "-j", type=click.IntRange(1, 128), default=None,
               help="Parallel compiler processes (default: CPU count).")
-def compile_cmd(arch, all_variants, jobs):
+@click.option("--filter", "name_filter", default=None,
+              help="Only variants whose label contains this text.")
+def compile_cmd(arch, all_variants, jobs, name_filter):
     """Compile kernel specialisations ahead of time (no GPU needed)."""
     from concurrent.futures import ProcessPoolExecutor
 
@@ -89,7 +91,12 @@ def compile_cmd(arch, all_variants, jobs):
     else:
         variants = list(kernels.all_variants(dtypes=("bfloat16",),
                                              tiles=sorted(set(kernels.DEFAULT_TILES.values()))))
-    jobs = jobs or os.cpu_count() or 1
+    if name_filter:
+        variants = [v for v in variants if name_filter in v.label]
+        if not variants:
+            raise click.BadParameter(f"no variant label contains {name_filter!r}",
+                                     param_hint="--filter")
+    jobs = min(jobs or os.cpu_count() or 1, len(variants))
     failures = 0
     start = time.perf_counter()
     click.echo(f"compiling {len(variants)} variants for {arch} with {jobs} processes")

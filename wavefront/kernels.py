@@ -208,11 +208,16 @@ def _array_constraint(dtype, ndim):
                            alias_groups=(), may_alias_internally=False,
                            stride_constant=(None,) * (ndim - 1) + (1,),
                            stride_divisible_by=(8,) * (ndim - 1) + (1,),
+                           shape_divisible_by=(1,) * (ndim - 1) + (16 if ndim == 4 else 1,),
                            base_addr_divisible_by=16)
 
 
 def signature(variant: KernelVariant):
-    """The kernel signature of a variant, as the JIT would see it for contiguous inputs."""
+    """The general signature of a variant: contiguous inputs, any batch, heads and length.
+
+    The JIT may specialise further for the arrays it is given (e.g. it bakes in dimensions of
+    size 1 and divisibility of the sequence length); this is the variant that serves them all.
+    """
     from cuda.tile.compilation import CallingConvention, KernelSignature, ScalarConstraint
     dtype = getattr(ct, variant.dtype)
     params = [_array_constraint(dtype, 4) for _ in range(4)]

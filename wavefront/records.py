@@ -15,7 +15,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 
 # name -> (type, meaning). The order is the column order on disk.
 SCHEMA: dict[str, tuple[str, str]] = {
@@ -60,15 +60,18 @@ SCHEMA: dict[str, tuple[str, str]] = {
                                    "lts__t_sectors_srcunit_ltcfabric_op_read_lookup_hit.sum"),
     "l2_fabric_read_miss_sectors": ("float",
                                     "lts__t_sectors_srcunit_ltcfabric_op_read_lookup_miss.sum"),
-    "l1_hit_rate_pct": ("float", "l1tex__t_sector_hit_rate.pct"),
+    "l1_hit_rate_pct": ("float", "l1tex__t_sector_hit_rate.pct (LSU traffic only: TMA bypasses L1)"),
+    "l1_global_load_sectors": ("float", "l1tex__t_sectors_pipe_lsu_mem_global_op_ld.sum"),
+    "l1_global_load_hit_sectors": ("float",
+                                   "l1tex__t_sectors_pipe_lsu_mem_global_op_ld_lookup_hit.sum"),
     "dram_read_bytes": ("float", "dram__bytes_read.sum"),
     "dram_write_bytes": ("float", "dram__bytes_write.sum"),
     "ncu_duration_ns": ("float", "gpu__time_duration.sum under ncu (not a timing)"),
     "sm_throughput_pct": ("float", "sm__throughput.avg.pct_of_peak_sustained_elapsed"),
     "tensor_active_pct": ("float",
                           "sm__inst_executed_pipe_tensor_op_gmma.avg.pct_of_peak_sustained_active"),
-    "sm_hit_rate": ("float", "(tex read hits + fabric read hits) / tex read lookups"),
-    "l2_read_miss_sectors": ("float", "tex reads - tex hits - fabric hits: reads that left L2"),
+    "sm_hit_rate": ("float", "1 - l2_read_miss_sectors / tex read lookups"),
+    "l2_read_miss_sectors": ("float", "tex read misses - fabric read hits: reads that left L2"),
     "dram_read_sectors": ("float", "dram_read_bytes / 32 (cross-check of the line above)"),
     "closed_form_read_sectors": ("float", "Q + K/V reads the kernel issues, from the tiles visited"),
     "read_sectors_ratio": ("float", "l2_tex_read_sectors / closed_form_read_sectors"),
@@ -164,6 +167,8 @@ def git_commit(root: str | os.PathLike | None = None) -> str:
         out = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True,
                              text=True, timeout=10)
         commit = out.stdout.strip()
+        if out.returncode != 0 or len(commit) != 40:
+            return os.environ.get("WAVEFRONT_GIT_COMMIT", "unknown")
         dirty = subprocess.run(["git", "-C", str(root), "status", "--porcelain",
                                 "--untracked-files=no"], capture_output=True, text=True,
                                timeout=10).stdout.strip()

@@ -82,7 +82,8 @@ def kv_tile_span(q_tile, tile_m, tile_n, seqlen_q, seqlen_kv, causal):
     visited = (seqlen_kv + tile_n - 1) // tile_n
     first_masked = seqlen_kv // tile_n
     if causal:
-        last_row_end = min((q_tile + 1) * tile_m, seqlen_kv)
+        # The tile's last real row (a ragged tile's padding rows need nothing).
+        last_row_end = min(min((q_tile + 1) * tile_m, seqlen_q), seqlen_kv)
         visited = (last_row_end + tile_n - 1) // tile_n
         first_masked = min((q_tile * tile_m) // tile_n, seqlen_kv // tile_n)
     return visited, first_masked

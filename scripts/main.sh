@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# The main job. On a GPU: measure (GPU tests, the foundation bench, the sweeps of
+# experiments/specs). On a CPU-only machine: regenerate figures, tables and the paper draft
+# from data/ and run the cache model on the H100 preset.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY="${PYTHON:-python3}"
+VENV="${WAVEFRONT_VENV:-.venv}"
+if [ ! -x "$VENV/bin/python" ]; then
+    "$PY" -m venv "$VENV"
+fi
+"$VENV/bin/python" -m pip install -q --upgrade pip
+"$VENV/bin/python" -m pip install -q -e ".[gpu,test]"
+unset CUDA_HOME CUDA_PATH
+WF="$VENV/bin/wavefront"
+if "$VENV/bin/python" -c "from wavefront.device import has_gpu; raise SystemExit(not has_gpu())"; then
+    "$WF" info
+    "$WF" bench --batch 1 --heads 32 --seqlen 8192 --head-dim 128,64
+    for spec in experiments/specs/*.toml; do
+        name="$(basename "$spec" .toml)"
+        "$WF" sweep "$spec" --out "data/$name"
+    done
+else
+    "$WF" info
+    "$WF" simulate --gpu h100 --seqlen 131072 --head-dim 64 --tile 64x64 --cta persistent \
+        --kv linear,sawtooth
+    "$WF" paper
+fi

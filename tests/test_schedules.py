@@ -1,0 +1,169 @@
+"""Properties of the schedule vocabulary, on the same functions the kernel compiles."""
+import random
+from collections import Counter
+
+import pytest
+
+from wavefront.schedules import (
+    CTA_SCHEDULES,
+    KV_SCHEDULES,
+    AttentionProblem,
+    GroupedSchedule,
+    Launch,
+    cta_schedule,
+    decode_work_item,
+    kv_schedule,
+    kv_tile_span,
+)
+
+
+def random_problem(rng, causal=None):
+    kv_heads = rng.choice([1, 2, 3])
+    return AttentionProblem(
+        batch=rng.randint(1, 3), heads=kv_heads * rng.choice([1, 2, 4]), kv_heads=kv_heads,
+        seqlen_q=rng.randint(1, 700), seqlen_kv=rng.randint(1, 700), head_dim=64,
+        causal=rng.random() < 0.5 if causal is None else causal,
+        tile_m=rng.choice([64, 128]), tile_n=rng.choice([64, 128]))
+
+
+def random_launch(rng, cta_name, kv_name="linear"):
+    cta = cta_schedule(cta_name)
+    if cta_name == "grouped":
+        cta = GroupedSchedule(l2_fraction=rng.choice([0.001, 0.05, 0.5, 2.0]))
+    return Launch(random_problem(rng), cta, kv_schedule(kv_name), sms=rng.randint(1, 9),
+                  ctas_per_sm=rng.randint(1, 3), l2_bytes=rng.choice([1 << 16, 1 << 22, 50 << 20]),
+                  ctas=rng.choice([None, rng.randint(1, 40)]))
+
+
+@pytest.mark.parametrize("cta_name", list(CTA_SCHEDULES))
+@pytest.mark.parametrize("kv_name", list(KV_SCHEDULES))
+def test_every_work_item_exactly_once(cta_name, kv_name):
+    rng = random.Random(hash((cta_name, kv_name)) & 0xFFFF)
+    for _ in range(60):
+        launch = random_launch(rng, cta_name, kv_name)
+        p = launch.problem
+        seen = Counter((w.batch, w.head, w.q_tile) for w in launch.all_work())
+        expected = {(b, h, t) for b in range(p.batch) for h in range(p.heads)
+                    for t in range(p.q_tiles)}
+        assert set(seen) == expected, launch
+        assert all(n == 1 for n in seen.values()), launch
+
+
+@pytest.mark.parametrize("cta_name", list(CTA_SCHEDULES))
+def test_each_item_visits_exactly_its_kv_tiles(cta_name):
+    rng = random.Random(7)
+    for _ in range(40):
+        launch = random_launch(rng, cta_name, "sawtooth")
+        p = launch.problem
+        for w in launch.all_work():
+            last_row = min((w.q_tile + 1) * p.tile_m, p.seqlen_q) - 1
+            needed = {j for j in range(p.kv_tiles)
+                      if not p.causal or j * p.tile_n <= last_row}
+            assert sorted(w.kv_tiles) == sorted(needed)
+            assert len(set(w.kv_tiles)) == len(w.kv_tiles)
+
+
+def test_sawtooth_alternates_per_cta_and_linear_never_reverses():
+    rng = random.Random(3)
+    for cta_name in ("persistent", "grouped"):
+        for _ in range(30):
+            launch = random_launch(rng, cta_name, "sawtooth")
+            for cta in range(launch.num_ctas):
+                work = list(launch.work_of_cta(cta))
+                assert [w.local_iter for w in work] == list(range(len(work)))
+                for w in work:
+                    if len(w.kv_tiles) > 1:
+                        forward = w.kv_tiles[0] < w.kv_tiles[-1]
+                        assert forward == (w.local_iter % 2 == 0)
+            linear = Launch(launch.problem, launch.cta, kv_schedule("linear"), launch.sms,
+                            launch.ctas_per_sm, launch.l2_bytes, launch.ctas)
+            assert all(list(w.kv_tiles) == sorted(w.kv_tiles) for w in linear.all_work())
+
+
+def test_grid_sawtooth_flips_by_wave():
+    p = AttentionProblem(1, 4, 4, 1024, 1024, 64, tile_m=64, tile_n=64)
+    launch = Launch(p, cta_schedule("grid"), kv_schedule("sawtooth"), sms=3, ctas_per_sm=2,
+                    l2_bytes=1 << 20)
+    assert launch.num_ctas == p.num_items
+    for w in launch.all_work():
+        assert w.local_iter == w.item // 6
+        assert (w.kv_tiles[0] > w.kv_tiles[-1]) == (w.local_iter % 2 == 1)
+
+
+def test_persistent_grid_is_resident_ctas_and_strides():
+    p = AttentionProblem(2, 8, 8, 8192, 8192, 128)
+    launch = Launch(p, cta_schedule("persistent"), kv_schedule("linear"), 132, 2, 50 << 20)
+    assert launch.num_ctas == 264
+    assert list(launch.items_of_cta(5))[:3] == [5, 269, 533]
+    small = AttentionProblem(1, 1, 1, 256, 256, 64)
+    assert Launch(small, cta_schedule("persistent"), kv_schedule("linear"), 132, 2,
+                  50 << 20).num_ctas == small.num_items
+
+
+def test_grouped_group_size_from_l2_budget():
+    # K+V per head at S=8192, D=128, bf16: 4 MiB; half of 50 MiB holds 6 -> power of two 4.
+    p = AttentionProblem(1, 32, 32, 8192, 8192, 128)
+    assert GroupedSchedule().group_units(p, 50 * 2**20) == 4
+    assert GroupedSchedule().group_units(p, 1024) == 1  # never below one unit
+    assert GroupedSchedule(l2_fraction=4.0).group_units(p, 2**40) == 32  # never above all units
+
+
+def test_grouped_keeps_gqa_heads_together():
+    rng = random.Random(11)
+    for _ in range(50):
+        kv_heads = rng.randint(1, 5)
+        per_kv = rng.choice([2, 3, 4])
+        p = AttentionProblem(rng.randint(1, 3), kv_heads * per_kv, kv_heads,
+                             rng.randint(64, 1500), rng.randint(64, 1500), 64)
+        group = rng.randint(1, 6)
+        items_per_group = group * per_kv * p.q_tiles
+        for start in range(0, p.num_items, items_per_group):
+            units = set()
+            heads = set()
+            for item in range(start, min(start + items_per_group, p.num_items)):
+                b, h, _ = decode_work_item(item, p.q_tiles, p.heads, p.kv_heads, p.kv_units,
+                                           group, 2)
+                units.add((b, h // per_kv))
+                heads.add((b, h))
+            # The group is whole K/V units with every query head of each.
+            assert len(units) <= group
+            assert heads == {(b, kvh * per_kv + i) for b, kvh in units for i in range(per_kv)}
+        # Heads run fastest inside a group: consecutive items are sibling heads, same Q tile.
+        b0, h0, t0 = decode_work_item(0, p.q_tiles, p.heads, p.kv_heads, p.kv_units, group, 2)
+        b1, h1, t1 = decode_work_item(1, p.q_tiles, p.heads, p.kv_heads, p.kv_units, group, 2)
+        assert (b0, t0) == (b1, t1) and h1 == h0 + 1
+
+
+def test_kv_tile_span_masks_only_where_needed():
+    for causal in (False, True):
+        for seqlen in (1, 63, 64, 65, 200, 1000):
+            for tile_m, tile_n in ((64, 64), (128, 64), (128, 128)):
+                q_tiles = -(-seqlen // tile_m)
+                for q_tile in range(q_tiles):
+                    visited, first_masked = kv_tile_span(q_tile, tile_m, tile_n, seqlen, seqlen,
+                                                         causal)
+                    assert 0 <= first_masked <= visited
+                    rows = range(q_tile * tile_m, min((q_tile + 1) * tile_m, seqlen))
+                    for j in range(visited):
+                        cols = range(j * tile_n, (j + 1) * tile_n)
+                        needs_mask = any(c >= seqlen for c in cols) or (
+                            causal and any(c > r for r in rows for c in cols))
+                        if needs_mask:
+                            assert j >= first_masked
+
+
+@pytest.mark.parametrize("bad", [
+    dict(batch=0), dict(heads=3, kv_heads=2), dict(seqlen_q=-1), dict(head_dim=1.5),
+    dict(tile_m=True)])
+def test_problem_validation(bad):
+    args = dict(batch=1, heads=2, kv_heads=1, seqlen_q=10, seqlen_kv=10, head_dim=64)
+    args.update(bad)
+    with pytest.raises(ValueError):
+        AttentionProblem(**args)
+
+
+def test_unknown_schedule_names():
+    with pytest.raises(ValueError, match="cta schedule must be one of"):
+        cta_schedule("diagonal")
+    with pytest.raises(ValueError, match="kv schedule must be one of"):
+        kv_schedule("tiled")

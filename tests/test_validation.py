@@ -1,0 +1,66 @@
+"""Bad input gets a ValueError that names the argument (no GPU needed)."""
+import numpy as np
+import pytest
+
+from wavefront.api import _ArrayView, attention, parse_schedule, parse_tiles, plan, validate_views
+
+
+def view(shape=(1, 4, 128, 64), dtype="bfloat16", device=0, strides=None, library="cupy"):
+    if strides is None:
+        strides = tuple(int(np.prod(shape[i + 1:])) for i in range(len(shape)))
+    return _ArrayView(library, tuple(shape), dtype, device, tuple(strides))
+
+
+def test_valid_views_pass():
+    validate_views(view(), view((1, 2, 300, 64)), view((1, 2, 300, 64)))
+
+
+@pytest.mark.parametrize("q,k,v,match", [
+    (view((4, 128, 64)), view(), view(), r"^q must be 4-D"),
+    (view(), view((1, 4, 0, 64)), view((1, 4, 0, 64)), r"^k must have no zero-size"),
+    (view(dtype="float32"), view(), view(), r"^q dtype must be one of"),
+    (view(), view(dtype="float16"), view(), r"^k dtype must be one of|^k dtype must match"),
+    (view(), view(), view(dtype="float16"), r"^v dtype"),
+    (view(), view(device=1), view(), r"^k must be on q's device"),
+    (view(), view(library="torch"), view(), r"^k must come from the same library"),
+    (view(strides=(1, 1, 1, 2)), view(), view(), r"^q must be contiguous in its last"),
+    (view(), view(), view((1, 4, 64, 64)), r"^v shape must equal k shape"),
+    (view(), view((2, 4, 128, 64)), view((2, 4, 128, 64)), r"^k batch must equal q batch"),
+    (view(), view((1, 4, 128, 128)), view((1, 4, 128, 128)), r"^k head_dim must equal"),
+    (view((1, 4, 128, 96)), view((1, 4, 128, 96)), view((1, 4, 128, 96)), r"^q head_dim must be"),
+    (view(), view((1, 3, 128, 64)), view((1, 3, 128, 64)), r"^q heads \(4\) must be a multiple"),
+])
+def test_bad_views(q, k, v, match):
+    with pytest.raises(ValueError, match=match):
+        validate_views(q, k, v)
+
+
+def test_host_arrays_are_refused_naming_the_argument():
+    a = np.zeros((1, 1, 8, 64), dtype=np.float16)
+    with pytest.raises(ValueError, match="^q must live in GPU memory"):
+        attention(a, a, a)
+    with pytest.raises(ValueError, match="^q must be a CuPy array"):
+        attention([1, 2], a, a)
+
+
+@pytest.mark.parametrize("bad", ["", "diagonal+linear", "persistent+tiled", 3])
+def test_bad_schedule(bad):
+    with pytest.raises(ValueError, match="schedule"):
+        parse_schedule(bad)
+
+
+def test_schedule_and_tiles_parse():
+    assert parse_schedule("grid") == ("grid", "linear")
+    assert parse_schedule("grouped+sawtooth") == ("grouped", "sawtooth")
+    assert parse_tiles("128X64") == (128, 64)
+    for bad in ("128", "64x32", "axb"):
+        with pytest.raises(ValueError, match="tiles"):
+            parse_tiles(bad)
+
+
+def test_plan_validates_occupancy_and_defaults():
+    launch = plan((1, 32, 8192, 128), (1, 32, 8192, 128), schedule="persistent+sawtooth")
+    assert (launch.problem.tile_m, launch.problem.tile_n, launch.ctas_per_sm) == (128, 64, 2)
+    assert launch.num_ctas == 264
+    with pytest.raises(ValueError, match="occupancy"):
+        plan((1, 1, 64, 64), (1, 1, 64, 64), occupancy=0)
