@@ -334,5 +334,144 @@ def sweep(spec_path, out_dir, retry_failed):
                f"{summary['ok']} measured, {summary['failed']} failed -> {out_dir}/results.csv")
 
 
+@main.command()
+@click.option("--gpu", "gpu_name", default="h100", show_default=True,
+              help="GPU preset: h100, h200, b200, gb10.")
+@click.option("--sms", type=click.IntRange(min=1), default=None, help="Override the preset.")
+@click.option("--l2-mib", type=click.FloatRange(min=0.1), default=None,
+              help="Override the preset's L2 size.")
+@click.option("--capacity-mib", type=click.FloatRange(min=0.01), default=None,
+              help="Effective LRU capacity (default: half the L2, or a fitted value).")
+@click.option("--partitions", type=click.IntRange(1, 2), default=1, show_default=True,
+              help="2: also run the two-partition model (home + requester copies).")
+@click.option("--batch", type=click.IntRange(min=1), default=1, show_default=True)
+@click.option("--heads", type=click.IntRange(min=1), default=1, show_default=True)
+@click.option("--kv-heads", type=click.IntRange(min=1), default=None)
+@click.option("--seqlen", type=click.IntRange(min=1), default=131072, show_default=True)
+@click.option("--head-dim", type=click.Choice(["64", "128"]), default="64", show_default=True)
+@click.option("--dtype", type=click.Choice(["bfloat16", "float16"]), default="bfloat16",
+              show_default=True)
+@click.option("--causal/--no-causal", default=False, show_default=True)
+@click.option("--tile", "tiles", default=None, help="MxN (64x64, 128x64, 128x128).")
+@click.option("--occupancy", type=click.IntRange(1, 32), default=None)
+@click.option("--ctas", type=click.IntRange(min=1), default=None,
+              help="CTAs in flight (default: SMs x occupancy from the preset).")
+@click.option("--cta", "cta_names", default="persistent", show_default=True,
+              help="Comma-separated CTA schedules to compare.")
+@click.option("--kv", "kv_names", default="linear,sawtooth", show_default=True,
+              help="Comma-separated K/V schedules to compare.")
+@click.option("--jitter", type=click.FloatRange(0, 0.99), default=0.0, show_default=True,
+              help="Probability that a CTA stalls for a round.")
+@click.option("--json", "as_json", is_flag=True)
+def simulate(gpu_name, sms, l2_mib, capacity_mib, partitions, batch, heads, kv_heads, seqlen,
+             head_dim, dtype, causal, tiles, occupancy, ctas, cta_names, kv_names, jitter,
+             as_json):
+    """Predict L2 accesses, misses and DRAM reads per schedule (CPU only)."""
+    from wavefront.api import plan
+    from wavefront.gpus import gpu_preset
+    from wavefront.models import DEFAULT_EFFECTIVE_FRACTION, analytic_misses, predict
+    try:
+        gpu = gpu_preset(gpu_name).with_overrides(
+            sms=sms, l2_bytes=int(l2_mib * 2**20) if l2_mib else None)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="--gpu") from None
+    capacity = (capacity_mib * 2**20 if capacity_mib
+                else DEFAULT_EFFECTIVE_FRACTION * gpu.l2_bytes)
+    d = int(head_dim)
+    results = []
+    start = time.perf_counter()
+    for cta in [c.strip() for c in cta_names.split(",") if c.strip()]:
+        for kv in [k.strip() for k in kv_names.split(",") if k.strip()]:
+            try:
+                launch = plan((batch, heads, seqlen, d), (batch, kv_heads or heads, seqlen, d),
+                              causal=causal, schedule=f"{cta}+{kv}", tiles=tiles,
+                              occupancy=occupancy, sms=gpu.sms, l2_bytes=gpu.l2_bytes,
+                              ctas=ctas)
+            except ValueError as exc:
+                raise click.BadParameter(str(exc)) from None
+            pred = predict(launch, gpu, capacity_bytes=capacity,
+                           partitions=partitions if partitions > 1 else None, jitter=jitter)
+            row = pred.as_dict()
+            row["analytic_read_miss_bytes"] = analytic_misses(launch, capacity)
+            row["ctas_in_flight"] = min(launch.resident_ctas, launch.problem.num_items)
+            results.append(row)
+    elapsed = time.perf_counter() - start
+    if as_json:
+        click.echo(json.dumps({"gpu": gpu.name, "capacity_bytes": capacity, "seconds": elapsed,
+                               "results": results}, indent=2))
+        return
+    click.echo(f"{gpu.name} preset ({gpu.sms} SMs, L2 {gpu.l2_bytes / 2**20:.0f} MiB, "
+               f"effective LRU {capacity / 2**20:.1f} MiB): B={batch} H={heads} S={seqlen} "
+               f"D={d} {'causal' if causal else 'non-causal'}")
+    click.echo(f"{'schedule':<22} {'L2 reads':>11} {'miss sect':>11} {'DRAM rd MB':>10} "
+               f"{'x compuls':>9} {'analytic MB':>11} {'reuse p99':>9} {'MiB':>4} "
+               f"{'>cap':>7}")
+    for r in results:
+        reuse = r["reuse"]
+        click.echo(f"{r['schedule']:<22} {r['l2_read_sectors']:11.4g} "
+                   f"{r['read_miss_sectors']:11.4g} {r['dram_read_bytes'] / 1e6:10.1f} "
+                   f"{r['dram_read_bytes'] / r['compulsory_read_bytes']:9.2f} "
+                   f"{r['analytic_read_miss_bytes'] / 1e6:11.1f} "
+                   f"{reuse.get('p99_mib', float('nan')):14.2f} "
+                   f"{1 - reuse.get('within_capacity', float('nan')):7.2%}")
+        if r["partitioned"]:
+            pt = r["partitioned"]
+            click.echo(f"{'  two partitions':<22} fabric reads {pt['fabric_read_sectors']:.4g}, "
+                       f"fabric hits {pt['fabric_read_hit_sectors']:.4g}, DRAM reads "
+                       f"{pt['dram_read_sectors']:.4g} sectors")
+    click.echo(f"({sum(r['accesses'] for r in results) / 1e6:.1f} M tile accesses simulated in "
+               f"{elapsed:.1f} s)")
+
+
+@main.command()
+@click.argument("results_path", type=click.Path(exists=True, dir_okay=False))
+@click.option("--out", "out_path", type=click.Path(dir_okay=False), default=None,
+              help="Where to write the fitted parameters (default: fits.json beside the data).")
+def fit(results_path, out_path):
+    """Fit the effective L2 capacity and the throughput model to a results file."""
+    from pathlib import Path
+
+    from wavefront.models import fit_capacity, fit_throughput
+    from wavefront.records import SchemaError, load_results
+    try:
+        df = load_results(results_path)
+    except SchemaError as exc:
+        raise click.BadParameter(str(exc), param_hint="RESULTS_PATH") from None
+    ok = df[df["status"] == "ok"]
+    fits = {"results": str(results_path), "gpus": {}}
+    for gpu, rows in ok.groupby("gpu"):
+        entry = {}
+        counters = rows[rows["measurement"] == "counters"]
+        if len(counters):
+            cap = fit_capacity(counters, gpu)
+            entry["capacity"] = cap.as_dict()
+        timing = rows[rows["measurement"] == "timing"]
+        joined = timing.drop(columns=[c for c in timing.columns if c.startswith(("l2_", "dram"))])
+        joined = joined.merge(counters[["point", "dram_read_bytes", "dram_write_bytes"]],
+                              on="point")
+        if len(joined) >= 4:
+            entry["throughput"] = fit_throughput(joined, gpu).as_dict()
+        fits["gpus"][gpu] = entry
+    out_path = Path(out_path or Path(results_path).with_name("fits.json"))
+    out_path.write_text(json.dumps(fits, indent=1) + "\n")
+    click.echo(f"{'GPU':<14} {'model':<11} {'parameters':<46} {'n':>4} {'MAPE':>7} "
+               f"{'worst':>7} {'R^2':>6}")
+    for gpu, entry in fits["gpus"].items():
+        if "capacity" in entry:
+            c = entry["capacity"]
+            e = c["errors"]
+            click.echo(f"{gpu:<14} {'L2 misses':<11} "
+                       f"{'effective LRU ' + format(c['capacity_bytes'] / 2**20, '.1f') + ' MiB':<46} "
+                       f"{e['n']:>4} {e['mape']:7.1%} {e['worst_ape']:7.1%} {e['r2']:6.2f}")
+        if "throughput" in entry:
+            t = entry["throughput"]
+            e = t["errors"]
+            params = (f"{t['flop_rate'] / 1e12:.0f} TFLOP/s, {t['dram_rate'] / 1e12:.2f} TB/s, "
+                      f"t0 {t['overhead_s'] * 1e6:.1f} us")
+            click.echo(f"{gpu:<14} {'time':<11} {params:<46} {e['n']:>4} {e['mape']:7.1%} "
+                       f"{e['worst_ape']:7.1%} {e['r2']:6.2f}")
+    click.echo(f"-> {out_path}")
+
+
 if __name__ == "__main__":
     main()

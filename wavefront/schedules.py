@@ -354,13 +354,18 @@ class Launch:
             return range(cta, cta + 1)
         return range(cta, self.problem.num_items, self.num_ctas)
 
-    def work_item(self, cta: int, item: int) -> WorkItem:
+    def item_plan(self, item: int) -> tuple[int, int, int, int, int, int]:
+        """-> (batch, head, q_tile, local iteration, K/V tiles visited, 1 if backward)."""
         p = self.problem
         batch, head, q_tile = decode_work_item(item, p.q_tiles, p.heads, p.kv_heads, p.kv_units,
                                                self.group_units, self.cta.code)
         it = local_iteration(item, self.num_ctas, self.resident_ctas, self.cta.code)
         visited, _ = p.kv_span(q_tile)
-        order = range(visited - 1, -1, -1) if scans_backward(it, self.kv.code) else range(visited)
+        return batch, head, q_tile, it, visited, scans_backward(it, self.kv.code)
+
+    def work_item(self, cta: int, item: int) -> WorkItem:
+        batch, head, q_tile, it, visited, backward = self.item_plan(item)
+        order = range(visited - 1, -1, -1) if backward else range(visited)
         return WorkItem(cta, it, item, batch, head, q_tile, tuple(order))
 
     def work_of_cta(self, cta: int) -> Iterator[WorkItem]:

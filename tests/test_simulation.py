@@ -1,0 +1,204 @@
+"""The cache model against brute force: stack distances, LRU, partitions, traces."""
+import random
+import subprocess
+import sys
+import time
+from collections import OrderedDict
+
+import numpy as np
+import pytest
+
+from wavefront.api import plan
+from wavefront.gpus import PRESETS, gpu_preset
+from wavefront.models import analytic_misses, error_table, knee, predict
+from wavefront.simulation import (
+    COLD,
+    KIND_O,
+    Trace,
+    access_trace,
+    miss_bytes_at,
+    miss_ratio_curve,
+    reuse_distances,
+    sampled_reuse_distances,
+    simulate_l2,
+)
+
+
+def make_trace(addresses, sizes=None, kinds=None, slots=None):
+    a = np.asarray(addresses, dtype=np.int64)
+    n = len(a)
+    sizes = np.asarray(sizes if sizes is not None else [64] * n, dtype=np.int32)
+    kinds = np.asarray(kinds if kinds is not None else [0] * n, dtype=np.int8)
+    slots = np.asarray(slots if slots is not None else [0] * n, dtype=np.int32)
+    return Trace(a, sizes, kinds, slots, int(slots.max()) + 1 if n else 1)
+
+
+def brute_distances(addresses, sizes):
+    out = []
+    for t, a in enumerate(addresses):
+        prev = max((i for i in range(t) if addresses[i] == a), default=None)
+        if prev is None:
+            out.append(COLD)
+            continue
+        between = {addresses[i] for i in range(prev + 1, t)} - {a}
+        out.append(sum(sizes[b] for b in between))
+    return out
+
+
+def brute_lru_miss_bytes(addresses, sizes, capacity):
+    cache, used, miss = OrderedDict(), 0, 0
+    for a in addresses:
+        if a in cache:
+            cache.move_to_end(a)
+            continue
+        miss += sizes[a]
+        cache[a] = True
+        used += sizes[a]
+        while used > capacity and len(cache) > 1:
+            victim, _ = cache.popitem(last=False)
+            used -= sizes[victim]
+    return miss
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_stack_distances_match_brute_force_on_random_traces(seed):
+    rng = random.Random(seed)
+    n_ids = rng.randint(1, 40)
+    sizes = {i: rng.choice([32, 64, 128, 4096]) for i in range(n_ids)}
+    addresses = [rng.randrange(n_ids) for _ in range(rng.randint(1, 400))]
+    trace = make_trace(addresses, [sizes[a] for a in addresses])
+    assert list(reuse_distances(trace)) == brute_distances(addresses, sizes)
+
+
+def test_stack_distances_on_structured_traces():
+    # A cyclic scan of N tiles: every reuse sees the other N-1 tiles.
+    n = 16
+    cyclic = list(range(n)) * 3
+    d = reuse_distances(make_trace(cyclic))
+    assert list(d[:n]) == [COLD] * n and set(d[n:]) == {(n - 1) * 64}
+    # A sawtooth scan: the k-th tile after the turn saw the k tiles beyond it.
+    saw = list(range(n)) + list(range(n - 1, -1, -1))
+    d = reuse_distances(make_trace(saw))
+    assert list(d[n:]) == [k * 64 for k in range(n)]
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_lru_equals_brute_force_and_reuse_threshold(seed):
+    rng = random.Random(100 + seed)
+    n_ids = rng.randint(5, 60)
+    sizes = {i: rng.choice([64, 128, 256]) for i in range(n_ids)}
+    addresses = [rng.randrange(n_ids) for _ in range(600)]
+    trace = make_trace(addresses, [sizes[a] for a in addresses])
+    d = reuse_distances(trace)
+    for capacity in (256, 1024, 4096, 1 << 20):
+        expected = brute_lru_miss_bytes(addresses, sizes, capacity)
+        sim = simulate_l2(trace, capacity, partitions=1)
+        assert sim.dram_read_sectors * 32 == expected
+        if len(set(sizes.values())) == 1:
+            assert miss_bytes_at(d, trace.nbytes, capacity) == expected
+
+
+def test_uniform_sizes_make_the_reuse_model_exact_lru():
+    rng = random.Random(5)
+    addresses = [rng.randrange(50) for _ in range(2000)]
+    trace = make_trace(addresses, [64] * len(addresses))
+    d = reuse_distances(trace)
+    for capacity in (64 * k for k in (1, 5, 17, 49, 50)):
+        assert miss_bytes_at(d, trace.nbytes, capacity) == brute_lru_miss_bytes(
+            addresses, {i: 64 for i in range(50)}, capacity)
+        assert simulate_l2(trace, capacity).dram_read_sectors * 32 == brute_lru_miss_bytes(
+            addresses, {i: 64 for i in range(50)}, capacity)
+
+
+def test_two_partitions_conserve_reads_and_need_fabric():
+    rng = random.Random(9)
+    addresses = [rng.randrange(200) for _ in range(5000)]
+    trace = make_trace(addresses, [128] * 5000, slots=[rng.randrange(8) for _ in range(5000)])
+    one = simulate_l2(trace, 1 << 30, partitions=1)
+    two = simulate_l2(trace, 1 << 30, partitions=2, sms=8)
+    assert one.tex_read_sectors == two.tex_read_sectors
+    # With room for everything, each tile leaves DRAM exactly once in either model.
+    assert one.dram_read_sectors == two.dram_read_sectors == 200 * 4
+    assert two.fabric_read_sectors > 0 and two.fabric_read_hit_sectors > 0
+    assert two.tex_read_hit_sectors < one.tex_read_hit_sectors
+
+
+def test_sampled_distances_approximate_exact_miss_ratio():
+    launch = plan((1, 1, 16384, 64), (1, 1, 16384, 64), schedule="persistent+linear",
+                  tiles="64x64", sms=16, l2_bytes=1 << 22)
+    trace = access_trace(launch)
+    exact = reuse_distances(trace)
+    sampled, mask, scale = sampled_reuse_distances(trace, rate=0.2)
+    caps = [1 << 18, 1 << 20, 1 << 22]
+    exact_mrc = miss_ratio_curve(exact, trace.nbytes, caps)
+    sampled_mrc = miss_ratio_curve(sampled, trace.nbytes[mask], caps)
+    assert np.allclose(exact_mrc, sampled_mrc, atol=0.05)
+    assert scale == pytest.approx(5.0, rel=1e-3)
+
+
+@pytest.mark.parametrize("schedule", ["grid+linear", "persistent+sawtooth", "grouped+linear"])
+@pytest.mark.parametrize("causal", [False, True])
+def test_trace_accesses_what_the_launch_visits(schedule, causal):
+    launch = plan((2, 4, 700, 64), (2, 2, 700, 64), causal=causal, schedule=schedule,
+                  tiles="128x64", sms=3, l2_bytes=1 << 20)
+    trace = access_trace(launch)
+    expected = sum(2 * len(w.kv_tiles) + 2 for w in launch.all_work())
+    assert len(trace) == expected
+    assert (trace.kind == KIND_O).sum() == launch.problem.num_items
+    # Each slot's first K/V accesses follow its first item's direction.
+    for w in launch.all_work():
+        if w.local_iter == 0 and launch.cta.name != "grid":
+            kv = trace.address[(trace.slot == w.cta) & (trace.kind == 0)]
+            first_tiles = [int(a // 4) % launch.problem.kv_tiles for a in kv[:2]]
+            assert first_tiles[0] == w.kv_tiles[0]
+
+
+def test_sawtooth_beats_linear_past_the_knee_and_ties_before():
+    gpu = gpu_preset("h100")
+    res = {}
+    for seqlen in (8192, 131072):
+        for kv in ("linear", "sawtooth"):
+            launch = plan((1, 1, seqlen, 64), (1, 1, seqlen, 64), schedule=f"persistent+{kv}",
+                          tiles="64x64", sms=gpu.sms, l2_bytes=gpu.l2_bytes)
+            res[seqlen, kv] = predict(launch, gpu).read_miss_sectors
+    assert res[8192, "linear"] == res[8192, "sawtooth"]  # compulsory only
+    assert res[131072, "sawtooth"] < 0.6 * res[131072, "linear"]
+
+
+def test_analytic_model_brackets():
+    gpu = gpu_preset("h200")
+    small = plan((1, 1, 4096, 64), (1, 1, 4096, 64), sms=gpu.sms, l2_bytes=gpu.l2_bytes)
+    assert analytic_misses(small, 30 << 20) == 3 * 4096 * 64 * 2  # Q, K, V once
+    big_lin = plan((1, 1, 262144, 64), (1, 1, 262144, 64), sms=gpu.sms, l2_bytes=gpu.l2_bytes,
+                   tiles="64x64")
+    big_saw = plan((1, 1, 262144, 64), (1, 1, 262144, 64), sms=gpu.sms, l2_bytes=gpu.l2_bytes,
+                   tiles="64x64", schedule="persistent+sawtooth")
+    assert analytic_misses(big_saw, 30 << 20) < analytic_misses(big_lin, 30 << 20)
+
+
+def test_error_table_and_knee():
+    e = error_table([1.1, 2.0, 2.7], [1.0, 2.0, 3.0])
+    assert e["n"] == 3 and e["mape"] == pytest.approx((0.1 + 0 + 0.1) / 3)
+    assert knee([1, 2, 4, 8], [10, 10, 12, 40], [10, 10, 10, 10]) == 8
+    assert knee([1, 2], [1, 1], [1, 1]) is None
+
+
+def test_presets():
+    assert set(PRESETS) >= {"h100", "h200", "b200", "gb10"}
+    assert gpu_preset("GB10").l2_bytes == 24 << 20
+    assert gpu_preset("h100").with_overrides(sms=100).sms == 100
+    with pytest.raises(ValueError, match="gpu must be one of"):
+        gpu_preset("a100")
+
+
+def test_simulate_command_is_fast_and_reports_both_schedules():
+    """The issue's target: under 10 s on a 2-core CPU, numba compile included (first run)."""
+    start = time.perf_counter()
+    out = subprocess.run([sys.executable, "-m", "wavefront.cli", "simulate", "--gpu", "h100",
+                          "--seqlen", "131072", "--head-dim", "64", "--tile", "64x64", "--cta",
+                          "persistent", "--kv", "linear,sawtooth"], capture_output=True,
+                         text=True, timeout=120)
+    elapsed = time.perf_counter() - start
+    assert out.returncode == 0, out.stderr
+    assert "persistent+linear" in out.stdout and "persistent+sawtooth" in out.stdout
+    print(f"simulate took {elapsed:.1f} s")

@@ -1,0 +1,242 @@
+"""Models of L2 misses and throughput, and their fits to measured data.
+
+- `predict`: simulate one launch (trace -> reuse distances -> LRU) at an effective capacity.
+- `analytic_misses`: compulsory plus capacity misses per K/V schedule in closed form, as a
+  function of S, the effective L2 and the CTAs in flight.
+- `fit_capacity`: the effective L2 capacity that best explains measured read misses.
+- `fit_throughput`: time = max(FLOPs / R_flop, DRAM bytes / R_dram) + t0 fitted to timings.
+Every fit reports MAPE and R^2 and carries the keys of the points it used.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+
+import numpy as np
+
+from wavefront.counting import SECTOR_BYTES, launch_counts
+from wavefront.gpus import GPUSpec
+from wavefront.schedules import Launch
+from wavefront.simulation import (
+    COLD,
+    access_trace,
+    miss_bytes_at,
+    reuse_distances,
+    simulate_l2,
+)
+
+# Data that every SM reads (K/V) falls out of Hopper's L2 from about half its size (BRIEF
+# section 3: ~30 MiB of 60 on the H200). The default until a fit says otherwise.
+DEFAULT_EFFECTIVE_FRACTION = 0.5
+
+
+def error_table(predicted, measured) -> dict:
+    p = np.asarray(predicted, dtype=float)
+    m = np.asarray(measured, dtype=float)
+    ok = np.isfinite(p) & np.isfinite(m) & (m > 0)
+    p, m = p[ok], m[ok]
+    if len(m) == 0:
+        return {"n": 0, "mape": math.nan, "r2": math.nan, "worst_ape": math.nan}
+    ape = np.abs(p - m) / m
+    ss_res = float(((m - p) ** 2).sum())
+    ss_tot = float(((m - m.mean()) ** 2).sum())
+    return {"n": int(len(m)), "mape": float(ape.mean()), "worst_ape": float(ape.max()),
+            "r2": 1.0 - ss_res / ss_tot if ss_tot > 0 else math.nan}
+
+
+@dataclass
+class LaunchPrediction:
+    schedule: str
+    accesses: int
+    l2_read_sectors: int  # closed-form reads the kernel issues (= simulated tex reads)
+    read_miss_sectors: int  # fully associative LRU at the effective capacity
+    dram_read_bytes: int
+    partitioned: dict | None  # two-partition model's counters, when asked
+    reuse: dict  # summary of reuse distances (MiB)
+    compulsory_read_bytes: int
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+def _reuse_summary(distances: np.ndarray, reads: np.ndarray, capacity: float) -> dict:
+    d = distances[reads & (distances != COLD)]
+    if len(d) == 0:
+        return {"reuses": 0}
+    q = np.quantile(d, [0.5, 0.9, 0.99]) / 2**20
+    return {"reuses": int(len(d)), "cold": int((distances[reads] == COLD).sum()),
+            "median_mib": float(q[0]), "p90_mib": float(q[1]), "p99_mib": float(q[2]),
+            "within_capacity": float((d < capacity).mean())}
+
+
+def predict(launch: Launch, gpu: GPUSpec, *, capacity_bytes: float | None = None,
+            partitions: int | None = None, jitter: float = 0.0) -> LaunchPrediction:
+    capacity = capacity_bytes or DEFAULT_EFFECTIVE_FRACTION * gpu.l2_bytes
+    trace = access_trace(launch, jitter=jitter)
+    distances = reuse_distances(trace)
+    reads = trace.is_read
+    miss_bytes = miss_bytes_at(distances[reads], trace.nbytes[reads], capacity)
+    part = None
+    if partitions and partitions > 1:
+        # Each partition holds copies of what its SMs read; the model's capacity is per
+        # partition, so the whole L2 holds `partitions` x capacity of lines.
+        sim = simulate_l2(trace, capacity * partitions, partitions=partitions, sms=gpu.sms)
+        part = asdict(sim)
+    counts = launch_counts(launch.problem)
+    return LaunchPrediction(
+        schedule=launch.name, accesses=len(trace),
+        l2_read_sectors=int(trace.nbytes[reads].sum() // SECTOR_BYTES),
+        read_miss_sectors=int(miss_bytes // SECTOR_BYTES), dram_read_bytes=int(miss_bytes),
+        partitioned=part, reuse=_reuse_summary(distances, reads, capacity),
+        compulsory_read_bytes=counts.compulsory_read_bytes)
+
+
+def analytic_misses(launch: Launch, capacity_bytes: float) -> float:
+    """Closed-form read-miss bytes: compulsory + capacity, per K/V schedule.
+
+    A (batch, K/V head) unit's K/V (bytes KV) is swept once per round of the CTAs in flight
+    that work on it: R = ceil(items of the unit / CTAs in flight) passes. Linear: every pass
+    re-reads all of it once KV exceeds the capacity (a cyclic scan under LRU hits nothing);
+    sawtooth: each pass after the first re-reads only what the capacity could not keep.
+    Q is read once. Causal shortens later passes; this form ignores that (an upper bound).
+    """
+    p = launch.problem
+    kv = p.kv_bytes_per_unit
+    items_per_unit = p.qheads_per_kv * p.q_tiles
+    in_flight = min(launch.resident_ctas, p.num_items)
+    passes = math.ceil(items_per_unit / in_flight) if in_flight < items_per_unit else 1
+    if kv <= capacity_bytes:
+        per_unit = kv
+    elif launch.kv.name == "sawtooth":
+        per_unit = kv + (passes - 1) * (kv - capacity_bytes)
+    else:
+        per_unit = kv * passes
+    q_bytes = p.batch * p.heads * p.seqlen_q * p.head_dim * p.element_bytes
+    return per_unit * p.kv_units + q_bytes
+
+
+# ---------------------------------------------------------------------------------------------
+# Fits
+# ---------------------------------------------------------------------------------------------
+
+@dataclass
+class CapacityFit:
+    gpu: str
+    capacity_bytes: float
+    errors: dict
+    points: list[str] = field(default_factory=list)
+    predicted: list[float] = field(default_factory=list)
+    measured: list[float] = field(default_factory=list)
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+def _launch_from_row(row) -> Launch:
+    from wavefront.bench import Config
+    cfg = Config(batch=int(row["batch"]), heads=int(row["heads"]),
+                 kv_heads=int(row["kv_heads"]), seqlen=int(row["seqlen"]),
+                 head_dim=int(row["head_dim"]), dtype=str(row["dtype"]),
+                 causal=bool(row["causal"]),
+                 schedule=f"{row['cta_schedule']}+{row['kv_schedule']}",
+                 tiles=f"{int(row['tile_m'])}x{int(row['tile_n'])}",
+                 occupancy=int(row["occupancy"]),
+                 ctas=int(row["resident_ctas"]) if int(row["resident_ctas"]) != int(
+                     row["sms"]) * int(row["occupancy"]) else None)
+    return cfg.launch(int(row["sms"]), int(row["l2_bytes"]))
+
+
+class MissCurves:
+    """Per measured point: read-miss bytes as a function of capacity (from reuse distances),
+    computed once so a fit can evaluate many capacities cheaply."""
+
+    def __init__(self, rows):
+        self.keys, self.measured, self._needs, self._weights = [], [], [], []
+        for _, row in rows.iterrows():
+            trace = access_trace(_launch_from_row(row))
+            d = reuse_distances(trace)
+            reads = trace.is_read
+            need = np.where(d[reads] == COLD, np.inf, d[reads] + trace.nbytes[reads])
+            order = np.argsort(need)
+            self._needs.append(need[order])
+            self._weights.append(np.concatenate([[0], np.cumsum(trace.nbytes[reads][order])]))
+            self.keys.append(row["point"])
+            self.measured.append(float(row["l2_read_miss_sectors"]) * SECTOR_BYTES)
+
+    def misses(self, capacity: float) -> np.ndarray:
+        out = []
+        for need, cum in zip(self._needs, self._weights):
+            hit = cum[np.searchsorted(need, capacity, side="right")]
+            out.append(cum[-1] - hit)
+        return np.asarray(out, dtype=float)
+
+
+def fit_capacity(counter_rows, gpu_name: str, *, lo_mib: float = 1.0,
+                 hi_mib: float = 256.0, curves: MissCurves | None = None) -> CapacityFit:
+    """Effective LRU capacity minimising the mean squared log error of read misses."""
+    from scipy.optimize import minimize_scalar
+    curves = curves or MissCurves(counter_rows)
+    measured = np.asarray(curves.measured)
+
+    def loss(log_cap):
+        pred = curves.misses(math.exp(log_cap))
+        return float(np.mean((np.log(pred + 1.0) - np.log(measured + 1.0)) ** 2))
+
+    # The loss is a step function of capacity: scan a grid, then polish inside the best cell.
+    grid = np.linspace(math.log(lo_mib * 2**20), math.log(hi_mib * 2**20), 161)
+    losses = [loss(g) for g in grid]
+    best = int(np.argmin(losses))
+    lo, hi = grid[max(0, best - 1)], grid[min(len(grid) - 1, best + 1)]
+    res = minimize_scalar(loss, bounds=(lo, hi), method="bounded",
+                          options={"xatol": 1e-4})
+    cap = math.exp(res.x) if res.fun <= losses[best] else math.exp(grid[best])
+    pred = curves.misses(cap)
+    return CapacityFit(gpu_name, cap, error_table(pred, measured), list(curves.keys),
+                       pred.tolist(), measured.tolist())
+
+
+@dataclass
+class ThroughputFit:
+    gpu: str
+    flop_rate: float  # FLOP/s
+    dram_rate: float  # B/s
+    overhead_s: float
+    errors: dict
+    points: list[str] = field(default_factory=list)
+    predicted_ms: list[float] = field(default_factory=list)
+    measured_ms: list[float] = field(default_factory=list)
+
+    def predict_s(self, flops, dram_bytes):
+        return np.maximum(np.asarray(flops) / self.flop_rate,
+                          np.asarray(dram_bytes) / self.dram_rate) + self.overhead_s
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+def fit_throughput(rows, gpu_name: str) -> ThroughputFit:
+    """rows: timing joined with counters (columns executed_flops, dram_read_bytes,
+    dram_write_bytes, median_ms, point). Least squares on log time."""
+    from scipy.optimize import least_squares
+    flops = rows["executed_flops"].to_numpy(float)
+    dram = (rows["dram_read_bytes"] + rows["dram_write_bytes"]).to_numpy(float)
+    t = rows["median_ms"].to_numpy(float) * 1e-3
+
+    def model(x):
+        rf, rd, t0 = np.exp(x)
+        return np.maximum(flops / rf, dram / rd) + t0
+
+    x0 = np.log([5e14, 3e12, 5e-6])
+    res = least_squares(lambda x: np.log(model(x)) - np.log(t), x0, method="trf")
+    rf, rd, t0 = np.exp(res.x)
+    pred = model(res.x)
+    return ThroughputFit(gpu_name, float(rf), float(rd), float(t0), error_table(pred, t),
+                         list(rows["point"]), (pred * 1e3).tolist(), (t * 1e3).tolist())
+
+
+def knee(seqlens, misses, compulsory, factor: float = 1.5):
+    """The first S at which misses exceed `factor` x the compulsory level (None if never)."""
+    for s, m, c in sorted(zip(seqlens, misses, compulsory)):
+        if m > factor * c:
+            return s
+    return None
