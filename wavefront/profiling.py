@@ -13,6 +13,7 @@ import csv
 import io
 import json
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -136,6 +137,14 @@ def check_ncu_output(log_text: str, stderr: str) -> None:
                             "(counters unavailable, e.g. inside gVisor)")
 
 
+def kill_group(proc: subprocess.Popen) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+    proc.wait()
+
+
 def profile_points(points: list[dict], *, timeout_s: float, workdir: str | None = None,
                    ncu: str | None = None) -> tuple[list[tuple[dict, dict]], str | None]:
     """Profile `points` (worker point dicts) in one ncu process.
@@ -153,17 +162,22 @@ def profile_points(points: list[dict], *, timeout_s: float, workdir: str | None 
         cmd = ncu_command(ncu, log_file, [sys.executable, "-m", "wavefront.worker",
                                           "--mode", "counters", "--points", str(points_file)])
         error = None
+        # Own process group: on a timeout or Ctrl-C, ncu *and* the program it profiles die,
+        # so nothing keeps the GPU busy under the next measurement.
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                start_new_session=True,
+                                env={**os.environ, "PYTHONUNBUFFERED": "1"})
         try:
-            proc = subprocess.run(cmd, capture_output=True, text=True,
-                                  timeout=timeout_s * len(points) + 60,
-                                  env={**os.environ, "PYTHONUNBUFFERED": "1"})
-            stdout, stderr = proc.stdout, proc.stderr
+            stdout, stderr = proc.communicate(timeout=timeout_s * len(points) + 60)
             if proc.returncode != 0:
                 error = f"ncu exited {proc.returncode}: {stderr.strip()[-300:]}"
-        except subprocess.TimeoutExpired as exc:
-            stdout = exc.stdout.decode() if isinstance(exc.stdout, bytes) else (exc.stdout or "")
-            stderr = exc.stderr.decode() if isinstance(exc.stderr, bytes) else (exc.stderr or "")
-            error = f"timed out after {exc.timeout:.0f} s"
+        except subprocess.TimeoutExpired:
+            kill_group(proc)
+            stdout, stderr = proc.communicate()
+            error = f"timed out after {timeout_s * len(points) + 60:.0f} s"
+        except BaseException:
+            kill_group(proc)
+            raise
         log_text = Path(log_file).read_text() if os.path.exists(log_file) else ""
         keep = os.environ.get("WAVEFRONT_KEEP_NCU_LOG")
         if keep and log_text:

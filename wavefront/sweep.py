@@ -9,7 +9,8 @@ Spec (TOML):
     peers = false                      # also time torch SDPA FA2 / cuDNN (timing)
     batch_points = 8                   # points per worker process
 
-    [grid]                             # every combination of these is one point
+    [grid]                             # every combination of these is one point; several
+                                       # [[grid]] tables give the union of their points
     batch = [1]
     heads = [1]
     kv_heads = [1]                     # optional, default = heads
@@ -32,6 +33,7 @@ import itertools
 import json
 import os
 import queue
+import signal
 import subprocess
 import sys
 import tempfile
@@ -42,6 +44,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
+from wavefront.profiling import kill_group
 from wavefront.records import (
     append_row,
     load_results,
@@ -64,7 +67,7 @@ MEASUREMENTS = ("timing", "counters")
 @dataclass
 class SweepSpec:
     name: str
-    grid: dict
+    grid: list[dict]  # the union of these grids' points
     measure: list[str] = field(default_factory=lambda: ["timing"])
     timeout_s: float = 120.0
     reps: int = 30
@@ -81,23 +84,27 @@ def parse_spec(text: str, source: str = "spec") -> SweepSpec:
     if unknown:
         raise ValueError(f"{source}: unknown keys {sorted(unknown)}")
     grid = raw.get("grid")
-    if not isinstance(grid, dict):
-        raise ValueError(f"{source}: needs a [grid] table")
-    bad = set(grid) - GRID_KEYS
-    if bad:
-        raise ValueError(f"{source}: unknown grid keys {sorted(bad)}; allowed {sorted(GRID_KEYS)}")
-    missing = REQUIRED_GRID_KEYS - set(grid)
-    if missing:
-        raise ValueError(f"{source}: grid needs {sorted(missing)}")
-    for key, values in grid.items():
-        if not isinstance(values, list) or not values:
-            raise ValueError(f"{source}: grid.{key} must be a non-empty list, got {values!r}")
+    grids = [grid] if isinstance(grid, dict) else grid
+    if not isinstance(grids, list) or not grids or not all(isinstance(g, dict) for g in grids):
+        raise ValueError(f"{source}: needs a [grid] table (or [[grid]] tables)")
+    for g in grids:
+        bad = set(g) - GRID_KEYS
+        if bad:
+            raise ValueError(f"{source}: unknown grid keys {sorted(bad)}; "
+                             f"allowed {sorted(GRID_KEYS)}")
+        missing = REQUIRED_GRID_KEYS - set(g)
+        if missing:
+            raise ValueError(f"{source}: grid needs {sorted(missing)}")
+        for key, values in g.items():
+            if not isinstance(values, list) or not values:
+                raise ValueError(f"{source}: grid.{key} must be a non-empty list, "
+                                 f"got {values!r}")
     measure = raw.get("measure", ["timing"])
     if isinstance(measure, str):
         measure = [measure]
     if not measure or set(measure) - set(MEASUREMENTS):
         raise ValueError(f"{source}: measure must list some of {MEASUREMENTS}, got {measure!r}")
-    spec = SweepSpec(name=str(raw.get("name", Path(source).stem)), grid=grid, measure=measure,
+    spec = SweepSpec(name=str(raw.get("name", Path(source).stem)), grid=grids, measure=measure,
                      timeout_s=float(raw.get("timeout_s", 120)), reps=int(raw.get("reps", 30)),
                      peers=bool(raw.get("peers", False)),
                      batch_points=int(raw.get("batch_points", 8)))
@@ -112,10 +119,19 @@ def load_spec(path) -> SweepSpec:
 
 def expand(spec: SweepSpec, *, gpu: str, sms: int, l2_bytes: int) -> list[dict]:
     """Every (point, measurement) of the spec, with the launch's derived parameters."""
+    points, seen = [], set()
+    for g in (spec.grid if isinstance(spec.grid, list) else [spec.grid]):
+        for p in _expand_grid(g, spec, gpu, sms, l2_bytes):
+            if (p["key"], p["measurement"]) not in seen:
+                seen.add((p["key"], p["measurement"]))
+                points.append(p)
+    return points
+
+
+def _expand_grid(g: dict, spec: SweepSpec, gpu: str, sms: int, l2_bytes: int) -> list[dict]:
     from wavefront.api import parse_schedule, parse_tiles
     from wavefront.bench import Config
     from wavefront.kernels import DEFAULT_OCCUPANCY, DEFAULT_TILES
-    g = spec.grid
     axes = [g.get("batch", [1]), g.get("heads", [1]), g.get("kv_heads", [None]), g["seqlen"],
             g["head_dim"], g.get("dtype", ["bfloat16"]), g.get("causal", [False]),
             g.get("tiles", [None]), g.get("occupancy", [None]), g.get("ctas", [0]),
@@ -142,13 +158,14 @@ def expand(spec: SweepSpec, *, gpu: str, sms: int, l2_bytes: int) -> list[dict]:
     return points
 
 
-def done_keys(results_path, retry_failed: bool = False) -> set[tuple[str, str]]:
+def done_keys(results_path, retry_failed: bool = False) -> set[tuple[str, str, str]]:
+    """(gpu, point, measurement) already recorded: one results file can hold several GPUs."""
     if not Path(results_path).exists():
         return set()
     df = load_results(results_path)
     if retry_failed:
         df = df[df["status"] == "ok"]
-    return set(zip(df["point"], df["measurement"]))
+    return set(zip(df["gpu"], df["point"], df["measurement"]))
 
 
 OnResult = Callable[[dict, "dict | None", "str | None"], None]
@@ -182,7 +199,8 @@ class SubprocessRunner:
             cmd = [*self.worker_cmd, "--mode", "timing", "--points", f.name,
                    "--reps", str(spec.reps), "--peers" if spec.peers else "--no-peers"]
             proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                    text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+                                    text=True, start_new_session=True,
+                                    env={**os.environ, "PYTHONUNBUFFERED": "1"})
             lines: queue.Queue = queue.Queue()
             threading.Thread(target=_pump, args=(proc.stdout, lines), daemon=True).start()
             stderr_tail: list[str] = []
@@ -193,7 +211,7 @@ class SubprocessRunner:
                     try:
                         line = lines.get(timeout=spec.timeout_s)
                     except queue.Empty:
-                        proc.kill()
+                        kill_group(proc)
                         on_result(pending.pop(0), None,
                                   f"hung: no result within {spec.timeout_s:.0f} s")
                         break
@@ -213,9 +231,7 @@ class SubprocessRunner:
                     pending.remove(point)
                     on_result(point, msg.get("result"), msg.get("error"))
             finally:
-                if proc.poll() is None:
-                    proc.kill()
-                proc.wait()
+                kill_group(proc)
                 os.unlink(f.name)
 
     def _run_counters(self, points, spec, on_result):
@@ -264,7 +280,7 @@ def run_sweep(spec: SweepSpec, out_dir, *, gpu: str, sms: int, l2_bytes: int,
     results_path = out_dir / "results.csv"
     points = expand(spec, gpu=gpu, sms=sms, l2_bytes=l2_bytes)
     done = done_keys(results_path, retry_failed)
-    todo = [p for p in points if (p["key"], p["measurement"]) not in done]
+    todo = [p for p in points if (gpu, p["key"], p["measurement"]) not in done]
     summary = {"points": len(points), "skipped": len(points) - len(todo), "ok": 0, "failed": 0}
     if not todo:
         return summary
@@ -293,9 +309,17 @@ def run_sweep(spec: SweepSpec, out_dir, *, gpu: str, sms: int, l2_bytes: int,
         if bar is not None:
             bar.update(1)
 
+    previous = signal.signal(signal.SIGTERM, _raise_interrupt)
     try:
         runner.run(todo, spec, on_result)
     finally:
+        signal.signal(signal.SIGTERM, previous)
         if bar is not None:
             bar.render_finish()
     return summary
+
+
+def _raise_interrupt(signum, frame):
+    # `timeout` and job control send SIGTERM: unwind like Ctrl-C so workers are killed and
+    # every finished point is already on disk.
+    raise KeyboardInterrupt
