@@ -5,7 +5,12 @@ from concurrent.futures import ProcessPoolExecutor
 import pytest
 
 from wavefront.cubin import kernel_resources
-from wavefront.kernels import KernelVariant, all_variants, compile_variant
+from wavefront.kernels import (
+    KernelVariant,
+    all_combine_variants,
+    all_variants,
+    compile_variant,
+)
 
 pytestmark = pytest.mark.compile
 
@@ -20,14 +25,16 @@ def _compile(variant):
 
 def test_every_specialisation_compiles_for_sm90():
     variants = list(all_variants(write_lse=(False, True)))
-    assert len(variants) == 2 * 2 * 3 * 2 * 3 * 2 * 2
+    # dtype x head_dim x tiles x causal x (3 CTA x 3 K/V schedules less grouped+tiled) x LSE
+    assert len(variants) == 2 * 2 * 3 * 2 * 8 * 2
+    variants += list(all_combine_variants())
     with ProcessPoolExecutor(max_workers=max(2, os.cpu_count() or 2)) as pool:
         results = list(pool.map(_compile, variants))
     failed = [(label, err) for label, _, err in results if err]
     assert not failed, failed[:3]
     for label, resources, _ in results:
         (kernel,) = resources
-        assert kernel.name.startswith("flash_attention_fwd")
+        assert kernel.name.startswith(("flash_attention_fwd", "combine_partials"))
         # Hopper has 255 registers per thread at most and 227 KiB of shared memory per block.
         assert kernel.registers is not None and 0 < kernel.registers <= 255, label
         assert 0 < kernel.shared_bytes <= 227 * 1024, label

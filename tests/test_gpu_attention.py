@@ -9,7 +9,8 @@ from wavefront.schedules import CTA_SCHEDULES, KV_SCHEDULES
 
 pytestmark = pytest.mark.gpu
 
-SCHEDULES = [f"{c}+{k}" for c, k in itertools.product(CTA_SCHEDULES, KV_SCHEDULES)]
+SCHEDULES = [f"{c}+{k}" for c, k in itertools.product(CTA_SCHEDULES, KV_SCHEDULES)
+             if (c, k) != ("grouped", "tiled")]
 TOLERANCE = 1e-2
 
 
@@ -20,26 +21,40 @@ TOLERANCE = 1e-2
 def test_matches_reference(schedule, causal, head_dim, dtype):
     # 333 is ragged for every tile shape; 7 CTAs force several work items per persistent CTA,
     # so sawtooth really scans both ways and grid waves alternate too.
+    # Tiled: 2 K/V tiles per chunk, so several chunks (some empty past the causal diagonal)
+    # are combined.
     cfg = Config(batch=2, heads=4, kv_heads=2, seqlen=333, head_dim=head_dim, dtype=dtype,
-                 causal=causal, schedule=schedule, ctas=7)
+                 causal=causal, schedule=schedule, ctas=7,
+                 chunk_tiles=2 if schedule.endswith("tiled") else None)
     err = relative_error(cfg, seed=hash((schedule, causal, head_dim, dtype)) % 10_000)
     assert err < TOLERANCE
 
 
 @pytest.mark.parametrize("tiles", ["64x64", "128x64", "128x128"])
 @pytest.mark.parametrize("causal", [False, True])
-@pytest.mark.parametrize("schedule", ["persistent+sawtooth", "grouped+sawtooth"])
+@pytest.mark.parametrize("schedule", ["persistent+sawtooth", "grouped+sawtooth",
+                                      "persistent+tiled"])
 def test_tile_shapes(tiles, causal, schedule):
     cfg = Config(batch=1, heads=3, kv_heads=1, seqlen=517, head_dim=128, causal=causal,
-                 schedule=schedule, tiles=tiles, ctas=5)
+                 schedule=schedule, tiles=tiles, ctas=5,
+                 chunk_tiles=3 if schedule.endswith("tiled") else None)
     assert relative_error(cfg, seed=11) < TOLERANCE
 
 
 @pytest.mark.parametrize("causal", [False, True])
-def test_lse_matches_reference(causal):
+@pytest.mark.parametrize("schedule", ["persistent+sawtooth", "persistent+tiled"])
+def test_lse_matches_reference(causal, schedule):
     cfg = Config(batch=1, heads=2, seqlen=300, head_dim=64, causal=causal,
-                 schedule="persistent+sawtooth", ctas=3)
+                 schedule=schedule, ctas=3,
+                 chunk_tiles=2 if schedule.endswith("tiled") else None)
     assert relative_error(cfg, seed=5, check_lse=True) < TOLERANCE
+
+
+def test_tiled_with_default_chunks_at_length():
+    # Chunk size from the real L2: several chunks at this length.
+    cfg = Config(batch=1, heads=2, seqlen=200_000, head_dim=64, causal=True,
+                 schedule="persistent+tiled")
+    assert relative_error(cfg, seed=13) < TOLERANCE
 
 
 def test_grouped_with_small_l2_budget_is_correct():

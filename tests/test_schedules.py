@@ -35,22 +35,64 @@ def random_launch(rng, cta_name, kv_name="linear"):
                   ctas=rng.choice([None, rng.randint(1, 40)]))
 
 
-@pytest.mark.parametrize("cta_name", list(CTA_SCHEDULES))
-@pytest.mark.parametrize("kv_name", list(KV_SCHEDULES))
+SCHEDULE_PAIRS = [(c, k) for c in CTA_SCHEDULES for k in KV_SCHEDULES
+                  if (c, k) != ("grouped", "tiled")]
+
+
+@pytest.mark.parametrize("cta_name,kv_name", SCHEDULE_PAIRS)
 def test_every_work_item_exactly_once(cta_name, kv_name):
     rng = random.Random(hash((cta_name, kv_name)) & 0xFFFF)
     for _ in range(60):
         launch = random_launch(rng, cta_name, kv_name)
         p = launch.problem
-        seen = Counter((w.batch, w.head, w.q_tile) for w in launch.all_work())
-        expected = {(b, h, t) for b in range(p.batch) for h in range(p.heads)
-                    for t in range(p.q_tiles)}
+        seen = Counter((w.batch, w.head, w.q_tile, w.chunk) for w in launch.all_work())
+        expected = {(b, h, t, c) for b in range(p.batch) for h in range(p.heads)
+                    for t in range(p.q_tiles) for c in range(launch.n_chunks)}
         assert set(seen) == expected, launch
         assert all(n == 1 for n in seen.values()), launch
+        assert launch.n_chunks == 1 or kv_name == "tiled"
+
+
+def test_tiled_chunks_partition_each_items_tiles_and_run_chunk_major():
+    rng = random.Random(21)
+    for _ in range(40):
+        launch = random_launch(rng, rng.choice(["grid", "persistent"]), "tiled")
+        p = launch.problem
+        tiles = {}
+        for w in launch.all_work():
+            assert list(w.kv_tiles) == sorted(w.kv_tiles)  # forward inside a chunk
+            assert all(j // launch.chunk_tiles == w.chunk for j in w.kv_tiles)
+            tiles.setdefault((w.batch, w.head, w.q_tile), []).extend(w.kv_tiles)
+        for (b, h, t), got in tiles.items():
+            visited, _ = p.kv_span(t)
+            assert sorted(got) == list(range(visited))
+        # Chunk-major inside a (batch, K/V head) unit: item numbers grow with the chunk.
+        plans = [launch.item_plan(i) for i in range(launch.num_items)]
+        for a, b in zip(plans, plans[1:]):
+            unit_a = a[0] * p.kv_heads + a[1] // p.qheads_per_kv
+            unit_b = b[0] * p.kv_heads + b[1] // p.qheads_per_kv
+            assert (unit_a, a[3]) <= (unit_b, b[3])
+
+
+def test_tiled_chunk_size_from_l2_and_grouped_refused():
+    from wavefront.schedules import TiledScan
+    p = AttentionProblem(1, 1, 1, 131072, 131072, 64, tile_m=64, tile_n=64)
+    # 0.4 x 50 MiB, less 264 CTAs' Q tiles and partials, over 16 KiB of K+V per tile
+    stream = 264 * 64 * (64 * 2 + 64 * 4 + 8)
+    assert TiledScan().chunk_tiles(p, 50 << 20, 264) == int(
+        (0.4 * (50 << 20) - stream) // (2 * 64 * 64 * 2))
+    # A stream over half the budget (128-row tiles) leaves the chunk the whole budget.
+    big = AttentionProblem(1, 1, 1, 131072, 131072, 128, tile_m=128, tile_n=64)
+    assert TiledScan().chunk_tiles(big, 50 << 20, 264) == int(0.4 * (50 << 20)) // (
+        2 * 64 * 128 * 2)
+    assert TiledScan(tiles_per_chunk=100).chunk_tiles(p, 50 << 20, 264) == 100
+    with pytest.raises(ValueError, match="grouped\\+tiled"):
+        Launch(p, cta_schedule("grouped"), kv_schedule("tiled"), 132, 2, 50 << 20)
 
 
 @pytest.mark.parametrize("cta_name", list(CTA_SCHEDULES))
 def test_each_item_visits_exactly_its_kv_tiles(cta_name):
+    """(Non-tiled: one chunk holds every tile the Q tile needs.)"""
     rng = random.Random(7)
     for _ in range(40):
         launch = random_launch(rng, cta_name, "sawtooth")
@@ -166,4 +208,4 @@ def test_unknown_schedule_names():
     with pytest.raises(ValueError, match="cta schedule must be one of"):
         cta_schedule("diagonal")
     with pytest.raises(ValueError, match="kv schedule must be one of"):
-        kv_schedule("tiled")
+        kv_schedule("blocked")

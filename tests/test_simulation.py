@@ -165,6 +165,24 @@ def test_sawtooth_beats_linear_past_the_knee_and_ties_before():
     assert res[131072, "sawtooth"] < 0.6 * res[131072, "linear"]
 
 
+def test_tiled_reads_kv_about_once_plus_partials():
+    gpu = gpu_preset("h100")
+    res = {}
+    for kv in ("linear", "tiled"):
+        launch = plan((1, 1, 262144, 64), (1, 1, 262144, 64), schedule=f"persistent+{kv}",
+                      tiles="64x64", sms=gpu.sms, l2_bytes=gpu.l2_bytes)
+        res[kv] = (predict(launch, gpu), launch)
+    tiled, launch = res["tiled"]
+    assert launch.n_chunks > 1
+    trace = access_trace(launch)
+    writes = trace.kind == 4
+    reads = trace.kind == 5
+    assert writes.sum() == reads.sum() == launch.num_items
+    # K/V about once: within 1.5x of the minimum that counts the partial states
+    assert tiled.dram_read_bytes < 1.5 * tiled.compulsory_read_bytes
+    assert tiled.dram_read_bytes < 0.7 * res["linear"][0].dram_read_bytes
+
+
 def test_analytic_model_brackets():
     gpu = gpu_preset("h200")
     small = plan((1, 1, 4096, 64), (1, 1, 4096, 64), sms=gpu.sms, l2_bytes=gpu.l2_bytes)

@@ -43,7 +43,7 @@ def test_host_arrays_are_refused_naming_the_argument():
         attention([1, 2], a, a)
 
 
-@pytest.mark.parametrize("bad", ["", "diagonal+linear", "persistent+tiled", 3])
+@pytest.mark.parametrize("bad", ["", "diagonal+linear", "persistent+blocked", 3])
 def test_bad_schedule(bad):
     with pytest.raises(ValueError, match="schedule"):
         parse_schedule(bad)

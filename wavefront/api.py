@@ -5,8 +5,10 @@ import math
 from dataclasses import dataclass
 
 from wavefront.schedules import (
+    KV_TILED,
     AttentionProblem,
     Launch,
+    TiledScan,
     cta_schedule,
     kv_schedule,
 )
@@ -119,7 +121,7 @@ def validate_views(vq: _ArrayView, vk: _ArrayView, vv: _ArrayView) -> None:
 
 def plan(q_shape, k_shape, *, causal=False, schedule="persistent+linear", tiles=None,
          occupancy=None, sms=132, l2_bytes=50 * 1024 * 1024, element_bytes=2,
-         ctas=None) -> Launch:
+         ctas=None, chunk_tiles=None) -> Launch:
     """The `Launch` the kernel will run for these shapes (no GPU needed)."""
     from wavefront.kernels import DEFAULT_OCCUPANCY, DEFAULT_TILES
     b, h, sq, d = q_shape
@@ -131,19 +133,27 @@ def plan(q_shape, k_shape, *, causal=False, schedule="persistent+linear", tiles=
         raise ValueError(f"occupancy must be an integer in [1, 32], got {occupancy!r}")
     cta, kv = parse_schedule(schedule)
     problem = AttentionProblem(b, h, hkv, sq, skv, d, bool(causal), tile_m, tile_n, element_bytes)
-    return Launch(problem, cta_schedule(cta), kv_schedule(kv), sms, occupancy, l2_bytes, ctas)
+    kv_sched = kv_schedule(kv)
+    if chunk_tiles is not None:
+        if kv != "tiled":
+            raise ValueError(f"chunk_tiles applies to the tiled schedule only, got schedule "
+                             f"{schedule!r}")
+        kv_sched = TiledScan(tiles_per_chunk=chunk_tiles)
+    return Launch(problem, cta_schedule(cta), kv_sched, sms, occupancy, l2_bytes, ctas)
 
 
 def attention(q, k, v, *, causal: bool = False, schedule: str = "persistent+linear",
               tiles=None, occupancy: int | None = None, scale: float | None = None,
               return_lse: bool = False, out=None, stream=None, l2_bytes: int | None = None,
-              ctas: int | None = None):
+              ctas: int | None = None, chunk_tiles: int | None = None):
     """FlashAttention forward: softmax(q k^T * scale) v, per (batch, head).
 
     q: (batch, heads, seqlen_q, head_dim); k, v: (batch, kv_heads, seqlen_kv, head_dim) with
     heads a multiple of kv_heads (GQA). bfloat16 or float16, head_dim 64 or 128, CuPy arrays,
     torch tensors or any DLPack GPU array. `schedule` is "<cta>+<kv>" with cta in
-    {grid, persistent, grouped} and kv in {linear, sawtooth}. `tiles` is "MxN" or (M, N).
+    {grid, persistent, grouped} and kv in {linear, sawtooth, tiled}. `tiles` is "MxN" or (M, N).
+    `tiled` splits K/V into L2-sized chunks (`chunk_tiles` K/V tiles each, default from the L2)
+    and merges the chunks' partial states in a second kernel.
     Returns the output (and the natural-log LSE, float32 (batch, heads, seqlen_q), if asked)
     as arrays of q's library on q's device. `ctas` caps the persistent grid (default: every
     SM x occupancy); `l2_bytes` overrides the L2 size the grouped schedule budgets for.
@@ -159,7 +169,8 @@ def attention(q, k, v, *, causal: bool = False, schedule: str = "persistent+line
         raise RuntimeError("wavefront.attention needs a CUDA GPU; none is visible")
     launch = plan(vq.shape, tuple(k.shape), causal=causal, schedule=schedule, tiles=tiles,
                   occupancy=occupancy, sms=dev.sms,
-                  l2_bytes=l2_bytes if l2_bytes is not None else dev.l2_bytes, ctas=ctas)
+                  l2_bytes=l2_bytes if l2_bytes is not None else dev.l2_bytes, ctas=ctas,
+                  chunk_tiles=chunk_tiles)
     p = launch.problem
     if scale is None:
         scale = 1.0 / math.sqrt(p.head_dim)
@@ -167,13 +178,38 @@ def attention(q, k, v, *, causal: bool = False, schedule: str = "persistent+line
         raise ValueError(f"scale must be a positive finite number, got {scale!r}")
 
     variant = KernelVariant(vq.dtype, p.head_dim, p.tile_m, p.tile_n, p.causal,
-                            launch.cta.code, launch.kv.code, launch.ctas_per_sm, bool(return_lse))
+                            launch.cta.code, launch.kv.code, launch.ctas_per_sm,
+                            bool(return_lse) and launch.kv.code != KV_TILED)
     out, lse = _allocate(vq, q, out, return_lse)
-    args = (q, k, v, out, lse, float(scale * LOG2_E), launch.resident_ctas, launch.group_units,
+    tiled = launch.kv.code == KV_TILED
+    part_o, part_m, part_l = _workspace(vq, launch.n_chunks if tiled else 0)
+    stream = stream if stream is not None else _current_stream(vq.library)
+    args = (q, k, v, out, lse, part_o, part_m, part_l, float(scale * LOG2_E),
+            launch.resident_ctas, launch.group_units, launch.n_chunks, launch.chunk_tiles,
             *variant.constants)
-    ct.launch(stream if stream is not None else _current_stream(vq.library), (launch.num_ctas, 1, 1),
-              kernel_for_occupancy(variant.occupancy), args)
+    ct.launch(stream, (launch.num_ctas, 1, 1), kernel_for_occupancy(variant.occupancy), args)
+    if tiled:
+        from wavefront.kernels import COMBINE_TILE_M, combine_partials
+        grid = (-(-p.seqlen_q // COMBINE_TILE_M), p.batch * p.heads, 1)
+        ct.launch(stream, grid, combine_partials,
+                  (part_o, part_m, part_l, out, lse, launch.n_chunks, p.head_dim,
+                   COMBINE_TILE_M, bool(return_lse)))
     return (out, lse) if return_lse else out
+
+
+def _workspace(vq, n_chunks):
+    """fp32 partial states of the tiled schedule: (chunks x batch, heads, seqlen[, head_dim]).
+
+    Other schedules get one-element stand-ins: cuTile needs an array for every parameter."""
+    b, h, s, d = vq.shape
+    shapes = ([(n_chunks * b, h, s, d), (n_chunks * b, h, s), (n_chunks * b, h, s)] if n_chunks
+              else [(1, 1, 1, 1), (1, 1, 1), (1, 1, 1)])
+    if vq.library == "torch":
+        import torch
+        return tuple(torch.empty(sh, dtype=torch.float32, device=f"cuda:{vq.device}")
+                     for sh in shapes)
+    import cupy
+    return tuple(cupy.empty(sh, dtype=cupy.float32) for sh in shapes)
 
 
 def _current_stream(library):

@@ -28,6 +28,7 @@ class Config:
     tiles: str | None = None
     occupancy: int | None = None
     ctas: int | None = None
+    chunk_tiles: int | None = None  # tiled schedule: K/V tiles per chunk (default from L2)
 
     @property
     def kv_heads_(self) -> int:
@@ -38,7 +39,8 @@ class Config:
                     (self.batch, self.kv_heads_, self.seqlen, self.head_dim),
                     causal=self.causal, schedule=self.schedule, tiles=self.tiles,
                     occupancy=self.occupancy, sms=sms, l2_bytes=l2_bytes,
-                    element_bytes=DTYPE_BYTES[self.dtype], ctas=self.ctas)
+                    element_bytes=DTYPE_BYTES[self.dtype], ctas=self.ctas,
+                    chunk_tiles=self.chunk_tiles)
 
 
 def random_inputs(cfg: Config, seed: int):
@@ -71,7 +73,8 @@ def relative_error(cfg: Config, seed: int = 0, check_lse: bool = False) -> float
     q, k, v = random_inputs(cfg, seed)
     out = cupy.full(q.shape, cupy.nan, dtype=q.dtype)
     result = attention(q, k, v, causal=cfg.causal, schedule=cfg.schedule, tiles=cfg.tiles,
-                       occupancy=cfg.occupancy, out=out, ctas=cfg.ctas, return_lse=check_lse)
+                       occupancy=cfg.occupancy, out=out, ctas=cfg.ctas, return_lse=check_lse,
+                       chunk_tiles=cfg.chunk_tiles)
     cupy.cuda.get_current_stream().synchronize()
     rows = check_rows(cfg.seqlen, cfg.launch().problem.tile_m)
     # Check at most a few heads at long lengths: the reference is seqlen x rows per head.
@@ -115,7 +118,7 @@ def measure(cfg: Config, *, warmup: int = 5, reps: int = 30, check: bool = True,
     from wavefront.device import current_device
     dev = current_device()
     launch = cfg.launch(dev.sms, dev.l2_bytes)
-    counts = launch_counts(launch.problem)
+    counts = launch_counts(launch.problem, launch.n_chunks)
     err = relative_error(cfg, seed) if check else float("nan")
     bytes_per_set = 2 * counts.compulsory_read_bytes
     sets = [random_inputs(cfg, seed + 100 + i)
@@ -126,7 +129,8 @@ def measure(cfg: Config, *, warmup: int = 5, reps: int = 30, check: bool = True,
     def run(i):
         q, k, v = sets[i % len(sets)]
         attention(q, k, v, causal=cfg.causal, schedule=cfg.schedule, tiles=cfg.tiles,
-                  occupancy=cfg.occupancy, out=outs[i % len(sets)], ctas=cfg.ctas)
+                  occupancy=cfg.occupancy, out=outs[i % len(sets)], ctas=cfg.ctas,
+                  chunk_tiles=cfg.chunk_tiles)
 
     t = time_gpu(run, warmup=warmup, reps=reps)
     return Measurement(asdict(cfg), launch.num_ctas, launch.group_units, t.as_dict(),

@@ -88,9 +88,11 @@ def compile_cmd(arch, all_variants, jobs, name_filter):
     from wavefront import kernels
     if all_variants:
         variants = list(kernels.all_variants(write_lse=(False, True)))
+        variants += list(kernels.all_combine_variants())
     else:
         variants = list(kernels.all_variants(dtypes=("bfloat16",),
                                              tiles=sorted(set(kernels.DEFAULT_TILES.values()))))
+        variants += list(kernels.all_combine_variants(dtypes=("bfloat16",), write_lse=(False,)))
     if name_filter:
         variants = [v for v in variants if name_filter in v.label]
         if not variants:

@@ -19,12 +19,14 @@ class LaunchCounts:
     q_read_sectors: int
     kv_read_sectors: int
     o_write_sectors: int
-    compulsory_read_bytes: int  # Q, K, V once
-    compulsory_write_bytes: int  # O once
+    compulsory_read_bytes: int  # Q, K, V once (+ the partial states, tiled)
+    compulsory_write_bytes: int  # O once (+ the partial states, tiled)
+    partial_state_bytes: int = 0  # tiled: fp32 (output, row max, row sum) of every chunk
 
     @property
     def read_sectors(self) -> int:
-        return self.q_read_sectors + self.kv_read_sectors
+        """Reads the kernels issue: Q and K/V (+ the combine's partial-state reads, tiled)."""
+        return self.q_read_sectors + self.kv_read_sectors + self.partial_state_bytes // SECTOR_BYTES
 
     @property
     def sectors(self) -> int:
@@ -47,7 +49,9 @@ def useful_pairs_per_head(p: AttentionProblem) -> int:
     return pairs
 
 
-def launch_counts(p: AttentionProblem) -> LaunchCounts:
+def launch_counts(p: AttentionProblem, n_chunks: int = 1) -> LaunchCounts:
+    """Counts for `p`; `n_chunks` > 1 (the tiled schedule) adds the partial states, written
+    by the attention kernel and read back by the combine kernel."""
     heads = p.batch * p.heads
     q_sectors = kv_sectors = 0
     executed_pairs = 0
@@ -62,14 +66,16 @@ def launch_counts(p: AttentionProblem) -> LaunchCounts:
     flop_per_pair = 4 * p.head_dim
     q_bytes = p.seqlen_q * p.head_dim * p.element_bytes
     kv_bytes = 2 * p.seqlen_kv * p.head_dim * p.element_bytes
+    partial = n_chunks * heads * p.seqlen_q * (p.head_dim * 4 + 8) if n_chunks > 1 else 0
     return LaunchCounts(
         useful_flops=float(flop_per_pair * useful_pairs_per_head(p) * heads),
         executed_flops=float(flop_per_pair * executed_pairs * heads),
         q_read_sectors=q_sectors * heads,
         kv_read_sectors=kv_sectors * heads,
         o_write_sectors=_row_sectors(p.seqlen_q, p) * heads,
-        compulsory_read_bytes=q_bytes * heads + kv_bytes * p.batch * p.kv_heads,
-        compulsory_write_bytes=q_bytes * heads,
+        compulsory_read_bytes=q_bytes * heads + kv_bytes * p.batch * p.kv_heads + partial,
+        compulsory_write_bytes=q_bytes * heads + partial,
+        partial_state_bytes=partial,
     )
 
 

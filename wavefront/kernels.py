@@ -21,10 +21,13 @@ import cuda.tile as ct
 
 from wavefront.schedules import (
     CTA_GRID,
+    KV_TILED,
+    chunk_tile_range,
     decode_work_item,
     kv_tile_span,
     local_iteration,
     scans_backward,
+    split_chunk,
 )
 
 ConstInt = ct.Constant[int]
@@ -69,7 +72,8 @@ def _online_softmax_step(q, K, V, batch, kv_head, j, m_i, l_i, acc, qk_scale_log
     return m_new, l_i, acc
 
 
-def _attend_work_item(Q, K, V, Out, Lse, item, local_iter, qk_scale_log2, group_units,
+def _attend_work_item(Q, K, V, Out, Lse, PartO, PartM, PartL, item, local_iter,
+                      qk_scale_log2, group_units, n_chunks, chunk_tiles,
                       HEAD_DIM: ConstInt, TILE_M: ConstInt, TILE_N: ConstInt,
                       CAUSAL: ConstBool, CTA_ORDER: ConstInt, KV_ORDER: ConstInt,
                       WRITE_LSE: ConstBool):
@@ -79,10 +83,12 @@ def _attend_work_item(Q, K, V, Out, Lse, item, local_iter, qk_scale_log2, group_
     kv_heads = K.shape[1]
     seqlen_kv = K.shape[2]
     q_tiles = (seqlen_q + TILE_M - 1) // TILE_M
-    batch, head, q_tile = decode_work_item(item, q_tiles, heads, kv_heads, batch_size * kv_heads,
-                                           group_units, CTA_ORDER)
+    inner, chunk = split_chunk(item, q_tiles, heads, kv_heads, n_chunks)
+    batch, head, q_tile = decode_work_item(inner, q_tiles, heads, kv_heads,
+                                           batch_size * kv_heads, group_units, CTA_ORDER)
     kv_head = head // (heads // kv_heads)
     visited, first_masked = kv_tile_span(q_tile, TILE_M, TILE_N, seqlen_q, seqlen_kv, CAUSAL)
+    lo, mid, hi = chunk_tile_range(chunk, chunk_tiles, visited, first_masked)
 
     q = ct.load(Q, index=(batch, head, q_tile, 0), shape=(1, 1, TILE_M, HEAD_DIM),
                 padding_mode=ct.PaddingMode.ZERO).reshape((TILE_M, HEAD_DIM))
@@ -94,34 +100,42 @@ def _attend_work_item(Q, K, V, Out, Lse, item, local_iter, qk_scale_log2, group_
     # Each direction gets its own loops with a plain induction variable: a reversed index
     # computed inside one shared loop measured ~8% slower where K/V fits in L2.
     if scans_backward(local_iter, KV_ORDER) == 1:
-        for step in range(visited - first_masked):
+        for step in range(hi - mid):
             m_i, l_i, acc = _online_softmax_step(
-                q, K, V, batch, kv_head, visited - 1 - step, m_i, l_i, acc, qk_scale_log2,
+                q, K, V, batch, kv_head, hi - 1 - step, m_i, l_i, acc, qk_scale_log2,
                 rows, seqlen_kv, HEAD_DIM, TILE_M, TILE_N, True, CAUSAL)
-        for step in range(first_masked):
+        for step in range(mid - lo):
             m_i, l_i, acc = _online_softmax_step(
-                q, K, V, batch, kv_head, first_masked - 1 - step, m_i, l_i, acc, qk_scale_log2,
+                q, K, V, batch, kv_head, mid - 1 - step, m_i, l_i, acc, qk_scale_log2,
                 rows, seqlen_kv, HEAD_DIM, TILE_M, TILE_N, False, CAUSAL)
     else:
-        for j in range(first_masked):
+        for j in range(lo, mid):
             m_i, l_i, acc = _online_softmax_step(
                 q, K, V, batch, kv_head, j, m_i, l_i, acc, qk_scale_log2,
                 rows, seqlen_kv, HEAD_DIM, TILE_M, TILE_N, False, CAUSAL)
-        for j in range(first_masked, visited):
+        for j in range(mid, hi):
             m_i, l_i, acc = _online_softmax_step(
                 q, K, V, batch, kv_head, j, m_i, l_i, acc, qk_scale_log2,
                 rows, seqlen_kv, HEAD_DIM, TILE_M, TILE_N, True, CAUSAL)
 
-    out = ct.truediv(acc, l_i, flush_to_zero=True, rounding_mode=ct.RoundingMode.APPROX)
-    ct.store(Out, index=(batch, head, q_tile, 0),
-             tile=out.reshape((1, 1, TILE_M, HEAD_DIM)).astype(Out.dtype))
-    if WRITE_LSE:
-        lse = (m_i + ct.log2(l_i)) * LN_2
-        ct.store(Lse, index=(batch, head, q_tile), tile=lse.reshape((1, 1, TILE_M)))
+    if KV_ORDER == KV_TILED:
+        # The chunk's partial state, unnormalised; `combine_partials` merges the chunks.
+        slab = chunk * batch_size + batch
+        ct.store(PartO, index=(slab, head, q_tile, 0),
+                 tile=acc.reshape((1, 1, TILE_M, HEAD_DIM)))
+        ct.store(PartM, index=(slab, head, q_tile), tile=m_i.reshape((1, 1, TILE_M)))
+        ct.store(PartL, index=(slab, head, q_tile), tile=l_i.reshape((1, 1, TILE_M)))
+    else:
+        out = ct.truediv(acc, l_i, flush_to_zero=True, rounding_mode=ct.RoundingMode.APPROX)
+        ct.store(Out, index=(batch, head, q_tile, 0),
+                 tile=out.reshape((1, 1, TILE_M, HEAD_DIM)).astype(Out.dtype))
+        if WRITE_LSE:
+            lse = (m_i + ct.log2(l_i)) * LN_2
+            ct.store(Lse, index=(batch, head, q_tile), tile=lse.reshape((1, 1, TILE_M)))
 
 
-def flash_attention_fwd(Q, K, V, Out, Lse, qk_scale_log2: float, resident_ctas: int,
-                        group_units: int,
+def flash_attention_fwd(Q, K, V, Out, Lse, PartO, PartM, PartL, qk_scale_log2: float,
+                        resident_ctas: int, group_units: int, n_chunks: int, chunk_tiles: int,
                         HEAD_DIM: ConstInt, TILE_M: ConstInt, TILE_N: ConstInt,
                         CAUSAL: ConstBool, CTA_ORDER: ConstInt, KV_ORDER: ConstInt,
                         WRITE_LSE: ConstBool):
@@ -129,15 +143,55 @@ def flash_attention_fwd(Q, K, V, Out, Lse, qk_scale_log2: float, resident_ctas: 
     if CTA_ORDER == CTA_GRID:
         item = ct.bid(0)
         local_iter = local_iteration(item, ct.num_blocks(0), resident_ctas, CTA_ORDER)
-        _attend_work_item(Q, K, V, Out, Lse, item, local_iter, qk_scale_log2, group_units,
-                          HEAD_DIM, TILE_M, TILE_N, CAUSAL, CTA_ORDER, KV_ORDER, WRITE_LSE)
+        _attend_work_item(Q, K, V, Out, Lse, PartO, PartM, PartL, item, local_iter,
+                          qk_scale_log2, group_units, n_chunks, chunk_tiles, HEAD_DIM, TILE_M,
+                          TILE_N, CAUSAL, CTA_ORDER, KV_ORDER, WRITE_LSE)
     else:
-        num_items = Q.shape[0] * Q.shape[1] * ((Q.shape[2] + TILE_M - 1) // TILE_M)
+        q_tiles = (Q.shape[2] + TILE_M - 1) // TILE_M
+        num_items = Q.shape[0] * Q.shape[1] * q_tiles * n_chunks
         for item in range(ct.bid(0), num_items, ct.num_blocks(0)):
             local_iter = local_iteration(item, ct.num_blocks(0), resident_ctas, CTA_ORDER)
-            _attend_work_item(Q, K, V, Out, Lse, item, local_iter, qk_scale_log2, group_units,
-                              HEAD_DIM, TILE_M, TILE_N, CAUSAL, CTA_ORDER, KV_ORDER,
-                              WRITE_LSE)
+            _attend_work_item(Q, K, V, Out, Lse, PartO, PartM, PartL, item, local_iter,
+                              qk_scale_log2, group_units, n_chunks, chunk_tiles, HEAD_DIM,
+                              TILE_M, TILE_N, CAUSAL, CTA_ORDER, KV_ORDER, WRITE_LSE)
+
+
+@ct.kernel
+def combine_partials(PartO, PartM, PartL, Out, Lse, n_chunks: int, HEAD_DIM: ConstInt,
+                     TILE_M: ConstInt, WRITE_LSE: ConstBool):
+    """Merge the K/V chunks' partial states of one (batch, head, Q tile) exactly.
+
+    Same algebra as the online softmax, one chunk at a time. A chunk that saw no key (past the
+    causal diagonal) has row max ROW_MAX_START and row sum 0, so it weighs nothing.
+    """
+    q_tile = ct.bid(0)
+    heads = Out.shape[1]
+    batch_size = Out.shape[0]
+    batch = ct.bid(1) // heads
+    head = ct.bid(1) % heads
+    m = ct.full((TILE_M, 1), ROW_MAX_START, dtype=ct.float32)
+    l_sum = ct.full((TILE_M, 1), 0.0, dtype=ct.float32)
+    acc = ct.full((TILE_M, HEAD_DIM), 0.0, dtype=ct.float32)
+    for chunk in range(n_chunks):
+        slab = chunk * batch_size + batch
+        m_c = ct.load(PartM, index=(slab, head, q_tile), shape=(1, 1, TILE_M),
+                      padding_mode=ct.PaddingMode.ZERO).reshape((TILE_M, 1))
+        l_c = ct.load(PartL, index=(slab, head, q_tile), shape=(1, 1, TILE_M),
+                      padding_mode=ct.PaddingMode.ZERO).reshape((TILE_M, 1))
+        a_c = ct.load(PartO, index=(slab, head, q_tile, 0), shape=(1, 1, TILE_M, HEAD_DIM),
+                      padding_mode=ct.PaddingMode.ZERO).reshape((TILE_M, HEAD_DIM))
+        m_new = max(m, m_c)
+        alpha = ct.exp2(m - m_new, flush_to_zero=True)
+        beta = ct.exp2(m_c - m_new, flush_to_zero=True)
+        l_sum = l_sum * alpha + l_c * beta
+        acc = acc * alpha + a_c * beta
+        m = m_new
+    out = ct.truediv(acc, l_sum, flush_to_zero=True, rounding_mode=ct.RoundingMode.APPROX)
+    ct.store(Out, index=(batch, head, q_tile, 0),
+             tile=out.reshape((1, 1, TILE_M, HEAD_DIM)).astype(Out.dtype))
+    if WRITE_LSE:
+        lse = (m + ct.log2(l_sum)) * LN_2
+        ct.store(Lse, index=(batch, head, q_tile), tile=lse.reshape((1, 1, TILE_M)))
 
 
 @lru_cache(maxsize=None)
@@ -189,13 +243,15 @@ class KernelVariant:
 def all_variants(dtypes=("bfloat16", "float16"), head_dims=HEAD_DIMS, tiles=TILE_SHAPES,
                  write_lse=(False,)):
     """Every specialisation `wavefront compile --all` builds."""
-    from wavefront.schedules import CTA_SCHEDULES, KV_SCHEDULES
+    from wavefront.schedules import CTA_GROUPED, CTA_SCHEDULES, KV_SCHEDULES
     for dtype in dtypes:
         for head_dim in head_dims:
             for tile in tiles:
                 for causal in (False, True):
                     for cta in CTA_SCHEDULES.values():
                         for kv in KV_SCHEDULES.values():
+                            if cta.code == CTA_GROUPED and kv.code == KV_TILED:
+                                continue  # not a schedule (Launch refuses it)
                             for lse in write_lse:
                                 yield KernelVariant(dtype, head_dim, tile[0], tile[1], causal,
                                                     cta.code, kv.code, DEFAULT_OCCUPANCY[tile],
@@ -221,20 +277,66 @@ def signature(variant: KernelVariant):
     from cuda.tile.compilation import CallingConvention, KernelSignature, ScalarConstraint
     dtype = getattr(ct, variant.dtype)
     params = [_array_constraint(dtype, 4) for _ in range(4)]
-    params.append(_array_constraint(ct.float32, 3))
-    params += [ScalarConstraint(ct.float32), ScalarConstraint(ct.int32),
-               ScalarConstraint(ct.int32)]
+    params.append(_array_constraint(ct.float32, 3))  # LSE
+    params.append(_array_constraint(ct.float32, 4))  # partial outputs (tiled)
+    params += [_array_constraint(ct.float32, 3) for _ in range(2)]  # partial row max, sum
+    params += [ScalarConstraint(ct.float32)] + [ScalarConstraint(ct.int32)] * 4
     params += list(variant.constants)
     sig = KernelSignature(params, CallingConvention.cutile_python_v2())
     return sig.with_mangled_symbol("flash_attention_fwd")
 
 
-def compile_variant(variant: KernelVariant, arch: str = "sm_90") -> bytes:
-    """Compile one variant ahead of time to a cubin. Needs tileiras, not a GPU."""
+@dataclass(frozen=True)
+class CombineVariant:
+    """One specialisation of the tiled schedule's combine kernel."""
+
+    dtype: str
+    head_dim: int
+    tile_m: int
+    write_lse: bool = False
+
+    @property
+    def constants(self) -> tuple:
+        return (self.head_dim, self.tile_m, self.write_lse)
+
+    @property
+    def label(self) -> str:
+        return (f"combine_{self.dtype[:2]}_d{self.head_dim}_m{self.tile_m}"
+                f"{'_lse' if self.write_lse else ''}")
+
+    def signature(self):
+        from cuda.tile.compilation import CallingConvention, KernelSignature, ScalarConstraint
+        params = [_array_constraint(ct.float32, 4), _array_constraint(ct.float32, 3),
+                  _array_constraint(ct.float32, 3), _array_constraint(getattr(ct, self.dtype), 4),
+                  _array_constraint(ct.float32, 3), ScalarConstraint(ct.int32),
+                  *self.constants]
+        sig = KernelSignature(params, CallingConvention.cutile_python_v2())
+        return sig.with_mangled_symbol("combine_partials")
+
+
+# Rows per combine CTA: the partials are indexed by row, so this need not match the attention
+# tile; 64 rows keep the fp32 accumulator of D=128 in registers.
+COMBINE_TILE_M = 64
+
+
+def all_combine_variants(dtypes=("bfloat16", "float16"), head_dims=HEAD_DIMS,
+                         write_lse=(False, True)):
+    for dtype in dtypes:
+        for head_dim in head_dims:
+            for lse in write_lse:
+                yield CombineVariant(dtype, head_dim, COMBINE_TILE_M, lse)
+
+
+def compile_variant(variant, arch: str = "sm_90") -> bytes:
+    """Compile one variant (attention or combine) ahead of time to a cubin: tileiras, no GPU."""
     import io
 
     from cuda.tile.compilation import export_kernel
     buf = io.BytesIO()
-    export_kernel(kernel_for_occupancy(variant.occupancy), [signature(variant)], buf,
-                  gpu_code=arch, output_format="cubin")
+    if isinstance(variant, CombineVariant):
+        export_kernel(combine_partials, [variant.signature()], buf, gpu_code=arch,
+                      output_format="cubin")
+    else:
+        export_kernel(kernel_for_occupancy(variant.occupancy), [signature(variant)], buf,
+                      gpu_code=arch, output_format="cubin")
     return buf.getvalue()

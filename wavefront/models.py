@@ -82,7 +82,7 @@ def predict(launch: Launch, gpu: GPUSpec, *, capacity_bytes: float | None = None
         # partition, so the whole L2 holds `partitions` x capacity of lines.
         sim = simulate_l2(trace, capacity * partitions, partitions=partitions, sms=gpu.sms)
         part = asdict(sim)
-    counts = launch_counts(launch.problem)
+    counts = launch_counts(launch.problem, launch.n_chunks)
     return LaunchPrediction(
         schedule=launch.name, accesses=len(trace),
         l2_read_sectors=int(trace.nbytes[reads].sum() // SECTOR_BYTES),

@@ -38,7 +38,9 @@ METRICS = {
     "sm__throughput.avg.pct_of_peak_sustained_elapsed": "sm_throughput_pct",
     "sm__inst_executed_pipe_tensor_op_gmma.avg.pct_of_peak_sustained_active": "tensor_active_pct",
 }
-KERNEL_FILTER = "regex:flash_attention_fwd"
+KERNEL_FILTER = "regex:flash_attention_fwd|combine_partials"
+# Metrics that are rates, not counts: combined over a point's kernels weighted by duration.
+_RATE_COLUMNS = {"l1_hit_rate_pct", "sm_throughput_pct", "tensor_active_pct"}
 # Units ncu may choose per row; everything is normalised to bytes and nanoseconds.
 _UNIT_SCALE = {"byte": 1, "Kbyte": 1e3, "Mbyte": 1e6, "Gbyte": 1e9, "KB": 1e3, "MB": 1e6,
                "GB": 1e9, "nsecond": 1, "usecond": 1e3, "msecond": 1e6, "second": 1e9,
@@ -185,17 +187,40 @@ def profile_points(points: list[dict], *, timeout_s: float, workdir: str | None 
             with open(keep, "a") as f:
                 f.write(log_text)
         check_ncu_output(log_text, stderr)
-    launched = []
+    launched = []  # (key, kernels that point launched)
     for line in stdout.splitlines():
         if line.startswith("{"):
             msg = json.loads(line)
             if msg.get("launched"):
-                launched.append(msg["key"])
+                launched.append((msg["key"], int(msg.get("kernels", 1))))
             elif msg.get("error") and error is None:
                 error = msg["error"]
     rows = parse_ncu_csv(log_text)
     by_key = {p["key"]: p for p in points}
-    results = [(by_key[key], row) for key, row in zip(launched, rows)]
-    if len(rows) < len(launched) and error is None:
-        error = f"ncu reported {len(rows)} kernels for {len(launched)} launches"
+    results, cursor = [], 0
+    for key, kernels in launched:
+        if cursor + kernels > len(rows):
+            if error is None:
+                error = f"ncu reported {len(rows)} kernels; launches needed more"
+            break
+        results.append((by_key[key], combine_kernel_rows(rows[cursor:cursor + kernels])))
+        cursor += kernels
     return results, error
+
+
+def combine_kernel_rows(rows: list[dict]) -> dict:
+    """One point's counters from its kernels (the tiled schedule launches two): counts add,
+    rates are averaged weighted by duration."""
+    if len(rows) == 1:
+        return rows[0]
+    out = {"kernel_name": "+".join(r.get("kernel_name", "")[:40] for r in rows)}
+    weights = [r.get("ncu_duration_ns") or 0.0 for r in rows]
+    for column in METRICS.values():
+        values = [r.get(column) for r in rows]
+        if any(v is None for v in values):
+            out[column] = None
+        elif column in _RATE_COLUMNS and sum(weights) > 0:
+            out[column] = sum(v * w for v, w in zip(values, weights)) / sum(weights)
+        else:
+            out[column] = sum(values)
+    return out

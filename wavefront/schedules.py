@@ -28,7 +28,7 @@ CTA_GROUPED = 2  # persistent, items ordered in L2-sized head groups, heads fast
 
 KV_LINEAR = 0  # every work item scans K/V forward
 KV_SAWTOOTH = 1  # a CTA's successive work items alternate forward / backward
-KV_TILED = 2  # reserved: L2-blocked split-KV (chunk-major work items), not implemented yet
+KV_TILED = 2  # L2-blocked split-KV: chunk-major (Q tile, K/V chunk) items, partials combined
 
 
 # --------------------------------------------------------------------------------------------
@@ -70,6 +70,31 @@ def decode_work_item(item, q_tiles, heads, kv_heads, kv_units, group_units, cta_
         batch = batch_head // heads
         head = batch_head % heads
     return batch, head, q_tile
+
+
+def split_chunk(item, q_tiles, heads, kv_heads, n_chunks):
+    """Tiled schedule: work item -> (item in linear order, K/V chunk).
+
+    Items run unit-major, then chunk-major: every Q tile of a (batch, K/V head) unit, its query
+    heads included, takes chunk 0, then all take chunk 1, ... so the CTAs in flight work inside
+    one chunk, which the chunk size keeps in L2. With one chunk this is the identity.
+    """
+    per_block = (heads // kv_heads) * q_tiles
+    block = item // per_block
+    unit = block // n_chunks
+    chunk = block - unit * n_chunks
+    return unit * per_block + (item - block * per_block), chunk
+
+
+def chunk_tile_range(chunk, chunk_tiles, visited, first_masked):
+    """-> (lo, mid, hi): the item scans tiles [lo, mid) unmasked and [mid, hi) masked.
+
+    A chunk past the causal diagonal is empty (lo == hi): its partial state is the identity.
+    """
+    lo = chunk * chunk_tiles
+    hi = max(min(lo + chunk_tiles, visited), lo)
+    mid = min(max(first_masked, lo), hi)
+    return lo, mid, hi
 
 
 def kv_tile_span(q_tile, tile_m, tile_n, seqlen_q, seqlen_kv, causal):
@@ -185,7 +210,7 @@ class CtaSchedule(Protocol):
     name: str
     code: int
 
-    def num_ctas(self, problem: AttentionProblem, resident_ctas: int) -> int: ...
+    def num_ctas(self, num_items: int, resident_ctas: int) -> int: ...
 
     def group_units(self, problem: AttentionProblem, l2_bytes: int) -> int: ...
 
@@ -197,8 +222,8 @@ class GridSchedule:
     name: str = field(default="grid", init=False)
     code: int = field(default=CTA_GRID, init=False)
 
-    def num_ctas(self, problem, resident_ctas):
-        return problem.num_items
+    def num_ctas(self, num_items, resident_ctas):
+        return num_items
 
     def group_units(self, problem, l2_bytes):
         return 1
@@ -211,8 +236,8 @@ class PersistentSchedule:
     name: str = field(default="persistent", init=False)
     code: int = field(default=CTA_PERSISTENT, init=False)
 
-    def num_ctas(self, problem, resident_ctas):
-        return min(problem.num_items, resident_ctas)
+    def num_ctas(self, num_items, resident_ctas):
+        return min(num_items, resident_ctas)
 
     def group_units(self, problem, l2_bytes):
         return 1
@@ -235,8 +260,8 @@ class GroupedSchedule:
         if not (0.0 < self.l2_fraction <= 4.0):
             raise ValueError(f"l2_fraction must be in (0, 4], got {self.l2_fraction!r}")
 
-    def num_ctas(self, problem, resident_ctas):
-        return min(problem.num_items, resident_ctas)
+    def num_ctas(self, num_items, resident_ctas):
+        return min(num_items, resident_ctas)
 
     def group_units(self, problem, l2_bytes):
         budget = self.l2_fraction * l2_bytes
@@ -252,17 +277,64 @@ class KvSchedule(Protocol):
     name: str
     code: int
 
+    def chunk_tiles(self, problem: AttentionProblem, l2_bytes: int,
+                    resident_ctas: int) -> int: ...
+
 
 @dataclass(frozen=True)
 class LinearScan:
     name: str = field(default="linear", init=False)
     code: int = field(default=KV_LINEAR, init=False)
 
+    def chunk_tiles(self, problem, l2_bytes, resident_ctas):
+        return problem.kv_tiles  # one chunk: the whole K/V
+
 
 @dataclass(frozen=True)
 class SawtoothScan:
     name: str = field(default="sawtooth", init=False)
     code: int = field(default=KV_SAWTOOTH, init=False)
+
+    def chunk_tiles(self, problem, l2_bytes, resident_ctas):
+        return problem.kv_tiles
+
+
+@dataclass(frozen=True)
+class TiledScan:
+    """K/V cut into chunks that fit the L2 (or `tiles_per_chunk` K/V tiles each).
+
+    Every work item scans one chunk forward and leaves a partial softmax state (row max, row
+    sum, unnormalised output, fp32); a combine kernel merges the chunks exactly. Each chunk is
+    read from DRAM about once; the price is the partial-state traffic.
+
+    The chunk gets `l2_fraction` of the L2 less what streams through it while the chunk is
+    reused: each round of the CTAs in flight reads their Q tiles and writes their partial
+    states, and under LRU a chunk plus that stream must fit. Where the stream would take more
+    than half the budget (large tiles, D=128) the chunk keeps the whole budget instead: smaller
+    chunks would multiply the partial-state traffic, which grows with the number of chunks.
+    """
+
+    l2_fraction: float = 0.4
+    tiles_per_chunk: int | None = None
+    name: str = field(default="tiled", init=False)
+    code: int = field(default=KV_TILED, init=False)
+
+    def __post_init__(self):
+        if not (0.0 < self.l2_fraction <= 4.0):
+            raise ValueError(f"l2_fraction must be in (0, 4], got {self.l2_fraction!r}")
+        if self.tiles_per_chunk is not None:
+            _positive_int("tiles_per_chunk", self.tiles_per_chunk)
+
+    def chunk_tiles(self, problem, l2_bytes, resident_ctas):
+        if self.tiles_per_chunk is not None:
+            return min(self.tiles_per_chunk, problem.kv_tiles)
+        p = problem
+        tile_bytes = 2 * p.tile_n * p.head_dim * p.element_bytes  # K + V
+        stream = resident_ctas * p.tile_m * (p.head_dim * p.element_bytes + p.head_dim * 4 + 8)
+        budget = self.l2_fraction * l2_bytes
+        if stream <= budget / 2:
+            budget -= stream
+        return max(1, min(p.kv_tiles, int(budget // tile_bytes)))
 
 
 CTA_SCHEDULES: dict[str, CtaSchedule] = {
@@ -273,6 +345,7 @@ CTA_SCHEDULES: dict[str, CtaSchedule] = {
 KV_SCHEDULES: dict[str, KvSchedule] = {
     "linear": LinearScan(),
     "sawtooth": SawtoothScan(),
+    "tiled": TiledScan(),
 }
 
 
@@ -305,6 +378,7 @@ class WorkItem:
     head: int
     q_tile: int
     kv_tiles: tuple[int, ...]  # in visiting order
+    chunk: int = 0  # K/V chunk (tiled schedule)
 
 
 @dataclass(frozen=True)
@@ -330,6 +404,10 @@ class Launch:
         _positive_int("l2_bytes", self.l2_bytes)
         if self.ctas is not None:
             _positive_int("ctas", self.ctas)
+        if self.kv.code == KV_TILED and self.cta.code == CTA_GROUPED:
+            raise ValueError("schedule 'grouped+tiled' is not supported: the tiled schedule "
+                             "orders its work chunk-major itself; use grid+tiled or "
+                             "persistent+tiled")
 
     @property
     def resident_ctas(self) -> int:
@@ -338,8 +416,21 @@ class Launch:
         return self.sms * self.ctas_per_sm
 
     @property
+    def chunk_tiles(self) -> int:
+        return self.kv.chunk_tiles(self.problem, self.l2_bytes, self.resident_ctas)
+
+    @property
+    def n_chunks(self) -> int:
+        return -(-self.problem.kv_tiles // self.chunk_tiles)
+
+    @property
+    def num_items(self) -> int:
+        """Work items of the launch: (batch, head, Q tile), times the K/V chunks if tiled."""
+        return self.problem.num_items * self.n_chunks
+
+    @property
     def num_ctas(self) -> int:
-        return self.cta.num_ctas(self.problem, self.resident_ctas)
+        return self.cta.num_ctas(self.num_items, self.resident_ctas)
 
     @property
     def group_units(self) -> int:
@@ -352,21 +443,24 @@ class Launch:
     def items_of_cta(self, cta: int) -> range:
         if self.cta.code == CTA_GRID:
             return range(cta, cta + 1)
-        return range(cta, self.problem.num_items, self.num_ctas)
+        return range(cta, self.num_items, self.num_ctas)
 
-    def item_plan(self, item: int) -> tuple[int, int, int, int, int, int]:
-        """-> (batch, head, q_tile, local iteration, K/V tiles visited, 1 if backward)."""
+    def item_plan(self, item: int) -> tuple[int, ...]:
+        """-> (batch, head, q_tile, chunk, local iteration, first tile, tiles, 1 if backward)."""
         p = self.problem
-        batch, head, q_tile = decode_work_item(item, p.q_tiles, p.heads, p.kv_heads, p.kv_units,
-                                               self.group_units, self.cta.code)
+        inner, chunk = split_chunk(item, p.q_tiles, p.heads, p.kv_heads, self.n_chunks)
+        batch, head, q_tile = decode_work_item(inner, p.q_tiles, p.heads, p.kv_heads,
+                                               p.kv_units, self.group_units, self.cta.code)
         it = local_iteration(item, self.num_ctas, self.resident_ctas, self.cta.code)
-        visited, _ = p.kv_span(q_tile)
-        return batch, head, q_tile, it, visited, scans_backward(it, self.kv.code)
+        visited, first_masked = p.kv_span(q_tile)
+        lo, _, hi = chunk_tile_range(chunk, self.chunk_tiles, visited, first_masked)
+        return batch, head, q_tile, chunk, it, lo, hi - lo, scans_backward(it, self.kv.code)
 
     def work_item(self, cta: int, item: int) -> WorkItem:
-        batch, head, q_tile, it, visited, backward = self.item_plan(item)
-        order = range(visited - 1, -1, -1) if backward else range(visited)
-        return WorkItem(cta, it, item, batch, head, q_tile, tuple(order))
+        batch, head, q_tile, chunk, it, first, count, backward = self.item_plan(item)
+        tiles = range(first, first + count)
+        order = tiles[::-1] if backward else tiles
+        return WorkItem(cta, it, item, batch, head, q_tile, tuple(order), chunk)
 
     def work_of_cta(self, cta: int) -> Iterator[WorkItem]:
         for item in self.items_of_cta(cta):

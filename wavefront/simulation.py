@@ -20,9 +20,11 @@ from dataclasses import dataclass
 import numba
 import numpy as np
 
-from wavefront.schedules import CTA_GRID, Launch
+from wavefront.schedules import CTA_GRID, KV_TILED, Launch
 
 KIND_K, KIND_V, KIND_Q, KIND_O = 0, 1, 2, 3
+KIND_PARTIAL_WRITE, KIND_PARTIAL_READ = 4, 5  # tiled schedule: fp32 partial states
+WRITE_KINDS = (KIND_O, KIND_PARTIAL_WRITE)
 SECTOR = 32
 
 
@@ -39,23 +41,23 @@ class Trace:
 
     @property
     def is_read(self) -> np.ndarray:
-        return self.kind != KIND_O
+        return ~np.isin(self.kind, WRITE_KINDS)
 
 
 def _item_table(launch: Launch) -> np.ndarray:
-    """Per work item: batch, head, q_tile, visited, backward (int64 columns)."""
-    n = launch.problem.num_items
-    table = np.empty((n, 5), dtype=np.int64)
+    """Per work item: batch, head, q_tile, first K/V tile, tiles, backward, chunk."""
+    n = launch.num_items
+    table = np.empty((n, 7), dtype=np.int64)
     for item in range(n):
-        b, h, qt, _, visited, backward = launch.item_plan(item)
-        table[item] = (b, h, qt, visited, backward)
+        b, h, qt, chunk, _, first, count, backward = launch.item_plan(item)
+        table[item] = (b, h, qt, first, count, backward, chunk)
     return table
 
 
 @numba.njit(cache=True)
-def _lockstep(table, slot_first, slot_stride, dynamic, n_slots, n_items, heads, kv_heads,
-              q_tiles, kv_tiles, tile_m, tile_n, seqlen_q, seqlen_kv, row_bytes, jitter, seed,
-              total):
+def _lockstep(table, slot_stride, dynamic, n_slots, n_items, batch, heads, kv_heads, q_tiles,
+              kv_tiles, tile_m, tile_n, seqlen_q, seqlen_kv, row_bytes, partial_row_bytes,
+              tiled, jitter, seed, total):
     address = np.empty(total, np.int64)
     nbytes = np.empty(total, np.int32)
     kind = np.empty(total, np.int8)
@@ -69,9 +71,8 @@ def _lockstep(table, slot_first, slot_stride, dynamic, n_slots, n_items, heads, 
             if next_item < n_items:
                 cur[s] = next_item
                 next_item += 1
-        else:
-            if slot_first[s] < n_items:
-                cur[s] = slot_first[s]
+        elif s < n_items:
+            cur[s] = s
     qpk = heads // kv_heads
     n = 0
     active = True
@@ -87,31 +88,40 @@ def _lockstep(table, slot_first, slot_stride, dynamic, n_slots, n_items, heads, 
             b = table[it, 0]
             h = table[it, 1]
             qt = table[it, 2]
-            visited = table[it, 3]
-            backward = table[it, 4]
+            first = table[it, 3]
+            count = table[it, 4]
+            backward = table[it, 5]
             q_rows = min(tile_m, seqlen_q - qt * tile_m)
+            q_index = (b * heads + h) * q_tiles + qt
             if step[s] == 0:
-                address[n] = ((b * heads + h) * q_tiles + qt) * 4 + KIND_Q
+                address[n] = q_index * 8 + KIND_Q
                 nbytes[n] = q_rows * row_bytes
                 kind[n] = KIND_Q
                 slot_of[n] = s
                 n += 1
-            j = step[s]
-            if backward == 1:
-                j = visited - 1 - step[s]
-            unit = b * kv_heads + h // qpk
-            kv_rows = min(tile_n, seqlen_kv - j * tile_n)
-            for k in range(2):
-                address[n] = (unit * kv_tiles + j) * 4 + k
-                nbytes[n] = kv_rows * row_bytes
-                kind[n] = k
-                slot_of[n] = s
-                n += 1
-            step[s] += 1
-            if step[s] == visited:
-                address[n] = ((b * heads + h) * q_tiles + qt) * 4 + KIND_O
-                nbytes[n] = q_rows * row_bytes
-                kind[n] = KIND_O
+            if count > 0:
+                j = first + step[s]
+                if backward == 1:
+                    j = first + count - 1 - step[s]
+                unit = b * kv_heads + h // qpk
+                kv_rows = min(tile_n, seqlen_kv - j * tile_n)
+                for k in range(2):
+                    address[n] = (unit * kv_tiles + j) * 8 + k
+                    nbytes[n] = kv_rows * row_bytes
+                    kind[n] = k
+                    slot_of[n] = s
+                    n += 1
+                step[s] += 1
+            if step[s] >= count:
+                if tiled:
+                    chunk = table[it, 6]
+                    address[n] = ((chunk * batch * heads) * q_tiles + q_index) * 8 + 4
+                    nbytes[n] = q_rows * partial_row_bytes
+                    kind[n] = KIND_PARTIAL_WRITE
+                else:
+                    address[n] = q_index * 8 + KIND_O
+                    nbytes[n] = q_rows * row_bytes
+                    kind[n] = KIND_O
                 slot_of[n] = s
                 n += 1
                 step[s] = 0
@@ -127,20 +137,47 @@ def _lockstep(table, slot_first, slot_stride, dynamic, n_slots, n_items, heads, 
     return address[:n], nbytes[:n], kind[:n], slot_of[:n]
 
 
+def _combine_pass(launch: Launch, n_slots: int):
+    """The combine kernel: per (batch, head, Q tile), read every chunk's partial, write O."""
+    p = launch.problem
+    n_q = p.batch * p.heads * p.q_tiles
+    chunks = launch.n_chunks
+    q_index = np.repeat(np.arange(n_q, dtype=np.int64), chunks + 1)
+    step = np.tile(np.arange(chunks + 1, dtype=np.int64), n_q)
+    rows = np.minimum(p.tile_m, p.seqlen_q - (q_index % p.q_tiles) * p.tile_m)
+    is_out = step == chunks
+    partial_id = ((step * p.batch * p.heads) * p.q_tiles + q_index) * 8 + 4
+    address = np.where(is_out, q_index * 8 + KIND_O, partial_id)
+    row_bytes = p.head_dim * p.element_bytes
+    nbytes = np.where(is_out, rows * row_bytes, rows * (p.head_dim * 4 + 8)).astype(np.int32)
+    kind = np.where(is_out, KIND_O, KIND_PARTIAL_READ).astype(np.int8)
+    slot = (q_index % n_slots).astype(np.int32)
+    return address, nbytes, kind, slot
+
+
 def access_trace(launch: Launch, *, jitter: float = 0.0, seed: int = 0) -> Trace:
-    """The L2 access stream of one launch (tile granularity), in lock-step rounds."""
+    """The L2 access stream of one launch (tile granularity), in lock-step rounds.
+
+    For the tiled schedule the combine kernel's reads of the partial states follow.
+    """
     if not 0.0 <= jitter < 1.0:
         raise ValueError(f"jitter must be in [0, 1), got {jitter!r}")
     p = launch.problem
     table = _item_table(launch)
-    total = int(2 * table[:, 3].sum() + 2 * p.num_items)
+    n_items = launch.num_items
+    total = int(2 * table[:, 4].sum() + 2 * n_items)
     dynamic = launch.cta.code == CTA_GRID
-    n_slots = min(launch.resident_ctas, p.num_items) if dynamic else launch.num_ctas
-    slot_first = np.arange(n_slots, dtype=np.int64)
+    n_slots = min(launch.resident_ctas, n_items) if dynamic else launch.num_ctas
+    tiled = launch.kv.code == KV_TILED
     address, nbytes, kind, slot = _lockstep(
-        table, slot_first, launch.num_ctas, dynamic, n_slots, p.num_items, p.heads, p.kv_heads,
+        table, launch.num_ctas, dynamic, n_slots, n_items, p.batch, p.heads, p.kv_heads,
         p.q_tiles, p.kv_tiles, p.tile_m, p.tile_n, p.seqlen_q, p.seqlen_kv,
-        p.head_dim * p.element_bytes, float(jitter), int(seed), total)
+        p.head_dim * p.element_bytes, p.head_dim * 4 + 8, tiled, float(jitter), int(seed),
+        total)
+    if tiled:
+        parts = _combine_pass(launch, n_slots)
+        address, nbytes, kind, slot = (np.concatenate([a, b]) for a, b in
+                                       zip((address, nbytes, kind, slot), parts))
     return Trace(address, nbytes, kind, slot, n_slots)
 
 
@@ -246,7 +283,7 @@ def miss_bytes_at(distances: np.ndarray, nbytes: np.ndarray, capacity: float) ->
 # ---------------------------------------------------------------------------------------------
 
 @numba.njit(cache=True)
-def _lru_partitions(address, nbytes, kind, part_of_access, home_of_id, n_ids, n_parts,
+def _lru_partitions(address, nbytes, is_read_access, part_of_access, home_of_id, n_ids, n_parts,
                     capacity):
     """Per-partition LRU caches (doubly linked lists over tile ids), byte capacity each.
 
@@ -270,7 +307,7 @@ def _lru_partitions(address, nbytes, kind, part_of_access, home_of_id, n_ids, n_
         size[a] = w
         p = part_of_access[t]
         home = home_of_id[a]
-        is_read = kind[t] != 3
+        is_read = is_read_access[t]
         if is_read:
             tex += w
         targets = np.empty(2, np.int64)
@@ -364,6 +401,6 @@ def simulate_l2(trace: Trace, capacity_bytes: float, *, partitions: int = 1,
     else:
         part = ((trace.slot % sms) % 2).astype(np.int64)
         home = (_hash64(np.arange(n_ids)) % np.uint64(2)).astype(np.int64)
-    counts = _lru_partitions(trace.address, trace.nbytes.astype(np.int64), trace.kind, part, home,
+    counts = _lru_partitions(trace.address, trace.nbytes.astype(np.int64), trace.is_read, part, home,
                              n_ids, partitions, int(capacity_bytes // partitions))
     return L2Prediction(*(int(c) for c in counts))

@@ -243,8 +243,8 @@ class SubprocessRunner:
             results, error = profile_points(pending, timeout_s=spec.timeout_s,
                                             workdir=self.workdir)
             for point, row in results:
-                counts = launch_counts(point_config(point).launch(point["sms"],
-                                                                  point["l2_bytes"]).problem)
+                launch = point_config(point).launch(point["sms"], point["l2_bytes"])
+                counts = launch_counts(launch.problem, launch.n_chunks)
                 row.pop("kernel_name", None)
                 row.update(derive(row, counts.read_sectors, counts.compulsory_read_bytes))
                 pending.remove(point)

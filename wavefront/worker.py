@@ -43,7 +43,7 @@ def _time_point(point: dict, peers: bool, reps: int) -> dict:
     return result
 
 
-def _launch_for_counters(point: dict) -> None:
+def _launch_for_counters(point: dict) -> int:
     import cupy
 
     from wavefront.api import attention
@@ -62,6 +62,7 @@ def _launch_for_counters(point: dict) -> None:
     launch()
     cupy.cuda.Device().synchronize()
     cupy.cuda.runtime.profilerStop()
+    return 2 if cfg.schedule.endswith("+tiled") else 1  # kernels per launch
 
 
 @click.command()
@@ -78,8 +79,8 @@ def main(mode, points_file, peers, reps):
             if mode == "timing":
                 _emit({"key": point["key"], "result": _time_point(point, peers, reps)})
             else:
-                _launch_for_counters(point)
-                _emit({"key": point["key"], "launched": True})
+                kernels = _launch_for_counters(point)
+                _emit({"key": point["key"], "launched": True, "kernels": kernels})
         except Exception as exc:
             _emit({"key": point["key"], "error": f"{type(exc).__name__}: {exc}",
                    "trace": traceback.format_exc()[-2000:]})
