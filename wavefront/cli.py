@@ -475,5 +475,18 @@ def fit(results_path, out_path):
     click.echo(f"-> {out_path}")
 
 
+@main.command()
+@click.option("--data", "data_dir", type=click.Path(file_okay=False, exists=True),
+              default=None, help="Data directory (default: the repository's data/).")
+@click.option("--out", "paper_dir", type=click.Path(file_okay=False), default=None,
+              help="Paper directory (default: the repository's paper/).")
+def paper(data_dir, paper_dir):
+    """Regenerate every figure, table and paper/draft.md from data/ (CPU only)."""
+    from wavefront import paper as paper_mod
+    summary = paper_mod.build(data_dir or paper_mod.DATA, paper_dir or paper_mod.PAPER,
+                              log=lambda m: click.echo(m, err=True))
+    click.echo(paper_mod.main_summary(summary))
+
+
 if __name__ == "__main__":
     main()

@@ -72,6 +72,17 @@ def _online_softmax_step(q, K, V, batch, kv_head, j, m_i, l_i, acc, qk_scale_log
     return m_new, l_i, acc
 
 
+def _store_normalised(Out, Lse, acc, row_max, row_sum, batch, head, q_tile,
+                      HEAD_DIM: ConstInt, TILE_M: ConstInt, WRITE_LSE: ConstBool):
+    """Output = acc / row sum in the output dtype; LSE (natural log) if asked."""
+    out = ct.truediv(acc, row_sum, flush_to_zero=True, rounding_mode=ct.RoundingMode.APPROX)
+    ct.store(Out, index=(batch, head, q_tile, 0),
+             tile=out.reshape((1, 1, TILE_M, HEAD_DIM)).astype(Out.dtype))
+    if WRITE_LSE:
+        lse = (row_max + ct.log2(row_sum)) * LN_2
+        ct.store(Lse, index=(batch, head, q_tile), tile=lse.reshape((1, 1, TILE_M)))
+
+
 def _attend_work_item(Q, K, V, Out, Lse, PartO, PartM, PartL, item, local_iter,
                       qk_scale_log2, group_units, n_chunks, chunk_tiles,
                       HEAD_DIM: ConstInt, TILE_M: ConstInt, TILE_N: ConstInt,
@@ -126,12 +137,8 @@ def _attend_work_item(Q, K, V, Out, Lse, PartO, PartM, PartL, item, local_iter,
         ct.store(PartM, index=(slab, head, q_tile), tile=m_i.reshape((1, 1, TILE_M)))
         ct.store(PartL, index=(slab, head, q_tile), tile=l_i.reshape((1, 1, TILE_M)))
     else:
-        out = ct.truediv(acc, l_i, flush_to_zero=True, rounding_mode=ct.RoundingMode.APPROX)
-        ct.store(Out, index=(batch, head, q_tile, 0),
-                 tile=out.reshape((1, 1, TILE_M, HEAD_DIM)).astype(Out.dtype))
-        if WRITE_LSE:
-            lse = (m_i + ct.log2(l_i)) * LN_2
-            ct.store(Lse, index=(batch, head, q_tile), tile=lse.reshape((1, 1, TILE_M)))
+        _store_normalised(Out, Lse, acc, m_i, l_i, batch, head, q_tile, HEAD_DIM, TILE_M,
+                          WRITE_LSE)
 
 
 def flash_attention_fwd(Q, K, V, Out, Lse, PartO, PartM, PartL, qk_scale_log2: float,
@@ -186,12 +193,7 @@ def combine_partials(PartO, PartM, PartL, Out, Lse, n_chunks: int, HEAD_DIM: Con
         l_sum = l_sum * alpha + l_c * beta
         acc = acc * alpha + a_c * beta
         m = m_new
-    out = ct.truediv(acc, l_sum, flush_to_zero=True, rounding_mode=ct.RoundingMode.APPROX)
-    ct.store(Out, index=(batch, head, q_tile, 0),
-             tile=out.reshape((1, 1, TILE_M, HEAD_DIM)).astype(Out.dtype))
-    if WRITE_LSE:
-        lse = (m + ct.log2(l_sum)) * LN_2
-        ct.store(Lse, index=(batch, head, q_tile), tile=lse.reshape((1, 1, TILE_M)))
+    _store_normalised(Out, Lse, acc, m, l_sum, batch, head, q_tile, HEAD_DIM, TILE_M, WRITE_LSE)
 
 
 @lru_cache(maxsize=None)

@@ -1,0 +1,237 @@
+"""Paper figures: one function per figure, tidy DataFrame in, seaborn figure out.
+
+Every figure names the GPU(s) and the configuration in its title and has units on its axes.
+`save` writes PNG and PDF under paper/figures/.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+import pandas as pd  # noqa: E402
+import seaborn as sns  # noqa: E402
+
+sns.set_theme(style="whitegrid", context="paper", font_scale=1.1)
+FIGURE_DIR = Path(__file__).resolve().parent.parent / "paper" / "figures"
+
+
+def seqlen_axis(ax, seqlens) -> None:
+    """Log-x axis with one tick per measured length, labelled 16k, 128k, ..."""
+    from matplotlib.ticker import FixedLocator, FuncFormatter, NullLocator
+    ticks = sorted({int(x) for x in seqlens})
+    if len(ticks) > 7:
+        ticks = [t for t in ticks if t & (t - 1) == 0] or ticks  # powers of two
+    ax.xaxis.set_major_locator(FixedLocator(ticks))
+    ax.xaxis.set_minor_locator(NullLocator())
+    ax.xaxis.set_major_formatter(FuncFormatter(lambda x, _: f"{x / 1024:g}k"))
+
+
+def plain_log_y(ax) -> None:
+    from matplotlib.ticker import FuncFormatter
+    ax.yaxis.set_major_formatter(FuncFormatter(lambda y, _: f"{y:g}"))
+    ax.yaxis.set_minor_formatter(FuncFormatter(lambda y, _: ""))
+
+
+def short_gpu(name: str) -> str:
+    return "H100" if "H100" in name else "H200" if "H200" in name else name
+
+
+def schedule_label(df: pd.DataFrame) -> pd.Series:
+    return df["cta_schedule"] + "+" + df["kv_schedule"]
+
+
+def _with_tflops(counters: pd.DataFrame, timing: pd.DataFrame) -> pd.DataFrame:
+    """Counter rows with the TFLOP/s timed for the same point, and a short GPU name."""
+    d = counters.drop(columns=["tflops"]).merge(timing[["gpu", "point", "tflops"]],
+                                                on=["gpu", "point"])
+    d["GPU"] = d["gpu"].map(short_gpu)
+    return d
+
+
+def save(fig, name: str, directory: Path | None = None) -> list[Path]:
+    directory = Path(directory or FIGURE_DIR)
+    directory.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for ext in ("png", "pdf"):
+        path = directory / f"{name}.{ext}"
+        fig.savefig(path, dpi=110 if ext == "png" else None, bbox_inches="tight")
+        paths.append(path)
+    plt.close(fig)
+    return paths
+
+
+def misses_vs_seqlen(df: pd.DataFrame, predicted: pd.DataFrame | None = None):
+    """Read misses (sectors that left L2) / compulsory reads against S, per schedule."""
+    d = df.copy()
+    d["schedule"] = schedule_label(d)
+    d["x compulsory"] = d["l2_read_miss_sectors"] * 32 / d["compulsory_read_bytes"]
+    d["GPU"] = d["gpu"].map(short_gpu)
+    d["mask"] = np.where(d["causal"], "causal", "non-causal")
+    g = sns.relplot(data=d, x="seqlen", y="x compulsory", hue="schedule", style="mask",
+                    col="head_dim", row="GPU", kind="line", marker="o", height=3.0, aspect=1.3,
+                    facet_kws={"sharey": False})
+    if predicted is not None:
+        for (gpu, hd), ax in g.axes_dict.items():
+            p = predicted[(predicted["GPU"] == gpu) & (predicted["head_dim"] == hd)]
+            for sched, sub in p.groupby("schedule"):
+                ax.plot(sub["seqlen"], sub["x compulsory"], ls=":", color="k", lw=1)
+    g.set(xscale="log", yscale="log")
+    for ax in g.axes.flat:
+        seqlen_axis(ax, d["seqlen"])
+        plain_log_y(ax)
+    g.set_axis_labels("sequence length S (tokens)", "L2 read misses / compulsory reads")
+    g.figure.suptitle(f"L2 read misses vs S, B=1 H=1 bf16, {_tiles(d)} tiles "
+                      f"({', '.join(sorted(d['GPU'].unique()))}; dotted: model)", y=1.02)
+    return g.figure
+
+
+def _tiles(d):
+    return ", ".join(sorted({f"{m}x{n}" for m, n in zip(d["tile_m"], d["tile_n"])}))
+
+
+def sectors_vs_closed_form(df: pd.DataFrame):
+    d = df.copy()
+    d["GPU"] = d["gpu"].map(short_gpu)
+    d["schedule"] = schedule_label(d)
+    d["mask"] = np.where(d["causal"], "causal", "non-causal")
+    g = sns.relplot(data=d, x="seqlen", y="read_sectors_ratio", hue="mask", style="GPU",
+                    col="head_dim", kind="line", marker="o", errorbar=("pi", 100), height=3.0,
+                    aspect=1.3)
+    g.set(xscale="log")
+    for ax in g.axes.flat:
+        ax.axhline(1.0, color="k", lw=0.8, ls="--")
+        seqlen_axis(ax, d["seqlen"])
+    g.set_axis_labels("sequence length S (tokens)",
+                      "SM-side L2 read sectors / closed form")
+    g.figure.suptitle("Measured L2 read sectors against the closed-form count (band: spread "
+                      "over the 4 schedules), B=1 H=1 bf16 128x64", y=1.03)
+    return g.figure
+
+
+def l1_vs_l2(df: pd.DataFrame):
+    d = df[df["l1_global_load_sectors"].notna()].copy()
+    d["GPU"] = d["gpu"].map(short_gpu)
+    long = pd.concat([
+        d.assign(level="L1 global-load sectors (LSU)", sectors=d["l1_global_load_sectors"]),
+        d.assign(level="L1 hits", sectors=d["l1_global_load_hit_sectors"]),
+        d.assign(level="L2 read sectors (TMA)", sectors=d["l2_tex_read_sectors"]),
+    ], ignore_index=True)
+    long["config"] = ("S=" + (long["seqlen"] // 1024).astype(str) + "k D="
+                      + long["head_dim"].astype(str)
+                      + np.where(long["causal"], " causal", ""))
+    fig, ax = plt.subplots(figsize=(8, 3.6))
+    sns.barplot(data=long, x="config", y="sectors", hue="level", ax=ax, errorbar=None)
+    ax.set_yscale("log")
+    ax.set_ylabel("sectors per launch (log)")
+    ax.set_xlabel("configuration (persistent+linear)")
+    ax.set_title(f"L1 vs L2 traffic on the TMA path, {', '.join(sorted(d['GPU'].unique()))}, "
+                 "B=1 H=1 bf16 128x64")
+    plt.setp(ax.get_xticklabels(), rotation=20, ha="right", rotation_mode="anchor")
+    return fig
+
+
+def hit_rate_vs_ctas(df: pd.DataFrame):
+    d = df.copy()
+    d["GPU"] = d["gpu"].map(short_gpu)
+    d["schedule"] = schedule_label(d)
+    d["reads from DRAM / compulsory"] = d["l2_read_miss_sectors"] * 32 / d["compulsory_read_bytes"]
+    fig, axes = plt.subplots(1, 2, figsize=(9, 3.4))
+    sns.lineplot(data=d, x="resident_ctas", y="sm_hit_rate", hue="schedule", style="GPU",
+                 marker="o", ax=axes[0])
+    axes[0].set(xscale="log", xlabel="CTAs in flight (persistent grid)",
+                ylabel="L2 hit rate seen by the SMs")
+    sns.lineplot(data=d, x="resident_ctas", y="reads from DRAM / compulsory", hue="schedule",
+                 style="GPU", marker="o", ax=axes[1], legend=False)
+    axes[1].set(xscale="log", yscale="log", xlabel="CTAs in flight (persistent grid)",
+                ylabel="L2 read misses / compulsory")
+    fig.suptitle("Hit rate vs CTAs in flight, S=128k D=64 B=1 H=1 bf16 128x64 "
+                 f"({', '.join(sorted(d['GPU'].unique()))})")
+    fig.tight_layout()
+    return fig
+
+
+def ablation(df: pd.DataFrame, timing: pd.DataFrame):
+    d = _with_tflops(df, timing)
+    d["schedule"] = schedule_label(d)
+    d["shape"] = ("B" + d["batch"].astype(str) + " H" + d["heads"].astype(str) + " S"
+                  + (d["seqlen"] // 1024).astype(str) + "k D" + d["head_dim"].astype(str)
+                  + " " + d["tile_m"].astype(str) + "x" + d["tile_n"].astype(str)
+                  + np.where(d["causal"], " causal", ""))
+    d["DRAM reads / compulsory"] = d["dram_read_bytes"] / d["compulsory_read_bytes"]
+    long = pd.concat([d.assign(metric="DRAM reads / compulsory", value=d["DRAM reads / compulsory"]),
+                      d.assign(metric="TFLOP/s", value=d["tflops"])], ignore_index=True)
+    g = sns.catplot(data=long, y="shape", x="value", hue="schedule", col="metric", row="GPU",
+                    kind="bar", height=5.0, aspect=0.9, sharex=False, errorbar=None)
+    for (gpu, metric), ax in g.axes_dict.items():
+        if metric.startswith("DRAM"):
+            ax.set_xscale("log")
+            ax.set_xlabel("DRAM reads / compulsory (log)")
+        else:
+            ax.set_xlabel("TFLOP/s (useful FLOPs)")
+    g.figure.suptitle("Schedule ablation, bf16 (H100 and H200, counters and timing from the same "
+                      "sweep)", y=1.01)
+    return g.figure
+
+
+def tile_size(df: pd.DataFrame, timing: pd.DataFrame):
+    d = _with_tflops(df, timing)
+    d["tiles"] = d["tile_m"].astype(str) + "x" + d["tile_n"].astype(str)
+    d["x compulsory"] = d["dram_read_bytes"] / d["compulsory_read_bytes"]
+    fig, axes = plt.subplots(1, 2, figsize=(10, 3.6))
+    for ax, y, label in ((axes[0], "x compulsory", "DRAM reads / compulsory"),
+                         (axes[1], "tflops", "TFLOP/s")):
+        sns.barplot(data=d, x="tiles", y=y, hue="kv_schedule", ax=ax, errorbar=None,
+                    palette="deep")
+        ax.set(xlabel="tile (Q rows x K/V rows)", ylabel=label)
+    axes[0].set_yscale("log")
+    fig.suptitle("Tile size, persistent grid, S=128k B=1 H=1 bf16, D=64 and 128 pooled per bar "
+                 f"({', '.join(sorted(d['GPU'].unique()))})")
+    fig.tight_layout()
+    return fig
+
+
+def throughput_vs_misses(d: pd.DataFrame, fits: dict):
+    d = d.copy()
+    d["GPU"] = d["gpu"].map(short_gpu)
+    d["DRAM bytes / FLOP"] = (d["dram_read_bytes"] + d["dram_write_bytes"]) / d["executed_flops"]
+    g = sns.relplot(data=d, x="DRAM bytes / FLOP", y="tflops", hue="head_dim", style="causal",
+                    col="GPU", height=3.3, aspect=1.2, palette="deep")
+    for gpu, ax in g.axes_dict.items():
+        fit = fits.get(gpu)
+        if fit:
+            x = np.logspace(np.log10(d["DRAM bytes / FLOP"].min()),
+                            np.log10(d["DRAM bytes / FLOP"].max()), 100)
+            roof = 1.0 / np.maximum(1.0 / fit["flop_rate"], x / fit["dram_rate"]) / 1e12
+            ax.plot(x, roof, color="k", lw=1, label="fitted max(FLOP, DRAM) bound")
+    g.set(xscale="log")
+    g.set_axis_labels("DRAM bytes per executed FLOP (log)", "TFLOP/s (useful FLOPs)")
+    g.figure.suptitle("Throughput vs DRAM traffic, every measured point (line: fitted "
+                      "time = max(FLOPs/R, bytes/B) bound)", y=1.03)
+    return g.figure
+
+
+def tiled_vs_scans(df: pd.DataFrame, timing: pd.DataFrame):
+    d = _with_tflops(df, timing)
+    d["x min"] = d["dram_read_bytes"] / d["compulsory_read_bytes"]
+    d["config"] = ("D" + d["head_dim"].astype(str) + np.where(d["causal"], " causal", "")
+                   + " S" + (d["seqlen"] // 1024).astype(str) + "k")
+    fig, axes = plt.subplots(2, 2, figsize=(12, 6.5), sharey="row")
+    for col, gpu in enumerate(sorted(d["GPU"].unique())):
+        sub = d[d["GPU"] == gpu]
+        sns.barplot(data=sub, x="config", y="x min", hue="kv_schedule", ax=axes[0, col],
+                    errorbar=None)
+        axes[0, col].set(yscale="log", ylabel="DRAM reads / minimum (log)", xlabel="",
+                         title=f"{gpu}: DRAM reads / (Q, K, V once + partial states)")
+        sns.barplot(data=sub, x="config", y="tflops", hue="kv_schedule", ax=axes[1, col],
+                    errorbar=None, legend=False)
+        axes[1, col].set(ylabel="TFLOP/s", xlabel="configuration (B=1 H=1 bf16, persistent)")
+        for ax in axes[:, col]:
+            plt.setp(ax.get_xticklabels(), rotation=40, ha="right", rotation_mode="anchor")
+    fig.suptitle("Tiled K/V vs linear and sawtooth at long lengths (64x64 tiles at D=64, "
+                 "128x64 at D=128)")
+    fig.tight_layout()
+    return fig
