@@ -6,6 +6,7 @@ import pytest
 from wavefront.counting import launch_counts
 from wavefront.profiling import (
     METRICS,
+    combine_kernel_rows,
     ProfilerError,
     check_ncu_output,
     derive,
@@ -76,3 +77,24 @@ def test_ncu_command_profiles_only_the_measured_launch():
     assert "--clock-control none" in joined
     assert "--kernel-name regex:flash_attention_fwd" in joined
     assert "--log-file /tmp/log.csv" in joined
+
+
+H100_FIXTURE = Path(__file__).parent / "fixtures" / "ncu_raw_h100_s131072_d64_tiled.csv"
+
+
+def test_parses_real_h100_capture_with_a_two_kernel_point():
+    """H100, S=131072 D=64 64x64: persistent linear, sawtooth, tiled (attention + combine)."""
+    rows = parse_ncu_csv(H100_FIXTURE.read_text())
+    assert [r["kernel_name"].split("_Kt")[0] for r in rows] == [
+        "flash_attention_fwd", "flash_attention_fwd", "flash_attention_fwd", "combine_partials"]
+    tiled = combine_kernel_rows(rows[2:4])
+    for column in ("l2_tex_read_sectors", "dram_read_bytes", "ncu_duration_ns"):
+        assert tiled[column] == rows[2][column] + rows[3][column]
+    lo, hi = sorted((rows[2]["sm_throughput_pct"], rows[3]["sm_throughput_pct"]))
+    assert lo <= tiled["sm_throughput_pct"] <= hi
+    for row in (rows[0], rows[1], tiled):
+        d = derive(row, None, None)
+        assert d["l2_read_miss_sectors"] == pytest.approx(d["dram_read_sectors"], rel=0.05)
+    # Sawtooth leaves L2 less often than linear on the H100 too.
+    assert derive(rows[1], None, None)["l2_read_miss_sectors"] < 0.6 * derive(
+        rows[0], None, None)["l2_read_miss_sectors"]

@@ -1,15 +1,17 @@
 """The schedule vocabulary: which CTA takes which work item, and in which order it scans K/V.
 
 One vocabulary serves the kernel, the cache simulator and the docs. The mapping itself lives
-in the small integer functions below (`decode_work_item`, `kv_tile_span`, `local_iteration`,
-`scans_backward`). They use only integer arithmetic, `min` and `if` on constants, so cuTile
+in the small integer functions below (`decode_work_item`, `split_chunk`, `kv_tile_span`,
+`chunk_tile_range`, `local_iteration`, `scans_backward`). They use only integer arithmetic,
+`min`, `max` and `if` on constants, so cuTile
 compiles them into the kernel unchanged, and the host calls the very same functions to
 enumerate a launch (tests, simulator). There is no second copy of the mapping.
 
 A *work item* is one (batch, query head, Q tile): the unit of split-Q FlashAttention.
 Work items are numbered 0..N-1; a CTA schedule says which CTA takes which numbers and how
 a number decodes to (batch, head, Q tile); a K/V schedule says in which order the work item
-visits its K/V tiles.
+visits its K/V tiles (the tiled schedule also splits each item's K/V into chunks, each chunk
+its own work item).
 
 Style follows flash-attention's tile schedulers: each schedule is a small frozen dataclass
 holding its host-side parameters, the grid shape is computed on the host (`Launch`), and the
@@ -46,7 +48,9 @@ def decode_work_item(item, q_tiles, heads, kv_heads, kv_units, group_units, cta_
     adjacent, so GQA siblings run together.
 
     (Longest-first order for causal was tried and dropped: with static grid-stride assignment it
-    hands the long tiles to the same CTAs round after round; measured 1.6x slower on an H200.)
+    hands the long tiles to the same CTAs round after round; grouped causal ran 1.6x slower than
+    persistent on an H200 with it, and still 1.27x slower on an H100 without it: the heads-fastest
+    order is not balanced under static assignment either. See the foundation bench.)
     """
     qheads_per_kv = heads // kv_heads
     batch = 0
