@@ -4,14 +4,7 @@
 # from data/ and run the cache model on the H100 preset.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-PY="${PYTHON:-python3}"
-VENV="${WAVEFRONT_VENV:-.venv}"
-if [ ! -x "$VENV/bin/python" ]; then
-    "$PY" -m venv "$VENV"
-fi
-"$VENV/bin/python" -m pip install -q --upgrade pip
-"$VENV/bin/python" -m pip install -q -e ".[gpu,test]"
-unset CUDA_HOME CUDA_PATH
+source scripts/venv.sh
 WF="$VENV/bin/wavefront"
 if "$VENV/bin/python" -c "from wavefront.device import has_gpu; raise SystemExit(not has_gpu())"; then
     "$WF" info

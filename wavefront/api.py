@@ -180,7 +180,7 @@ def attention(q, k, v, *, causal: bool = False, schedule: str = "persistent+line
     variant = KernelVariant(vq.dtype, p.head_dim, p.tile_m, p.tile_n, p.causal,
                             launch.cta.code, launch.kv.code, launch.ctas_per_sm,
                             bool(return_lse) and launch.kv.code != KV_TILED)
-    out, lse = _allocate(vq, q, out, return_lse)
+    out, lse = _allocate(vq, out, return_lse)
     tiled = launch.kv.code == KV_TILED
     part_o, part_m, part_l = _workspace(vq, launch.n_chunks if tiled else 0)
     stream = stream if stream is not None else _current_stream(vq.library)
@@ -197,6 +197,17 @@ def attention(q, k, v, *, causal: bool = False, schedule: str = "persistent+line
     return (out, lse) if return_lse else out
 
 
+def _empty(vq: _ArrayView, shape, dtype: str):
+    """An uninitialised array of q's library on q's device."""
+    if vq.library == "torch":
+        import torch
+        return torch.empty(shape, dtype=getattr(torch, dtype), device=f"cuda:{vq.device}")
+    import cupy
+    import ml_dtypes  # noqa: F401  (registers bfloat16 with NumPy/CuPy)
+    with cupy.cuda.Device(vq.device):
+        return cupy.empty(shape, dtype=dtype)
+
+
 def _workspace(vq, n_chunks):
     """fp32 partial states of the tiled schedule: (chunks x batch, heads, seqlen[, head_dim]).
 
@@ -204,12 +215,7 @@ def _workspace(vq, n_chunks):
     b, h, s, d = vq.shape
     shapes = ([(n_chunks * b, h, s, d), (n_chunks * b, h, s), (n_chunks * b, h, s)] if n_chunks
               else [(1, 1, 1, 1), (1, 1, 1), (1, 1, 1)])
-    if vq.library == "torch":
-        import torch
-        return tuple(torch.empty(sh, dtype=torch.float32, device=f"cuda:{vq.device}")
-                     for sh in shapes)
-    import cupy
-    return tuple(cupy.empty(sh, dtype=cupy.float32) for sh in shapes)
+    return tuple(_empty(vq, sh, "float32") for sh in shapes)
 
 
 def _current_stream(library):
@@ -220,25 +226,21 @@ def _current_stream(library):
     return cupy.cuda.get_current_stream()
 
 
-def _allocate(vq, q, out, return_lse):
+def _allocate(vq, out, return_lse):
+    """The output (given, and checked, or new) and the LSE (a one-element stand-in when not
+    asked for: cuTile needs an array argument even when LSE is not written)."""
     b, h, s, d = vq.shape
-    if vq.library == "torch":
-        import torch
-        if out is None:
-            out = torch.empty_like(q, memory_format=torch.contiguous_format)
-        # cuTile needs an array argument even when LSE is not written: a one-row stand-in.
-        lse = torch.empty((b, h, s) if return_lse else (1, 1, 1), dtype=torch.float32,
-                          device=q.device)
-        return out, lse
-    import cupy
     if out is None:
-        out = cupy.empty(vq.shape, dtype=q.dtype)
+        out = _empty(vq, vq.shape, vq.dtype)
     else:
         vo, out = _view("out", out)
-        if vo.shape != vq.shape or vo.dtype != vq.dtype or vo.strides[-1] != 1:
-            raise ValueError(f"out must have q's shape {vq.shape} and dtype {vq.dtype}, "
-                             f"contiguous last dim; got {vo.shape} {vo.dtype}")
-    lse = cupy.empty((b, h, s) if return_lse else (1, 1, 1), dtype=cupy.float32)
+        if (vo.library, vo.device, vo.shape, vo.dtype) != (vq.library, vq.device, vq.shape,
+                                                          vq.dtype) or vo.strides[-1] != 1:
+            raise ValueError(f"out must be a {vq.library} array on q's device with q's shape "
+                             f"{vq.shape} and dtype {vq.dtype}, contiguous in its last "
+                             f"dimension; got {vo.library} {vo.shape} {vo.dtype} on device "
+                             f"{vo.device}")
+    lse = _empty(vq, (b, h, s) if return_lse else (1, 1, 1), "float32")
     return out, lse
 
 

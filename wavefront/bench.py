@@ -34,6 +34,23 @@ class Config:
     def kv_heads_(self) -> int:
         return self.kv_heads or self.heads
 
+    @classmethod
+    def from_record(cls, rec) -> "Config":
+        """The configuration of a sweep point or a results row (they share the parameter
+        columns). `ctas` is set only where the CTAs in flight differ from SMs x occupancy."""
+        sms, occupancy, resident = int(rec["sms"]), int(rec["occupancy"]), int(rec["resident_ctas"])
+        return cls(batch=int(rec["batch"]), heads=int(rec["heads"]), kv_heads=int(rec["kv_heads"]),
+                   seqlen=int(rec["seqlen"]), head_dim=int(rec["head_dim"]),
+                   dtype=str(rec["dtype"]), causal=bool(rec["causal"]),
+                   schedule=f"{rec['cta_schedule']}+{rec['kv_schedule']}",
+                   tiles=f"{int(rec['tile_m'])}x{int(rec['tile_n'])}", occupancy=occupancy,
+                   ctas=None if resident == sms * occupancy else resident)
+
+    def attention_kwargs(self) -> dict:
+        """Everything `wavefront.attention` takes from a configuration (no arrays)."""
+        return dict(causal=self.causal, schedule=self.schedule, tiles=self.tiles,
+                    occupancy=self.occupancy, ctas=self.ctas, chunk_tiles=self.chunk_tiles)
+
     def launch(self, sms=132, l2_bytes=50 * 2**20):
         return plan((self.batch, self.heads, self.seqlen, self.head_dim),
                     (self.batch, self.kv_heads_, self.seqlen, self.head_dim),
@@ -72,9 +89,7 @@ def relative_error(cfg: Config, seed: int = 0, check_lse: bool = False) -> float
     import cupy
     q, k, v = random_inputs(cfg, seed)
     out = cupy.full(q.shape, cupy.nan, dtype=q.dtype)
-    result = attention(q, k, v, causal=cfg.causal, schedule=cfg.schedule, tiles=cfg.tiles,
-                       occupancy=cfg.occupancy, out=out, ctas=cfg.ctas, return_lse=check_lse,
-                       chunk_tiles=cfg.chunk_tiles)
+    result = attention(q, k, v, out=out, return_lse=check_lse, **cfg.attention_kwargs())
     cupy.cuda.get_current_stream().synchronize()
     if not bool(cupy.isfinite(out).all()):  # every element written, even where not compared
         return math.inf
@@ -130,9 +145,7 @@ def measure(cfg: Config, *, warmup: int = 5, reps: int = 30, check: bool = True,
 
     def run(i):
         q, k, v = sets[i % len(sets)]
-        attention(q, k, v, causal=cfg.causal, schedule=cfg.schedule, tiles=cfg.tiles,
-                  occupancy=cfg.occupancy, out=outs[i % len(sets)], ctas=cfg.ctas,
-                  chunk_tiles=cfg.chunk_tiles)
+        attention(q, k, v, out=outs[i % len(sets)], **cfg.attention_kwargs())
 
     t = time_gpu(run, warmup=warmup, reps=reps)
     return Measurement(asdict(cfg), launch.num_ctas, launch.group_units, t.as_dict(),

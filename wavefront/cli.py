@@ -279,7 +279,7 @@ def profile(batch, heads, kv_heads, dtype, tiles, occupancy, ctas, warmup, reps,
             "causal": [causal], "tiles": [tiles] if tiles else [None],
             "occupancy": [occupancy] if occupancy else [None], "ctas": [ctas or 0],
             "schedule": [s.strip() for s in schedules.split(",") if s.strip()]}
-    spec = SweepSpec(name="profile", grid=grid, measure=["counters"], timeout_s=timeout_s)
+    spec = SweepSpec(name="profile", grid=[grid], measure=["counters"], timeout_s=timeout_s)
     try:
         expand(spec, gpu=dev.name, sms=dev.sms, l2_bytes=dev.l2_bytes)
     except ValueError as exc:
@@ -434,7 +434,7 @@ def fit(results_path, out_path):
     from pathlib import Path
 
     from wavefront.models import fit_capacity, fit_throughput
-    from wavefront.records import SchemaError, load_results
+    from wavefront.records import SchemaError, load_results, with_timing
     try:
         df = load_results(results_path)
     except SchemaError as exc:
@@ -447,10 +447,7 @@ def fit(results_path, out_path):
         if len(counters):
             cap = fit_capacity(counters, gpu)
             entry["capacity"] = cap.as_dict()
-        timing = rows[rows["measurement"] == "timing"]
-        joined = timing.drop(columns=[c for c in timing.columns if c.startswith(("l2_", "dram"))])
-        joined = joined.merge(counters[["point", "dram_read_bytes", "dram_write_bytes"]],
-                              on="point")
+        joined = with_timing(rows)
         if len(joined) >= 4:
             entry["throughput"] = fit_throughput(joined, gpu).as_dict()
         fits["gpus"][gpu] = entry

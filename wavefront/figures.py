@@ -44,14 +44,6 @@ def schedule_label(df: pd.DataFrame) -> pd.Series:
     return df["cta_schedule"] + "+" + df["kv_schedule"]
 
 
-def _with_tflops(counters: pd.DataFrame, timing: pd.DataFrame) -> pd.DataFrame:
-    """Counter rows with the TFLOP/s timed for the same point, and a short GPU name."""
-    d = counters.drop(columns=["tflops"]).merge(timing[["gpu", "point", "tflops"]],
-                                                on=["gpu", "point"])
-    d["GPU"] = d["gpu"].map(short_gpu)
-    return d
-
-
 def save(fig, name: str, directory: Path | None = None) -> list[Path]:
     directory = Path(directory or FIGURE_DIR)
     directory.mkdir(parents=True, exist_ok=True)
@@ -159,8 +151,10 @@ def hit_rate_vs_ctas(df: pd.DataFrame):
     return fig
 
 
-def ablation(df: pd.DataFrame, timing: pd.DataFrame):
-    d = _with_tflops(df, timing)
+def ablation(joined: pd.DataFrame):
+    """`joined`: counter rows with their timing (`records.with_timing`)."""
+    d = joined.copy()
+    d["GPU"] = d["gpu"].map(short_gpu)
     d["schedule"] = schedule_label(d)
     d["shape"] = ("B" + d["batch"].astype(str) + " H" + d["heads"].astype(str) + " S"
                   + (d["seqlen"] // 1024).astype(str) + "k D" + d["head_dim"].astype(str)
@@ -182,8 +176,10 @@ def ablation(df: pd.DataFrame, timing: pd.DataFrame):
     return g.figure
 
 
-def tile_size(df: pd.DataFrame, timing: pd.DataFrame):
-    d = _with_tflops(df, timing)
+def tile_size(joined: pd.DataFrame):
+    """`joined`: counter rows with their timing (`records.with_timing`)."""
+    d = joined.copy()
+    d["GPU"] = d["gpu"].map(short_gpu)
     d["tiles"] = d["tile_m"].astype(str) + "x" + d["tile_n"].astype(str)
     d["x compulsory"] = d["dram_read_bytes"] / d["compulsory_read_bytes"]
     fig, axes = plt.subplots(1, 2, figsize=(10, 3.6))
@@ -219,8 +215,10 @@ def throughput_vs_misses(d: pd.DataFrame, fits: dict):
     return g.figure
 
 
-def tiled_vs_scans(df: pd.DataFrame, timing: pd.DataFrame):
-    d = _with_tflops(df, timing)
+def tiled_vs_scans(joined: pd.DataFrame):
+    """`joined`: counter rows with their timing (`records.with_timing`)."""
+    d = joined.copy()
+    d["GPU"] = d["gpu"].map(short_gpu)
     d["x min"] = d["dram_read_bytes"] / d["compulsory_read_bytes"]
     d["config"] = ("D" + d["head_dim"].astype(str) + np.where(d["causal"], " causal", "")
                    + " S" + (d["seqlen"] // 1024).astype(str) + "k")

@@ -19,6 +19,7 @@ from wavefront.gpus import GPUSpec
 from wavefront.schedules import Launch
 from wavefront.simulation import (
     COLD,
+    MissCurve,
     access_trace,
     miss_bytes_at,
     reuse_distances,
@@ -134,41 +135,35 @@ class CapacityFit:
 
 def _launch_from_row(row) -> Launch:
     from wavefront.bench import Config
-    cfg = Config(batch=int(row["batch"]), heads=int(row["heads"]),
-                 kv_heads=int(row["kv_heads"]), seqlen=int(row["seqlen"]),
-                 head_dim=int(row["head_dim"]), dtype=str(row["dtype"]),
-                 causal=bool(row["causal"]),
-                 schedule=f"{row['cta_schedule']}+{row['kv_schedule']}",
-                 tiles=f"{int(row['tile_m'])}x{int(row['tile_n'])}",
-                 occupancy=int(row["occupancy"]),
-                 ctas=int(row["resident_ctas"]) if int(row["resident_ctas"]) != int(
-                     row["sms"]) * int(row["occupancy"]) else None)
-    return cfg.launch(int(row["sms"]), int(row["l2_bytes"]))
+    return Config.from_record(row).launch(int(row["sms"]), int(row["l2_bytes"]))
 
 
 class MissCurves:
     """Per measured point: read-miss bytes as a function of capacity (from reuse distances),
     computed once so a fit can evaluate many capacities cheaply."""
 
-    def __init__(self, rows):
-        self.keys, self.measured, self._needs, self._weights = [], [], [], []
-        for _, row in rows.iterrows():
+    def __init__(self, rows=None):
+        self.keys, self.measured, self._curves = [], [], []
+        for _, row in (rows.iterrows() if rows is not None else ()):
             trace = access_trace(_launch_from_row(row))
-            d = reuse_distances(trace)
             reads = trace.is_read
-            need = np.where(d[reads] == COLD, np.inf, d[reads] + trace.nbytes[reads])
-            order = np.argsort(need)
-            self._needs.append(need[order])
-            self._weights.append(np.concatenate([[0], np.cumsum(trace.nbytes[reads][order])]))
+            self._curves.append(MissCurve(reuse_distances(trace)[reads], trace.nbytes[reads]))
             self.keys.append(row["point"])
             self.measured.append(float(row["l2_read_miss_sectors"]) * SECTOR_BYTES)
 
+    def subset(self, keys) -> "MissCurves":
+        """The curves of some of the points, without simulating them again."""
+        keys = set(keys)
+        out = MissCurves()
+        for key, measured, curve in zip(self.keys, self.measured, self._curves):
+            if key in keys:
+                out.keys.append(key)
+                out.measured.append(measured)
+                out._curves.append(curve)
+        return out
+
     def misses(self, capacity: float) -> np.ndarray:
-        out = []
-        for need, cum in zip(self._needs, self._weights):
-            hit = cum[np.searchsorted(need, capacity, side="right")]
-            out.append(cum[-1] - hit)
-        return np.asarray(out, dtype=float)
+        return np.asarray([c.miss_bytes(capacity) for c in self._curves], dtype=float)
 
 
 def fit_capacity(counter_rows, gpu_name: str, *, lo_mib: float = 1.0,

@@ -13,6 +13,7 @@ import numpy as np
 import pandas as pd
 
 from wavefront import figures
+from wavefront.bench import Config
 from wavefront.gpus import gpu_preset, preset_for_device
 from wavefront.models import (
     MissCurves,
@@ -22,7 +23,7 @@ from wavefront.models import (
     knee,
     predict,
 )
-from wavefront.records import load_results
+from wavefront.records import load_results, with_timing
 
 ROOT = Path(__file__).resolve().parent.parent
 DATA = ROOT / "data"
@@ -42,12 +43,6 @@ def timing(df):
     return df[df["measurement"] == "timing"].copy()
 
 
-def with_timing(df):
-    """Counter rows with the same point's timing (TFLOP/s, time) attached."""
-    c = counters(df)
-    t = timing(df)[["gpu", "point", "tflops", "median_ms", "rel_error", "executed_flops"]]
-    return c.drop(columns=["tflops", "median_ms", "rel_error", "executed_flops"]).merge(
-        t, on=["gpu", "point"])
 
 
 # ---------------------------------------------------------------------------------------------
@@ -69,8 +64,9 @@ def figure_l1_vs_l2(data_dir=DATA):
     return figures.l1_vs_l2(c)
 
 
-def figure_knee(data_dir=DATA, predicted=None):
-    return figures.misses_vs_seqlen(counters(load("knee", data_dir)), predicted)
+def figure_knee(data_dir=DATA):
+    """Measured only; `build` draws it again with the fitted model's curve."""
+    return figures.misses_vs_seqlen(counters(load("knee", data_dir)))
 
 
 def figure_ctas_in_flight(data_dir=DATA):
@@ -78,23 +74,23 @@ def figure_ctas_in_flight(data_dir=DATA):
 
 
 def figure_ablation(data_dir=DATA):
-    df = load("ablation", data_dir)
-    return figures.ablation(counters(df), timing(df))
+    return figures.ablation(with_timing(load("ablation", data_dir)))
 
 
 def figure_tile_size(data_dir=DATA):
-    df = load("tile_size", data_dir)
-    return figures.tile_size(counters(df), timing(df))
+    return figures.tile_size(with_timing(load("tile_size", data_dir)))
 
 
 def figure_tiled(data_dir=DATA):
-    df = load("tiled", data_dir)
-    return figures.tiled_vs_scans(counters(df), timing(df))
+    return figures.tiled_vs_scans(with_timing(load("tiled", data_dir)))
+
+
+# Experiments with counters and timing for the same points: the throughput model's data.
+TIMED_EXPERIMENTS = ("schedules_vs_seqlen", "knee", "ablation", "tile_size", "tiled")
 
 
 def figure_throughput_vs_misses(data_dir=DATA):
-    frames = {name: load(name, data_dir) for name in
-              ("schedules_vs_seqlen", "knee", "ablation", "tile_size", "tiled")}
+    frames = {name: load(name, data_dir) for name in TIMED_EXPERIMENTS}
     tfits, joined = throughput_fits(frames)
     return figures.throughput_vs_misses(joined, {k: v.as_dict() for k, v in tfits.items()})
 
@@ -116,12 +112,19 @@ FIGURES = {
 # Models against data
 # ---------------------------------------------------------------------------------------------
 
-def capacity_fits(c: pd.DataFrame) -> dict:
+def miss_curves(c: pd.DataFrame) -> dict:
+    """Per GPU: the simulated miss curves of its counter rows (the expensive part of a fit)."""
+    return {gpu: MissCurves(rows) for gpu, rows in c.groupby("gpu")}
+
+
+def capacity_fits(c: pd.DataFrame, curves: dict | None = None) -> dict:
     """Per GPU: fitted effective capacity, its errors, and the cross-GPU prediction error
-    (the capacity as a fraction of one GPU's L2, applied to the other's)."""
-    curves, fits = {}, {}
+    (the capacity as a fraction of one GPU's L2, applied to the other's). `curves` (from
+    `miss_curves`, possibly for more points than `c`) saves simulating again."""
+    curves = {gpu: cv.subset(c[c["gpu"] == gpu]["point"])
+              for gpu, cv in (curves or miss_curves(c)).items() if gpu in set(c["gpu"])}
+    fits = {}
     for gpu, rows in c.groupby("gpu"):
-        curves[gpu] = MissCurves(rows)
         fits[gpu] = fit_capacity(rows, gpu, curves=curves[gpu])
     out = {}
     for gpu, fit in fits.items():
@@ -178,8 +181,8 @@ def headline(frames: dict[str, pd.DataFrame], fits: dict, top: int = 3) -> pd.Da
     """Sawtooth over linear where it matters most: per GPU, the configurations with the
     largest measured miss reduction among those whose linear misses exceed 2 x compulsory.
     The model's predicted reduction (fitted capacity) stands beside the measured one."""
-    keys = ["gpu", "batch", "heads", "kv_heads", "seqlen", "head_dim", "causal", "tile_m",
-            "tile_n", "occupancy", "cta_schedule", "resident_ctas"]
+    keys = ["gpu", "sms", "l2_bytes", "batch", "heads", "kv_heads", "seqlen", "head_dim",
+            "dtype", "causal", "tile_m", "tile_n", "occupancy", "cta_schedule", "resident_ctas"]
     rows = []
     for name, df in frames.items():
         d = with_timing(df)
@@ -206,22 +209,12 @@ def headline(frames: dict[str, pd.DataFrame], fits: dict, top: int = 3) -> pd.Da
         cap = fits.get(r["gpu"], {}).get("capacity_mib", 0.5 * gpu.l2_bytes / 2**20) * 2**20
         res = {}
         for kv in ("linear", "sawtooth"):
-            launch = _launch(r, kv)
-            res[kv] = predict(launch, gpu.with_overrides(l2_bytes=int(r.get("l2_bytes", 0))
-                                                         or None),
-                              capacity_bytes=cap).read_miss_sectors
+            launch = Config.from_record({**r, "kv_schedule": kv}).launch(int(r["sms"]),
+                                                                          int(r["l2_bytes"]))
+            res[kv] = predict(launch, gpu, capacity_bytes=cap).read_miss_sectors
         predicted.append(res["sawtooth"] / max(1, res["linear"]) - 1)
     h["model miss change"] = predicted
     return h
-
-
-def _launch(r, kv):
-    from wavefront.bench import Config
-    cfg = Config(int(r["batch"]), int(r["heads"]), int(r["kv_heads"]), int(r["seqlen"]),
-                 int(r["head_dim"]), "bfloat16", bool(r["causal"]),
-                 f"{r['cta_schedule']}+{kv}", f"{int(r['tile_m'])}x{int(r['tile_n'])}",
-                 int(r["occupancy"]))
-    return cfg.launch(132, 50 << 20)
 
 
 def throughput_fits(frames: dict[str, pd.DataFrame]) -> dict:
@@ -269,25 +262,24 @@ def build(data_dir=DATA, paper_dir=PAPER, log=print) -> dict:
     start = time.perf_counter()
     paper_dir = Path(paper_dir)
     fig_dir = paper_dir / "figures"
-    made = {}
     for name, fn in FIGURES.items():
         if name in ("knee", "throughput_vs_misses"):
             continue  # drawn below with the models' curves
-        made[name] = figures.save(fn(data_dir), name, fig_dir)
+        figures.save(fn(data_dir), name, fig_dir)
         log(f"figure {name}")
     knee_c = counters(load("knee", data_dir))
     knee_fits = capacity_fits(knee_c)
-    made["knee"] = figures.save(figures.misses_vs_seqlen(knee_c, predicted_curve(knee_c, knee_fits)),
-                                "knee", fig_dir)
+    figures.save(figures.misses_vs_seqlen(knee_c, predicted_curve(knee_c, knee_fits)), "knee",
+                 fig_dir)
     log("figure knee (+ model)")
     sweep_c = counters(load("schedules_vs_seqlen", data_dir))
-    sweep_fits = capacity_fits(sweep_c)
-    noncausal_fits = capacity_fits(sweep_c[~sweep_c["causal"]])
+    sweep_curves = miss_curves(sweep_c)
+    sweep_fits = capacity_fits(sweep_c, sweep_curves)
+    noncausal_fits = capacity_fits(sweep_c[~sweep_c["causal"]], sweep_curves)
     knee_table = knees(knee_c, knee_fits)
-    frames = {name: load(name, data_dir) for name in
-              ("schedules_vs_seqlen", "knee", "ablation", "tile_size", "tiled")}
+    frames = {name: load(name, data_dir) for name in TIMED_EXPERIMENTS}
     tfits, joined = throughput_fits(frames)
-    made["throughput_vs_misses"] = figures.save(
+    figures.save(
         figures.throughput_vs_misses(joined, {k: v.as_dict() for k, v in tfits.items()}),
         "throughput_vs_misses", fig_dir)
     log("figure throughput_vs_misses")
@@ -295,7 +287,7 @@ def build(data_dir=DATA, paper_dir=PAPER, log=print) -> dict:
     bench = bench_table(data_dir)
     tiled_tab = tiled_table(frames["tiled"])
     text = render(knee_fits, sweep_fits, noncausal_fits, knee_table, tfits, head, bench,
-                  tiled_tab, frames)
+                  tiled_tab, frames, joined)
     (paper_dir / "draft.md").write_text(text)
     summary = {
         "capacity_fits": {g: {k: v for k, v in e.items() if k != "fit"}
@@ -334,7 +326,7 @@ def tiled_table(df: pd.DataFrame) -> pd.DataFrame:
 
 
 def render(knee_fits, sweep_fits, noncausal_fits, knee_table, tfits, head, bench, tiled_tab,
-           frames) -> str:
+           frames, joined) -> str:
     def fit_rows(fits):
         rows = []
         for gpu, e in fits.items():
@@ -371,7 +363,7 @@ def render(knee_fits, sweep_fits, noncausal_fits, knee_table, tfits, head, bench
     long_ = sweep[sweep["seqlen"] == sweep["seqlen"].max()]["read_sectors_ratio"]
     gb10 = gpu_preset("gb10").dram_bytes_per_s
     hbm = sorted(gpu_preset(g).dram_bytes_per_s / gb10 for g in ("h100", "h200"))
-    bound = joined_bound(tfits, frames)
+    bound = dram_bound_share(tfits, joined)
     l1 = sweep[sweep["l1_global_load_sectors"].notna()]
     l1_gpus = ", ".join(sorted(l1["gpu"].map(figures.short_gpu).unique())) or "none"
     return f"""# Sawtooth wavefront reordering on Hopper: H100 and H200
@@ -489,10 +481,9 @@ timed point with counters:
 """
 
 
-def joined_bound(tfits, frames) -> dict:
+def dram_bound_share(tfits, joined) -> dict:
     """Share of measured points the fitted throughput model puts on the DRAM side."""
-    joined = pd.concat([with_timing(df) for df in frames.values()], ignore_index=True)
-    joined["GPU"] = joined["gpu"].map(figures.short_gpu)
+    joined = joined.assign(GPU=joined["gpu"].map(figures.short_gpu))
     out = {}
     for d in (64, 128):
         sub = joined[joined["head_dim"] == d]

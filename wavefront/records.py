@@ -15,7 +15,14 @@ import subprocess
 import sys
 from pathlib import Path
 
+from wavefront.profiling import METRICS
+
 SCHEMA_VERSION = 2
+
+_METRIC_NOTES = {
+    "l1_hit_rate_pct": " (LSU traffic only: TMA bypasses L1)",
+    "ncu_duration_ns": " under ncu (not a timing)",
+}
 
 # name -> (type, meaning). The order is the column order on disk.
 SCHEMA: dict[str, tuple[str, str]] = {
@@ -51,25 +58,9 @@ SCHEMA: dict[str, tuple[str, str]] = {
     "executed_flops": ("float", "4 D per (row, column) of every visited tile"),
     "fa2_ms": ("float", "torch SDPA flash (FA2), same shapes, same run"),
     "cudnn_ms": ("float", "torch SDPA cuDNN, same shapes, same run"),
-    "l2_tex_read_sectors": ("float", "lts__t_sectors_srcunit_tex_op_read.sum"),
-    "l2_tex_read_hit_sectors": ("float", "lts__t_sectors_srcunit_tex_op_read_lookup_hit.sum"),
-    "l2_tex_read_miss_sectors": ("float", "lts__t_sectors_srcunit_tex_op_read_lookup_miss.sum"),
-    "l2_tex_write_sectors": ("float", "lts__t_sectors_srcunit_tex_op_write.sum"),
-    "l2_fabric_read_sectors": ("float", "lts__t_sectors_srcunit_ltcfabric_op_read.sum"),
-    "l2_fabric_read_hit_sectors": ("float",
-                                   "lts__t_sectors_srcunit_ltcfabric_op_read_lookup_hit.sum"),
-    "l2_fabric_read_miss_sectors": ("float",
-                                    "lts__t_sectors_srcunit_ltcfabric_op_read_lookup_miss.sum"),
-    "l1_hit_rate_pct": ("float", "l1tex__t_sector_hit_rate.pct (LSU traffic only: TMA bypasses L1)"),
-    "l1_global_load_sectors": ("float", "l1tex__t_sectors_pipe_lsu_mem_global_op_ld.sum"),
-    "l1_global_load_hit_sectors": ("float",
-                                   "l1tex__t_sectors_pipe_lsu_mem_global_op_ld_lookup_hit.sum"),
-    "dram_read_bytes": ("float", "dram__bytes_read.sum"),
-    "dram_write_bytes": ("float", "dram__bytes_write.sum"),
-    "ncu_duration_ns": ("float", "gpu__time_duration.sum under ncu (not a timing)"),
-    "sm_throughput_pct": ("float", "sm__throughput.avg.pct_of_peak_sustained_elapsed"),
-    "tensor_active_pct": ("float",
-                          "sm__inst_executed_pipe_tensor_op_gmma.avg.pct_of_peak_sustained_active"),
+    # One column per ncu metric, in `profiling.METRICS` order: that list is the only copy.
+    **{column: ("float", metric + _METRIC_NOTES.get(column, ""))
+       for metric, column in METRICS.items()},
     "sm_hit_rate": ("float", "1 - l2_read_miss_sectors / tex read lookups"),
     "l2_read_miss_sectors": ("float", "tex read misses - fabric read hits: reads that left L2"),
     "dram_read_sectors": ("float", "dram_read_bytes / 32 (cross-check of the line above)"),
@@ -161,6 +152,15 @@ def load_results(path, *, allow_partial_last_line: bool = True):
     return df
 
 
+def with_timing(df):
+    """Counter rows of a results frame with the same point's timing attached (TFLOP/s, time,
+    error, executed FLOPs): the join every model and figure of counters against speed needs."""
+    timed = ["tflops", "median_ms", "rel_error", "executed_flops"]
+    c = df[df["measurement"] == "counters"]
+    t = df[df["measurement"] == "timing"][["gpu", "point", *timed]]
+    return c.drop(columns=timed).merge(t, on=["gpu", "point"])
+
+
 def git_commit(root: str | os.PathLike | None = None) -> str:
     root = root or Path(__file__).resolve().parent.parent
     try:
@@ -168,13 +168,13 @@ def git_commit(root: str | os.PathLike | None = None) -> str:
                              text=True, timeout=10)
         commit = out.stdout.strip()
         if out.returncode != 0 or len(commit) != 40:
-            return os.environ.get("WAVEFRONT_GIT_COMMIT", "unknown")
+            return "unknown"
         dirty = subprocess.run(["git", "-C", str(root), "status", "--porcelain",
                                 "--untracked-files=no"], capture_output=True, text=True,
                                timeout=10).stdout.strip()
-        return (commit + ("-dirty" if dirty else "")) if commit else "unknown"
+        return commit + ("-dirty" if dirty else "")
     except (OSError, subprocess.SubprocessError):
-        return os.environ.get("WAVEFRONT_GIT_COMMIT", "unknown")
+        return "unknown"
 
 
 def manifest(command: list[str] | None = None, extra: dict | None = None) -> dict:
@@ -187,6 +187,7 @@ def manifest(command: list[str] | None = None, extra: dict | None = None) -> dic
         "gpu": dev.as_dict() if dev else None,
         **software_versions(),
         "python": sys.version.split()[0],
+        # A GPU host's copy of the checkout may have no usable git: the caller names the commit.
         "git_commit": os.environ.get("WAVEFRONT_GIT_COMMIT") or git_commit(),
         "command": " ".join(command if command is not None else sys.argv),
         **(extra or {}),

@@ -20,6 +20,7 @@ device side is "current work item / advance" (`for item in range(bid, items, num
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Iterator, Protocol
 
 # Compile-time codes that select the device-side mapping. Plain ints so that cuTile can take
@@ -194,7 +195,7 @@ class AttentionProblem:
         """(batch, K/V head) pairs: the units whose K/V is shared."""
         return self.batch * self.kv_heads
 
-    @property
+    @cached_property
     def num_items(self) -> int:
         return self.batch * self.heads * self.q_tiles
 
@@ -413,30 +414,30 @@ class Launch:
                              "orders its work chunk-major itself; use grid+tiled or "
                              "persistent+tiled")
 
-    @property
+    @cached_property
     def resident_ctas(self) -> int:
         if self.ctas is not None:
             return self.ctas
         return self.sms * self.ctas_per_sm
 
-    @property
+    @cached_property
     def chunk_tiles(self) -> int:
         return self.kv.chunk_tiles(self.problem, self.l2_bytes, self.resident_ctas)
 
-    @property
+    @cached_property
     def n_chunks(self) -> int:
         return -(-self.problem.kv_tiles // self.chunk_tiles)
 
-    @property
+    @cached_property
     def num_items(self) -> int:
         """Work items of the launch: (batch, head, Q tile), times the K/V chunks if tiled."""
         return self.problem.num_items * self.n_chunks
 
-    @property
+    @cached_property
     def num_ctas(self) -> int:
         return self.cta.num_ctas(self.num_items, self.resident_ctas)
 
-    @property
+    @cached_property
     def group_units(self) -> int:
         return self.cta.group_units(self.problem, self.l2_bytes)
 

@@ -259,23 +259,36 @@ def sampled_reuse_distances(trace: Trace, rate: float = 0.01, modulus: int = 1 <
     return d, mask, scale
 
 
-def miss_ratio_curve(distances: np.ndarray, nbytes: np.ndarray, capacities) -> np.ndarray:
-    """Fraction of accessed bytes that miss in a fully associative LRU of each capacity.
+class MissCurve:
+    """Bytes that miss in a fully associative LRU as a function of its capacity, for one trace's
+    reuse distances: sorted once, then any number of capacities cost a binary search each.
 
     An access hits iff the distinct data touched since its last use plus itself fits.
     """
-    caps = np.asarray(capacities, dtype=np.float64)
-    need = np.where(distances == COLD, np.inf, distances + nbytes).astype(np.float64)
-    order = np.sort(need)
-    weights = nbytes[np.argsort(need, kind="stable")].astype(np.float64)
-    cum_hit = np.concatenate([[0.0], np.cumsum(weights)])
-    hits = cum_hit[np.searchsorted(order, caps, side="right")]
-    return 1.0 - hits / weights.sum()
+
+    def __init__(self, distances: np.ndarray, nbytes: np.ndarray):
+        need = np.where(distances == COLD, np.inf, distances + nbytes).astype(np.float64)
+        order = np.argsort(need, kind="stable")
+        self._need = need[order]
+        self._cum = np.concatenate([[0.0], np.cumsum(nbytes[order], dtype=np.float64)])
+
+    @property
+    def total_bytes(self) -> float:
+        return float(self._cum[-1])
+
+    def miss_bytes(self, capacity):
+        hits = self._cum[np.searchsorted(self._need, capacity, side="right")]
+        return self._cum[-1] - hits
+
+
+def miss_ratio_curve(distances: np.ndarray, nbytes: np.ndarray, capacities) -> np.ndarray:
+    """Fraction of accessed bytes that miss in a fully associative LRU of each capacity."""
+    curve = MissCurve(distances, nbytes)
+    return curve.miss_bytes(np.asarray(capacities, dtype=np.float64)) / curve.total_bytes
 
 
 def miss_bytes_at(distances: np.ndarray, nbytes: np.ndarray, capacity: float) -> float:
-    need = np.where(distances == COLD, np.inf, distances + nbytes)
-    return float(nbytes[need > capacity].sum())
+    return float(MissCurve(distances, nbytes).miss_bytes(capacity))
 
 
 # ---------------------------------------------------------------------------------------------

@@ -120,7 +120,7 @@ def load_spec(path) -> SweepSpec:
 def expand(spec: SweepSpec, *, gpu: str, sms: int, l2_bytes: int) -> list[dict]:
     """Every (point, measurement) of the spec, with the launch's derived parameters."""
     points, seen = [], set()
-    for g in (spec.grid if isinstance(spec.grid, list) else [spec.grid]):
+    for g in spec.grid:
         for p in _expand_grid(g, spec, gpu, sms, l2_bytes):
             if (p["key"], p["measurement"]) not in seen:
                 seen.add((p["key"], p["measurement"]))
@@ -129,9 +129,7 @@ def expand(spec: SweepSpec, *, gpu: str, sms: int, l2_bytes: int) -> list[dict]:
 
 
 def _expand_grid(g: dict, spec: SweepSpec, gpu: str, sms: int, l2_bytes: int) -> list[dict]:
-    from wavefront.api import parse_schedule, parse_tiles
     from wavefront.bench import Config
-    from wavefront.kernels import DEFAULT_OCCUPANCY, DEFAULT_TILES
     axes = [g.get("batch", [1]), g.get("heads", [1]), g.get("kv_heads", [None]), g["seqlen"],
             g["head_dim"], g.get("dtype", ["bfloat16"]), g.get("causal", [False]),
             g.get("tiles", [None]), g.get("occupancy", [None]), g.get("ctas", [0]),
@@ -139,22 +137,20 @@ def _expand_grid(g: dict, spec: SweepSpec, gpu: str, sms: int, l2_bytes: int) ->
     points = []
     for (batch, heads, kv_heads, seqlen, head_dim, dtype, causal, tiles, occupancy, ctas,
          schedule) in itertools.product(*axes):
-        cta, kv = parse_schedule(schedule)
-        tile_m, tile_n = parse_tiles(tiles) if tiles else DEFAULT_TILES[head_dim]
-        occupancy = occupancy or DEFAULT_OCCUPANCY[(tile_m, tile_n)]
-        cfg = Config(batch, heads, kv_heads, seqlen, head_dim, dtype, bool(causal),
-                     f"{cta}+{kv}", f"{tile_m}x{tile_n}", occupancy, ctas or None)
-        launch = cfg.launch(sms, l2_bytes)
-        params = {"batch": batch, "heads": heads, "kv_heads": cfg.kv_heads_, "seqlen": seqlen,
-                  "head_dim": head_dim, "dtype": dtype, "causal": bool(causal),
-                  "tile_m": tile_m, "tile_n": tile_n, "occupancy": occupancy,
-                  "cta_schedule": cta, "kv_schedule": kv,
+        # The launch resolves defaults (tiles, occupancy, K/V heads) as the kernel will.
+        launch = Config(batch, heads, kv_heads, seqlen, head_dim, dtype, bool(causal), schedule,
+                        tiles, occupancy, ctas or None).launch(sms, l2_bytes)
+        p = launch.problem
+        params = {"batch": batch, "heads": heads, "kv_heads": p.kv_heads, "seqlen": seqlen,
+                  "head_dim": head_dim, "dtype": dtype, "causal": p.causal,
+                  "tile_m": p.tile_m, "tile_n": p.tile_n, "occupancy": launch.ctas_per_sm,
+                  "cta_schedule": launch.cta.name, "kv_schedule": launch.kv.name,
                   "resident_ctas": launch.resident_ctas}
         key = point_key(params)
         for measurement in spec.measure:
-            points.append({**params, "key": key, "measurement": measurement,
-                           "ctas": ctas or None, "gpu": gpu, "sms": sms, "l2_bytes": l2_bytes,
-                           "num_ctas": launch.num_ctas, "group_units": launch.group_units})
+            points.append({**params, "key": key, "measurement": measurement, "gpu": gpu,
+                           "sms": sms, "l2_bytes": l2_bytes, "num_ctas": launch.num_ctas,
+                           "group_units": launch.group_units})
     return points
 
 
@@ -235,15 +231,15 @@ class SubprocessRunner:
                 os.unlink(f.name)
 
     def _run_counters(self, points, spec, on_result):
+        from wavefront.bench import Config
         from wavefront.counting import launch_counts
         from wavefront.profiling import derive, profile_points
-        from wavefront.worker import point_config
         pending = list(points)
         while pending:
             results, error = profile_points(pending, timeout_s=spec.timeout_s,
                                             workdir=self.workdir)
             for point, row in results:
-                launch = point_config(point).launch(point["sms"], point["l2_bytes"])
+                launch = Config.from_record(point).launch(point["sms"], point["l2_bytes"])
                 counts = launch_counts(launch.problem, launch.n_chunks)
                 row.pop("kernel_name", None)
                 row.update(derive(row, counts.read_sectors, counts.compulsory_read_bytes))

@@ -13,24 +13,14 @@ import traceback
 import click
 
 
-def point_config(point: dict):
-    from wavefront.bench import Config
-    return Config(batch=point["batch"], heads=point["heads"], kv_heads=point["kv_heads"],
-                  seqlen=point["seqlen"], head_dim=point["head_dim"], dtype=point["dtype"],
-                  causal=point["causal"],
-                  schedule=f"{point['cta_schedule']}+{point['kv_schedule']}",
-                  tiles=f"{point['tile_m']}x{point['tile_n']}", occupancy=point["occupancy"],
-                  ctas=point.get("ctas"))
-
-
 def _emit(msg: dict) -> None:
     sys.stdout.write(json.dumps(msg) + "\n")
     sys.stdout.flush()
 
 
 def _time_point(point: dict, peers: bool, reps: int) -> dict:
-    from wavefront.bench import measure, measure_peers
-    cfg = point_config(point)
+    from wavefront.bench import Config, measure, measure_peers
+    cfg = Config.from_record(point)
     m = measure(cfg, reps=reps)
     result = {"rel_error": m.rel_error, "median_ms": m.timing["median_ms"],
               "p10_ms": m.timing["p10_ms"], "p90_ms": m.timing["p90_ms"],
@@ -47,14 +37,14 @@ def _launch_for_counters(point: dict) -> int:
     import cupy
 
     from wavefront.api import attention
-    from wavefront.bench import random_inputs
-    cfg = point_config(point)
+    from wavefront.bench import Config, random_inputs
+    from wavefront.schedules import KV_TILED
+    cfg = Config.from_record(point)
     q, k, v = random_inputs(cfg, seed=7)
     out = cupy.empty_like(q)
 
     def launch():
-        attention(q, k, v, causal=cfg.causal, schedule=cfg.schedule, tiles=cfg.tiles,
-                  occupancy=cfg.occupancy, out=out, ctas=cfg.ctas)
+        attention(q, k, v, out=out, **cfg.attention_kwargs())
 
     launch()  # compiles; not profiled
     cupy.cuda.Device().synchronize()
@@ -62,7 +52,8 @@ def _launch_for_counters(point: dict) -> int:
     launch()
     cupy.cuda.Device().synchronize()
     cupy.cuda.runtime.profilerStop()
-    return 2 if cfg.schedule.endswith("+tiled") else 1  # kernels per launch
+    tiled = cfg.launch(point["sms"], point["l2_bytes"]).kv.code == KV_TILED
+    return 2 if tiled else 1  # kernels per launch: the tiled schedule adds the combine
 
 
 @click.command()
