@@ -1,11 +1,19 @@
-"""Measured SM-side L2 read sectors against the closed-form count, causal and not.
+"""SM-side L2 read sectors against the closed-form count, causal and not.
 
-    python experiments/closed_form.py run    # on a GPU: measure into data/schedules_vs_seqlen/
-    python experiments/closed_form.py plot   # anywhere: paper/figures/closed_form.png and .pdf
+    python experiments/closed_form.py run            # on a GPU: measure what the figure needs
+    python experiments/closed_form.py plot --out DIR # anywhere: the paper's figure, from data/
 """
-from wavefront.experiment import experiment
+from wavefront.cli import experiment_cli
+from wavefront.report import figures
 
-cli = experiment("closed_form", spec="schedules_vs_seqlen", doc=__doc__)
+DATASETS = ("schedules_vs_seqlen",)
+
+
+def figure(study):
+    return figures.sectors_vs_closed_form(study.sweep_counters)
+
+
+cli = experiment_cli(__file__)
 
 if __name__ == "__main__":
     cli()

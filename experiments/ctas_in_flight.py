@@ -1,11 +1,35 @@
-"""Hit rate vs number of CTAs in flight, persistent grid from 8 to 264 CTAs.
+"""Hit rate vs CTAs in flight: a persistent grid from a few CTAs to every slot.
 
-    python experiments/ctas_in_flight.py run    # on a GPU: measure into data/ctas_in_flight/
-    python experiments/ctas_in_flight.py plot   # anywhere: paper/figures/ctas_in_flight.png and .pdf
+    python experiments/ctas_in_flight.py run            # on a GPU: measure what the figure needs
+    python experiments/ctas_in_flight.py plot --out DIR # anywhere: the paper's figure, from data/
 """
-from wavefront.experiment import experiment
+from wavefront.cli import experiment_cli
+from wavefront.report import figures
 
-cli = experiment("ctas_in_flight", spec="ctas_in_flight", doc=__doc__)
+SPEC = """
+name = "ctas_in_flight"
+measure = ["counters"]
+timeout_s = 180
+batch_points = 12
+
+[grid]
+batch = [1]
+heads = [1]
+seqlen = [131072]
+head_dim = [64]
+dtype = ["bfloat16"]
+causal = [false]
+tiles = ["128x64"]
+ctas = [8, 16, 33, 66, 132, 264]
+schedule = ["persistent+linear", "persistent+sawtooth"]
+"""
+
+
+def figure(study):
+    return figures.hit_rate_vs_ctas(study.counters("ctas_in_flight"))
+
+
+cli = experiment_cli(__file__)
 
 if __name__ == "__main__":
     cli()

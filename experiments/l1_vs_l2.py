@@ -1,11 +1,22 @@
 """Does anything hit in L1 on the TMA path? L1 vs L2 sectors at S=32k and 128k.
 
-    python experiments/l1_vs_l2.py run    # on a GPU: measure into data/schedules_vs_seqlen/
-    python experiments/l1_vs_l2.py plot   # anywhere: paper/figures/l1_vs_l2.png and .pdf
+    python experiments/l1_vs_l2.py run            # on a GPU: measure what the figure needs
+    python experiments/l1_vs_l2.py plot --out DIR # anywhere: the paper's figure, from data/
 """
-from wavefront.experiment import experiment
+from wavefront.cli import experiment_cli
+from wavefront.report import figures
 
-cli = experiment("l1_vs_l2", spec="schedules_vs_seqlen", doc=__doc__)
+DATASETS = ("schedules_vs_seqlen",)
+
+
+def figure(study):
+    c = study.sweep_counters
+    c = c[(c["seqlen"].isin([32768, 131072])) & (c["cta_schedule"] == "persistent")
+          & (c["kv_schedule"] == "linear")]
+    return figures.l1_vs_l2(c)
+
+
+cli = experiment_cli(__file__)
 
 if __name__ == "__main__":
     cli()

@@ -1,11 +1,35 @@
-"""L2 read misses vs S for grid/persistent x linear/sawtooth (issue 3's sweep).
+"""Misses vs S for grid/persistent x linear/sawtooth, causal and not, D=64/128.
 
-    python experiments/schedules_vs_seqlen.py run    # on a GPU: measure into data/schedules_vs_seqlen/
-    python experiments/schedules_vs_seqlen.py plot   # anywhere: paper/figures/schedules_vs_seqlen.png and .pdf
+    python experiments/schedules_vs_seqlen.py run            # on a GPU: measure what the figure needs
+    python experiments/schedules_vs_seqlen.py plot --out DIR # anywhere: the paper's figure, from data/
 """
-from wavefront.experiment import experiment
+from wavefront.cli import experiment_cli
+from wavefront.report import figures
 
-cli = experiment("schedules_vs_seqlen", spec="schedules_vs_seqlen", doc=__doc__)
+SPEC = """
+name = "schedules_vs_seqlen"
+measure = ["timing", "counters"]
+timeout_s = 120
+reps = 20
+batch_points = 16
+
+[grid]
+batch = [1]
+heads = [1]
+seqlen = [4096, 8192, 16384, 32768, 65536, 131072]
+head_dim = [64, 128]
+dtype = ["bfloat16"]
+causal = [false, true]
+tiles = ["128x64"]
+schedule = ["grid+linear", "grid+sawtooth", "persistent+linear", "persistent+sawtooth"]
+"""
+
+
+def figure(study):
+    return figures.misses_vs_seqlen(study.sweep_counters)
+
+
+cli = experiment_cli(__file__)
 
 if __name__ == "__main__":
     cli()

@@ -1,11 +1,21 @@
-"""Throughput vs DRAM traffic over every measured point, with the fitted model.
+"""The fitted throughput model over every timed point: where misses matter at all.
 
-    python experiments/throughput_vs_misses.py run    # on a GPU: measure into data/ablation/
-    python experiments/throughput_vs_misses.py plot   # anywhere: paper/figures/throughput_vs_misses.png and .pdf
+    python experiments/throughput_vs_misses.py run            # on a GPU: measure what the figure needs
+    python experiments/throughput_vs_misses.py plot --out DIR # anywhere: the paper's figure, from data/
 """
-from wavefront.experiment import experiment
+from wavefront.cli import experiment_cli
+from wavefront.report import figures
+from wavefront.report.analysis import TIMED_EXPERIMENTS
 
-cli = experiment("throughput_vs_misses", spec="ablation", doc=__doc__)
+DATASETS = TIMED_EXPERIMENTS
+
+
+def figure(study):
+    fits, joined = study.throughput
+    return figures.throughput_vs_misses(joined, fits)
+
+
+cli = experiment_cli(__file__)
 
 if __name__ == "__main__":
     cli()

@@ -1,11 +1,35 @@
-"""Tile size: 64x64 vs 128x64 vs 128x128 (split by the compiler?), misses and TFLOP/s.
+"""64x64 vs 128x64 vs 128x128 tiles at a long length: misses and throughput.
 
-    python experiments/tile_size.py run    # on a GPU: measure into data/tile_size/
-    python experiments/tile_size.py plot   # anywhere: paper/figures/tile_size.png and .pdf
+    python experiments/tile_size.py run            # on a GPU: measure what the figure needs
+    python experiments/tile_size.py plot --out DIR # anywhere: the paper's figure, from data/
 """
-from wavefront.experiment import experiment
+from wavefront.cli import experiment_cli
+from wavefront.report import figures
+from wavefront.results.store import with_timing
 
-cli = experiment("tile_size", spec="tile_size", doc=__doc__)
+SPEC = """
+name = "tile_size"
+measure = ["timing", "counters"]
+timeout_s = 180
+reps = 10
+batch_points = 12
+
+[grid]
+batch = [1]
+heads = [1]
+seqlen = [131072]
+head_dim = [64, 128]
+causal = [false]
+tiles = ["64x64", "128x64", "128x128"]
+schedule = ["persistent+linear", "persistent+sawtooth"]
+"""
+
+
+def figure(study):
+    return figures.tile_size(with_timing(study.load("tile_size")))
+
+
+cli = experiment_cli(__file__)
 
 if __name__ == "__main__":
     cli()

@@ -2,7 +2,7 @@
 # One device call that fits the lease: set up the host, then do the listed steps in order
 # within DEADLINE seconds and pack what was measured into $OUT/data.tar.
 #   bash scripts/gpu_session.sh DEADLINE [--tests] [--bench] [EXPERIMENT ...]
-# EXPERIMENT names a spec in experiments/specs/; its sweep resumes from data/<EXPERIMENT>/ (the
+# EXPERIMENT names an experiment file that owns a sweep; it resumes from data/<EXPERIMENT>/ (the
 # committed results travel with the checkout), so a sweep cut by the deadline goes on next call.
 set -uo pipefail
 source scripts/setup_gpu_host.sh
@@ -21,12 +21,12 @@ for step in "$@"; do
             2>&1 | tee "$OUT/gpu_tests.txt" | tail -3 ;;
     --bench)
         timeout "$(left)" python3 -m wavefront.cli bench --batch 1 --heads 32 --seqlen 8192 \
-            --head-dim 128,64 --out "$work/bench.jsonl" 2>/dev/null | tee "$OUT/bench.txt" ;;
+            --head-dim 128,64 --out "$work/bench" 2>/dev/null | tee "$OUT/bench.txt" ;;
     *)
         mkdir -p "$work/$step"
         cp "data/$step/results.csv" "data/$step/manifest.json" "$work/$step/" 2>/dev/null
         timeout "$(( $(left) - 15 ))" python3 -m wavefront.cli sweep \
-            "experiments/specs/$step.toml" --out "$work/$step" 2>&1 | tail -1 ;;
+            "experiments/$step.py" --out "$work/$step" 2>&1 | tail -1 ;;
     esac
     echo "[$step done at $((SECONDS - start)) s]"
 done

@@ -9,13 +9,12 @@ WF="$VENV/bin/wavefront"
 if "$VENV/bin/python" -c "from wavefront.device import has_gpu; raise SystemExit(not has_gpu())"; then
     "$WF" info
     "$WF" bench --batch 1 --heads 32 --seqlen 8192 --head-dim 128,64
-    for spec in experiments/specs/*.toml; do
-        name="$(basename "$spec" .toml)"
-        "$WF" sweep "$spec" --out "data/$name"
+    for experiment in experiments/*.py; do
+        "$VENV/bin/python" "$experiment" run || echo "$experiment: some points failed"
     done
 else
     "$WF" info
-    "$WF" simulate --gpu h100 --seqlen 131072 --head-dim 64 --tile 64x64 --cta persistent \
-        --kv linear,sawtooth
+    "$WF" simulate --gpu h100 --seqlen 131072 --head-dim 64 --tile 64x64 \
+        --schedule persistent+linear,persistent+sawtooth
     "$WF" paper
 fi

@@ -1,18 +1,26 @@
+"""GPU tests skip cleanly where there is no GPU, and fail loudly where a GPU is present but the
+CUDA stack is broken (a driver/runtime mismatch must not read as 'skipped')."""
 import pytest
 
 
-def _gpu_available() -> bool:
-    try:
-        from wavefront.device import current_device
-        return current_device() is not None
-    except Exception:
-        return False
-
-
 def pytest_collection_modifyitems(config, items):
-    if _gpu_available():
+    from wavefront.device import BrokenGpuStack, gpu_status
+    try:
+        device, why = gpu_status()
+    except BrokenGpuStack as exc:
+        for item in items:
+            if "gpu" in item.keywords:
+                item.add_marker(pytest.mark.usefixtures("_broken_gpu_stack"))
+        config._wavefront_broken = str(exc)
         return
-    skip = pytest.mark.skip(reason="no CUDA GPU visible")
+    if device is not None:
+        return
+    skip = pytest.mark.skip(reason=why or "no CUDA GPU visible")
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.fixture
+def _broken_gpu_stack(request):
+    pytest.fail(f"GPU present but unusable: {request.config._wavefront_broken}")

@@ -1,5 +1,6 @@
-"""The CLI through click's test runner (CPU only)."""
+"""The CLI through click's test runner (CPU only): one grammar, --json everywhere."""
 import json
+from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
@@ -7,6 +8,7 @@ from click.testing import CliRunner
 from wavefront.cli import main
 from wavefront.device import has_gpu
 
+ROOT = Path(__file__).parent.parent
 no_gpu = pytest.mark.skipif(has_gpu(), reason="checks the CPU-only messages")
 
 
@@ -15,29 +17,35 @@ def test_info_on_cpu_only_machine():
     result = CliRunner().invoke(main, ["info"])
     assert result.exit_code == 0
     assert "GPU: none visible" in result.output
-    assert "cuda_tile: 1.7" in result.output
     data = json.loads(CliRunner().invoke(main, ["info", "--json"]).output)
-    assert data["gpu"] is None and data["cuda_tile"].startswith("1.7")
+    assert data["gpu"] is None
 
 
 @pytest.mark.compile
-def test_compile_one_variant():
-    result = CliRunner().invoke(main, ["compile", "--arch", "sm_90", "--filter",
-                                       "d64_128x64_causal_persistent+sawtooth", "-j", "1"])
+def test_compile_one_variant_keeps_its_cubin(tmp_path):
+    pytest.importorskip("cuda.tile")
+    result = CliRunner().invoke(main, ["compile", "--filter",
+                                       "d64_128x64_causal_persistent+sawtooth", "-j", "1",
+                                       "--out", str(tmp_path), "--json"])
     assert result.exit_code == 0, result.output
-    line = [ln for ln in result.output.splitlines() if "persistent+sawtooth" in ln][0]
-    assert "regs" in line and "FAILED" not in line
-    assert "1 compiled, 0 failed" in result.output
+    data = json.loads(result.output[result.output.index("{"):])
+    (row,) = data["variants"]
+    assert row["registers"] and row["error"] is None
+    assert Path(row["cubin"]).exists() and Path(row["cubin"]).read_bytes()[:4] == b"\x7fELF"
 
 
-def test_compile_filter_matching_nothing():
+def test_compile_list_and_filter():
+    pytest.importorskip("cuda.tile")
+    result = CliRunner().invoke(main, ["compile", "--list", "--filter", "grouped+sawtooth"])
+    assert result.exit_code == 0
+    assert all("grouped+sawtooth" in line for line in result.output.splitlines())
     result = CliRunner().invoke(main, ["compile", "--filter", "no-such-variant"])
-    assert result.exit_code == 2
-    assert "--filter" in result.output
+    assert result.exit_code == 2 and "--filter" in result.output
 
 
 @no_gpu
-@pytest.mark.parametrize("cmd", [["run"], ["bench", "--no-peers"], ["profile"]])
+@pytest.mark.parametrize("cmd", [["run"], ["bench", "--no-peers"], ["profile"],
+                                 ["sweep", str(ROOT / "experiments" / "knee.py"), "--out", "x"]])
 def test_measuring_commands_explain_missing_gpu(cmd):
     result = CliRunner().invoke(main, cmd)
     assert result.exit_code == 1
@@ -45,12 +53,62 @@ def test_measuring_commands_explain_missing_gpu(cmd):
 
 
 @pytest.mark.parametrize("args,hint", [
-    (["bench", "--schedule", "persistent+diagonal"], "--schedule"),
-    (["bench", "--seqlen", "0"], "--seqlen"),
+    (["bench", "--schedule", "persistent+diagonal"], "not a schedule"),
+    (["bench", "--seqlen", "0"], "positive integers"),
     (["run", "--tile", "32x32"], "tiles"),
-    (["run", "--head-dim", "96"], "--head-dim"),
+    (["run", "--head-dim", "96"], "head dims"),
+    (["simulate", "--schedule", "grouped+tiled"], "not a schedule"),
+    (["simulate", "--heads", "3", "--kv-heads", "2"], "multiple of kv_heads"),
 ])
 def test_bad_arguments_are_named(args, hint):
     result = CliRunner().invoke(main, args)
     assert result.exit_code == 2
     assert hint in result.output
+
+
+def test_simulate_json_carries_its_inputs():
+    result = CliRunner().invoke(main, [
+        "simulate", "--schedule", "persistent+sawtooth", "--seqlen", "4096", "--head-dim",
+        "64", "--batch", "2", "--heads", "4", "--causal", "--json"])
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.stdout)
+    (row,) = data["results"]
+    assert row["inputs"] == {"batch": 2, "heads": 4, "kv_heads": None, "seqlen": 4096,
+                             "head_dim": 64, "dtype": "bfloat16", "causal": True,
+                             "schedule": "persistent+sawtooth", "tiles": None,
+                             "occupancy": None, "ctas": None, "chunk_tiles": None}
+    assert data["sms"] == 132 and row["schedule"] == "persistent+sawtooth"
+    assert "simulating persistent+sawtooth" in result.stderr  # progress on stderr
+
+
+def test_sweep_dry_run_needs_no_gpu():
+    result = CliRunner().invoke(main, ["sweep", str(ROOT / "experiments" / "knee.py"),
+                                       "--dry-run", "--gpu", "h200"])
+    assert result.exit_code == 0, result.output
+    assert "knee: 72 tasks on the H200 preset" in result.output
+    assert "S262144 D128" in result.output
+
+
+def test_fit_writes_only_where_told(tmp_path):
+    # The knee data up to S=48k (a few seconds of simulation), with its manifest.
+    src = ROOT / "data" / "knee"
+    (tmp_path / "knee").mkdir()
+    lines = (src / "results.csv").read_text().splitlines()
+    keep = [lines[0]] + [ln for ln in lines[1:] if any(f"seqlen={s}," in ln
+                                                       for s in (16384, 24576, 32768, 49152))]
+    data = tmp_path / "knee" / "results.csv"
+    data.write_text("\n".join(keep) + "\n")
+    (tmp_path / "knee" / "manifest.json").write_text((src / "manifest.json").read_text())
+    result = CliRunner().invoke(main, ["fit", str(data), "--json"])
+    assert result.exit_code == 0, result.output
+    assert not (tmp_path / "knee" / "fits.json").exists()
+    assert set(json.loads(result.output)["gpus"]) == {"NVIDIA H100 80GB HBM3", "NVIDIA H200"}
+    result = CliRunner().invoke(main, ["fit", str(data), "--out", str(tmp_path / "fits")])
+    assert result.exit_code == 0 and (tmp_path / "fits" / "fits.json").exists()
+    assert "NVIDIA H100 80GB HBM3" in result.output  # full GPU names fit the table
+
+
+def test_every_results_command_has_json():
+    for name, cmd in main.commands.items():
+        if name in ("info", "compile", "run", "bench", "profile", "sweep", "simulate", "fit"):
+            assert any(p.name == "as_json" for p in cmd.params), name

@@ -1,6 +1,7 @@
 import pytest
 
-from wavefront.counting import SECTOR_BYTES, launch_counts, paper_sector_count
+from wavefront.model.counting import launch_counts, paper_sector_count
+from wavefront.point import SECTOR_BYTES
 from wavefront.schedules import AttentionProblem, Launch, cta_schedule, kv_schedule
 
 
@@ -26,7 +27,7 @@ def test_counts_match_the_tiles_a_launch_visits(causal, seqlen, tiles):
             kv_sectors += 2 * rows * row_bytes // SECTOR_BYTES
     c = launch_counts(p)
     assert c.kv_read_sectors == kv_sectors
-    assert c.q_read_sectors == c.o_write_sectors == p.batch * p.heads * seqlen * row_bytes // 32
+    assert c.q_read_sectors == c.o_write_sectors == p.batch * p.heads * seqlen * row_bytes // SECTOR_BYTES
 
 
 def test_causal_useful_flops_are_about_half():

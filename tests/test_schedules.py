@@ -14,6 +14,7 @@ from wavefront.schedules import (
     decode_work_item,
     kv_schedule,
     kv_tile_span,
+    schedule_names,
 )
 
 
@@ -28,20 +29,19 @@ def random_problem(rng, causal=None):
 
 def random_launch(rng, cta_name, kv_name="linear"):
     cta = cta_schedule(cta_name)
-    if cta_name == "grouped":
+    if isinstance(cta, GroupedSchedule):
         cta = GroupedSchedule(l2_fraction=rng.choice([0.001, 0.05, 0.5, 2.0]))
     return Launch(random_problem(rng), cta, kv_schedule(kv_name), sms=rng.randint(1, 9),
                   ctas_per_sm=rng.randint(1, 3), l2_bytes=rng.choice([1 << 16, 1 << 22, 50 << 20]),
                   ctas=rng.choice([None, rng.randint(1, 40)]))
 
 
-SCHEDULE_PAIRS = [(c, k) for c in CTA_SCHEDULES for k in KV_SCHEDULES
-                  if (c, k) != ("grouped", "tiled")]
+SCHEDULE_PAIRS = [tuple(name.split("+")) for name in schedule_names()]
 
 
 @pytest.mark.parametrize("cta_name,kv_name", SCHEDULE_PAIRS)
 def test_every_work_item_exactly_once(cta_name, kv_name):
-    rng = random.Random(hash((cta_name, kv_name)) & 0xFFFF)
+    rng = random.Random(SCHEDULE_PAIRS.index((cta_name, kv_name)))
     for _ in range(60):
         launch = random_launch(rng, cta_name, kv_name)
         p = launch.problem

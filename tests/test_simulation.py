@@ -8,10 +8,9 @@ from collections import OrderedDict
 import numpy as np
 import pytest
 
-from wavefront.api import plan
-from wavefront.gpus import PRESETS, gpu_preset
-from wavefront.models import analytic_misses, error_table, knee, predict
-from wavefront.simulation import (
+from wavefront.model.fits import analytic_misses, error_table, knee, predict
+from wavefront.model.presets import PRESETS, gpu_preset
+from wavefront.model.simulation import (
     COLD,
     KIND_O,
     Trace,
@@ -20,8 +19,10 @@ from wavefront.simulation import (
     miss_ratio_curve,
     reuse_distances,
     sampled_reuse_distances,
+    check_simulable,
     simulate_l2,
 )
+from wavefront.point import plan
 
 
 def make_trace(addresses, sizes=None, kinds=None, slots=None):
@@ -145,12 +146,18 @@ def test_trace_accesses_what_the_launch_visits(schedule, causal):
     expected = sum(2 * len(w.kv_tiles) + 2 for w in launch.all_work())
     assert len(trace) == expected
     assert (trace.kind == KIND_O).sum() == launch.problem.num_items
-    # Each slot's first K/V accesses follow its first item's direction.
-    for w in launch.all_work():
-        if w.local_iter == 0 and launch.cta.name != "grid":
-            kv = trace.address[(trace.slot == w.cta) & (trace.kind == 0)]
-            first_tiles = [int(a // 4) % launch.problem.kv_tiles for a in kv[:2]]
-            assert first_tiles[0] == w.kv_tiles[0]
+    # A persistent slot's K accesses are its items' K/V tiles, in each item's own order
+    # (sawtooth: backward on odd local iterations). K tile j of unit u is (u * kv_tiles + j) * 8.
+    if launch.cta.persistent:
+        p = launch.problem
+        for cta in range(launch.num_ctas):
+            k_addr = trace.address[(trace.slot == cta) & (trace.kind == 0)]
+            got = [int(a // 8) % p.kv_tiles for a in k_addr]
+            expected = [j for w in launch.work_of_cta(cta) for j in w.kv_tiles]
+            assert got == expected
+            units = [int(a // 8) // p.kv_tiles for a in k_addr]
+            assert units == [w.batch * p.kv_heads + w.head // p.qheads_per_kv
+                             for w in launch.work_of_cta(cta) for _ in w.kv_tiles]
 
 
 def test_sawtooth_beats_linear_past_the_knee_and_ties_before():
@@ -213,10 +220,23 @@ def test_simulate_command_is_fast_and_reports_both_schedules():
     """The issue's target: under 10 s on a 2-core CPU, numba compile included (first run)."""
     start = time.perf_counter()
     out = subprocess.run([sys.executable, "-m", "wavefront.cli", "simulate", "--gpu", "h100",
-                          "--seqlen", "131072", "--head-dim", "64", "--tile", "64x64", "--cta",
-                          "persistent", "--kv", "linear,sawtooth"], capture_output=True,
-                         text=True, timeout=120)
+                          "--seqlen", "131072", "--head-dim", "64", "--tile", "64x64",
+                          "--schedule", "persistent+linear,persistent+sawtooth"],
+                         capture_output=True, text=True, timeout=120)
     elapsed = time.perf_counter() - start
     assert out.returncode == 0, out.stderr
     assert "persistent+linear" in out.stdout and "persistent+sawtooth" in out.stdout
     print(f"simulate took {elapsed:.1f} s")
+
+
+def test_simulator_refuses_what_it_cannot_hold():
+    launch = plan((1, 1, 2**31, 64), (1, 1, 2**31, 64), sms=132, l2_bytes=50 << 20)
+    with pytest.raises(ValueError, match="tile accesses"):
+        check_simulable(launch)
+    check_simulable(plan((1, 1, 4096, 64), (1, 1, 4096, 64), sms=132, l2_bytes=50 << 20))
+
+
+def test_two_partitions_need_the_sm_count():
+    trace = make_trace([1, 2, 3])
+    with pytest.raises(ValueError, match="sms"):
+        simulate_l2(trace, 1 << 20, partitions=2)

@@ -2,7 +2,10 @@
 import numpy as np
 import pytest
 
-from wavefront.api import _ArrayView, attention, parse_schedule, parse_tiles, plan, validate_views
+from wavefront.api import attention, parse_schedule, parse_tiles, plan
+
+kernel = pytest.importorskip("wavefront.kernel.launcher", reason="needs cuda-tile (gpu extra)")
+_ArrayView, validate_views = kernel._ArrayView, kernel.validate_views
 
 
 def view(shape=(1, 4, 128, 64), dtype="bfloat16", device=0, strides=None, library="cupy"):
@@ -59,8 +62,9 @@ def test_schedule_and_tiles_parse():
 
 
 def test_plan_validates_occupancy_and_defaults():
-    launch = plan((1, 32, 8192, 128), (1, 32, 8192, 128), schedule="persistent+sawtooth")
+    launch = plan((1, 32, 8192, 128), (1, 32, 8192, 128), schedule="persistent+sawtooth",
+                  sms=132, l2_bytes=50 << 20)
     assert (launch.problem.tile_m, launch.problem.tile_n, launch.ctas_per_sm) == (128, 64, 2)
     assert launch.num_ctas == 264
     with pytest.raises(ValueError, match="occupancy"):
-        plan((1, 1, 64, 64), (1, 1, 64, 64), occupancy=0)
+        plan((1, 1, 64, 64), (1, 1, 64, 64), occupancy=0, sms=132, l2_bytes=50 << 20)

@@ -1,8 +1,21 @@
 """wavefront: how the order in which CTAs take work, and in which each CTA scans K/V, changes
-L2 reuse, DRAM traffic and throughput of FlashAttention on NVIDIA GPUs."""
-from wavefront.api import attention, plan, reference_attention
+L2 reuse, DRAM traffic and throughput of FlashAttention on NVIDIA GPUs.
+
+Importing the package loads no GPU library: `attention` and `reference_attention` load cuTile
+and CuPy on first use, so the model and the report run on any machine.
+"""
+from wavefront.point import Point, plan
 from wavefront.schedules import CTA_SCHEDULES, KV_SCHEDULES, AttentionProblem, Launch
 
-__all__ = ["attention", "plan", "reference_attention", "AttentionProblem", "Launch",
+__all__ = ["attention", "plan", "reference_attention", "Point", "AttentionProblem", "Launch",
            "CTA_SCHEDULES", "KV_SCHEDULES"]
-__version__ = "0.1.0"
+__version__ = "0.2.0"
+
+_LAZY = {"attention": "wavefront.api", "reference_attention": "wavefront.measure.reference"}
+
+
+def __getattr__(name):
+    if name in _LAZY:
+        import importlib
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'wavefront' has no attribute {name!r}")

@@ -1,32 +1,167 @@
-"""`wavefront` command line."""
+"""`wavefront` command line.
+
+One grammar for every command: `--schedule cta+kv[,cta+kv...]`, `--causal/--no-causal`,
+`--out DIR` (always a directory), `--json` on every command that prints results (the JSON
+carries the inputs too). GPU libraries are imported only by the commands that need them.
+"""
 from __future__ import annotations
 
 import json
 import os
 import sys
+import tempfile
 import time
+from pathlib import Path
 
 import click
 
-from wavefront.schedules import CTA_SCHEDULES, KV_SCHEDULES
+from wavefront.point import DTYPES, HEAD_DIMS, TILE_SHAPES, Point
+from wavefront.schedules import schedule_names
+
+TILE_HELP = "MxN, one of " + ", ".join(f"{m}x{n}" for m, n in TILE_SHAPES) + "."
 
 
-def _schedules_option(default):
-    return click.option("--schedule", "schedules", default=default, show_default=True,
-                        help="Comma-separated '<cta>+<kv>' with cta in "
-                             f"{{{','.join(CTA_SCHEDULES)}}} and kv in {{{','.join(KV_SCHEDULES)}}}.")
+# --------------------------------------------------------------------------------------------
+# Shared pieces
+# --------------------------------------------------------------------------------------------
+
+def print_table(rows: list[dict], columns: list[tuple[str, str, str]], *, title: str = "",
+                echo=click.echo) -> None:
+    """One table printer: `columns` are (key, header, format spec); widths fit the content."""
+    cells = [[_fmt(r.get(key), spec) for key, _, spec in columns] for r in rows]
+    widths = [max([len(h)] + [len(c[i]) for c in cells]) for i, (_, h, _) in enumerate(columns)]
+    if title:
+        echo(title)
+    echo("  ".join(h.rjust(w) if i else h.ljust(w)
+                   for i, ((_, h, _), w) in enumerate(zip(columns, widths))))
+    for row in cells:
+        echo("  ".join(c.rjust(w) if i else c.ljust(w)
+                       for i, (c, w) in enumerate(zip(row, widths))))
+
+
+def _fmt(value, spec: str) -> str:
+    if value is None or (isinstance(value, float) and value != value):
+        return "-"
+    try:
+        return format(value, spec)
+    except (TypeError, ValueError):
+        return str(value)
+
+
+def _echo_json(data) -> None:
+    click.echo(json.dumps(data, indent=2, default=str))
+
+
+def _list(kind, value, name):
+    try:
+        out = [kind(x.strip()) for x in str(value).split(",") if x.strip()]
+    except ValueError:
+        raise click.BadParameter(f"expected a comma-separated list, got {value!r}",
+                                 param_hint=name) from None
+    if not out:
+        raise click.BadParameter(f"expected at least one value, got {value!r}", param_hint=name)
+    return out
 
 
 def _int_list(ctx, param, value):
     if value is None:
         return None
-    try:
-        out = [int(x) for x in str(value).split(",") if x.strip()]
-    except ValueError:
-        raise click.BadParameter(f"expected comma-separated integers, got {value!r}") from None
-    if not out or any(x <= 0 for x in out):
+    out = _list(int, value, f"--{param.name.replace('_', '-')}")
+    if any(x <= 0 for x in out):
         raise click.BadParameter(f"expected positive integers, got {value!r}")
     return out
+
+
+def _head_dims(ctx, param, value):
+    out = _int_list(ctx, param, value)
+    bad = [d for d in out if d not in HEAD_DIMS]
+    if bad:
+        raise click.BadParameter(f"head dims must be among {HEAD_DIMS}, got {bad}")
+    return out
+
+
+def _schedules(ctx, param, value):
+    out = [s if "+" in s else s + "+linear" for s in _list(str, value, "--schedule")]
+    bad = [s for s in out if s not in schedule_names()]
+    if bad:
+        raise click.BadParameter(f"{bad[0]!r} is not a schedule; choose among "
+                                 f"{', '.join(schedule_names())}")
+    return out
+
+
+def point_options(*, default_schedule: str, default_seqlen: str, default_head_dim: str,
+                  causal_default, default_heads: int = 32):
+    """The options that describe points, the same for every command. Lists are comma-separated.
+    `--causal/--no-causal` left unset means `causal_default` (None: both)."""
+    opts = [
+        click.option("--batch", type=click.IntRange(min=1), default=1, show_default=True),
+        click.option("--heads", type=click.IntRange(min=1), default=default_heads,
+                     show_default=True),
+        click.option("--kv-heads", type=click.IntRange(min=1), default=None,
+                     help="K/V heads (GQA); default: --heads."),
+        click.option("--seqlen", "seqlens", default=default_seqlen, show_default=True,
+                     callback=_int_list, help="Sequence lengths, comma-separated."),
+        click.option("--head-dim", "head_dims", default=default_head_dim, show_default=True,
+                     callback=_head_dims, help=f"Head dims among {HEAD_DIMS}, comma-separated."),
+        click.option("--dtype", type=click.Choice(DTYPES), default="bfloat16",
+                     show_default=True),
+        click.option("--causal/--no-causal", default=causal_default,
+                     help="Causal mask (top-left). Unset: "
+                          + ("both" if causal_default is None else
+                             "causal" if causal_default else "non-causal") + "."),
+        click.option("--schedule", "schedules", default=default_schedule, show_default=True,
+                     callback=_schedules,
+                     help="'cta+kv' schedules, comma-separated; any of "
+                          + ", ".join(schedule_names()) + "."),
+        click.option("--tile", "tiles", default=None, help=TILE_HELP),
+        click.option("--occupancy", type=click.IntRange(1, 32), default=None,
+                     help="CTAs per SM (default per tile shape)."),
+        click.option("--ctas", type=click.IntRange(min=1), default=None,
+                     help="Persistent grid size / CTAs in flight (default: SMs x occupancy)."),
+    ]
+
+    def wrap(f):
+        for opt in reversed(opts):
+            f = opt(f)
+        return f
+    return wrap
+
+
+def points_from(batch, heads, kv_heads, seqlens, head_dims, dtype, causal, schedules, tiles,
+                occupancy, ctas) -> list[Point]:
+    """Every combination as a checked Point; a bad combination is a usage error."""
+    causals = (False, True) if causal is None else (causal,)
+    points = []
+    try:
+        for s in seqlens:
+            for d in head_dims:
+                for c in causals:
+                    for sched in schedules:
+                        points.append(Point(batch, heads, kv_heads, s, d, dtype, c, sched,
+                                            tiles, occupancy, ctas))
+    except ValueError as exc:
+        raise click.UsageError(str(exc)) from None
+    return points
+
+
+def _require_gpu():
+    from wavefront.device import current_device, require_gpu_stack
+    try:
+        require_gpu_stack("this command")
+    except RuntimeError as exc:
+        raise click.ClickException(str(exc)) from None
+    dev = current_device()
+    if dev is None:
+        raise click.ClickException("no CUDA GPU is visible: this command measures on a GPU "
+                                   "(`wavefront compile`, `simulate`, `fit` and `paper` do not "
+                                   "need one)")
+    return dev
+
+
+def environment() -> dict:
+    from wavefront.device import current_device, software_versions
+    dev = current_device()
+    return {"gpu": dev.as_dict() if dev else None, **software_versions()}
 
 
 @click.group()
@@ -34,6 +169,10 @@ def _int_list(ctx, param, value):
 def main():
     """wavefront: cache behaviour of attention kernels on NVIDIA GPUs."""
 
+
+# --------------------------------------------------------------------------------------------
+# info, compile
+# --------------------------------------------------------------------------------------------
 
 @main.command()
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
@@ -44,7 +183,7 @@ def info(as_json):
     data = {"gpu": dev.as_dict() if dev else None, **software_versions(),
             "ncu_path": find_ncu()}
     if as_json:
-        click.echo(json.dumps(data, indent=2))
+        _echo_json(data)
         return
     if dev is None:
         click.echo("GPU: none visible (CPU-only machine): kernels can still be compiled ahead "
@@ -60,281 +199,375 @@ def info(as_json):
 
 
 def _compile_one(args):
-    variant, arch = args
-    from wavefront.cubin import kernel_resources
-    from wavefront.kernels import compile_variant
+    variant, arch, out_dir = args
+    from wavefront.kernel.attention import compile_variant
+    from wavefront.kernel.cubin import kernel_resources
     start = time.perf_counter()
     try:
         cubin = compile_variant(variant, arch)
     except Exception as exc:
-        return variant, None, time.perf_counter() - start, f"{type(exc).__name__}: {exc}"
+        return variant, None, time.perf_counter() - start, f"{type(exc).__name__}: {exc}", None
+    saved = None
+    if out_dir:
+        saved = str(Path(out_dir) / f"{variant.label}.{arch}.cubin")
+        Path(saved).write_bytes(cubin)
+        _dump_sass(saved)
     res = kernel_resources(cubin)
-    return variant, res[0] if res else None, time.perf_counter() - start, None
+    return variant, res[0] if res else None, time.perf_counter() - start, None, saved
+
+
+def _dump_sass(cubin_path: str) -> None:
+    """SASS beside the cubin where a `cuobjdump` is found (CUDA toolkit or Triton's copy)."""
+    import shutil
+    import subprocess
+    tool = shutil.which("cuobjdump")
+    if tool is None:
+        try:
+            import triton
+            cand = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
+            tool = str(cand) if cand.exists() else None
+        except ImportError:
+            tool = None
+    if tool:
+        out = subprocess.run([tool, "-sass", cubin_path], capture_output=True, text=True,
+                             timeout=300)
+        if out.returncode == 0:
+            Path(cubin_path).with_suffix(".sass").write_text(out.stdout)
 
 
 @main.command("compile")
-@click.option("--arch", default="sm_90", show_default=True, help="Target GPU architecture.")
+@click.option("--arch", default="sm_90", show_default=True,
+              help="Target architecture (sm_90 Hopper, sm_100 Blackwell, ...).")
 @click.option("--all", "all_variants", is_flag=True,
               help="Every specialisation (both dtypes, all tiles, LSE on and off); default: bf16, "
                    "the default tiles, no LSE.")
-@click.option("--jobs", "-j", type=click.IntRange(1, 128), default=None,
-              help="Parallel compiler processes (default: CPU count).")
 @click.option("--filter", "name_filter", default=None,
               help="Only variants whose label contains this text.")
-def compile_cmd(arch, all_variants, jobs, name_filter):
-    """Compile kernel specialisations ahead of time (no GPU needed)."""
+@click.option("--list", "list_only", is_flag=True, help="List the variant labels and stop.")
+@click.option("--out", "out_dir", type=click.Path(file_okay=False), default=None,
+              help="Keep the cubins (and SASS, where cuobjdump is found) in this directory.")
+@click.option("--jobs", "-j", type=click.IntRange(1, 128), default=None,
+              help="Parallel compiler processes (default: CPU count).")
+@click.option("--json", "as_json", is_flag=True)
+def compile_cmd(arch, all_variants, name_filter, list_only, out_dir, jobs, as_json):
+    """Compile kernel specialisations ahead of time (no GPU needed).
+
+    A variant's label is <dtype>_d<D>_<M>x<N>_<full|causal>_<cta>+<kv>_occ<O>[_lse], e.g.
+    bf_d128_128x64_causal_persistent+sawtooth_occ2; the combine kernel's is
+    combine_<dtype>_d<D>_m<rows>[_lse].
+    """
     from concurrent.futures import ProcessPoolExecutor
 
-    from wavefront import kernels
+    from wavefront.device import require_gpu_stack
+    from wavefront.point import DEFAULT_TILES
+    try:
+        require_gpu_stack("wavefront compile")
+    except RuntimeError as exc:
+        raise click.ClickException(str(exc)) from None
+    from wavefront.kernel import attention as kernels
     if all_variants:
         variants = list(kernels.all_variants(write_lse=(False, True)))
         variants += list(kernels.all_combine_variants())
     else:
         variants = list(kernels.all_variants(dtypes=("bfloat16",),
-                                             tiles=sorted(set(kernels.DEFAULT_TILES.values()))))
+                                             tiles=sorted(set(DEFAULT_TILES.values()))))
         variants += list(kernels.all_combine_variants(dtypes=("bfloat16",), write_lse=(False,)))
     if name_filter:
         variants = [v for v in variants if name_filter in v.label]
         if not variants:
             raise click.BadParameter(f"no variant label contains {name_filter!r}",
                                      param_hint="--filter")
+    if list_only:
+        if as_json:
+            _echo_json({"arch": arch, "variants": [v.label for v in variants]})
+        else:
+            click.echo("\n".join(v.label for v in variants))
+        return
+    if out_dir:
+        Path(out_dir).mkdir(parents=True, exist_ok=True)
     jobs = min(jobs or os.cpu_count() or 1, len(variants))
-    failures = 0
+    failures, rows = 0, []
     start = time.perf_counter()
-    click.echo(f"compiling {len(variants)} variants for {arch} with {jobs} processes")
+    click.echo(f"compiling {len(variants)} variants for {arch} with {jobs} processes", err=True)
     with ProcessPoolExecutor(max_workers=jobs) as pool:
-        for variant, res, seconds, error in pool.map(_compile_one,
-                                                     [(v, arch) for v in variants]):
-            if error:
-                failures += 1
-                click.echo(f"{variant.label:<48} FAILED {seconds:6.1f} s  {error}")
-                continue
-            regs = res.registers if res and res.registers is not None else "?"
-            smem = f"{res.shared_bytes / 1024:.0f} KiB" if res else "?"
-            click.echo(f"{variant.label:<48} regs {regs:>4}  smem {smem:>8}  {seconds:6.1f} s")
-    click.echo(f"{len(variants) - failures} compiled, {failures} failed in "
-               f"{time.perf_counter() - start:.0f} s")
+        for variant, res, seconds, error, saved in pool.map(
+                _compile_one, [(v, arch, out_dir) for v in variants]):
+            row = {"variant": variant.label, "seconds": seconds, "error": error,
+                   "registers": res.registers if res else None,
+                   "shared_kib": res.shared_bytes / 1024 if res else None, "cubin": saved}
+            rows.append(row)
+            failures += error is not None
+            if not as_json:
+                if error:
+                    click.echo(f"{variant.label:<52} FAILED {seconds:6.1f} s  {error}")
+                else:
+                    click.echo(f"{variant.label:<52} regs {row['registers'] or '?':>4}  smem "
+                               f"{row['shared_kib']:6.0f} KiB  {seconds:6.1f} s")
+    summary = (f"{len(variants) - failures} compiled, {failures} failed in "
+               f"{time.perf_counter() - start:.0f} s" + (f" -> {out_dir}" if out_dir else ""))
+    if as_json:
+        _echo_json({"arch": arch, "variants": rows, "failed": failures})
+    else:
+        click.echo(summary)
     if failures:
         sys.exit(1)
 
 
-def _config_options(f):
-    opts = [
-        click.option("--batch", type=click.IntRange(min=1), default=1, show_default=True),
-        click.option("--heads", type=click.IntRange(min=1), default=32, show_default=True),
-        click.option("--kv-heads", type=click.IntRange(min=1), default=None,
-                     help="K/V heads (GQA); default: --heads."),
-        click.option("--dtype", type=click.Choice(["bfloat16", "float16"]), default="bfloat16",
-                     show_default=True),
-        click.option("--tile", "tiles", default=None, help="MxN (64x64, 128x64, 128x128)."),
-        click.option("--occupancy", type=click.IntRange(1, 32), default=None),
-        click.option("--ctas", type=click.IntRange(min=1), default=None,
-                     help="Persistent grid size (default: SMs x occupancy)."),
-        click.option("--warmup", type=click.IntRange(min=0), default=5, show_default=True),
-        click.option("--reps", type=click.IntRange(min=1), default=30, show_default=True),
-    ]
-    for opt in reversed(opts):
-        f = opt(f)
-    return f
-
-
-def _require_gpu():
-    from wavefront.device import current_device
-    dev = current_device()
-    if dev is None:
-        raise click.ClickException("no CUDA GPU is visible: `run` and `bench` measure on a GPU "
-                                   "(`wavefront compile` and `wavefront simulate` do not need one)")
-    return dev
-
+# --------------------------------------------------------------------------------------------
+# Measuring: run, bench, profile, sweep
+# --------------------------------------------------------------------------------------------
 
 @main.command()
-@_config_options
-@click.option("--seqlen", type=click.IntRange(min=1), default=8192, show_default=True)
-@click.option("--head-dim", type=click.Choice(["64", "128"]), default="128", show_default=True)
-@click.option("--causal/--no-causal", default=False, show_default=True)
-@click.option("--schedule", default="persistent+linear", show_default=True,
-              help="'<cta>+<kv>'.")
+@point_options(default_schedule="persistent+linear", default_seqlen="8192",
+               default_head_dim="128", causal_default=False)
+@click.option("--warmup", type=click.IntRange(min=0), default=5, show_default=True)
+@click.option("--reps", type=click.IntRange(min=1), default=30, show_default=True)
 @click.option("--json", "as_json", is_flag=True)
-def run(batch, heads, kv_heads, dtype, tiles, occupancy, ctas, warmup, reps, seqlen, head_dim,
-        causal, schedule, as_json):
-    """One configuration: check against the reference, time it, print TFLOP/s."""
-    from wavefront.api import parse_schedule, parse_tiles
-    from wavefront.bench import Config, measure
-    try:
-        parse_schedule(schedule)
-        if tiles:
-            parse_tiles(tiles)
-    except ValueError as exc:
-        raise click.BadParameter(str(exc)) from None
+def run(batch, heads, kv_heads, seqlens, head_dims, dtype, causal, schedules, tiles, occupancy,
+        ctas, warmup, reps, as_json):
+    """Points: check against the reference, time, print TFLOP/s. Fails on a wrong result."""
+    from dataclasses import asdict
+    points = points_from(batch, heads, kv_heads, seqlens, head_dims, dtype, causal, schedules,
+                         tiles, occupancy, ctas)
     dev = _require_gpu()
-    cfg = Config(batch, heads, kv_heads, seqlen, int(head_dim), dtype, causal, schedule, tiles,
-                 occupancy, ctas)
-    m = measure(cfg, warmup=warmup, reps=reps)
+    from wavefront.measure.bench import IncorrectResult, measure
+    rows, failed = [], 0
+    for point in points:
+        row = {"gpu": dev.name, "point": point.as_dict()}
+        try:
+            row["timing"] = asdict(measure(point, warmup=warmup, reps=reps))
+        except IncorrectResult as exc:
+            row["error"] = str(exc)
+            failed += 1
+        rows.append(row)
     if as_json:
-        click.echo(json.dumps({"gpu": dev.name, **m.as_dict()}, indent=2))
-        return
-    status = "ok" if m.rel_error < 1e-2 else "WRONG"
-    click.echo(f"{dev.name}: {schedule} B={batch} H={heads} S={seqlen} D={head_dim} {dtype} "
-               f"{'causal' if causal else 'non-causal'} ctas={m.num_ctas}")
-    click.echo(f"rel. error {m.rel_error:.2e} ({status}); median {m.timing['median_ms']:.3f} ms "
-               f"(p10 {m.timing['p10_ms']:.3f}, p90 {m.timing['p90_ms']:.3f}); "
-               f"{m.tflops:.1f} TFLOP/s")
-    if m.rel_error >= 1e-2:
+        _echo_json(rows)
+    else:
+        print_table([{"schedule": r["point"]["schedule"], "S": r["point"]["seqlen"],
+                      "D": r["point"]["head_dim"], "causal": r["point"]["causal"],
+                      **r.get("timing", {}), "status": r.get("error", "ok")} for r in rows],
+                    [("schedule", "schedule", ""), ("S", "S", "d"), ("D", "D", "d"),
+                     ("causal", "causal", ""), ("tflops", "TFLOP/s", ".1f"),
+                     ("median_ms", "median ms", ".3f"), ("p10_ms", "p10", ".3f"),
+                     ("p90_ms", "p90", ".3f"), ("rel_error", "rel. error", ".1e"),
+                     ("status", "status", "")],
+                    title=f"{dev.name}: B={batch} H={heads} {dtype}")
+    if failed:
         sys.exit(1)
 
 
 @main.command()
-@_config_options
-@click.option("--seqlen", "seqlens", default="8192", show_default=True, callback=_int_list,
-              help="Comma-separated sequence lengths.")
-@click.option("--head-dim", "head_dims", default="64,128", show_default=True, callback=_int_list)
-@click.option("--causal", "causal_modes", type=click.Choice(["both", "yes", "no"]),
-              default="both", show_default=True)
-@_schedules_option("grid+linear,persistent+linear,persistent+sawtooth,grouped+linear,"
-                   "grouped+sawtooth")
+@point_options(default_schedule="grid+linear,persistent+linear,persistent+sawtooth,"
+                                "grouped+linear,grouped+sawtooth",
+               default_seqlen="8192", default_head_dim="64,128", causal_default=None)
+@click.option("--warmup", type=click.IntRange(min=0), default=5, show_default=True)
+@click.option("--reps", type=click.IntRange(min=1), default=30, show_default=True)
 @click.option("--peers/--no-peers", default=True, show_default=True,
               help="Time torch SDPA flash (FA2) and cuDNN in the same process.")
-@click.option("--out", "out_path", type=click.Path(dir_okay=False), default=None,
-              help="Also write every measurement as JSON lines here.")
-def bench(batch, heads, kv_heads, dtype, tiles, occupancy, ctas, warmup, reps, seqlens,
-          head_dims, causal_modes, schedules, peers, out_path):
-    """A table of schedules x shapes, as TFLOP/s and ratios to FA2 and cuDNN."""
-    from wavefront.api import parse_schedule
-    from wavefront.bench import Config, measure, measure_peers
-    schedule_list = [s.strip() for s in schedules.split(",") if s.strip()]
-    try:
-        for s in schedule_list:
-            parse_schedule(s)
-    except ValueError as exc:
-        raise click.BadParameter(str(exc), param_hint="--schedule") from None
+@click.option("--out", "out_dir", type=click.Path(file_okay=False), default=None,
+              help="Also write every measurement to <out>/bench.jsonl.")
+@click.option("--json", "as_json", is_flag=True)
+def bench(batch, heads, kv_heads, seqlens, head_dims, dtype, causal, schedules, tiles,
+          occupancy, ctas, warmup, reps, peers, out_dir, as_json):
+    """Schedules x shapes as TFLOP/s and ratios to FA2 and cuDNN measured in the same run.
+    Exits non-zero if any point failed."""
+    points = points_from(batch, heads, kv_heads, seqlens, head_dims, dtype, causal, schedules,
+                         tiles, occupancy, ctas)
     dev = _require_gpu()
-    causals = {"both": (False, True), "yes": (True,), "no": (False,)}[causal_modes]
-    shapes = [(s, d, c) for s in seqlens for d in head_dims for c in causals]
-    rows = []
-    sink = open(out_path, "a") if out_path else None
-    total = len(shapes) * len(schedule_list)
-    with click.progressbar(length=total, label="measuring", file=sys.stderr) as bar:
-        for seqlen, head_dim, causal in shapes:
-            base = Config(batch, heads, kv_heads, seqlen, head_dim, dtype, causal,
-                          "persistent+linear", tiles, occupancy, ctas)
-            peer = measure_peers(base, warmup=warmup, reps=reps) if peers else {}
-            for sched in schedule_list:
-                cfg = Config(batch, heads, kv_heads, seqlen, head_dim, dtype, causal, sched,
-                             tiles, occupancy, ctas)
-                try:
-                    m = measure(cfg, warmup=warmup, reps=reps)
-                    m.peers = peer
-                    row = m.as_dict()
-                except Exception as exc:  # one failing point must not lose the table
-                    row = {"config": cfg.__dict__, "error": f"{type(exc).__name__}: {exc}"}
-                row["gpu"] = dev.name
-                rows.append(row)
-                if sink:
-                    sink.write(json.dumps(row) + "\n")
-                    sink.flush()
-                bar.update(1)
+    from dataclasses import asdict
+
+    from wavefront.measure.bench import measure, measure_peers
+    sink = None
+    if out_dir:
+        Path(out_dir).mkdir(parents=True, exist_ok=True)
+        sink = open(Path(out_dir) / "bench.jsonl", "a")
+    rows, failed, peer_cache = [], 0, {}
+    with click.progressbar(points, label="measuring", file=sys.stderr) as bar:
+        for point in bar:
+            shape = point.replace(schedule="persistent+linear")
+            if peers and shape not in peer_cache:
+                peer_cache[shape] = measure_peers(shape, warmup=warmup, reps=reps)
+            row = {"gpu": dev.name, "config": point.as_dict(),
+                   "peers": peer_cache.get(shape, {})}
+            try:
+                timing = measure(point, warmup=warmup, reps=reps)
+                row.update(timing=asdict(timing), tflops=timing.tflops,
+                           rel_error=timing.rel_error)
+            except Exception as exc:  # one failing point must not lose the table
+                row["error"] = f"{type(exc).__name__}: {exc}"
+                failed += 1
+            rows.append(row)
+            if sink:
+                sink.write(json.dumps(row) + "\n")
+                sink.flush()
     if sink:
         sink.close()
-    click.echo(f"\n{dev.name}, B={batch} H={heads} {dtype}, TFLOP/s (useful FLOPs), "
-               "ratios against peers measured in this run")
-    click.echo(f"{'S':>6} {'D':>4} {'causal':>6} {'schedule':<22} {'TFLOP/s':>8} {'ms':>8} "
-               f"{'err':>8} {'/cuDNN':>7} {'/FA2':>6} {'cuDNN':>7} {'FA2':>7}")
-    for row in rows:
-        c = row["config"]
-        if "error" in row:
-            click.echo(f"{c['seqlen']:>6} {c['head_dim']:>4} {str(c['causal']):>6} "
-                       f"{c['schedule']:<22} FAILED: {row['error'][:60]}")
-            continue
-        pr = row["peers"]
-        cudnn = pr.get("cudnn", {}).get("tflops")
-        fa2 = pr.get("fa2", {}).get("tflops")
-        ratio = lambda x: f"{row['tflops'] / x:7.2f}" if x else "      -"  # noqa: E731
-        click.echo(f"{c['seqlen']:>6} {c['head_dim']:>4} {str(c['causal']):>6} "
-                   f"{c['schedule']:<22} {row['tflops']:8.1f} {row['timing']['median_ms']:8.3f} "
-                   f"{row['rel_error']:8.1e} {ratio(cudnn)} {ratio(fa2)[1:]} "
-                   f"{cudnn or 0:7.1f} {fa2 or 0:7.1f}")
+    if as_json:
+        _echo_json(rows)
+    else:
+        table = []
+        for r in rows:
+            c, p = r["config"], r["peers"]
+            cudnn, fa2 = p.get("cudnn", {}).get("tflops"), p.get("fa2", {}).get("tflops")
+            t = r.get("tflops")
+            table.append({"schedule": c["schedule"], "S": c["seqlen"], "D": c["head_dim"],
+                          "causal": c["causal"], "tflops": t,
+                          "ms": r.get("timing", {}).get("median_ms"),
+                          "err": r.get("rel_error"),
+                          "x_cudnn": t / cudnn if t and cudnn else None,
+                          "x_fa2": t / fa2 if t and fa2 else None, "cudnn": cudnn, "fa2": fa2,
+                          "status": r.get("error", "ok")[:40]})
+        print_table(table, [("schedule", "schedule", ""), ("S", "S", "d"), ("D", "D", "d"),
+                            ("causal", "causal", ""), ("tflops", "TFLOP/s", ".1f"),
+                            ("ms", "ms", ".3f"), ("err", "err", ".1e"),
+                            ("x_cudnn", "/cuDNN", ".2f"), ("x_fa2", "/FA2", ".2f"),
+                            ("cudnn", "cuDNN", ".1f"), ("fa2", "FA2", ".1f"),
+                            ("status", "status", "")],
+                    title=f"\n{dev.name}, B={batch} H={heads} {dtype}, TFLOP/s (useful FLOPs), "
+                          "ratios against peers measured in this run")
+    if failed:
+        sys.exit(1)
+
+
+def _sweep_runner(out_dir):
+    from wavefront.measure.runner import SubprocessRunner
+    return SubprocessRunner(report_dir=str(Path(out_dir) / "ncu-reports"))
 
 
 @main.command()
-@_config_options
-@click.option("--seqlen", type=click.IntRange(min=1), default=131072, show_default=True)
-@click.option("--head-dim", type=click.Choice(["64", "128"]), default="64", show_default=True)
-@click.option("--causal/--no-causal", default=False, show_default=True)
-@_schedules_option("persistent+linear,persistent+sawtooth")
+@point_options(default_schedule="persistent+linear,persistent+sawtooth",
+               default_seqlen="131072", default_head_dim="64", causal_default=False,
+               default_heads=1)
+@click.option("--repeats", type=click.IntRange(min=1), default=3, show_default=True,
+              help="Separate profiled launches per point, interleaved.")
 @click.option("--out", "out_dir", type=click.Path(file_okay=False), default=None,
-              help="Append the rows to <out>/results.csv (with a manifest).")
+              help="Results directory (results.csv, manifest.json, ncu-reports/); default: a "
+                   "new temporary directory, printed.")
 @click.option("--timeout", "timeout_s", type=click.FloatRange(min=1), default=300,
-              show_default=True, help="Per configuration.")
-def profile(batch, heads, kv_heads, dtype, tiles, occupancy, ctas, warmup, reps, seqlen,
-            head_dim, causal, schedules, out_dir, timeout_s):
-    """Run configurations under Nsight Compute and print L2 / DRAM counters.
-
-    Kernel replay, --cache-control all (cold L2 each pass), only the measured launch.
-    """
-    from wavefront.profiling import ProfilerError
-    from wavefront.sweep import SubprocessRunner, SweepSpec, expand, run_sweep
+              show_default=True, help="Per launch, wall clock.")
+@click.option("--json", "as_json", is_flag=True)
+def profile(batch, heads, kv_heads, seqlens, head_dims, dtype, causal, schedules, tiles,
+            occupancy, ctas, repeats, out_dir, timeout_s, as_json):
+    """Points under Nsight Compute: DRAM reads (the primary miss metric), L2 sectors (SM side
+    and fabric), vs the closed-form count. Kernel replay, cold L2 each pass, each launch in its
+    own NVTX range."""
+    from wavefront.results.sweep import SweepSpec
+    points = points_from(batch, heads, kv_heads, seqlens, head_dims, dtype, causal, schedules,
+                         tiles, occupancy, ctas)
     dev = _require_gpu()
-    grid = {"batch": [batch], "heads": [heads], "kv_heads": [kv_heads or heads],
-            "seqlen": [seqlen], "head_dim": [int(head_dim)], "dtype": [dtype],
-            "causal": [causal], "tiles": [tiles] if tiles else [None],
-            "occupancy": [occupancy] if occupancy else [None], "ctas": [ctas or 0],
-            "schedule": [s.strip() for s in schedules.split(",") if s.strip()]}
-    spec = SweepSpec(name="profile", grid=[grid], measure=["counters"], timeout_s=timeout_s)
-    try:
-        expand(spec, gpu=dev.name, sms=dev.sms, l2_bytes=dev.l2_bytes)
-    except ValueError as exc:
-        raise click.BadParameter(str(exc)) from None
-    import tempfile
+    grid = [{"batch": [p.batch], "heads": [p.heads], "kv_heads": [p.kv_heads_],
+             "seqlen": [p.seqlen], "head_dim": [p.head_dim], "dtype": [p.dtype],
+             "causal": [p.causal], "schedule": [p.schedule],
+             **({"tiles": [p.tiles]} if p.tiles else {}),
+             **({"occupancy": [p.occupancy]} if p.occupancy else {}),
+             **({"ctas": [p.ctas]} if p.ctas else {})} for p in points]
+    spec = SweepSpec(name="profile", grid=grid, measure=["counters"], repeats=repeats,
+                     timeout_s=timeout_s)
     target = out_dir or tempfile.mkdtemp(prefix="wavefront-profile-")
-    try:
-        run_sweep(spec, target, gpu=dev.name, sms=dev.sms, l2_bytes=dev.l2_bytes,
-                  runner=SubprocessRunner(), retry_failed=True)
-    except ProfilerError as exc:
-        raise click.ClickException(str(exc)) from None
-    from wavefront.records import load_results
-    df = load_results(f"{target}/results.csv")
+    summary = _run_sweep(spec, target, dev, retry_failed=True)
+    from wavefront.results.store import load_results
+    df = load_results(Path(target) / "results.csv")
     df = df[df["run_id"] == df["run_id"].iloc[-1]]
-    click.echo(f"\n{dev.name}: B={batch} H={heads} S={seqlen} D={head_dim} {dtype} "
-               f"{'causal' if causal else 'non-causal'} (ncu, cold L2, kernel replay)")
-    _print_counters(df)
+    if as_json:
+        _echo_json({"gpu": dev.name, "inputs": [p.as_dict() for p in points],
+                    "results": str(Path(target) / "results.csv"), "summary": summary,
+                    "rows": json.loads(df.to_json(orient="records"))})
+    else:
+        rows = []
+        for _, r in df.iterrows():
+            rows.append({"schedule": f"{r['cta_schedule']}+{r['kv_schedule']}",
+                         "S": r["seqlen"], "D": r["head_dim"], "causal": r["causal"],
+                         "repeat": r["repeat"],
+                         "dram_mb": r["dram_read_bytes"] / 1e6 if r["status"] == "ok" else None,
+                         "x_min": (r["dram_read_sectors"] * 32 / r["compulsory_read_bytes"]
+                                   if r["status"] == "ok" else None),
+                         "l2": r["l2_tex_read_sectors"], "ratio": r["read_sectors_ratio"],
+                         "fabric": r["l2_fabric_read_sectors"],
+                         "status": "ok" if r["status"] == "ok" else str(r["error"])[:50]})
+        print_table(rows, [("schedule", "schedule", ""), ("S", "S", "d"), ("D", "D", "d"),
+                           ("causal", "causal", ""), ("repeat", "rep", "d"),
+                           ("dram_mb", "DRAM rd MB", ".1f"), ("x_min", "x compulsory", ".2f"),
+                           ("l2", "L2 reads", ".4g"), ("ratio", "/closed", ".3f"),
+                           ("fabric", "fabric rd", ".4g"), ("status", "status", "")],
+                    title=f"\n{dev.name}: ncu, cold L2, kernel replay")
+        click.echo(f"rows appended to {Path(target) / 'results.csv'}")
+    if summary["failed"]:
+        sys.exit(1)
 
 
-def _print_counters(df):
-    click.echo(f"{'schedule':<22} {'L2 reads':>11} {'/closed':>7} {'miss sect':>11} "
-               f"{'SM hit':>7} {'DRAM rd MB':>10} {'fabric rd':>11} {'L1 hit%':>7}")
-    for _, r in df.iterrows():
-        name = f"{r['cta_schedule']}+{r['kv_schedule']}"
-        if r["status"] != "ok":
-            click.echo(f"{name:<22} FAILED: {str(r['error'])[:70]}")
-            continue
-        click.echo(f"{name:<22} {r['l2_tex_read_sectors']:11.4g} {r['read_sectors_ratio']:7.3f} "
-                   f"{r['l2_read_miss_sectors']:11.4g} {r['sm_hit_rate']:7.3f} "
-                   f"{r['dram_read_bytes'] / 1e6:10.1f} {r['l2_fabric_read_sectors']:11.4g} "
-                   f"{r['l1_hit_rate_pct']:7.2f}")
+def _run_sweep(spec, out_dir, dev, retry_failed=False, runner=None):
+    from wavefront.measure.profiling import ProfilerError
+    from wavefront.results.store import SchemaError, StoreLocked
+    from wavefront.results.sweep import run_sweep
+    try:
+        return run_sweep(spec, out_dir, gpu=dev.name, sms=dev.sms, l2_bytes=dev.l2_bytes,
+                         runner=runner or _sweep_runner(out_dir), environment=environment(),
+                         retry_failed=retry_failed, command=sys.argv)
+    except (ProfilerError, StoreLocked, SchemaError) as exc:
+        raise click.ClickException(str(exc)) from None
+
+
+def load_any_spec(path: str):
+    """A sweep spec from a TOML file or from an experiment file's SPEC."""
+    from wavefront.results.sweep import load_spec
+    if path.endswith(".py"):
+        from wavefront.report.experiments import load_experiment
+        spec = load_experiment(path).spec
+        if spec is None:
+            raise ValueError(f"{path}: this experiment owns no sweep (it reads "
+                             "other experiments' data)")
+        return spec
+    return load_spec(path)
 
 
 @main.command()
 @click.argument("spec_path", type=click.Path(exists=True, dir_okay=False))
-@click.option("--out", "out_dir", type=click.Path(file_okay=False), required=True,
+@click.option("--out", "out_dir", type=click.Path(file_okay=False), default=None,
               help="Results directory (results.csv + manifest.json); re-running resumes.")
 @click.option("--retry-failed", is_flag=True, help="Measure failed points again.")
-def sweep(spec_path, out_dir, retry_failed):
-    """Measure a TOML grid of points (timing and/or counters), resumable."""
-    from wavefront.profiling import ProfilerError
-    from wavefront.sweep import load_spec, run_sweep
+@click.option("--dry-run", is_flag=True,
+              help="List the points the spec expands to on a GPU preset; needs no GPU.")
+@click.option("--gpu", "preset", default="h100", show_default=True,
+              help="GPU preset for --dry-run (h100, h200, b200, gb10).")
+@click.option("--json", "as_json", is_flag=True)
+def sweep(spec_path, out_dir, retry_failed, dry_run, preset, as_json):
+    """Measure a sweep (a TOML spec or an experiment file) point by point, resumable."""
     try:
-        spec = load_spec(spec_path)
+        spec = load_any_spec(spec_path)
     except ValueError as exc:
         raise click.BadParameter(str(exc), param_hint="SPEC_PATH") from None
+    if dry_run:
+        from wavefront.model.presets import gpu_preset
+        from wavefront.results.sweep import describe, expand
+        try:
+            gpu = gpu_preset(preset)
+            tasks = expand(spec, gpu=gpu.name, sms=gpu.sms, l2_bytes=gpu.l2_bytes,
+                           source=spec_path)
+        except ValueError as exc:
+            raise click.BadParameter(str(exc)) from None
+        if as_json:
+            _echo_json({"spec": spec.as_dict(), "gpu": gpu.name, "tasks": tasks})
+        else:
+            click.echo(describe(tasks))
+            click.echo(f"{spec.name}: {len(tasks)} tasks on the {gpu.name} preset")
+        return
+    if out_dir is None:
+        raise click.UsageError("--out DIR is required (or --dry-run)")
     dev = _require_gpu()
-    try:
-        summary = run_sweep(spec, out_dir, gpu=dev.name, sms=dev.sms, l2_bytes=dev.l2_bytes,
-                            retry_failed=retry_failed)
-    except ProfilerError as exc:
-        raise click.ClickException(str(exc)) from None
-    click.echo(f"{spec.name}: {summary['points']} points, {summary['skipped']} already done, "
-               f"{summary['ok']} measured, {summary['failed']} failed -> {out_dir}/results.csv")
+    summary = _run_sweep(spec, out_dir, dev, retry_failed)
+    if as_json:
+        _echo_json({"spec": spec.as_dict(), "out": out_dir, **summary})
+    else:
+        click.echo(f"{spec.name}: {summary['points']} tasks, {summary['skipped']} already done, "
+                   f"{summary['ok']} measured, {summary['failed']} failed -> "
+                   f"{out_dir}/results.csv")
+    if summary["failed"]:
+        sys.exit(1)
 
+
+# --------------------------------------------------------------------------------------------
+# The model and the report: simulate, fit, paper
+# --------------------------------------------------------------------------------------------
 
 @main.command()
 @click.option("--gpu", "gpu_name", default="h100", show_default=True,
@@ -343,83 +576,83 @@ def sweep(spec_path, out_dir, retry_failed):
 @click.option("--l2-mib", type=click.FloatRange(min=0.1), default=None,
               help="Override the preset's L2 size.")
 @click.option("--capacity-mib", type=click.FloatRange(min=0.01), default=None,
-              help="Effective LRU capacity (default: half the L2, or a fitted value).")
+              help="Effective LRU capacity (default: half the L2).")
 @click.option("--partitions", type=click.IntRange(1, 2), default=1, show_default=True,
               help="2: also run the two-partition model (home + requester copies).")
-@click.option("--batch", type=click.IntRange(min=1), default=1, show_default=True)
-@click.option("--heads", type=click.IntRange(min=1), default=1, show_default=True)
-@click.option("--kv-heads", type=click.IntRange(min=1), default=None)
-@click.option("--seqlen", type=click.IntRange(min=1), default=131072, show_default=True)
-@click.option("--head-dim", type=click.Choice(["64", "128"]), default="64", show_default=True)
-@click.option("--dtype", type=click.Choice(["bfloat16", "float16"]), default="bfloat16",
-              show_default=True)
-@click.option("--causal/--no-causal", default=False, show_default=True)
-@click.option("--tile", "tiles", default=None, help="MxN (64x64, 128x64, 128x128).")
-@click.option("--occupancy", type=click.IntRange(1, 32), default=None)
-@click.option("--ctas", type=click.IntRange(min=1), default=None,
-              help="CTAs in flight (default: SMs x occupancy from the preset).")
-@click.option("--cta", "cta_names", default="persistent", show_default=True,
-              help="Comma-separated CTA schedules to compare.")
-@click.option("--kv", "kv_names", default="linear,sawtooth", show_default=True,
-              help="Comma-separated K/V schedules to compare.")
+@point_options(default_schedule="persistent+linear,persistent+sawtooth",
+               default_seqlen="131072", default_head_dim="64", causal_default=False,
+               default_heads=1)
 @click.option("--jitter", type=click.FloatRange(0, 0.99), default=0.0, show_default=True,
               help="Probability that a CTA stalls for a round.")
 @click.option("--json", "as_json", is_flag=True)
-def simulate(gpu_name, sms, l2_mib, capacity_mib, partitions, batch, heads, kv_heads, seqlen,
-             head_dim, dtype, causal, tiles, occupancy, ctas, cta_names, kv_names, jitter,
-             as_json):
-    """Predict L2 accesses, misses and DRAM reads per schedule (CPU only)."""
-    from wavefront.api import plan
-    from wavefront.gpus import gpu_preset
-    from wavefront.models import DEFAULT_EFFECTIVE_FRACTION, analytic_misses, predict
+def simulate(gpu_name, sms, l2_mib, capacity_mib, partitions, batch, heads, kv_heads, seqlens,
+             head_dims, dtype, causal, schedules, tiles, occupancy, ctas, jitter, as_json):
+    """Predict L2 accesses, misses and DRAM reads per schedule on a GPU preset (CPU only)."""
+    from wavefront.model.fits import DEFAULT_EFFECTIVE_FRACTION, analytic_misses, predict
+    from wavefront.model.presets import gpu_preset
+    from wavefront.model.simulation import check_simulable
     try:
         gpu = gpu_preset(gpu_name).with_overrides(
             sms=sms, l2_bytes=int(l2_mib * 2**20) if l2_mib else None)
     except ValueError as exc:
         raise click.BadParameter(str(exc), param_hint="--gpu") from None
-    capacity = (capacity_mib * 2**20 if capacity_mib
-                else DEFAULT_EFFECTIVE_FRACTION * gpu.l2_bytes)
-    d = int(head_dim)
+    points = points_from(batch, heads, kv_heads, seqlens, head_dims, dtype, causal, schedules,
+                         tiles, occupancy, ctas)
+    capacity = capacity_mib * 2**20 if capacity_mib else DEFAULT_EFFECTIVE_FRACTION * gpu.l2_bytes
+    launches = []
+    for point in points:
+        try:
+            launch = point.launch(gpu)
+            check_simulable(launch)
+        except ValueError as exc:
+            raise click.UsageError(str(exc)) from None
+        launches.append((point, launch))
     results = []
     start = time.perf_counter()
-    for cta in [c.strip() for c in cta_names.split(",") if c.strip()]:
-        for kv in [k.strip() for k in kv_names.split(",") if k.strip()]:
-            try:
-                launch = plan((batch, heads, seqlen, d), (batch, kv_heads or heads, seqlen, d),
-                              causal=causal, schedule=f"{cta}+{kv}", tiles=tiles,
-                              occupancy=occupancy, sms=gpu.sms, l2_bytes=gpu.l2_bytes,
-                              ctas=ctas)
-            except ValueError as exc:
-                raise click.BadParameter(str(exc)) from None
-            pred = predict(launch, gpu, capacity_bytes=capacity,
-                           partitions=partitions if partitions > 1 else None, jitter=jitter)
-            row = pred.as_dict()
-            row["analytic_read_miss_bytes"] = analytic_misses(launch, capacity)
-            row["ctas_in_flight"] = min(launch.resident_ctas, launch.problem.num_items)
-            results.append(row)
+    for point, launch in launches:
+        t0 = time.perf_counter()
+        click.echo(f"simulating {launch.name} S={point.seqlen} D={point.head_dim} "
+                   f"{'causal' if point.causal else 'non-causal'} ...", err=True, nl=False)
+        pred = predict(launch, gpu, capacity_bytes=capacity,
+                       partitions=partitions if partitions > 1 else None, jitter=jitter)
+        click.echo(f" {pred.accesses / 1e6:.1f} M accesses in {time.perf_counter() - t0:.1f} s",
+                   err=True)
+        row = {"inputs": point.as_dict(), **pred.as_dict(),
+               "analytic_read_miss_bytes": analytic_misses(launch, capacity),
+               "ctas_in_flight": min(launch.resident_ctas, launch.problem.num_items)}
+        results.append(row)
     elapsed = time.perf_counter() - start
     if as_json:
-        click.echo(json.dumps({"gpu": gpu.name, "capacity_bytes": capacity, "seconds": elapsed,
-                               "results": results}, indent=2))
+        _echo_json({"gpu": gpu.name, "preset": gpu_name, "sms": gpu.sms,
+                    "l2_bytes": gpu.l2_bytes, "capacity_bytes": capacity,
+                    "partitions": partitions, "jitter": jitter, "seconds": elapsed,
+                    "results": results})
         return
-    click.echo(f"{gpu.name} preset ({gpu.sms} SMs, L2 {gpu.l2_bytes / 2**20:.0f} MiB, "
-               f"effective LRU {capacity / 2**20:.1f} MiB): B={batch} H={heads} S={seqlen} "
-               f"D={d} {'causal' if causal else 'non-causal'}")
-    click.echo(f"{'schedule':<22} {'L2 reads':>11} {'miss sect':>11} {'DRAM rd MB':>10} "
-               f"{'x compuls':>9} {'analytic MB':>11} {'reuse p99':>9} {'MiB':>4} "
-               f"{'>cap':>7}")
+    rows = []
     for r in results:
         reuse = r["reuse"]
-        click.echo(f"{r['schedule']:<22} {r['l2_read_sectors']:11.4g} "
-                   f"{r['read_miss_sectors']:11.4g} {r['dram_read_bytes'] / 1e6:10.1f} "
-                   f"{r['dram_read_bytes'] / r['compulsory_read_bytes']:9.2f} "
-                   f"{r['analytic_read_miss_bytes'] / 1e6:11.1f} "
-                   f"{reuse.get('p99_mib', float('nan')):14.2f} "
-                   f"{1 - reuse.get('within_capacity', float('nan')):7.2%}")
+        rows.append({"schedule": r["schedule"], "S": r["inputs"]["seqlen"],
+                     "D": r["inputs"]["head_dim"], "causal": r["inputs"]["causal"],
+                     "l2": r["l2_read_sectors"], "miss": r["read_miss_sectors"],
+                     "dram_mb": r["dram_read_bytes"] / 1e6,
+                     "x_min": r["dram_read_bytes"] / r["compulsory_read_bytes"],
+                     "analytic_mb": r["analytic_read_miss_bytes"] / 1e6,
+                     "p99": reuse.get("p99_mib"),
+                     "beyond": 1 - reuse["within_capacity"] if "within_capacity" in reuse
+                     else None})
+    print_table(rows, [("schedule", "schedule", ""), ("S", "S", "d"), ("D", "D", "d"),
+                       ("causal", "causal", ""), ("l2", "L2 reads", ".4g"),
+                       ("miss", "miss sect", ".4g"), ("dram_mb", "DRAM rd MB", ".1f"),
+                       ("x_min", "x compulsory", ".2f"), ("analytic_mb", "analytic MB", ".1f"),
+                       ("p99", "reuse p99 MiB", ".2f"), ("beyond", "> capacity", ".2%")],
+                title=f"{gpu.name} preset ({gpu.sms} SMs, L2 {gpu.l2_bytes / 2**20:.0f} MiB, "
+                      f"effective LRU {capacity / 2**20:.1f} MiB), B={batch} H={heads}")
+    for r in results:
         if r["partitioned"]:
             pt = r["partitioned"]
-            click.echo(f"{'  two partitions':<22} fabric reads {pt['fabric_read_sectors']:.4g}, "
-                       f"fabric hits {pt['fabric_read_hit_sectors']:.4g}, DRAM reads "
+            click.echo(f"{r['schedule']} two partitions: fabric reads "
+                       f"{pt['fabric_read_sectors']:.4g}, fabric hits "
+                       f"{pt['fabric_read_hit_sectors']:.4g}, DRAM reads "
                        f"{pt['dram_read_sectors']:.4g} sectors")
     click.echo(f"({sum(r['accesses'] for r in results) / 1e6:.1f} M tile accesses simulated in "
                f"{elapsed:.1f} s)")
@@ -427,62 +660,129 @@ def simulate(gpu_name, sms, l2_mib, capacity_mib, partitions, batch, heads, kv_h
 
 @main.command()
 @click.argument("results_path", type=click.Path(exists=True, dir_okay=False))
-@click.option("--out", "out_path", type=click.Path(dir_okay=False), default=None,
-              help="Where to write the fitted parameters (default: fits.json beside the data).")
-def fit(results_path, out_path):
+@click.option("--out", "out_dir", type=click.Path(file_okay=False), default=None,
+              help="Write fits.json into this directory (default: print only; a committed "
+                   "file is overwritten only when named here).")
+@click.option("--json", "as_json", is_flag=True)
+def fit(results_path, out_dir, as_json):
     """Fit the effective L2 capacity and the throughput model to a results file."""
-    from pathlib import Path
-
-    from wavefront.models import fit_capacity, fit_throughput
-    from wavefront.records import SchemaError, load_results, with_timing
+    from wavefront.model.fits import fit_capacity, fit_throughput
+    from wavefront.results.store import SchemaError, load_results, with_timing
     try:
-        df = load_results(results_path)
+        df = load_results(results_path, strict=True)
     except SchemaError as exc:
         raise click.BadParameter(str(exc), param_hint="RESULTS_PATH") from None
     ok = df[df["status"] == "ok"]
+    if ok.empty:
+        raise click.BadParameter(f"{results_path}: no measured (ok) rows to fit",
+                                 param_hint="RESULTS_PATH")
     fits = {"results": str(results_path), "gpus": {}}
     for gpu, rows in ok.groupby("gpu"):
         entry = {}
-        counters = rows[rows["measurement"] == "counters"]
+        counters = rows[rows["measurement"] == "counters"].dropna(subset=["l2_read_miss_sectors"])
         if len(counters):
-            cap = fit_capacity(counters, gpu)
-            entry["capacity"] = cap.as_dict()
+            entry["capacity"] = fit_capacity(counters, gpu).as_dict()
         joined = with_timing(rows)
         if len(joined) >= 4:
             entry["throughput"] = fit_throughput(joined, gpu).as_dict()
+        if not entry:
+            raise click.BadParameter(f"{results_path}: {gpu} has no counter rows and fewer than "
+                                     "4 timed counter rows: nothing to fit",
+                                     param_hint="RESULTS_PATH")
         fits["gpus"][gpu] = entry
-    out_path = Path(out_path or Path(results_path).with_name("fits.json"))
-    out_path.write_text(json.dumps(fits, indent=1) + "\n")
-    click.echo(f"{'GPU':<14} {'model':<11} {'parameters':<46} {'n':>4} {'MAPE':>7} "
-               f"{'worst':>7} {'R^2':>6}")
+    if out_dir:
+        Path(out_dir).mkdir(parents=True, exist_ok=True)
+        (Path(out_dir) / "fits.json").write_text(json.dumps(fits, indent=1) + "\n")
+    if as_json:
+        _echo_json(fits)
+        return
+    rows = []
     for gpu, entry in fits["gpus"].items():
         if "capacity" in entry:
             c = entry["capacity"]
-            e = c["errors"]
-            click.echo(f"{gpu:<14} {'L2 misses':<11} "
-                       f"{'effective LRU ' + format(c['capacity_bytes'] / 2**20, '.1f') + ' MiB':<46} "
-                       f"{e['n']:>4} {e['mape']:7.1%} {e['worst_ape']:7.1%} {e['r2']:6.2f}")
+            rows.append({"gpu": gpu, "model": "L2 misses",
+                         "params": f"effective LRU {c['capacity_bytes'] / 2**20:.1f} MiB",
+                         **c["errors"]})
         if "throughput" in entry:
             t = entry["throughput"]
-            e = t["errors"]
-            params = (f"{t['flop_rate'] / 1e12:.0f} TFLOP/s, {t['dram_rate'] / 1e12:.2f} TB/s, "
-                      f"t0 {t['overhead_s'] * 1e6:.1f} us")
-            click.echo(f"{gpu:<14} {'time':<11} {params:<46} {e['n']:>4} {e['mape']:7.1%} "
-                       f"{e['worst_ape']:7.1%} {e['r2']:6.2f}")
-    click.echo(f"-> {out_path}")
+            rows.append({"gpu": gpu, "model": "time",
+                         "params": f"{t['flop_rate'] / 1e12:.0f} TFLOP/s, "
+                                   f"{t['dram_rate'] / 1e12:.2f} TB/s, "
+                                   f"t0 {t['overhead_s'] * 1e6:.1f} us", **t["errors"]})
+    print_table(rows, [("gpu", "GPU", ""), ("model", "model", ""), ("params", "parameters", ""),
+                       ("n", "n", "d"), ("mape", "MAPE", ".1%"), ("worst_ape", "worst", ".1%"),
+                       ("r2", "R^2", ".2f")], title="in-sample fit (the rows fitted)")
+    if out_dir:
+        click.echo(f"-> {Path(out_dir) / 'fits.json'}")
 
 
 @main.command()
 @click.option("--data", "data_dir", type=click.Path(file_okay=False, exists=True),
-              default=None, help="Data directory (default: the repository's data/).")
-@click.option("--out", "paper_dir", type=click.Path(file_okay=False), default=None,
-              help="Paper directory (default: the repository's paper/).")
-def paper(data_dir, paper_dir):
-    """Regenerate every figure, table and paper/draft.md from data/ (CPU only)."""
-    from wavefront import paper as paper_mod
-    summary = paper_mod.build(data_dir or paper_mod.DATA, paper_dir or paper_mod.PAPER,
-                              log=lambda m: click.echo(m, err=True))
+              default="data", show_default=True, help="Measured data directory.")
+@click.option("--experiments", "experiments_dir", type=click.Path(file_okay=False, exists=True),
+              default="experiments", show_default=True, help="Experiment files.")
+@click.option("--out", "paper_dir", type=click.Path(file_okay=False), default="paper",
+              show_default=True, help="Where the draft and figures/ go.")
+def paper(data_dir, experiments_dir, paper_dir):
+    """Regenerate every experiment's figure, the tables and the draft from data (CPU only)."""
+    from wavefront.report import paper as paper_mod
+    from wavefront.report.draft import ClaimFailed
+    from wavefront.results.store import SchemaError
+    try:
+        summary = paper_mod.build(data_dir, paper_dir, experiments_dir,
+                                  log=lambda m: click.echo(m, err=True))
+    except (ClaimFailed, SchemaError, ValueError) as exc:
+        raise click.ClickException(str(exc)) from None
     click.echo(paper_mod.main_summary(summary))
+
+
+# --------------------------------------------------------------------------------------------
+# Experiment scripts
+# --------------------------------------------------------------------------------------------
+
+def experiment_cli(path) -> click.Group:
+    """The click script of an experiment file: `run` measures (GPU) what its figure needs,
+    `plot` draws the paper's figure from data into a directory (default: a new scratch one)."""
+    from wavefront.report.experiments import load_experiment
+    path = Path(path).resolve()
+    root = path.parent.parent
+    name = path.stem
+
+    import ast
+    @click.group(name=name, help=ast.get_docstring(ast.parse(path.read_text())))
+    def cli():
+        pass
+
+    @cli.command(help="Measure on this machine's GPU what the figure needs (resumes).")
+    @click.option("--data", "data_dir", type=click.Path(file_okay=False),
+                  default=str(root / "data"), show_default=True)
+    def run(data_dir):
+        from wavefront.report.experiments import discover, owner_of
+        experiments = discover(path.parent)
+        me = experiments[name]
+        dev = _require_gpu()
+        failed = 0
+        for dataset in me.datasets:
+            owner = owner_of(dataset, experiments)
+            summary = _run_sweep(owner.spec, Path(data_dir) / dataset, dev)
+            click.echo(f"{dataset}: {summary}")
+            failed += summary["failed"]
+        if failed:
+            sys.exit(1)
+
+    @cli.command(help="Draw the paper's figure from data into --out (default: a scratch "
+                      "directory; never a tracked file unless named).")
+    @click.option("--data", "data_dir", type=click.Path(file_okay=False, exists=True),
+                  default=str(root / "data"), show_default=True)
+    @click.option("--out", "out_dir", type=click.Path(file_okay=False), default=None)
+    def plot(data_dir, out_dir):
+        from wavefront.report.analysis import Study
+        from wavefront.report.experiments import draw
+        out_dir = out_dir or tempfile.mkdtemp(prefix=f"wavefront-{name}-")
+        for p in draw(load_experiment(path), Study(data_dir), out_dir):
+            click.echo(str(p))
+
+    return cli
 
 
 if __name__ == "__main__":

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import functools
+import importlib.util
 import os
 import shutil
 import subprocess
@@ -29,18 +30,47 @@ def _cuda_version(v: int) -> str:
     return f"{v // 1000}.{(v % 1000) // 10}"
 
 
+def _gpu_hardware_present() -> bool:
+    """Whether this machine has an NVIDIA GPU at all, asked without CUDA: the device nodes the
+    driver creates, or nvidia-smi listing a GPU."""
+    if any(os.path.exists(p) for p in ("/dev/nvidiactl", "/dev/nvidia0")):
+        return True
+    smi = shutil.which("nvidia-smi")
+    if not smi:
+        return False
+    try:
+        out = subprocess.run([smi, "-L"], capture_output=True, text=True, timeout=20)
+    except (OSError, subprocess.SubprocessError):
+        return False
+    return out.returncode == 0 and "GPU" in out.stdout
+
+
+class BrokenGpuStack(RuntimeError):
+    """A GPU is present but CUDA cannot use it (driver/runtime mismatch, a missing library)."""
+
+
 @functools.lru_cache(maxsize=None)
-def current_device() -> DeviceInfo | None:
-    """The current CUDA device, or None on a machine without a usable GPU."""
+def gpu_status() -> tuple[DeviceInfo | None, str | None]:
+    """-> (device, None) with a usable GPU; (None, why) without one; raises BrokenGpuStack where
+    a GPU is present but the CUDA stack fails, so GPU tests fail loudly instead of skipping."""
     try:
         import cupy
         from cupy.cuda import runtime
-        if runtime.getDeviceCount() < 1:
-            return None
+    except ImportError as exc:
+        if _gpu_hardware_present():
+            raise BrokenGpuStack(f"a GPU is present but CuPy does not import: {exc}") from None
+        return None, "CuPy is not installed (the gpu extra)"
+    try:
+        count = runtime.getDeviceCount()
+        if count < 1:
+            raise RuntimeError("no CUDA device")
         dev = cupy.cuda.Device()
         props = runtime.getDeviceProperties(dev.id)
-    except Exception:
-        return None
+    except Exception as exc:
+        if _gpu_hardware_present():
+            raise BrokenGpuStack(f"a GPU is present but CUDA fails: {type(exc).__name__}: "
+                                 f"{exc}") from None
+        return None, "no CUDA GPU is visible"
     name = props["name"]
     name = name.decode() if isinstance(name, bytes) else name
     return DeviceInfo(
@@ -53,11 +83,34 @@ def current_device() -> DeviceInfo | None:
         cuda_runtime=_cuda_version(runtime.runtimeGetVersion()),
         sm_clock_khz=int(props.get("clockRate", 0)),
         memory_clock_khz=int(props.get("memoryClockRate", 0)),
-    )
+    ), None
+
+
+def current_device() -> DeviceInfo | None:
+    """The current CUDA device, or None on a machine without a GPU (BrokenGpuStack where a GPU
+    is present but unusable)."""
+    return gpu_status()[0]
 
 
 def has_gpu() -> bool:
     return current_device() is not None
+
+
+def require_gpu_stack(what: str) -> None:
+    """A clear error where the GPU libraries (the `gpu` extra) are missing."""
+    missing = [name for name, module in (("cuda-tile", "cuda.tile"), ("cupy-cuda13x", "cupy"))
+               if importlib.util.find_spec(module.split(".")[0]) is None
+               or (module == "cuda.tile" and _find_cuda_tile() is None)]
+    if missing:
+        raise RuntimeError(f"{what} needs the GPU libraries {missing}: install them with "
+                           "pip install 'wavefront[gpu]'")
+
+
+def _find_cuda_tile():
+    try:
+        return importlib.util.find_spec("cuda.tile")
+    except ModuleNotFoundError:
+        return None
 
 
 def _driver_version() -> str:

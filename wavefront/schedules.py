@@ -38,43 +38,55 @@ KV_TILED = 2  # L2-blocked split-KV: chunk-major (Q tile, K/V chunk) items, part
 # The mapping, shared by host and tile code. Keep to integer arithmetic, `min` and `if`.
 # --------------------------------------------------------------------------------------------
 
-def decode_work_item(item, q_tiles, heads, kv_heads, kv_units, group_units, cta_order):
-    """Work item number -> (batch, query head, Q tile).
+def linear_order(item, q_tiles, heads):
+    """Grid and persistent: Q tiles fastest, then heads, then batch, so the CTAs of one wave
+    share the K/V of as few heads as possible."""
+    q_tile = item % q_tiles
+    batch_head = item // q_tiles
+    return batch_head // heads, batch_head % heads, q_tile
 
-    Linear orders (grid, persistent) put Q tiles fastest, then heads, then batch, so the CTAs
-    of one wave share the K/V of as few heads as possible. The grouped order cuts the
-    (batch, K/V head) units into groups of `group_units` whose K/V fits the L2 budget and, inside
-    a group, puts query heads fastest (FlashAttention-3's L2 swizzle): concurrent CTAs then spread
-    over the group's heads, whose K/V all stays in L2. The query heads of one K/V head are
-    adjacent, so GQA siblings run together.
 
-    (Longest-first order for causal was tried and dropped: with static grid-stride assignment it
-    hands the long tiles to the same CTAs round after round; grouped causal ran 1.6x slower than
-    persistent on an H200 with it, and still 1.27x slower on an H100 without it: the heads-fastest
-    order is not balanced under static assignment either. See the foundation bench.)
+def grouped_order(item, q_tiles, heads, kv_heads, kv_units, group_units):
+    """Grouped: the (batch, K/V head) units are cut into groups of `group_units` whose K/V fits
+    the L2 budget and, inside a group, query heads run fastest (FlashAttention-3's L2 swizzle):
+    concurrent CTAs spread over the group's heads, whose K/V all stays in L2. The query heads of
+    one K/V head are adjacent, so GQA siblings run together.
+
+    (Longest-first order for causal was tried here and dropped: with static grid-stride
+    assignment it hands the long tiles to the same CTAs round after round.)
     """
     qheads_per_kv = heads // kv_heads
-    batch = 0
-    head = 0
-    q_tile = 0
+    items_per_group = group_units * qheads_per_kv * q_tiles
+    group = item // items_per_group
+    within = item - group * items_per_group
+    # The last group may hold fewer units; its items still start at group * items_per_group.
+    heads_here = min(group_units, kv_units - group * group_units) * qheads_per_kv
+    head_in_group = within % heads_here
+    unit = group * group_units + head_in_group // qheads_per_kv
+    batch = unit // kv_heads
+    head = (unit % kv_heads) * qheads_per_kv + head_in_group % qheads_per_kv
+    return batch, head, within // heads_here
+
+
+def decode_work_item(item, q_tiles, heads, kv_heads, kv_units, group_units, cta_order):
+    """Work item number -> (batch, query head, Q tile), by the CTA schedule's own order.
+
+    `cta_order` is a compile-time constant in the kernel, so only one branch is compiled.
+    A new CTA schedule adds its order function above and one branch here.
+    """
+    batch, head, q_tile = linear_order(item, q_tiles, heads)
     if cta_order == CTA_GROUPED:
-        items_per_group = group_units * qheads_per_kv * q_tiles
-        group = item // items_per_group
-        within = item - group * items_per_group
-        # The last group may hold fewer units; its items still start at group * items_per_group.
-        heads_here = min(group_units, kv_units - group * group_units) * qheads_per_kv
-        head_in_group = within % heads_here
-        rank = within // heads_here
-        unit = group * group_units + head_in_group // qheads_per_kv
-        batch = unit // kv_heads
-        head = (unit % kv_heads) * qheads_per_kv + head_in_group % qheads_per_kv
-        q_tile = rank
-    else:
-        q_tile = item % q_tiles
-        batch_head = item // q_tiles
-        batch = batch_head // heads
-        head = batch_head % heads
+        batch, head, q_tile = grouped_order(item, q_tiles, heads, kv_heads, kv_units,
+                                            group_units)
     return batch, head, q_tile
+
+
+def is_persistent(cta_order):
+    """1 if the CTAs loop over work items grid-stride, 0 if each CTA takes one item."""
+    persistent = 1
+    if cta_order == CTA_GRID:
+        persistent = 0
+    return persistent
 
 
 def split_chunk(item, q_tiles, heads, kv_heads, n_chunks):
@@ -149,7 +161,10 @@ def scans_backward(local_iter, kv_order):
 # Host-side description of a problem and a launch
 # --------------------------------------------------------------------------------------------
 
-def _positive_int(name: str, value) -> int:
+def positive_int(name: str, value, *, optional: bool = False):
+    """`value` if it is a positive int (None too, when optional), else a ValueError naming it."""
+    if optional and value is None:
+        return None
     if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
         raise ValueError(f"{name} must be a positive integer, got {value!r}")
     return value
@@ -173,7 +188,7 @@ class AttentionProblem:
     def __post_init__(self):
         for name in ("batch", "heads", "kv_heads", "seqlen_q", "seqlen_kv", "head_dim",
                      "tile_m", "tile_n", "element_bytes"):
-            _positive_int(name, getattr(self, name))
+            positive_int(name, getattr(self, name))
         if self.heads % self.kv_heads:
             raise ValueError(f"heads ({self.heads}) must be a multiple of kv_heads "
                              f"({self.kv_heads})")
@@ -210,10 +225,17 @@ class AttentionProblem:
 
 
 class CtaSchedule(Protocol):
-    """Which CTA takes which work item. Host side: grid size and the group size."""
+    """Which CTA takes which work item. Host side: grid size and the group size.
+
+    `code` selects the device-side order in `decode_work_item`; `persistent` says whether CTAs
+    loop over items grid-stride (else one item per CTA); `takes_chunks` whether the tiled K/V
+    schedule's chunk-major items may be handed out in this order.
+    """
 
     name: str
     code: int
+    persistent: bool
+    takes_chunks: bool
 
     def num_ctas(self, num_items: int, resident_ctas: int) -> int: ...
 
@@ -226,6 +248,8 @@ class GridSchedule:
 
     name: str = field(default="grid", init=False)
     code: int = field(default=CTA_GRID, init=False)
+    persistent: bool = field(default=False, init=False)
+    takes_chunks: bool = field(default=True, init=False)
 
     def num_ctas(self, num_items, resident_ctas):
         return num_items
@@ -240,6 +264,8 @@ class PersistentSchedule:
 
     name: str = field(default="persistent", init=False)
     code: int = field(default=CTA_PERSISTENT, init=False)
+    persistent: bool = field(default=True, init=False)
+    takes_chunks: bool = field(default=True, init=False)
 
     def num_ctas(self, num_items, resident_ctas):
         return min(num_items, resident_ctas)
@@ -260,6 +286,8 @@ class GroupedSchedule:
     l2_fraction: float = 0.5
     name: str = field(default="grouped", init=False)
     code: int = field(default=CTA_GROUPED, init=False)
+    persistent: bool = field(default=True, init=False)
+    takes_chunks: bool = field(default=False, init=False)
 
     def __post_init__(self):
         if not (0.0 < self.l2_fraction <= 4.0):
@@ -328,7 +356,7 @@ class TiledScan:
         if not (0.0 < self.l2_fraction <= 4.0):
             raise ValueError(f"l2_fraction must be in (0, 4], got {self.l2_fraction!r}")
         if self.tiles_per_chunk is not None:
-            _positive_int("tiles_per_chunk", self.tiles_per_chunk)
+            positive_int("tiles_per_chunk", self.tiles_per_chunk)
 
     def chunk_tiles(self, problem, l2_bytes, resident_ctas):
         if self.tiles_per_chunk is not None:
@@ -362,6 +390,12 @@ def cta_schedule(name: str | CtaSchedule) -> CtaSchedule:
     except KeyError:
         raise ValueError(f"cta schedule must be one of {sorted(CTA_SCHEDULES)}, "
                          f"got {name!r}") from None
+
+
+def schedule_names() -> list[str]:
+    """Every supported 'cta+kv' combination, in registry order."""
+    return [f"{c}+{k}" for c, cs in CTA_SCHEDULES.items() for k in KV_SCHEDULES
+            if cs.takes_chunks or KV_SCHEDULES[k].code != KV_TILED]
 
 
 def kv_schedule(name: str | KvSchedule) -> KvSchedule:
@@ -404,15 +438,15 @@ class Launch:
     ctas: int | None = None
 
     def __post_init__(self):
-        _positive_int("sms", self.sms)
-        _positive_int("ctas_per_sm", self.ctas_per_sm)
-        _positive_int("l2_bytes", self.l2_bytes)
+        positive_int("sms", self.sms)
+        positive_int("ctas_per_sm", self.ctas_per_sm)
+        positive_int("l2_bytes", self.l2_bytes)
         if self.ctas is not None:
-            _positive_int("ctas", self.ctas)
-        if self.kv.code == KV_TILED and self.cta.code == CTA_GROUPED:
-            raise ValueError("schedule 'grouped+tiled' is not supported: the tiled schedule "
-                             "orders its work chunk-major itself; use grid+tiled or "
-                             "persistent+tiled")
+            positive_int("ctas", self.ctas)
+        if self.kv.code == KV_TILED and not self.cta.takes_chunks:
+            raise ValueError(f"schedule '{self.cta.name}+tiled' is not supported: the tiled "
+                             "schedule orders its work chunk-major itself; use a CTA schedule "
+                             f"among {[c for c, s in CTA_SCHEDULES.items() if s.takes_chunks]}")
 
     @cached_property
     def resident_ctas(self) -> int:
@@ -446,7 +480,7 @@ class Launch:
         return f"{self.cta.name}+{self.kv.name}"
 
     def items_of_cta(self, cta: int) -> range:
-        if self.cta.code == CTA_GRID:
+        if not self.cta.persistent:
             return range(cta, cta + 1)
         return range(cta, self.num_items, self.num_ctas)
 

@@ -1,22 +1,29 @@
 """Paper figures: one function per figure, tidy DataFrame in, seaborn figure out.
 
 Every figure names the GPU(s) and the configuration in its title and has units on its axes.
-`save` writes PNG and PDF under paper/figures/.
+Draw inside `style()` (the one theme, set per figure, not at import); `save` writes PNG and
+PDF into the directory it is given.
 """
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
 
-import matplotlib
+import matplotlib.pyplot as plt
+import numpy as np
+import pandas as pd
+import seaborn as sns
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
-import pandas as pd  # noqa: E402
-import seaborn as sns  # noqa: E402
+from wavefront.point import SECTOR_BYTES
 
-sns.set_theme(style="whitegrid", context="paper", font_scale=1.1)
-FIGURE_DIR = Path(__file__).resolve().parent.parent / "paper" / "figures"
+
+@contextlib.contextmanager
+def style():
+    """The figures' theme for the figures drawn inside, restored afterwards; nothing is set at
+    import."""
+    with plt.rc_context():
+        sns.set_theme(style="whitegrid", context="paper", font_scale=1.1)
+        yield
 
 
 def seqlen_axis(ax, seqlens) -> None:
@@ -44,8 +51,8 @@ def schedule_label(df: pd.DataFrame) -> pd.Series:
     return df["cta_schedule"] + "+" + df["kv_schedule"]
 
 
-def save(fig, name: str, directory: Path | None = None) -> list[Path]:
-    directory = Path(directory or FIGURE_DIR)
+def save(fig, name: str, directory) -> list[Path]:
+    directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     paths = []
     for ext in ("png", "pdf"):
@@ -62,7 +69,7 @@ def misses_vs_seqlen(df: pd.DataFrame, predicted: pd.DataFrame | None = None):
     """Read misses (sectors that left L2) / compulsory reads against S, per schedule."""
     d = df.copy()
     d["schedule"] = schedule_label(d)
-    d["x compulsory"] = d["l2_read_miss_sectors"] * 32 / d["compulsory_read_bytes"]
+    d["x compulsory"] = d["l2_read_miss_sectors"] * SECTOR_BYTES / d["compulsory_read_bytes"]
     d["GPU"] = d["gpu"].map(short_gpu)
     d["mask"] = np.where(d["causal"], "causal", "non-causal")
     g = sns.relplot(data=d, x="seqlen", y="x compulsory", hue="schedule", style="mask",
@@ -135,7 +142,8 @@ def hit_rate_vs_ctas(df: pd.DataFrame):
     d = df.copy()
     d["GPU"] = d["gpu"].map(short_gpu)
     d["schedule"] = schedule_label(d)
-    d["reads from DRAM / compulsory"] = d["l2_read_miss_sectors"] * 32 / d["compulsory_read_bytes"]
+    d["reads from DRAM / compulsory"] = (d["l2_read_miss_sectors"] * SECTOR_BYTES
+                                         / d["compulsory_read_bytes"])
     fig, axes = plt.subplots(1, 2, figsize=(9, 3.4))
     sns.lineplot(data=d, x="resident_ctas", y="sm_hit_rate", hue="schedule", style="GPU",
                  marker="o", ax=axes[0])
@@ -196,6 +204,7 @@ def tile_size(joined: pd.DataFrame):
 
 
 def throughput_vs_misses(d: pd.DataFrame, fits: dict):
+    """`fits`: short GPU name -> ThroughputFit."""
     d = d.copy()
     d["GPU"] = d["gpu"].map(short_gpu)
     d["DRAM bytes / FLOP"] = (d["dram_read_bytes"] + d["dram_write_bytes"]) / d["executed_flops"]
@@ -206,8 +215,7 @@ def throughput_vs_misses(d: pd.DataFrame, fits: dict):
         if fit:
             x = np.logspace(np.log10(d["DRAM bytes / FLOP"].min()),
                             np.log10(d["DRAM bytes / FLOP"].max()), 100)
-            roof = 1.0 / np.maximum(1.0 / fit["flop_rate"], x / fit["dram_rate"]) / 1e12
-            ax.plot(x, roof, color="k", lw=1, label="fitted max(FLOP, DRAM) bound")
+            ax.plot(x, fit.roof_tflops(x), color="k", lw=1, label="fitted max(FLOP, DRAM) bound")
     g.set(xscale="log")
     g.set_axis_labels("DRAM bytes per executed FLOP (log)", "TFLOP/s (useful FLOPs)")
     g.figure.suptitle("Throughput vs DRAM traffic, every measured point (line: fitted "

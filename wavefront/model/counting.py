@@ -7,9 +7,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from wavefront.point import SECTOR_BYTES
 from wavefront.schedules import AttentionProblem
-
-SECTOR_BYTES = 32
 
 
 @dataclass(frozen=True)

@@ -14,10 +14,9 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
-from wavefront.counting import SECTOR_BYTES, launch_counts
-from wavefront.gpus import GPUSpec
-from wavefront.schedules import Launch
-from wavefront.simulation import (
+from wavefront.model.counting import launch_counts
+from wavefront.model.presets import GPUSpec
+from wavefront.model.simulation import (
     COLD,
     MissCurve,
     access_trace,
@@ -25,6 +24,8 @@ from wavefront.simulation import (
     reuse_distances,
     simulate_l2,
 )
+from wavefront.point import SECTOR_BYTES, Point
+from wavefront.schedules import Launch
 
 # Data that every SM reads (K/V) falls out of Hopper's L2 from about half its size (BRIEF
 # section 3: ~30 MiB of 60 on the H200). The default until a fit says otherwise.
@@ -133,9 +134,21 @@ class CapacityFit:
         return asdict(self)
 
 
-def _launch_from_row(row) -> Launch:
-    from wavefront.bench import Config
-    return Config.from_record(row).launch(int(row["sms"]), int(row["l2_bytes"]))
+@dataclass(frozen=True)
+class RecordedGpu:
+    """The GPU shape a results row was measured on."""
+
+    sms: int
+    l2_bytes: int
+
+    @classmethod
+    def of(cls, row) -> "RecordedGpu":
+        return cls(int(row["sms"]), int(row["l2_bytes"]))
+
+
+def launch_of_row(row) -> Launch:
+    """The launch a results row measured, rebuilt on the GPU it was measured on."""
+    return Point.from_record(row).launch(RecordedGpu.of(row))
 
 
 class MissCurves:
@@ -145,7 +158,7 @@ class MissCurves:
     def __init__(self, rows=None):
         self.keys, self.measured, self._curves = [], [], []
         for _, row in (rows.iterrows() if rows is not None else ()):
-            trace = access_trace(_launch_from_row(row))
+            trace = access_trace(launch_of_row(row))
             reads = trace.is_read
             self._curves.append(MissCurve(reuse_distances(trace)[reads], trace.nbytes[reads]))
             self.keys.append(row["point"])
@@ -190,6 +203,11 @@ def fit_capacity(counter_rows, gpu_name: str, *, lo_mib: float = 1.0,
                        pred.tolist(), measured.tolist())
 
 
+def roofline_s(flops, dram_bytes, flop_rate, dram_rate):
+    """time = max(FLOPs / R_flop, DRAM bytes / R_dram): the one copy of the bound."""
+    return np.maximum(np.asarray(flops) / flop_rate, np.asarray(dram_bytes) / dram_rate)
+
+
 @dataclass
 class ThroughputFit:
     gpu: str
@@ -202,8 +220,16 @@ class ThroughputFit:
     measured_ms: list[float] = field(default_factory=list)
 
     def predict_s(self, flops, dram_bytes):
-        return np.maximum(np.asarray(flops) / self.flop_rate,
-                          np.asarray(dram_bytes) / self.dram_rate) + self.overhead_s
+        return roofline_s(flops, dram_bytes, self.flop_rate, self.dram_rate) + self.overhead_s
+
+    def dram_bound(self, flops, dram_bytes):
+        """True where the DRAM term of the bound is the larger one."""
+        return np.asarray(dram_bytes) / self.dram_rate > np.asarray(flops) / self.flop_rate
+
+    def roof_tflops(self, bytes_per_flop):
+        """The bound as a rate: TFLOP/s at a given DRAM bytes per FLOP (no overhead)."""
+        return 1.0 / roofline_s(1.0, np.asarray(bytes_per_flop), self.flop_rate,
+                                self.dram_rate) / 1e12
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -219,7 +245,7 @@ def fit_throughput(rows, gpu_name: str) -> ThroughputFit:
 
     def model(x):
         rf, rd, t0 = np.exp(x)
-        return np.maximum(flops / rf, dram / rd) + t0
+        return roofline_s(flops, dram, rf, rd) + t0
 
     x0 = np.log([5e14, 3e12, 5e-6])
     res = least_squares(lambda x: np.log(model(x)) - np.log(t), x0, method="trf")

@@ -1,4 +1,4 @@
-"""Check one configuration against the reference, time it, time the peers in the same process.
+"""Check one point against the reference, time it, time the peers in the same process.
 
 Peers are torch SDPA's flash backend (FlashAttention-2) and its cuDNN backend, when torch is
 present. Every speed figure is reported next to theirs, as a ratio.
@@ -6,61 +6,21 @@ present. Every speed figure is reported next to theirs, as a ratio.
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, field
 
-from wavefront.api import attention, plan, reference_attention
-from wavefront.counting import launch_counts
-from wavefront.timing import Timing, input_sets_needed, time_gpu
-
-DTYPE_BYTES = {"bfloat16": 2, "float16": 2}
-
-
-@dataclass(frozen=True)
-class Config:
-    batch: int = 1
-    heads: int = 32
-    kv_heads: int | None = None
-    seqlen: int = 8192
-    head_dim: int = 128
-    dtype: str = "bfloat16"
-    causal: bool = False
-    schedule: str = "persistent+linear"
-    tiles: str | None = None
-    occupancy: int | None = None
-    ctas: int | None = None
-    chunk_tiles: int | None = None  # tiled schedule: K/V tiles per chunk (default from L2)
-
-    @property
-    def kv_heads_(self) -> int:
-        return self.kv_heads or self.heads
-
-    @classmethod
-    def from_record(cls, rec) -> "Config":
-        """The configuration of a sweep point or a results row (they share the parameter
-        columns). `ctas` is set only where the CTAs in flight differ from SMs x occupancy."""
-        sms, occupancy, resident = int(rec["sms"]), int(rec["occupancy"]), int(rec["resident_ctas"])
-        return cls(batch=int(rec["batch"]), heads=int(rec["heads"]), kv_heads=int(rec["kv_heads"]),
-                   seqlen=int(rec["seqlen"]), head_dim=int(rec["head_dim"]),
-                   dtype=str(rec["dtype"]), causal=bool(rec["causal"]),
-                   schedule=f"{rec['cta_schedule']}+{rec['kv_schedule']}",
-                   tiles=f"{int(rec['tile_m'])}x{int(rec['tile_n'])}", occupancy=occupancy,
-                   ctas=None if resident == sms * occupancy else resident)
-
-    def attention_kwargs(self) -> dict:
-        """Everything `wavefront.attention` takes from a configuration (no arrays)."""
-        return dict(causal=self.causal, schedule=self.schedule, tiles=self.tiles,
-                    occupancy=self.occupancy, ctas=self.ctas, chunk_tiles=self.chunk_tiles)
-
-    def launch(self, sms=132, l2_bytes=50 * 2**20):
-        return plan((self.batch, self.heads, self.seqlen, self.head_dim),
-                    (self.batch, self.kv_heads_, self.seqlen, self.head_dim),
-                    causal=self.causal, schedule=self.schedule, tiles=self.tiles,
-                    occupancy=self.occupancy, sms=sms, l2_bytes=l2_bytes,
-                    element_bytes=DTYPE_BYTES[self.dtype], ctas=self.ctas,
-                    chunk_tiles=self.chunk_tiles)
+from wavefront.device import current_device
+from wavefront.kernel.launcher import attention, current_stream, launcher_for
+from wavefront.measure.reference import reference_attention
+from wavefront.measure.timing import input_sets_needed, time_gpu
+from wavefront.model.counting import launch_counts
+from wavefront.point import Point
+from wavefront.results.measurement import CORRECTNESS_TOLERANCE, Timing
 
 
-def random_inputs(cfg: Config, seed: int):
+class IncorrectResult(RuntimeError):
+    """The kernel's output failed the check against the reference: the point is not timed."""
+
+
+def random_inputs(cfg: Point, seed: int):
     """Fresh N(0, 1) inputs: never zeros, which hide unwritten outputs and time faster."""
     import cupy
     import ml_dtypes  # noqa: F401  (registers bfloat16 with NumPy/CuPy)
@@ -83,7 +43,7 @@ def check_rows(seqlen: int, tile_m: int, limit: int = 1024):
     return cupy.unique(cupy.concatenate([head, middle, tail]))
 
 
-def relative_error(cfg: Config, seed: int = 0, check_lse: bool = False) -> float:
+def relative_error(cfg: Point, seed: int = 0, check_lse: bool = False) -> float:
     """||out - ref|| / ||ref|| on fresh random inputs; the output is poisoned with NaN first, so
     an unwritten element fails the check instead of passing as a stale value."""
     import cupy
@@ -93,7 +53,7 @@ def relative_error(cfg: Config, seed: int = 0, check_lse: bool = False) -> float
     cupy.cuda.get_current_stream().synchronize()
     if not bool(cupy.isfinite(out).all()):  # every element written, even where not compared
         return math.inf
-    rows = check_rows(cfg.seqlen, cfg.launch().problem.tile_m)
+    rows = check_rows(cfg.seqlen, cfg.launch(current_device()).problem.tile_m)
     # Check at most a few heads at long lengths: the reference is seqlen x rows per head.
     heads = slice(None) if cfg.seqlen * cfg.heads <= 1 << 17 else slice(0, 2)
     kv_heads = slice(None) if heads == slice(None) else slice(0, 1 if cfg.kv_heads_ < cfg.heads
@@ -113,50 +73,40 @@ def relative_error(cfg: Config, seed: int = 0, check_lse: bool = False) -> float
     return err
 
 
-@dataclass
-class Measurement:
-    config: dict
-    num_ctas: int
-    group_units: int
-    timing: dict
-    tflops: float
-    useful_flops: float
-    executed_flops: float
-    rel_error: float
-    peers: dict = field(default_factory=dict)  # name -> {"median_ms":..., "tflops":...}
+def measure(cfg: Point, *, warmup: int = 5, reps: int = 30, check: bool = True,
+            seed: int = 1) -> Timing:
+    """Correct first, then time the launch alone (a launcher bound once, rotating input sets).
 
-    def as_dict(self) -> dict:
-        return asdict(self)
-
-
-def measure(cfg: Config, *, warmup: int = 5, reps: int = 30, check: bool = True,
-            seed: int = 1) -> Measurement:
-    """Correct first, then time with rotating input sets."""
-    from wavefront.device import current_device
+    Raises IncorrectResult when the output fails the reference check: a wrong kernel is not
+    timed, and a sweep records the point as failed with the error."""
+    import cupy
     dev = current_device()
-    launch = cfg.launch(dev.sms, dev.l2_bytes)
+    launch = cfg.launch(dev)
     counts = launch_counts(launch.problem, launch.n_chunks)
     err = relative_error(cfg, seed) if check else float("nan")
-    bytes_per_set = 2 * counts.compulsory_read_bytes
+    if check and not err < CORRECTNESS_TOLERANCE:
+        raise IncorrectResult(f"relative error {err:.3g} against float32 is not below "
+                              f"{CORRECTNESS_TOLERANCE:g}")
     sets = [random_inputs(cfg, seed + 100 + i)
-            for i in range(input_sets_needed(bytes_per_set, dev.l2_bytes))]
-    import cupy
+            for i in range(input_sets_needed(2 * counts.compulsory_read_bytes, dev.l2_bytes))]
     outs = [cupy.empty_like(s[0]) for s in sets]
+    launcher, _ = launcher_for(*sets[0], **cfg.attention_kwargs())
+    stream = current_stream("cupy")
 
     def run(i):
         q, k, v = sets[i % len(sets)]
-        attention(q, k, v, out=outs[i % len(sets)], **cfg.attention_kwargs())
+        launcher(q, k, v, outs[i % len(sets)], stream)
 
-    t = time_gpu(run, warmup=warmup, reps=reps)
-    return Measurement(asdict(cfg), launch.num_ctas, launch.group_units, t.as_dict(),
-                       t.tflops(counts.useful_flops), counts.useful_flops,
-                       counts.executed_flops, err)
+    t = time_gpu(run, warmup=warmup, reps=reps, stream=stream)
+    return Timing(rel_error=err, median_ms=t.median_ms, p10_ms=t.p10_ms, p90_ms=t.p90_ms,
+                  reps=t.reps, tflops=t.tflops(counts.useful_flops),
+                  useful_flops=counts.useful_flops, executed_flops=counts.executed_flops)
 
 
 PEERS = {"fa2": "FLASH_ATTENTION", "cudnn": "CUDNN_ATTENTION"}
 
 
-def measure_peers(cfg: Config, *, warmup: int = 5, reps: int = 30, seed: int = 1) -> dict:
+def measure_peers(cfg: Point, *, warmup: int = 5, reps: int = 30, seed: int = 1) -> dict:
     """torch SDPA flash (FA2) and cuDNN on the same shapes, same FLOP count. {} without torch."""
     try:
         import torch
@@ -164,9 +114,8 @@ def measure_peers(cfg: Config, *, warmup: int = 5, reps: int = 30, seed: int = 1
         from torch.nn.functional import scaled_dot_product_attention
     except ImportError:
         return {}
-    from wavefront.device import current_device
     dev = current_device()
-    counts = launch_counts(cfg.launch(dev.sms, dev.l2_bytes).problem)
+    counts = launch_counts(cfg.launch(dev).problem)
     sets = [tuple(torch.from_dlpack(x) for x in random_inputs(cfg, seed + 200 + i))
             for i in range(input_sets_needed(2 * counts.compulsory_read_bytes, dev.l2_bytes))]
     gqa = cfg.kv_heads_ != cfg.heads
@@ -177,7 +126,7 @@ def measure_peers(cfg: Config, *, warmup: int = 5, reps: int = 30, seed: int = 1
             with sdpa_kernel(getattr(SDPBackend, backend)):
                 scaled_dot_product_attention(q, k, v, is_causal=cfg.causal, enable_gqa=gqa)
         try:
-            t: Timing = time_gpu(run, warmup=warmup, reps=reps)
+            t = time_gpu(run, warmup=warmup, reps=reps)
         except Exception as exc:  # a backend that refuses the shape is a result, not a crash
             results[name] = {"error": f"{type(exc).__name__}: {exc}"[:200]}
             continue

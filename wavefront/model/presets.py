@@ -18,8 +18,6 @@ class GPUSpec:
     l2_partitions: int
     dram_bytes_per_s: float
     peak_bf16_flops: float  # dense tensor-core rate
-    sector_bytes: int = 32
-    line_bytes: int = 128
 
     def with_overrides(self, **kw) -> "GPUSpec":
         kw = {k: v for k, v in kw.items() if v is not None}

@@ -15,17 +15,19 @@ The per-item mapping comes from `Launch.item_plan`, i.e. from `wavefront.schedul
 """
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 import numba
 import numpy as np
 
-from wavefront.schedules import CTA_GRID, KV_TILED, Launch
+from wavefront.point import SECTOR_BYTES
+from wavefront.schedules import KV_TILED, Launch
 
-KIND_K, KIND_V, KIND_Q, KIND_O = 0, 1, 2, 3
+# Access kinds. K and V are kinds 0 and 1 by construction: the trace builder adds k in range(2).
+KIND_Q, KIND_O = 2, 3
 KIND_PARTIAL_WRITE, KIND_PARTIAL_READ = 4, 5  # tiled schedule: fp32 partial states
 WRITE_KINDS = (KIND_O, KIND_PARTIAL_WRITE)
-SECTOR = 32
 
 
 @dataclass
@@ -166,7 +168,7 @@ def access_trace(launch: Launch, *, jitter: float = 0.0, seed: int = 0) -> Trace
     table = _item_table(launch)
     n_items = launch.num_items
     total = int(2 * table[:, 4].sum() + 2 * n_items)
-    dynamic = launch.cta.code == CTA_GRID
+    dynamic = not launch.cta.persistent
     n_slots = min(launch.resident_ctas, n_items) if dynamic else launch.num_ctas
     tiled = launch.kv.code == KV_TILED
     address, nbytes, kind, slot = _lockstep(
@@ -300,7 +302,7 @@ def _lru_partitions(address, nbytes, is_read_access, part_of_access, home_of_id,
                     capacity):
     """Per-partition LRU caches (doubly linked lists over tile ids), byte capacity each.
 
-    Returns sector counts: tex reads, tex read hits, fabric reads, fabric read hits, DRAM reads.
+    Returns bytes: tex reads, tex read hits, fabric reads, fabric read hits, DRAM reads.
     """
     prev = np.full((n_parts, n_ids), -1, np.int64)
     nxt = np.full((n_parts, n_ids), -1, np.int64)
@@ -376,7 +378,7 @@ def _lru_partitions(address, nbytes, is_read_access, part_of_access, home_of_id,
                     head[q] = -1
                 present[q, victim] = False
                 used[q] -= size[victim]
-    return tex // 32, tex_hit // 32, fab // 32, fab_hit // 32, dram // 32
+    return tex, tex_hit, fab, fab_hit, dram
 
 
 @dataclass(frozen=True)
@@ -397,7 +399,7 @@ class L2Prediction:
 
 
 def simulate_l2(trace: Trace, capacity_bytes: float, *, partitions: int = 1,
-                sms: int = 132) -> L2Prediction:
+                sms: int | None = None) -> L2Prediction:
     """LRU L2 of `capacity_bytes` in total, split over `partitions` (1 or 2).
 
     With two partitions a slot runs on SM (slot mod SMs), SMs alternate between partitions,
@@ -407,6 +409,8 @@ def simulate_l2(trace: Trace, capacity_bytes: float, *, partitions: int = 1,
         raise ValueError(f"partitions must be 1 or 2, got {partitions!r}")
     if capacity_bytes <= 0:
         raise ValueError(f"capacity_bytes must be positive, got {capacity_bytes!r}")
+    if partitions == 2 and not sms:
+        raise ValueError("sms (the GPU's SM count) is needed to place slots on partitions")
     n_ids = int(trace.address.max()) + 1 if len(trace) else 1
     if partitions == 1:
         part = np.zeros(len(trace), np.int64)
@@ -416,4 +420,33 @@ def simulate_l2(trace: Trace, capacity_bytes: float, *, partitions: int = 1,
         home = (_hash64(np.arange(n_ids)) % np.uint64(2)).astype(np.int64)
     counts = _lru_partitions(trace.address, trace.nbytes.astype(np.int64), trace.is_read, part, home,
                              n_ids, partitions, int(capacity_bytes // partitions))
-    return L2Prediction(*(int(c) for c in counts))
+    return L2Prediction(*(int(c) // SECTOR_BYTES for c in counts))
+
+
+# Bytes the simulator holds per tile access at its peak (trace, stack distances, Fenwick tree,
+# the sorted miss curve), measured on the paper-sized launch; used to refuse what cannot fit.
+BYTES_PER_ACCESS = 64
+
+
+def access_upper_bound(launch: Launch) -> int:
+    """At most this many tile accesses: every item visits every K/V tile of its chunk (K and V),
+    plus its Q and O; computed without enumerating the items."""
+    return 2 * launch.num_items * (min(launch.chunk_tiles, launch.problem.kv_tiles) + 1)
+
+
+def available_memory_bytes() -> int:
+    try:
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        return 8 << 30
+
+
+def check_simulable(launch: Launch, memory_bytes: int | None = None) -> None:
+    """Refuse, before allocating anything, a launch whose trace cannot be held in memory."""
+    memory = memory_bytes or available_memory_bytes()
+    need = access_upper_bound(launch) * BYTES_PER_ACCESS
+    if need > 0.8 * memory:
+        raise ValueError(f"this launch has up to {access_upper_bound(launch):.3g} tile accesses "
+                         f"(~{need / 2**30:.1f} GiB to simulate), more than 80% of the "
+                         f"{memory / 2**30:.1f} GiB of memory available: shorten seqlen or "
+                         "batch x heads")

@@ -7,7 +7,7 @@ from typing import Callable
 
 
 @dataclass(frozen=True)
-class Timing:
+class EventTimes:
     median_ms: float
     p10_ms: float
     p90_ms: float
@@ -16,6 +16,11 @@ class Timing:
 
     def as_dict(self) -> dict:
         return asdict(self)
+
+    @property
+    def spread(self) -> float:
+        """(p90 - p10) / median: the relative spread of the repetitions."""
+        return (self.p90_ms - self.p10_ms) / self.median_ms
 
     def tflops(self, flops: float) -> float:
         return flops / (self.median_ms * 1e-3) / 1e12
@@ -30,7 +35,7 @@ def _quantile(xs, q):
 
 
 def time_gpu(fn: Callable[[int], object], *, warmup: int = 5, reps: int = 30,
-             stream=None) -> Timing:
+             stream=None) -> EventTimes:
     """Time `fn(i)` (i = repetition index, for rotating input sets) with CUDA events.
 
     Each repetition gets its own event pair so one slow launch shows in the spread instead of
@@ -50,7 +55,7 @@ def time_gpu(fn: Callable[[int], object], *, warmup: int = 5, reps: int = 30,
         stop.record(stream)
     stream.synchronize()
     ms = [cupy.cuda.get_elapsed_time(a, b) for a, b in events]
-    return Timing(statistics.median(ms), _quantile(ms, 0.1), _quantile(ms, 0.9), min(ms), reps)
+    return EventTimes(statistics.median(ms), _quantile(ms, 0.1), _quantile(ms, 0.9), min(ms), reps)
 
 
 def input_sets_needed(bytes_per_set: int, l2_bytes: int) -> int:

@@ -1,0 +1,224 @@
+"""Host side of the kernel: validate arrays, bind a specialisation and its buffers once, launch.
+
+`AttentionLauncher` binds the variant, the kernel object, the tiled schedule's workspace and
+the LSE buffer for one shape, so a timing loop measures the launch and nothing else;
+`attention` builds one per call.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import cuda.tile as ct
+
+from wavefront.device import current_device
+from wavefront.kernel.attention import (
+    ATTENTION_PARAMS,
+    COMBINE_PARAMS,
+    COMBINE_TILE_M,
+    LOG2_E,
+    KernelVariant,
+    combine_partials,
+    launch_args,
+)
+from wavefront.point import DTYPES, HEAD_DIMS, plan
+from wavefront.schedules import KV_TILED, Launch
+
+@dataclass(frozen=True)
+class _ArrayView:
+    """What validation needs to know about an array, whatever library holds it."""
+
+    library: str  # "cupy" | "torch"
+    shape: tuple
+    dtype: str
+    device: int
+    strides: tuple  # in elements
+
+
+def _view(name: str, x) -> tuple[_ArrayView, object]:
+    """-> (description, array to hand to cuTile). Accepts CuPy, torch, anything with DLPack."""
+    mod = type(x).__module__.split(".")[0]
+    if mod == "torch":
+        if not x.is_cuda:
+            raise ValueError(f"{name} must be on a CUDA device, got device {x.device}")
+        dtype = str(x.dtype).replace("torch.", "")
+        return _ArrayView("torch", tuple(x.shape), dtype, x.device.index, tuple(x.stride())), x
+    if mod == "numpy":
+        raise ValueError(f"{name} must live in GPU memory, got a NumPy (host) array")
+    import cupy
+    if not isinstance(x, cupy.ndarray):
+        if not hasattr(x, "__dlpack__"):
+            raise ValueError(f"{name} must be a CuPy array, a torch tensor or support DLPack, "
+                             f"got {type(x).__name__}")
+        try:
+            x = cupy.from_dlpack(x)
+        except Exception as exc:  # host arrays and foreign devices land here
+            raise ValueError(f"{name} must live in GPU memory: {exc}") from None
+    item = x.dtype.itemsize
+    return _ArrayView("cupy", tuple(x.shape), str(x.dtype), x.device.id,
+                      tuple(s // item for s in x.strides)), x
+
+
+def _check_inputs(q, k, v):
+    vq, aq = _view("q", q)
+    vk, ak = _view("k", k)
+    vv, av = _view("v", v)
+    validate_views(vq, vk, vv)
+    return vq, (aq, ak, av)
+
+
+def validate_views(vq: _ArrayView, vk: _ArrayView, vv: _ArrayView) -> None:
+    """Every rule the kernel relies on, with an error that names the argument."""
+    for name, view in (("q", vq), ("k", vk), ("v", vv)):
+        if len(view.shape) != 4:
+            raise ValueError(f"{name} must be 4-D (batch, heads, seqlen, head_dim), "
+                             f"got shape {view.shape}")
+        if any(d == 0 for d in view.shape):
+            raise ValueError(f"{name} must have no zero-size dimension, got shape {view.shape}")
+        if view.dtype not in DTYPES:
+            raise ValueError(f"{name} dtype must be one of {DTYPES}, got {view.dtype}")
+        if view.strides[-1] != 1:
+            raise ValueError(f"{name} must be contiguous in its last (head_dim) dimension, "
+                             f"got strides {view.strides}")
+    for name, view in (("k", vk), ("v", vv)):
+        if view.library != vq.library:
+            raise ValueError(f"{name} must come from the same library as q ({vq.library}), "
+                             f"got {view.library}")
+        if view.dtype != vq.dtype:
+            raise ValueError(f"{name} dtype must match q ({vq.dtype}), got {view.dtype}")
+        if view.device != vq.device:
+            raise ValueError(f"{name} must be on q's device ({vq.device}), got {view.device}")
+    b, h, _, d = vq.shape
+    if vv.shape != vk.shape:
+        raise ValueError(f"v shape must equal k shape {vk.shape}, got {vv.shape}")
+    if vk.shape[0] != b:
+        raise ValueError(f"k batch must equal q batch ({b}), got {vk.shape[0]}")
+    if vk.shape[3] != d:
+        raise ValueError(f"k head_dim must equal q head_dim ({d}), got {vk.shape[3]}")
+    if d not in HEAD_DIMS:
+        raise ValueError(f"q head_dim must be one of {HEAD_DIMS}, got {d}")
+    if h % vk.shape[1]:
+        raise ValueError(f"q heads ({h}) must be a multiple of k heads ({vk.shape[1]})")
+
+
+class AttentionLauncher:
+    """One launch configuration bound to its kernel and buffers: call it with q, k, v, out.
+
+    Everything that does not depend on the data (the specialisation, the kernel object, the
+    tiled schedule's fp32 partial states, the LSE buffer, the scalar arguments) is made once
+    here; `__call__` only launches.
+    """
+
+    def __init__(self, launch: Launch, q_view: _ArrayView, *, scale: float | None = None,
+                 return_lse: bool = False):
+        p = launch.problem
+        if scale is None:
+            scale = 1.0 / math.sqrt(p.head_dim)
+        if (isinstance(scale, bool) or not isinstance(scale, (int, float))
+                or not math.isfinite(scale) or scale <= 0):
+            raise ValueError(f"scale must be a positive finite number, got {scale!r}")
+        self.launch = launch
+        self.view = q_view
+        self.tiled = launch.kv.code == KV_TILED
+        self.return_lse = bool(return_lse)
+        self.variant = KernelVariant(q_view.dtype, p.head_dim, p.tile_m, p.tile_n, p.causal,
+                                     launch.name, launch.ctas_per_sm,
+                                     self.return_lse and not self.tiled)
+        self.kernel = self.variant.kernel()
+        # cuTile needs an array for every parameter: a 1-element stand-in when LSE is not asked.
+        self.lse = _empty(q_view, (p.batch, p.heads, p.seqlen_q) if return_lse else (1, 1, 1),
+                          "float32")
+        self.partials = _workspace(q_view, launch.n_chunks if self.tiled else 0)
+        self.scalars = {"qk_scale_log2": float(scale * LOG2_E),
+                        "resident_ctas": launch.resident_ctas,
+                        "group_units": launch.group_units, "n_chunks": launch.n_chunks,
+                        "chunk_tiles": launch.chunk_tiles}
+        self.grid = (launch.num_ctas, 1, 1)
+        self.combine_grid = (-(-p.seqlen_q // COMBINE_TILE_M), p.batch * p.heads, 1)
+
+    def __call__(self, q, k, v, out, stream):
+        part_o, part_m, part_l = self.partials
+        ct.launch(stream, self.grid, self.kernel, launch_args(ATTENTION_PARAMS, {
+            "Q": q, "K": k, "V": v, "Out": out, "Lse": self.lse, "PartO": part_o,
+            "PartM": part_m, "PartL": part_l, **self.scalars, **self.variant.constants}))
+        if self.tiled:
+            p = self.launch.problem
+            ct.launch(stream, self.combine_grid, combine_partials, launch_args(COMBINE_PARAMS, {
+                "PartO": part_o, "PartM": part_m, "PartL": part_l, "Out": out, "Lse": self.lse,
+                "n_chunks": self.launch.n_chunks, "HEAD_DIM": p.head_dim,
+                "TILE_M": COMBINE_TILE_M, "WRITE_LSE": self.return_lse}))
+        return (out, self.lse) if self.return_lse else out
+
+
+def launcher_for(q, k, v, *, causal=False, schedule="persistent+linear", tiles=None,
+                 occupancy=None, scale=None, return_lse=False, l2_bytes=None, ctas=None,
+                 chunk_tiles=None) -> tuple[AttentionLauncher, tuple]:
+    """-> (launcher for these arrays' shapes, the arrays as cuTile takes them)."""
+    vq, arrays = _check_inputs(q, k, v)
+    dev = current_device()
+    if dev is None:
+        raise RuntimeError("wavefront.attention needs a CUDA GPU; none is visible")
+    launch = plan(vq.shape, arrays[1].shape, causal=causal, schedule=schedule, tiles=tiles,
+                  occupancy=occupancy, sms=dev.sms,
+                  l2_bytes=l2_bytes if l2_bytes is not None else dev.l2_bytes, ctas=ctas,
+                  chunk_tiles=chunk_tiles)
+    return AttentionLauncher(launch, vq, scale=scale, return_lse=return_lse), arrays
+
+
+def attention(q, k, v, *, causal: bool = False, schedule: str = "persistent+linear",
+              tiles=None, occupancy: int | None = None, scale: float | None = None,
+              return_lse: bool = False, out=None, stream=None, l2_bytes: int | None = None,
+              ctas: int | None = None, chunk_tiles: int | None = None):
+    """FlashAttention forward; see `wavefront.api.attention` for the arguments."""
+    launcher, (q, k, v) = launcher_for(q, k, v, causal=causal, schedule=schedule, tiles=tiles,
+                                       occupancy=occupancy, scale=scale, return_lse=return_lse,
+                                       l2_bytes=l2_bytes, ctas=ctas, chunk_tiles=chunk_tiles)
+    out = _output(launcher.view, out)
+    stream = stream if stream is not None else current_stream(launcher.view.library)
+    return launcher(q, k, v, out, stream)
+
+
+def _empty(vq: _ArrayView, shape, dtype: str):
+    """An uninitialised array of q's library on q's device."""
+    if vq.library == "torch":
+        import torch
+        return torch.empty(shape, dtype=getattr(torch, dtype), device=f"cuda:{vq.device}")
+    import cupy
+    import ml_dtypes  # noqa: F401  (registers bfloat16 with NumPy/CuPy)
+    with cupy.cuda.Device(vq.device):
+        return cupy.empty(shape, dtype=dtype)
+
+
+def _workspace(vq, n_chunks):
+    """fp32 partial states of the tiled schedule: (chunks x batch, heads, seqlen[, head_dim]).
+
+    Other schedules get one-element stand-ins: cuTile needs an array for every parameter."""
+    b, h, s, d = vq.shape
+    shapes = ([(n_chunks * b, h, s, d), (n_chunks * b, h, s), (n_chunks * b, h, s)] if n_chunks
+              else [(1, 1, 1, 1), (1, 1, 1), (1, 1, 1)])
+    return tuple(_empty(vq, sh, "float32") for sh in shapes)
+
+
+def current_stream(library):
+    if library == "torch":
+        import torch
+        return torch.cuda.current_stream()
+    import cupy
+    return cupy.cuda.get_current_stream()
+
+
+def _output(vq, out):
+    """The output: the one given (checked against q), or a new one."""
+    if out is None:
+        out = _empty(vq, vq.shape, vq.dtype)
+    else:
+        vo, out = _view("out", out)
+        if (vo.library, vo.device, vo.shape, vo.dtype) != (vq.library, vq.device, vq.shape,
+                                                          vq.dtype) or vo.strides[-1] != 1:
+            raise ValueError(f"out must be a {vq.library} array on q's device with q's shape "
+                             f"{vq.shape} and dtype {vq.dtype}, contiguous in its last "
+                             f"dimension; got {vo.library} {vo.shape} {vo.dtype} on device "
+                             f"{vo.device}")
+    return out
+
+

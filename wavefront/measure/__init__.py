@@ -1,0 +1,2 @@
+"""Measuring on a GPU: correctness, CUDA-event timing, Nsight Compute counters, NVML conditions,
+worker processes."""

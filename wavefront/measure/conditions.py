@@ -1,0 +1,104 @@
+"""The GPU's conditions while a point is measured, from NVML (`nvidia-ml-py`): clocks, the
+reasons the clocks were held down, the GPU's UUID and the host. Read only: nothing here changes
+a clock or a setting."""
+from __future__ import annotations
+
+import socket
+import statistics
+import threading
+import time
+
+from wavefront.results.measurement import Conditions
+
+# NVML clock-event reasons that mean the GPU ran slower than it could for reasons of its own
+# (power, heat, slowdown), as opposed to idling or application clock settings.
+_THROTTLE_REASONS = {
+    0x4: "sw_power_cap", 0x8: "hw_slowdown", 0x20: "sw_thermal", 0x40: "hw_thermal",
+    0x80: "hw_power_brake", 0x100: "display_clocks",
+}
+_BENIGN_REASONS = {0x1: "gpu_idle", 0x2: "applications_clocks", 0x10: "sync_boost"}
+
+
+def _nvml():
+    try:
+        import pynvml
+        pynvml.nvmlInit()
+        return pynvml
+    except Exception:  # no NVML (CPU machine, no nvidia-ml-py): conditions stay unknown
+        return None
+
+
+def _handle(nvml, device_index: int):
+    return nvml.nvmlDeviceGetHandleByIndex(device_index)
+
+
+def _visible_index(device: int) -> int:
+    """NVML numbers every GPU of the host; CUDA numbers the visible ones. Map through
+    CUDA_VISIBLE_DEVICES where it lists plain indices."""
+    import os
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES", "")
+    ids = [v.strip() for v in visible.split(",") if v.strip()]
+    if ids and all(v.isdigit() for v in ids) and device < len(ids):
+        return int(ids[device])
+    return device
+
+
+def gpu_uuid(device: int = 0) -> str | None:
+    nvml = _nvml()
+    if nvml is None:
+        return None
+    try:
+        uuid = nvml.nvmlDeviceGetUUID(_handle(nvml, _visible_index(device)))
+        return uuid.decode() if isinstance(uuid, bytes) else uuid
+    except Exception:
+        return None
+
+
+class ConditionsSampler:
+    """Samples SM/memory clocks and clock-event reasons every `period_s` while in a `with`."""
+
+    def __init__(self, device: int = 0, period_s: float = 0.05):
+        self.device = device
+        self.period_s = period_s
+        self.sm, self.mem, self.reasons = [], [], 0
+        self._stop = threading.Event()
+        self._nvml = _nvml()
+        self._thread = None
+
+    def _sample(self, handle):
+        nvml = self._nvml
+        self.sm.append(nvml.nvmlDeviceGetClockInfo(handle, nvml.NVML_CLOCK_SM))
+        self.mem.append(nvml.nvmlDeviceGetClockInfo(handle, nvml.NVML_CLOCK_MEM))
+        self.reasons |= int(nvml.nvmlDeviceGetCurrentClocksEventReasons(handle))
+
+    def _run(self):
+        try:
+            handle = _handle(self._nvml, _visible_index(self.device))
+            while not self._stop.is_set():
+                self._sample(handle)
+                time.sleep(self.period_s)
+            self._sample(handle)
+        except Exception:
+            pass
+
+    def __enter__(self):
+        if self._nvml is not None:
+            self._thread = threading.Thread(target=self._run, daemon=True)
+            self._thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=2)
+
+    def conditions(self) -> Conditions:
+        names = [n for bit, n in {**_THROTTLE_REASONS, **_BENIGN_REASONS}.items()
+                 if self.reasons & bit]
+        measured = self._nvml is not None and bool(self.sm)
+        return Conditions(
+            host=socket.gethostname(), gpu_uuid=gpu_uuid(self.device),
+            sm_clock_mhz=float(statistics.median(self.sm)) if self.sm else None,
+            mem_clock_mhz=float(statistics.median(self.mem)) if self.mem else None,
+            throttle_reasons="|".join(names) if measured else None,
+            throttled=bool(self.reasons & sum(_THROTTLE_REASONS)) if measured else None)

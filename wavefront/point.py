@@ -1,0 +1,206 @@
+"""One measured point: the parameters of an attention launch, and how they become a `Launch`.
+
+`Point` is the one type for a configuration. A sweep expands a spec into Points, the worker
+measures a Point, a results row is `Point.to_record(gpu)` plus its measurement, the model
+rebuilds the launch with `Point.from_record(row).launch(gpu)`. The parameter columns of a
+record are listed once, in `PARAMETER_COLUMNS`.
+
+The parameter space (dtypes, head dims, tile shapes, their default occupancy) lives here too:
+the kernel compiles it, the model and the CLI validate against it without importing cuTile.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, fields, replace
+from typing import Protocol
+
+from wavefront.schedules import (
+    AttentionProblem,
+    Launch,
+    TiledScan,
+    cta_schedule,
+    kv_schedule,
+    positive_int,
+)
+
+DTYPE_BYTES = {"bfloat16": 2, "float16": 2}
+DTYPES = tuple(DTYPE_BYTES)
+HEAD_DIMS = (64, 128)
+TILE_SHAPES = ((64, 64), (128, 64), (128, 128))
+DEFAULT_TILES = {64: (128, 64), 128: (128, 64)}
+# CTAs per SM asked of the compiler: two 128x64 CTAs fit an SM's registers, one 128x128.
+DEFAULT_OCCUPANCY = {(64, 64): 2, (128, 64): 2, (128, 128): 1}
+# Every L2 counter and every model count is in sectors of this size (Hopper and Blackwell).
+SECTOR_BYTES = 32
+
+
+class GpuShape(Protocol):
+    """What a launch needs to know of a GPU: a model preset or a measured device both fit."""
+
+    sms: int
+    l2_bytes: int
+
+
+def parse_schedule(schedule) -> tuple[str, str]:
+    """'persistent+sawtooth' -> ('persistent', 'sawtooth'); a bare CTA name scans linearly."""
+    if not isinstance(schedule, str) or not schedule:
+        raise ValueError(f"schedule must be a string like 'persistent+sawtooth', got {schedule!r}")
+    cta, _, kv = schedule.partition("+")
+    cta_schedule(cta)
+    kv_schedule(kv or "linear")
+    return cta, kv or "linear"
+
+
+def parse_tiles(tiles) -> tuple[int, int]:
+    """'128x64' or (128, 64) -> (128, 64), one of TILE_SHAPES."""
+    if isinstance(tiles, str):
+        try:
+            m, n = (int(x) for x in tiles.lower().split("x"))
+        except ValueError:
+            raise ValueError(f"tiles must look like '128x64', got {tiles!r}") from None
+        tiles = (m, n)
+    try:
+        tiles = tuple(tiles)
+    except TypeError:
+        raise ValueError(f"tiles must look like '128x64', got {tiles!r}") from None
+    if tiles not in TILE_SHAPES:
+        raise ValueError(f"tiles must be one of {['%dx%d' % t for t in TILE_SHAPES]}, "
+                         f"got {tiles!r}")
+    return tiles
+
+
+def plan(q_shape, k_shape, *, sms: int, l2_bytes: int, causal=False,
+         schedule="persistent+linear", tiles=None, occupancy=None, element_bytes=2,
+         ctas=None, chunk_tiles=None) -> Launch:
+    """The `Launch` the kernel runs for these shapes on a GPU of `sms` SMs and `l2_bytes` of
+    L2 (no GPU needed: the model calls this with a preset)."""
+    b, h, sq, d = q_shape
+    _, hkv, skv, _ = k_shape
+    tile_m, tile_n = parse_tiles(tiles) if tiles is not None else DEFAULT_TILES.get(d, (128, 64))
+    if occupancy is None:
+        occupancy = DEFAULT_OCCUPANCY[(tile_m, tile_n)]
+    if isinstance(occupancy, bool) or not isinstance(occupancy, int) or not 1 <= occupancy <= 32:
+        raise ValueError(f"occupancy must be an integer in [1, 32], got {occupancy!r}")
+    if not isinstance(causal, bool):
+        raise ValueError(f"causal must be True or False, got {causal!r}")
+    cta, kv = parse_schedule(schedule)
+    problem = AttentionProblem(b, h, hkv, sq, skv, d, causal, tile_m, tile_n, element_bytes)
+    kv_sched = kv_schedule(kv)
+    if chunk_tiles is not None:
+        if not isinstance(kv_sched, TiledScan):
+            raise ValueError(f"chunk_tiles applies to the tiled schedule only, got schedule "
+                             f"{schedule!r}")
+        kv_sched = TiledScan(tiles_per_chunk=chunk_tiles)
+    return Launch(problem, cta_schedule(cta), kv_sched, sms, occupancy, l2_bytes, ctas)
+
+
+# The columns that identify a point in a results file, in file order. `resident_ctas` stands
+# for the `ctas` cap: it is what the launch ran with, whatever the default was.
+PARAMETER_COLUMNS = ("batch", "heads", "kv_heads", "seqlen", "head_dim", "dtype", "causal",
+                     "tile_m", "tile_n", "occupancy", "cta_schedule", "kv_schedule",
+                     "resident_ctas")
+# Derived from the launch on a GPU; recorded beside the parameters.
+LAUNCH_COLUMNS = ("gpu", "sms", "l2_bytes", "num_ctas", "group_units")
+
+
+@dataclass(frozen=True)
+class Point:
+    """One attention configuration. Defaults (tiles, occupancy, K/V heads) resolve as the kernel
+    resolves them; `ctas` caps the persistent grid (None: SMs x occupancy)."""
+
+    batch: int = 1
+    heads: int = 32
+    kv_heads: int | None = None
+    seqlen: int = 8192
+    head_dim: int = 128
+    dtype: str = "bfloat16"
+    causal: bool = False
+    schedule: str = "persistent+linear"
+    tiles: str | None = None
+    occupancy: int | None = None
+    ctas: int | None = None
+    chunk_tiles: int | None = None  # tiled schedule: K/V tiles per chunk (default from the L2)
+
+    def __post_init__(self):
+        for name in ("batch", "heads", "seqlen"):
+            positive_int(name, getattr(self, name))
+        for name in ("kv_heads", "ctas", "chunk_tiles"):
+            positive_int(name, getattr(self, name), optional=True)
+        if self.head_dim not in HEAD_DIMS or isinstance(self.head_dim, bool):
+            raise ValueError(f"head_dim must be one of {HEAD_DIMS}, got {self.head_dim!r}")
+        if self.dtype not in DTYPES:
+            raise ValueError(f"dtype must be one of {DTYPES}, got {self.dtype!r}")
+        if not isinstance(self.causal, bool):
+            raise ValueError(f"causal must be True or False, got {self.causal!r}")
+        parse_schedule(self.schedule)
+        if self.tiles is not None:
+            parse_tiles(self.tiles)
+        if self.heads % self.kv_heads_:
+            raise ValueError(f"heads ({self.heads}) must be a multiple of kv_heads "
+                             f"({self.kv_heads_})")
+
+    @property
+    def kv_heads_(self) -> int:
+        return self.kv_heads or self.heads
+
+    def replace(self, **changes) -> "Point":
+        return replace(self, **changes)
+
+    def launch(self, gpu: GpuShape) -> Launch:
+        return plan((self.batch, self.heads, self.seqlen, self.head_dim),
+                    (self.batch, self.kv_heads_, self.seqlen, self.head_dim),
+                    causal=self.causal, schedule=self.schedule, tiles=self.tiles,
+                    occupancy=self.occupancy, sms=gpu.sms, l2_bytes=gpu.l2_bytes,
+                    element_bytes=DTYPE_BYTES[self.dtype], ctas=self.ctas,
+                    chunk_tiles=self.chunk_tiles)
+
+    def attention_kwargs(self) -> dict:
+        """Everything `wavefront.attention` takes from a point (no arrays)."""
+        return dict(causal=self.causal, schedule=self.schedule, tiles=self.tiles,
+                    occupancy=self.occupancy, ctas=self.ctas, chunk_tiles=self.chunk_tiles)
+
+    def parameters(self, gpu: GpuShape) -> dict:
+        """The PARAMETER_COLUMNS of this point on `gpu`, defaults resolved."""
+        launch = self.launch(gpu)
+        p = launch.problem
+        return {"batch": self.batch, "heads": self.heads, "kv_heads": p.kv_heads,
+                "seqlen": self.seqlen, "head_dim": self.head_dim, "dtype": self.dtype,
+                "causal": p.causal, "tile_m": p.tile_m, "tile_n": p.tile_n,
+                "occupancy": launch.ctas_per_sm, "cta_schedule": launch.cta.name,
+                "kv_schedule": launch.kv.name, "resident_ctas": launch.resident_ctas}
+
+    def key(self, gpu: GpuShape) -> str:
+        return point_key(self.parameters(gpu))
+
+    def to_record(self, gpu: GpuShape, gpu_name: str) -> dict:
+        """Parameters, launch-derived columns and the key: a results row without a measurement."""
+        launch = self.launch(gpu)
+        params = self.parameters(gpu)
+        return {**params, "point": point_key(params), "gpu": gpu_name, "sms": gpu.sms,
+                "l2_bytes": gpu.l2_bytes, "num_ctas": launch.num_ctas,
+                "group_units": launch.group_units}
+
+    @classmethod
+    def from_record(cls, rec) -> "Point":
+        """The point of a sweep point or a results row (they share the parameter columns).
+        `ctas` is set only where the CTAs in flight differ from SMs x occupancy."""
+        sms, occupancy, resident = int(rec["sms"]), int(rec["occupancy"]), int(rec["resident_ctas"])
+        chunk = rec.get("chunk_tiles") if hasattr(rec, "get") else None
+        chunk = None if chunk is None or (isinstance(chunk, float) and math.isnan(chunk)) else int(chunk)
+        return cls(batch=int(rec["batch"]), heads=int(rec["heads"]), kv_heads=int(rec["kv_heads"]),
+                   seqlen=int(rec["seqlen"]), head_dim=int(rec["head_dim"]),
+                   dtype=str(rec["dtype"]), causal=bool(rec["causal"]),
+                   schedule=f"{rec['cta_schedule']}+{rec['kv_schedule']}",
+                   tiles=f"{int(rec['tile_m'])}x{int(rec['tile_n'])}", occupancy=occupancy,
+                   ctas=None if resident == sms * occupancy else resident, chunk_tiles=chunk)
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def field_names(cls) -> tuple[str, ...]:
+        return tuple(f.name for f in fields(cls))
+
+
+def point_key(params: dict) -> str:
+    return ",".join(f"{k}={params[k]}" for k in PARAMETER_COLUMNS)

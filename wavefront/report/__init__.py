@@ -1,0 +1,1 @@
+"""Figures, tables and the paper draft from data/ (CPU only)."""

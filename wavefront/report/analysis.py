@@ -1,0 +1,290 @@
+"""The models against the measured data: what the figures, the tables and the draft are made of.
+
+`Study` loads `data/` (a directory given to it, not found from this file) and computes each
+expensive result once (miss curves, capacity and throughput fits), so the paper and every
+experiment's `plot` draw from the same numbers.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from functools import cached_property
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from wavefront.model.fits import (
+    CapacityFit,
+    MissCurves,
+    ThroughputFit,
+    error_table,
+    fit_capacity,
+    fit_throughput,
+    knee,
+    launch_of_row,
+    predict,
+)
+from wavefront.model.presets import gpu_preset, preset_for_device
+from wavefront.point import SECTOR_BYTES
+from wavefront.report.figures import short_gpu
+from wavefront.results.store import load_results, with_timing
+
+# Experiments with counters and timing for the same points: the throughput model's data.
+TIMED_EXPERIMENTS = ("schedules_vs_seqlen", "knee", "ablation", "tile_size", "tiled")
+
+
+def counters(df):
+    return df[df["measurement"] == "counters"].copy()
+
+
+def timing(df):
+    return df[df["measurement"] == "timing"].copy()
+
+
+@dataclass
+class GpuCapacity:
+    """The effective LRU capacity fitted on one GPU's rows, and how well the same fraction of
+    the L2 predicts each other GPU's rows."""
+
+    gpu: str
+    fit: CapacityFit
+    l2_bytes: int
+    cross: dict[str, dict] = field(default_factory=dict)  # other short GPU name -> errors
+
+    @property
+    def capacity_mib(self) -> float:
+        return self.fit.capacity_bytes / 2**20
+
+    @property
+    def fraction_of_l2(self) -> float:
+        return self.fit.capacity_bytes / self.l2_bytes
+
+    @property
+    def errors(self) -> dict:
+        return self.fit.errors
+
+    def summary(self) -> dict:
+        return {"capacity_mib": self.capacity_mib, "fraction_of_l2": self.fraction_of_l2,
+                **self.errors, "cross_gpu": self.cross}
+
+
+def miss_curves(c: pd.DataFrame) -> dict:
+    """Per GPU: the simulated miss curves of its counter rows (the expensive part of a fit)."""
+    return {gpu: MissCurves(rows) for gpu, rows in c.groupby("gpu")}
+
+
+def capacity_fits(c: pd.DataFrame, curves: dict | None = None) -> dict[str, GpuCapacity]:
+    """Per GPU: fitted effective capacity, its errors, and the cross-GPU prediction error
+    (the capacity as a fraction of one GPU's L2, applied to the other's). `curves` (from
+    `miss_curves`, possibly for more points than `c`) saves simulating again."""
+    curves = {gpu: cv.subset(c[c["gpu"] == gpu]["point"])
+              for gpu, cv in (curves or miss_curves(c)).items() if gpu in set(c["gpu"])}
+    l2 = {gpu: int(rows["l2_bytes"].iloc[0]) for gpu, rows in c.groupby("gpu")}
+    out = {gpu: GpuCapacity(gpu, fit_capacity(rows, gpu, curves=curves[gpu]), l2[gpu])
+           for gpu, rows in c.groupby("gpu")}
+    for gpu, entry in out.items():
+        for other, other_curves in curves.items():
+            if other != gpu:
+                pred = other_curves.misses(entry.fraction_of_l2 * l2[other])
+                entry.cross[short_gpu(other)] = error_table(pred,
+                                                            np.asarray(other_curves.measured))
+    return out
+
+
+def knees(c: pd.DataFrame, fits: dict[str, GpuCapacity]) -> pd.DataFrame:
+    """Measured vs predicted knee per (GPU, D, schedule): the first S with misses > 1.5 x
+    compulsory. Predicted with the GPU's fitted capacity."""
+    rows = []
+    for (gpu, hd, kv), sub in c.groupby(["gpu", "head_dim", "kv_schedule"]):
+        sub = sub.sort_values("seqlen")
+        fit = fits[gpu].fit
+        by_point = dict(zip(fit.points, fit.predicted))
+        pred = [by_point[p] for p in sub["point"]]
+        seqlens = list(sub["seqlen"])
+        measured_knee = knee(seqlens, list(sub["l2_read_miss_sectors"] * SECTOR_BYTES),
+                             list(sub["compulsory_read_bytes"]))
+        predicted_knee = knee(seqlens, pred, list(sub["compulsory_read_bytes"]))
+        step = (abs(seqlens.index(measured_knee) - seqlens.index(predicted_knee))
+                if measured_knee and predicted_knee else None)
+        rows.append({"GPU": short_gpu(gpu), "D": hd, "K/V schedule": kv,
+                     "measured knee": measured_knee, "predicted knee": predicted_knee,
+                     "steps apart": step})
+    return pd.DataFrame(rows)
+
+
+def predicted_curve(c: pd.DataFrame, fits: dict[str, GpuCapacity]) -> pd.DataFrame:
+    rows = []
+    for gpu, entry in fits.items():
+        fit = entry.fit
+        sub = c[c["gpu"] == gpu].set_index("point")
+        for point, pred in zip(fit.points, fit.predicted):
+            r = sub.loc[point]
+            rows.append({"GPU": short_gpu(gpu), "head_dim": r["head_dim"],
+                         "seqlen": r["seqlen"],
+                         "schedule": f"{r['cta_schedule']}+{r['kv_schedule']}",
+                         "x compulsory": pred / r["compulsory_read_bytes"]})
+    return pd.DataFrame(rows).sort_values("seqlen")
+
+
+PAIR_KEYS = ["gpu", "sms", "l2_bytes", "batch", "heads", "kv_heads", "seqlen", "head_dim",
+             "dtype", "causal", "tile_m", "tile_n", "occupancy", "cta_schedule",
+             "resident_ctas"]
+
+
+def headline(frames: dict[str, pd.DataFrame], fits: dict[str, GpuCapacity],
+             top: int = 3) -> pd.DataFrame:
+    """Sawtooth over linear where it matters most: per GPU, the configurations with the
+    largest measured miss reduction among those whose linear misses exceed 2 x compulsory.
+    The model's predicted reduction (fitted capacity) stands beside the measured one."""
+    keys = PAIR_KEYS
+    rows = []
+    for name, df in frames.items():
+        d = with_timing(df)
+        lin = d[d["kv_schedule"] == "linear"].set_index(keys)
+        saw = d[d["kv_schedule"] == "sawtooth"].set_index(keys)
+        both = lin.merge(saw, left_index=True, right_index=True, suffixes=("_lin", "_saw"))
+        for idx, r in both.iterrows():
+            if r["l2_read_miss_sectors_lin"] * SECTOR_BYTES < 2 * r["compulsory_read_bytes_lin"]:
+                continue
+            rows.append({**dict(zip(keys, idx)), "experiment": name,
+                         "misses_lin": r["l2_read_miss_sectors_lin"],
+                         "misses_saw": r["l2_read_miss_sectors_saw"],
+                         "tflops_lin": r["tflops_lin"], "tflops_saw": r["tflops_saw"]})
+    h = pd.DataFrame(rows)
+    if h.empty:
+        return h
+    h["miss change"] = h["misses_saw"] / h["misses_lin"] - 1
+    h["throughput change"] = h["tflops_saw"] / h["tflops_lin"] - 1
+    h = h.drop_duplicates(subset=keys).sort_values("miss change")
+    h = h.groupby("gpu", group_keys=False).head(top)
+    predicted = []
+    for _, r in h.iterrows():
+        gpu = preset_for_device(r["gpu"]) or gpu_preset("h100")
+        fit = fits.get(r["gpu"])
+        cap = fit.fit.capacity_bytes if fit else 0.5 * gpu.l2_bytes
+        res = {}
+        for kv in ("linear", "sawtooth"):
+            res[kv] = predict(launch_of_row({**r, "kv_schedule": kv}), gpu,
+                              capacity_bytes=cap).read_miss_sectors
+        predicted.append(res["sawtooth"] / max(1, res["linear"]) - 1)
+    h["model miss change"] = predicted
+    return h
+
+
+def throughput_fits(frames: dict[str, pd.DataFrame]) -> tuple[dict[str, ThroughputFit],
+                                                             pd.DataFrame]:
+    joined = pd.concat([with_timing(df) for df in frames.values()], ignore_index=True)
+    return ({short_gpu(gpu): fit_throughput(rows, gpu) for gpu, rows in joined.groupby("gpu")},
+            joined)
+
+
+def dram_bound_share(tfits: dict[str, ThroughputFit], joined: pd.DataFrame) -> dict:
+    """Share of measured points the fitted throughput model puts on the DRAM side."""
+    joined = joined.assign(GPU=joined["gpu"].map(short_gpu))
+    out = {}
+    for d in (64, 128):
+        sub = joined[joined["head_dim"] == d]
+        bound = []
+        for gpu, rows in sub.groupby("GPU"):
+            bound += list(tfits[gpu].dram_bound(rows["executed_flops"],
+                                                rows["dram_read_bytes"] + rows["dram_write_bytes"]))
+        out[f"D{d}"] = float(np.mean(bound)) if bound else float("nan")
+    return out
+
+
+def _pct(x):
+    return "n/a" if x is None or (isinstance(x, float) and np.isnan(x)) else f"{x:+.0%}"
+
+
+def tiled_table(df: pd.DataFrame) -> pd.DataFrame:
+    d = with_timing(df)
+    d["GPU"] = d["gpu"].map(short_gpu)
+    out = []
+    for k, sub in d.groupby(["GPU", "head_dim", "causal", "seqlen"]):
+        by = sub.set_index("kv_schedule")
+        if not {"linear", "sawtooth", "tiled"} <= set(by.index):
+            continue
+        row = dict(zip(["GPU", "D", "causal", "S"], k))
+        for kv in ("linear", "sawtooth", "tiled"):
+            row[f"{kv} DRAM/min"] = round(by.loc[kv, "dram_read_bytes"]
+                                          / by.loc[kv, "compulsory_read_bytes"], 2)
+        row["tiled TFLOP/s vs linear"] = _pct(by.loc["tiled", "tflops"]
+                                              / by.loc["linear", "tflops"] - 1)
+        row["sawtooth TFLOP/s vs linear"] = _pct(by.loc["sawtooth", "tflops"]
+                                                 / by.loc["linear", "tflops"] - 1)
+        out.append(row)
+    return pd.DataFrame(out)
+
+
+def bench_table(data_dir) -> pd.DataFrame:
+    rows = []
+    for path in sorted((Path(data_dir) / "foundation_bench").glob("bench_*.jsonl")):
+        for line in path.read_text().splitlines():
+            r = json.loads(line)
+            c = r["config"]
+            peers = r.get("peers", {})
+            cudnn = peers.get("cudnn", {}).get("tflops")
+            fa2 = peers.get("fa2", {}).get("tflops")
+            rows.append({"GPU": short_gpu(r["gpu"]), "D": c["head_dim"],
+                         "causal": c["causal"], "schedule": c["schedule"],
+                         "TFLOP/s": round(r["tflops"], 1),
+                         "x cuDNN": round(r["tflops"] / cudnn, 2) if cudnn else None,
+                         "x FA2": round(r["tflops"] / fa2, 2) if fa2 else None})
+    return pd.DataFrame(rows)
+
+
+class Study:
+    """The committed data of a repository, and everything computed from it, each once."""
+
+    def __init__(self, data_dir):
+        self.data_dir = Path(data_dir)
+        self._frames: dict[str, pd.DataFrame] = {}
+
+    def load(self, experiment: str) -> pd.DataFrame:
+        """A data set's `ok` rows (all repeats)."""
+        if experiment not in self._frames:
+            df = load_results(self.data_dir / experiment / "results.csv", strict=True)
+            self._frames[experiment] = df[df["status"] == "ok"].copy()
+        return self._frames[experiment].copy()
+
+    def counters(self, experiment: str) -> pd.DataFrame:
+        return counters(self.load(experiment))
+
+    @cached_property
+    def knee_counters(self) -> pd.DataFrame:
+        return self.counters("knee")
+
+    @cached_property
+    def knee_fits(self) -> dict[str, GpuCapacity]:
+        return capacity_fits(self.knee_counters)
+
+    @cached_property
+    def sweep_counters(self) -> pd.DataFrame:
+        return self.counters("schedules_vs_seqlen")
+
+    @cached_property
+    def sweep_curves(self) -> dict:
+        return miss_curves(self.sweep_counters)
+
+    @cached_property
+    def sweep_fits(self) -> dict[str, GpuCapacity]:
+        return capacity_fits(self.sweep_counters, self.sweep_curves)
+
+    @cached_property
+    def noncausal_fits(self) -> dict[str, GpuCapacity]:
+        c = self.sweep_counters
+        return capacity_fits(c[~c["causal"].astype(bool)], self.sweep_curves)
+
+    @cached_property
+    def timed_frames(self) -> dict[str, pd.DataFrame]:
+        return {name: self.load(name) for name in TIMED_EXPERIMENTS}
+
+    @cached_property
+    def throughput(self) -> tuple[dict[str, ThroughputFit], pd.DataFrame]:
+        return throughput_fits(self.timed_frames)
+
+    @cached_property
+    def headline(self) -> pd.DataFrame:
+        return headline({k: self.timed_frames[k] for k in ("knee", "ablation", "tiled")},
+                        self.knee_fits)

@@ -1,0 +1,97 @@
+"""Experiments are files: `experiments/<name>.py`, each the whole experiment.
+
+An experiment file defines
+- its docstring: the question (first line) and how to run it;
+- `SPEC`: the TOML sweep it owns (measured into `data/<name>/`), or none;
+- `DATASETS`: the data sets its figure reads (default: its own);
+- `figure(study)`: the figure the paper uses, from a `report.analysis.Study`;
+- optionally `table(study)`: a DataFrame the paper prints;
+- `cli`: its click script (`run` / `plot --out DIR`), built by `wavefront.cli.experiment_cli`.
+
+`discover` finds them; `draw` is the one way a figure is drawn and saved, so `plot` and
+`wavefront paper` write the same bytes.
+"""
+from __future__ import annotations
+
+import importlib.util
+from dataclasses import dataclass
+from pathlib import Path
+from types import ModuleType
+
+from wavefront.report import figures
+from wavefront.results.sweep import SweepSpec, parse_spec
+
+
+@dataclass(frozen=True)
+class Experiment:
+    name: str
+    path: Path
+    module: ModuleType
+
+    @property
+    def question(self) -> str:
+        doc = (self.module.__doc__ or "").strip()
+        return doc.splitlines()[0].strip() if doc else ""
+
+    @property
+    def spec(self) -> SweepSpec | None:
+        text = getattr(self.module, "SPEC", None)
+        return parse_spec(text, str(self.path)) if text else None
+
+    @property
+    def datasets(self) -> tuple[str, ...]:
+        return tuple(getattr(self.module, "DATASETS", (self.name,)))
+
+    def figure(self, study):
+        return self.module.figure(study)
+
+    def table(self, study):
+        fn = getattr(self.module, "table", None)
+        return fn(study) if fn else None
+
+
+def load_experiment(path) -> Experiment:
+    path = Path(path)
+    spec = importlib.util.spec_from_file_location(f"wavefront_experiment_{path.stem}", path)
+    if spec is None or spec.loader is None:
+        raise ValueError(f"{path}: not a Python file")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    if not callable(getattr(module, "figure", None)):
+        raise ValueError(f"{path}: an experiment defines figure(study)")
+    return Experiment(path.stem, path, module)
+
+
+def discover(experiments_dir) -> dict[str, Experiment]:
+    """Every experiment file in `experiments_dir`, by name, in name order."""
+    directory = Path(experiments_dir)
+    if not directory.is_dir():
+        raise ValueError(f"{directory}: no experiments directory")
+    out = {}
+    for path in sorted(directory.glob("*.py")):
+        if not path.name.startswith("_"):
+            out[path.stem] = load_experiment(path)
+    return out
+
+
+def owner_of(dataset: str, experiments: dict[str, Experiment]) -> Experiment:
+    """The experiment whose SPEC measures `dataset`."""
+    owner = experiments.get(dataset)
+    if owner is None or owner.spec is None:
+        raise ValueError(f"no experiment owns a sweep for data set {dataset!r}")
+    return owner
+
+
+def draw(experiment: Experiment, study, out_dir) -> list[Path]:
+    """Draw an experiment's figure and save it (PNG and PDF) into `out_dir`."""
+    with figures.style():
+        fig = experiment.figure(study)
+        return figures.save(fig, experiment.name, out_dir)
+
+
+def readme_table(experiments: dict[str, Experiment]) -> str:
+    """The README's experiment table, generated from the files."""
+    lines = ["| experiment | question | data |", "|---|---|---|"]
+    for name, exp in experiments.items():
+        lines.append(f"| `{name}` | {exp.question} | {', '.join(exp.datasets)} |")
+    return "\n".join(lines)

@@ -1,0 +1,1 @@
+"""Measured data: the typed measurement, the schema and store, sweeps (CPU only)."""

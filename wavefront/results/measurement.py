@@ -1,0 +1,140 @@
+"""What one measured repeat of a point is: typed timing, counters and the GPU's conditions.
+
+A results row is `Point.to_record(gpu)` plus a `Measurement`'s columns; the schema
+(`wavefront.results.store.SCHEMA`) is built from these dataclasses and `METRICS`, so a new
+column is one field here.
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, fields, make_dataclass
+
+from wavefront.point import SECTOR_BYTES
+
+# ||out - ref|| / ||ref|| against float32 that bf16/fp16 operands must stay under (METHOD.md:
+# bf16 lands between 1e-3 and 1e-2). The one copy: the measurement, the tests and the draft.
+CORRECTNESS_TOLERANCE = 1e-2
+
+# Nsight Compute metric -> column. The only list of metrics: ncu is asked for these, the schema
+# has these columns, the parsers fill them.
+METRICS = {
+    "lts__t_sectors_srcunit_tex_op_read.sum": "l2_tex_read_sectors",
+    "lts__t_sectors_srcunit_tex_op_read_lookup_hit.sum": "l2_tex_read_hit_sectors",
+    "lts__t_sectors_srcunit_tex_op_read_lookup_miss.sum": "l2_tex_read_miss_sectors",
+    "lts__t_sectors_srcunit_tex_op_write.sum": "l2_tex_write_sectors",
+    "lts__t_sectors_srcunit_ltcfabric_op_read.sum": "l2_fabric_read_sectors",
+    "lts__t_sectors_srcunit_ltcfabric_op_read_lookup_hit.sum": "l2_fabric_read_hit_sectors",
+    "lts__t_sectors_srcunit_ltcfabric_op_read_lookup_miss.sum": "l2_fabric_read_miss_sectors",
+    "l1tex__t_sector_hit_rate.pct": "l1_hit_rate_pct",
+    "l1tex__t_sectors_pipe_lsu_mem_global_op_ld.sum": "l1_global_load_sectors",
+    "l1tex__t_sectors_pipe_lsu_mem_global_op_ld_lookup_hit.sum": "l1_global_load_hit_sectors",
+    "dram__bytes_read.sum": "dram_read_bytes",
+    "dram__bytes_write.sum": "dram_write_bytes",
+    "gpu__time_duration.sum": "ncu_duration_ns",
+    "sm__throughput.avg.pct_of_peak_sustained_elapsed": "sm_throughput_pct",
+    "sm__inst_executed_pipe_tensor_op_gmma.avg.pct_of_peak_sustained_active": "tensor_active_pct",
+}
+# Metrics that are rates, not counts: combined over a point's kernels weighted by duration.
+RATE_COLUMNS = frozenset({"l1_hit_rate_pct", "sm_throughput_pct", "tensor_active_pct"})
+METRIC_NOTES = {
+    "l1_hit_rate_pct": " (LSU traffic only: TMA bypasses L1)",
+    "ncu_duration_ns": " under ncu (not a timing)",
+}
+# Columns derived from the metrics and the closed-form counts.
+DERIVED = {
+    "dram_read_sectors": "dram_read_bytes / 32: reads that left L2, the primary miss metric",
+    "sm_hit_rate": "1 - l2_read_miss_sectors / tex read lookups (secondary: L2-side)",
+    "l2_read_miss_sectors": "tex read misses - fabric read hits (secondary: L2-side, can fall "
+                            "below compulsory on Hopper)",
+    "closed_form_read_sectors": "Q + K/V reads the kernel issues, from the tiles visited",
+    "read_sectors_ratio": "l2_tex_read_sectors / closed_form_read_sectors",
+    "compulsory_read_bytes": "Q, K, V once (+ partial states, tiled)",
+}
+
+
+@dataclass(frozen=True)
+class Timing:
+    """CUDA-event timing of one point, checked against the reference first."""
+
+    rel_error: float  # ||out - ref|| / ||ref|| against float32
+    median_ms: float
+    p10_ms: float
+    p90_ms: float
+    reps: int
+    tflops: float  # useful FLOPs / median time
+    useful_flops: float
+    executed_flops: float
+    fa2_ms: float | None = None  # torch SDPA flash (FA2), same shapes, same run
+    cudnn_ms: float | None = None  # torch SDPA cuDNN, same shapes, same run
+
+
+Counters = make_dataclass(
+    "Counters", [(column, "float | None", None) for column in (*METRICS.values(), *DERIVED)],
+    frozen=True)
+Counters.__doc__ = "Nsight Compute counters of one launch (all its kernels), and derived columns."
+
+
+@dataclass(frozen=True)
+class Conditions:
+    """The GPU while a point was measured (NVML), and where it ran."""
+
+    host: str | None = None
+    gpu_uuid: str | None = None
+    sm_clock_mhz: float | None = None  # median over the point's measurement
+    mem_clock_mhz: float | None = None
+    throttle_reasons: str | None = None  # NVML clock-event reasons seen, '|'-joined
+    throttled: bool | None = None  # a reason other than idle / application clocks was seen
+
+
+@dataclass(frozen=True)
+class Measurement:
+    """One repeat of one point: what was measured and how it ended."""
+
+    measurement: str  # "timing" | "counters"
+    status: str  # "ok" | "failed"
+    error: str = ""
+    repeat: int = 0
+    timing: Timing | None = None
+    counters: Counters | None = None
+    conditions: Conditions | None = None
+
+    def columns(self) -> dict:
+        """This measurement's columns of a results row."""
+        row = {"measurement": self.measurement, "status": self.status, "error": self.error,
+               "repeat": self.repeat}
+        for part in (self.timing, self.counters, self.conditions):
+            if part is not None:
+                row.update(asdict(part))
+        return row
+
+
+def field_names(cls) -> tuple[str, ...]:
+    return tuple(f.name for f in fields(cls))
+
+
+def derive(metrics: dict, closed_form_read_sectors: float | None,
+           compulsory_read_bytes: float | None) -> dict:
+    """Derived columns from raw metrics (BRIEF section 3).
+
+    The primary miss metric is DRAM read sectors: from one cold launch, the bytes that really
+    left L2. The L2-side metric `tex read misses - fabric read hits` stays as a secondary: a
+    read that misses in the SM's own partition is either homed there (DRAM) or looked up again
+    at its home partition over the fabric, but on Hopper the SM-side miss counter also counts
+    requests merged or retried, so this difference fell below the compulsory minimum in 31
+    committed rows. `lts__t_sector_hit_rate` double-counts the second lookup and is not used.
+    """
+    tex = metrics.get("l2_tex_read_sectors")
+    miss = metrics.get("l2_tex_read_miss_sectors")
+    fabric_hit = metrics.get("l2_fabric_read_hit_sectors")
+    out = {}
+    if metrics.get("dram_read_bytes") is not None:
+        out["dram_read_sectors"] = metrics["dram_read_bytes"] / SECTOR_BYTES
+    if tex and miss is not None and fabric_hit is not None:
+        out["l2_read_miss_sectors"] = max(0.0, miss - fabric_hit)
+        out["sm_hit_rate"] = 1.0 - out["l2_read_miss_sectors"] / tex
+    if closed_form_read_sectors:
+        out["closed_form_read_sectors"] = closed_form_read_sectors
+        if tex:
+            out["read_sectors_ratio"] = tex / closed_form_read_sectors
+    if compulsory_read_bytes:
+        out["compulsory_read_bytes"] = compulsory_read_bytes
+    return out

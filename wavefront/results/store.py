@@ -1,0 +1,366 @@
+"""Tidy results on disk: one row per measured repeat, a schema built from the types, manifests.
+
+A results file is a CSV whose header is exactly `COLUMNS`; beside it, `manifest.json` says where
+and how each run was measured (one entry per `run_id`). Rows are appended one at a time, each in
+one fsync'd write that is checked for completeness; a line torn by a crash or a full disk is
+cut off (and logged in `repairs.log`) before the next append, so a file always loads. A results
+directory is locked while a sweep writes to it.
+"""
+from __future__ import annotations
+
+import csv
+import datetime as _dt
+import fcntl
+import io
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from dataclasses import fields
+from pathlib import Path
+
+from wavefront.point import LAUNCH_COLUMNS, PARAMETER_COLUMNS
+from wavefront.results.measurement import (
+    DERIVED,
+    METRIC_NOTES,
+    METRICS,
+    Conditions,
+    Timing,
+)
+
+SCHEMA_VERSION = 3
+RESULTS_FILE = "results.csv"
+MANIFEST_FILE = "manifest.json"
+
+_PARAMETER_TYPES = {"dtype": "str", "causal": "bool", "cta_schedule": "str",
+                    "kv_schedule": "str"}
+_TYPE_NAMES = {"float": "float", "int": "int", "str": "str", "bool": "bool"}
+
+
+def _field_type(annotation: str) -> str:
+    base = str(annotation).split("|")[0].strip()
+    return _TYPE_NAMES.get(base, "str")
+
+
+# name -> (type, meaning). The order is the column order on disk.
+SCHEMA: dict[str, tuple[str, str]] = {
+    "point": ("str", "canonical key of the configuration (the parameter columns)"),
+    "measurement": ("str", "'timing' (CUDA events) or 'counters' (Nsight Compute)"),
+    "repeat": ("int", "which repeat of the point this row is (0, 1, ...)"),
+    "status": ("str", "'ok' or 'failed'"),
+    "error": ("str", "why the point failed (empty when ok)"),
+    "run_id": ("str", "which run (manifest entry) produced the row"),
+    "gpu": ("str", "device name"),
+    "sms": ("int", "SM count"),
+    "l2_bytes": ("int", "L2 size reported by the device"),
+    **{c: (_PARAMETER_TYPES.get(c, "int"), "point parameter (wavefront.point.Point)")
+       for c in PARAMETER_COLUMNS},
+    **{c: ("int", "derived from the launch") for c in LAUNCH_COLUMNS if c not in
+       ("gpu", "sms", "l2_bytes")},
+    **{f.name: (_field_type(f.type), "timing (wavefront.results.measurement.Timing)")
+       for f in fields(Timing)},
+    **{f.name: (_field_type(f.type), "GPU conditions (NVML) and provenance")
+       for f in fields(Conditions)},
+    # One column per ncu metric, in `METRICS` order: that list is the only copy.
+    **{column: ("float", metric + METRIC_NOTES.get(column, ""))
+       for metric, column in METRICS.items()},
+    **{column: ("float", meaning) for column, meaning in DERIVED.items()},
+}
+COLUMNS = list(SCHEMA)
+
+# Schema v2 (before repeats and conditions): upgraded on load, the new columns empty.
+V2_COLUMNS = ["point", "measurement", "status", "error", "gpu", "sms", "l2_bytes", "batch",
+              "heads", "kv_heads", "seqlen", "head_dim", "dtype", "causal", "tile_m", "tile_n",
+              "occupancy", "cta_schedule", "kv_schedule", "num_ctas", "resident_ctas",
+              "group_units", "rel_error", "median_ms", "p10_ms", "p90_ms", "reps", "tflops",
+              "useful_flops", "executed_flops", "fa2_ms", "cudnn_ms", *METRICS.values(),
+              "sm_hit_rate", "l2_read_miss_sectors", "dram_read_sectors",
+              "closed_form_read_sectors", "read_sectors_ratio", "compulsory_read_bytes",
+              "run_id"]
+REQUIRED_MANIFEST_KEYS = ("schema_version", "date", "gpu", "git_commit", "command")
+
+
+class SchemaError(ValueError):
+    pass
+
+
+class StoreLocked(RuntimeError):
+    pass
+
+
+def _row_text(row: dict) -> str:
+    unknown = set(row) - set(SCHEMA)
+    if unknown:
+        raise SchemaError(f"row has columns not in the schema: {sorted(unknown)}")
+    buf = io.StringIO()
+    csv.DictWriter(buf, fieldnames=COLUMNS, lineterminator="\n").writerow(
+        {k: _cell(row.get(k)) for k in COLUMNS})
+    return buf.getvalue()
+
+
+def _header_text() -> str:
+    return ",".join(COLUMNS) + "\n"
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    """os.write may write less than asked (a full disk, a signal): write the rest or raise."""
+    view = memoryview(data)
+    while view:
+        n = os.write(fd, view)
+        if n <= 0:
+            raise OSError(f"short write: {len(view)} bytes of a row not written")
+        view = view[n:]
+
+
+def repair_tail(path) -> int:
+    """Cut a torn last line (no newline: a crash or a failed write mid-row) so the file loads
+    and the next append starts on a fresh line. Logs what was cut to `repairs.log` beside the
+    file. Returns the bytes cut."""
+    path = Path(path)
+    if not path.exists():
+        return 0
+    with open(path, "rb+") as f:
+        f.seek(0, os.SEEK_END)
+        size = f.tell()
+        if size == 0:
+            return 0
+        f.seek(size - 1)
+        if f.read(1) == b"\n":
+            return 0
+        f.seek(0)
+        data = f.read()
+        keep = data.rfind(b"\n") + 1
+        f.truncate(keep)
+        f.flush()
+        os.fsync(f.fileno())
+    cut = data[keep:]
+    with open(path.with_name("repairs.log"), "a") as log:
+        log.write(json.dumps({"date": _now(), "file": path.name, "cut_bytes": len(cut),
+                              "cut": cut[:300].decode(errors="replace")}) + "\n")
+    return len(cut)
+
+
+def append_row(path, row: dict) -> None:
+    """Append one row (the header first if the file is new) in one checked, fsync'd write."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    text = _row_text(row)
+    repair_tail(path)
+    if not path.exists() or path.stat().st_size == 0:
+        text = _header_text() + text
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        _write_all(fd, text.encode())
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _cell(value):
+    if value is None:
+        return ""
+    if isinstance(value, float) and value != value:
+        return ""
+    return value
+
+
+def read_header(path) -> list[str]:
+    with open(path, newline="") as f:
+        return next(csv.reader(f), [])
+
+
+def load_results(path, *, require_manifest: bool = True, strict: bool = False):
+    """Load a results CSV as a pandas DataFrame, refusing a file that does not match the schema
+    (v3, or v2 upgraded in memory), has no valid manifest, or (strict) holds duplicated rows,
+    no rows or non-finite key numbers. A torn last line is ignored, not repaired (read-only)."""
+    import numpy as np
+    import pandas as pd
+    path = Path(path)
+    if not path.exists():
+        raise SchemaError(f"{path}: no such results file")
+    try:
+        header = read_header(path)
+    except (OSError, UnicodeDecodeError, csv.Error) as exc:
+        raise SchemaError(f"{path}: not a readable CSV: {exc}") from None
+    if header == V2_COLUMNS:
+        version = 2
+    elif header == COLUMNS:
+        version = 3
+    else:
+        missing = [c for c in COLUMNS if c not in header]
+        extra = [c for c in header if c not in COLUMNS]
+        raise SchemaError(f"{path}: header does not match the wavefront results schema "
+                          f"v{SCHEMA_VERSION} (missing {missing}, unexpected {extra})")
+    text = path.read_text(errors="replace")
+    if text and not text.endswith("\n"):
+        text = text[:text.rfind("\n") + 1]  # a line cut by a crash mid-write
+    try:
+        df = pd.read_csv(io.StringIO(text), dtype={c: "string" for c, (t, _) in SCHEMA.items()
+                                                   if t in ("str", "bool")},
+                         keep_default_na=False,
+                         na_values={c: [""] for c, (t, _) in SCHEMA.items()
+                                    if t not in ("str", "bool")})
+    except (ValueError, pd.errors.ParserError) as exc:
+        raise SchemaError(f"{path}: rows do not parse: {exc}") from None
+    if version == 2:
+        for col in COLUMNS:
+            if col not in df:
+                df[col] = 0 if col == "repeat" else ("" if SCHEMA[col][0] == "str" else None)
+        df = df[COLUMNS]
+    for col, (typ, _) in SCHEMA.items():
+        try:
+            if typ == "int":
+                df[col] = pd.to_numeric(df[col]).astype("Int64")
+            elif typ == "float":
+                df[col] = pd.to_numeric(df[col]).astype("float64")
+            elif typ == "bool":
+                values = df[col].astype("string").fillna("")
+                bad = set(values) - {"True", "False", ""}
+                if bad:
+                    raise ValueError(f"not True/False: {sorted(bad)[:3]}")
+                df[col] = values.map({"True": True, "False": False, "": None})
+            else:
+                df[col] = df[col].astype("string").fillna("")
+        except (ValueError, TypeError) as exc:
+            raise SchemaError(f"{path}: column {col!r} is not {typ}: {exc}") from None
+    for col, allowed in (("status", {"ok", "failed"}), ("measurement", {"timing", "counters"})):
+        bad = set(df[col]) - allowed
+        if bad:
+            raise SchemaError(f"{path}: {col} must be one of {sorted(allowed)}, found "
+                              f"{sorted(bad)}")
+    if require_manifest:
+        check_manifest(path.parent, set(df["run_id"]))
+    if strict:
+        if df.empty:
+            raise SchemaError(f"{path}: no rows")
+        if df["causal"].isna().any():
+            raise SchemaError(f"{path}: column 'causal' must be True or False in every row")
+        dup = df.duplicated(subset=["gpu", "point", "measurement", "repeat", "run_id"])
+        if dup.any():
+            raise SchemaError(f"{path}: {int(dup.sum())} duplicated rows (same gpu, point, "
+                              "measurement, repeat and run)")
+        ok = df[df["status"] == "ok"]
+        for col in ("median_ms", "tflops", "dram_read_bytes"):
+            values = ok[col].dropna().to_numpy(float)
+            if len(values) and not np.isfinite(values).all():
+                raise SchemaError(f"{path}: column {col!r} has non-finite values")
+    return df
+
+
+def with_timing(df):
+    """Counter rows of a results frame with the same point's timing attached (TFLOP/s, time,
+    error, executed FLOPs; the median over timing repeats): the join every model and figure of
+    counters against speed needs."""
+    timed = ["tflops", "median_ms", "rel_error", "executed_flops"]
+    c = df[df["measurement"] == "counters"]
+    t = (df[df["measurement"] == "timing"].groupby(["gpu", "point"], as_index=False)[timed]
+         .median())
+    return c.drop(columns=timed).merge(t, on=["gpu", "point"])
+
+
+def git_commit(root=None) -> str:
+    """The checkout's commit (with -dirty), or 'unknown' where git does not answer."""
+    root = root or os.getcwd()
+    try:
+        out = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True,
+                             text=True, timeout=10)
+        commit = out.stdout.strip()
+        if out.returncode != 0 or len(commit) != 40:
+            return "unknown"
+        dirty = subprocess.run(["git", "-C", str(root), "status", "--porcelain",
+                                "--untracked-files=no"], capture_output=True, text=True,
+                               timeout=10).stdout.strip()
+        return commit + ("-dirty" if dirty else "")
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+
+
+def _now() -> str:
+    return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
+
+
+def manifest(environment: dict, command: list[str] | None = None,
+             extra: dict | None = None) -> dict:
+    """Where and how a run was measured. `environment`: the GPU and tool versions
+    (`wavefront.device.environment()`)."""
+    return {
+        "schema_version": SCHEMA_VERSION,
+        "date": _now(),
+        **environment,
+        "python": sys.version.split()[0],
+        # A GPU host's copy of the checkout may have no usable git: the caller names the commit.
+        "git_commit": os.environ.get("WAVEFRONT_GIT_COMMIT") or git_commit(),
+        "command": " ".join(command if command is not None else sys.argv),
+        **(extra or {}),
+    }
+
+
+def read_manifest(directory) -> dict:
+    path = Path(directory) / MANIFEST_FILE
+    if not path.exists():
+        raise SchemaError(f"{path}: missing; results without a manifest are not accepted")
+    try:
+        runs = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        raise SchemaError(f"{path}: not valid JSON: {exc}") from None
+    if not isinstance(runs, dict):
+        raise SchemaError(f"{path}: must map run ids to manifests")
+    for run_id, entry in runs.items():
+        if not isinstance(entry, dict):
+            raise SchemaError(f"{path}: run {run_id!r} is not an object")
+        missing = [k for k in REQUIRED_MANIFEST_KEYS if k not in entry]
+        if missing:
+            raise SchemaError(f"{path}: run {run_id!r} lacks {missing}")
+    return runs
+
+
+def check_manifest(directory, run_ids: set[str]) -> dict:
+    runs = read_manifest(directory)
+    unknown = sorted(r for r in run_ids if r not in runs)
+    if unknown:
+        raise SchemaError(f"{Path(directory) / MANIFEST_FILE}: no entry for runs {unknown[:3]}")
+    return runs
+
+
+def write_manifest(directory, run_id: str, data: dict) -> Path:
+    """Manifests accumulate per run: manifest.json maps run_id -> manifest. Written through a
+    unique temporary file and an atomic rename."""
+    path = Path(directory) / MANIFEST_FILE
+    runs = read_manifest(directory) if path.exists() else {}
+    runs[run_id] = data
+    fd, tmp = tempfile.mkstemp(dir=directory, prefix=".manifest-", suffix=".tmp")
+    with os.fdopen(fd, "w") as f:
+        f.write(json.dumps(runs, indent=2, sort_keys=True) + "\n")
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    return path
+
+
+class DirectoryLock:
+    """An exclusive lock on a results directory for the life of a sweep (flock on `.lock`):
+    a second sweep into the same directory is refused instead of measuring everything twice."""
+
+    def __init__(self, directory):
+        self.path = Path(directory) / ".lock"
+        self._fd = None
+
+    def __enter__(self):
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(self._fd)
+            self._fd = None
+            raise StoreLocked(f"{self.path.parent}: another sweep is writing here") from None
+        os.ftruncate(self._fd, 0)
+        os.write(self._fd, f"{os.getpid()}\n".encode())
+        return self
+
+    def __exit__(self, *exc):
+        if self._fd is not None:
+            fcntl.flock(self._fd, fcntl.LOCK_UN)
+            os.close(self._fd)
+            self._fd = None

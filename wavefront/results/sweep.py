@@ -1,0 +1,342 @@
+"""Declarative, resumable sweeps: a TOML grid of points, each repeat measured and appended at once.
+
+Spec (TOML):
+
+    name = "linear-vs-sawtooth"
+    measure = ["timing", "counters"]   # either or both
+    repeats = 3                        # every point measured this many times (separate
+                                       # launches, interleaved with the other points)
+    timeout_s = 120                    # per task, wall clock; longer is recorded failed
+    reps = 30                          # timed repetitions inside one timing measurement
+    peers = false                      # also time torch SDPA FA2 / cuDNN (timing)
+    batch_points = 8                   # tasks per worker process
+
+    [grid]                             # every combination is one point; several [[grid]]
+    batch = [1]                        # tables give the union of their points
+    heads = [1]
+    kv_heads = [1]                     # optional, default = heads
+    seqlen = [4096, 131072]
+    head_dim = [64, 128]
+    dtype = ["bfloat16"]
+    causal = [false, true]
+    tiles = ["128x64"]
+    occupancy = [2]                    # optional, default per tile shape
+    ctas = [0]                         # optional persistent grid cap; 0 = SMs x occupancy
+    chunk_tiles = [0]                  # optional, tiled schedule; 0 = from the L2
+    schedule = ["persistent+linear", "persistent+sawtooth"]
+
+Every finished task is appended to `<out>/results.csv` at once (one fsync'd write per row);
+re-running the spec skips tasks already recorded; a killed sweep loses nothing that finished.
+The directory is locked while a sweep writes to it. Each task is independent, so any runner
+(processes on this GPU, a Dask cluster) can measure it; the runner is passed in.
+"""
+from __future__ import annotations
+
+import itertools
+import signal
+import time
+import uuid
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from wavefront.point import DTYPES, HEAD_DIMS, Point, parse_schedule, parse_tiles
+from wavefront.results.progress import Progress
+from wavefront.results.store import (
+    RESULTS_FILE,
+    SCHEMA,
+    DirectoryLock,
+    append_row,
+    load_results,
+    manifest,
+    read_manifest,
+    write_manifest,
+)
+
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10
+    import tomli as tomllib
+
+MEASUREMENTS = ("timing", "counters")
+# The largest sequence length a sweep accepts: beyond it one launch's inputs alone outgrow
+# any GPU we run on (B=H=1, D=128: 3 x 2^24 x 128 x 2 bytes = 12 GiB).
+MAX_SEQLEN = 1 << 24
+
+
+def _is_int(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _check_positive(v):
+    return None if _is_int(v) and v > 0 else "a positive integer"
+
+
+def _check_nonnegative(v):
+    return None if _is_int(v) and v >= 0 else "a non-negative integer (0 = default)"
+
+
+def _check_seqlen(v):
+    return (None if _is_int(v) and 0 < v <= MAX_SEQLEN
+            else f"a positive integer up to {MAX_SEQLEN}")
+
+
+def _check_choice(choices):
+    return lambda v: None if v in choices and not isinstance(v, bool) else f"one of {list(choices)}"
+
+
+def _check_bool(v):
+    return None if isinstance(v, bool) else "true or false (a TOML boolean, not a string)"
+
+
+def _check_with(parse, what):
+    def check(v):
+        try:
+            parse(v)
+            return None
+        except (ValueError, TypeError):
+            return what
+    return check
+
+
+def _check_occupancy(v):
+    return None if _is_int(v) and 1 <= v <= 32 else "an integer in [1, 32]"
+
+
+GRID_KEYS = {
+    "batch": _check_positive, "heads": _check_positive, "kv_heads": _check_positive,
+    "seqlen": _check_seqlen, "head_dim": _check_choice(HEAD_DIMS),
+    "dtype": _check_choice(DTYPES), "causal": _check_bool,
+    "tiles": _check_with(parse_tiles, "a tile shape like '128x64' (64x64, 128x64, 128x128)"),
+    "occupancy": _check_occupancy, "ctas": _check_nonnegative,
+    "chunk_tiles": _check_nonnegative,
+    "schedule": _check_with(parse_schedule, "a schedule like 'persistent+sawtooth'"),
+}
+REQUIRED_GRID_KEYS = ("seqlen", "head_dim", "schedule")
+TOP_KEYS = {"name", "measure", "repeats", "timeout_s", "reps", "peers", "batch_points", "grid"}
+
+
+@dataclass
+class SweepSpec:
+    name: str
+    grid: list[dict]  # the union of these grids' points
+    measure: list[str] = field(default_factory=lambda: ["timing"])
+    repeats: int = 1
+    timeout_s: float = 120.0
+    reps: int = 30
+    peers: bool = False
+    batch_points: int = 8
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+def parse_spec(text: str, source: str = "spec") -> SweepSpec:
+    """A spec from TOML text, every value checked up front; errors name `source` and the key."""
+    try:
+        raw = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise ValueError(f"{source}: not valid TOML: {exc}") from None
+    unknown = set(raw) - TOP_KEYS
+    if unknown:
+        raise ValueError(f"{source}: unknown keys {sorted(unknown)}; allowed {sorted(TOP_KEYS)}")
+    grid = raw.get("grid")
+    grids = [grid] if isinstance(grid, dict) else grid
+    if not isinstance(grids, list) or not grids or not all(isinstance(g, dict) for g in grids):
+        raise ValueError(f"{source}: needs a [grid] table (or [[grid]] tables)")
+    for n, g in enumerate(grids):
+        where = f"{source}: grid" + (f"[{n}]" if len(grids) > 1 else "")
+        bad = set(g) - set(GRID_KEYS)
+        if bad:
+            raise ValueError(f"{where}: unknown grid keys {sorted(bad)}; "
+                             f"allowed {sorted(GRID_KEYS)}")
+        missing = [k for k in REQUIRED_GRID_KEYS if k not in g]
+        if missing:
+            raise ValueError(f"{where}: grid needs {missing}")
+        for key, values in g.items():
+            if not isinstance(values, list) or not values:
+                raise ValueError(f"{where}.{key} must be a non-empty list, got {values!r}")
+            for i, value in enumerate(values):
+                expected = GRID_KEYS[key](value)
+                if expected:
+                    raise ValueError(f"{where}.{key}[{i}] must be {expected}, got {value!r}")
+    measure = raw.get("measure", ["timing"])
+    if isinstance(measure, str):
+        measure = [measure]
+    if (not isinstance(measure, list) or not measure
+            or any(m not in MEASUREMENTS for m in measure) or len(set(measure)) != len(measure)):
+        raise ValueError(f"{source}: measure must list some of {MEASUREMENTS} once each, "
+                         f"got {measure!r}")
+    checks = {"repeats": (_check_positive, 1), "reps": (_check_positive, 30),
+              "batch_points": (_check_positive, 8)}
+    values = {}
+    for key, (check, default) in checks.items():
+        value = raw.get(key, default)
+        expected = check(value)
+        if expected:
+            raise ValueError(f"{source}: {key} must be {expected}, got {value!r}")
+        values[key] = value
+    timeout = raw.get("timeout_s", 120)
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0 \
+            or timeout != timeout or timeout == float("inf"):
+        raise ValueError(f"{source}: timeout_s must be a positive number of seconds, "
+                         f"got {timeout!r}")
+    peers = raw.get("peers", False)
+    if not isinstance(peers, bool):
+        raise ValueError(f"{source}: peers must be true or false, got {peers!r}")
+    name = raw.get("name", Path(source).stem)
+    if not isinstance(name, str) or not name:
+        raise ValueError(f"{source}: name must be a non-empty string, got {name!r}")
+    spec = SweepSpec(name=name, grid=grids, measure=measure, timeout_s=float(timeout),
+                     peers=peers, **values)
+    return spec
+
+
+def load_spec(path) -> SweepSpec:
+    try:
+        text = Path(path).read_text()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ValueError(f"{path}: cannot read the spec: {exc}") from None
+    return parse_spec(text, str(path))
+
+
+def expand_points(spec: SweepSpec, source: str = "spec") -> list[Point]:
+    """Every distinct point of the spec (grid order), each checked as a `Point`."""
+    points, seen = [], set()
+    for n, g in enumerate(spec.grid):
+        axes = [g.get("batch", [1]), g.get("heads", [1]), g.get("kv_heads", [None]),
+                g["seqlen"], g["head_dim"], g.get("dtype", ["bfloat16"]),
+                g.get("causal", [False]), g.get("tiles", [None]), g.get("occupancy", [None]),
+                g.get("ctas", [0]), g.get("chunk_tiles", [0]), g["schedule"]]
+        for (batch, heads, kv_heads, seqlen, head_dim, dtype, causal, tiles, occupancy, ctas,
+             chunk_tiles, schedule) in itertools.product(*axes):
+            try:
+                point = Point(batch, heads, kv_heads, seqlen, head_dim, dtype, causal, schedule,
+                              tiles, occupancy, ctas or None, chunk_tiles or None)
+            except ValueError as exc:
+                raise ValueError(f"{source}: grid[{n}] point {schedule} S={seqlen}: {exc}") from None
+            if point not in seen:
+                seen.add(point)
+                points.append(point)
+    return points
+
+
+def expand(spec: SweepSpec, *, gpu: str, sms: int, l2_bytes: int,
+           source: str = "spec") -> list[dict]:
+    """Every task of the spec on one GPU: (point, measurement, repeat) as a record. Repeats are
+    interleaved: all points once, then all points again, so no point's repeats run back to back."""
+    shape = _GpuShape(sms, l2_bytes)
+    records = []
+    for point in expand_points(spec, source):
+        try:
+            rec = point.to_record(shape, gpu)
+        except ValueError as exc:
+            raise ValueError(f"{source}: point {point.schedule} S={point.seqlen}: {exc}") from None
+        if point.chunk_tiles:
+            rec["chunk_tiles"] = point.chunk_tiles
+        records.append(rec)
+    tasks, seen = [], set()
+    for repeat in range(spec.repeats):
+        for rec in records:
+            for measurement in spec.measure:
+                ident = (rec["point"], measurement, repeat)
+                if ident not in seen:
+                    seen.add(ident)
+                    tasks.append({**rec, "measurement": measurement, "repeat": repeat})
+    return tasks
+
+
+@dataclass(frozen=True)
+class _GpuShape:
+    sms: int
+    l2_bytes: int
+
+
+def done_keys(results_path, retry_failed: bool = False) -> set[tuple]:
+    """(gpu, point, measurement, repeat) already recorded: one file can hold several GPUs."""
+    if not Path(results_path).exists():
+        return set()
+    df = load_results(results_path, require_manifest=False)
+    if retry_failed:
+        df = df[df["status"] == "ok"]
+    return set(zip(df["gpu"], df["point"], df["measurement"], df["repeat"].astype(int)))
+
+
+def row_for(task: dict, run_id: str, result: dict | None, error: str | None) -> dict:
+    """A results row: the task's record, the result's columns, status and run id."""
+    row = {k: v for k, v in task.items() if k in SCHEMA}
+    row["run_id"] = run_id
+    if error is None and result is not None:
+        row.update({k: v for k, v in result.items() if k in SCHEMA})
+        row.update(status="ok", error="")
+    else:
+        row.update(status="failed", error=(error or "no result")[:500])
+    return row
+
+
+def run_sweep(spec: SweepSpec, out_dir, *, gpu: str, sms: int, l2_bytes: int, runner,
+              environment: dict | None = None, retry_failed: bool = False,
+              progress: bool = True, command: list[str] | None = None,
+              manifest_extra: dict | None = None) -> dict:
+    """Measure every task of `spec` not yet in `<out_dir>/results.csv` with `runner`
+    (`runner.run(tasks, spec, on_result, on_artifact)`). Returns a summary."""
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    results_path = out_dir / RESULTS_FILE
+    tasks = expand(spec, gpu=gpu, sms=sms, l2_bytes=l2_bytes)
+    with DirectoryLock(out_dir):
+        if results_path.exists():
+            read_manifest(out_dir)  # refuse to append to data whose provenance is broken
+        done = done_keys(results_path, retry_failed)
+        todo = [t for t in tasks if (gpu, t["point"], t["measurement"], t["repeat"]) not in done]
+        summary = {"points": len(tasks), "skipped": len(tasks) - len(todo), "ok": 0,
+                   "failed": 0}
+        if not todo:
+            return summary
+        run_id = time.strftime("%Y%m%d-%H%M%S-") + uuid.uuid4().hex[:6]
+        entry = manifest(environment or {"gpu": {"name": gpu, "sms": sms,
+                                                 "l2_bytes": l2_bytes}},
+                         command, {"spec": spec.as_dict(), **(manifest_extra or {})})
+        write_manifest(out_dir, run_id, entry)
+        bar = Progress(len(todo), f"sweep {spec.name}", enabled=progress)
+
+        def on_result(task: dict, result: dict | None, error: str | None):
+            row = row_for(task, run_id, result, error)
+            summary["ok" if row["status"] == "ok" else "failed"] += 1
+            append_row(results_path, row)
+            bar.update(ok=row["status"] == "ok", where=task.get("gpu_slot"))
+
+        def on_artifact(report: dict):
+            entry.setdefault("raw_reports", []).append(report)
+            write_manifest(out_dir, run_id, entry)
+
+        previous = signal.signal(signal.SIGTERM, _raise_interrupt)
+        try:
+            runner.run(todo, spec, on_result, on_artifact)
+        finally:
+            signal.signal(signal.SIGTERM, previous)
+            bar.close()
+    return summary
+
+
+def _raise_interrupt(signum, frame):
+    # `timeout` and job control send SIGTERM: unwind like Ctrl-C so workers are killed and
+    # every finished task is already on disk.
+    raise KeyboardInterrupt
+
+
+def describe(tasks: list[dict]) -> str:
+    """One line per point of an expanded spec (for `sweep --dry-run`)."""
+    lines = []
+    seen = set()
+    for t in tasks:
+        if t["point"] in seen:
+            continue
+        seen.add(t["point"])
+        kinds = sorted({x["measurement"] for x in tasks if x["point"] == t["point"]})
+        repeats = 1 + max(x["repeat"] for x in tasks if x["point"] == t["point"])
+        lines.append(f"B{t['batch']} H{t['heads']}/{t['kv_heads']} S{t['seqlen']} "
+                     f"D{t['head_dim']} {t['dtype']} {'causal' if t['causal'] else 'full'} "
+                     f"{t['tile_m']}x{t['tile_n']} occ{t['occupancy']} "
+                     f"{t['cta_schedule']}+{t['kv_schedule']} ctas={t['num_ctas']} "
+                     f"in flight={t['resident_ctas']}: {'+'.join(kinds)} x{repeats}")
+    return "\n".join(lines)
