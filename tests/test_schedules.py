@@ -1,12 +1,9 @@
 """Properties of the schedule vocabulary, on the same functions the kernel compiles."""
 import random
-from collections import Counter
 
 import pytest
 
 from wavefront.schedules import (
-    CTA_SCHEDULES,
-    KV_SCHEDULES,
     AttentionProblem,
     GroupedSchedule,
     Launch,
@@ -14,7 +11,6 @@ from wavefront.schedules import (
     decode_work_item,
     kv_schedule,
     kv_tile_span,
-    schedule_names,
 )
 
 
@@ -34,23 +30,6 @@ def random_launch(rng, cta_name, kv_name="linear"):
     return Launch(random_problem(rng), cta, kv_schedule(kv_name), sms=rng.randint(1, 9),
                   ctas_per_sm=rng.randint(1, 3), l2_bytes=rng.choice([1 << 16, 1 << 22, 50 << 20]),
                   ctas=rng.choice([None, rng.randint(1, 40)]))
-
-
-SCHEDULE_PAIRS = [tuple(name.split("+")) for name in schedule_names()]
-
-
-@pytest.mark.parametrize("cta_name,kv_name", SCHEDULE_PAIRS)
-def test_every_work_item_exactly_once(cta_name, kv_name):
-    rng = random.Random(SCHEDULE_PAIRS.index((cta_name, kv_name)))
-    for _ in range(60):
-        launch = random_launch(rng, cta_name, kv_name)
-        p = launch.problem
-        seen = Counter((w.batch, w.head, w.q_tile, w.chunk) for w in launch.all_work())
-        expected = {(b, h, t, c) for b in range(p.batch) for h in range(p.heads)
-                    for t in range(p.q_tiles) for c in range(launch.n_chunks)}
-        assert set(seen) == expected, launch
-        assert all(n == 1 for n in seen.values()), launch
-        assert launch.n_chunks == 1 or kv_name == "tiled"
 
 
 def test_tiled_chunks_partition_each_items_tiles_and_run_chunk_major():
@@ -88,21 +67,6 @@ def test_tiled_chunk_size_from_l2_and_grouped_refused():
     assert TiledScan(tiles_per_chunk=100).chunk_tiles(p, 50 << 20, 264) == 100
     with pytest.raises(ValueError, match="grouped\\+tiled"):
         Launch(p, cta_schedule("grouped"), kv_schedule("tiled"), 132, 2, 50 << 20)
-
-
-@pytest.mark.parametrize("cta_name", list(CTA_SCHEDULES))
-def test_each_item_visits_exactly_its_kv_tiles(cta_name):
-    """(Non-tiled: one chunk holds every tile the Q tile needs.)"""
-    rng = random.Random(7)
-    for _ in range(40):
-        launch = random_launch(rng, cta_name, "sawtooth")
-        p = launch.problem
-        for w in launch.all_work():
-            last_row = min((w.q_tile + 1) * p.tile_m, p.seqlen_q) - 1
-            needed = {j for j in range(p.kv_tiles)
-                      if not p.causal or j * p.tile_n <= last_row}
-            assert sorted(w.kv_tiles) == sorted(needed)
-            assert len(set(w.kv_tiles)) == len(w.kv_tiles)
 
 
 def test_sawtooth_alternates_per_cta_and_linear_never_reverses():

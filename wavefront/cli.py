@@ -27,16 +27,19 @@ TILE_HELP = "MxN, one of " + ", ".join(f"{m}x{n}" for m, n in TILE_SHAPES) + "."
 
 def print_table(rows: list[dict], columns: list[tuple[str, str, str]], *, title: str = "",
                 echo=click.echo) -> None:
-    """One table printer: `columns` are (key, header, format spec); widths fit the content."""
+    """One table printer: `columns` are (key, header, format spec); widths fit the content.
+    Columns with a format spec (numbers) are right-aligned, text left-aligned."""
     cells = [[_fmt(r.get(key), spec) for key, _, spec in columns] for r in rows]
     widths = [max([len(h)] + [len(c[i]) for c in cells]) for i, (_, h, _) in enumerate(columns)]
+
+    def line(texts):
+        return "  ".join(t.rjust(w) if spec else t.ljust(w)
+                         for t, w, (_, _, spec) in zip(texts, widths, columns)).rstrip()
     if title:
         echo(title)
-    echo("  ".join(h.rjust(w) if i else h.ljust(w)
-                   for i, ((_, h, _), w) in enumerate(zip(columns, widths))))
+    echo(line([h for _, h, _ in columns]))
     for row in cells:
-        echo("  ".join(c.rjust(w) if i else c.ljust(w)
-                       for i, (c, w) in enumerate(zip(row, widths))))
+        echo(line(row))
 
 
 def _fmt(value, spec: str) -> str:
@@ -196,6 +199,26 @@ def info(as_json):
     for key in ("cuda_tile", "tileiras", "cupy", "torch"):
         click.echo(f"{key}: {data[key] or 'not found'}")
     click.echo(f"ncu: {data['ncu'] + ' at ' + data['ncu_path'] if data['ncu'] else 'not found'}")
+
+
+@main.command()
+@click.option("--json", "as_json", is_flag=True)
+def schedules(as_json):
+    """The registered CTA and K/V schedules, from the schedule vocabulary itself."""
+    from wavefront.schedules import CTA_SCHEDULES, KV_SCHEDULES
+
+    def doc(s):
+        return " ".join((type(s).__doc__ or "").strip().split("\n\n")[0].split())
+    data = {"cta": {n: doc(s) for n, s in CTA_SCHEDULES.items()},
+            "kv": {n: doc(s) for n, s in KV_SCHEDULES.items()},
+            "combinations": schedule_names()}
+    if as_json:
+        _echo_json(data)
+        return
+    rows = ([{"kind": "CTA", "name": n, "what": d} for n, d in data["cta"].items()]
+            + [{"kind": "K/V", "name": n, "what": d} for n, d in data["kv"].items()])
+    print_table(rows, [("kind", "kind", ""), ("name", "name", ""), ("what", "what it does", "")])
+    click.echo("schedules are written cta+kv: " + ", ".join(data["combinations"]))
 
 
 def _compile_one(args):

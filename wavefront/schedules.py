@@ -316,6 +316,8 @@ class KvSchedule(Protocol):
 
 @dataclass(frozen=True)
 class LinearScan:
+    """Every work item scans its K/V tiles forward, first to last."""
+
     name: str = field(default="linear", init=False)
     code: int = field(default=KV_LINEAR, init=False)
 
@@ -325,6 +327,13 @@ class LinearScan:
 
 @dataclass(frozen=True)
 class SawtoothScan:
+    """A CTA's successive work items alternate forward / backward (grid launches: by wave).
+
+    All CTAs of a wave share the parity, so wave w+1 starts on the tiles wave w just left in
+    L2 (Zhu et al.'s sawtooth). Flipping on the global item parity instead is a different
+    scheme and, measured, far worse.
+    """
+
     name: str = field(default="sawtooth", init=False)
     code: int = field(default=KV_SAWTOOTH, init=False)
 
