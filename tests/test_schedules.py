@@ -173,3 +173,31 @@ def test_unknown_schedule_names():
         cta_schedule("diagonal")
     with pytest.raises(ValueError, match="kv schedule must be one of"):
         kv_schedule("blocked")
+
+
+def test_longest_first_hands_out_items_in_decreasing_length():
+    for causal in (False, True):
+        p = AttentionProblem(2, 4, 2, 1000, 1000, 64, causal=causal, tile_m=64, tile_n=64)
+        launch = Launch(p, cta_schedule("longest_first"), kv_schedule("linear"), 3, 2, 1 << 20)
+        lengths = [launch.item_plan(i)[6] for i in range(launch.num_items)]
+        assert lengths == sorted(lengths, reverse=True)
+        # Every (batch, head) of a Q tile before the next Q tile; GQA siblings adjacent.
+        plans = [launch.item_plan(i)[:3] for i in range(launch.num_items)]
+        assert [t for _, _, t in plans[:8]] == [p.q_tiles - 1] * 8
+        assert [(b, h) for b, h, _ in plans[:4]] == [(0, 0), (0, 1), (0, 2), (0, 3)]
+        # Each persistent CTA's rounds shrink (causal) or stay equal: no CTA keeps a long tail.
+        for cta in range(launch.num_ctas):
+            own = [len(w.kv_tiles) for w in launch.work_of_cta(cta)]
+            assert own == sorted(own, reverse=True)
+
+
+def test_longest_first_balances_causal_work_better_than_persistent():
+    p = AttentionProblem(1, 8, 8, 8192, 8192, 128, causal=True, tile_m=128, tile_n=64)
+
+    def spread(name):
+        launch = Launch(p, cta_schedule(name), kv_schedule("linear"), 132, 2, 50 << 20)
+        work = [sum(len(w.kv_tiles) for w in launch.work_of_cta(c))
+                for c in range(launch.num_ctas)]
+        return max(work) / (sum(work) / len(work))
+
+    assert spread("longest_first") < spread("persistent")

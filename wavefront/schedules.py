@@ -28,6 +28,7 @@ from typing import Iterator, Protocol
 CTA_GRID = 0  # one work item per CTA, hardware dispatch order
 CTA_PERSISTENT = 1  # persistent grid-stride: CTA c takes items c, c+P, c+2P, ...
 CTA_GROUPED = 2  # persistent, items ordered in L2-sized head groups, heads fastest
+CTA_LONGEST_FIRST = 3  # persistent, longest work items first (causal: last Q tiles), heads fastest
 
 KV_LINEAR = 0  # every work item scans K/V forward
 KV_SAWTOOTH = 1  # a CTA's successive work items alternate forward / backward
@@ -68,6 +69,16 @@ def grouped_order(item, q_tiles, heads, kv_heads, kv_units, group_units):
     return batch, head, within // heads_here
 
 
+def longest_first_order(item, q_tiles, heads, batch_heads):
+    """Longest first: Q tiles in decreasing order, every (batch, head) of one Q tile before the
+    next. Under a causal mask a Q tile's work grows with its index, so the persistent CTAs take
+    the longest items in their first round and the shortest last, and finish together (the
+    order FlashAttention-3 uses for causal). GQA siblings stay adjacent (heads fastest)."""
+    rank = item // batch_heads
+    batch_head = item - rank * batch_heads
+    return batch_head // heads, batch_head % heads, q_tiles - 1 - rank
+
+
 def decode_work_item(item, q_tiles, heads, kv_heads, kv_units, group_units, cta_order):
     """Work item number -> (batch, query head, Q tile), by the CTA schedule's own order.
 
@@ -78,6 +89,9 @@ def decode_work_item(item, q_tiles, heads, kv_heads, kv_units, group_units, cta_
     if cta_order == CTA_GROUPED:
         batch, head, q_tile = grouped_order(item, q_tiles, heads, kv_heads, kv_units,
                                             group_units)
+    if cta_order == CTA_LONGEST_FIRST:
+        batch, head, q_tile = longest_first_order(item, q_tiles, heads,
+                                                  kv_units * (heads // kv_heads))
     return batch, head, q_tile
 
 
@@ -304,6 +318,28 @@ class GroupedSchedule:
         return units
 
 
+@dataclass(frozen=True)
+class LongestFirstSchedule:
+    """Persistent, longest work items first: Q tiles in decreasing order, heads fastest.
+
+    Causal work items shrink with the Q tile index; handing them out longest first under
+    grid-stride assignment keeps every round's items about equally long, so no CTA is left with
+    the long tail. Non-causal items are all equally long and the order is heads-fastest. It
+    spreads the CTAs in flight over every head's K/V, so it trades L2 locality for balance.
+    """
+
+    name: str = field(default="longest_first", init=False)
+    code: int = field(default=CTA_LONGEST_FIRST, init=False)
+    persistent: bool = field(default=True, init=False)
+    takes_chunks: bool = field(default=False, init=False)
+
+    def num_ctas(self, num_items, resident_ctas):
+        return min(num_items, resident_ctas)
+
+    def group_units(self, problem, l2_bytes):
+        return 1
+
+
 class KvSchedule(Protocol):
     """In which order a work item visits its K/V tiles."""
 
@@ -383,6 +419,7 @@ CTA_SCHEDULES: dict[str, CtaSchedule] = {
     "grid": GridSchedule(),
     "persistent": PersistentSchedule(),
     "grouped": GroupedSchedule(),
+    "longest_first": LongestFirstSchedule(),
 }
 KV_SCHEDULES: dict[str, KvSchedule] = {
     "linear": LinearScan(),
