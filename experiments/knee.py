@@ -10,6 +10,7 @@ from wavefront.report.analysis import knees, predicted_curve
 SPEC = """
 name = "knee"
 measure = ["timing", "counters"]
+repeats = 3
 timeout_s = 180
 reps = 10
 batch_points = 12

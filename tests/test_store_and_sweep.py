@@ -79,6 +79,11 @@ def test_repeats_are_rows_of_their_own_and_interleaved():
     # No point's repeats back to back: all 16 points come between two repeats of one.
     first = [i for i, p in enumerate(points) if p == points[0]]
     assert first == [0, 16, 32] and [t["repeat"] for t in tasks[::16]] == [0, 1, 2]
+    # Within a repeat, one kind's tasks are consecutive (a worker measures a batch of them).
+    two = expand(parse_spec(SPEC.replace('name = "t"', 'name = "t"\nrepeats = 2\n'
+                                                       'measure = ["timing", "counters"]')), **GPU)
+    kinds = [t["measurement"] for t in two]
+    assert kinds == (["timing"] * 16 + ["counters"] * 16) * 2
 
 
 def test_torn_last_line_is_repaired_before_the_next_append(tmp_path):

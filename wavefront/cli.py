@@ -535,11 +535,11 @@ def load_any_spec(path: str):
     from wavefront.results.sweep import load_spec
     if path.endswith(".py"):
         from wavefront.report.experiments import load_experiment
-        spec = load_experiment(path).spec
-        if spec is None:
-            raise ValueError(f"{path}: this experiment owns no sweep (it reads "
-                             "other experiments' data)")
-        return spec
+        specs = load_experiment(path).specs
+        if len(specs) != 1:
+            raise ValueError(f"{path}: owns {len(specs)} sweeps ({', '.join(specs) or 'none'}); "
+                             "run it with `python {path} run`")
+        return next(iter(specs.values()))
     return load_spec(path)
 
 
@@ -780,14 +780,13 @@ def experiment_cli(path) -> click.Group:
     @click.option("--data", "data_dir", type=click.Path(file_okay=False),
                   default=str(root / "data"), show_default=True)
     def run(data_dir):
-        from wavefront.report.experiments import discover, owner_of
+        from wavefront.report.experiments import discover, spec_for
         experiments = discover(path.parent)
         me = experiments[name]
         dev = _require_gpu()
         failed = 0
         for dataset in me.datasets:
-            owner = owner_of(dataset, experiments)
-            summary = _run_sweep(owner.spec, Path(data_dir) / dataset, dev)
+            summary = _run_sweep(spec_for(dataset, experiments), Path(data_dir) / dataset, dev)
             click.echo(f"{dataset}: {summary}")
             failed += summary["failed"]
         if failed:

@@ -60,7 +60,7 @@ class ConditionsSampler:
     def __init__(self, device: int = 0, period_s: float = 0.05):
         self.device = device
         self.period_s = period_s
-        self.sm, self.mem, self.reasons = [], [], 0
+        self.sm, self.mem, self.reasons, self.max_sm = [], [], 0, None
         self._stop = threading.Event()
         self._nvml = _nvml()
         self._thread = None
@@ -74,6 +74,7 @@ class ConditionsSampler:
     def _run(self):
         try:
             handle = _handle(self._nvml, _visible_index(self.device))
+            self.max_sm = self._nvml.nvmlDeviceGetMaxClockInfo(handle, self._nvml.NVML_CLOCK_SM)
             while not self._stop.is_set():
                 self._sample(handle)
                 time.sleep(self.period_s)
@@ -96,9 +97,14 @@ class ConditionsSampler:
         names = [n for bit, n in {**_THROTTLE_REASONS, **_BENIGN_REASONS}.items()
                  if self.reasons & bit]
         measured = self._nvml is not None and bool(self.sm)
+        sm = float(statistics.median(self.sm)) if self.sm else None
+        # Throttled: a power/thermal reason was seen AND the clock really sat below its maximum
+        # (the power-cap reason is reported at full boost clock too on these parts).
+        slowed = bool(self.reasons & sum(_THROTTLE_REASONS))
+        below = sm is not None and self.max_sm and sm < 0.97 * self.max_sm
         return Conditions(
             host=socket.gethostname(), gpu_uuid=gpu_uuid(self.device),
-            sm_clock_mhz=float(statistics.median(self.sm)) if self.sm else None,
+            sm_clock_mhz=sm,
             mem_clock_mhz=float(statistics.median(self.mem)) if self.mem else None,
             throttle_reasons="|".join(names) if measured else None,
-            throttled=bool(self.reasons & sum(_THROTTLE_REASONS)) if measured else None)
+            throttled=bool(slowed and below) if measured else None)

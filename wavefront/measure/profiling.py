@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from wavefront.device import find_ncu
-from wavefront.results.measurement import METRICS, RATE_COLUMNS
+from wavefront.results.measurement import METRIC_SETS, METRICS, RATE_COLUMNS
 
 KERNEL_FILTER = "regex:flash_attention_fwd|combine_partials"
 KERNEL_NAMES = ("flash_attention_fwd", "combine_partials")
@@ -54,10 +54,12 @@ def tag_for(index: int) -> str:
     return f"{TAG_PREFIX}{index}"
 
 
-def ncu_command(ncu: str, report_path: str, program: list[str]) -> list[str]:
+def ncu_command(ncu: str, report_path: str, program: list[str],
+                metric_set: str = "full") -> list[str]:
     return [ncu, "--target-processes", "all", "--profile-from-start", "off",
             "--replay-mode", "kernel", "--cache-control", "all", "--clock-control", "none",
-            "--nvtx", "--kernel-name", KERNEL_FILTER, "--metrics", ",".join(METRICS),
+            "--nvtx", "--kernel-name", KERNEL_FILTER,
+            "--metrics", ",".join(METRIC_SETS[metric_set]),
             "--export", report_path, "--force-overwrite", *program]
 
 
@@ -281,7 +283,7 @@ class ProfileBatch:
 
 def profile_tasks(tasks: list[dict], *, timeout_s: float, keep_dir: str | None = None,
                   ncu: str | None = None, worker_cmd: list[str] | None = None,
-                  first_index: int = 0) -> ProfileBatch:
+                  first_index: int = 0, metric_set: str = "full") -> ProfileBatch:
     """Profile `tasks` (point records) in one ncu process; task i runs under tag
     `wf:<first_index + i>`. The report is kept in `keep_dir` when given."""
     ncu = ncu or find_ncu()
@@ -296,7 +298,7 @@ def profile_tasks(tasks: list[dict], *, timeout_s: float, keep_dir: str | None =
         report = str(Path(keep_dir or tmp) / f"counters-{os.getpid()}-{first_index}.ncu-rep")
         Path(report).parent.mkdir(parents=True, exist_ok=True)
         cmd = ncu_command(ncu, report, [*worker_cmd, "--mode", "counters", "--points",
-                                        str(points_file)])
+                                        str(points_file)], metric_set)
         limit = timeout_s * len(tasks) + 60
         # Own process group: on a timeout or Ctrl-C, ncu *and* the program it profiles die.
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
@@ -336,7 +338,7 @@ def profile_tasks(tasks: list[dict], *, timeout_s: float, keep_dir: str | None =
                         batch.counters[by_tag[tag]] = result
                 if keep_dir:
                     batch.report = {"file": os.path.basename(report), "sha256": _sha256(report),
-                                    "read_with": how,
+                                    "read_with": how, "metric_set": metric_set,
                                     "tags": {t["tag"]: [t["point"], t.get("repeat", 0)]
                                              for t in tagged if t["tag"] in launched}}
     return batch

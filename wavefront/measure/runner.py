@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import queue
 import subprocess
 import sys
@@ -17,6 +18,7 @@ import threading
 import time
 from typing import Callable
 
+from wavefront.measure.conditions import gpu_uuid
 from wavefront.measure.profiling import (
     RESULT_MARK,
     die_with_parent,
@@ -113,7 +115,9 @@ class SubprocessRunner:
             first = self._next_tag
             self._next_tag += len(pending)
             batch = profile_tasks(pending, timeout_s=spec.timeout_s, keep_dir=self.report_dir,
-                                  ncu=self.ncu, worker_cmd=self.worker_cmd, first_index=first)
+                                  ncu=self.ncu, worker_cmd=self.worker_cmd, first_index=first,
+                                  metric_set=spec.metric_set)
+            where = {"host": socket.gethostname(), "gpu_uuid": gpu_uuid()}
             if batch.report and on_artifact:
                 on_artifact(batch.report)
             resolved = set()
@@ -122,8 +126,9 @@ class SubprocessRunner:
                 point = Point.from_record(task)
                 launch = point.launch(_Gpu(task["sms"], task["l2_bytes"]))
                 counts = launch_counts(launch.problem, launch.n_chunks)
-                on_result(task, {**counters, **derive(counters, counts.read_sectors,
-                                                      counts.compulsory_read_bytes)}, None)
+                on_result(task, {**counters, **where,
+                                 **derive(counters, counts.read_sectors,
+                                          counts.compulsory_read_bytes)}, None)
                 resolved.add(index)
             for index, reason in batch.failures.items():
                 if index not in resolved:

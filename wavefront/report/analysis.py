@@ -172,6 +172,57 @@ def headline(frames: dict[str, pd.DataFrame], fits: dict[str, GpuCapacity],
     return h
 
 
+# A point whose repeats disagree by more than this (max - min over the median) is flagged.
+SPREAD_FLAG = 0.10
+
+
+def spread(values) -> float:
+    """(max - min) / median over a point's repeats; 0 for one repeat."""
+    v = np.asarray(values, dtype=float)
+    v = v[np.isfinite(v)]
+    if len(v) < 2:
+        return 0.0
+    return float((v.max() - v.min()) / np.median(v))
+
+
+def headline_pairs(df: pd.DataFrame) -> pd.DataFrame:
+    """Sawtooth against linear per configuration, from repeated measurements: DRAM reads (the
+    primary miss metric) and TFLOP/s, medians over repeats, the range of the ratio over every
+    pair of repeats, the spread of each side, and a flag where repeats disagree by > 10%."""
+    ok = df[df["status"] == "ok"]
+    c = ok[ok["measurement"] == "counters"]
+    t = ok[ok["measurement"] == "timing"]
+    keys = [k for k in PAIR_KEYS if k != "resident_ctas"]
+    rows = []
+    for key, sub in c.groupby(keys):
+        by = {kv: g for kv, g in sub.groupby("kv_schedule")}
+        if not {"linear", "sawtooth"} <= set(by):
+            continue
+        lin, saw = (by[k]["dram_read_bytes"].to_numpy(float) for k in ("linear", "sawtooth"))
+        ratios = (saw[:, None] / lin[None, :]).ravel()
+        r = dict(zip(keys, key))
+        tt = t.merge(sub[["point"]].drop_duplicates(), on="point")
+        tf = {kv: g["tflops"].to_numpy(float) for kv, g in tt.groupby("kv_schedule")}
+        speed = (np.median(tf["sawtooth"]) / np.median(tf["linear"]) - 1
+                 if {"linear", "sawtooth"} <= set(tf) else np.nan)
+        spreads = [spread(lin), spread(saw)] + [spread(v) for v in tf.values()]
+        rows.append({
+            "GPU": short_gpu(r["gpu"]),
+            "configuration": (f"B{r['batch']} H{r['heads']} S{r['seqlen'] // 1024}k "
+                              f"D{r['head_dim']} {r['tile_m']}x{r['tile_n']} {r['cta_schedule']}"
+                              + (" causal" if r["causal"] else "")),
+            "repeats": f"{len(lin)}+{len(saw)}",
+            "linear DRAM / min": round(float(np.median(lin)) / sub["compulsory_read_bytes"].iloc[0], 2),
+            "DRAM reads, sawtooth vs linear": float(np.median(saw) / np.median(lin) - 1),
+            "range lo": float(ratios.min() - 1), "range hi": float(ratios.max() - 1),
+            "TFLOP/s, sawtooth vs linear": speed,
+            "largest spread": max(spreads),
+            "flag": "repeats disagree > 10%" if max(spreads) > SPREAD_FLAG else "",
+        })
+    out = pd.DataFrame(rows)
+    return out.sort_values(["GPU", "DRAM reads, sawtooth vs linear"]) if len(out) else out
+
+
 def throughput_fits(frames: dict[str, pd.DataFrame]) -> tuple[dict[str, ThroughputFit],
                                                              pd.DataFrame]:
     joined = pd.concat([with_timing(df) for df in frames.values()], ignore_index=True)

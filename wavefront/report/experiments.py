@@ -2,7 +2,8 @@
 
 An experiment file defines
 - its docstring: the question (first line) and how to run it;
-- `SPEC`: the TOML sweep it owns (measured into `data/<name>/`), or none;
+- `SPEC`: the TOML sweep it owns (measured into `data/<name>/`), or `SPECS`: several, by data
+  set name; or none;
 - `DATASETS`: the data sets its figure reads (default: its own);
 - `figure(study)`: the figure the paper uses, from a `report.analysis.Study`;
 - optionally `table(study)`: a DataFrame the paper prints;
@@ -34,13 +35,20 @@ class Experiment:
         return doc.splitlines()[0].strip() if doc else ""
 
     @property
+    def specs(self) -> dict[str, SweepSpec]:
+        """The sweeps it owns, by the data set each measures into."""
+        texts = dict(getattr(self.module, "SPECS", {}))
+        if getattr(self.module, "SPEC", None):
+            texts[self.name] = self.module.SPEC
+        return {name: parse_spec(text, f"{self.path}[{name}]") for name, text in texts.items()}
+
+    @property
     def spec(self) -> SweepSpec | None:
-        text = getattr(self.module, "SPEC", None)
-        return parse_spec(text, str(self.path)) if text else None
+        return self.specs.get(self.name)
 
     @property
     def datasets(self) -> tuple[str, ...]:
-        return tuple(getattr(self.module, "DATASETS", (self.name,)))
+        return tuple(getattr(self.module, "DATASETS", None) or self.specs or (self.name,))
 
     def figure(self, study):
         return self.module.figure(study)
@@ -56,7 +64,11 @@ def load_experiment(path) -> Experiment:
     if spec is None or spec.loader is None:
         raise ValueError(f"{path}: not a Python file")
     module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    try:
+        spec.loader.exec_module(module)
+    except Exception as exc:
+        raise ValueError(f"{path}: the experiment file does not load: "
+                         f"{type(exc).__name__}: {exc}") from None
     if not callable(getattr(module, "figure", None)):
         raise ValueError(f"{path}: an experiment defines figure(study)")
     return Experiment(path.stem, path, module)
@@ -74,12 +86,12 @@ def discover(experiments_dir) -> dict[str, Experiment]:
     return out
 
 
-def owner_of(dataset: str, experiments: dict[str, Experiment]) -> Experiment:
-    """The experiment whose SPEC measures `dataset`."""
-    owner = experiments.get(dataset)
-    if owner is None or owner.spec is None:
-        raise ValueError(f"no experiment owns a sweep for data set {dataset!r}")
-    return owner
+def spec_for(dataset: str, experiments: dict[str, Experiment]) -> SweepSpec:
+    """The sweep (of whichever experiment owns it) that measures `dataset`."""
+    for exp in experiments.values():
+        if dataset in exp.specs:
+            return exp.specs[dataset]
+    raise ValueError(f"no experiment owns a sweep for data set {dataset!r}")
 
 
 def draw(experiment: Experiment, study, out_dir) -> list[Path]:

@@ -246,3 +246,39 @@ def tiled_vs_scans(joined: pd.DataFrame):
                  "128x64 at D=128)")
     fig.tight_layout()
     return fig
+
+
+def headline_pairs(h: pd.DataFrame):
+    """`h`: `report.analysis.headline_pairs`. DRAM reads and TFLOP/s, sawtooth vs linear, with
+    the range over repeats; flagged rows marked."""
+    d = h.copy()
+    d["label"] = d["configuration"] + np.where(d["flag"] != "", "  (!)", "")
+    fig, axes = plt.subplots(1, 2, figsize=(11, 0.45 * len(d) + 1.8), sharey=True)
+    for gpu, sub in d.groupby("GPU"):
+        y = np.arange(len(d))[d["GPU"].to_numpy() == gpu]
+        x = sub["DRAM reads, sawtooth vs linear"].to_numpy() * 100
+        err = np.vstack([x - sub["range lo"].to_numpy() * 100, sub["range hi"].to_numpy() * 100 - x])
+        axes[0].errorbar(x, y, xerr=err, fmt="o", capsize=3, label=gpu)
+        axes[1].plot(sub["TFLOP/s, sawtooth vs linear"].to_numpy() * 100, y, "o", label=gpu)
+    for ax in axes:
+        ax.axvline(0, color="k", lw=0.8)
+    axes[0].set_yticks(np.arange(len(d)), d["label"])
+    axes[0].set_xlabel("DRAM read bytes, sawtooth vs linear (%, bars: range over repeats)")
+    axes[1].set_xlabel("TFLOP/s, sawtooth vs linear (%, medians)")
+    axes[0].legend(title="GPU")
+    fig.suptitle("Headline configurations, bf16, 3 repeats each ((!): repeats disagree by "
+                 "more than 10%)")
+    fig.tight_layout()
+    return fig
+
+
+def repeat_spread(d: pd.DataFrame):
+    """Every repeat of each configuration: DRAM reads over the compulsory bytes, per metric set
+    (several replay passes vs one)."""
+    g = sns.catplot(data=d, x="DRAM read / compulsory", y="configuration", hue="metric_set",
+                    col="GPU", kind="strip", dodge=True, height=3.4, aspect=1.6, jitter=False)
+    g.set(xscale="log")
+    g.set_axis_labels("DRAM read bytes / compulsory (log), one dot per launch", "")
+    g.figure.suptitle("Counters over repeated launches, B=1 H=1 S=128k bf16 (ncu, cold L2 each "
+                      "launch)", y=1.04)
+    return g.figure

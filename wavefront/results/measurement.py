@@ -33,6 +33,13 @@ METRICS = {
     "sm__throughput.avg.pct_of_peak_sustained_elapsed": "sm_throughput_pct",
     "sm__inst_executed_pipe_tensor_op_gmma.avg.pct_of_peak_sustained_active": "tensor_active_pct",
 }
+# Which metrics a counters measurement collects. "full" needs several replay passes of the
+# launch; "dram" fits in one pass, so its numbers all come from the same execution.
+METRIC_SETS = {
+    "full": tuple(METRICS),
+    "dram": ("dram__bytes_read.sum", "dram__bytes_write.sum", "gpu__time_duration.sum"),
+}
+
 # Metrics that are rates, not counts: combined over a point's kernels weighted by duration.
 RATE_COLUMNS = frozenset({"l1_hit_rate_pct", "sm_throughput_pct", "tensor_active_pct"})
 METRIC_NOTES = {

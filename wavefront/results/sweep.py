@@ -9,6 +9,8 @@ Spec (TOML):
     timeout_s = 120                    # per task, wall clock; longer is recorded failed
     reps = 30                          # timed repetitions inside one timing measurement
     peers = false                      # also time torch SDPA FA2 / cuDNN (timing)
+    metric_set = "full"                # counters: "full" (several replay passes) or "dram"
+                                       # (DRAM bytes and duration: one pass)
     batch_points = 8                   # tasks per worker process
 
     [grid]                             # every combination is one point; several [[grid]]
@@ -40,6 +42,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from wavefront.point import DTYPES, HEAD_DIMS, Point, parse_schedule, parse_tiles
+from wavefront.results.measurement import METRIC_SETS
 from wavefront.results.progress import Progress
 from wavefront.results.store import (
     RESULTS_FILE,
@@ -112,7 +115,8 @@ GRID_KEYS = {
     "schedule": _check_with(parse_schedule, "a schedule like 'persistent+sawtooth'"),
 }
 REQUIRED_GRID_KEYS = ("seqlen", "head_dim", "schedule")
-TOP_KEYS = {"name", "measure", "repeats", "timeout_s", "reps", "peers", "batch_points", "grid"}
+TOP_KEYS = {"name", "measure", "repeats", "timeout_s", "reps", "peers", "batch_points",
+            "metric_set", "grid"}
 
 
 @dataclass
@@ -125,6 +129,7 @@ class SweepSpec:
     reps: int = 30
     peers: bool = False
     batch_points: int = 8
+    metric_set: str = "full"
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -183,11 +188,15 @@ def parse_spec(text: str, source: str = "spec") -> SweepSpec:
     peers = raw.get("peers", False)
     if not isinstance(peers, bool):
         raise ValueError(f"{source}: peers must be true or false, got {peers!r}")
+    metric_set = raw.get("metric_set", "full")
+    if metric_set not in METRIC_SETS:
+        raise ValueError(f"{source}: metric_set must be one of {sorted(METRIC_SETS)}, got "
+                         f"{metric_set!r}")
     name = raw.get("name", Path(source).stem)
     if not isinstance(name, str) or not name:
         raise ValueError(f"{source}: name must be a non-empty string, got {name!r}")
     spec = SweepSpec(name=name, grid=grids, measure=measure, timeout_s=float(timeout),
-                     peers=peers, **values)
+                     peers=peers, metric_set=metric_set, **values)
     return spec
 
 
@@ -223,7 +232,8 @@ def expand_points(spec: SweepSpec, source: str = "spec") -> list[Point]:
 def expand(spec: SweepSpec, *, gpu: str, sms: int, l2_bytes: int,
            source: str = "spec") -> list[dict]:
     """Every task of the spec on one GPU: (point, measurement, repeat) as a record. Repeats are
-    interleaved: all points once, then all points again, so no point's repeats run back to back."""
+    interleaved: all points once, then all points again, so no point's repeats run back to back;
+    within a repeat, tasks of one kind are consecutive so a worker process measures many."""
     shape = _GpuShape(sms, l2_bytes)
     records = []
     for point in expand_points(spec, source):
@@ -236,8 +246,8 @@ def expand(spec: SweepSpec, *, gpu: str, sms: int, l2_bytes: int,
         records.append(rec)
     tasks, seen = [], set()
     for repeat in range(spec.repeats):
-        for rec in records:
-            for measurement in spec.measure:
+        for measurement in spec.measure:
+            for rec in records:
                 ident = (rec["point"], measurement, repeat)
                 if ident not in seen:
                     seen.add(ident)
