@@ -85,7 +85,7 @@ def test_sweep_dry_run_needs_no_gpu():
     result = CliRunner().invoke(main, ["sweep", str(ROOT / "experiments" / "knee.py"),
                                        "--dry-run", "--gpu", "h200"])
     assert result.exit_code == 0, result.output
-    assert "knee: 72 tasks on the H200 preset" in result.output
+    assert "knee: 216 tasks on the H200 preset" in result.output
     assert "S262144 D128" in result.output
 
 
