@@ -6,6 +6,6 @@ if [ ! -x "$VENV/bin/python" ]; then
     "$PY" -m venv "$VENV"
 fi
 "$VENV/bin/python" -m pip install -q --upgrade pip
-"$VENV/bin/python" -m pip install -q -e ".[gpu,test]"
+"$VENV/bin/python" -m pip install -q -e ".[gpu,test,distributed]"
 # An older toolkit named here would be picked up by tileiras and fail ("Return code 5").
 unset CUDA_HOME CUDA_PATH

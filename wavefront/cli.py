@@ -530,6 +530,59 @@ def _run_sweep(spec, out_dir, dev, retry_failed=False, runner=None):
         raise click.ClickException(str(exc)) from None
 
 
+def _run_sweep_on_dask(spec, out_dir, gpus, scheduler, retry_failed=False):
+    """The same sweep with Dask as the engine: a local cluster of one worker per GPU
+    (`gpus`: a count or 'all'), or an existing cluster at `scheduler`."""
+    from wavefront.device import software_versions
+    from wavefront.results.store import SchemaError, StoreLocked
+    from wavefront.results.sweep import run_sweep
+    try:
+        from distributed import Client
+
+        from wavefront.measure.distributed import (
+            DaskRunner,
+            cluster_gpu,
+            local_gpu_cluster,
+            visible_gpu_count,
+        )
+    except (ImportError, RuntimeError):
+        raise click.ClickException("--gpus and --scheduler need Dask: pip install "
+                                   "'wavefront[distributed]'") from None
+    cluster = None
+    try:
+        if scheduler:
+            client = Client(scheduler)
+        else:
+            n = visible_gpu_count() if gpus == "all" else int(gpus)
+            if n < 1:
+                raise click.ClickException("--gpus: no GPU is visible on this host")
+            cluster = local_gpu_cluster(n)
+            client = Client(cluster)
+        gpu = cluster_gpu(client)
+        env = {"gpu": {k: v for k, v in gpu.items() if k != "workers"},
+               "workers": gpu["workers"], **software_versions()}
+        runner = DaskRunner(client, report_dir=str(Path(out_dir).resolve() / "ncu-reports"))
+        return run_sweep(spec, out_dir, gpu=gpu["name"], sms=gpu["sms"],
+                         l2_bytes=gpu["l2_bytes"], runner=runner, environment=env,
+                         retry_failed=retry_failed, command=sys.argv,
+                         manifest_extra={"engine": f"dask ({len(gpu['workers'])} workers)"})
+    except (StoreLocked, SchemaError, RuntimeError) as exc:
+        raise click.ClickException(str(exc)) from None
+    finally:
+        if cluster is not None:
+            client.close()
+            cluster.close()
+
+
+def _gpus_option(f):
+    f = click.option("--scheduler", default=None,
+                     help="Submit to an existing Dask cluster at this address "
+                          "(e.g. tcp://host:8786).")(f)
+    return click.option("--gpus", default=None,
+                        help="Run on a local Dask cluster, one worker per GPU: a count or "
+                             "'all'.")(f)
+
+
 def load_any_spec(path: str):
     """A sweep spec from a TOML file or from an experiment file's SPEC."""
     from wavefront.results.sweep import load_spec
@@ -552,9 +605,13 @@ def load_any_spec(path: str):
               help="List the points the spec expands to on a GPU preset; needs no GPU.")
 @click.option("--gpu", "preset", default="h100", show_default=True,
               help="GPU preset for --dry-run (h100, h200, b200, gb10).")
+@_gpus_option
 @click.option("--json", "as_json", is_flag=True)
-def sweep(spec_path, out_dir, retry_failed, dry_run, preset, as_json):
-    """Measure a sweep (a TOML spec or an experiment file) point by point, resumable."""
+def sweep(spec_path, out_dir, retry_failed, dry_run, preset, gpus, scheduler, as_json):
+    """Measure a sweep (a TOML spec or an experiment file) point by point, resumable.
+
+    On one GPU by default; `--gpus N|all` on every GPU of this host, `--scheduler ADDRESS` on
+    a Dask cluster (Slurm: see the README)."""
     try:
         spec = load_any_spec(spec_path)
     except ValueError as exc:
@@ -576,8 +633,14 @@ def sweep(spec_path, out_dir, retry_failed, dry_run, preset, as_json):
         return
     if out_dir is None:
         raise click.UsageError("--out DIR is required (or --dry-run)")
-    dev = _require_gpu()
-    summary = _run_sweep(spec, out_dir, dev, retry_failed)
+    if gpus or scheduler:
+        if gpus and gpus != "all" and not gpus.isdigit():
+            raise click.BadParameter(f"expected a count or 'all', got {gpus!r}",
+                                     param_hint="--gpus")
+        summary = _run_sweep_on_dask(spec, out_dir, gpus, scheduler, retry_failed)
+    else:
+        dev = _require_gpu()
+        summary = _run_sweep(spec, out_dir, dev, retry_failed)
     if as_json:
         _echo_json({"spec": spec.as_dict(), "out": out_dir, **summary})
     else:
@@ -776,17 +839,21 @@ def experiment_cli(path) -> click.Group:
     def cli():
         pass
 
-    @cli.command(help="Measure on this machine's GPU what the figure needs (resumes).")
+    @cli.command(help="Measure on this machine's GPU what the figure needs (resumes); "
+                      "--gpus/--scheduler spread it over several GPUs with Dask.")
     @click.option("--data", "data_dir", type=click.Path(file_okay=False),
                   default=str(root / "data"), show_default=True)
-    def run(data_dir):
+    @_gpus_option
+    def run(data_dir, gpus, scheduler):
         from wavefront.report.experiments import discover, spec_for
         experiments = discover(path.parent)
         me = experiments[name]
-        dev = _require_gpu()
+        dev = None if gpus or scheduler else _require_gpu()
         failed = 0
         for dataset in me.datasets:
-            summary = _run_sweep(spec_for(dataset, experiments), Path(data_dir) / dataset, dev)
+            spec, out = spec_for(dataset, experiments), Path(data_dir) / dataset
+            summary = (_run_sweep_on_dask(spec, out, gpus, scheduler) if dev is None
+                       else _run_sweep(spec, out, dev))
             click.echo(f"{dataset}: {summary}")
             failed += summary["failed"]
         if failed:

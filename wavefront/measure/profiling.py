@@ -25,6 +25,7 @@ import json
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -295,7 +296,8 @@ def profile_tasks(tasks: list[dict], *, timeout_s: float, keep_dir: str | None =
     with tempfile.TemporaryDirectory() as tmp:
         points_file = Path(tmp) / "points.json"
         points_file.write_text(json.dumps(tagged))
-        report = str(Path(keep_dir or tmp) / f"counters-{os.getpid()}-{first_index}.ncu-rep")
+        report = str(Path(keep_dir or tmp) / (f"counters-{socket.gethostname()}-{os.getpid()}-"
+                                              f"{first_index}.ncu-rep"))
         Path(report).parent.mkdir(parents=True, exist_ok=True)
         cmd = ncu_command(ncu, report, [*worker_cmd, "--mode", "counters", "--points",
                                         str(points_file)], metric_set)

@@ -308,8 +308,13 @@ def run_sweep(spec: SweepSpec, out_dir, *, gpu: str, sms: int, l2_bytes: int, ru
                          command, {"spec": spec.as_dict(), **(manifest_extra or {})})
         write_manifest(out_dir, run_id, entry)
         bar = Progress(len(todo), f"sweep {spec.name}", enabled=progress)
+        written: set[tuple] = set()
 
         def on_result(task: dict, result: dict | None, error: str | None):
+            ident = (task["point"], task["measurement"], task["repeat"])
+            if ident in written:  # a runner that delivered a task twice: keep the first
+                return
+            written.add(ident)
             row = row_for(task, run_id, result, error)
             summary["ok" if row["status"] == "ok" else "failed"] += 1
             append_row(results_path, row)
