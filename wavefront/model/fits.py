@@ -151,18 +151,26 @@ def launch_of_row(row) -> Launch:
     return Point.from_record(row).launch(RecordedGpu.of(row))
 
 
+# The measured miss count every fit is scored against: DRAM read sectors of one cold launch
+# (the L2-side difference of counters can fall below the compulsory minimum on Hopper).
+MEASURED_MISSES = "dram_read_sectors"
+
+
 class MissCurves:
     """Per measured point: read-miss bytes as a function of capacity (from reuse distances),
-    computed once so a fit can evaluate many capacities cheaply."""
+    computed once so a fit can evaluate many capacities cheaply. A point measured several times
+    is simulated once and scored against the median of its repeats."""
 
     def __init__(self, rows=None):
         self.keys, self.measured, self._curves = [], [], []
-        for _, row in (rows.iterrows() if rows is not None else ()):
-            trace = access_trace(launch_of_row(row))
+        if rows is None or len(rows) == 0:
+            return
+        for point, reps in rows.groupby("point", sort=False):
+            trace = access_trace(launch_of_row(reps.iloc[0]))
             reads = trace.is_read
             self._curves.append(MissCurve(reuse_distances(trace)[reads], trace.nbytes[reads]))
-            self.keys.append(row["point"])
-            self.measured.append(float(row["l2_read_miss_sectors"]) * SECTOR_BYTES)
+            self.keys.append(point)
+            self.measured.append(float(reps[MEASURED_MISSES].median()) * SECTOR_BYTES)
 
     def subset(self, keys) -> "MissCurves":
         """The curves of some of the points, without simulating them again."""

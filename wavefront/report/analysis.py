@@ -38,6 +38,14 @@ def counters(df):
     return df[df["measurement"] == "counters"].copy()
 
 
+def medians(rows: pd.DataFrame) -> pd.DataFrame:
+    """One row per (GPU, point): the median over its repeats of every numeric column."""
+    numeric = [c for c in rows.columns if pd.api.types.is_float_dtype(rows[c])]
+    first = rows.drop_duplicates(["gpu", "point"]).set_index(["gpu", "point"])
+    med = rows.groupby(["gpu", "point"])[numeric].median()
+    return first.drop(columns=numeric).join(med).reset_index()
+
+
 def timing(df):
     return df[df["measurement"] == "timing"].copy()
 
@@ -96,13 +104,14 @@ def knees(c: pd.DataFrame, fits: dict[str, GpuCapacity]) -> pd.DataFrame:
     """Measured vs predicted knee per (GPU, D, schedule): the first S with misses > 1.5 x
     compulsory. Predicted with the GPU's fitted capacity."""
     rows = []
+    c = medians(c)
     for (gpu, hd, kv), sub in c.groupby(["gpu", "head_dim", "kv_schedule"]):
         sub = sub.sort_values("seqlen")
         fit = fits[gpu].fit
         by_point = dict(zip(fit.points, fit.predicted))
         pred = [by_point[p] for p in sub["point"]]
         seqlens = list(sub["seqlen"])
-        measured_knee = knee(seqlens, list(sub["l2_read_miss_sectors"] * SECTOR_BYTES),
+        measured_knee = knee(seqlens, list(sub["dram_read_sectors"] * SECTOR_BYTES),
                              list(sub["compulsory_read_bytes"]))
         predicted_knee = knee(seqlens, pred, list(sub["compulsory_read_bytes"]))
         step = (abs(seqlens.index(measured_knee) - seqlens.index(predicted_knee))
@@ -117,7 +126,7 @@ def predicted_curve(c: pd.DataFrame, fits: dict[str, GpuCapacity]) -> pd.DataFra
     rows = []
     for gpu, entry in fits.items():
         fit = entry.fit
-        sub = c[c["gpu"] == gpu].set_index("point")
+        sub = c[c["gpu"] == gpu].drop_duplicates("point").set_index("point")
         for point, pred in zip(fit.points, fit.predicted):
             r = sub.loc[point]
             rows.append({"GPU": short_gpu(gpu), "head_dim": r["head_dim"],
@@ -130,46 +139,6 @@ def predicted_curve(c: pd.DataFrame, fits: dict[str, GpuCapacity]) -> pd.DataFra
 PAIR_KEYS = ["gpu", "sms", "l2_bytes", "batch", "heads", "kv_heads", "seqlen", "head_dim",
              "dtype", "causal", "tile_m", "tile_n", "occupancy", "cta_schedule",
              "resident_ctas"]
-
-
-def headline(frames: dict[str, pd.DataFrame], fits: dict[str, GpuCapacity],
-             top: int = 3) -> pd.DataFrame:
-    """Sawtooth over linear where it matters most: per GPU, the configurations with the
-    largest measured miss reduction among those whose linear misses exceed 2 x compulsory.
-    The model's predicted reduction (fitted capacity) stands beside the measured one."""
-    keys = PAIR_KEYS
-    rows = []
-    for name, df in frames.items():
-        d = with_timing(df)
-        lin = d[d["kv_schedule"] == "linear"].set_index(keys)
-        saw = d[d["kv_schedule"] == "sawtooth"].set_index(keys)
-        both = lin.merge(saw, left_index=True, right_index=True, suffixes=("_lin", "_saw"))
-        for idx, r in both.iterrows():
-            if r["l2_read_miss_sectors_lin"] * SECTOR_BYTES < 2 * r["compulsory_read_bytes_lin"]:
-                continue
-            rows.append({**dict(zip(keys, idx)), "experiment": name,
-                         "misses_lin": r["l2_read_miss_sectors_lin"],
-                         "misses_saw": r["l2_read_miss_sectors_saw"],
-                         "tflops_lin": r["tflops_lin"], "tflops_saw": r["tflops_saw"]})
-    h = pd.DataFrame(rows)
-    if h.empty:
-        return h
-    h["miss change"] = h["misses_saw"] / h["misses_lin"] - 1
-    h["throughput change"] = h["tflops_saw"] / h["tflops_lin"] - 1
-    h = h.drop_duplicates(subset=keys).sort_values("miss change")
-    h = h.groupby("gpu", group_keys=False).head(top)
-    predicted = []
-    for _, r in h.iterrows():
-        gpu = preset_for_device(r["gpu"]) or gpu_preset("h100")
-        fit = fits.get(r["gpu"])
-        cap = fit.fit.capacity_bytes if fit else 0.5 * gpu.l2_bytes
-        res = {}
-        for kv in ("linear", "sawtooth"):
-            res[kv] = predict(launch_of_row({**r, "kv_schedule": kv}), gpu,
-                              capacity_bytes=cap).read_miss_sectors
-        predicted.append(res["sawtooth"] / max(1, res["linear"]) - 1)
-    h["model miss change"] = predicted
-    return h
 
 
 # A point whose repeats disagree by more than this (max - min over the median) is flagged.
@@ -201,12 +170,13 @@ def headline_pairs(df: pd.DataFrame) -> pd.DataFrame:
         lin, saw = (by[k]["dram_read_bytes"].to_numpy(float) for k in ("linear", "sawtooth"))
         ratios = (saw[:, None] / lin[None, :]).ravel()
         r = dict(zip(keys, key))
-        tt = t.merge(sub[["point"]].drop_duplicates(), on="point")
+        tt = t.merge(sub[["gpu", "point"]].drop_duplicates(), on=["gpu", "point"])
         tf = {kv: g["tflops"].to_numpy(float) for kv, g in tt.groupby("kv_schedule")}
         speed = (np.median(tf["sawtooth"]) / np.median(tf["linear"]) - 1
                  if {"linear", "sawtooth"} <= set(tf) else np.nan)
         spreads = [spread(lin), spread(saw)] + [spread(v) for v in tf.values()]
         rows.append({
+            **r, "compulsory_read_bytes": float(sub["compulsory_read_bytes"].iloc[0]),
             "GPU": short_gpu(r["gpu"]),
             "configuration": (f"B{r['batch']} H{r['heads']} S{r['seqlen'] // 1024}k "
                               f"D{r['head_dim']} {r['tile_m']}x{r['tile_n']} {r['cta_schedule']}"
@@ -337,5 +307,33 @@ class Study:
 
     @cached_property
     def headline(self) -> pd.DataFrame:
-        return headline({k: self.timed_frames[k] for k in ("knee", "ablation", "tiled")},
-                        self.knee_fits)
+        """The headline configurations (repeated), sawtooth vs linear, with the model's
+        prediction at the GPU's fitted capacity beside the measurement."""
+        h = headline_pairs(self.load("headline"))
+        predicted = []
+        for _, r in h.iterrows():
+            gpu = preset_for_device(r["gpu"]) or gpu_preset("h100")
+            fit = self.knee_fits.get(r["gpu"])
+            cap = fit.fit.capacity_bytes if fit else 0.5 * gpu.l2_bytes
+            res = {kv: predict(launch_of_row({**r, "kv_schedule": kv,
+                                              "resident_ctas": r["sms"] * r["occupancy"]}),
+                               gpu, capacity_bytes=cap).dram_read_bytes
+                   for kv in ("linear", "sawtooth")}
+            predicted.append(res["sawtooth"] / max(1, res["linear"]) - 1)
+        return h.assign(**{"model: sawtooth vs linear": predicted})
+
+    def summary(self, dataset: str) -> pd.DataFrame:
+        """Per (GPU, point, measurement): median, min, max and spread over the repeats of the
+        key metric (DRAM reads for counters, TFLOP/s for timing), flagged above 10%."""
+        df = self.load(dataset)
+        rows = []
+        for (gpu, point, kind), reps in df.groupby(["gpu", "point", "measurement"]):
+            col = "dram_read_bytes" if kind == "counters" else "tflops"
+            v = reps[col].to_numpy(float)
+            s = spread(v)
+            rows.append({"gpu": gpu, "point": point, "measurement": kind, "metric": col,
+                         "repeats": len(v), "median": float(np.median(v)),
+                         "min": float(v.min()), "max": float(v.max()), "spread": s,
+                         "flag": "repeats disagree > 10%" if s > SPREAD_FLAG else "",
+                         "throttled": bool(reps["throttled"].fillna(False).any())})
+        return pd.DataFrame(rows)

@@ -38,7 +38,8 @@ def seqlen_axis(ax, seqlens) -> None:
 
 
 def plain_log_y(ax) -> None:
-    from matplotlib.ticker import FuncFormatter
+    from matplotlib.ticker import FuncFormatter, LogLocator
+    ax.yaxis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
     ax.yaxis.set_major_formatter(FuncFormatter(lambda y, _: f"{y:g}"))
     ax.yaxis.set_minor_formatter(FuncFormatter(lambda y, _: ""))
 
@@ -65,16 +66,34 @@ def save(fig, name: str, directory) -> list[Path]:
     return paths
 
 
+FLAG_SPREAD = 0.10  # repeats that disagree by more than this are ringed in red
+
+
+def _flagged(d: pd.DataFrame, y: str) -> pd.DataFrame:
+    """Points (GPU, point) whose repeats of `y` spread more than FLAG_SPREAD, at their median."""
+    g = d.groupby(["GPU", "point"])
+    s = g[y].agg(lambda v: (v.max() - v.min()) / v.median() if len(v) > 1 else 0.0)
+    med = g.agg(**{y: (y, "median"), "seqlen": ("seqlen", "first"),
+                   "head_dim": ("head_dim", "first")})
+    return med[s > FLAG_SPREAD].reset_index()
+
+
 def misses_vs_seqlen(df: pd.DataFrame, predicted: pd.DataFrame | None = None):
-    """Read misses (sectors that left L2) / compulsory reads against S, per schedule."""
+    """DRAM read bytes / compulsory reads against S, per schedule: the median of the repeats,
+    the band their range; points whose repeats disagree by more than 10% ringed in red."""
     d = df.copy()
     d["schedule"] = schedule_label(d)
-    d["x compulsory"] = d["l2_read_miss_sectors"] * SECTOR_BYTES / d["compulsory_read_bytes"]
+    d["x compulsory"] = d["dram_read_sectors"] * SECTOR_BYTES / d["compulsory_read_bytes"]
     d["GPU"] = d["gpu"].map(short_gpu)
     d["mask"] = np.where(d["causal"], "causal", "non-causal")
     g = sns.relplot(data=d, x="seqlen", y="x compulsory", hue="schedule", style="mask",
                     col="head_dim", row="GPU", kind="line", marker="o", height=3.0, aspect=1.3,
-                    facet_kws={"sharey": False})
+                    estimator="median", errorbar=("pi", 100), facet_kws={"sharey": False})
+    flagged = _flagged(d, "x compulsory")
+    for (gpu, hd), ax in g.axes_dict.items():
+        f = flagged[(flagged["GPU"] == gpu) & (flagged["head_dim"] == hd)]
+        ax.scatter(f["seqlen"], f["x compulsory"], s=90, facecolors="none", edgecolors="red",
+                   lw=1.2, zorder=5)
     if predicted is not None:
         for (gpu, hd), ax in g.axes_dict.items():
             p = predicted[(predicted["GPU"] == gpu) & (predicted["head_dim"] == hd)]
@@ -84,9 +103,12 @@ def misses_vs_seqlen(df: pd.DataFrame, predicted: pd.DataFrame | None = None):
     for ax in g.axes.flat:
         seqlen_axis(ax, d["seqlen"])
         plain_log_y(ax)
-    g.set_axis_labels("sequence length S (tokens)", "L2 read misses / compulsory reads")
-    g.figure.suptitle(f"L2 read misses vs S, B=1 H=1 bf16, {_tiles(d)} tiles "
-                      f"({', '.join(sorted(d['GPU'].unique()))}; dotted: model)", y=1.02)
+    g.set_axis_labels("sequence length S (tokens)", "DRAM read bytes / compulsory")
+    reps = d.groupby(["GPU", "point"]).size()
+    n = f"{reps.min()}" if reps.min() == reps.max() else f"{reps.min()}-{reps.max()}"
+    g.figure.suptitle(f"DRAM reads vs S, B=1 H=1 bf16, {_tiles(d)} tiles, "
+                      f"{' and '.join(sorted(d['GPU'].unique()))}\n{n} repeats per point: median "
+                      "and range; red ring: repeats disagree > 10%; dotted: model", y=1.07)
     return g.figure
 
 
@@ -142,17 +164,17 @@ def hit_rate_vs_ctas(df: pd.DataFrame):
     d = df.copy()
     d["GPU"] = d["gpu"].map(short_gpu)
     d["schedule"] = schedule_label(d)
-    d["reads from DRAM / compulsory"] = (d["l2_read_miss_sectors"] * SECTOR_BYTES
+    d["reads from DRAM / compulsory"] = (d["dram_read_sectors"] * SECTOR_BYTES
                                          / d["compulsory_read_bytes"])
     fig, axes = plt.subplots(1, 2, figsize=(9, 3.4))
     sns.lineplot(data=d, x="resident_ctas", y="sm_hit_rate", hue="schedule", style="GPU",
                  marker="o", ax=axes[0])
     axes[0].set(xscale="log", xlabel="CTAs in flight (persistent grid)",
-                ylabel="L2 hit rate seen by the SMs")
+                ylabel="L2 hit rate seen by the SMs (L2-side)")
     sns.lineplot(data=d, x="resident_ctas", y="reads from DRAM / compulsory", hue="schedule",
                  style="GPU", marker="o", ax=axes[1], legend=False)
     axes[1].set(xscale="log", yscale="log", xlabel="CTAs in flight (persistent grid)",
-                ylabel="L2 read misses / compulsory")
+                ylabel="DRAM read bytes / compulsory")
     fig.suptitle("Hit rate vs CTAs in flight, S=128k D=64 B=1 H=1 bf16 128x64 "
                  f"({', '.join(sorted(d['GPU'].unique()))})")
     fig.tight_layout()
@@ -263,11 +285,14 @@ def headline_pairs(h: pd.DataFrame):
     for ax in axes:
         ax.axvline(0, color="k", lw=0.8)
     axes[0].set_yticks(np.arange(len(d)), d["label"])
-    axes[0].set_xlabel("DRAM read bytes, sawtooth vs linear (%, bars: range over repeats)")
-    axes[1].set_xlabel("TFLOP/s, sawtooth vs linear (%, medians)")
+    from matplotlib.ticker import MaxNLocator
+    axes[1].xaxis.set_major_locator(MaxNLocator(6))
+    axes[0].set_xlabel("DRAM reads, sawtooth vs linear (%; bar: range)")
+    axes[1].set_xlabel("TFLOP/s, sawtooth vs linear (%; medians)")
     axes[0].legend(title="GPU")
-    fig.suptitle("Headline configurations, bf16, 3 repeats each ((!): repeats disagree by "
-                 "more than 10%)")
+    fig.suptitle("Headline configurations on H100 SXM and H200, bf16, "
+                 f"{h['repeats'].iloc[0].split('+')[0]} repeats each "
+                 "((!): repeats disagree by more than 10%)")
     fig.tight_layout()
     return fig
 
@@ -278,7 +303,27 @@ def repeat_spread(d: pd.DataFrame):
     g = sns.catplot(data=d, x="DRAM read / compulsory", y="configuration", hue="metric_set",
                     col="GPU", kind="strip", dodge=True, height=3.4, aspect=1.6, jitter=False)
     g.set(xscale="log")
-    g.set_axis_labels("DRAM read bytes / compulsory (log), one dot per launch", "")
+    from matplotlib.ticker import FuncFormatter
+    for ax in g.axes.flat:
+        ax.xaxis.set_major_formatter(FuncFormatter(lambda x, _: f"{x:g}"))
+        ax.xaxis.set_minor_formatter(FuncFormatter(lambda x, _: ""))
+    g.set_axis_labels("DRAM reads / compulsory (log; a dot per launch)", "")
     g.figure.suptitle("Counters over repeated launches, B=1 H=1 S=128k bf16 (ncu, cold L2 each "
                       "launch)", y=1.04)
     return g.figure
+
+
+def scaling(p: pd.DataFrame, wall_one: float, wall_two: float):
+    """`p`: per point, the median on one GPU and on two (`experiments/scaling.py`)."""
+    fig, axes = plt.subplots(1, 2, figsize=(9, 3.8))
+    for ax, (metric, sub) in zip(axes, p.groupby("metric")):
+        ax.scatter(sub["one"], sub["two"], s=18)
+        lo, hi = min(sub["one"].min(), sub["two"].min()), max(sub["one"].max(), sub["two"].max())
+        ax.plot([lo, hi], [lo, hi], color="k", lw=0.8)
+        scale = "log" if metric.startswith("DRAM") else "linear"
+        ax.set(xscale=scale, yscale=scale, xlabel=f"{metric}, one GPU (median of 3)",
+               ylabel=f"{metric}, two GPUs (median of 3)")
+    fig.suptitle(f"H200 x2: knee sweep (216 tasks) on one GPU in {wall_one:.0f} s and on two "
+                 f"in {wall_two:.0f} s ({wall_two / wall_one:.2f}x); a dot per point ({len(p) // 2})")
+    fig.tight_layout()
+    return fig

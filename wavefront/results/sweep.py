@@ -325,8 +325,12 @@ def run_sweep(spec: SweepSpec, out_dir, *, gpu: str, sms: int, l2_bytes: int, ru
             write_manifest(out_dir, run_id, entry)
 
         previous = signal.signal(signal.SIGTERM, _raise_interrupt)
+        started = time.monotonic()
         try:
             runner.run(todo, spec, on_result, on_artifact)
+            entry["wall_s"] = round(time.monotonic() - started, 1)
+            entry["finished"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
+            write_manifest(out_dir, run_id, entry)
         finally:
             signal.signal(signal.SIGTERM, previous)
             bar.close()

@@ -1,0 +1,71 @@
+"""Does a sweep on two GPUs give the same rows as on one, in about half the time?
+
+The knee spec (36 points, timing and counters, 3 repeats: 216 tasks) measured on one H200 of a
+two-GPU host (`data/scaling_1gpu`) and on both through Dask (`--gpus 2`, the H200 rows of
+`data/knee`). Wall times come from the runs' manifests.
+
+    wavefront sweep experiments/knee.py --out data/scaling_1gpu   # one GPU
+    python experiments/knee.py run --gpus 2                       # every GPU of the host
+    python experiments/scaling.py plot --out DIR                  # anywhere: the figure
+"""
+import json
+
+import pandas as pd
+
+from wavefront.cli import experiment_cli
+from wavefront.report import figures
+from wavefront.report.analysis import medians
+
+DATASETS = ("scaling_1gpu", "knee")
+
+
+def _wall(study, dataset: str, gpus: int) -> float:
+    runs = json.loads((study.data_dir / dataset / "manifest.json").read_text()).values()
+    walls = [r["wall_s"] for r in runs if r.get("wall_s") and ("x2" in r.get("note", ""))
+             and (("--gpus" in r["command"]) == (gpus > 1))]
+    return float(walls[0]) if walls else float("nan")
+
+
+def paired(study) -> pd.DataFrame:
+    one = study.load("scaling_1gpu")
+    knee = study.load("knee")
+    two = knee[knee["gpu"].isin(set(one["gpu"]))]
+    out = []
+    for kind, col in (("counters", "dram_read_bytes"), ("timing", "tflops")):
+        a = medians(one[one["measurement"] == kind]).set_index("point")[col]
+        b = medians(two[two["measurement"] == kind]).set_index("point")[col]
+        sa = one[one["measurement"] == kind].groupby("point")[col].agg(lambda v: (v.max() - v.min()) / v.median())
+        sb = two[two["measurement"] == kind].groupby("point")[col].agg(lambda v: (v.max() - v.min()) / v.median())
+        j = pd.DataFrame({"one": a, "two": b, "spread_one": sa, "spread_two": sb}).dropna()
+        j["metric"] = "DRAM read bytes" if kind == "counters" else "TFLOP/s"
+        j["difference"] = j["two"] / j["one"] - 1
+        j["GPUs on the 2-GPU run"] = two[two["measurement"] == kind]["gpu_uuid"].nunique()
+        out.append(j.reset_index())
+    return pd.concat(out, ignore_index=True)
+
+
+def figure(study):
+    return figures.scaling(paired(study), _wall(study, "scaling_1gpu", 1),
+                           _wall(study, "knee", 2))
+
+
+def table(study):
+    p = paired(study)
+    rows = []
+    for metric, sub in p.groupby("metric"):
+        within = (sub["difference"].abs()
+                  <= sub[["spread_one", "spread_two"]].max(axis=1) + 0.01)
+        rows.append({"metric": metric, "points": len(sub),
+                     "median difference, 2 GPUs vs 1": f"{sub['difference'].abs().median():.2%}",
+                     "largest": f"{sub['difference'].abs().max():.1%}",
+                     "within the repeats' spread (+1 point)": f"{int(within.sum())} of {len(sub)}",
+                     "GPU UUIDs in the 2-GPU rows": int(sub["GPUs on the 2-GPU run"].iloc[0])})
+    return pd.DataFrame(rows).assign(**{
+        "wall time, 1 GPU (s)": _wall(study, "scaling_1gpu", 1),
+        "wall time, 2 GPUs (s)": _wall(study, "knee", 2)})
+
+
+cli = experiment_cli(__file__)
+
+if __name__ == "__main__":
+    cli()
