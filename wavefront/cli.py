@@ -502,7 +502,7 @@ def profile(batch, heads, kv_heads, seqlens, head_dims, dtype, causal, schedules
                          "S": r["seqlen"], "D": r["head_dim"], "causal": r["causal"],
                          "repeat": r["repeat"],
                          "dram_mb": r["dram_read_bytes"] / 1e6 if r["status"] == "ok" else None,
-                         "x_min": (r["dram_read_sectors"] * 32 / r["compulsory_read_bytes"]
+                         "x_min": (r["dram_read_bytes"] / r["compulsory_read_bytes"]
                                    if r["status"] == "ok" else None),
                          "l2": r["l2_tex_read_sectors"], "ratio": r["read_sectors_ratio"],
                          "fabric": r["l2_fabric_read_sectors"],

@@ -48,7 +48,7 @@ METRIC_NOTES = {
 }
 # Columns derived from the metrics and the closed-form counts.
 DERIVED = {
-    "dram_read_sectors": "dram_read_bytes / 32: reads that left L2, the primary miss metric",
+    "dram_read_sectors": "dram_read_bytes / sector: reads that left L2, the primary miss metric",
     "sm_hit_rate": "1 - l2_read_miss_sectors / tex read lookups (secondary: L2-side)",
     "l2_read_miss_sectors": "tex read misses - fabric read hits (secondary: L2-side, can fall "
                             "below compulsory on Hopper)",
