@@ -1,7 +1,5 @@
 """Nsight Compute output: the parser on real captures, derived columns, and counters attributed
 to their point by NVTX tag (a stand-in ncu drops, reorders and untags kernels)."""
-import json
-import os
 import sys
 from pathlib import Path
 

@@ -12,8 +12,6 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass, fields, replace
-from typing import Protocol
-
 from wavefront.schedules import (
     AttentionProblem,
     Launch,
@@ -34,11 +32,18 @@ DEFAULT_OCCUPANCY = {(64, 64): 2, (128, 64): 2, (128, 128): 1}
 SECTOR_BYTES = 32
 
 
-class GpuShape(Protocol):
-    """What a launch needs to know of a GPU: a model preset or a measured device both fit."""
+@dataclass(frozen=True)
+class GpuShape:
+    """What a launch needs to know of a GPU. A model preset (`GPUSpec`) and a measured device
+    (`DeviceInfo`) have the same two fields and can be passed wherever this is expected."""
 
     sms: int
     l2_bytes: int
+
+    @classmethod
+    def of(cls, record) -> "GpuShape":
+        """The GPU a results row or a sweep task was measured on."""
+        return cls(int(record["sms"]), int(record["l2_bytes"]))
 
 
 def parse_schedule(schedule) -> tuple[str, str]:

@@ -27,7 +27,7 @@ from wavefront.measure.profiling import (
     read_results,
 )
 from wavefront.model.counting import launch_counts
-from wavefront.point import Point
+from wavefront.point import GpuShape, Point
 from wavefront.results.measurement import derive
 
 OnResult = Callable[[dict, "dict | None", "str | None"], None]
@@ -124,7 +124,7 @@ class SubprocessRunner:
             for index, counters in batch.counters.items():
                 task = pending[index]
                 point = Point.from_record(task)
-                launch = point.launch(_Gpu(task["sms"], task["l2_bytes"]))
+                launch = point.launch(GpuShape.of(task))
                 counts = launch_counts(launch.problem, launch.n_chunks)
                 on_result(task, {**counters, **where,
                                  **derive(counters, counts.read_sectors,
@@ -139,11 +139,6 @@ class SubprocessRunner:
                 # The batch stopped at the first unresolved task: fail it, go on with the rest.
                 on_result(rest.pop(0), None, batch.error or "ncu produced no result for it")
             pending = rest
-
-
-class _Gpu:
-    def __init__(self, sms, l2_bytes):
-        self.sms, self.l2_bytes = int(sms), int(l2_bytes)
 
 
 def _match(pending: list[dict], msg: dict) -> dict | None:

@@ -24,7 +24,7 @@ from wavefront.model.simulation import (
     reuse_distances,
     simulate_l2,
 )
-from wavefront.point import SECTOR_BYTES, Point
+from wavefront.point import SECTOR_BYTES, GpuShape, Point
 from wavefront.schedules import Launch
 
 # Data that every SM reads (K/V) falls out of Hopper's L2 from about half its size (BRIEF
@@ -134,21 +134,9 @@ class CapacityFit:
         return asdict(self)
 
 
-@dataclass(frozen=True)
-class RecordedGpu:
-    """The GPU shape a results row was measured on."""
-
-    sms: int
-    l2_bytes: int
-
-    @classmethod
-    def of(cls, row) -> "RecordedGpu":
-        return cls(int(row["sms"]), int(row["l2_bytes"]))
-
-
 def launch_of_row(row) -> Launch:
     """The launch a results row measured, rebuilt on the GPU it was measured on."""
-    return Point.from_record(row).launch(RecordedGpu.of(row))
+    return Point.from_record(row).launch(GpuShape.of(row))
 
 
 # The measured miss count every fit is scored against: DRAM read sectors of one cold launch

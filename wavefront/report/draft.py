@@ -10,7 +10,6 @@ import json
 from dataclasses import dataclass, field
 from importlib import resources
 
-import numpy as np
 import pandas as pd
 
 from wavefront.model.presets import gpu_preset

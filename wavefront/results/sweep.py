@@ -41,7 +41,7 @@ import uuid
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from wavefront.point import DTYPES, HEAD_DIMS, Point, parse_schedule, parse_tiles
+from wavefront.point import DTYPES, HEAD_DIMS, GpuShape, Point, parse_schedule, parse_tiles
 from wavefront.results.measurement import METRIC_SETS
 from wavefront.results.progress import Progress
 from wavefront.results.store import (
@@ -234,7 +234,7 @@ def expand(spec: SweepSpec, *, gpu: str, sms: int, l2_bytes: int,
     """Every task of the spec on one GPU: (point, measurement, repeat) as a record. Repeats are
     interleaved: all points once, then all points again, so no point's repeats run back to back;
     within a repeat, tasks of one kind are consecutive so a worker process measures many."""
-    shape = _GpuShape(sms, l2_bytes)
+    shape = GpuShape(sms, l2_bytes)
     records = []
     for point in expand_points(spec, source):
         try:
@@ -253,12 +253,6 @@ def expand(spec: SweepSpec, *, gpu: str, sms: int, l2_bytes: int,
                     seen.add(ident)
                     tasks.append({**rec, "measurement": measurement, "repeat": repeat})
     return tasks
-
-
-@dataclass(frozen=True)
-class _GpuShape:
-    sms: int
-    l2_bytes: int
 
 
 def done_keys(results_path, retry_failed: bool = False) -> set[tuple]:
