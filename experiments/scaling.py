@@ -15,6 +15,7 @@ import pandas as pd
 from wavefront.cli import experiment_cli
 from wavefront.report import figures
 from wavefront.report.analysis import medians
+from wavefront.results.measurement import spread
 
 DATASETS = ("scaling_1gpu", "knee")
 
@@ -34,8 +35,8 @@ def paired(study) -> pd.DataFrame:
     for kind, col in (("counters", "dram_read_bytes"), ("timing", "tflops")):
         a = medians(one[one["measurement"] == kind]).set_index("point")[col]
         b = medians(two[two["measurement"] == kind]).set_index("point")[col]
-        sa = one[one["measurement"] == kind].groupby("point")[col].agg(lambda v: (v.max() - v.min()) / v.median())
-        sb = two[two["measurement"] == kind].groupby("point")[col].agg(lambda v: (v.max() - v.min()) / v.median())
+        sa = one[one["measurement"] == kind].groupby("point")[col].agg(spread)
+        sb = two[two["measurement"] == kind].groupby("point")[col].agg(spread)
         j = pd.DataFrame({"one": a, "two": b, "spread_one": sa, "spread_two": sb}).dropna()
         j["metric"] = "DRAM read bytes" if kind == "counters" else "TFLOP/s"
         j["difference"] = j["two"] / j["one"] - 1

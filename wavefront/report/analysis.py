@@ -28,6 +28,7 @@ from wavefront.model.fits import (
 from wavefront.model.presets import gpu_preset, preset_for_device
 from wavefront.point import SECTOR_BYTES
 from wavefront.report.figures import short_gpu
+from wavefront.results.measurement import SPREAD_FLAG, SPREAD_FLAG_TEXT, spread
 from wavefront.results.store import load_results, with_timing
 
 # Experiments with counters and timing for the same points: the throughput model's data.
@@ -141,19 +142,6 @@ PAIR_KEYS = ["gpu", "sms", "l2_bytes", "batch", "heads", "kv_heads", "seqlen", "
              "resident_ctas"]
 
 
-# A point whose repeats disagree by more than this (max - min over the median) is flagged.
-SPREAD_FLAG = 0.10
-
-
-def spread(values) -> float:
-    """(max - min) / median over a point's repeats; 0 for one repeat."""
-    v = np.asarray(values, dtype=float)
-    v = v[np.isfinite(v)]
-    if len(v) < 2:
-        return 0.0
-    return float((v.max() - v.min()) / np.median(v))
-
-
 def headline_pairs(df: pd.DataFrame) -> pd.DataFrame:
     """Sawtooth against linear per configuration, from repeated measurements: DRAM reads (the
     primary miss metric) and TFLOP/s, medians over repeats, the range of the ratio over every
@@ -187,7 +175,7 @@ def headline_pairs(df: pd.DataFrame) -> pd.DataFrame:
             "range lo": float(ratios.min() - 1), "range hi": float(ratios.max() - 1),
             "TFLOP/s, sawtooth vs linear": speed,
             "largest spread": max(spreads),
-            "flag": "repeats disagree > 10%" if max(spreads) > SPREAD_FLAG else "",
+            "flag": SPREAD_FLAG_TEXT if max(spreads) > SPREAD_FLAG else "",
         })
     out = pd.DataFrame(rows)
     return out.sort_values(["GPU", "DRAM reads, sawtooth vs linear"]) if len(out) else out
@@ -334,6 +322,6 @@ class Study:
             rows.append({"gpu": gpu, "point": point, "measurement": kind, "metric": col,
                          "repeats": len(v), "median": float(np.median(v)),
                          "min": float(v.min()), "max": float(v.max()), "spread": s,
-                         "flag": "repeats disagree > 10%" if s > SPREAD_FLAG else "",
+                         "flag": SPREAD_FLAG_TEXT if s > SPREAD_FLAG else "",
                          "throttled": bool(reps["throttled"].fillna(False).any())})
         return pd.DataFrame(rows)

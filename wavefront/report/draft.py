@@ -16,7 +16,7 @@ from wavefront.model.presets import gpu_preset
 from wavefront.point import SECTOR_BYTES
 from wavefront.report.analysis import GpuCapacity, Study, _pct, bench_table, timing
 from wavefront.report.figures import short_gpu
-from wavefront.results.measurement import CORRECTNESS_TOLERANCE
+from wavefront.results.measurement import CORRECTNESS_TOLERANCE, spread
 from wavefront.schedules import CTA_SCHEDULES, KV_SCHEDULES
 
 
@@ -197,7 +197,7 @@ def _variance(n: DraftNumbers, study: Study, experiments: dict) -> None:
     n.values["variance_table"] = md_table(t)
     d = exp.module.repeats(study)
     g = d.groupby(["GPU", "configuration", "metric_set"])
-    sp = g["dram_read_bytes"].agg(lambda v: (v.max() - v.min()) / v.median())
+    sp = g["dram_read_bytes"].agg(spread)
     dur = g["ncu_duration_ns"].agg(lambda v: (v.max() - v.min()) / v.min())
     med = g["dram_read_bytes"].median()
     causal = "D128 persistent+linear causal"

@@ -15,6 +15,7 @@ import pandas as pd
 import seaborn as sns
 
 from wavefront.point import SECTOR_BYTES
+from wavefront.results.measurement import SPREAD_FLAG, spread
 
 
 @contextlib.contextmanager
@@ -66,16 +67,13 @@ def save(fig, name: str, directory) -> list[Path]:
     return paths
 
 
-FLAG_SPREAD = 0.10  # repeats that disagree by more than this are ringed in red
-
-
 def _flagged(d: pd.DataFrame, y: str) -> pd.DataFrame:
-    """Points (GPU, point) whose repeats of `y` spread more than FLAG_SPREAD, at their median."""
+    """Points (GPU, point) whose repeats of `y` spread more than SPREAD_FLAG, at their median."""
     g = d.groupby(["GPU", "point"])
-    s = g[y].agg(lambda v: (v.max() - v.min()) / v.median() if len(v) > 1 else 0.0)
+    s = g[y].agg(spread)
     med = g.agg(**{y: (y, "median"), "seqlen": ("seqlen", "first"),
                    "head_dim": ("head_dim", "first")})
-    return med[s > FLAG_SPREAD].reset_index()
+    return med[s > SPREAD_FLAG].reset_index()
 
 
 def misses_vs_seqlen(df: pd.DataFrame, predicted: pd.DataFrame | None = None):

@@ -114,6 +114,21 @@ class Measurement:
         return row
 
 
+# A point whose repeats disagree by more than this (max - min over the median) is flagged.
+SPREAD_FLAG = 0.10
+SPREAD_FLAG_TEXT = "repeats disagree > 10%"
+
+
+def spread(values) -> float:
+    """(max - min) / median over a point's repeats; 0 for fewer than two finite values."""
+    import numpy as np
+    v = np.asarray(values, dtype=float)
+    v = v[np.isfinite(v)]
+    if len(v) < 2:
+        return 0.0
+    return float((v.max() - v.min()) / np.median(v))
+
+
 def field_names(cls) -> tuple[str, ...]:
     return tuple(f.name for f in fields(cls))
 
