@@ -60,7 +60,7 @@ def save(fig, name: str, directory) -> list[Path]:
     for ext in ("png", "pdf"):
         path = directory / f"{name}.{ext}"
         # No creation date in the PDF: regenerating from the same data gives the same file.
-        fig.savefig(path, dpi=110 if ext == "png" else None, bbox_inches="tight",
+        fig.savefig(path, dpi=90 if ext == "png" else None, bbox_inches="tight",
                     metadata={"CreationDate": None} if ext == "pdf" else None)
         paths.append(path)
     plt.close(fig)

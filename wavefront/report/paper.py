@@ -26,11 +26,16 @@ def build(data_dir, paper_dir, experiments_dir, log=print) -> dict:
         log(f"figure {name}")
     numbers = draft.compute(study, experiments)
     (paper_dir / "draft.md").write_text(draft.render(numbers))
-    # Per-point medians, ranges and flags of every data set: what the figures summarise.
+    # Per-point medians, ranges and flags of every repeated data set: what the figures
+    # summarise (single-shot data sets have nothing to summarise).
     (paper_dir / "summary").mkdir(parents=True, exist_ok=True)
     for dataset in sorted({d for e in experiments.values() for d in e.datasets}):
-        study.summary(dataset).to_csv(paper_dir / "summary" / f"{dataset}.csv", index=False,
-                                      float_format="%.6g")
+        summary = study.summary(dataset)
+        target = paper_dir / "summary" / f"{dataset}.csv"
+        if (summary["repeats"] > 1).any():
+            summary.to_csv(target, index=False, float_format="%.6g")
+        elif target.exists():
+            target.unlink()
     tfits, _ = study.throughput
     summary = {
         "capacity_fits": {g: e.summary() for g, e in study.knee_fits.items()},
