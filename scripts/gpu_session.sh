@@ -5,6 +5,9 @@
 # EXPERIMENT names an experiment file that owns a sweep; it resumes from data/<EXPERIMENT>/ (the
 # committed results travel with the checkout), so a sweep cut by the deadline goes on next call.
 set -uo pipefail
+# The host's copy of .git may be stale (seen: it reported the session's first commit), so the
+# caller names the commit being measured; every manifest records it.
+: "${WAVEFRONT_GIT_COMMIT:?set WAVEFRONT_GIT_COMMIT=\$(git rev-parse HEAD) on your machine and pass it}"
 source scripts/setup_gpu_host.sh
 export PYTHONUNBUFFERED=1
 OUT="${OUT:-/tmp/wavefront-out}"; mkdir -p "$OUT"
