@@ -206,7 +206,7 @@ def test_sweep_killed_at_random_moments_loses_and_duplicates_nothing(tmp_path):
         proc = subprocess.Popen([sys.executable, str(FAKES / "sweep_driver.py"), str(out),
                                  str(runs), str(log)], env=env, stderr=subprocess.DEVNULL)
         try:
-            proc.wait(timeout=rng.uniform(0.6, 1.1) if kills < 30 else 120)
+            proc.wait(timeout=rng.uniform(0.6, 1.1) if kills < 40 else 120)
         except subprocess.TimeoutExpired:
             proc.send_signal(signal.SIGKILL)
             proc.wait()

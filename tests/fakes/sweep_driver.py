@@ -46,7 +46,7 @@ os.write = flaky_write
 class Runner:
     def run(self, tasks, spec, on_result, on_artifact=None):
         for task in tasks:
-            time.sleep(0.02)
+            time.sleep(0.03)
             on_result(task, {"median_ms": 1.0, "rel_error": 1e-3, "reps": 3}
                       if task["measurement"] == "timing" else {"dram_read_bytes": 1.0}, None)
             with open(log, "a") as f:
