@@ -240,3 +240,42 @@ def test_two_partitions_need_the_sm_count():
     trace = make_trace([1, 2, 3])
     with pytest.raises(ValueError, match="sms"):
         simulate_l2(trace, 1 << 20, partitions=2)
+
+
+def test_oracle_general_trace_round_trips_and_an_independent_lru_agrees(tmp_path):
+    """The trace written for other cache tools (libCacheSim's oracleGeneral) read back and run
+    through an independent LRU (an OrderedDict) gives the simulator's DRAM bytes."""
+    from wavefront.model.simulation import next_access, read_oracle_general, write_oracle_general
+    launch = plan((1, 2, 2048, 64), (1, 2, 2048, 64), schedule="persistent+sawtooth",
+                  tiles="64x64", sms=4, l2_bytes=1 << 20)
+    trace = access_trace(launch)
+    path = tmp_path / "t.oracleGeneral.bin"
+    n = write_oracle_general(trace, path)
+    rec = read_oracle_general(path)
+    assert path.stat().st_size == 24 * n == 24 * int(trace.is_read.sum())
+    assert (rec["clock"] == range(n)).all()
+    ids, sizes = rec["obj_id"].tolist(), rec["obj_size"].tolist()
+    for i in (0, 1, n // 2, n - 2, n - 1):  # the next request for the same object, or -1
+        j = int(rec["next_access"][i])
+        if j == -1:
+            assert ids[i] not in ids[i + 1:]
+        else:
+            assert j > i and ids[j] == ids[i] and ids[i] not in ids[i + 1:j]
+    reads = Trace(trace.address[trace.is_read], trace.nbytes[trace.is_read],
+                  trace.kind[trace.is_read], trace.slot[trace.is_read], trace.n_slots)
+    for capacity in (64 << 10, 256 << 10, 4 << 20):
+        expected = brute_lru_miss_bytes(ids, dict(zip(ids, sizes)), capacity)
+        assert simulate_l2(reads, capacity).dram_read_sectors * 32 == expected
+    assert list(next_access(np.array([5, 7, 5, 5, 7]))) == [2, 4, 3, -1, -1]
+
+
+def test_simulate_writes_traces(tmp_path):
+    from click.testing import CliRunner
+
+    from wavefront.cli import main
+    res = CliRunner().invoke(main, ["simulate", "--seqlen", "4096", "--trace-out",
+                                    str(tmp_path), "--json"])
+    assert res.exit_code == 0, res.output
+    files = sorted(p.name for p in tmp_path.iterdir())
+    assert files == ["persistent+linear_s4096_d64.oracleGeneral.bin",
+                     "persistent+sawtooth_s4096_d64.oracleGeneral.bin"]

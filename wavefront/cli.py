@@ -670,9 +670,13 @@ def sweep(spec_path, out_dir, retry_failed, dry_run, preset, gpus, scheduler, as
                default_heads=1)
 @click.option("--jitter", type=click.FloatRange(0, 0.99), default=0.0, show_default=True,
               help="Probability that a CTA stalls for a round.")
+@click.option("--trace-out", "trace_dir", type=click.Path(file_okay=False), default=None,
+              help="Also write each launch's read trace here in libCacheSim's oracleGeneral "
+                   "binary format.")
 @click.option("--json", "as_json", is_flag=True)
 def simulate(gpu_name, sms, l2_mib, capacity_mib, partitions, batch, heads, kv_heads, seqlens,
-             head_dims, dtype, causal, schedules, tiles, occupancy, ctas, jitter, as_json):
+             head_dims, dtype, causal, schedules, tiles, occupancy, ctas, jitter, trace_dir,
+             as_json):
     """Predict L2 accesses, misses and DRAM reads per schedule on a GPU preset (CPU only)."""
     from wavefront.model.fits import DEFAULT_EFFECTIVE_FRACTION, analytic_misses, predict
     from wavefront.model.presets import gpu_preset
@@ -703,6 +707,13 @@ def simulate(gpu_name, sms, l2_mib, capacity_mib, partitions, batch, heads, kv_h
                        partitions=partitions if partitions > 1 else None, jitter=jitter)
         click.echo(f" {pred.accesses / 1e6:.1f} M accesses in {time.perf_counter() - t0:.1f} s",
                    err=True)
+        if trace_dir:
+            from wavefront.model.simulation import access_trace, write_oracle_general
+            Path(trace_dir).mkdir(parents=True, exist_ok=True)
+            name = (f"{launch.name}_s{point.seqlen}_d{point.head_dim}"
+                    f"{'_causal' if point.causal else ''}.oracleGeneral.bin")
+            write_oracle_general(access_trace(launch, jitter=jitter), Path(trace_dir) / name)
+            click.echo(f"trace -> {Path(trace_dir) / name}", err=True)
         row = {"inputs": point.as_dict(), **pred.as_dict(),
                "analytic_read_miss_bytes": analytic_misses(launch, capacity),
                "ctas_in_flight": min(launch.resident_ctas, launch.problem.num_items)}

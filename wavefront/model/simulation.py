@@ -450,3 +450,41 @@ def check_simulable(launch: Launch, memory_bytes: int | None = None) -> None:
                          f"(~{need / 2**30:.1f} GiB to simulate), more than 80% of the "
                          f"{memory / 2**30:.1f} GiB of memory available: shorten seqlen or "
                          "batch x heads")
+
+
+# ---------------------------------------------------------------------------------------------
+# Open traces
+# ---------------------------------------------------------------------------------------------
+
+# libCacheSim's oracleGeneral binary format: one packed little-endian record per request,
+# (uint32 clock time, uint64 object id, uint32 object size, int64 next access, -1 if none).
+ORACLE_GENERAL = np.dtype([("clock", "<u4"), ("obj_id", "<u8"), ("obj_size", "<u4"),
+                           ("next_access", "<i8")])
+
+
+def next_access(address: np.ndarray) -> np.ndarray:
+    """For every access, the index of the next access to the same object (-1 if none)."""
+    n = len(address)
+    out = np.full(n, -1, np.int64)
+    order = np.lexsort((np.arange(n), address))  # by object, then by time
+    same = address[order[1:]] == address[order[:-1]]
+    out[order[:-1][same]] = order[1:][same]
+    return out
+
+
+def write_oracle_general(trace: Trace, path, *, reads_only: bool = True) -> int:
+    """Write the trace (its reads by default: what the L2 misses on) as oracleGeneral for other
+    cache tools; the clock is the access index. Returns the number of records."""
+    keep = trace.is_read if reads_only else np.ones(len(trace), bool)
+    address = trace.address[keep]
+    rec = np.empty(len(address), ORACLE_GENERAL)
+    rec["clock"] = np.arange(len(address), dtype=np.uint32)
+    rec["obj_id"] = address.astype(np.uint64)
+    rec["obj_size"] = trace.nbytes[keep].astype(np.uint32)
+    rec["next_access"] = next_access(address)
+    rec.tofile(path)
+    return len(rec)
+
+
+def read_oracle_general(path) -> np.ndarray:
+    return np.fromfile(path, dtype=ORACLE_GENERAL)
