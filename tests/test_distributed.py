@@ -18,14 +18,9 @@ from wavefront.results.sweep import expand, parse_spec, run_sweep  # noqa: E402
 FAKES = Path(__file__).parent / "fakes"
 FAKE_WORKER = [sys.executable, str(FAKES / "fake_worker.py")]
 GPU = dict(gpu="FakeGPU", sms=132, l2_bytes=50 << 20)
-SPEC = """
-batch_points = 2
-timeout_s = 30
-[grid]
-seqlen = [128, 256, 384, 512, 640, 768, 896, 1024]
-head_dim = [64, 128]
-schedule = ["persistent+linear", "persistent+sawtooth"]
-"""
+# The spec the killed-client test's driver runs: one copy.
+sys.path.insert(0, str(FAKES))
+from dask_driver import SPEC  # noqa: E402
 
 
 @pytest.fixture(scope="module")

@@ -11,7 +11,7 @@ the kernel compiles it, the model and the CLI validate against it without import
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, fields, replace
+from dataclasses import asdict, dataclass, replace
 from wavefront.schedules import (
     AttentionProblem,
     Launch,
@@ -201,10 +201,6 @@ class Point:
 
     def as_dict(self) -> dict:
         return asdict(self)
-
-    @classmethod
-    def field_names(cls) -> tuple[str, ...]:
-        return tuple(f.name for f in fields(cls))
 
 
 def point_key(params: dict) -> str:

@@ -17,11 +17,6 @@ class EventTimes:
     def as_dict(self) -> dict:
         return asdict(self)
 
-    @property
-    def spread(self) -> float:
-        """(p90 - p10) / median: the relative spread of the repetitions."""
-        return (self.p90_ms - self.p10_ms) / self.median_ms
-
     def tflops(self, flops: float) -> float:
         return flops / (self.median_ms * 1e-3) / 1e12
 

@@ -249,6 +249,7 @@ class Study:
     def __init__(self, data_dir):
         self.data_dir = Path(data_dir)
         self._frames: dict[str, pd.DataFrame] = {}
+        self._summaries: dict[str, pd.DataFrame] = {}
 
     def load(self, experiment: str) -> pd.DataFrame:
         """A data set's `ok` rows (all repeats)."""
@@ -313,6 +314,11 @@ class Study:
     def summary(self, dataset: str) -> pd.DataFrame:
         """Per (GPU, point, measurement): median, min, max and spread over the repeats of the
         key metric (DRAM reads for counters, TFLOP/s for timing), flagged above 10%."""
+        if dataset not in self._summaries:
+            self._summaries[dataset] = self._summary(dataset)
+        return self._summaries[dataset].copy()
+
+    def _summary(self, dataset: str) -> pd.DataFrame:
         df = self.load(dataset)
         rows = []
         for (gpu, point, kind), reps in df.groupby(["gpu", "point", "measurement"]):

@@ -14,7 +14,14 @@ import pandas as pd
 
 from wavefront.model.presets import gpu_preset
 from wavefront.point import SECTOR_BYTES
-from wavefront.report.analysis import GpuCapacity, Study, _pct, bench_table, timing
+from wavefront.report.analysis import (
+    GpuCapacity,
+    Study,
+    _pct,
+    bench_table,
+    dram_bound_share,
+    timing,
+)
 from wavefront.report.figures import short_gpu
 from wavefront.results.measurement import CORRECTNESS_TOLERANCE, spread
 from wavefront.schedules import CTA_SCHEDULES, KV_SCHEDULES
@@ -108,9 +115,8 @@ def compute(study: Study, experiments: dict) -> DraftNumbers:
             timed["rel_error"].max() < CORRECTNESS_TOLERANCE,
             f"max rel_error {timed['rel_error'].max():.3g}", listed=False)
 
-    counter_rows = pd.concat([study.counters(d) for d in datasets
-                              if len(study.counters(d))]).drop_duplicates(["gpu", "point",
-                                                                            "run_id", "repeat"])
+    counter_rows = pd.concat([study.counters(d) for d in datasets]).drop_duplicates(
+        ["gpu", "point", "run_id", "repeat"])
     both = counter_rows.dropna(subset=["l2_read_miss_sectors", "dram_read_sectors"])
     rel = (both["l2_read_miss_sectors"] / both["dram_read_sectors"] - 1).abs()
     v["counter_rows"], v["agree_rows"] = len(both), int((rel <= 0.2).sum())
@@ -289,7 +295,7 @@ def _differences(n: DraftNumbers, study: Study, tfits, joined, presets) -> None:
             f"the compulsory bytes from DRAM, and sawtooth reads more than linear in {worse} of "
             f"{len(pairs)} causal configurations there; the tiled schedule removes this.",
             above >= 0.5 and worse >= 1, f"share above 2x {above}, sawtooth worse {worse}")
-    bound = _bound_share(tfits, joined)
+    bound = dram_bound_share(tfits, joined)
     gb10 = presets["gb10"].dram_bytes_per_s
     hbm = sorted(presets[g].dram_bytes_per_s / gb10 for g in ("h100", "h200"))
     n.claim(f"Throughput follows DRAM traffic only past the fitted ridge: by the fitted model, "
@@ -308,11 +314,6 @@ def _differences(n: DraftNumbers, study: Study, tfits, joined, presets) -> None:
             f"schedule in {slower:.0%} of the foundation table's pairs, and in the headline "
             f"table its miss savings turned into a median throughput change of {gain:+.0%}.",
             slower >= 0.5 and gain <= 0.05, f"slower share {slower}, headline gain {gain}")
-
-
-def _bound_share(tfits, joined) -> dict:
-    from wavefront.report.analysis import dram_bound_share
-    return dram_bound_share(tfits, joined)
 
 
 def _sawtooth_slower_share(bench: pd.DataFrame) -> float:

@@ -60,16 +60,17 @@ DERIVED = {
 
 @dataclass(frozen=True)
 class Timing:
-    """CUDA-event timing of one point, checked against the reference first."""
+    """CUDA-event timing of one point, checked against the reference first. Fields a runner
+    did not report stay None (blank in the results file)."""
 
-    rel_error: float  # ||out - ref|| / ||ref|| against float32
-    median_ms: float
-    p10_ms: float
-    p90_ms: float
-    reps: int
-    tflops: float  # useful FLOPs / median time
-    useful_flops: float
-    executed_flops: float
+    rel_error: float | None = None  # ||out - ref|| / ||ref|| against float32
+    median_ms: float | None = None
+    p10_ms: float | None = None
+    p90_ms: float | None = None
+    reps: int | None = None
+    tflops: float | None = None  # useful FLOPs / median time
+    useful_flops: float | None = None
+    executed_flops: float | None = None
     fa2_ms: float | None = None  # torch SDPA flash (FA2), same shapes, same run
     cudnn_ms: float | None = None  # torch SDPA cuDNN, same shapes, same run
 
@@ -103,6 +104,22 @@ class Measurement:
     timing: Timing | None = None
     counters: Counters | None = None
     conditions: Conditions | None = None
+
+    @classmethod
+    def of(cls, measurement: str, repeat: int, result: dict | None,
+           error: str | None) -> "Measurement":
+        """A runner's answer for one task, typed: the result's fields sorted into timing,
+        counters and conditions (anything else it carries is not a column and is dropped)."""
+        if error is not None or result is None:
+            return cls(measurement, "failed", (error or "no result")[:500], repeat)
+
+        def pick(part):
+            return part(**{k: result[k] for k in field_names(part) if k in result})
+        conditions = pick(Conditions)
+        return cls(measurement, "ok", "", repeat,
+                   timing=pick(Timing) if measurement == "timing" else None,
+                   counters=pick(Counters) if measurement == "counters" else None,
+                   conditions=conditions if conditions != Conditions() else None)
 
     def columns(self) -> dict:
         """This measurement's columns of a results row."""

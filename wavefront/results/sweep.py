@@ -42,7 +42,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from wavefront.point import DTYPES, HEAD_DIMS, GpuShape, Point, parse_schedule, parse_tiles
-from wavefront.results.measurement import METRIC_SETS
+from wavefront.results.measurement import METRIC_SETS, Measurement
 from wavefront.results.progress import Progress
 from wavefront.results.store import (
     RESULTS_FILE,
@@ -266,15 +266,11 @@ def done_keys(results_path, retry_failed: bool = False) -> set[tuple]:
 
 
 def row_for(task: dict, run_id: str, result: dict | None, error: str | None) -> dict:
-    """A results row: the task's record, the result's columns, status and run id."""
-    row = {k: v for k, v in task.items() if k in SCHEMA}
-    row["run_id"] = run_id
-    if error is None and result is not None:
-        row.update({k: v for k, v in result.items() if k in SCHEMA})
-        row.update(status="ok", error="")
-    else:
-        row.update(status="failed", error=(error or "no result")[:500])
-    return row
+    """A results row: the task's record (the point on its GPU), the typed measurement's
+    columns, and the run id."""
+    measurement = Measurement.of(task["measurement"], task["repeat"], result, error)
+    return {**{k: v for k, v in task.items() if k in SCHEMA}, **measurement.columns(),
+            "run_id": run_id}
 
 
 def run_sweep(spec: SweepSpec, out_dir, *, gpu: str, sms: int, l2_bytes: int, runner,
