@@ -719,11 +719,14 @@ def simulate(gpu_name, sms, l2_mib, capacity_mib, partitions, batch, heads, kv_h
                "ctas_in_flight": min(launch.resident_ctas, launch.problem.num_items)}
         results.append(row)
     elapsed = time.perf_counter() - start
+    accesses = sum(r["accesses"] for r in results)
+    peak_mib = _peak_rss_mib()
     if as_json:
         _echo_json({"gpu": gpu.name, "preset": gpu_name, "sms": gpu.sms,
                     "l2_bytes": gpu.l2_bytes, "capacity_bytes": capacity,
                     "partitions": partitions, "jitter": jitter, "seconds": elapsed,
-                    "results": results})
+                    "accesses_per_s": accesses / elapsed if elapsed > 0 else None,
+                    "peak_rss_mib": peak_mib, "results": results})
         return
     rows = []
     for r in results:
@@ -751,8 +754,15 @@ def simulate(gpu_name, sms, l2_mib, capacity_mib, partitions, batch, heads, kv_h
                        f"{pt['fabric_read_sectors']:.4g}, fabric hits "
                        f"{pt['fabric_read_hit_sectors']:.4g}, DRAM reads "
                        f"{pt['dram_read_sectors']:.4g} sectors")
-    click.echo(f"({sum(r['accesses'] for r in results) / 1e6:.1f} M tile accesses simulated in "
-               f"{elapsed:.1f} s)")
+    click.echo(f"({accesses / 1e6:.1f} M tile accesses simulated in {elapsed:.1f} s, "
+               f"{accesses / max(elapsed, 1e-9) / 1e6:.1f} M/s, peak memory {peak_mib:.0f} MiB)")
+
+
+def _peak_rss_mib() -> float:
+    """This process's peak resident memory (Linux reports KiB, macOS bytes)."""
+    import resource
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return peak / 2**20 if sys.platform == "darwin" else peak / 2**10
 
 
 @main.command()

@@ -18,11 +18,14 @@ from wavefront.model.counting import launch_counts
 from wavefront.model.presets import GPUSpec
 from wavefront.model.simulation import (
     COLD,
+    LruL2,
     MissCurve,
+    ShardsSampler,
     access_trace,
-    miss_bytes_at,
+    access_upper_bound,
+    address_bound,
     reuse_distances,
-    simulate_l2,
+    trace_blocks,
 )
 from wavefront.point import SECTOR_BYTES, GpuShape, Point
 from wavefront.schedules import Launch
@@ -61,35 +64,51 @@ class LaunchPrediction:
         return asdict(self)
 
 
-def _reuse_summary(distances: np.ndarray, reads: np.ndarray, capacity: float) -> dict:
+# Accesses kept for the reuse-distance summary: launches up to this size are summarised
+# exactly, larger ones by SHARDS at the matching rate (its error: tests/test_simulation.py).
+SUMMARY_SAMPLE_ACCESSES = 1 << 21
+
+
+def _reuse_summary(sampler: ShardsSampler, capacity: float) -> dict:
+    distances, nbytes, reads = sampler.sample()
     d = distances[reads & (distances != COLD)]
     if len(d) == 0:
         return {"reuses": 0}
     q = np.quantile(d, [0.5, 0.9, 0.99]) / 2**20
-    return {"reuses": int(len(d)), "cold": int((distances[reads] == COLD).sum()),
+    return {"reuses": int(len(d) * sampler.scale),
+            "cold": int((distances[reads] == COLD).sum() * sampler.scale),
             "median_mib": float(q[0]), "p90_mib": float(q[1]), "p99_mib": float(q[2]),
-            "within_capacity": float((d < capacity).mean())}
+            "within_capacity": float((d < capacity).mean()),
+            "sample_rate": 1.0 / sampler.scale}
 
 
 def predict(launch: Launch, gpu: GPUSpec, *, capacity_bytes: float | None = None,
             partitions: int | None = None, jitter: float = 0.0) -> LaunchPrediction:
+    """One launch streamed once through a fully associative LRU at the effective capacity
+    (and the two-partition model when asked): linear time, memory independent of its length."""
     capacity = capacity_bytes or DEFAULT_EFFECTIVE_FRACTION * gpu.l2_bytes
-    trace = access_trace(launch, jitter=jitter)
-    distances = reuse_distances(trace)
-    reads = trace.is_read
-    miss_bytes = miss_bytes_at(distances[reads], trace.nbytes[reads], capacity)
-    part = None
-    if partitions and partitions > 1:
-        # Each partition holds copies of what its SMs read; the model's capacity is per
-        # partition, so the whole L2 holds `partitions` x capacity of lines.
-        sim = simulate_l2(trace, capacity * partitions, partitions=partitions, sms=gpu.sms)
-        part = asdict(sim)
+    n_ids = address_bound(launch)
+    whole = LruL2(capacity, n_ids)
+    # Each partition holds copies of what its SMs read; the model's capacity is per
+    # partition, so the whole L2 holds `partitions` x capacity of lines.
+    split = (LruL2(capacity * partitions, n_ids, partitions=partitions, sms=gpu.sms)
+             if partitions and partitions > 1 else None)
+    sampler = ShardsSampler(min(1.0, SUMMARY_SAMPLE_ACCESSES / access_upper_bound(launch)))
+    accesses = 0
+    for block in trace_blocks(launch, jitter=jitter):
+        accesses += len(block)
+        whole.feed(block)
+        sampler.feed(block)
+        if split:
+            split.feed(block)
+    sim = whole.result()
     counts = launch_counts(launch.problem, launch.n_chunks)
     return LaunchPrediction(
-        schedule=launch.name, accesses=len(trace),
-        l2_read_sectors=int(trace.nbytes[reads].sum() // SECTOR_BYTES),
-        read_miss_sectors=int(miss_bytes // SECTOR_BYTES), dram_read_bytes=int(miss_bytes),
-        partitioned=part, reuse=_reuse_summary(distances, reads, capacity),
+        schedule=launch.name, accesses=accesses, l2_read_sectors=sim.tex_read_sectors,
+        read_miss_sectors=sim.dram_read_sectors,
+        dram_read_bytes=sim.dram_read_sectors * SECTOR_BYTES,
+        partitioned=asdict(split.result()) if split else None,
+        reuse=_reuse_summary(sampler, capacity),
         compulsory_read_bytes=counts.compulsory_read_bytes)
 
 

@@ -1,15 +1,17 @@
 """The L2 side of one launch, simulated on the CPU from the same schedule objects the kernel uses.
 
-1. `access_trace`: the global L2 access stream of a launch at tile granularity. Resident CTAs
-   (SMs x CTAs per SM) advance one K/V step per round in lock-step; a finished CTA's slot takes
-   its next work item (persistent: its own next item; grid: the next CTA in dispatch order).
-   Optional jitter stalls a slot for a round with some probability.
-2. `reuse_distances`: exact byte-weighted LRU stack distances, Bennett-Kruskal with a Fenwick
-   tree, O(N log N) in numba; `sampled_reuse_distances` is the SHARDS variant for huge traces.
-3. `simulate_l2`: a fully associative LRU, or two partitions (a line lives in its home partition
-   and gets a copy in each partition whose SMs read it; BRIEF section 3), predicting the
-   quantities the counters report: SM-side read lookups and hits, fabric lookups and hits, DRAM
-   read sectors.
+1. `trace_blocks`: the global L2 access stream of a launch at tile granularity, streamed in
+   fixed-size blocks. Resident CTAs (SMs x CTAs per SM) advance one K/V step per round in
+   lock-step; a finished CTA's slot takes its next work item (persistent: its own next item;
+   grid: the next CTA in dispatch order). Optional jitter stalls a slot for a round with some
+   probability. `access_trace` holds the whole stream in memory, for small launches.
+2. `LruL2`: a fully associative LRU, or two partitions (a line lives in its home partition
+   and gets a copy in each partition whose SMs read it; BRIEF section 3), fed block by block
+   in O(1) per access, predicting what the counters report: SM-side read lookups and hits,
+   fabric lookups and hits, DRAM read sectors. This is how one capacity is answered.
+3. `reuse_distances`: exact byte-weighted LRU stack distances, Bennett-Kruskal with a Fenwick
+   tree, O(N log N), for miss curves over many capacities (`MissCurve`, fits);
+   `ShardsSampler` is the SHARDS variant over a stream, for summaries of huge launches.
 
 The per-item mapping comes from `Launch.item_plan`, i.e. from `wavefront.schedules`.
 """
@@ -17,12 +19,13 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from typing import Iterator
 
 import numba
 import numpy as np
 
 from wavefront.point import SECTOR_BYTES
-from wavefront.schedules import KV_TILED, Launch
+from wavefront.schedules import KV_TILED, Launch, positive_int
 
 # Access kinds. K and V are kinds 0 and 1 by construction: the trace builder adds k in range(2).
 KIND_Q, KIND_O = 2, 3
@@ -56,87 +59,101 @@ def _item_table(launch: Launch) -> np.ndarray:
     return table
 
 
+# Generator state, carried between blocks: the round's next slot, whether the round saw an
+# active slot, the next item to hand out (grid), whether the trace is finished.
+_STATE_SLOT, _STATE_ACTIVE, _STATE_NEXT_ITEM, _STATE_DONE = range(4)
+# The most accesses one slot emits per visit: Q, K, V, then O (or a partial write).
+_MAX_PER_VISIT = 4
+
+
 @numba.njit(cache=True)
-def _lockstep(table, slot_stride, dynamic, n_slots, n_items, batch, heads, kv_heads, q_tiles,
-              kv_tiles, tile_m, tile_n, seqlen_q, seqlen_kv, row_bytes, partial_row_bytes,
-              tiled, jitter, seed, total):
-    address = np.empty(total, np.int64)
-    nbytes = np.empty(total, np.int32)
-    kind = np.empty(total, np.int8)
-    slot_of = np.empty(total, np.int32)
+def _seed(seed):
     np.random.seed(seed)
-    cur = np.full(n_slots, -1, np.int64)  # work item in hand
-    step = np.zeros(n_slots, np.int64)
-    next_item = 0
-    for s in range(n_slots):
-        if dynamic:
-            if next_item < n_items:
-                cur[s] = next_item
-                next_item += 1
-        elif s < n_items:
-            cur[s] = s
+
+
+@numba.njit(cache=True)
+def _lockstep_block(table, state, cur, step, slot_stride, dynamic, n_slots, n_items, batch,
+                    heads, kv_heads, q_tiles, kv_tiles, tile_m, tile_n, seqlen_q, seqlen_kv,
+                    row_bytes, partial_row_bytes, tiled, jitter, address, nbytes, kind,
+                    slot_of):
+    """Fill the buffers with the next accesses of the lock-step rounds; returns how many.
+
+    Resumable: `state`, `cur` (item in hand per slot) and `step` (K/V steps taken) carry the
+    rounds across calls, so a launch streams through fixed-size buffers and no consumer needs
+    the whole trace in memory.
+    """
     qpk = heads // kv_heads
     n = 0
-    active = True
-    while active:
-        active = False
-        for s in range(n_slots):
-            it = cur[s]
-            if it < 0:
-                continue
-            active = True
-            if jitter > 0.0 and np.random.random() < jitter:
-                continue
-            b = table[it, 0]
-            h = table[it, 1]
-            qt = table[it, 2]
-            first = table[it, 3]
-            count = table[it, 4]
-            backward = table[it, 5]
-            q_rows = min(tile_m, seqlen_q - qt * tile_m)
-            q_index = (b * heads + h) * q_tiles + qt
-            if step[s] == 0:
-                address[n] = q_index * 8 + KIND_Q
+    limit = len(address) - _MAX_PER_VISIT
+    while state[_STATE_DONE] == 0:
+        s = state[_STATE_SLOT]
+        if s == n_slots:  # end of a round
+            if state[_STATE_ACTIVE] == 0:
+                state[_STATE_DONE] = 1
+                break
+            state[_STATE_SLOT] = 0
+            state[_STATE_ACTIVE] = 0
+            continue
+        if n > limit:
+            break
+        state[_STATE_SLOT] = s + 1
+        it = cur[s]
+        if it < 0:
+            continue
+        state[_STATE_ACTIVE] = 1
+        if jitter > 0.0 and np.random.random() < jitter:
+            continue
+        b = table[it, 0]
+        h = table[it, 1]
+        qt = table[it, 2]
+        first = table[it, 3]
+        count = table[it, 4]
+        backward = table[it, 5]
+        q_rows = min(tile_m, seqlen_q - qt * tile_m)
+        q_index = (b * heads + h) * q_tiles + qt
+        if step[s] == 0:
+            address[n] = q_index * 8 + KIND_Q
+            nbytes[n] = q_rows * row_bytes
+            kind[n] = KIND_Q
+            slot_of[n] = s
+            n += 1
+        if count > 0:
+            j = first + step[s]
+            if backward == 1:
+                j = first + count - 1 - step[s]
+            unit = b * kv_heads + h // qpk
+            kv_rows = min(tile_n, seqlen_kv - j * tile_n)
+            for k in range(2):
+                address[n] = (unit * kv_tiles + j) * 8 + k
+                nbytes[n] = kv_rows * row_bytes
+                kind[n] = k
+                slot_of[n] = s
+                n += 1
+            step[s] += 1
+        if step[s] >= count:
+            if tiled:
+                chunk = table[it, 6]
+                address[n] = ((chunk * batch * heads) * q_tiles + q_index) * 8 + 4
+                nbytes[n] = q_rows * partial_row_bytes
+                kind[n] = KIND_PARTIAL_WRITE
+            else:
+                address[n] = q_index * 8 + KIND_O
                 nbytes[n] = q_rows * row_bytes
-                kind[n] = KIND_Q
-                slot_of[n] = s
-                n += 1
-            if count > 0:
-                j = first + step[s]
-                if backward == 1:
-                    j = first + count - 1 - step[s]
-                unit = b * kv_heads + h // qpk
-                kv_rows = min(tile_n, seqlen_kv - j * tile_n)
-                for k in range(2):
-                    address[n] = (unit * kv_tiles + j) * 8 + k
-                    nbytes[n] = kv_rows * row_bytes
-                    kind[n] = k
-                    slot_of[n] = s
-                    n += 1
-                step[s] += 1
-            if step[s] >= count:
-                if tiled:
-                    chunk = table[it, 6]
-                    address[n] = ((chunk * batch * heads) * q_tiles + q_index) * 8 + 4
-                    nbytes[n] = q_rows * partial_row_bytes
-                    kind[n] = KIND_PARTIAL_WRITE
+                kind[n] = KIND_O
+            slot_of[n] = s
+            n += 1
+            step[s] = 0
+            if dynamic:
+                nxt = state[_STATE_NEXT_ITEM]
+                if nxt < n_items:
+                    cur[s] = nxt
+                    state[_STATE_NEXT_ITEM] = nxt + 1
                 else:
-                    address[n] = q_index * 8 + KIND_O
-                    nbytes[n] = q_rows * row_bytes
-                    kind[n] = KIND_O
-                slot_of[n] = s
-                n += 1
-                step[s] = 0
-                if dynamic:
-                    if next_item < n_items:
-                        cur[s] = next_item
-                        next_item += 1
-                    else:
-                        cur[s] = -1
-                else:
-                    nxt = it + slot_stride
-                    cur[s] = nxt if nxt < n_items else -1
-    return address[:n], nbytes[:n], kind[:n], slot_of[:n]
+                    cur[s] = -1
+            else:
+                nxt = it + slot_stride
+                cur[s] = nxt if nxt < n_items else -1
+    return n
 
 
 def _combine_pass(launch: Launch, n_slots: int):
@@ -157,30 +174,63 @@ def _combine_pass(launch: Launch, n_slots: int):
     return address, nbytes, kind, slot
 
 
-def access_trace(launch: Launch, *, jitter: float = 0.0, seed: int = 0) -> Trace:
-    """The L2 access stream of one launch (tile granularity), in lock-step rounds.
+def address_bound(launch: Launch) -> int:
+    """One past the largest tile id the launch's trace can hold (ids index the LRU's arrays)."""
+    p = launch.problem
+    q_ids = p.batch * p.heads * p.q_tiles * max(1, launch.n_chunks)
+    return 8 * max(q_ids, p.kv_units * p.kv_tiles)
 
-    For the tiled schedule the combine kernel's reads of the partial states follow.
-    """
+
+# Accesses per streamed block: 4 Mi accesses are ~70 MB of buffers, whatever the launch.
+BLOCK_ACCESSES = 1 << 22
+
+
+def trace_blocks(launch: Launch, *, jitter: float = 0.0, seed: int = 0,
+                 block_accesses: int = BLOCK_ACCESSES) -> Iterator[Trace]:
+    """The L2 access stream of one launch (tile granularity) in lock-step rounds, as blocks of
+    at most `block_accesses`. A block's arrays are reused for the next one: copy what must
+    outlive the iteration. For the tiled schedule the combine kernel's reads follow."""
     if not 0.0 <= jitter < 1.0:
         raise ValueError(f"jitter must be in [0, 1), got {jitter!r}")
+    positive_int("block_accesses", block_accesses)
     p = launch.problem
     table = _item_table(launch)
     n_items = launch.num_items
-    total = int(2 * table[:, 4].sum() + 2 * n_items)
     dynamic = not launch.cta.persistent
     n_slots = min(launch.resident_ctas, n_items) if dynamic else launch.num_ctas
     tiled = launch.kv.code == KV_TILED
-    address, nbytes, kind, slot = _lockstep(
-        table, launch.num_ctas, dynamic, n_slots, n_items, p.batch, p.heads, p.kv_heads,
-        p.q_tiles, p.kv_tiles, p.tile_m, p.tile_n, p.seqlen_q, p.seqlen_kv,
-        p.head_dim * p.element_bytes, p.head_dim * 4 + 8, tiled, float(jitter), int(seed),
-        total)
+    state = np.zeros(4, np.int64)
+    cur = np.full(n_slots, -1, np.int64)
+    cur[:min(n_slots, n_items)] = np.arange(min(n_slots, n_items))
+    state[_STATE_NEXT_ITEM] = min(n_slots, n_items) if dynamic else 0
+    step = np.zeros(n_slots, np.int64)
+    size = max(block_accesses, 2 * _MAX_PER_VISIT)
+    buffers = (np.empty(size, np.int64), np.empty(size, np.int32), np.empty(size, np.int8),
+               np.empty(size, np.int32))
+    _seed(int(seed))
+    while not state[_STATE_DONE]:
+        n = _lockstep_block(
+            table, state, cur, step, launch.num_ctas, dynamic, n_slots, n_items, p.batch,
+            p.heads, p.kv_heads, p.q_tiles, p.kv_tiles, p.tile_m, p.tile_n, p.seqlen_q,
+            p.seqlen_kv, p.head_dim * p.element_bytes, p.head_dim * 4 + 8, tiled,
+            float(jitter), *buffers)
+        if n:
+            yield Trace(*(b[:n] for b in buffers), n_slots)
     if tiled:
-        parts = _combine_pass(launch, n_slots)
-        address, nbytes, kind, slot = (np.concatenate([a, b]) for a, b in
-                                       zip((address, nbytes, kind, slot), parts))
-    return Trace(address, nbytes, kind, slot, n_slots)
+        combine = _combine_pass(launch, n_slots)
+        for lo in range(0, len(combine[0]), size):
+            yield Trace(*(a[lo:lo + size] for a in combine), n_slots)
+
+
+def access_trace(launch: Launch, *, jitter: float = 0.0, seed: int = 0) -> Trace:
+    """The whole access stream of one launch in memory (see `trace_blocks`)."""
+    blocks = [Trace(*(np.array(a) for a in (b.address, b.nbytes, b.kind, b.slot)), b.n_slots)
+              for b in trace_blocks(launch, jitter=jitter, seed=seed)]
+    if not blocks:
+        return Trace(np.empty(0, np.int64), np.empty(0, np.int32), np.empty(0, np.int8),
+                     np.empty(0, np.int32), 1)
+    return Trace(*(np.concatenate(parts) for parts in zip(
+        *((b.address, b.nbytes, b.kind, b.slot) for b in blocks))), blocks[0].n_slots)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -243,6 +293,11 @@ def _hash64(x: np.ndarray) -> np.ndarray:
     return z ^ (z >> np.uint64(31))
 
 
+def _shards_mask(address: np.ndarray, threshold: int, modulus: int) -> np.ndarray:
+    """SHARDS keeps a tile's every access or none: hash(tile) mod P < T."""
+    return (_hash64(address) % np.uint64(modulus)) < np.uint64(threshold)
+
+
 def sampled_reuse_distances(trace: Trace, rate: float = 0.01, modulus: int = 1 << 24):
     """SHARDS: keep tiles with hash(tile) mod P < T (T/P = rate), scale distances by P/T.
 
@@ -252,13 +307,46 @@ def sampled_reuse_distances(trace: Trace, rate: float = 0.01, modulus: int = 1 <
     if not 0.0 < rate <= 1.0:
         raise ValueError(f"rate must be in (0, 1], got {rate!r}")
     threshold = max(1, int(rate * modulus))
-    mask = (_hash64(trace.address) % np.uint64(modulus)) < np.uint64(threshold)
+    mask = _shards_mask(trace.address, threshold, modulus)
     scale = modulus / threshold
     sub = Trace(trace.address[mask], trace.nbytes[mask], trace.kind[mask], trace.slot[mask],
                 trace.n_slots)
     d = reuse_distances(sub)
     d = np.where(d == COLD, COLD, (d * scale).astype(np.int64))
     return d, mask, scale
+
+
+class ShardsSampler:
+    """SHARDS over a streamed trace: keeps the accesses whose tile hashes under the rate, so a
+    launch of any length leaves a sample of about `rate` x its accesses; `distances()` are the
+    sample's stack distances scaled back to the whole trace (rate 1: exact)."""
+
+    def __init__(self, rate: float = 1.0, modulus: int = 1 << 24):
+        if not 0.0 < rate <= 1.0:
+            raise ValueError(f"rate must be in (0, 1], got {rate!r}")
+        self.modulus = modulus
+        self.threshold = max(1, int(rate * modulus))
+        self.scale = modulus / self.threshold
+        self._parts: list[tuple[np.ndarray, ...]] = []
+
+    def feed(self, trace: Trace) -> "ShardsSampler":
+        keep = (slice(None) if self.threshold >= self.modulus
+                else _shards_mask(trace.address, self.threshold, self.modulus))
+        self._parts.append((trace.address[keep].copy(), trace.nbytes[keep].copy(),
+                            trace.kind[keep].copy()))
+        return self
+
+    def sample(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(scaled stack distances, bytes, is-read) of the sampled accesses."""
+        if not self._parts:
+            return np.empty(0, np.int64), np.empty(0, np.int32), np.empty(0, bool)
+        address, nbytes, kind = (np.concatenate(p) for p in zip(*self._parts))
+        self._parts = [(address, nbytes, kind)]
+        d = (_stack_distances(address, nbytes, int(address.max()) + 1) if len(address)
+             else np.empty(0, np.int64))
+        if self.scale != 1.0:
+            d = np.where(d == COLD, COLD, (d * self.scale).astype(np.int64))
+        return d, nbytes, ~np.isin(kind, WRITE_KINDS)
 
 
 class MissCurve:
@@ -298,24 +386,15 @@ def miss_bytes_at(distances: np.ndarray, nbytes: np.ndarray, capacity: float) ->
 # ---------------------------------------------------------------------------------------------
 
 @numba.njit(cache=True)
-def _lru_partitions(address, nbytes, is_read_access, part_of_access, home_of_id, n_ids, n_parts,
-                    capacity):
+def _lru_feed(address, nbytes, is_read_access, part_of_access, home_of_id, capacity, prev, nxt,
+              present, size, head, tail, used, counts):
     """Per-partition LRU caches (doubly linked lists over tile ids), byte capacity each.
 
-    Returns bytes: tex reads, tex read hits, fabric reads, fabric read hits, DRAM reads.
+    Resumable: the lists (`prev`, `nxt`, `present`, `head`, `tail`, `used`) and the byte
+    counts (tex reads, tex read hits, fabric reads, fabric read hits, DRAM reads) carry over
+    between calls, so a launch can be fed block by block. O(1) per access.
     """
-    prev = np.full((n_parts, n_ids), -1, np.int64)
-    nxt = np.full((n_parts, n_ids), -1, np.int64)
-    present = np.zeros((n_parts, n_ids), np.bool_)
-    size = np.zeros(n_ids, np.int64)
-    head = np.full(n_parts, -1, np.int64)
-    tail = np.full(n_parts, -1, np.int64)
-    used = np.zeros(n_parts, np.int64)
-    tex = 0
-    tex_hit = 0
-    fab = 0
-    fab_hit = 0
-    dram = 0
+    targets = np.empty(2, np.int64)
     for t in range(len(address)):
         a = address[t]
         w = nbytes[t]
@@ -324,27 +403,26 @@ def _lru_partitions(address, nbytes, is_read_access, part_of_access, home_of_id,
         home = home_of_id[a]
         is_read = is_read_access[t]
         if is_read:
-            tex += w
-        targets = np.empty(2, np.int64)
+            counts[0] += w
         n_targets = 0
         if present[p, a]:
             if is_read:
-                tex_hit += w
+                counts[1] += w
             targets[0] = p
             n_targets = 1
         elif not is_read:
             targets[0] = home  # a write allocates at home
             n_targets = 1
         elif home == p:
-            dram += w
+            counts[4] += w
             targets[0] = p
             n_targets = 1
         else:
-            fab += w
+            counts[2] += w
             if present[home, a]:
-                fab_hit += w
+                counts[3] += w
             else:
-                dram += w
+                counts[4] += w
             targets[0] = home
             targets[1] = p
             n_targets = 2
@@ -378,7 +456,53 @@ def _lru_partitions(address, nbytes, is_read_access, part_of_access, home_of_id,
                     head[q] = -1
                 present[q, victim] = False
                 used[q] -= size[victim]
-    return tex, tex_hit, fab, fab_hit, dram
+
+
+class LruL2:
+    """An LRU L2 of `capacity_bytes` in total over `partitions` (1 or 2), fed a trace block by
+    block (`feed`), O(1) per access: the linear-time answer for one capacity.
+
+    With two partitions a slot runs on SM (slot mod SMs), SMs alternate between partitions, a
+    tile's home partition is a hash of its address, and a read from the far partition leaves a
+    copy near the reader (BRIEF section 3).
+    """
+
+    def __init__(self, capacity_bytes: float, n_ids: int, *, partitions: int = 1,
+                 sms: int | None = None):
+        if partitions not in (1, 2):
+            raise ValueError(f"partitions must be 1 or 2, got {partitions!r}")
+        if capacity_bytes <= 0:
+            raise ValueError(f"capacity_bytes must be positive, got {capacity_bytes!r}")
+        if partitions == 2 and not sms:
+            raise ValueError("sms (the GPU's SM count) is needed to place slots on partitions")
+        self.partitions, self.sms = partitions, sms
+        self.capacity = int(capacity_bytes // partitions)
+        n_ids = max(1, int(n_ids))
+        self._prev = np.full((partitions, n_ids), -1, np.int64)
+        self._nxt = np.full((partitions, n_ids), -1, np.int64)
+        self._present = np.zeros((partitions, n_ids), np.bool_)
+        self._size = np.zeros(n_ids, np.int64)
+        self._head = np.full(partitions, -1, np.int64)
+        self._tail = np.full(partitions, -1, np.int64)
+        self._used = np.zeros(partitions, np.int64)
+        self._counts = np.zeros(5, np.int64)
+        self._home = (np.zeros(n_ids, np.int64) if partitions == 1 else
+                      (_hash64(np.arange(n_ids)) % np.uint64(2)).astype(np.int64))
+
+    def feed(self, trace: Trace) -> "LruL2":
+        if len(trace) == 0:
+            return self
+        if self.partitions == 1:
+            part = np.zeros(len(trace), np.int64)
+        else:
+            part = ((trace.slot % self.sms) % 2).astype(np.int64)
+        _lru_feed(trace.address, trace.nbytes.astype(np.int64), trace.is_read, part,
+                  self._home, self.capacity, self._prev, self._nxt, self._present, self._size,
+                  self._head, self._tail, self._used, self._counts)
+        return self
+
+    def result(self) -> "L2Prediction":
+        return L2Prediction(*(int(c) // SECTOR_BYTES for c in self._counts))
 
 
 @dataclass(frozen=True)
@@ -400,32 +524,22 @@ class L2Prediction:
 
 def simulate_l2(trace: Trace, capacity_bytes: float, *, partitions: int = 1,
                 sms: int | None = None) -> L2Prediction:
-    """LRU L2 of `capacity_bytes` in total, split over `partitions` (1 or 2).
-
-    With two partitions a slot runs on SM (slot mod SMs), SMs alternate between partitions,
-    and a tile's home partition is a hash of its address.
-    """
-    if partitions not in (1, 2):
-        raise ValueError(f"partitions must be 1 or 2, got {partitions!r}")
-    if capacity_bytes <= 0:
-        raise ValueError(f"capacity_bytes must be positive, got {capacity_bytes!r}")
-    if partitions == 2 and not sms:
-        raise ValueError("sms (the GPU's SM count) is needed to place slots on partitions")
+    """LRU L2 of `capacity_bytes` in total, split over `partitions` (1 or 2); see `LruL2`."""
     n_ids = int(trace.address.max()) + 1 if len(trace) else 1
-    if partitions == 1:
-        part = np.zeros(len(trace), np.int64)
-        home = np.zeros(n_ids, np.int64)
-    else:
-        part = ((trace.slot % sms) % 2).astype(np.int64)
-        home = (_hash64(np.arange(n_ids)) % np.uint64(2)).astype(np.int64)
-    counts = _lru_partitions(trace.address, trace.nbytes.astype(np.int64), trace.is_read, part, home,
-                             n_ids, partitions, int(capacity_bytes // partitions))
-    return L2Prediction(*(int(c) // SECTOR_BYTES for c in counts))
+    return LruL2(capacity_bytes, n_ids, partitions=partitions, sms=sms).feed(trace).result()
 
 
-# Bytes the simulator holds per tile access at its peak (trace, stack distances, Fenwick tree,
-# the sorted miss curve), measured on the paper-sized launch; used to refuse what cannot fit.
-BYTES_PER_ACCESS = 64
+# The simulator streams the trace, so its memory follows the launch's shape, not its length:
+# bytes per work item (the item table), per tile id (LRU lists, per partition, and sizes), and
+# a fixed part (stream buffers, the SHARDS sample). Launches past MAX_ACCESSES would take hours.
+BYTES_PER_ITEM = 7 * 8
+BYTES_PER_ID = 2 * (8 + 8 + 1) + 8 + 8
+FIXED_BYTES = 256 << 20
+MAX_ACCESSES = 10**11
+
+
+def memory_estimate(launch: Launch) -> int:
+    return launch.num_items * BYTES_PER_ITEM + address_bound(launch) * BYTES_PER_ID + FIXED_BYTES
 
 
 def access_upper_bound(launch: Launch) -> int:
@@ -442,14 +556,20 @@ def available_memory_bytes() -> int:
 
 
 def check_simulable(launch: Launch, memory_bytes: int | None = None) -> None:
-    """Refuse, before allocating anything, a launch whose trace cannot be held in memory."""
+    """Refuse, before allocating anything, a launch that cannot be held in memory or would
+    take hours."""
     memory = memory_bytes or available_memory_bytes()
-    need = access_upper_bound(launch) * BYTES_PER_ACCESS
+    need = memory_estimate(launch)
+    accesses = access_upper_bound(launch)
+    if accesses > MAX_ACCESSES:
+        raise ValueError(f"this launch has up to {accesses:.3g} tile accesses, more than the "
+                         f"{MAX_ACCESSES:.0e} the simulator takes (about an hour): shorten "
+                         "seqlen or batch x heads")
     if need > 0.8 * memory:
-        raise ValueError(f"this launch has up to {access_upper_bound(launch):.3g} tile accesses "
-                         f"(~{need / 2**30:.1f} GiB to simulate), more than 80% of the "
-                         f"{memory / 2**30:.1f} GiB of memory available: shorten seqlen or "
-                         "batch x heads")
+        raise ValueError(f"this launch has {launch.num_items:.3g} work items and "
+                         f"{address_bound(launch):.3g} tile ids (~{need / 2**30:.1f} GiB to "
+                         f"simulate), more than 80% of the {memory / 2**30:.1f} GiB of memory "
+                         "available: shorten seqlen or batch x heads")
 
 
 # ---------------------------------------------------------------------------------------------
