@@ -8,4 +8,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/venv.sh
 "$VENV/bin/lint-imports"
-exec "$VENV/bin/python" -m pytest -q -p no:cacheprovider "$@"
+"$VENV/bin/python" -m pytest -q -p no:cacheprovider "$@"
+# The simulator's speed on this machine, for the log (a benchmark, not a test): the paper's
+# launch, GB10 preset, B=8 H=1 S=131072 D=64, 64x64 tiles, linear and sawtooth.
+"$VENV/bin/wavefront" simulate --gpu gb10 --batch 8 --heads 1 --seqlen 131072 --head-dim 64 \
+    --tile 64x64 --schedule persistent+linear,persistent+sawtooth 2>/dev/null | tail -1
