@@ -26,10 +26,15 @@ for step in "$@"; do
         timeout "$(left)" python3 -m wavefront.cli bench --batch 1 --heads 32 --seqlen 8192 \
             --head-dim 128,64 --out "$work/bench" 2>/dev/null | tee "$OUT/bench.txt" ;;
     *)
-        mkdir -p "$work/$step"
-        cp "data/$step/results.csv" "data/$step/manifest.json" "$work/$step/" 2>/dev/null
-        timeout "$(( $(left) - 15 ))" python3 -m wavefront.cli sweep \
-            "experiments/$step.py" --out "$work/$step" 2>&1 | tail -1 ;;
+        # Every data set the experiment owns resumes from its committed results.
+        for ds in $(python3 -c "from wavefront.report.experiments import load_experiment as l
+print(' '.join(l('experiments/$step.py').datasets))"); do
+            mkdir -p "$work/$ds"
+            cp "data/$ds/results.csv" "data/$ds/manifest.json" "$work/$ds/" 2>/dev/null
+            cp -r "data/$ds/orders" "$work/$ds/" 2>/dev/null
+        done
+        timeout "$(( $(left) - 15 ))" python3 "experiments/$step.py" run --data "$work" 2>&1 \
+            | tail -3 ;;
     esac
     echo "[$step done at $((SECONDS - start)) s]"
 done

@@ -92,3 +92,38 @@ def test_long_sequence_spot_check():
     cfg = Config(batch=1, heads=2, seqlen=20000, head_dim=128, causal=True,
                  schedule="persistent+sawtooth")
     assert relative_error(cfg, seed=9) < TOLERANCE
+
+
+@pytest.mark.parametrize("schedule,causal", [("persistent+sawtooth", True),
+                                             ("grid+linear", False), ("persistent+tiled", True),
+                                             ("grouped+sawtooth", False)])
+def test_recorded_order_is_one_ticket_per_event_and_changes_nothing(schedule, causal):
+    """RECORD_ORDER: each work item's start and end take distinct tickets 0..2N-1 (checked by
+    relative_error), the output is correct, and the tickets of back-to-back launches need no
+    reset. A persistent CTA's items run one after another, so their tickets interleave."""
+    import cupy
+    import numpy as np
+
+    from wavefront.kernel.launcher import current_stream, launcher_for
+    from wavefront.measure.bench import check_tickets, random_inputs
+    cfg = Config(batch=2, heads=4, kv_heads=2, seqlen=1000, head_dim=64, causal=causal,
+                 schedule=schedule, ctas=7)
+    assert relative_error(cfg, seed=77, record_order=True) < TOLERANCE
+    q, k, v = random_inputs(cfg, 78)
+    launcher, _ = launcher_for(q, k, v, record_order=True, **cfg.attention_kwargs())
+    out = cupy.empty_like(q)
+    for _ in range(3):
+        launcher(q, k, v, out, current_stream("cupy"))
+        cupy.cuda.Device().synchronize()
+        start, end = launcher.tickets()
+        check_tickets(start, end)
+    if launcher.launch.cta.persistent:
+        n = launcher.launch.num_ctas
+        for cta in range(n):
+            s, e = start[cta::n], end[cta::n]
+            assert (e[:-1] < s[1:]).all()  # a CTA ends one item before it starts the next
+    plain, _ = launcher_for(q, k, v, **cfg.attention_kwargs())
+    ref = cupy.empty_like(q)
+    plain(q, k, v, ref, current_stream("cupy"))
+    cupy.cuda.Device().synchronize()
+    assert np.array_equal(cupy.asnumpy(out.view(cupy.uint16)), cupy.asnumpy(ref.view(cupy.uint16)))

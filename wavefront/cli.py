@@ -454,7 +454,9 @@ def bench(batch, heads, kv_heads, seqlens, head_dims, dtype, causal, schedules, 
 
 def _sweep_runner(out_dir):
     from wavefront.measure.runner import SubprocessRunner
-    return SubprocessRunner(report_dir=str(Path(out_dir) / "ncu-reports"))
+    from wavefront.results.orders import ORDERS_DIR
+    return SubprocessRunner(report_dir=str(Path(out_dir) / "ncu-reports"),
+                            order_dir=str(Path(out_dir) / ORDERS_DIR))
 
 
 @main.command()
@@ -561,7 +563,9 @@ def _run_sweep_on_dask(spec, out_dir, gpus, scheduler, retry_failed=False):
         gpu = cluster_gpu(client)
         env = {"gpu": {k: v for k, v in gpu.items() if k != "workers"},
                "workers": gpu["workers"], **software_versions()}
-        runner = DaskRunner(client, report_dir=str(Path(out_dir).resolve() / "ncu-reports"))
+        from wavefront.results.orders import ORDERS_DIR
+        runner = DaskRunner(client, report_dir=str(Path(out_dir).resolve() / "ncu-reports"),
+                            order_dir=str(Path(out_dir).resolve() / ORDERS_DIR))
         return run_sweep(spec, out_dir, gpu=gpu["name"], sms=gpu["sms"],
                          l2_bytes=gpu["l2_bytes"], runner=runner, environment=env,
                          retry_failed=retry_failed, command=sys.argv,

@@ -106,11 +106,21 @@ def _store_normalised(Out, Lse, acc, row_max, row_sum, batch, head, q_tile,
         ct.store(Lse, index=(batch, head, q_tile), tile=lse.reshape((1, 1, TILE_M)))
 
 
-def _attend_work_item(Q, K, V, Out, Lse, PartO, PartM, PartL, item, local_iter,
+def _take_ticket(Order, slot):
+    """Order[slot] = the next value of the global counter Order[0]: where this event falls in
+    the launch's interleaving. The counter is never reset, so back-to-back launches need no
+    memset; the host subtracts the launch's first ticket."""
+    ticket = ct.atomic_add(Order, 0, 1)
+    ct.scatter(Order, slot, ticket)
+
+
+def _attend_work_item(Q, K, V, Out, Lse, PartO, PartM, PartL, Order, item, local_iter,
                       qk_scale_log2, group_units, n_chunks, chunk_tiles,
                       HEAD_DIM: ConstInt, TILE_M: ConstInt, TILE_N: ConstInt,
                       CAUSAL: ConstBool, CTA_ORDER: ConstInt, KV_ORDER: ConstInt,
-                      WRITE_LSE: ConstBool):
+                      WRITE_LSE: ConstBool, RECORD_ORDER: ConstBool):
+    if RECORD_ORDER:
+        _take_ticket(Order, 1 + 2 * item)
     batch_size = Q.shape[0]
     heads = Q.shape[1]
     seqlen_q = Q.shape[2]
@@ -157,28 +167,34 @@ def _attend_work_item(Q, K, V, Out, Lse, PartO, PartM, PartL, item, local_iter,
     else:
         _store_normalised(Out, Lse, acc, m_i, l_i, batch, head, q_tile, HEAD_DIM, TILE_M,
                           WRITE_LSE)
+    if RECORD_ORDER:
+        _take_ticket(Order, 2 + 2 * item)
 
 
-def flash_attention_fwd(Q, K, V, Out, Lse, PartO, PartM, PartL, qk_scale_log2: float,
+def flash_attention_fwd(Q, K, V, Out, Lse, PartO, PartM, PartL, Order, qk_scale_log2: float,
                         resident_ctas: int, group_units: int, n_chunks: int, chunk_tiles: int,
                         HEAD_DIM: ConstInt, TILE_M: ConstInt, TILE_N: ConstInt,
                         CAUSAL: ConstBool, CTA_ORDER: ConstInt, KV_ORDER: ConstInt,
-                        WRITE_LSE: ConstBool):
-    """One CTA: take work items as the CTA schedule says, attend each in its K/V order."""
+                        WRITE_LSE: ConstBool, RECORD_ORDER: ConstBool):
+    """One CTA: take work items as the CTA schedule says, attend each in its K/V order.
+
+    RECORD_ORDER (off by default) takes a ticket from a global atomic counter as each work
+    item starts and ends, so the host learns the launch's true interleaving of work items."""
     if is_persistent(CTA_ORDER) == 0:
         item = ct.bid(0)
         local_iter = local_iteration(item, ct.num_blocks(0), resident_ctas, CTA_ORDER)
-        _attend_work_item(Q, K, V, Out, Lse, PartO, PartM, PartL, item, local_iter,
+        _attend_work_item(Q, K, V, Out, Lse, PartO, PartM, PartL, Order, item, local_iter,
                           qk_scale_log2, group_units, n_chunks, chunk_tiles, HEAD_DIM, TILE_M,
-                          TILE_N, CAUSAL, CTA_ORDER, KV_ORDER, WRITE_LSE)
+                          TILE_N, CAUSAL, CTA_ORDER, KV_ORDER, WRITE_LSE, RECORD_ORDER)
     else:
         q_tiles = (Q.shape[2] + TILE_M - 1) // TILE_M
         num_items = Q.shape[0] * Q.shape[1] * q_tiles * n_chunks
         for item in range(ct.bid(0), num_items, ct.num_blocks(0)):
             local_iter = local_iteration(item, ct.num_blocks(0), resident_ctas, CTA_ORDER)
-            _attend_work_item(Q, K, V, Out, Lse, PartO, PartM, PartL, item, local_iter,
+            _attend_work_item(Q, K, V, Out, Lse, PartO, PartM, PartL, Order, item, local_iter,
                               qk_scale_log2, group_units, n_chunks, chunk_tiles, HEAD_DIM,
-                              TILE_M, TILE_N, CAUSAL, CTA_ORDER, KV_ORDER, WRITE_LSE)
+                              TILE_M, TILE_N, CAUSAL, CTA_ORDER, KV_ORDER, WRITE_LSE,
+                              RECORD_ORDER)
 
 
 @ct.kernel
@@ -262,6 +278,8 @@ ATTENTION_PARAMS = _contract(flash_attention_fwd, {
     "Q": (IO, 4), "K": (IO, 4), "V": (IO, 4), "Out": (IO, 4),  # (batch, heads, seqlen, D)
     "Lse": ("float32", 3),  # (batch, heads, seqlen); a 1-element stand-in when not written
     "PartO": ("float32", 4), "PartM": ("float32", 3), "PartL": ("float32", 3),  # tiled only
+    # RECORD_ORDER only: [counter, start and end ticket of each work item]
+    "Order": ("int32", 1),
 })
 COMBINE_PARAMS = _contract(combine_partials._pyfunc, {
     "PartO": ("float32", 4), "PartM": ("float32", 3), "PartL": ("float32", 3),
@@ -316,7 +334,7 @@ def aot_signature(params: tuple[Param, ...], io_dtype: str, constants: dict, sym
 class KernelVariant:
     """One compile-time specialisation of the attention kernel.
 
-    Label: `<dtype>_d<D>_<M>x<N>_<full|causal>_<cta>+<kv>_occ<O>[_lse]`, e.g.
+    Label: `<dtype>_d<D>_<M>x<N>_<full|causal>_<cta>+<kv>_occ<O>[_lse][_order]`, e.g.
     `bf_d128_128x64_causal_persistent+sawtooth_occ2` (dtype bf = bfloat16, fp = float16).
     """
 
@@ -328,6 +346,7 @@ class KernelVariant:
     schedule: str  # "cta+kv"
     occupancy: int
     write_lse: bool = False
+    record_order: bool = False  # work-item tickets (measured order); off in every timed run
 
     def __post_init__(self):
         if self.dtype not in DTYPES:
@@ -344,13 +363,14 @@ class KernelVariant:
         cta, kv = parse_schedule(self.schedule)
         return {"HEAD_DIM": self.head_dim, "TILE_M": self.tile_m, "TILE_N": self.tile_n,
                 "CAUSAL": self.causal, "CTA_ORDER": cta_schedule(cta).code,
-                "KV_ORDER": kv_schedule(kv).code, "WRITE_LSE": self.write_lse}
+                "KV_ORDER": kv_schedule(kv).code, "WRITE_LSE": self.write_lse,
+                "RECORD_ORDER": self.record_order}
 
     @property
     def label(self) -> str:
         return (f"{self.dtype[:2]}_d{self.head_dim}_{self.tile_m}x{self.tile_n}"
                 f"_{'causal' if self.causal else 'full'}_{self.schedule}_occ{self.occupancy}"
-                f"{'_lse' if self.write_lse else ''}")
+                f"{'_lse' if self.write_lse else ''}{'_order' if self.record_order else ''}")
 
     def kernel(self):
         return kernel_for_occupancy(self.occupancy)

@@ -110,7 +110,7 @@ class AttentionLauncher:
     """
 
     def __init__(self, launch: Launch, q_view: _ArrayView, *, scale: float | None = None,
-                 return_lse: bool = False):
+                 return_lse: bool = False, record_order: bool = False):
         p = launch.problem
         if scale is None:
             scale = 1.0 / math.sqrt(p.head_dim)
@@ -121,14 +121,17 @@ class AttentionLauncher:
         self.view = q_view
         self.tiled = launch.kv.code == KV_TILED
         self.return_lse = bool(return_lse)
+        self.record_order = bool(record_order)
         self.variant = KernelVariant(q_view.dtype, p.head_dim, p.tile_m, p.tile_n, p.causal,
                                      launch.name, launch.ctas_per_sm,
-                                     self.return_lse and not self.tiled)
+                                     self.return_lse and not self.tiled, self.record_order)
         self.kernel = self.variant.kernel()
         # cuTile needs an array for every parameter: a 1-element stand-in when LSE is not asked.
         self.lse = _empty(q_view, (p.batch, p.heads, p.seqlen_q) if return_lse else (1, 1, 1),
                           "float32")
         self.partials = _workspace(q_view, launch.n_chunks if self.tiled else 0)
+        # [counter, (start, end) ticket per work item]; zeroed once, never reset (see tickets).
+        self.order = _zeros(q_view, 1 + 2 * launch.num_items if record_order else 1, "int32")
         self.scalars = {"qk_scale_log2": float(scale * LOG2_E),
                         "resident_ctas": launch.resident_ctas,
                         "group_units": launch.group_units, "n_chunks": launch.n_chunks,
@@ -140,7 +143,8 @@ class AttentionLauncher:
         part_o, part_m, part_l = self.partials
         ct.launch(stream, self.grid, self.kernel, launch_args(ATTENTION_PARAMS, {
             "Q": q, "K": k, "V": v, "Out": out, "Lse": self.lse, "PartO": part_o,
-            "PartM": part_m, "PartL": part_l, **self.scalars, **self.variant.constants}))
+            "PartM": part_m, "PartL": part_l, "Order": self.order, **self.scalars,
+            **self.variant.constants}))
         if self.tiled:
             p = self.launch.problem
             ct.launch(stream, self.combine_grid, combine_partials, launch_args(COMBINE_PARAMS, {
@@ -149,10 +153,22 @@ class AttentionLauncher:
                 "TILE_M": COMBINE_TILE_M, "WRITE_LSE": self.return_lse}))
         return (out, self.lse) if self.return_lse else out
 
+    def tickets(self):
+        """(start, end) ticket of every work item of the last launch, as NumPy int64 arrays
+        counted from the launch's first event (0 .. 2 x items - 1). Synchronise first."""
+        if not self.record_order:
+            raise ValueError("tickets need a launcher made with record_order=True")
+        import numpy as np
+        order = self.order[1:]
+        host = np.asarray(order.get() if hasattr(order, "get") else order.cpu().numpy(),
+                          dtype=np.int64)
+        host -= host.min()
+        return host[0::2], host[1::2]
+
 
 def launcher_for(q, k, v, *, causal=False, schedule="persistent+linear", tiles=None,
                  occupancy=None, scale=None, return_lse=False, l2_bytes=None, ctas=None,
-                 chunk_tiles=None) -> tuple[AttentionLauncher, tuple]:
+                 chunk_tiles=None, record_order=False) -> tuple[AttentionLauncher, tuple]:
     """-> (launcher for these arrays' shapes, the arrays as cuTile takes them)."""
     vq, arrays = _check_inputs(q, k, v)
     dev = current_device()
@@ -162,7 +178,8 @@ def launcher_for(q, k, v, *, causal=False, schedule="persistent+linear", tiles=N
                   occupancy=occupancy, sms=dev.sms,
                   l2_bytes=l2_bytes if l2_bytes is not None else dev.l2_bytes, ctas=ctas,
                   chunk_tiles=chunk_tiles)
-    return AttentionLauncher(launch, vq, scale=scale, return_lse=return_lse), arrays
+    return AttentionLauncher(launch, vq, scale=scale, return_lse=return_lse,
+                             record_order=record_order), arrays
 
 
 def attention(q, k, v, *, causal: bool = False, schedule: str = "persistent+linear",
@@ -187,6 +204,12 @@ def _empty(vq: _ArrayView, shape, dtype: str):
     import ml_dtypes  # noqa: F401  (registers bfloat16 with NumPy/CuPy)
     with cupy.cuda.Device(vq.device):
         return cupy.empty(shape, dtype=dtype)
+
+
+def _zeros(vq: _ArrayView, shape, dtype: str):
+    out = _empty(vq, shape, dtype)
+    out[...] = 0
+    return out
 
 
 def _workspace(vq, n_chunks):

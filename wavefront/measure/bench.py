@@ -8,7 +8,7 @@ from __future__ import annotations
 import math
 
 from wavefront.device import current_device
-from wavefront.kernel.launcher import attention, current_stream, launcher_for
+from wavefront.kernel.launcher import current_stream, launcher_for
 from wavefront.measure.reference import reference_attention
 from wavefront.measure.timing import input_sets_needed, time_gpu
 from wavefront.model.counting import launch_counts
@@ -43,14 +43,31 @@ def check_rows(seqlen: int, tile_m: int, limit: int = 1024):
     return cupy.unique(cupy.concatenate([head, middle, tail]))
 
 
-def relative_error(cfg: Point, seed: int = 0, check_lse: bool = False) -> float:
+def check_tickets(start, end) -> None:
+    """A recorded order must be one event per ticket: every ticket 0..2N-1 once, each work item
+    starting before it ends. Anything else means the counter did not count what we think."""
+    import numpy as np
+    tickets = np.sort(np.concatenate([start, end]))
+    if not (np.array_equal(tickets, np.arange(len(tickets))) and (start < end).all()):
+        raise IncorrectResult(f"work-item tickets are not one per event: {len(tickets)} events, "
+                              f"tickets {tickets.min()}..{tickets.max()}, "
+                              f"{int((start >= end).sum())} items end before they start")
+
+
+def relative_error(cfg: Point, seed: int = 0, check_lse: bool = False,
+                   record_order: bool = False) -> float:
     """||out - ref|| / ||ref|| on fresh random inputs; the output is poisoned with NaN first, so
-    an unwritten element fails the check instead of passing as a stale value."""
+    an unwritten element fails the check instead of passing as a stale value. With
+    `record_order` the tickets are checked too (IncorrectResult if they are not one per event)."""
     import cupy
     q, k, v = random_inputs(cfg, seed)
     out = cupy.full(q.shape, cupy.nan, dtype=q.dtype)
-    result = attention(q, k, v, out=out, return_lse=check_lse, **cfg.attention_kwargs())
+    launcher, (q, k, v) = launcher_for(q, k, v, return_lse=check_lse, record_order=record_order,
+                                       **cfg.attention_kwargs())
+    result = launcher(q, k, v, out, current_stream("cupy"))
     cupy.cuda.get_current_stream().synchronize()
+    if record_order:
+        check_tickets(*launcher.tickets())
     if not bool(cupy.isfinite(out).all()):  # every element written, even where not compared
         return math.inf
     rows = check_rows(cfg.seqlen, cfg.launch(current_device()).problem.tile_m)
@@ -74,7 +91,7 @@ def relative_error(cfg: Point, seed: int = 0, check_lse: bool = False) -> float:
 
 
 def measure(cfg: Point, *, warmup: int = 5, reps: int = 30, check: bool = True,
-            seed: int = 1) -> Timing:
+            seed: int = 1, record_order: bool = False) -> Timing:
     """Correct first, then time the launch alone (a launcher bound once, rotating input sets).
 
     Raises IncorrectResult when the output fails the reference check: a wrong kernel is not
@@ -83,14 +100,14 @@ def measure(cfg: Point, *, warmup: int = 5, reps: int = 30, check: bool = True,
     dev = current_device()
     launch = cfg.launch(dev)
     counts = launch_counts(launch.problem, launch.n_chunks)
-    err = relative_error(cfg, seed) if check else float("nan")
+    err = relative_error(cfg, seed, record_order=record_order) if check else float("nan")
     if check and not err < CORRECTNESS_TOLERANCE:
         raise IncorrectResult(f"relative error {err:.3g} against float32 is not below "
                               f"{CORRECTNESS_TOLERANCE:g}")
     sets = [random_inputs(cfg, seed + 100 + i)
             for i in range(input_sets_needed(2 * counts.compulsory_read_bytes, dev.l2_bytes))]
     outs = [cupy.empty_like(s[0]) for s in sets]
-    launcher, _ = launcher_for(*sets[0], **cfg.attention_kwargs())
+    launcher, _ = launcher_for(*sets[0], record_order=record_order, **cfg.attention_kwargs())
     stream = current_stream("cupy")
 
     def run(i):

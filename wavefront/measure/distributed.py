@@ -89,11 +89,12 @@ def cluster_gpu(client) -> dict:
 
 
 def measure_batch(tasks: list[dict], spec: dict, report_dir: str | None,
-                  worker_cmd: list[str] | None = None) -> tuple[list, list, str]:
+                  worker_cmd: list[str] | None = None,
+                  order_dir: str | None = None) -> tuple[list, list, str]:
     """Runs on a worker: measure a batch in a worker subprocess. -> (rows, reports, where)."""
     from wavefront.measure.runner import SubprocessRunner
     rows, reports = [], []
-    runner = SubprocessRunner(worker_cmd=worker_cmd, report_dir=report_dir)
+    runner = SubprocessRunner(worker_cmd=worker_cmd, report_dir=report_dir, order_dir=order_dir)
     runner.run(tasks, SweepSpec(**spec), lambda t, r, e: rows.append((t, r, e)),
                reports.append)
     where = f"{socket.gethostname()}:gpu{os.environ.get('CUDA_VISIBLE_DEVICES', '?')}"
@@ -104,9 +105,11 @@ class DaskRunner:
     """Hands batches of tasks to a Dask cluster; results stream back to `on_result`."""
 
     def __init__(self, client, *, report_dir: str | None = None,
-                 worker_cmd: list[str] | None = None, retries: int = 2):
+                 worker_cmd: list[str] | None = None, retries: int = 2,
+                 order_dir: str | None = None):
         self.client = client
         self.report_dir = report_dir
+        self.order_dir = order_dir
         self.worker_cmd = worker_cmd
         self.retries = retries
 
@@ -122,7 +125,8 @@ class DaskRunner:
         futures = {}
         for batch in batches:
             fut = self.client.submit(measure_batch, batch, asdict(spec), self.report_dir,
-                                     self.worker_cmd, pure=False, retries=self.retries)
+                                     self.worker_cmd, self.order_dir, pure=False,
+                                     retries=self.retries)
             futures[fut] = batch
         try:
             for fut in as_completed(list(futures)):

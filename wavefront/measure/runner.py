@@ -43,9 +43,10 @@ class SubprocessRunner:
     """Runs tasks in `python -m wavefront.measure.worker` processes (or `worker_cmd`)."""
 
     def __init__(self, worker_cmd: list[str] | None = None, report_dir: str | None = None,
-                 ncu: str | None = None):
+                 ncu: str | None = None, order_dir: str | None = None):
         self.worker_cmd = worker_cmd or [sys.executable, "-m", "wavefront.measure.worker"]
         self.report_dir = report_dir
+        self.order_dir = order_dir  # where RECORD_ORDER counter runs save their tickets
         self.ncu = ncu
         self._next_tag = 0
 
@@ -110,7 +111,10 @@ class SubprocessRunner:
                 os.unlink(points_path)
 
     def _run_counters(self, tasks, spec, on_result, on_artifact):
-        pending = list(tasks)
+        if any(t.get("record_order") for t in tasks) and not self.order_dir:
+            raise ValueError("record_order counter runs need the runner's order_dir")
+        pending = [{**t, "order_dir": self.order_dir} if t.get("record_order") else t
+                   for t in tasks]
         while pending:
             first = self._next_tag
             self._next_tag += len(pending)

@@ -27,7 +27,7 @@ def _time_task(task: dict, peers: bool, reps: int) -> dict:
     from wavefront.measure.conditions import ConditionsSampler
     point = Point.from_record(task)
     with ConditionsSampler() as sampler:
-        timing = measure(point, reps=reps)
+        timing = measure(point, reps=reps, record_order=bool(task.get("record_order")))
         peer = measure_peers(point, reps=reps) if peers else {}
     result = asdict(timing)
     for name, res in peer.items():
@@ -47,7 +47,8 @@ def _launch_for_counters(task: dict) -> int:
     point = Point.from_record(task)
     q, k, v = random_inputs(point, seed=7 + int(task.get("repeat", 0)))
     out = cupy.empty_like(q)
-    launcher, _ = launcher_for(q, k, v, **point.attention_kwargs())
+    record_order = bool(task.get("record_order"))
+    launcher, _ = launcher_for(q, k, v, record_order=record_order, **point.attention_kwargs())
     stream = current_stream("cupy")
     launcher(q, k, v, out, stream)  # compiles; not profiled
     cupy.cuda.Device().synchronize()
@@ -57,6 +58,14 @@ def _launch_for_counters(task: dict) -> int:
     cupy.cuda.Device().synchronize()
     nvtx.RangePop()
     cupy.cuda.runtime.profilerStop()
+    if record_order:
+        # The order of the very launch whose counters ncu reports (the last replay pass's
+        # tickets: the "dram" metric set needs one pass).
+        from wavefront.measure.bench import check_tickets
+        from wavefront.results.orders import save_order
+        start, end = launcher.tickets()
+        check_tickets(start, end)
+        save_order(task["order_dir"], task["point"], int(task.get("repeat", 0)), start, end)
     return 2 if launcher.tiled else 1  # the tiled schedule adds the combine kernel
 
 

@@ -193,11 +193,16 @@ def trace_blocks(launch: Launch, *, jitter: float = 0.0, seed: int = 0,
     if not 0.0 <= jitter < 1.0:
         raise ValueError(f"jitter must be in [0, 1), got {jitter!r}")
     positive_int("block_accesses", block_accesses)
+    dynamic = not launch.cta.persistent
+    n_slots = min(launch.resident_ctas, launch.num_items) if dynamic else launch.num_ctas
+    yield from _blocks(launch, n_slots, dynamic, jitter, seed, block_accesses)
+
+
+def _blocks(launch: Launch, n_slots: int, dynamic: bool, jitter: float, seed: int,
+            block_accesses: int) -> Iterator[Trace]:
     p = launch.problem
     table = _item_table(launch)
     n_items = launch.num_items
-    dynamic = not launch.cta.persistent
-    n_slots = min(launch.resident_ctas, n_items) if dynamic else launch.num_ctas
     tiled = launch.kv.code == KV_TILED
     state = np.zeros(4, np.int64)
     cur = np.full(n_slots, -1, np.int64)
@@ -231,6 +236,114 @@ def access_trace(launch: Launch, *, jitter: float = 0.0, seed: int = 0) -> Trace
                      np.empty(0, np.int32), 1)
     return Trace(*(np.concatenate(parts) for parts in zip(
         *((b.address, b.nbytes, b.kind, b.slot) for b in blocks))), blocks[0].n_slots)
+
+
+# ---------------------------------------------------------------------------------------------
+# Timed work items: a measured order, or a drift model, instead of lock-step rounds
+# ---------------------------------------------------------------------------------------------
+
+def timed_trace(launch: Launch, start, end) -> Trace:
+    """The launch's accesses when work item i runs from `start[i]` to `end[i]` (any monotone
+    clock: the kernel's RECORD_ORDER tickets, or `drift_item_times`): an item reads its Q at
+    its start, its K/V steps evenly spaced in between, and writes its output at its end; the
+    items' streams are merged by time. The combine pass of the tiled schedule follows."""
+    start = np.asarray(start, np.float64)
+    end = np.asarray(end, np.float64)
+    n_items = launch.num_items
+    if start.shape != (n_items,) or end.shape != (n_items,):
+        raise ValueError(f"start and end need one time per work item ({n_items}), got shapes "
+                         f"{start.shape} and {end.shape}")
+    if not (end >= start).all():
+        raise ValueError("every work item must end no earlier than it starts")
+    # One slot running the items one after another emits each item's accesses contiguously,
+    # from the same generator as the lock-step rounds.
+    parts = [(b.address.copy(), b.nbytes.copy(), b.kind.copy())
+             for b in _blocks(launch, 1, True, 0.0, 0, BLOCK_ACCESSES)]
+    address, nbytes, kind = (np.concatenate(p) for p in zip(*parts))
+    steps = _item_table(launch)[:, 4]
+    per_item = 2 + 2 * steps  # Q, K and V of each step, then O (or the partial state)
+    main = int(per_item.sum())
+    item = np.repeat(np.arange(n_items), per_item)
+    within = np.arange(main) - np.repeat(np.cumsum(per_item) - per_item, per_item)
+    # position 0: Q (t = 0); 1 + 2k, 2 + 2k: K/V step k (t = (k + 0.5) / steps); last: O (t = 1)
+    k_step = (within - 1) // 2
+    frac = np.where(within == 0, 0.0,
+                    np.where(within == per_item[item] - 1, 1.0,
+                             (k_step + 0.5) / np.maximum(steps[item], 1)))
+    time = start[item] + frac * (end[item] - start[item])
+    order = np.argsort(time, kind="stable")
+    slot = _slot_of_item(launch)[item]
+    out = [address[:main][order], nbytes[:main][order], kind[:main][order], slot[order]]
+    if len(address) > main:  # the tiled schedule's combine pass
+        n_slots = _slot_of_item(launch).max() + 1
+        combine = _combine_pass(launch, int(n_slots))
+        out = [np.concatenate([a, c]) for a, c in zip(out, combine)]
+    return Trace(*out, int(_slot_of_item(launch).max()) + 1)
+
+
+def _slot_of_item(launch: Launch) -> np.ndarray:
+    """The CTA slot (~ SM) of each work item: persistent CTA c takes c, c+P, ...; a grid
+    launch's CTA i lands on slot i mod resident CTAs (dispatch order, approximately)."""
+    stride = launch.num_ctas if launch.cta.persistent else min(launch.resident_ctas,
+                                                               launch.num_items)
+    return (np.arange(launch.num_items) % stride).astype(np.int32)
+
+
+@dataclass(frozen=True)
+class DriftModel:
+    """CTAs that drift apart, with physical parameters: each slot (~ SM) runs at its own rate,
+    normal with relative spread `rate_spread`, and starts after a uniform delay of up to
+    `start_skew` K/V steps. A work item costs its K/V steps plus `item_overhead` (Q load,
+    epilogue). Zero spread and skew is lock-step with every slot in step."""
+
+    rate_spread: float
+    start_skew: float
+    item_overhead: float = 1.0
+
+    def item_times(self, launch: Launch, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+        """(start, end) of every work item, in K/V steps of a mean-rate slot."""
+        import heapq
+        rng = np.random.default_rng(seed)
+        steps = _item_table(launch)[:, 4].astype(np.float64)
+        n_items = launch.num_items
+        n_slots = int(_slot_of_item(launch).max()) + 1
+        rate = np.clip(1.0 + self.rate_spread * rng.standard_normal(n_slots), 0.2, None)
+        ready = self.start_skew * rng.random(n_slots)
+        cost = steps + self.item_overhead
+        start = np.empty(n_items)
+        end = np.empty(n_items)
+        if launch.cta.persistent:
+            for s in range(n_slots):
+                items = np.arange(s, n_items, n_slots)
+                finish = ready[s] + np.cumsum(cost[items] / rate[s])
+                end[items] = finish
+                start[items] = finish - cost[items] / rate[s]
+        else:  # the next CTA in dispatch order goes to the first slot that frees up
+            heap = [(ready[s], s) for s in range(n_slots)]
+            heapq.heapify(heap)
+            for i in range(n_items):
+                t, s = heapq.heappop(heap)
+                start[i], end[i] = t, t + cost[i] / rate[s]
+                heapq.heappush(heap, (end[i], s))
+        return start, end
+
+    @classmethod
+    def fit(cls, launch: Launch, start, end) -> "DriftModel":
+        """The parameters that a measured order shows: tickets count events, so a slot's rate is
+        its K/V steps per ticket; spread and skew are in units of the mean rate."""
+        start = np.asarray(start, np.float64)
+        end = np.asarray(end, np.float64)
+        steps = _item_table(launch)[:, 4].astype(np.float64) + 1.0
+        slot = _slot_of_item(launch)
+        n_slots = int(slot.max()) + 1
+        busy = np.bincount(slot, weights=end - start, minlength=n_slots)
+        work = np.bincount(slot, weights=steps, minlength=n_slots)
+        rate = work / np.maximum(busy, 1e-9)
+        mean_rate = float(rate.mean())
+        first = np.full(n_slots, np.inf)
+        np.minimum.at(first, slot, start)
+        return cls(rate_spread=float(rate.std() / mean_rate),
+                   start_skew=float((first.max() - first.min()) * mean_rate))
 
 
 # ---------------------------------------------------------------------------------------------

@@ -116,7 +116,7 @@ GRID_KEYS = {
 }
 REQUIRED_GRID_KEYS = ("seqlen", "head_dim", "schedule")
 TOP_KEYS = {"name", "measure", "repeats", "timeout_s", "reps", "peers", "batch_points",
-            "metric_set", "grid"}
+            "metric_set", "record_order", "grid"}
 
 
 @dataclass
@@ -130,6 +130,9 @@ class SweepSpec:
     peers: bool = False
     batch_points: int = 8
     metric_set: str = "full"
+    # Launch the RECORD_ORDER kernel: timings measure its overhead, counter runs save each
+    # launch's work-item tickets beside the results (`wavefront.results.orders`).
+    record_order: bool = False
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -192,11 +195,14 @@ def parse_spec(text: str, source: str = "spec") -> SweepSpec:
     if metric_set not in METRIC_SETS:
         raise ValueError(f"{source}: metric_set must be one of {sorted(METRIC_SETS)}, got "
                          f"{metric_set!r}")
+    record_order = raw.get("record_order", False)
+    if not isinstance(record_order, bool):
+        raise ValueError(f"{source}: record_order must be true or false, got {record_order!r}")
     name = raw.get("name", Path(source).stem)
     if not isinstance(name, str) or not name:
         raise ValueError(f"{source}: name must be a non-empty string, got {name!r}")
     spec = SweepSpec(name=name, grid=grids, measure=measure, timeout_s=float(timeout),
-                     peers=peers, metric_set=metric_set, **values)
+                     peers=peers, metric_set=metric_set, record_order=record_order, **values)
     return spec
 
 
@@ -251,7 +257,10 @@ def expand(spec: SweepSpec, *, gpu: str, sms: int, l2_bytes: int,
                 ident = (rec["point"], measurement, repeat)
                 if ident not in seen:
                     seen.add(ident)
-                    tasks.append({**rec, "measurement": measurement, "repeat": repeat})
+                    task = {**rec, "measurement": measurement, "repeat": repeat}
+                    if spec.record_order:
+                        task["record_order"] = True
+                    tasks.append(task)
     return tasks
 
 
