@@ -38,4 +38,4 @@ print(' '.join(l('experiments/$step.py').datasets))"); do
     esac
     echo "[$step done at $((SECONDS - start)) s]"
 done
-tar -C "$work" -cf "$OUT/data.tar" .
+tar -C "$work" --exclude=ncu-reports -czf "$OUT/data.tgz" .
