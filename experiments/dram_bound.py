@@ -36,7 +36,10 @@ schedule = ["longest_first+linear", "longest_first+sawtooth", "persistent+linear
 
 
 def figure(study):
-    return figures.dram_bound(dram_bound_table(study))
+    tfits, _ = study.throughput
+    fit = tfits.get("H100")
+    return figures.dram_bound(dram_bound_table(study), fit.dram_rate if fit else None,
+                              fit.intervals["dram_rate"] if fit else None)
 
 
 def table(study):

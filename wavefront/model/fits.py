@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass, field
+from typing import Callable, Iterable
 
 import numpy as np
 
@@ -18,6 +19,7 @@ from wavefront.model.counting import launch_counts
 from wavefront.model.presets import GPUSpec
 from wavefront.model.simulation import (
     COLD,
+    DriftModel,
     LruL2,
     MissCurve,
     ShardsSampler,
@@ -25,7 +27,9 @@ from wavefront.model.simulation import (
     access_upper_bound,
     address_bound,
     reuse_distances,
+    timed_trace,
     trace_blocks,
+    Trace,
 )
 from wavefront.point import SECTOR_BYTES, GpuShape, Point
 from wavefront.schedules import Launch
@@ -110,6 +114,54 @@ def predict(launch: Launch, gpu: GPUSpec, *, capacity_bytes: float | None = None
         partitioned=asdict(split.result()) if split else None,
         reuse=_reuse_summary(sampler, capacity),
         compulsory_read_bytes=counts.compulsory_read_bytes)
+
+
+def l2_models(gpu: GPUSpec) -> dict[str, Callable[[int], LruL2]]:
+    """The two capacity models, each a factory of an LRU for a launch's tile ids:
+    - "half L2": one fully associative LRU of half the L2 (the old blanket default);
+    - "partitions": the physical one, the L2's own size over its partitions (per-partition
+      LRU, far reads leave a copy near the reader), so a one-partition chip (GB10) gets its
+      whole L2 and Hopper's data read by every SM gets about half of it."""
+    return {
+        "half L2": lambda n_ids: LruL2(DEFAULT_EFFECTIVE_FRACTION * gpu.l2_bytes, n_ids),
+        "partitions": lambda n_ids: LruL2(gpu.l2_bytes, n_ids, partitions=gpu.l2_partitions,
+                                          sms=gpu.sms),
+    }
+
+
+def dram_reads_by_model(launch: Launch, gpu: GPUSpec, blocks: Iterable[Trace]) -> dict:
+    """DRAM read bytes of one access stream under each of `l2_models`, in one pass."""
+    n_ids = address_bound(launch)
+    caches = {name: make(n_ids) for name, make in l2_models(gpu).items()}
+    for block in blocks:
+        for cache in caches.values():
+            cache.feed(block)
+    return {name: cache.result().dram_read_sectors * SECTOR_BYTES
+            for name, cache in caches.items()}
+
+
+def order_predictions(launch: Launch, gpu: GPUSpec, orders: dict[int, tuple],
+                      ) -> list[dict]:
+    """Per measured repeat: DRAM reads predicted from lock-step rounds, from that launch's own
+    measured order (tickets), and from a drift model fitted to the *other* repeats' orders
+    (held out), each under both capacity models."""
+    lock = dram_reads_by_model(launch, gpu, trace_blocks(launch))
+    rows = []
+    for repeat, (start, end) in sorted(orders.items()):
+        others = [o for r, o in orders.items() if r != repeat] or [orders[repeat]]
+        drift = DriftModel.fit(launch, others)
+        row = {"repeat": repeat, "drift_rate_spread": drift.rate_spread,
+               "drift_start_skew": drift.start_skew}
+        for order, res in (
+                ("lock-step", lock),
+                ("measured order", dram_reads_by_model(
+                    launch, gpu, [timed_trace(launch, start, end)])),
+                ("drift model", dram_reads_by_model(
+                    launch, gpu, [timed_trace(launch, *drift.item_times(launch, repeat))]))):
+            for model, value in res.items():
+                row[f"{order}, {model}"] = value
+        rows.append(row)
+    return rows
 
 
 def analytic_misses(launch: Launch, capacity_bytes: float) -> float:
@@ -223,23 +275,70 @@ def roofline_s(flops, dram_bytes, flop_rate, dram_rate):
     return np.maximum(np.asarray(flops) / flop_rate, np.asarray(dram_bytes) / dram_rate)
 
 
+def occupancy_fraction(rows) -> np.ndarray:
+    """Work items per CTA slot in flight, capped at 1: below 1 some SMs idle (short or
+    few-headed launches), which no cache term explains."""
+    items = np.asarray([launch_of_row(r).num_items for _, r in rows.iterrows()], dtype=float)
+    return np.minimum(1.0, items / rows["resident_ctas"].to_numpy(float))
+
+
+def schedule_of(rows) -> np.ndarray:
+    return (rows["cta_schedule"] + "+" + rows["kv_schedule"]).to_numpy()
+
+
+# Bootstrap resamples of the points for the parameters' 95% intervals.
+BOOTSTRAP = 200
+
+
 @dataclass
 class ThroughputFit:
+    """time = max(FLOPs / (R_flop x e_schedule x u^gamma), DRAM bytes / R_dram) + t0.
+
+    R_flop is the reference schedule's compute rate; e_schedule the other specialisations'
+    rate relative to it (code generation, measured where misses are equal); u the occupancy
+    fraction (`occupancy_fraction`) and gamma how much an idle slot costs; R_dram the DRAM rate
+    the kernel reaches when it binds. Intervals are bootstrap percentiles over the points;
+    `dram_bound_points` says how many fitted points the DRAM term decides (zero: R_dram is
+    not identified by this data, only bounded below).
+    """
+
     gpu: str
     flop_rate: float  # FLOP/s
     dram_rate: float  # B/s
     overhead_s: float
+    occupancy_exponent: float
+    schedule_efficiency: dict
+    reference_schedule: str
+    intervals: dict  # parameter -> [2.5%, 97.5%]
+    dram_bound_points: int
     errors: dict
     points: list[str] = field(default_factory=list)
     predicted_ms: list[float] = field(default_factory=list)
     measured_ms: list[float] = field(default_factory=list)
 
-    def predict_s(self, flops, dram_bytes):
-        return roofline_s(flops, dram_bytes, self.flop_rate, self.dram_rate) + self.overhead_s
+    def compute_rate(self, schedules, occupancy):
+        e = np.asarray([self.schedule_efficiency.get(s, 1.0) for s in schedules])
+        return self.flop_rate * e * np.asarray(occupancy, dtype=float) ** self.occupancy_exponent
+
+    def predict_s(self, flops, dram_bytes, schedules=None, occupancy=1.0):
+        schedules = (schedules if schedules is not None
+                     else [self.reference_schedule] * np.size(flops))
+        rate = self.compute_rate(schedules, np.broadcast_to(occupancy, np.shape(schedules)))
+        return roofline_s(flops, dram_bytes, rate, self.dram_rate) + self.overhead_s
+
+    def predict_rows_s(self, rows):
+        return self.predict_s(rows["executed_flops"].to_numpy(float),
+                              (rows["dram_read_bytes"] + rows["dram_write_bytes"]).to_numpy(float),
+                              schedule_of(rows), occupancy_fraction(rows))
 
     def dram_bound(self, flops, dram_bytes):
-        """True where the DRAM term of the bound is the larger one."""
+        """True where the DRAM term of the bound is the larger one (reference schedule)."""
         return np.asarray(dram_bytes) / self.dram_rate > np.asarray(flops) / self.flop_rate
+
+    @property
+    def balance_flop_per_byte(self) -> float:
+        """The machine balance the kernel sees: above this many FLOPs per DRAM byte, compute."""
+        return self.flop_rate / self.dram_rate
 
     def roof_tflops(self, bytes_per_flop):
         """The bound as a rate: TFLOP/s at a given DRAM bytes per FLOP (no overhead)."""
@@ -250,24 +349,62 @@ class ThroughputFit:
         return asdict(self)
 
 
-def fit_throughput(rows, gpu_name: str) -> ThroughputFit:
-    """rows: timing joined with counters (columns executed_flops, dram_read_bytes,
-    dram_write_bytes, median_ms, point). Least squares on log time."""
+def _solve_throughput(flops, dram, occ, sched_index, n_sched, t):
     from scipy.optimize import least_squares
+
+    def model(x):
+        rf, rd, t0 = np.exp(x[:3])
+        gamma = x[3]
+        eff = np.exp(np.concatenate([[0.0], x[4:]]))[sched_index]
+        return roofline_s(flops, dram, rf * eff * occ ** gamma, rd) + t0
+
+    x0 = np.concatenate([np.log([5e14, 3e12, 5e-6]), [0.5], np.zeros(n_sched - 1)])
+    lower = np.concatenate([np.log([1e12, 1e10, 1e-8]), [0.0], np.full(n_sched - 1, -2.0)])
+    upper = np.concatenate([np.log([1e16, 1e15, 1e-2]), [3.0], np.full(n_sched - 1, 1.0)])
+    res = least_squares(lambda x: np.log(model(x)) - np.log(t), x0, bounds=(lower, upper),
+                        method="trf")
+    return res.x, model(res.x)
+
+
+def fit_throughput(rows, gpu_name: str, *, reference_schedule: str = "persistent+linear",
+                   bootstrap: int = BOOTSTRAP, seed: int = 0) -> ThroughputFit:
+    """rows: timing joined with counters (columns executed_flops, dram_read_bytes,
+    dram_write_bytes, median_ms, point, the schedule and launch columns). Least squares on
+    log time; 95% intervals from `bootstrap` resamples of the points."""
     flops = rows["executed_flops"].to_numpy(float)
     dram = (rows["dram_read_bytes"] + rows["dram_write_bytes"]).to_numpy(float)
     t = rows["median_ms"].to_numpy(float) * 1e-3
-
-    def model(x):
-        rf, rd, t0 = np.exp(x)
-        return roofline_s(flops, dram, rf, rd) + t0
-
-    x0 = np.log([5e14, 3e12, 5e-6])
-    res = least_squares(lambda x: np.log(model(x)) - np.log(t), x0, method="trf")
-    rf, rd, t0 = np.exp(res.x)
-    pred = model(res.x)
-    return ThroughputFit(gpu_name, float(rf), float(rd), float(t0), error_table(pred, t),
-                         list(rows["point"]), (pred * 1e3).tolist(), (t * 1e3).tolist())
+    occ = occupancy_fraction(rows)
+    scheds = schedule_of(rows)
+    names = sorted(set(scheds))
+    ref = reference_schedule if reference_schedule in names else names[0]
+    names = [ref] + [s for s in names if s != ref]
+    index = np.asarray([names.index(s) for s in scheds])
+    x, pred = _solve_throughput(flops, dram, occ, index, len(names), t)
+    rng = np.random.default_rng(seed)
+    draws = []
+    for _ in range(bootstrap):
+        pick = rng.integers(0, len(t), len(t))
+        present = np.unique(index[pick])
+        if 0 not in present:
+            continue
+        remap = {old: new for new, old in enumerate(present)}
+        xb, _ = _solve_throughput(flops[pick], dram[pick], occ[pick],
+                                  np.asarray([remap[i] for i in index[pick]]), len(present),
+                                  t[pick])
+        draws.append([*np.exp(xb[:3]), xb[3]])
+    draws = np.asarray(draws) if draws else np.full((1, 4), np.nan)
+    lo, hi = np.percentile(draws, [2.5, 97.5], axis=0)
+    rf, rd, t0 = np.exp(x[:3])
+    eff = dict(zip(names, np.exp(np.concatenate([[0.0], x[4:]])).tolist()))
+    bound = int((dram / rd > flops / (rf * np.asarray([eff[s] for s in scheds])
+                                      * occ ** x[3])).sum())
+    return ThroughputFit(
+        gpu_name, float(rf), float(rd), float(t0), float(x[3]), eff, ref,
+        {name: [float(lo[i]), float(hi[i])] for i, name in
+         enumerate(("flop_rate", "dram_rate", "overhead_s", "occupancy_exponent"))},
+        bound, error_table(pred, t), list(rows["point"]), (pred * 1e3).tolist(),
+        (t * 1e3).tolist())
 
 
 def knee(seqlens, misses, compulsory, factor: float = 1.5):

@@ -327,23 +327,47 @@ class DriftModel:
                 heapq.heappush(heap, (end[i], s))
         return start, end
 
+    # The grid `fit` searches: relative rate spreads, and start skews in K/V steps.
+    RATE_SPREADS = (0.0, 0.002, 0.005, 0.01, 0.02, 0.04, 0.08, 0.16, 0.32)
+    START_SKEWS = (0.0, 1.0, 3.0, 10.0, 30.0, 100.0)
+
     @classmethod
-    def fit(cls, launch: Launch, start, end) -> "DriftModel":
-        """The parameters that a measured order shows: tickets count events, so a slot's rate is
-        its K/V steps per ticket; spread and skew are in units of the mean rate."""
-        start = np.asarray(start, np.float64)
-        end = np.asarray(end, np.float64)
-        steps = _item_table(launch)[:, 4].astype(np.float64) + 1.0
-        slot = _slot_of_item(launch)
-        n_slots = int(slot.max()) + 1
-        busy = np.bincount(slot, weights=end - start, minlength=n_slots)
-        work = np.bincount(slot, weights=steps, minlength=n_slots)
-        rate = work / np.maximum(busy, 1e-9)
-        mean_rate = float(rate.mean())
-        first = np.full(n_slots, np.inf)
-        np.minimum.at(first, slot, start)
-        return cls(rate_spread=float(rate.std() / mean_rate),
-                   start_skew=float((first.max() - first.min()) * mean_rate))
+    def fit(cls, launch: Launch, orders, seeds: int = 2) -> "DriftModel":
+        """The parameters whose simulated orders look most like the measured ones.
+
+        Tickets count events, not time, so the parameters are matched on order alone:
+        `order_lag` (how far each round's items have spread apart in the order, over the launch)
+        of the model against that of each measured (start, end) in `orders`, least squares
+        over the grid RATE_SPREADS x START_SKEWS, averaged over a few seeds."""
+        target = np.mean([order_lag(launch, s) for s, _ in orders], axis=0)
+        best, best_loss = None, np.inf
+        for spread in cls.RATE_SPREADS:
+            for skew in cls.START_SKEWS:
+                model = cls(spread, skew)
+                lag = np.mean([order_lag(launch, model.item_times(launch, seed)[0])
+                               for seed in range(seeds)], axis=0)
+                loss = float(((lag - target) ** 2).sum())
+                if loss < best_loss:
+                    best, best_loss = model, loss
+        return best
+
+
+def order_lag(launch: Launch, start, parts: int = 4) -> np.ndarray:
+    """How far apart the work items of one round run: each item's start rank (0..1) minus the
+    median start rank of its round (its slot's local iteration), mean absolute value over each
+    of `parts` consecutive spans of rounds. Lock-step gives ~0 everywhere; CTAs that drift apart
+    give values that grow over the launch."""
+    start = np.asarray(start, np.float64)
+    n = len(start)
+    rank = np.empty(n)
+    rank[np.argsort(start, kind="stable")] = np.arange(n) / max(1, n - 1)
+    slots = int(_slot_of_item(launch).max()) + 1
+    rounds = np.arange(n) // slots
+    med = np.array([np.median(rank[rounds == r]) for r in range(rounds.max() + 1)])
+    lag = np.abs(rank - med[rounds])
+    span = np.minimum(rounds * parts // (rounds.max() + 1), parts - 1)
+    return np.array([lag[span == k].mean() if (span == k).any() else 0.0
+                     for k in range(parts)])
 
 
 # ---------------------------------------------------------------------------------------------

@@ -16,6 +16,8 @@ import pandas as pd
 
 from wavefront.model.fits import (
     CapacityFit,
+    occupancy_fraction,
+    order_predictions,
     MissCurves,
     ThroughputFit,
     error_table,
@@ -32,7 +34,8 @@ from wavefront.results.measurement import SPREAD_FLAG, SPREAD_FLAG_TEXT, spread
 from wavefront.results.store import load_results, with_timing
 
 # Experiments with counters and timing for the same points: the throughput model's data.
-TIMED_EXPERIMENTS = ("schedules_vs_seqlen", "knee", "ablation", "tile_size", "tiled")
+TIMED_EXPERIMENTS = ("schedules_vs_seqlen", "knee", "ablation", "tile_size", "tiled",
+                     "dram_bound", "measured_order_plain", "headline")
 
 
 def counters(df):
@@ -311,6 +314,10 @@ class Study:
             predicted.append(res["sawtooth"] / max(1, res["linear"]) - 1)
         return h.assign(**{"model: sawtooth vs linear": predicted})
 
+    @cached_property
+    def measured_order_rows(self) -> pd.DataFrame:
+        return measured_order_rows(self)
+
     def summary(self, dataset: str) -> pd.DataFrame:
         """Per (GPU, point, measurement): median, min, max and spread over the repeats of the
         key metric (DRAM reads for counters, TFLOP/s for timing), flagged above 10%."""
@@ -333,9 +340,153 @@ class Study:
         return pd.DataFrame(rows)
 
 
-def measured_order_table(study):
-    raise NotImplementedError("measured_order_table: written once the data exists")
+# RECORD_ORDER changed code generation in these specialisations (causal, one CTA per SM: code
+# 48 -> 133 KB, shared memory 99 -> 149 KB, ~6x slower), so their tickets are not the plain
+# kernel's order. Measured; see experiments/measured_order.py.
+ORDER_PERTURBED = "flag changed code generation"
 
 
-def dram_bound_table(study):
-    raise NotImplementedError("dram_bound_table: written once the data exists")
+def order_configuration(r) -> str:
+    return (f"{r['cta_schedule']}+{r['kv_schedule']} {r['resident_ctas']} CTAs "
+            f"B{r['batch']} H{r['heads']} S{r['seqlen'] // 1024}k"
+            + (" causal" if r["causal"] else ""))
+
+
+# Simulating every measured order takes minutes on two cores; the result is kept beside the
+# data, keyed by a hash of everything it is computed from (the results, the orders, the model's
+# source), and recomputed whenever any of them changes. Delete it to recompute by hand.
+ORDER_PREDICTIONS = "model_predictions.csv"
+
+
+def _order_inputs_key(directory: Path) -> str:
+    import hashlib
+
+    import wavefront.model.fits as fits_module
+    import wavefront.model.simulation as simulation_module
+    import wavefront.schedules as schedules_module
+    h = hashlib.sha256()
+    paths = [directory / "results.csv", *sorted((directory / "orders").glob("*.npz")),
+             *(Path(m.__file__) for m in (fits_module, simulation_module, schedules_module))]
+    for path in paths:
+        h.update(path.name.encode())
+        h.update(path.read_bytes())
+    return h.hexdigest()[:16]
+
+
+def measured_order_rows(study) -> pd.DataFrame:
+    """Per measured launch of `measured_order`: its DRAM reads beside every prediction (cached
+    beside the data, see ORDER_PREDICTIONS)."""
+    directory = study.data_dir / "measured_order"
+    key = _order_inputs_key(directory)
+    cache = directory / ORDER_PREDICTIONS
+    if cache.exists():
+        cached = pd.read_csv(cache)
+        if len(cached) and (cached["inputs_key"] == key).all():
+            return cached.drop(columns="inputs_key")
+    rows = _measured_order_rows(study)
+    rows.assign(inputs_key=key).to_csv(cache, index=False)
+    return rows
+
+
+def _measured_order_rows(study) -> pd.DataFrame:
+    from wavefront.results.orders import ORDERS_DIR, load_order
+    c = study.counters("measured_order")
+    rows = []
+    for point, reps in c.groupby("point", sort=False):
+        first = reps.iloc[0]
+        gpu = preset_for_device(first["gpu"])
+        orders = {int(r): load_order(study.data_dir / "measured_order" / ORDERS_DIR, point,
+                                     int(r)) for r in reps["repeat"]}
+        orders = {r: o for r, o in orders.items() if o is not None}
+        measured = dict(zip(reps["repeat"].astype(int), reps["dram_read_bytes"]))
+        for pred in order_predictions(launch_of_row(first), gpu, orders):
+            rows.append({"gpu": first["gpu"], "point": point,
+                         "configuration": order_configuration(first),
+                         "measured": float(measured[pred["repeat"]]), **pred})
+    return pd.DataFrame(rows)
+
+
+def measured_order_table(study) -> pd.DataFrame:
+    """Per configuration: measured DRAM reads (median and range over repeats, with and without
+    the flag), each predictor's median and its error against the measured median, and the
+    flag's overhead (TFLOP/s with / without, medians)."""
+    rows = study.measured_order_rows
+    plain = study.load("measured_order_plain")
+    flagged = study.load("measured_order")
+    out = []
+    for (gpu, point), sub in rows.groupby(["gpu", "point"], sort=False):
+        m = float(sub["measured"].median())
+        p_c = plain[(plain["point"] == point) & (plain["measurement"] == "counters")]
+        tf = {name: df[(df["point"] == point) & (df["measurement"] == "timing")]["tflops"]
+              for name, df in (("flag", flagged), ("plain", plain))}
+        overhead = float(tf["flag"].median() / tf["plain"].median() - 1)
+        row = {"GPU": short_gpu(gpu), "configuration": sub["configuration"].iloc[0],
+               "DRAM MB": m / 1e6, "range MB": f"{sub['measured'].min() / 1e6:.0f}-"
+                                              f"{sub['measured'].max() / 1e6:.0f}",
+               "without flag MB": float(p_c["dram_read_bytes"].median()) / 1e6,
+               "flag TFLOP/s": overhead,
+               "note": ORDER_PERTURBED if overhead < -0.5 else ""}
+        for col in [c for c in sub.columns if ", " in c]:
+            row[f"{col} MB"] = float(sub[col].median()) / 1e6
+            row[f"{col} err"] = float(sub[col].median()) / m - 1
+        out.append(row)
+    return pd.DataFrame(out)
+
+
+def order_errors(table: pd.DataFrame) -> pd.DataFrame:
+    """Mean absolute error and worst error of each predictor over the configurations whose
+    order the flag did not perturb."""
+    ok = table[table["note"] == ""]
+    cols = [c for c in table.columns if c.endswith(" err")]
+    return pd.DataFrame([{"predictor": c[:-4], "configurations": len(ok),
+                          "MAPE": float(ok[c].abs().mean()),
+                          "worst": float(ok[c].abs().max()),
+                          "within 10%": int((ok[c].abs() < 0.10).sum())} for c in cols])
+
+
+def dram_bound_table(study) -> pd.DataFrame:
+    """Per (heads, schedule): DRAM reads against the minimum, the DRAM rate reached, TFLOP/s
+    (median and range over repeats) and the throughput model's prediction (fitted on every
+    timed data set of the GPU), with sawtooth against linear under longest-first."""
+    df = study.load("dram_bound")
+    joined = with_timing(df)
+    tfits, _ = study.throughput
+    t = timing(df)
+    rows = []
+    for (gpu, point), sub in joined.groupby(["gpu", "point"], sort=False):
+        r = sub.iloc[0]
+        tf = t[(t["gpu"] == gpu) & (t["point"] == point)]["tflops"].to_numpy(float)
+        fit = tfits[short_gpu(gpu)]
+        pred_s = float(fit.predict_rows_s(sub.iloc[:1])[0])
+        dram = float(sub["dram_read_bytes"].median())
+        rows.append({"GPU": short_gpu(gpu), "heads": int(r["heads"]),
+                     "schedule": f"{r['cta_schedule']}+{r['kv_schedule']}",
+                     "DRAM / min": dram / float(r["compulsory_read_bytes"]),
+                     "DRAM TB/s": dram / (float(r["median_ms"]) * 1e-3) / 1e12,
+                     "TFLOP/s": float(np.median(tf)), "lo": float(tf.min()),
+                     "hi": float(tf.max()),
+                     # same useful FLOPs, the model's time instead of the measured one
+                     "model TFLOP/s": float(r["tflops"]) * float(r["median_ms"]) * 1e-3 / pred_s,
+                     "DRAM-bound (model)": bool(
+                         (dram + float(sub["dram_write_bytes"].median())) / fit.dram_rate
+                         > float(r["executed_flops"]) / float(fit.compute_rate(
+                             [f"{r['cta_schedule']}+{r['kv_schedule']}"],
+                             occupancy_fraction(sub.iloc[:1]))[0]))})
+    out = pd.DataFrame(rows).sort_values(["GPU", "heads", "schedule"])
+    return out.reset_index(drop=True)
+
+
+def sawtooth_gain_where_bound(table: pd.DataFrame) -> pd.DataFrame:
+    """Under longest-first: sawtooth's DRAM and TFLOP/s change against linear per head count,
+    measured and as the model predicts it from the measured DRAM bytes."""
+    lf = table[table["schedule"].str.startswith("longest_first")]
+    out = []
+    for (gpu, heads), sub in lf.groupby(["GPU", "heads"]):
+        by = sub.set_index("schedule")
+        lin, saw = by.loc["longest_first+linear"], by.loc["longest_first+sawtooth"]
+        out.append({"GPU": gpu, "heads": heads,
+                    "DRAM, sawtooth vs linear": saw["DRAM / min"] / lin["DRAM / min"] - 1,
+                    "TFLOP/s measured": saw["TFLOP/s"] / lin["TFLOP/s"] - 1,
+                    "TFLOP/s model": saw["model TFLOP/s"] / lin["model TFLOP/s"] - 1,
+                    "linear DRAM-bound (model)": bool(lin["DRAM-bound (model)"])})
+    return pd.DataFrame(out)
