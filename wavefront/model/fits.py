@@ -129,10 +129,14 @@ def l2_models(gpu: GPUSpec) -> dict[str, Callable[[int], LruL2]]:
     }
 
 
-def dram_reads_by_model(launch: Launch, gpu: GPUSpec, blocks: Iterable[Trace]) -> dict:
-    """DRAM read bytes of one access stream under each of `l2_models`, in one pass."""
+def dram_reads_by_model(launch: Launch, gpu: GPUSpec, blocks: Iterable[Trace],
+                        capacities: dict[str, float] | None = None) -> dict:
+    """DRAM read bytes of one access stream under each of `l2_models` (and a fully associative
+    LRU per named capacity in `capacities`), in one pass."""
     n_ids = address_bound(launch)
     caches = {name: make(n_ids) for name, make in l2_models(gpu).items()}
+    for name, capacity in (capacities or {}).items():
+        caches[name] = LruL2(capacity, n_ids)
     for block in blocks:
         for cache in caches.values():
             cache.feed(block)
@@ -405,6 +409,70 @@ def fit_throughput(rows, gpu_name: str, *, reference_schedule: str = "persistent
          enumerate(("flop_rate", "dram_rate", "overhead_s", "occupancy_exponent"))},
         bound, error_table(pred, t), list(rows["point"]), (pred * 1e3).tolist(),
         (t * 1e3).tolist())
+
+
+# The paper's own launch (Zhu et al.): B=8, H=1, S=131072, D=64, 64x64 tiles, persistent with
+# one CTA per SM (48 on the GB10).
+PAPER_LAUNCH = dict(batch=8, heads=1, seqlen=131072, head_dim=64, tiles="64x64")
+
+
+def preset_predictions(presets: dict[str, GPUSpec], fit: ThroughputFit,
+                       measured_on: GPUSpec) -> list[dict]:
+    """Predictions before measurements, per preset, causal and not, linear and sawtooth at the
+    paper's launch: DRAM reads under both capacity models, and TFLOP/s from the throughput
+    model carried over by efficiency: the fitted compute and DRAM rates as fractions of
+    `measured_on`'s nominal peak and bandwidth, applied to each preset's nominal figures (an
+    assumption: the kernel reaches the same fractions there), with schedule-neutral code and
+    no overhead. The machine balance is the carried-over compute rate over the DRAM rate."""
+    flop_eff = fit.flop_rate / measured_on.peak_bf16_flops
+    dram_eff = fit.dram_rate / measured_on.dram_bytes_per_s
+    rows = []
+    for key, gpu in presets.items():
+        rate_f, rate_d = gpu.peak_bf16_flops * flop_eff, gpu.dram_bytes_per_s * dram_eff
+        for causal in (False, True):
+            for kv in ("linear", "sawtooth"):
+                point = Point(**PAPER_LAUNCH, causal=causal, schedule=f"persistent+{kv}",
+                              occupancy=1, ctas=gpu.sms)
+                launch = point.launch(GpuShape(gpu.sms, gpu.l2_bytes))
+                counts = launch_counts(launch.problem, launch.n_chunks)
+                dram = dram_reads_by_model(launch, gpu, trace_blocks(launch))
+                moved = dram["partitions"] + counts.compulsory_write_bytes
+                seconds = float(roofline_s(counts.executed_flops, moved, rate_f, rate_d))
+                rows.append({
+                    "preset": key, "gpu": gpu.name, "causal": causal, "schedule": launch.name,
+                    "ctas": launch.num_ctas, "l2_mib": gpu.l2_bytes / 2**20,
+                    "partitions": gpu.l2_partitions,
+                    "dram_read_gb": dram["partitions"] / 1e9,
+                    "dram_read_gb_half_l2": dram["half L2"] / 1e9,
+                    "x_compulsory": dram["partitions"] / counts.compulsory_read_bytes,
+                    "l2_read_sectors": counts.read_sectors,
+                    "balance_flop_per_byte": rate_f / rate_d,
+                    "flop_per_dram_byte": counts.executed_flops / moved,
+                    "dram_bound": moved / rate_d > counts.executed_flops / rate_f,
+                    "tflops": counts.useful_flops / seconds / 1e12,
+                    "compute_rate_tflops": rate_f / 1e12, "dram_rate_tb_s": rate_d / 1e12})
+    return rows
+
+
+# A point counts for validation only above the knee: below it every capacity model predicts
+# the compulsory misses and is right by construction.
+ABOVE_KNEE = 1.5
+
+
+def above_knee(measured_bytes, compulsory_bytes) -> np.ndarray:
+    return np.asarray(measured_bytes, float) > ABOVE_KNEE * np.asarray(compulsory_bytes, float)
+
+
+def validation_errors(predicted, measured) -> dict:
+    """`error_table` plus the spread of the signed relative error (10th, 50th, 90th
+    percentiles): what an out-of-sample score reports."""
+    p = np.asarray(predicted, float)
+    m = np.asarray(measured, float)
+    out = error_table(p, m)
+    if out["n"]:
+        signed = (p - m) / m
+        out.update({f"error_p{q}": float(np.percentile(signed, q)) for q in (10, 50, 90)})
+    return out
 
 
 def knee(seqlens, misses, compulsory, factor: float = 1.5):

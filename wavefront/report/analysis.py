@@ -16,6 +16,9 @@ import pandas as pd
 
 from wavefront.model.fits import (
     CapacityFit,
+    above_knee,
+    dram_reads_by_model,
+    validation_errors,
     occupancy_fraction,
     order_predictions,
     MissCurves,
@@ -28,6 +31,7 @@ from wavefront.model.fits import (
     predict,
 )
 from wavefront.model.presets import gpu_preset, preset_for_device
+from wavefront.model.simulation import trace_blocks
 from wavefront.point import SECTOR_BYTES
 from wavefront.report.figures import short_gpu
 from wavefront.results.measurement import SPREAD_FLAG, SPREAD_FLAG_TEXT, spread
@@ -352,40 +356,45 @@ def order_configuration(r) -> str:
             + (" causal" if r["causal"] else ""))
 
 
-# Simulating every measured order takes minutes on two cores; the result is kept beside the
-# data, keyed by a hash of everything it is computed from (the results, the orders, the model's
-# source), and recomputed whenever any of them changes. Delete it to recompute by hand.
-ORDER_PREDICTIONS = "model_predictions.csv"
+# Simulating every measured point takes minutes on two cores. Such tables are kept in
+# data/model_cache/, keyed by a hash of everything they are computed from (the data files,
+# the model's source), and recomputed whenever any of them changes; delete one to recompute.
+MODEL_CACHE = "model_cache"
 
 
-def _order_inputs_key(directory: Path) -> str:
+def _inputs_key(paths) -> str:
     import hashlib
 
     import wavefront.model.fits as fits_module
     import wavefront.model.simulation as simulation_module
     import wavefront.schedules as schedules_module
     h = hashlib.sha256()
-    paths = [directory / "results.csv", *sorted((directory / "orders").glob("*.npz")),
-             *(Path(m.__file__) for m in (fits_module, simulation_module, schedules_module))]
-    for path in paths:
-        h.update(path.name.encode())
-        h.update(path.read_bytes())
+    for path in [*paths, *(Path(m.__file__) for m in (fits_module, simulation_module,
+                                                     schedules_module))]:
+        h.update(Path(path).name.encode())
+        h.update(Path(path).read_bytes())
     return h.hexdigest()[:16]
 
 
-def measured_order_rows(study) -> pd.DataFrame:
-    """Per measured launch of `measured_order`: its DRAM reads beside every prediction (cached
-    beside the data, see ORDER_PREDICTIONS)."""
-    directory = study.data_dir / "measured_order"
-    key = _order_inputs_key(directory)
-    cache = directory / ORDER_PREDICTIONS
+def cached_table(study, name: str, inputs, compute) -> pd.DataFrame:
+    """`compute()` once per distinct `inputs` (files), kept in data/model_cache/<name>.csv."""
+    key = _inputs_key(inputs)
+    cache = study.data_dir / MODEL_CACHE / f"{name}.csv"
     if cache.exists():
         cached = pd.read_csv(cache)
         if len(cached) and (cached["inputs_key"] == key).all():
             return cached.drop(columns="inputs_key")
-    rows = _measured_order_rows(study)
-    rows.assign(inputs_key=key).to_csv(cache, index=False)
-    return rows
+    table = compute()
+    cache.parent.mkdir(parents=True, exist_ok=True)
+    table.assign(inputs_key=key).to_csv(cache, index=False)
+    return table
+
+
+def measured_order_rows(study) -> pd.DataFrame:
+    """Per measured launch of `measured_order`: its DRAM reads beside every prediction."""
+    directory = study.data_dir / "measured_order"
+    inputs = [directory / "results.csv", *sorted((directory / "orders").glob("*.npz"))]
+    return cached_table(study, "measured_order", inputs, lambda: _measured_order_rows(study))
 
 
 def _measured_order_rows(study) -> pd.DataFrame:
@@ -489,4 +498,89 @@ def sawtooth_gain_where_bound(table: pd.DataFrame) -> pd.DataFrame:
                     "TFLOP/s measured": saw["TFLOP/s"] / lin["TFLOP/s"] - 1,
                     "TFLOP/s model": saw["model TFLOP/s"] / lin["model TFLOP/s"] - 1,
                     "linear DRAM-bound (model)": bool(lin["DRAM-bound (model)"])})
+    return pd.DataFrame(out)
+
+
+# ---------------------------------------------------------------------------------------------
+# Out-of-sample validation of the capacity models
+# ---------------------------------------------------------------------------------------------
+
+# Every data set with DRAM counters, and the family the capacity is fitted on. The fit uses
+# the knee sweep up to FIT_MAX_SEQLEN; its longer lengths are held out as extrapolation.
+VALIDATION_FAMILIES = ("knee", "schedules_vs_seqlen", "ablation", "tiled", "tile_size",
+                       "ctas_in_flight", "headline", "measured_order_plain", "dram_bound",
+                       "counter_variance_dram")
+FIT_FAMILY = "knee"
+FIT_MAX_SEQLEN = 65536
+CAPACITY_MODELS = ("fitted LRU", "other GPU's fraction", "half L2", "partitions")
+
+
+def _validation_points(study) -> pd.DataFrame:
+    frames = []
+    for family in VALIDATION_FAMILIES:
+        c = study.counters(family)
+        frames.append(medians(c).assign(family=family))
+    return pd.concat(frames, ignore_index=True)
+
+
+def _validation_rows(study) -> pd.DataFrame:
+    points = _validation_points(study)
+    knee_c = study.counters(FIT_FAMILY)
+    fitted = {gpu: fit_capacity(rows[rows["seqlen"] <= FIT_MAX_SEQLEN], gpu)
+              for gpu, rows in knee_c.groupby("gpu")}
+    l2 = {gpu: int(rows["l2_bytes"].iloc[0]) for gpu, rows in points.groupby("gpu")}
+    rows = []
+    for _, r in points.iterrows():
+        gpu = r["gpu"]
+        preset = preset_for_device(gpu)
+        others = [g for g in fitted if g != gpu]
+        capacities = {"fitted LRU": fitted[gpu].capacity_bytes}
+        if others:
+            capacities["other GPU's fraction"] = (fitted[others[0]].capacity_bytes
+                                                  / l2[others[0]] * l2[gpu])
+        launch = launch_of_row(r)
+        res = dram_reads_by_model(launch, preset, trace_blocks(launch), capacities)
+        rows.append({"gpu": gpu, "family": r["family"], "point": r["point"],
+                     "seqlen": int(r["seqlen"]), "causal": bool(r["causal"]),
+                     "measured": float(r["dram_read_sectors"]) * SECTOR_BYTES,
+                     "compulsory": float(r["compulsory_read_bytes"]),
+                     "fitted_capacity": capacities["fitted LRU"],
+                     **{m: float(res[m]) for m in CAPACITY_MODELS if m in res}})
+    return pd.DataFrame(rows)
+
+
+def validation_rows(study) -> pd.DataFrame:
+    """Per measured point of every family: its median DRAM reads and each capacity model's
+    prediction (cached, see `cached_table`)."""
+    inputs = [study.data_dir / f / "results.csv" for f in VALIDATION_FAMILIES]
+    return cached_table(study, "capacity_validation", inputs, lambda: _validation_rows(study))
+
+
+def held_out_sets(rows: pd.DataFrame):
+    """(name, rows) of every held-out set: the fit family past its fitted lengths, each other
+    family, and for the other GPU's fraction every point of the GPU it was not fitted on."""
+    fit = rows["family"] == FIT_FAMILY
+    yield f"{FIT_FAMILY}, S > {FIT_MAX_SEQLEN // 1024}k (beyond the fit)", rows[
+        fit & (rows["seqlen"] > FIT_MAX_SEQLEN)]
+    for family, sub in rows[~fit].groupby("family", sort=False):
+        yield family, sub
+    yield "all held-out points", rows[~fit | (rows["seqlen"] > FIT_MAX_SEQLEN)]
+
+
+def capacity_validation(study) -> pd.DataFrame:
+    """Out-of-sample errors per GPU, held-out set and capacity model, counting only points
+    above the knee (measured DRAM reads > ABOVE_KNEE x compulsory). The fitted LRU is fitted on
+    the knee sweep up to FIT_MAX_SEQLEN; "other GPU's fraction" uses the other GPU's fit; "half
+    L2" and "partitions" are not fitted at all."""
+    rows = validation_rows(study)
+    rows = rows[above_knee(rows["measured"], rows["compulsory"])]
+    out = []
+    for gpu, g in rows.groupby("gpu"):
+        for name, sub in held_out_sets(g):
+            for model in CAPACITY_MODELS:
+                if model not in sub or sub[model].isna().all():
+                    continue
+                e = validation_errors(sub[model], sub["measured"])
+                if e["n"]:
+                    out.append({"GPU": short_gpu(gpu), "held out": name, "model": model, **e})
     return pd.DataFrame(out)
