@@ -5,7 +5,7 @@
 """
 from wavefront.cli import experiment_cli
 from wavefront.report import figures
-from wavefront.report.analysis import knees, predicted_curve
+from wavefront.report.analysis import unfitted_predictions, knees, predicted_curve
 
 SPEC = """
 name = "knee"
@@ -33,7 +33,8 @@ def figure(study):
 
 
 def table(study):
-    return knees(study.knee_counters, study.knee_fits)
+    """Knees measured and predicted by the partition model, which fits nothing."""
+    return knees(study.knee_counters, unfitted_predictions(study, "knee"))
 
 
 cli = experiment_cli(__file__)

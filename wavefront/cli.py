@@ -769,6 +769,31 @@ def _peak_rss_mib() -> float:
     return peak / 2**20 if sys.platform == "darwin" else peak / 2**10
 
 
+def _held_out_by_length(counters, gpu: str) -> dict:
+    """Capacity fitted on the points with S up to the median length, scored on the longer
+    points above the knee: out of sample by S range."""
+    from wavefront.model.fits import (
+        MissCurves,
+        above_knee,
+        fit_capacity,
+        validation_errors,
+    )
+    import numpy as np
+    cut = float(counters["seqlen"].median())
+    short, long_ = counters[counters["seqlen"] <= cut], counters[counters["seqlen"] > cut]
+    split = f"S <= {int(cut)} / S > {int(cut)}"
+    if short.empty or long_.empty:
+        return {"split": split, "n": 0}
+    fit = fit_capacity(short, gpu)
+    curves = MissCurves(long_)
+    predicted = curves.misses(fit.capacity_bytes)
+    measured = np.asarray(curves.measured)
+    compulsory = long_.groupby("point", sort=False)["compulsory_read_bytes"].first()
+    keep = above_knee(measured, compulsory.loc[curves.keys].to_numpy())
+    return {"split": split, "capacity_bytes": fit.capacity_bytes,
+            **validation_errors(predicted[keep], measured[keep])}
+
+
 @main.command()
 @click.argument("results_path", type=click.Path(exists=True, dir_okay=False))
 @click.option("--out", "out_dir", type=click.Path(file_okay=False), default=None,
@@ -776,7 +801,8 @@ def _peak_rss_mib() -> float:
                    "file is overwritten only when named here).")
 @click.option("--json", "as_json", is_flag=True)
 def fit(results_path, out_dir, as_json):
-    """Fit the effective L2 capacity and the throughput model to a results file."""
+    """Fit the effective L2 capacity and the throughput model to a results file; the capacity
+    is also scored out of sample (fitted on the shorter lengths, tested on the longer)."""
     from wavefront.model.fits import fit_capacity, fit_throughput
     from wavefront.results.store import SchemaError, load_results, with_timing
     try:
@@ -790,9 +816,10 @@ def fit(results_path, out_dir, as_json):
     fits = {"results": str(results_path), "gpus": {}}
     for gpu, rows in ok.groupby("gpu"):
         entry = {}
-        counters = rows[rows["measurement"] == "counters"].dropna(subset=["l2_read_miss_sectors"])
+        counters = rows[rows["measurement"] == "counters"].dropna(subset=["dram_read_sectors"])
         if len(counters):
             entry["capacity"] = fit_capacity(counters, gpu).as_dict()
+            entry["capacity_out_of_sample"] = _held_out_by_length(counters, gpu)
         joined = with_timing(rows)
         if len(joined) >= 4:
             entry["throughput"] = fit_throughput(joined, gpu).as_dict()
@@ -822,7 +849,15 @@ def fit(results_path, out_dir, as_json):
                                    f"t0 {t['overhead_s'] * 1e6:.1f} us", **t["errors"]})
     print_table(rows, [("gpu", "GPU", ""), ("model", "model", ""), ("params", "parameters", ""),
                        ("n", "n", "d"), ("mape", "MAPE", ".1%"), ("worst_ape", "worst", ".1%"),
-                       ("r2", "R^2", ".2f")], title="in-sample fit (the rows fitted)")
+                       ("r2", "R^2", ".2f")], title="in sample (scored on the rows fitted)")
+    held = [{"gpu": gpu, **entry["capacity_out_of_sample"]}
+            for gpu, entry in fits["gpus"].items() if "capacity_out_of_sample" in entry]
+    if held:
+        print_table(held, [("gpu", "GPU", ""), ("split", "fitted / held out", ""),
+                           ("n", "n", "d"), ("mape", "MAPE", ".1%"), ("r2", "R^2", ".2f"),
+                           ("error_p50", "median error", "+.1%")],
+                    title="out of sample (capacity fitted on the shorter half, scored above the "
+                          "knee on the longer half)")
     if out_dir:
         click.echo(f"-> {Path(out_dir) / 'fits.json'}")
 

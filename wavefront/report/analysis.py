@@ -16,6 +16,7 @@ import pandas as pd
 
 from wavefront.model.fits import (
     CapacityFit,
+    schedule_of,
     above_knee,
     dram_reads_by_model,
     validation_errors,
@@ -108,16 +109,14 @@ def capacity_fits(c: pd.DataFrame, curves: dict | None = None) -> dict[str, GpuC
     return out
 
 
-def knees(c: pd.DataFrame, fits: dict[str, GpuCapacity]) -> pd.DataFrame:
+def knees(c: pd.DataFrame, predicted: dict) -> pd.DataFrame:
     """Measured vs predicted knee per (GPU, D, schedule): the first S with misses > 1.5 x
-    compulsory. Predicted with the GPU's fitted capacity."""
+    compulsory. `predicted`: (gpu, point) -> predicted DRAM read bytes."""
     rows = []
     c = medians(c)
     for (gpu, hd, kv), sub in c.groupby(["gpu", "head_dim", "kv_schedule"]):
         sub = sub.sort_values("seqlen")
-        fit = fits[gpu].fit
-        by_point = dict(zip(fit.points, fit.predicted))
-        pred = [by_point[p] for p in sub["point"]]
+        pred = [predicted[gpu, p] for p in sub["point"]]
         seqlens = list(sub["seqlen"])
         measured_knee = knee(seqlens, list(sub["dram_read_sectors"] * SECTOR_BYTES),
                              list(sub["compulsory_read_bytes"]))
@@ -321,6 +320,18 @@ class Study:
     @cached_property
     def measured_order_rows(self) -> pd.DataFrame:
         return measured_order_rows(self)
+
+    @cached_property
+    def capacity_validation(self) -> pd.DataFrame:
+        return capacity_validation(self)
+
+    @cached_property
+    def throughput_validation(self) -> pd.DataFrame:
+        return throughput_validation(self)
+
+    @cached_property
+    def predictions(self) -> pd.DataFrame:
+        return prediction_table(self)
 
     def summary(self, dataset: str) -> pd.DataFrame:
         """Per (GPU, point, measurement): median, min, max and spread over the repeats of the
@@ -567,6 +578,13 @@ def held_out_sets(rows: pd.DataFrame):
     yield "all held-out points", rows[~fit | (rows["seqlen"] > FIT_MAX_SEQLEN)]
 
 
+def unfitted_predictions(study, family: str, model: str = "partitions") -> dict:
+    """(gpu, point) -> DRAM read bytes an unfitted capacity model predicts for a family."""
+    rows = validation_rows(study)
+    rows = rows[rows["family"] == family]
+    return {(g, p): v for g, p, v in zip(rows["gpu"], rows["point"], rows[model])}
+
+
 def capacity_validation(study) -> pd.DataFrame:
     """Out-of-sample errors per GPU, held-out set and capacity model, counting only points
     above the knee (measured DRAM reads > ABOVE_KNEE x compulsory). The fitted LRU is fitted on
@@ -584,3 +602,36 @@ def capacity_validation(study) -> pd.DataFrame:
                 if e["n"]:
                     out.append({"GPU": short_gpu(gpu), "held out": name, "model": model, **e})
     return pd.DataFrame(out)
+
+
+def throughput_validation(study) -> pd.DataFrame:
+    """Leave one experiment out: the throughput model fitted on the GPU's other timed data
+    sets, scored on the held-out one (points of schedules it never saw are skipped), with the
+    DRAM rate that fit found (unidentified where no fitted point is DRAM-bound)."""
+    frames = {name: with_timing(df).assign(experiment=name)
+              for name, df in study.timed_frames.items()}
+    joined = pd.concat(frames.values(), ignore_index=True)
+    out = []
+    for gpu, rows in joined.groupby("gpu"):
+        for name in rows["experiment"].unique():
+            train, test = rows[rows["experiment"] != name], rows[rows["experiment"] == name]
+            fit = fit_throughput(train, gpu, bootstrap=0)
+            known = test[schedule_of(test).astype(str) != ""]
+            known = known[[s in fit.schedule_efficiency for s in schedule_of(known)]]
+            if len(known) < 2:
+                continue
+            e = validation_errors(fit.predict_rows_s(known), known["median_ms"] * 1e-3)
+            out.append({"GPU": short_gpu(gpu), "held out": name, **e,
+                        "R_dram of the fit (TB/s)": fit.dram_rate / 1e12,
+                        "DRAM-bound points in the fit": fit.dram_bound_points})
+    return pd.DataFrame(out)
+
+
+def prediction_table(study) -> pd.DataFrame:
+    """The committed predictions (GB10, B200, and the H100 for reference) at the paper's launch,
+    from the H100's fitted throughput model (see `preset_predictions`)."""
+    from wavefront.model.fits import preset_predictions
+    from wavefront.model.presets import PRESETS
+    tfits, _ = study.throughput
+    return pd.DataFrame(preset_predictions({k: PRESETS[k] for k in ("gb10", "b200", "h100")},
+                                           tfits["H100"], PRESETS["h100"]))

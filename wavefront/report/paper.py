@@ -13,7 +13,6 @@ from pathlib import Path
 from wavefront.report import draft
 from wavefront.report.analysis import Study
 from wavefront.report.experiments import discover, draw
-from wavefront.report.figures import short_gpu
 
 
 def build(data_dir, paper_dir, experiments_dir, log=print) -> dict:
@@ -37,27 +36,33 @@ def build(data_dir, paper_dir, experiments_dir, log=print) -> dict:
         elif target.exists():
             target.unlink()
     tfits, _ = study.throughput
+    study.capacity_validation.to_csv(paper_dir / "summary" / "capacity_validation.csv",
+                                            index=False, float_format="%.6g")
+    study.predictions.to_csv(paper_dir / "predictions.csv", index=False, float_format="%.6g")
+    drop = ("points", "predicted_ms", "measured_ms")
     summary = {
-        "capacity_fits": {g: e.summary() for g, e in study.knee_fits.items()},
-        "sweep_fits": {g: e.summary() for g, e in study.sweep_fits.items()},
-        "throughput_fits": {g: {k: v for k, v in f.as_dict().items()
-                                if k in ("flop_rate", "dram_rate", "overhead_s", "errors")}
+        "out_of_sample": {
+            "capacity": study.capacity_validation.to_dict(orient="records"),
+            "throughput": study.throughput_validation.to_dict(orient="records"),
+        },
+        "throughput_fits": {g: {k: v for k, v in f.as_dict().items() if k not in drop}
                             for g, f in tfits.items()},
+        "in_sample": {"capacity_fits": {g: e.summary() for g, e in study.knee_fits.items()}},
         "claims": [{"text": c.text, "holds": c.holds, "evidence": c.evidence}
                    for c in numbers.claims],
     }
     # Written without the elapsed time, so regenerating from the same data changes nothing.
-    (paper_dir / "model_summary.json").write_text(json.dumps(summary, indent=1, default=str))
+    (paper_dir / "fits.json").write_text(json.dumps(summary, indent=1, default=str) + "\n")
     summary["seconds"] = time.perf_counter() - start
     log(f"{paper_dir / 'draft.md'} written in {summary['seconds']:.0f} s")
     return summary
 
 
 def main_summary(summary: dict) -> str:
+    """Out-of-sample DRAM-read errors of every capacity model over all held-out points."""
     lines = []
-    for gpu, e in summary["capacity_fits"].items():
-        cross = ", ".join(f"predicts {k}: MAPE {v['mape']:.1%}" for k, v in e["cross_gpu"].items())
-        lines.append(f"{short_gpu(gpu)}: effective LRU {e['capacity_mib']:.1f} MiB "
-                     f"({e['fraction_of_l2']:.2f} of L2), read-miss MAPE {e['mape']:.1%} over "
-                     f"{e['n']} points; {cross}")
+    for e in summary["out_of_sample"]["capacity"]:
+        if e["held out"].startswith("all"):
+            lines.append(f"{e['GPU']}: {e['model']}: out-of-sample DRAM-read MAPE {e['mape']:.0%}, "
+                         f"R^2 {e['r2']:.2f}, over {e['n']} held-out points above the knee")
     return "\n".join(lines)
