@@ -333,3 +333,15 @@ def test_simulate_writes_traces(tmp_path):
     files = sorted(p.name for p in tmp_path.iterdir())
     assert files == ["persistent+linear_s4096_d64.oracleGeneral.bin",
                      "persistent+sawtooth_s4096_d64.oracleGeneral.bin"]
+
+
+def test_random_replacement_has_a_soft_cliff_where_lru_has_a_hard_one():
+    """A cyclic scan of 40 tiles through a 32-tile cache: LRU misses every access, random
+    replacement keeps hitting part of the time; with room for all, both miss once per tile."""
+    from wavefront.model.simulation import RandomL2
+    trace = make_trace(list(range(40)) * 20, sizes=[64] * 800)
+    lru = simulate_l2(trace, 32 * 64).dram_read_sectors
+    rnd = RandomL2(32 * 64, 40).feed(trace).result().dram_read_sectors
+    assert lru == 800 * 2  # 64-byte tiles are two sectors, every access a miss
+    assert 40 * 2 < rnd < 0.8 * lru
+    assert RandomL2(64 * 64, 40).feed(trace).result().dram_read_sectors == 40 * 2

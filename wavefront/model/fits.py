@@ -21,6 +21,7 @@ from wavefront.model.simulation import (
     COLD,
     DriftModel,
     LruL2,
+    RandomL2,
     MissCurve,
     ShardsSampler,
     access_trace,
@@ -116,23 +117,27 @@ def predict(launch: Launch, gpu: GPUSpec, *, capacity_bytes: float | None = None
         compulsory_read_bytes=counts.compulsory_read_bytes)
 
 
-def l2_models(gpu: GPUSpec) -> dict[str, Callable[[int], LruL2]]:
-    """The two capacity models, each a factory of an LRU for a launch's tile ids:
+def l2_models(gpu: GPUSpec) -> dict[str, Callable[[int], LruL2 | RandomL2]]:
+    """The capacity and replacement models, each a factory of a cache for a launch's tile ids:
     - "half L2": one fully associative LRU of half the L2 (the old blanket default);
     - "partitions": the physical one, the L2's own size over its partitions (per-partition
       LRU, far reads leave a copy near the reader), so a one-partition chip (GB10) gets its
-      whole L2 and Hopper's data read by every SM gets about half of it."""
+      whole L2 and Hopper's data read by every SM gets about half of it;
+    - "random, half L2": half the L2 with random replacement, whose cliff is soft where LRU's
+      is hard (the replacement policy tested at equal capacity)."""
     return {
         "half L2": lambda n_ids: LruL2(DEFAULT_EFFECTIVE_FRACTION * gpu.l2_bytes, n_ids),
         "partitions": lambda n_ids: LruL2(gpu.l2_bytes, n_ids, partitions=gpu.l2_partitions,
                                           sms=gpu.sms),
+        "random, half L2": lambda n_ids: RandomL2(DEFAULT_EFFECTIVE_FRACTION * gpu.l2_bytes,
+                                                  n_ids),
     }
 
 
-def dram_reads_by_model(launch: Launch, gpu: GPUSpec, blocks: Iterable[Trace],
-                        capacities: dict[str, float] | None = None) -> dict:
-    """DRAM read bytes of one access stream under each of `l2_models` (and a fully associative
-    LRU per named capacity in `capacities`), in one pass."""
+def l2_predictions_by_model(launch: Launch, gpu: GPUSpec, blocks: Iterable[Trace],
+                            capacities: dict[str, float] | None = None) -> dict:
+    """Each of `l2_models` (and a fully associative LRU per named capacity in `capacities`)
+    fed the same access stream in one pass -> {name: L2Prediction}."""
     n_ids = address_bound(launch)
     caches = {name: make(n_ids) for name, make in l2_models(gpu).items()}
     for name, capacity in (capacities or {}).items():
@@ -140,8 +145,14 @@ def dram_reads_by_model(launch: Launch, gpu: GPUSpec, blocks: Iterable[Trace],
     for block in blocks:
         for cache in caches.values():
             cache.feed(block)
-    return {name: cache.result().dram_read_sectors * SECTOR_BYTES
-            for name, cache in caches.items()}
+    return {name: cache.result() for name, cache in caches.items()}
+
+
+def dram_reads_by_model(launch: Launch, gpu: GPUSpec, blocks: Iterable[Trace],
+                        capacities: dict[str, float] | None = None) -> dict:
+    """DRAM read bytes of one access stream under each model (see l2_predictions_by_model)."""
+    return {name: pred.dram_read_sectors * SECTOR_BYTES for name, pred in
+            l2_predictions_by_model(launch, gpu, blocks, capacities).items()}
 
 
 def order_predictions(launch: Launch, gpu: GPUSpec, orders: dict[int, tuple],

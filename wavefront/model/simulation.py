@@ -642,6 +642,76 @@ class LruL2:
         return L2Prediction(*(int(c) // SECTOR_BYTES for c in self._counts))
 
 
+@numba.njit(cache=True)
+def _random_feed(address, nbytes, is_read_access, capacity, slot_of_id, resident, size,
+                 state, counts):
+    """A fully associative cache with random replacement: the resident tiles in a dense
+    array (`resident`, `slot_of_id` its inverse), a uniformly random other tile evicted while
+    over capacity. state = [resident count, bytes used, rng state]. Resumable like `_lru_feed`;
+    counts as there (no partitions: fabric counts stay 0)."""
+    for t in range(len(address)):
+        a = address[t]
+        w = nbytes[t]
+        size[a] = w
+        if is_read_access[t]:
+            counts[0] += w
+        if slot_of_id[a] >= 0:
+            if is_read_access[t]:
+                counts[1] += w
+            continue
+        if is_read_access[t]:
+            counts[4] += w
+        slot_of_id[a] = state[0]
+        resident[state[0]] = a
+        state[0] += 1
+        state[1] += w
+        while state[1] > capacity and state[0] > 1:
+            # xorshift64: a fixed, seedable stream inside numba
+            x = state[2]
+            x ^= (x << 13) & 0xFFFFFFFFFFFFFFFF
+            x ^= x >> 7
+            x ^= (x << 17) & 0xFFFFFFFFFFFFFFFF
+            state[2] = x
+            k = x % state[0]
+            victim = resident[k]
+            if victim == a:
+                continue
+            last = resident[state[0] - 1]
+            resident[k] = last
+            slot_of_id[last] = k
+            slot_of_id[victim] = -1
+            state[0] -= 1
+            state[1] -= size[victim]
+
+
+class RandomL2:
+    """The soft-cliff alternative to `LruL2`: one fully associative cache of `capacity_bytes`
+    with random replacement (a cyclic scan slightly larger than the cache still hits in part,
+    where LRU hits nothing). Same `feed` / `result` interface."""
+
+    def __init__(self, capacity_bytes: float, n_ids: int, *, seed: int = 1):
+        if capacity_bytes <= 0:
+            raise ValueError(f"capacity_bytes must be positive, got {capacity_bytes!r}")
+        n_ids = max(1, int(n_ids))
+        self.capacity = int(capacity_bytes)
+        self._slot_of_id = np.full(n_ids, -1, np.int64)
+        self._resident = np.zeros(n_ids, np.int64)
+        self._size = np.zeros(n_ids, np.int64)
+        self._state = np.array([0, 0, (0x2545F4914F6CDD1D * (seed + 1)) & 0x7FFFFFFFFFFFFFFF],
+                               dtype=np.int64)
+        self._counts = np.zeros(5, np.int64)
+
+    def feed(self, trace: "Trace") -> "RandomL2":
+        if len(trace):
+            _random_feed(trace.address, trace.nbytes.astype(np.int64), trace.is_read,
+                         self.capacity, self._slot_of_id, self._resident, self._size,
+                         self._state, self._counts)
+        return self
+
+    def result(self) -> "L2Prediction":
+        return L2Prediction(*(int(c) // SECTOR_BYTES for c in self._counts))
+
+
 @dataclass(frozen=True)
 class L2Prediction:
     tex_read_sectors: int

@@ -18,7 +18,7 @@ from wavefront.model.fits import (
     CapacityFit,
     schedule_of,
     above_knee,
-    dram_reads_by_model,
+    l2_predictions_by_model,
     validation_errors,
     occupancy_fraction,
     order_predictions,
@@ -523,7 +523,8 @@ VALIDATION_FAMILIES = ("knee", "schedules_vs_seqlen", "ablation", "tiled", "tile
                        "counter_variance_dram")
 FIT_FAMILY = "knee"
 FIT_MAX_SEQLEN = 65536
-CAPACITY_MODELS = ("fitted LRU", "other GPU's fraction", "half L2", "partitions")
+CAPACITY_MODELS = ("fitted LRU", "other GPU's fraction", "half L2", "partitions",
+                   "random, half L2")
 
 
 def _validation_points(study) -> pd.DataFrame:
@@ -550,14 +551,48 @@ def _validation_rows(study) -> pd.DataFrame:
             capacities["other GPU's fraction"] = (fitted[others[0]].capacity_bytes
                                                   / l2[others[0]] * l2[gpu])
         launch = launch_of_row(r)
-        res = dram_reads_by_model(launch, preset, trace_blocks(launch), capacities)
+        res = l2_predictions_by_model(launch, preset, trace_blocks(launch), capacities)
+        split = res["partitions"]
         rows.append({"gpu": gpu, "family": r["family"], "point": r["point"],
                      "seqlen": int(r["seqlen"]), "causal": bool(r["causal"]),
                      "measured": float(r["dram_read_sectors"]) * SECTOR_BYTES,
                      "compulsory": float(r["compulsory_read_bytes"]),
                      "fitted_capacity": capacities["fitted LRU"],
-                     **{m: float(res[m]) for m in CAPACITY_MODELS if m in res}})
+                     # the duplication hypothesis, counted: reads that cross the fabric (the
+                     # reader's partition lacks the line) and those the home partition serves
+                     "fabric reads, measured": _sectors_bytes(r, "l2_fabric_read_sectors"),
+                     "fabric hits, measured": _sectors_bytes(r, "l2_fabric_read_hit_sectors"),
+                     "fabric reads, partitions": split.fabric_read_sectors * SECTOR_BYTES,
+                     "fabric hits, partitions": split.fabric_read_hit_sectors * SECTOR_BYTES,
+                     **{m: float(res[m].dram_read_sectors * SECTOR_BYTES)
+                        for m in CAPACITY_MODELS if m in res}})
     return pd.DataFrame(rows)
+
+
+def _sectors_bytes(row, column: str) -> float:
+    value = row.get(column)
+    return float(value) * SECTOR_BYTES if value is not None and pd.notna(value) else np.nan
+
+
+def fabric_check(study) -> pd.DataFrame:
+    """The duplication hypothesis against the fabric counters: per GPU and family, the
+    partition model's fabric read and fabric hit bytes against the measured ones (points with
+    the full metric set), as median and 10th-90th percentile of predicted / measured."""
+    rows = validation_rows(study)
+    out = []
+    for (gpu, family), sub in rows.groupby(["gpu", "family"], sort=False):
+        for what in ("fabric reads", "fabric hits"):
+            m = sub[f"{what}, measured"].to_numpy(float)
+            p = sub[f"{what}, partitions"].to_numpy(float)
+            ok = np.isfinite(m) & (m > 0)
+            if ok.sum() < 3:
+                continue
+            ratio = p[ok] / m[ok]
+            out.append({"GPU": short_gpu(gpu), "family": family, "counter": what,
+                        "points": int(ok.sum()), "predicted / measured, median":
+                        float(np.median(ratio)), "p10": float(np.percentile(ratio, 10)),
+                        "p90": float(np.percentile(ratio, 90))})
+    return pd.DataFrame(out)
 
 
 def validation_rows(study) -> pd.DataFrame:
