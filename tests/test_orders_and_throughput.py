@@ -134,3 +134,18 @@ def test_every_preset_names_a_source_for_every_field():
         named = dict(gpu.sources)
         assert set(named) == fields, key
         assert all(text.strip() for text in named.values())
+
+
+def test_the_median_interval_covers_the_median_about_95_percent_of_the_time():
+    from wavefront.measure.rounds import median_ci95
+    rng = np.random.default_rng(5)
+    for n in (6, 15, 40):
+        hits = 0
+        for _ in range(2000):
+            lo, hi = median_ci95(rng.normal(0.0, 1.0, n))
+            hits += lo <= 0.0 <= hi
+        assert hits / 2000 >= 0.93, n
+    lo, hi = median_ci95([5.0, 1.0, 3.0, 2.0, 4.0, 6.0, 7.0])
+    assert lo <= 4.0 <= hi
+    with pytest.raises(ValueError, match="at least 6 rounds"):
+        median_ci95([1.0, 2.0])

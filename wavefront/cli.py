@@ -383,71 +383,75 @@ def run(batch, heads, kv_heads, seqlens, head_dims, dtype, causal, schedules, ti
 @point_options(default_schedule="grid+linear,persistent+linear,persistent+sawtooth,"
                                 "grouped+linear,grouped+sawtooth",
                default_seqlen="8192", default_head_dim="64,128", causal_default=None)
-@click.option("--warmup", type=click.IntRange(min=0), default=5, show_default=True)
-@click.option("--reps", type=click.IntRange(min=1), default=30, show_default=True)
+@click.option("--rounds", type=click.IntRange(min=6), default=15, show_default=True,
+              help="Interleaved rounds; each times every contender once, in a random order.")
+@click.option("--per-round", type=click.IntRange(min=1), default=5, show_default=True,
+              help="Back-to-back launches per contender per round (one event pair).")
+@click.option("--warmup", type=click.IntRange(min=0), default=3, show_default=True)
 @click.option("--peers/--no-peers", default=True, show_default=True,
-              help="Time torch SDPA flash (FA2) and cuDNN in the same process.")
+              help="Time torch SDPA flash (FA2) and cuDNN in the same rounds.")
 @click.option("--out", "out_dir", type=click.Path(file_okay=False), default=None,
-              help="Also write every measurement to <out>/bench.jsonl.")
+              help="Also write every contender's rounds to <out>/bench.jsonl.")
 @click.option("--json", "as_json", is_flag=True)
 def bench(batch, heads, kv_heads, seqlens, head_dims, dtype, causal, schedules, tiles,
-          occupancy, ctas, warmup, reps, peers, out_dir, as_json):
-    """Schedules x shapes as TFLOP/s and ratios to FA2 and cuDNN measured in the same run.
-    Exits non-zero if any point failed."""
+          occupancy, ctas, rounds, per_round, warmup, peers, out_dir, as_json):
+    """Schedules x shapes, each shape's schedules and peers (cuDNN, FA2) timed in interleaved
+    rounds: median TFLOP/s with a 95% interval, ratios to the peers of the same rounds, NVML
+    clocks and throttled rounds, the L2 state. Exits non-zero if any shape failed."""
     points = points_from(batch, heads, kv_heads, seqlens, head_dims, dtype, causal, schedules,
                          tiles, occupancy, ctas)
     dev = _require_gpu()
-    from dataclasses import asdict
-
-    from wavefront.measure.bench import measure, measure_peers
+    from wavefront.measure.rounds import run_rounds, shape_contenders
+    shapes: dict = {}
+    for point in points:
+        shapes.setdefault(point.replace(schedule="persistent+linear"), []).append(point)
     sink = None
     if out_dir:
         Path(out_dir).mkdir(parents=True, exist_ok=True)
         sink = open(Path(out_dir) / "bench.jsonl", "a")
-    rows, failed, peer_cache = [], 0, {}
-    with click.progressbar(points, label="measuring", file=sys.stderr) as bar:
-        for point in bar:
-            shape = point.replace(schedule="persistent+linear")
-            if peers and shape not in peer_cache:
-                peer_cache[shape] = measure_peers(shape, warmup=warmup, reps=reps)
-            row = {"gpu": dev.name, "config": point.as_dict(),
-                   "peers": peer_cache.get(shape, {})}
+    rows, failed = [], 0
+    with click.progressbar(list(shapes.items()), label="shapes", file=sys.stderr) as bar:
+        for shape, members in bar:
             try:
-                timing = measure(point, warmup=warmup, reps=reps)
-                row.update(timing=asdict(timing), tflops=timing.tflops,
-                           rel_error=timing.rel_error)
-            except Exception as exc:  # one failing point must not lose the table
-                row["error"] = f"{type(exc).__name__}: {exc}"
+                results = run_rounds(shape_contenders(members, peers=peers), rounds=rounds,
+                                     per_round=per_round, warmup=warmup)
+            except Exception as exc:  # one failing shape must not lose the table
+                rows.append({"gpu": dev.name, "shape": shape.as_dict(),
+                             "error": f"{type(exc).__name__}: {exc}"})
                 failed += 1
-            rows.append(row)
-            if sink:
-                sink.write(json.dumps(row) + "\n")
-                sink.flush()
+                continue
+            by = {r.name: r for r in results}
+            for r in results:
+                row = {"gpu": dev.name, "shape": shape.as_dict(), "contender": r.name,
+                       **r.as_dict()}
+                for peer in ("cudnn", "fa2"):
+                    if peer in by and r.name not in ("cudnn", "fa2"):
+                        row[f"x_{peer}"] = by[peer].median_ms / r.median_ms
+                rows.append(row)
+                if sink:
+                    sink.write(json.dumps(row) + "\n")
+                    sink.flush()
     if sink:
         sink.close()
     if as_json:
         _echo_json(rows)
     else:
-        table = []
-        for r in rows:
-            c, p = r["config"], r["peers"]
-            cudnn, fa2 = p.get("cudnn", {}).get("tflops"), p.get("fa2", {}).get("tflops")
-            t = r.get("tflops")
-            table.append({"schedule": c["schedule"], "S": c["seqlen"], "D": c["head_dim"],
-                          "causal": c["causal"], "tflops": t,
-                          "ms": r.get("timing", {}).get("median_ms"),
-                          "err": r.get("rel_error"),
-                          "x_cudnn": t / cudnn if t and cudnn else None,
-                          "x_fa2": t / fa2 if t and fa2 else None, "cudnn": cudnn, "fa2": fa2,
-                          "status": r.get("error", "ok")[:40]})
-        print_table(table, [("schedule", "schedule", ""), ("S", "S", "d"), ("D", "D", "d"),
+        table = [{"contender": r.get("contender", "-"), "S": r["shape"]["seqlen"],
+                  "D": r["shape"]["head_dim"], "causal": r["shape"]["causal"],
+                  "tflops": r.get("tflops"),
+                  "ci": (f"{r['tflops_ci95'][0]:.1f}-{r['tflops_ci95'][1]:.1f}"
+                         if "tflops_ci95" in r else ""),
+                  "x_cudnn": r.get("x_cudnn"), "x_fa2": r.get("x_fa2"),
+                  "throttled": r.get("throttled_rounds"),
+                  "status": r.get("error", "ok")[:40]} for r in rows]
+        print_table(table, [("contender", "contender", ""), ("S", "S", "d"), ("D", "D", "d"),
                             ("causal", "causal", ""), ("tflops", "TFLOP/s", ".1f"),
-                            ("ms", "ms", ".3f"), ("err", "err", ".1e"),
-                            ("x_cudnn", "/cuDNN", ".2f"), ("x_fa2", "/FA2", ".2f"),
-                            ("cudnn", "cuDNN", ".1f"), ("fa2", "FA2", ".1f"),
+                            ("ci", "95% interval", ""), ("x_cudnn", "/cuDNN", ".3f"),
+                            ("x_fa2", "/FA2", ".3f"), ("throttled", "throttled rounds", "d"),
                             ("status", "status", "")],
-                    title=f"\n{dev.name}, B={batch} H={heads} {dtype}, TFLOP/s (useful FLOPs), "
-                          "ratios against peers measured in this run")
+                    title=f"\n{dev.name}, B={batch} H={heads} {dtype}: medians of {rounds} "
+                          f"interleaved rounds x {per_round} launches, useful FLOPs; ratios "
+                          "against peers of the same rounds; L2 cold by rotation")
     if failed:
         sys.exit(1)
 

@@ -1,0 +1,162 @@
+"""A bench you can believe: every contender of a shape (our schedules, cuDNN, FA2) timed in
+interleaved rounds, so drifting clocks or a neighbour's load touch them all alike.
+
+Each round visits the contenders in a fresh random order and times `per_round` back-to-back
+launches of each between one pair of CUDA events; a contender's sample is that round's mean.
+Reported per contender: the median over rounds and a distribution-free 95% interval for it
+(order statistics of the rounds), each round's NVML clocks and throttle reasons, and the L2
+state: every contender rotates among input sets large enough that a launch's inputs were last
+touched at least 4 x L2 bytes of other inputs ago ("cold by rotation").
+"""
+from __future__ import annotations
+
+import math
+import statistics
+from dataclasses import asdict, dataclass, field
+from typing import Callable
+
+L2_STATE = "cold by rotation (>= 4x L2 of other inputs between reuses)"
+
+
+@dataclass
+class Contender:
+    name: str
+    run: Callable[[int], object]  # launch number i (rotating inputs)
+    useful_flops: float
+
+
+@dataclass
+class RoundsResult:
+    name: str
+    samples_ms: list[float]
+    median_ms: float
+    ci95_ms: tuple[float, float]
+    tflops: float
+    tflops_ci95: tuple[float, float]
+    throttled_rounds: int
+    rounds: int
+    l2_state: str = L2_STATE
+    sm_clock_mhz: list[float] = field(default_factory=list)
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+def median_ci95(samples) -> tuple[float, float]:
+    """Distribution-free 95% interval of the median: order statistics (j, k) with
+    P(j <= rank of the median < k) >= 0.95 under Binomial(n, 1/2). Needs n >= 6."""
+    from scipy.stats import binom
+    xs = sorted(samples)
+    n = len(xs)
+    if n < 6:
+        raise ValueError(f"a 95% interval of the median needs at least 6 rounds, got {n}")
+    j = int(binom.ppf(0.025, n, 0.5))
+    k = n - j
+    while binom.cdf(k - 1, n, 0.5) - binom.cdf(j - 1, n, 0.5) < 0.95 and j > 0:
+        j -= 1
+        k += 1
+    return xs[max(j - 1, 0)], xs[min(k - 1, n - 1)]
+
+
+def run_rounds(contenders: list[Contender], *, rounds: int = 15, per_round: int = 5,
+               warmup: int = 3, seed: int = 0, stream=None) -> list[RoundsResult]:
+    import cupy
+    import numpy as np
+
+    from wavefront.measure.conditions import ConditionsSampler
+    if rounds < 6 or per_round < 1 or warmup < 0:
+        raise ValueError(f"rounds must be >= 6, per_round >= 1, warmup >= 0; got {rounds}, "
+                         f"{per_round}, {warmup}")
+    stream = stream or cupy.cuda.get_current_stream()
+    launches = {c.name: 0 for c in contenders}
+    for c in contenders:
+        for _ in range(warmup):
+            c.run(launches[c.name])
+            launches[c.name] += 1
+    stream.synchronize()
+    rng = np.random.default_rng(seed)
+    samples = {c.name: [] for c in contenders}
+    clocks = {c.name: [] for c in contenders}
+    throttled = {c.name: 0 for c in contenders}
+    for _ in range(rounds):
+        for idx in rng.permutation(len(contenders)):
+            c = contenders[idx]
+            start, stop = cupy.cuda.Event(), cupy.cuda.Event()
+            with ConditionsSampler(period_s=0.01) as sampler:
+                start.record(stream)
+                for _ in range(per_round):
+                    c.run(launches[c.name])
+                    launches[c.name] += 1
+                stop.record(stream)
+                stop.synchronize()
+            samples[c.name].append(cupy.cuda.get_elapsed_time(start, stop) / per_round)
+            cond = sampler.conditions()
+            if cond.sm_clock_mhz is not None:
+                clocks[c.name].append(cond.sm_clock_mhz)
+            throttled[c.name] += bool(cond.throttled)
+    out = []
+    for c in contenders:
+        ms = samples[c.name]
+        lo, hi = median_ci95(ms)
+        med = statistics.median(ms)
+        rate = (lambda t: c.useful_flops / (t * 1e-3) / 1e12)
+        out.append(RoundsResult(c.name, ms, med, (lo, hi), rate(med), (rate(hi), rate(lo)),
+                                throttled[c.name], rounds, sm_clock_mhz=clocks[c.name]))
+    return out
+
+
+def shape_contenders(points, *, peers: bool = True, seed: int = 1) -> list[Contender]:
+    """Our schedules for one shape (each checked against the reference first; a wrong one
+    raises IncorrectResult) and, with `peers`, torch SDPA's cuDNN and FA2 on the same shape."""
+    import cupy
+
+    from wavefront.device import current_device
+    from wavefront.kernel.launcher import current_stream, launcher_for
+    from wavefront.measure.bench import PEERS, IncorrectResult, random_inputs, relative_error
+    from wavefront.results.measurement import CORRECTNESS_TOLERANCE
+    from wavefront.measure.timing import input_sets_needed
+    from wavefront.model.counting import launch_counts
+    dev = current_device()
+    first = points[0]
+    counts = launch_counts(first.launch(dev).problem)
+    n_sets = input_sets_needed(2 * counts.compulsory_read_bytes, dev.l2_bytes)
+    sets = [random_inputs(first, seed + 100 + i) for i in range(n_sets)]
+    outs = [cupy.empty_like(s[0]) for s in sets]
+    stream = current_stream("cupy")
+    contenders = []
+    for point in points:
+        err = relative_error(point, seed)
+        if not err < CORRECTNESS_TOLERANCE:
+            raise IncorrectResult(f"{point.schedule}: relative error {err:.3g}")
+        launcher, _ = launcher_for(*sets[0], **point.attention_kwargs())
+
+        def run(i, launcher=launcher):
+            q, k, v = sets[i % n_sets]
+            launcher(q, k, v, outs[i % n_sets], stream)
+        contenders.append(Contender(point.schedule, run, counts.useful_flops))
+    if peers:
+        try:
+            import torch
+            from torch.nn.attention import SDPBackend, sdpa_kernel
+            from torch.nn.functional import scaled_dot_product_attention
+        except ImportError:
+            return contenders
+        tsets = [tuple(torch.from_dlpack(x) for x in s) for s in sets]
+        gqa = first.kv_heads_ != first.heads
+        for name, backend in PEERS.items():
+            def run(i, backend=backend):
+                q, k, v = tsets[i % n_sets]
+                with sdpa_kernel(getattr(SDPBackend, backend)):
+                    scaled_dot_product_attention(q, k, v, is_causal=first.causal,
+                                                 enable_gqa=gqa)
+            try:
+                run(0)
+            except Exception:  # a backend that refuses the shape is left out, not a crash
+                continue
+            contenders.append(Contender(name, run, counts.useful_flops))
+    return contenders
+
+
+def relative_halfwidth(result: RoundsResult) -> float:
+    lo, hi = result.ci95_ms
+    return (hi - lo) / 2 / result.median_ms if result.median_ms else math.nan
