@@ -249,6 +249,48 @@ def bench_table(data_dir) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+def _rounds_rows(path: Path) -> pd.DataFrame:
+    rows = []
+    for line in path.read_text().splitlines():
+        r = json.loads(line)
+        if "contender" not in r:
+            continue
+        s = r["shape"]
+        rows.append({"file": path.stem, "GPU": short_gpu(r["gpu"]),
+                     "shape": f"B{s['batch']} H{s['heads']}"
+                              + (f" KV{s['kv_heads']}" if s.get("kv_heads") else "")
+                              + f" S{s['seqlen'] // 1024}k D{s['head_dim']}"
+                              + (" causal" if s["causal"] else ""),
+                     "contender": r["contender"], "TFLOP/s": r["tflops"],
+                     "lo": r["tflops_ci95"][0], "hi": r["tflops_ci95"][1],
+                     "median_ms": r["median_ms"], "x_cudnn": r.get("x_cudnn"),
+                     "x_fa2": r.get("x_fa2"), "throttled": r["throttled_rounds"]})
+    return pd.DataFrame(rows)
+
+
+def rounds_bench(data_dir) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """The interleaved bench (`data/bench_rounds/`): the table (the first run and the GQA
+    shape), and the run-to-run difference of every contender's median between run1 and run2."""
+    directory = Path(data_dir) / "bench_rounds"
+    if not directory.exists():
+        return pd.DataFrame(), pd.DataFrame()
+    frames = {p.stem: _rounds_rows(p) for p in sorted(directory.glob("*.jsonl"))}
+    shown = pd.concat([f for k, f in frames.items() if k != "run2"], ignore_index=True)
+    table = pd.DataFrame({
+        "GPU": shown["GPU"], "shape": shown["shape"], "contender": shown["contender"],
+        "TFLOP/s [95%]": [f"{t:.0f} [{lo:.0f}, {hi:.0f}]" for t, lo, hi in
+                          zip(shown["TFLOP/s"], shown["lo"], shown["hi"])],
+        "x cuDNN": shown["x_cudnn"].map(lambda x: "" if pd.isna(x) else f"{x:.2f}"),
+        "x FA2": shown["x_fa2"].map(lambda x: "" if pd.isna(x) else f"{x:.2f}"),
+        "throttled rounds": shown["throttled"]})
+    agreement = pd.DataFrame()
+    if {"run1", "run2"} <= set(frames):
+        m = frames["run1"].merge(frames["run2"], on=["shape", "contender"])
+        agreement = pd.DataFrame({"shape": m["shape"], "contender": m["contender"],
+                                  "difference": (m["median_ms_x"] / m["median_ms_y"] - 1).abs()})
+    return table, agreement
+
+
 class Study:
     """The committed data of a repository, and everything computed from it, each once."""
 
@@ -663,10 +705,10 @@ def throughput_validation(study) -> pd.DataFrame:
 
 
 def prediction_table(study) -> pd.DataFrame:
-    """The committed predictions (GB10, B200, and the H100 for reference) at the paper's launch,
+    """The committed predictions (GB10, B200, and the H100/H200 for reference) at the paper's launch,
     from the H100's fitted throughput model (see `preset_predictions`)."""
     from wavefront.model.fits import preset_predictions
     from wavefront.model.presets import PRESETS
     tfits, _ = study.throughput
-    return pd.DataFrame(preset_predictions({k: PRESETS[k] for k in ("gb10", "b200", "h100")},
-                                           tfits["H100"], PRESETS["h100"]))
+    presets = {k: PRESETS[k] for k in ("gb10", "b200", "h100", "h200")}
+    return pd.DataFrame(preset_predictions(presets, tfits["H100"], PRESETS["h100"]))
