@@ -127,3 +127,15 @@ def test_recorded_order_is_one_ticket_per_event_and_changes_nothing(schedule, ca
     plain(q, k, v, ref, current_stream("cupy"))
     cupy.cuda.Device().synchronize()
     assert np.array_equal(cupy.asnumpy(out.view(cupy.uint16)), cupy.asnumpy(ref.view(cupy.uint16)))
+
+
+@pytest.mark.parametrize("schedule", [s for s in SCHEDULES if not s.endswith("+tiled")]
+                         + ["persistent+tiled"])
+@pytest.mark.parametrize("causal", [False, True])
+def test_the_one_binary_computes_every_schedule(schedule, causal):
+    """SCHEDULE_AT_RUN_TIME: the shared binary, told the schedule at run time, is correct for
+    every CTA schedule and scan (the tiled scan keeps its own binary)."""
+    cfg = Config(batch=2, heads=4, kv_heads=2, seqlen=333, head_dim=64, causal=causal,
+                 schedule=schedule, ctas=7,
+                 chunk_tiles=2 if schedule.endswith("tiled") else None)
+    assert relative_error(cfg, seed=31, schedule_at_run_time=True) < TOLERANCE

@@ -390,11 +390,14 @@ def run(batch, heads, kv_heads, seqlens, head_dims, dtype, causal, schedules, ti
 @click.option("--warmup", type=click.IntRange(min=0), default=3, show_default=True)
 @click.option("--peers/--no-peers", default=True, show_default=True,
               help="Time torch SDPA flash (FA2) and cuDNN in the same rounds.")
+@click.option("--one-binary", is_flag=True,
+              help="Also time every schedule from the one binary that takes the schedule at "
+                   "run time (SCHEDULE_AT_RUN_TIME), in the same rounds.")
 @click.option("--out", "out_dir", type=click.Path(file_okay=False), default=None,
               help="Also write every contender's rounds to <out>/bench.jsonl.")
 @click.option("--json", "as_json", is_flag=True)
 def bench(batch, heads, kv_heads, seqlens, head_dims, dtype, causal, schedules, tiles,
-          occupancy, ctas, rounds, per_round, warmup, peers, out_dir, as_json):
+          occupancy, ctas, rounds, per_round, warmup, peers, one_binary, out_dir, as_json):
     """Schedules x shapes, each shape's schedules and peers (cuDNN, FA2) timed in interleaved
     rounds: median TFLOP/s with a 95% interval, ratios to the peers of the same rounds, NVML
     clocks and throttled rounds, the L2 state. Exits non-zero if any shape failed."""
@@ -413,8 +416,9 @@ def bench(batch, heads, kv_heads, seqlens, head_dims, dtype, causal, schedules, 
     with click.progressbar(list(shapes.items()), label="shapes", file=sys.stderr) as bar:
         for shape, members in bar:
             try:
-                results = run_rounds(shape_contenders(members, peers=peers), rounds=rounds,
-                                     per_round=per_round, warmup=warmup)
+                results = run_rounds(shape_contenders(members, peers=peers,
+                                                      one_binary=one_binary),
+                                     rounds=rounds, per_round=per_round, warmup=warmup)
             except Exception as exc:  # one failing shape must not lose the table
                 rows.append({"gpu": dev.name, "shape": shape.as_dict(),
                              "error": f"{type(exc).__name__}: {exc}"})

@@ -121,8 +121,11 @@ def _take_ticket(Order, slot):
 def _attend_work_item(Q, K, V, Out, Lse, PartO, PartM, PartL, Order, item, local_iter,
                       qk_scale_log2, group_units, n_chunks, chunk_tiles,
                       HEAD_DIM: ConstInt, TILE_M: ConstInt, TILE_N: ConstInt,
-                      CAUSAL: ConstBool, CTA_ORDER: ConstInt, KV_ORDER: ConstInt,
+                      CAUSAL: ConstBool, cta_order, kv_order, KV_LAYOUT: ConstInt,
                       WRITE_LSE: ConstBool, RECORD_ORDER: ConstBool):
+    """cta_order and kv_order select the mapping and the scan (constants, or run-time values
+    in a SCHEDULE_AT_RUN_TIME binary); KV_LAYOUT, always a constant, says whether the item
+    writes a partial state (tiled) or the output."""
     if RECORD_ORDER:
         _take_ticket(Order, 1 + 2 * item)
     batch_size = Q.shape[0]
@@ -133,7 +136,7 @@ def _attend_work_item(Q, K, V, Out, Lse, PartO, PartM, PartL, Order, item, local
     q_tiles = (seqlen_q + TILE_M - 1) // TILE_M
     inner, chunk = split_chunk(item, q_tiles, heads, kv_heads, n_chunks)
     batch, head, q_tile = decode_work_item(inner, q_tiles, heads, kv_heads,
-                                           batch_size * kv_heads, group_units, CTA_ORDER)
+                                           batch_size * kv_heads, group_units, cta_order)
     kv_head = head // (heads // kv_heads)
     visited, first_masked = kv_tile_span(q_tile, TILE_M, TILE_N, seqlen_q, seqlen_kv, CAUSAL)
     lo, mid, hi = chunk_tile_range(chunk, chunk_tiles, visited, first_masked)
@@ -146,7 +149,7 @@ def _attend_work_item(Q, K, V, Out, Lse, PartO, PartM, PartL, Order, item, local
     acc = ct.full((TILE_M, HEAD_DIM), 0.0, dtype=ct.float32)  # unnormalised output
 
     # Unmasked tiles [lo, mid), masked tiles [mid, hi); a backward scan takes the masked first.
-    if scans_backward(local_iter, KV_ORDER) == 1:
+    if scans_backward(local_iter, kv_order) == 1:
         m_i, l_i, acc = _scan_tiles(q, K, V, batch, kv_head, mid, hi, m_i, l_i, acc,
                                     qk_scale_log2, rows, seqlen_kv, HEAD_DIM, TILE_M, TILE_N,
                                     True, True, CAUSAL)
@@ -161,7 +164,7 @@ def _attend_work_item(Q, K, V, Out, Lse, PartO, PartM, PartL, Order, item, local
                                     qk_scale_log2, rows, seqlen_kv, HEAD_DIM, TILE_M, TILE_N,
                                     False, True, CAUSAL)
 
-    if KV_ORDER == KV_TILED:
+    if KV_LAYOUT == KV_TILED:
         # The chunk's partial state, unnormalised; `combine_partials` merges the chunks.
         slab = chunk * batch_size + batch
         ct.store(PartO, index=(slab, head, q_tile, 0),
@@ -177,19 +180,39 @@ def _attend_work_item(Q, K, V, Out, Lse, PartO, PartM, PartL, Order, item, local
 
 def flash_attention_fwd(Q, K, V, Out, Lse, PartO, PartM, PartL, Order, qk_scale_log2: float,
                         resident_ctas: int, group_units: int, n_chunks: int, chunk_tiles: int,
+                        cta_order_at_run_time: int, kv_order_at_run_time: int,
                         HEAD_DIM: ConstInt, TILE_M: ConstInt, TILE_N: ConstInt,
                         CAUSAL: ConstBool, CTA_ORDER: ConstInt, KV_ORDER: ConstInt,
-                        WRITE_LSE: ConstBool, RECORD_ORDER: ConstBool):
+                        WRITE_LSE: ConstBool, RECORD_ORDER: ConstBool,
+                        SCHEDULE_AT_RUN_TIME: ConstBool):
     """One CTA: take work items as the CTA schedule says, attend each in its K/V order.
 
     RECORD_ORDER (off by default) takes a ticket from a global atomic counter as each work
-    item starts and ends, so the host learns the launch's true interleaving of work items."""
-    if is_persistent(CTA_ORDER) == 0:
+    item starts and ends, so the host learns the launch's true interleaving of work items.
+
+    SCHEDULE_AT_RUN_TIME (off by default) takes the CTA and K/V schedule codes from the two
+    run-time arguments instead of the constants: one binary then serves every CTA schedule
+    and both scans (linear, sawtooth), which differ only in index arithmetic and the direction
+    each item takes, so a difference between them is the schedule's, not the compiler's. The
+    tiled scan keeps its own binary (it writes partial states)."""
+    if SCHEDULE_AT_RUN_TIME:
+        q_tiles = (Q.shape[2] + TILE_M - 1) // TILE_M
+        num_items = Q.shape[0] * Q.shape[1] * q_tiles * n_chunks
+        # A grid launch is this loop with one item per CTA (as many CTAs as items).
+        for item in range(ct.bid(0), num_items, ct.num_blocks(0)):
+            local_iter = local_iteration(item, ct.num_blocks(0), resident_ctas,
+                                         cta_order_at_run_time)
+            _attend_work_item(Q, K, V, Out, Lse, PartO, PartM, PartL, Order, item, local_iter,
+                              qk_scale_log2, group_units, n_chunks, chunk_tiles, HEAD_DIM,
+                              TILE_M, TILE_N, CAUSAL, cta_order_at_run_time,
+                              kv_order_at_run_time, KV_ORDER, WRITE_LSE, RECORD_ORDER)
+    elif is_persistent(CTA_ORDER) == 0:
         item = ct.bid(0)
         local_iter = local_iteration(item, ct.num_blocks(0), resident_ctas, CTA_ORDER)
         _attend_work_item(Q, K, V, Out, Lse, PartO, PartM, PartL, Order, item, local_iter,
                           qk_scale_log2, group_units, n_chunks, chunk_tiles, HEAD_DIM, TILE_M,
-                          TILE_N, CAUSAL, CTA_ORDER, KV_ORDER, WRITE_LSE, RECORD_ORDER)
+                          TILE_N, CAUSAL, CTA_ORDER, KV_ORDER, KV_ORDER, WRITE_LSE,
+                          RECORD_ORDER)
     else:
         q_tiles = (Q.shape[2] + TILE_M - 1) // TILE_M
         num_items = Q.shape[0] * Q.shape[1] * q_tiles * n_chunks
@@ -197,7 +220,7 @@ def flash_attention_fwd(Q, K, V, Out, Lse, PartO, PartM, PartL, Order, qk_scale_
             local_iter = local_iteration(item, ct.num_blocks(0), resident_ctas, CTA_ORDER)
             _attend_work_item(Q, K, V, Out, Lse, PartO, PartM, PartL, Order, item, local_iter,
                               qk_scale_log2, group_units, n_chunks, chunk_tiles, HEAD_DIM,
-                              TILE_M, TILE_N, CAUSAL, CTA_ORDER, KV_ORDER, WRITE_LSE,
+                              TILE_M, TILE_N, CAUSAL, CTA_ORDER, KV_ORDER, KV_ORDER, WRITE_LSE,
                               RECORD_ORDER)
 
 
@@ -338,7 +361,7 @@ def aot_signature(params: tuple[Param, ...], io_dtype: str, constants: dict, sym
 class KernelVariant:
     """One compile-time specialisation of the attention kernel.
 
-    Label: `<dtype>_d<D>_<M>x<N>_<full|causal>_<cta>+<kv>_occ<O>[_lse][_order]`, e.g.
+    Label: `<dtype>_d<D>_<M>x<N>_<full|causal>_<cta>+<kv>_occ<O>[_lse][_order][_rt]`, e.g.
     `bf_d128_128x64_causal_persistent+sawtooth_occ2` (dtype bf = bfloat16, fp = float16).
     """
 
@@ -351,6 +374,7 @@ class KernelVariant:
     occupancy: int
     write_lse: bool = False
     record_order: bool = False  # work-item tickets (measured order); off in every timed run
+    schedule_at_run_time: bool = False  # one binary for every CTA schedule and linear/sawtooth
 
     def __post_init__(self):
         if self.dtype not in DTYPES:
@@ -365,16 +389,28 @@ class KernelVariant:
     @property
     def constants(self) -> dict:
         cta, kv = parse_schedule(self.schedule)
+        cta_code, kv_code = cta_schedule(cta).code, kv_schedule(kv).code
+        shared = self.schedule_at_run_time and kv_code != KV_TILED
         return {"HEAD_DIM": self.head_dim, "TILE_M": self.tile_m, "TILE_N": self.tile_n,
-                "CAUSAL": self.causal, "CTA_ORDER": cta_schedule(cta).code,
-                "KV_ORDER": kv_schedule(kv).code, "WRITE_LSE": self.write_lse,
-                "RECORD_ORDER": self.record_order}
+                "CAUSAL": self.causal,
+                # a shared binary's constants name no schedule: the run-time arguments do
+                "CTA_ORDER": 0 if shared else cta_code, "KV_ORDER": 0 if shared else kv_code,
+                "WRITE_LSE": self.write_lse, "RECORD_ORDER": self.record_order,
+                "SCHEDULE_AT_RUN_TIME": shared}
+
+    @property
+    def run_time_codes(self) -> dict:
+        """The schedule codes the kernel reads at run time (ignored unless shared)."""
+        cta, kv = parse_schedule(self.schedule)
+        return {"cta_order_at_run_time": cta_schedule(cta).code,
+                "kv_order_at_run_time": kv_schedule(kv).code}
 
     @property
     def label(self) -> str:
         return (f"{self.dtype[:2]}_d{self.head_dim}_{self.tile_m}x{self.tile_n}"
                 f"_{'causal' if self.causal else 'full'}_{self.schedule}_occ{self.occupancy}"
-                f"{'_lse' if self.write_lse else ''}{'_order' if self.record_order else ''}")
+                f"{'_lse' if self.write_lse else ''}{'_order' if self.record_order else ''}"
+                f"{'_rt' if self.schedule_at_run_time else ''}")
 
     def kernel(self):
         return kernel_for_occupancy(self.occupancy)

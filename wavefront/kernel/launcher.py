@@ -110,7 +110,8 @@ class AttentionLauncher:
     """
 
     def __init__(self, launch: Launch, q_view: _ArrayView, *, scale: float | None = None,
-                 return_lse: bool = False, record_order: bool = False):
+                 return_lse: bool = False, record_order: bool = False,
+                 schedule_at_run_time: bool = False):
         p = launch.problem
         if scale is None:
             scale = 1.0 / math.sqrt(p.head_dim)
@@ -124,7 +125,8 @@ class AttentionLauncher:
         self.record_order = bool(record_order)
         self.variant = KernelVariant(q_view.dtype, p.head_dim, p.tile_m, p.tile_n, p.causal,
                                      launch.name, launch.ctas_per_sm,
-                                     self.return_lse and not self.tiled, self.record_order)
+                                     self.return_lse and not self.tiled, self.record_order,
+                                     bool(schedule_at_run_time))
         self.kernel = self.variant.kernel()
         # cuTile needs an array for every parameter: a 1-element stand-in when LSE is not asked.
         self.lse = _empty(q_view, (p.batch, p.heads, p.seqlen_q) if return_lse else (1, 1, 1),
@@ -135,7 +137,7 @@ class AttentionLauncher:
         self.scalars = {"qk_scale_log2": float(scale * LOG2_E),
                         "resident_ctas": launch.resident_ctas,
                         "group_units": launch.group_units, "n_chunks": launch.n_chunks,
-                        "chunk_tiles": launch.chunk_tiles}
+                        "chunk_tiles": launch.chunk_tiles, **self.variant.run_time_codes}
         self.grid = (launch.num_ctas, 1, 1)
         self.combine_grid = (-(-p.seqlen_q // COMBINE_TILE_M), p.batch * p.heads, 1)
 
@@ -168,7 +170,8 @@ class AttentionLauncher:
 
 def launcher_for(q, k, v, *, causal=False, schedule="persistent+linear", tiles=None,
                  occupancy=None, scale=None, return_lse=False, l2_bytes=None, ctas=None,
-                 chunk_tiles=None, record_order=False) -> tuple[AttentionLauncher, tuple]:
+                 chunk_tiles=None, record_order=False,
+                 schedule_at_run_time=False) -> tuple[AttentionLauncher, tuple]:
     """-> (launcher for these arrays' shapes, the arrays as cuTile takes them)."""
     vq, arrays = _check_inputs(q, k, v)
     dev = current_device()
@@ -179,7 +182,8 @@ def launcher_for(q, k, v, *, causal=False, schedule="persistent+linear", tiles=N
                   l2_bytes=l2_bytes if l2_bytes is not None else dev.l2_bytes, ctas=ctas,
                   chunk_tiles=chunk_tiles)
     return AttentionLauncher(launch, vq, scale=scale, return_lse=return_lse,
-                             record_order=record_order), arrays
+                             record_order=record_order,
+                             schedule_at_run_time=schedule_at_run_time), arrays
 
 
 def attention(q, k, v, *, causal: bool = False, schedule: str = "persistent+linear",

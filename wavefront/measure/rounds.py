@@ -105,9 +105,15 @@ def run_rounds(contenders: list[Contender], *, rounds: int = 15, per_round: int 
     return out
 
 
-def shape_contenders(points, *, peers: bool = True, seed: int = 1) -> list[Contender]:
+ONE_BINARY = " (one binary)"
+
+
+def shape_contenders(points, *, peers: bool = True, seed: int = 1,
+                     one_binary: bool = False) -> list[Contender]:
     """Our schedules for one shape (each checked against the reference first; a wrong one
-    raises IncorrectResult) and, with `peers`, torch SDPA's cuDNN and FA2 on the same shape."""
+    raises IncorrectResult) and, with `peers`, torch SDPA's cuDNN and FA2 on the same shape.
+    `one_binary` adds each schedule again from the SCHEDULE_AT_RUN_TIME binary (named
+    '<schedule> (one binary)'), in the same rounds."""
     import cupy
 
     from wavefront.device import current_device
@@ -125,15 +131,18 @@ def shape_contenders(points, *, peers: bool = True, seed: int = 1) -> list[Conte
     stream = current_stream("cupy")
     contenders = []
     for point in points:
-        err = relative_error(point, seed)
-        if not err < CORRECTNESS_TOLERANCE:
-            raise IncorrectResult(f"{point.schedule}: relative error {err:.3g}")
-        launcher, _ = launcher_for(*sets[0], **point.attention_kwargs())
+        for shared in ((False, True) if one_binary else (False,)):
+            err = relative_error(point, seed, schedule_at_run_time=shared)
+            if not err < CORRECTNESS_TOLERANCE:
+                raise IncorrectResult(f"{point.schedule}: relative error {err:.3g}")
+            launcher, _ = launcher_for(*sets[0], schedule_at_run_time=shared,
+                                       **point.attention_kwargs())
 
-        def run(i, launcher=launcher):
-            q, k, v = sets[i % n_sets]
-            launcher(q, k, v, outs[i % n_sets], stream)
-        contenders.append(Contender(point.schedule, run, counts.useful_flops))
+            def run(i, launcher=launcher):
+                q, k, v = sets[i % n_sets]
+                launcher(q, k, v, outs[i % n_sets], stream)
+            contenders.append(Contender(point.schedule + (ONE_BINARY if shared else ""), run,
+                                        counts.useful_flops))
     if peers:
         try:
             import torch
