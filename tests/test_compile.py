@@ -96,3 +96,22 @@ def test_launch_contract_follows_the_kernel_signatures():
     assert launch_args(ATTENTION_PARAMS, values) == tuple(range(len(ATTENTION_PARAMS)))
     with pytest.raises(TypeError, match="missing"):
         launch_args(ATTENTION_PARAMS, {})
+
+
+def test_the_one_binary_and_the_order_recorder_build():
+    """SCHEDULE_AT_RUN_TIME gives every non-tiled schedule of a shape the same constants (one
+    binary) and moves the schedule to run-time arguments; RECORD_ORDER and the shared binary
+    both compile for sm_90, each into code different from the default specialisation's."""
+    from wavefront.kernel.cubin import kernel_resources
+    shared = {s: KernelVariant("bfloat16", 64, 128, 64, True, s, 2, schedule_at_run_time=True)
+              for s in schedule_names() if not s.endswith("+tiled")}
+    assert len({tuple(sorted(v.constants.items())) for v in shared.values()}) == 1
+    codes = {tuple(v.run_time_codes.values()) for v in shared.values()}
+    assert len(codes) == len(shared)  # the schedule travels at run time instead
+    plain = KernelVariant("bfloat16", 64, 128, 64, True, "persistent+sawtooth", 2)
+    base = kernel_resources(compile_variant(plain, "sm_90"))[0]
+    for variant in (shared["persistent+sawtooth"],
+                    KernelVariant("bfloat16", 64, 128, 64, True, "persistent+sawtooth", 2,
+                                  record_order=True)):
+        res = kernel_resources(compile_variant(variant, "sm_90"))[0]
+        assert res.registers and res.code_bytes != base.code_bytes, variant.label

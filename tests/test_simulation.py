@@ -3,7 +3,6 @@ import json
 import random
 import subprocess
 import sys
-import time
 from collections import OrderedDict
 
 import numpy as np

@@ -15,6 +15,8 @@ import statistics
 from dataclasses import asdict, dataclass, field
 from typing import Callable
 
+from wavefront.results.measurement import ONE_BINARY
+
 L2_STATE = "cold by rotation (>= 4x L2 of other inputs between reuses)"
 
 
@@ -103,9 +105,6 @@ def run_rounds(contenders: list[Contender], *, rounds: int = 15, per_round: int 
         out.append(RoundsResult(c.name, ms, med, (lo, hi), rate(med), (rate(hi), rate(lo)),
                                 throttled[c.name], rounds, sm_clock_mhz=clocks[c.name]))
     return out
-
-
-ONE_BINARY = " (one binary)"
 
 
 def shape_contenders(points, *, peers: bool = True, seed: int = 1,

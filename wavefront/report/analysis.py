@@ -35,7 +35,7 @@ from wavefront.model.presets import gpu_preset, preset_for_device
 from wavefront.model.simulation import trace_blocks
 from wavefront.point import SECTOR_BYTES
 from wavefront.report.figures import short_gpu
-from wavefront.results.measurement import SPREAD_FLAG, SPREAD_FLAG_TEXT, spread
+from wavefront.results.measurement import ONE_BINARY, SPREAD_FLAG, SPREAD_FLAG_TEXT, spread
 from wavefront.results.store import load_results, with_timing
 
 # Experiments with counters and timing for the same points: the throughput model's data.
@@ -275,7 +275,8 @@ def rounds_bench(data_dir) -> tuple[pd.DataFrame, pd.DataFrame]:
     if not directory.exists():
         return pd.DataFrame(), pd.DataFrame()
     frames = {p.stem: _rounds_rows(p) for p in sorted(directory.glob("*.jsonl"))}
-    shown = pd.concat([f for k, f in frames.items() if k != "run2"], ignore_index=True)
+    shown = pd.concat([f for k, f in frames.items() if k in ("run1", "gqa_b4")],
+                      ignore_index=True)
     table = pd.DataFrame({
         "GPU": shown["GPU"], "shape": shown["shape"], "contender": shown["contender"],
         "TFLOP/s [95%]": [f"{t:.0f} [{lo:.0f}, {hi:.0f}]" for t, lo, hi in
@@ -289,6 +290,34 @@ def rounds_bench(data_dir) -> tuple[pd.DataFrame, pd.DataFrame]:
         agreement = pd.DataFrame({"shape": m["shape"], "contender": m["contender"],
                                   "difference": (m["median_ms_x"] / m["median_ms_y"] - 1).abs()})
     return table, agreement
+
+
+def one_binary_table(data_dir) -> pd.DataFrame:
+    """Per shape and schedule: TFLOP/s of the specialised binary and of the one binary that
+    takes the schedule at run time (same rounds), each schedule against persistent+linear of
+    its own kind, and the one binary against the best specialisation of the shape."""
+    path = Path(data_dir) / "bench_rounds" / "one_binary.jsonl"
+    if not path.exists():
+        return pd.DataFrame()
+    d = _rounds_rows(path)
+    ours = d[~d["contender"].isin(["cudnn", "fa2"])].copy()
+    ours["binary"] = np.where(ours["contender"].str.endswith(ONE_BINARY), "one binary",
+                              "specialised")
+    ours["schedule"] = ours["contender"].str.replace(ONE_BINARY, "", regex=False)
+    rows = []
+    for shape, sub in ours.groupby("shape", sort=False):
+        t = sub.pivot_table(index="schedule", columns="binary", values="TFLOP/s")
+        best = float(t["specialised"].max())
+        for sched, r in t.iterrows():
+            rows.append({"shape": shape, "schedule": sched,
+                         "specialised TFLOP/s": r["specialised"],
+                         "one binary TFLOP/s": r["one binary"],
+                         "specialised vs its persistent+linear":
+                             r["specialised"] / t.loc["persistent+linear", "specialised"] - 1,
+                         "one binary vs its persistent+linear":
+                             r["one binary"] / t.loc["persistent+linear", "one binary"] - 1,
+                         "one binary vs best specialised": r["one binary"] / best - 1})
+    return pd.DataFrame(rows)
 
 
 class Study:

@@ -177,3 +177,6 @@ def derive(metrics: dict, closed_form_read_sectors: float | None,
     if compulsory_read_bytes:
         out["compulsory_read_bytes"] = compulsory_read_bytes
     return out
+
+# A bench contender timed from the SCHEDULE_AT_RUN_TIME binary is named '<schedule>' + this.
+ONE_BINARY = " (one binary)"
