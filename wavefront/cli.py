@@ -771,7 +771,15 @@ def simulate(gpu_name, sms, l2_mib, capacity_mib, partitions, batch, heads, kv_h
 
 
 def _peak_rss_mib() -> float:
-    """This process's peak resident memory (Linux reports KiB, macOS bytes)."""
+    """This process's peak resident memory. Linux: VmHWM of this program's own address space
+    (ru_maxrss would carry over the high-water mark of a parent it was forked from, e.g. a
+    large test runner); elsewhere ru_maxrss (macOS reports bytes)."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 2**10
+    except OSError:
+        pass
     import resource
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return peak / 2**20 if sys.platform == "darwin" else peak / 2**10
