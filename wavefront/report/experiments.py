@@ -95,7 +95,7 @@ def spec_for(dataset: str, experiments: dict[str, Experiment]) -> SweepSpec:
 
 
 def draw(experiment: Experiment, study, out_dir) -> list[Path]:
-    """Draw an experiment's figure and save it (PNG and PDF) into `out_dir`."""
+    """Draw an experiment's figure and save it (PNG) into `out_dir`."""
     with figures.style():
         fig = experiment.figure(study)
         return figures.save(fig, experiment.name, out_dir)

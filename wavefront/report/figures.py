@@ -1,8 +1,9 @@
 """Paper figures: one function per figure, tidy DataFrame in, seaborn figure out.
 
 Every figure names the GPU(s) and the configuration in its title and has units on its axes.
-Draw inside `style()` (the one theme, set per figure, not at import); `save` writes PNG and
-PDF into the directory it is given.
+Draw inside `style()` (the one theme, set per figure, not at import); `save` writes a PNG
+into the directory it is given (`pdf=True` adds a vector copy for a manuscript; the repository
+keeps PNGs only, because everything it holds travels to the GPU hosts under a 64 MiB limit).
 """
 from __future__ import annotations
 
@@ -53,11 +54,11 @@ def schedule_label(df: pd.DataFrame) -> pd.Series:
     return df["cta_schedule"] + "+" + df["kv_schedule"]
 
 
-def save(fig, name: str, directory) -> list[Path]:
+def save(fig, name: str, directory, pdf: bool = False) -> list[Path]:
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     paths = []
-    for ext in ("png", "pdf"):
+    for ext in ("png", "pdf") if pdf else ("png",):
         path = directory / f"{name}.{ext}"
         # No creation date in the PDF: regenerating from the same data gives the same file.
         fig.savefig(path, dpi=90 if ext == "png" else None, bbox_inches="tight",
