@@ -785,31 +785,6 @@ def _peak_rss_mib() -> float:
     return peak / 2**20 if sys.platform == "darwin" else peak / 2**10
 
 
-def _held_out_by_length(counters, gpu: str) -> dict:
-    """Capacity fitted on the points with S up to the median length, scored on the longer
-    points above the knee: out of sample by S range."""
-    from wavefront.model.fits import (
-        MissCurves,
-        above_knee,
-        fit_capacity,
-        validation_errors,
-    )
-    import numpy as np
-    cut = float(counters["seqlen"].median())
-    short, long_ = counters[counters["seqlen"] <= cut], counters[counters["seqlen"] > cut]
-    split = f"S <= {int(cut)} / S > {int(cut)}"
-    if short.empty or long_.empty:
-        return {"split": split, "n": 0}
-    fit = fit_capacity(short, gpu)
-    curves = MissCurves(long_)
-    predicted = curves.misses(fit.capacity_bytes)
-    measured = np.asarray(curves.measured)
-    compulsory = long_.groupby("point", sort=False)["compulsory_read_bytes"].first()
-    keep = above_knee(measured, compulsory.loc[curves.keys].to_numpy())
-    return {"split": split, "capacity_bytes": fit.capacity_bytes,
-            **validation_errors(predicted[keep], measured[keep])}
-
-
 @main.command()
 @click.argument("results_path", type=click.Path(exists=True, dir_okay=False))
 @click.option("--out", "out_dir", type=click.Path(file_okay=False), default=None,
@@ -820,6 +795,7 @@ def fit(results_path, out_dir, as_json):
     """Fit the effective L2 capacity and the throughput model to a results file; the capacity
     is also scored out of sample (fitted on the shorter lengths, tested on the longer)."""
     from wavefront.model.fits import fit_capacity, fit_throughput
+    from wavefront.report.analysis import capacity_held_out_by_length
     from wavefront.results.store import SchemaError, load_results, with_timing
     try:
         df = load_results(results_path, strict=True)
@@ -835,7 +811,7 @@ def fit(results_path, out_dir, as_json):
         counters = rows[rows["measurement"] == "counters"].dropna(subset=["dram_read_sectors"])
         if len(counters):
             entry["capacity"] = fit_capacity(counters, gpu).as_dict()
-            entry["capacity_out_of_sample"] = _held_out_by_length(counters, gpu)
+            entry["capacity_out_of_sample"] = capacity_held_out_by_length(counters, gpu)
         joined = with_timing(rows)
         if len(joined) >= 4:
             entry["throughput"] = fit_throughput(joined, gpu).as_dict()

@@ -195,18 +195,12 @@ def flash_attention_fwd(Q, K, V, Out, Lse, PartO, PartM, PartL, Order, qk_scale_
     and both scans (linear, sawtooth), which differ only in index arithmetic and the direction
     each item takes, so a difference between them is the schedule's, not the compiler's. The
     tiled scan keeps its own binary (it writes partial states)."""
+    cta_order = CTA_ORDER
+    kv_order = KV_ORDER
     if SCHEDULE_AT_RUN_TIME:
-        q_tiles = (Q.shape[2] + TILE_M - 1) // TILE_M
-        num_items = Q.shape[0] * Q.shape[1] * q_tiles * n_chunks
-        # A grid launch is this loop with one item per CTA (as many CTAs as items).
-        for item in range(ct.bid(0), num_items, ct.num_blocks(0)):
-            local_iter = local_iteration(item, ct.num_blocks(0), resident_ctas,
-                                         cta_order_at_run_time)
-            _attend_work_item(Q, K, V, Out, Lse, PartO, PartM, PartL, Order, item, local_iter,
-                              qk_scale_log2, group_units, n_chunks, chunk_tiles, HEAD_DIM,
-                              TILE_M, TILE_N, CAUSAL, cta_order_at_run_time,
-                              kv_order_at_run_time, KV_ORDER, WRITE_LSE, RECORD_ORDER)
-    elif is_persistent(CTA_ORDER) == 0:
+        cta_order = cta_order_at_run_time
+        kv_order = kv_order_at_run_time
+    if is_persistent(CTA_ORDER) == 0 and not SCHEDULE_AT_RUN_TIME:
         item = ct.bid(0)
         local_iter = local_iteration(item, ct.num_blocks(0), resident_ctas, CTA_ORDER)
         _attend_work_item(Q, K, V, Out, Lse, PartO, PartM, PartL, Order, item, local_iter,
@@ -214,13 +208,15 @@ def flash_attention_fwd(Q, K, V, Out, Lse, PartO, PartM, PartL, Order, qk_scale_
                           TILE_N, CAUSAL, CTA_ORDER, KV_ORDER, KV_ORDER, WRITE_LSE,
                           RECORD_ORDER)
     else:
+        # Persistent grid-stride; in the shared binary a grid launch is this loop with one
+        # item per CTA (as many CTAs as items).
         q_tiles = (Q.shape[2] + TILE_M - 1) // TILE_M
         num_items = Q.shape[0] * Q.shape[1] * q_tiles * n_chunks
         for item in range(ct.bid(0), num_items, ct.num_blocks(0)):
-            local_iter = local_iteration(item, ct.num_blocks(0), resident_ctas, CTA_ORDER)
+            local_iter = local_iteration(item, ct.num_blocks(0), resident_ctas, cta_order)
             _attend_work_item(Q, K, V, Out, Lse, PartO, PartM, PartL, Order, item, local_iter,
                               qk_scale_log2, group_units, n_chunks, chunk_tiles, HEAD_DIM,
-                              TILE_M, TILE_N, CAUSAL, CTA_ORDER, KV_ORDER, KV_ORDER, WRITE_LSE,
+                              TILE_M, TILE_N, CAUSAL, cta_order, kv_order, KV_ORDER, WRITE_LSE,
                               RECORD_ORDER)
 
 

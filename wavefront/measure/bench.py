@@ -124,25 +124,35 @@ def measure(cfg: Point, *, warmup: int = 5, reps: int = 30, check: bool = True,
 PEERS = {"fa2": "FLASH_ATTENTION", "cudnn": "CUDNN_ATTENTION"}
 
 
-def measure_peers(cfg: Point, *, warmup: int = 5, reps: int = 30, seed: int = 1) -> dict:
-    """torch SDPA flash (FA2) and cuDNN on the same shapes, same FLOP count. {} without torch."""
+def peer_runners(cfg: Point, sets) -> dict:
+    """{peer: run(i)} launching torch SDPA's FA2 and cuDNN backends on input set i (of `sets`,
+    CuPy or torch arrays); {} without torch. The one place that says how a peer is called."""
     try:
         import torch
         from torch.nn.attention import SDPBackend, sdpa_kernel
         from torch.nn.functional import scaled_dot_product_attention
     except ImportError:
         return {}
-    dev = current_device()
-    counts = launch_counts(cfg.launch(dev).problem)
-    sets = [tuple(torch.from_dlpack(x) for x in random_inputs(cfg, seed + 200 + i))
-            for i in range(input_sets_needed(2 * counts.compulsory_read_bytes, dev.l2_bytes))]
+    tsets = [tuple(torch.from_dlpack(x) for x in s) for s in sets]
     gqa = cfg.kv_heads_ != cfg.heads
-    results = {}
-    for name, backend in PEERS.items():
-        def run(i, backend=backend):
-            q, k, v = sets[i % len(sets)]
+
+    def runner(backend):
+        def run(i):
+            q, k, v = tsets[i % len(tsets)]
             with sdpa_kernel(getattr(SDPBackend, backend)):
                 scaled_dot_product_attention(q, k, v, is_causal=cfg.causal, enable_gqa=gqa)
+        return run
+    return {name: runner(backend) for name, backend in PEERS.items()}
+
+
+def measure_peers(cfg: Point, *, warmup: int = 5, reps: int = 30, seed: int = 1) -> dict:
+    """torch SDPA flash (FA2) and cuDNN on the same shapes, same FLOP count. {} without torch."""
+    dev = current_device()
+    counts = launch_counts(cfg.launch(dev).problem)
+    sets = [random_inputs(cfg, seed + 200 + i)
+            for i in range(input_sets_needed(2 * counts.compulsory_read_bytes, dev.l2_bytes))]
+    results = {}
+    for name, run in peer_runners(cfg, sets).items():
         try:
             t = time_gpu(run, warmup=warmup, reps=reps)
         except Exception as exc:  # a backend that refuses the shape is a result, not a crash

@@ -10,7 +10,6 @@ touched at least 4 x L2 bytes of other inputs ago ("cold by rotation").
 """
 from __future__ import annotations
 
-import math
 import statistics
 from dataclasses import asdict, dataclass, field
 from typing import Callable
@@ -81,18 +80,21 @@ def run_rounds(contenders: list[Contender], *, rounds: int = 15, per_round: int 
     clocks = {c.name: [] for c in contenders}
     throttled = {c.name: 0 for c in contenders}
     for _ in range(rounds):
-        for idx in rng.permutation(len(contenders)):
-            c = contenders[idx]
-            start, stop = cupy.cuda.Event(), cupy.cuda.Event()
-            with ConditionsSampler(period_s=0.01) as sampler:
+        # One NVML sampler per round: its clocks and throttle reasons are the round's, shared
+        # by every contender timed in it (the round is the unit the interleaving protects).
+        with ConditionsSampler(period_s=0.01) as sampler:
+            for idx in rng.permutation(len(contenders)):
+                c = contenders[idx]
+                start, stop = cupy.cuda.Event(), cupy.cuda.Event()
                 start.record(stream)
                 for _ in range(per_round):
                     c.run(launches[c.name])
                     launches[c.name] += 1
                 stop.record(stream)
                 stop.synchronize()
-            samples[c.name].append(cupy.cuda.get_elapsed_time(start, stop) / per_round)
-            cond = sampler.conditions()
+                samples[c.name].append(cupy.cuda.get_elapsed_time(start, stop) / per_round)
+        cond = sampler.conditions()
+        for c in contenders:
             if cond.sm_clock_mhz is not None:
                 clocks[c.name].append(cond.sm_clock_mhz)
             throttled[c.name] += bool(cond.throttled)
@@ -117,7 +119,12 @@ def shape_contenders(points, *, peers: bool = True, seed: int = 1,
 
     from wavefront.device import current_device
     from wavefront.kernel.launcher import current_stream, launcher_for
-    from wavefront.measure.bench import PEERS, IncorrectResult, random_inputs, relative_error
+    from wavefront.measure.bench import (
+        IncorrectResult,
+        peer_runners,
+        random_inputs,
+        relative_error,
+    )
     from wavefront.results.measurement import CORRECTNESS_TOLERANCE
     from wavefront.measure.timing import input_sets_needed
     from wavefront.model.counting import launch_counts
@@ -142,29 +149,10 @@ def shape_contenders(points, *, peers: bool = True, seed: int = 1,
                 launcher(q, k, v, outs[i % n_sets], stream)
             contenders.append(Contender(point.schedule + (ONE_BINARY if shared else ""), run,
                                         counts.useful_flops))
-    if peers:
+    for name, run in (peer_runners(first, sets) if peers else {}).items():
         try:
-            import torch
-            from torch.nn.attention import SDPBackend, sdpa_kernel
-            from torch.nn.functional import scaled_dot_product_attention
-        except ImportError:
-            return contenders
-        tsets = [tuple(torch.from_dlpack(x) for x in s) for s in sets]
-        gqa = first.kv_heads_ != first.heads
-        for name, backend in PEERS.items():
-            def run(i, backend=backend):
-                q, k, v = tsets[i % n_sets]
-                with sdpa_kernel(getattr(SDPBackend, backend)):
-                    scaled_dot_product_attention(q, k, v, is_causal=first.causal,
-                                                 enable_gqa=gqa)
-            try:
-                run(0)
-            except Exception:  # a backend that refuses the shape is left out, not a crash
-                continue
-            contenders.append(Contender(name, run, counts.useful_flops))
+            run(0)
+        except Exception:  # a backend that refuses the shape is left out, not a crash
+            continue
+        contenders.append(Contender(name, run, counts.useful_flops))
     return contenders
-
-
-def relative_halfwidth(result: RoundsResult) -> float:
-    lo, hi = result.ci95_ms
-    return (hi - lo) / 2 / result.median_ms if result.median_ms else math.nan

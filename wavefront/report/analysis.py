@@ -673,6 +673,24 @@ def validation_rows(study) -> pd.DataFrame:
     return cached_table(study, "capacity_validation", inputs, lambda: _validation_rows(study))
 
 
+def capacity_held_out_by_length(counters, gpu: str) -> dict:
+    """Capacity fitted on the points with S up to the median length, scored on the longer
+    points above the knee: out of sample by S range."""
+    cut = float(counters["seqlen"].median())
+    short, long_ = counters[counters["seqlen"] <= cut], counters[counters["seqlen"] > cut]
+    split = f"S <= {int(cut)} / S > {int(cut)}"
+    if short.empty or long_.empty:
+        return {"split": split, "n": 0}
+    fit = fit_capacity(short, gpu)
+    curves = MissCurves(long_)
+    predicted = curves.misses(fit.capacity_bytes)
+    measured = np.asarray(curves.measured)
+    compulsory = long_.groupby("point", sort=False)["compulsory_read_bytes"].first()
+    keep = above_knee(measured, compulsory.loc[curves.keys].to_numpy())
+    return {"split": split, "capacity_bytes": fit.capacity_bytes,
+            **validation_errors(predicted[keep], measured[keep])}
+
+
 def held_out_sets(rows: pd.DataFrame):
     """(name, rows) of every held-out set: the fit family past its fitted lengths, each other
     family, and for the other GPU's fraction every point of the GPU it was not fitted on."""
