@@ -16,8 +16,8 @@ from wavefront.kernel.attention import (  # noqa: E402
     launch_args,
 )
 from wavefront.kernel.cubin import kernel_resources  # noqa: E402
-from wavefront.point import DTYPES, HEAD_DIMS, TILE_SHAPES  # noqa: E402
-from wavefront.schedules import schedule_names  # noqa: E402
+from wavefront.point import DTYPES, HEAD_DIMS, TILE_SHAPES, GpuShape, Point  # noqa: E402
+from wavefront.schedules import cta_schedule, schedule_names  # noqa: E402
 
 pytestmark = pytest.mark.compile
 
@@ -39,19 +39,29 @@ def _compile_all(variants, arch):
     return results
 
 
+def test_every_schedule_of_a_shape_runs_one_of_three_binaries():
+    """The schedule is data (the work table): every static CTA schedule and K/V direction of a
+    shape runs one binary, the dynamic ones a second, the tiled partial-state writer a third;
+    and `all_variants` holds exactly the binaries the registry's schedules need."""
+    gpu = GpuShape(132, 50 << 20)
+    binaries = {}
+    for schedule in schedule_names():
+        launch = Point(seqlen=1000, head_dim=64, schedule=schedule).launch(gpu)
+        binaries.setdefault(KernelVariant.for_launch(launch, "bfloat16"), set()).add(schedule)
+    assert len(binaries) == 3, binaries
+    static = [s for s in schedule_names() if not s.endswith("tiled")
+              and not cta_schedule(s.split("+")[0]).dynamic]
+    assert any(set(static) == names for names in binaries.values())
+    listed = set(all_variants(dtypes=("bfloat16",), head_dims=(64,), tiles=((128, 64),)))
+    assert {v for v in binaries if not v.causal} <= listed
+
+
 @pytest.mark.slow
-def test_every_specialisation_compiles_for_sm90():
+def test_every_binary_compiles_for_sm90():
     variants = list(all_variants(write_lse=(False, True)))
-    # dtype x head_dim x tiles x causal x (every schedule; LSE on/off except tiled, which
-    # writes partial states and never the LSE)
-    schedules = schedule_names()
-    tiled = sum(s.endswith("+tiled") for s in schedules)
-    per_shape = 2 * (len(schedules) - tiled) + tiled
-    assert len(variants) == len(DTYPES) * len(HEAD_DIMS) * len(TILE_SHAPES) * 2 * per_shape
-    # Compiled: every schedule x dtype x head dim x tile x mask; the LSE store (a few lines at
-    # the end) at the default tile only, to keep a 2-core CI run within minutes.
-    compiled = [v for v in variants if not v.write_lse or (v.tile_m, v.tile_n) == (128, 64)]
-    compiled += list(all_combine_variants())
+    # dtype x head_dim x tiles x causal x (static, dynamic) x LSE on/off, plus the tiled writer
+    assert len(variants) == len(DTYPES) * len(HEAD_DIMS) * len(TILE_SHAPES) * 2 * (2 * 2 + 1)
+    compiled = variants + list(all_combine_variants())
     for label, resources, _ in _compile_all(compiled, "sm_90"):
         (kernel,) = resources
         assert kernel.name.startswith(("flash_attention_fwd", "combine_partials"))
@@ -61,9 +71,8 @@ def test_every_specialisation_compiles_for_sm90():
 
 
 def test_blackwell_builds_ahead_of_time():
-    """`wavefront compile --arch sm_100` on a CPU: one specialisation of each schedule."""
-    variants = [KernelVariant("bfloat16", 128, 128, 64, causal, s, 2)
-                for s in schedule_names() for causal in (False, True)]
+    """`wavefront compile --arch sm_100` on a CPU: the binaries of every schedule at D=128."""
+    variants = list(all_variants(dtypes=("bfloat16",), head_dims=(128,), tiles=((128, 64),)))
     variants.append(next(all_combine_variants(dtypes=("bfloat16",), head_dims=(128,))))
     for label, resources, _ in _compile_all(variants, "sm_100"):
         assert resources and resources[0].registers, label
@@ -71,13 +80,13 @@ def test_blackwell_builds_ahead_of_time():
 
 def test_variant_validation():
     with pytest.raises(ValueError, match="head_dim"):
-        KernelVariant("bfloat16", 96, 128, 64, False, "persistent+linear", 2)
+        KernelVariant("bfloat16", 96, 128, 64, False, 2)
     with pytest.raises(ValueError, match="tiles"):
-        KernelVariant("bfloat16", 64, 32, 64, False, "persistent+linear", 2)
+        KernelVariant("bfloat16", 64, 32, 64, False, 2)
     with pytest.raises(ValueError, match="dtype"):
-        KernelVariant("float32", 64, 128, 64, False, "persistent+linear", 2)
-    with pytest.raises(ValueError, match="schedule"):
-        KernelVariant("bfloat16", 64, 128, 64, False, "persistent+diagonal", 2)
+        KernelVariant("float32", 64, 128, 64, False, 2)
+    with pytest.raises(ValueError, match="partial"):
+        KernelVariant("bfloat16", 64, 128, 64, False, 2, partials=True, write_lse=True)
 
 
 def test_launch_contract_follows_the_kernel_signatures():
@@ -90,7 +99,7 @@ def test_launch_contract_follows_the_kernel_signatures():
         inspect.signature(flash_attention_fwd).parameters)
     assert [p.name for p in COMBINE_PARAMS] == list(
         inspect.signature(combine_partials._pyfunc).parameters)
-    v = KernelVariant("bfloat16", 64, 128, 64, True, "grouped+sawtooth", 2)
+    v = KernelVariant("bfloat16", 64, 128, 64, True, 2, dynamic=True)
     assert len(v.signature().parameters) == len(ATTENTION_PARAMS)
     values = {p.name: i for i, p in enumerate(ATTENTION_PARAMS)}
     assert launch_args(ATTENTION_PARAMS, values) == tuple(range(len(ATTENTION_PARAMS)))
@@ -98,20 +107,27 @@ def test_launch_contract_follows_the_kernel_signatures():
         launch_args(ATTENTION_PARAMS, {})
 
 
-def test_the_one_binary_and_the_order_recorder_build():
-    """SCHEDULE_AT_RUN_TIME gives every non-tiled schedule of a shape the same constants (one
-    binary) and moves the schedule to run-time arguments; RECORD_ORDER and the shared binary
-    both compile for sm_90, each into code different from the default specialisation's."""
-    from wavefront.kernel.cubin import kernel_resources
-    shared = {s: KernelVariant("bfloat16", 64, 128, 64, True, s, 2, schedule_at_run_time=True)
-              for s in schedule_names() if not s.endswith("+tiled")}
-    assert len({tuple(sorted(v.constants.items())) for v in shared.values()}) == 1
-    codes = {tuple(v.run_time_codes.values()) for v in shared.values()}
-    assert len(codes) == len(shared)  # the schedule travels at run time instead
-    plain = KernelVariant("bfloat16", 64, 128, 64, True, "persistent+sawtooth", 2)
+def test_the_table_driven_binary_keeps_the_wgmma_pipeline():
+    """The regression that made schedules cost: wherever both scan directions were compiled into
+    a persistent loop, the compiler serialised the wgmma pipeline (a WARPGROUP.DEPBAR after
+    every HGMMA) and spilled. The table-driven binaries, static and dynamic, causal or not,
+    must wait on the tensor cores only a few times per loop and never touch local memory.
+    Needs cuobjdump (the nvidia-cuda-cuobjdump wheel of the gpu extra)."""
+    from wavefront.kernel.sass import find_cuobjdump, sass_summary
+    if find_cuobjdump() is None:
+        pytest.skip("cuobjdump not found")
+    for causal in (False, True):
+        for dynamic in (False, True):
+            v = KernelVariant("bfloat16", 128, 128, 64, causal, 2, dynamic)
+            summary = sass_summary(compile_variant(v, "sm_90"))
+            assert summary.hgmma > 0 and summary.depbar <= summary.hgmma // 4, (v.label, summary)
+            assert summary.local_loads == summary.local_stores == 0, (v.label, summary)
+
+
+def test_the_order_recorder_builds():
+    """RECORD_ORDER compiles for sm_90 into code different from the plain binary's."""
+    plain = KernelVariant("bfloat16", 64, 128, 64, True, 2)
     base = kernel_resources(compile_variant(plain, "sm_90"))[0]
-    for variant in (shared["persistent+sawtooth"],
-                    KernelVariant("bfloat16", 64, 128, 64, True, "persistent+sawtooth", 2,
-                                  record_order=True)):
-        res = kernel_resources(compile_variant(variant, "sm_90"))[0]
-        assert res.registers and res.code_bytes != base.code_bytes, variant.label
+    res = kernel_resources(compile_variant(
+        KernelVariant("bfloat16", 64, 128, 64, True, 2, record_order=True), "sm_90"))[0]
+    assert res.registers and res.code_bytes != base.code_bytes

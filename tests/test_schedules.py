@@ -3,7 +3,15 @@ import random
 
 import pytest
 
+import numpy as np
+
 from wavefront.schedules import (
+    WORK_COLUMNS,
+    WORK_MASKED_HI,
+    WORK_MASKED_LO,
+    WORK_SCAN_COUNT,
+    WORK_SCAN_START,
+    WORK_SCAN_STEP,
     AttentionProblem,
     GroupedSchedule,
     Launch,
@@ -69,21 +77,50 @@ def test_tiled_chunk_size_from_l2_and_grouped_refused():
         Launch(p, cta_schedule("grouped"), kv_schedule("tiled"), 132, 2, 50 << 20)
 
 
+def _unmasked(launch, w):
+    """The part of an item's K/V order that its scan direction orders (masked tiles follow)."""
+    return w.kv_tiles[:launch.work_table[w.item, WORK_SCAN_COUNT]]
+
+
 def test_sawtooth_alternates_per_cta_and_linear_never_reverses():
     rng = random.Random(3)
-    for cta_name in ("persistent", "grouped"):
+    for cta_name in ("persistent", "grouped", "longest_first", "dynamic", "grouped_dynamic"):
         for _ in range(30):
             launch = random_launch(rng, cta_name, "sawtooth")
             for cta in range(launch.num_ctas):
                 work = list(launch.work_of_cta(cta))
                 assert [w.local_iter for w in work] == list(range(len(work)))
                 for w in work:
-                    if len(w.kv_tiles) > 1:
-                        forward = w.kv_tiles[0] < w.kv_tiles[-1]
-                        assert forward == (w.local_iter % 2 == 0)
+                    scan = _unmasked(launch, w)
+                    if len(scan) > 1:
+                        assert (scan[0] < scan[-1]) == (w.local_iter % 2 == 0)
+                    # masked tiles (diagonal, ragged end) come last, forward
+                    assert list(w.kv_tiles[len(scan):]) == sorted(w.kv_tiles[len(scan):])
+                    assert all(j < min(w.kv_tiles[len(scan):], default=j + 1) for j in scan)
             linear = Launch(launch.problem, launch.cta, kv_schedule("linear"), launch.sms,
                             launch.ctas_per_sm, launch.l2_bytes, launch.ctas)
             assert all(list(w.kv_tiles) == sorted(w.kv_tiles) for w in linear.all_work())
+
+
+def test_the_work_table_is_what_the_kernel_reads():
+    """Static schedules carry each item's own direction in its row; a dynamic schedule's rows
+    scan forward and the kernel reverses a CTA's odd-numbered items (`alternate`)."""
+    rng = random.Random(8)
+    for cta_name in ("grid", "persistent", "grouped", "dynamic", "grouped_dynamic"):
+        for kv_name in ("linear", "sawtooth"):
+            launch = random_launch(rng, cta_name, kv_name)
+            table = launch.work_table
+            assert table.dtype == np.int32 and table.shape == (launch.num_items, WORK_COLUMNS)
+            assert launch.alternate == (cta_name.endswith("dynamic") and kv_name == "sawtooth")
+            for item in range(launch.num_items):
+                row = table[item]
+                backward = 0 if launch.cta.dynamic else launch.item_plan(item)[7]
+                assert tuple(row[:2]) == launch.item_plan(item)[:2]
+                assert row[WORK_SCAN_STEP] == (-1 if backward else 1)
+                assert launch.kv_order(item, backward) == tuple(
+                    [row[WORK_SCAN_START] + row[WORK_SCAN_STEP] * t
+                     for t in range(row[WORK_SCAN_COUNT])]
+                    + list(range(row[WORK_MASKED_LO], row[WORK_MASKED_HI])))
 
 
 def test_grid_sawtooth_flips_by_wave():
@@ -93,7 +130,8 @@ def test_grid_sawtooth_flips_by_wave():
     assert launch.num_ctas == p.num_items
     for w in launch.all_work():
         assert w.local_iter == w.item // 6
-        assert (w.kv_tiles[0] > w.kv_tiles[-1]) == (w.local_iter % 2 == 1)
+        scan = _unmasked(launch, w)
+        assert (scan[0] > scan[-1]) == (w.local_iter % 2 == 1)
 
 
 def test_persistent_grid_is_resident_ctas_and_strides():

@@ -13,6 +13,7 @@ from wavefront.model.presets import PRESETS, gpu_preset
 from wavefront.model.simulation import (
     COLD,
     KIND_O,
+    KIND_Q,
     Trace,
     access_trace,
     miss_bytes_at,
@@ -344,3 +345,37 @@ def test_random_replacement_has_a_soft_cliff_where_lru_has_a_hard_one():
     assert lru == 800 * 2  # 64-byte tiles are two sectors, every access a miss
     assert 40 * 2 < rnd < 0.8 * lru
     assert RandomL2(64 * 64, 40).feed(trace).result().dram_read_sectors == 40 * 2
+
+
+@pytest.mark.parametrize("kv", ["linear", "sawtooth"])
+def test_dynamic_schedules_replay_the_next_free_slot(kv):
+    """A dynamic schedule's assignment is made at run time; the rounds give the next row to the
+    first free slot. With equally long items that is the grid-stride assignment, in the
+    launch's own description; with causal items each slot still alternates on its own count."""
+    for causal in (False, True):
+        launch = plan((1, 3, 700, 64), (1, 3, 700, 64), causal=causal,
+                      schedule=f"dynamic+{kv}", tiles="64x64", sms=2, l2_bytes=1 << 20,
+                      ctas=4)
+        p = launch.problem
+        trace = access_trace(launch)
+        assert (trace.kind == KIND_O).sum() == p.num_items
+        for slot in range(4):
+            k = [int(a // 8) % p.kv_tiles
+                 for a in trace.address[(trace.slot == slot) & (trace.kind == 0)]]
+            if not causal:
+                assert k == [j for w in launch.work_of_cta(slot) for j in w.kv_tiles]
+            # Split the slot's stream into items at their Q reads; odd items run backward.
+            items = []
+            for kind, address in zip(trace.kind[trace.slot == slot],
+                                     trace.address[trace.slot == slot]):
+                if kind == KIND_Q:
+                    items.append([])
+                elif kind == 0:
+                    items[-1].append(int(address // 8) % p.kv_tiles)
+            assert [j for tiles in items for j in tiles] == k
+            for n, tiles in enumerate(items):
+                unmasked = tiles[:-1]  # 700 is ragged and 64x64 tiles: one masked tile, last
+                if kv == "sawtooth" and len(unmasked) > 1:
+                    assert (unmasked[0] > unmasked[-1]) == (n % 2 == 1)
+                elif kv == "linear":
+                    assert tiles == sorted(tiles)

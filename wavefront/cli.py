@@ -229,33 +229,23 @@ def _compile_one(args):
     try:
         cubin = compile_variant(variant, arch)
     except Exception as exc:
-        return variant, None, time.perf_counter() - start, f"{type(exc).__name__}: {exc}", None
-    saved = None
+        return (variant, None, time.perf_counter() - start, f"{type(exc).__name__}: {exc}",
+                None, None)
+    from wavefront.kernel.sass import disassemble, find_cuobjdump, summarise
+    saved, sass = None, None
+    if find_cuobjdump():
+        try:
+            sass = disassemble(cubin)
+        except RuntimeError:
+            sass = None
     if out_dir:
         saved = str(Path(out_dir) / f"{variant.label}.{arch}.cubin")
         Path(saved).write_bytes(cubin)
-        _dump_sass(saved)
+        if sass:
+            Path(saved).with_suffix(".sass").write_text(sass)
     res = kernel_resources(cubin)
-    return variant, res[0] if res else None, time.perf_counter() - start, None, saved
-
-
-def _dump_sass(cubin_path: str) -> None:
-    """SASS beside the cubin where a `cuobjdump` is found (CUDA toolkit or Triton's copy)."""
-    import shutil
-    import subprocess
-    tool = shutil.which("cuobjdump")
-    if tool is None:
-        try:
-            import triton
-            cand = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
-            tool = str(cand) if cand.exists() else None
-        except ImportError:
-            tool = None
-    if tool:
-        out = subprocess.run([tool, "-sass", cubin_path], capture_output=True, text=True,
-                             timeout=300)
-        if out.returncode == 0:
-            Path(cubin_path).with_suffix(".sass").write_text(out.stdout)
+    return (variant, res[0] if res else None, time.perf_counter() - start, None, saved,
+            summarise(sass) if sass else None)
 
 
 @main.command("compile")
@@ -273,11 +263,15 @@ def _dump_sass(cubin_path: str) -> None:
               help="Parallel compiler processes (default: CPU count).")
 @click.option("--json", "as_json", is_flag=True)
 def compile_cmd(arch, all_variants, name_filter, list_only, out_dir, jobs, as_json):
-    """Compile kernel specialisations ahead of time (no GPU needed).
+    """Compile the kernel binaries ahead of time (no GPU needed), with their SASS facts.
 
-    A variant's label is <dtype>_d<D>_<M>x<N>_<full|causal>_<cta>+<kv>_occ<O>[_lse], e.g.
-    bf_d128_128x64_causal_persistent+sawtooth_occ2; the combine kernel's is
-    combine_<dtype>_d<D>_m<rows>[_lse].
+    Schedules are data (the work table), so a shape needs three binaries: static CTA
+    assignment (every static schedule, both scan directions), dynamic, and the tiled schedule's
+    partial-state writer. A binary's label is
+    <dtype>_d<D>_<M>x<N>_<full|causal>_<static|dynamic>[_partials]_occ<O>[_lse], e.g.
+    bf_d128_128x64_causal_static_occ2; the combine kernel's is combine_<dtype>_d<D>_m<rows>[_lse].
+    Where cuobjdump is found, each line says whether the wgmma pipeline survived and how many
+    local-memory spills the binary has.
     """
     from concurrent.futures import ProcessPoolExecutor
 
@@ -313,19 +307,26 @@ def compile_cmd(arch, all_variants, name_filter, list_only, out_dir, jobs, as_js
     start = time.perf_counter()
     click.echo(f"compiling {len(variants)} variants for {arch} with {jobs} processes", err=True)
     with ProcessPoolExecutor(max_workers=jobs) as pool:
-        for variant, res, seconds, error, saved in pool.map(
+        for variant, res, seconds, error, saved, sass in pool.map(
                 _compile_one, [(v, arch, out_dir) for v in variants]):
             row = {"variant": variant.label, "seconds": seconds, "error": error,
                    "registers": res.registers if res else None,
-                   "shared_kib": res.shared_bytes / 1024 if res else None, "cubin": saved}
+                   "shared_kib": res.shared_bytes / 1024 if res else None, "cubin": saved,
+                   "sass": sass.as_dict() if sass else None}
             rows.append(row)
             failures += error is not None
             if not as_json:
                 if error:
                     click.echo(f"{variant.label:<52} FAILED {seconds:6.1f} s  {error}")
-                else:
-                    click.echo(f"{variant.label:<52} regs {row['registers'] or '?':>4}  smem "
-                               f"{row['shared_kib']:6.0f} KiB  {seconds:6.1f} s")
+                    continue
+                facts = ""
+                if sass:  # the facts that decided speed: pipelined MMAs, no spills
+                    state = ("no MMA" if not sass.hgmma else
+                             "pipelined" if sass.wgmma_pipelined else "SERIALISED")
+                    facts = (f"  HGMMA {sass.hgmma:3d} waits {sass.depbar:3d} ({state})  "
+                             f"spills {sass.local_loads + sass.local_stores:3d}")
+                click.echo(f"{variant.label:<52} regs {row['registers'] or '?':>4}  smem "
+                           f"{row['shared_kib']:6.0f} KiB  {seconds:6.1f} s{facts}")
     summary = (f"{len(variants) - failures} compiled, {failures} failed in "
                f"{time.perf_counter() - start:.0f} s" + (f" -> {out_dir}" if out_dir else ""))
     if as_json:
@@ -390,14 +391,11 @@ def run(batch, heads, kv_heads, seqlens, head_dims, dtype, causal, schedules, ti
 @click.option("--warmup", type=click.IntRange(min=0), default=3, show_default=True)
 @click.option("--peers/--no-peers", default=True, show_default=True,
               help="Time torch SDPA flash (FA2) and cuDNN in the same rounds.")
-@click.option("--one-binary", is_flag=True,
-              help="Also time every schedule from the one binary that takes the schedule at "
-                   "run time (SCHEDULE_AT_RUN_TIME), in the same rounds.")
 @click.option("--out", "out_dir", type=click.Path(file_okay=False), default=None,
               help="Also write every contender's rounds to <out>/bench.jsonl.")
 @click.option("--json", "as_json", is_flag=True)
 def bench(batch, heads, kv_heads, seqlens, head_dims, dtype, causal, schedules, tiles,
-          occupancy, ctas, rounds, per_round, warmup, peers, one_binary, out_dir, as_json):
+          occupancy, ctas, rounds, per_round, warmup, peers, out_dir, as_json):
     """Schedules x shapes, each shape's schedules and peers (cuDNN, FA2) timed in interleaved
     rounds: median TFLOP/s with a 95% interval, ratios to the peers of the same rounds, NVML
     clocks and throttled rounds, the L2 state. Exits non-zero if any shape failed."""
@@ -416,8 +414,7 @@ def bench(batch, heads, kv_heads, seqlens, head_dims, dtype, causal, schedules, 
     with click.progressbar(list(shapes.items()), label="shapes", file=sys.stderr) as bar:
         for shape, members in bar:
             try:
-                results = run_rounds(shape_contenders(members, peers=peers,
-                                                      one_binary=one_binary),
+                results = run_rounds(shape_contenders(members, peers=peers),
                                      rounds=rounds, per_round=per_round, warmup=warmup)
             except Exception as exc:  # one failing shape must not lose the table
                 rows.append({"gpu": dev.name, "shape": shape.as_dict(),

@@ -1,21 +1,21 @@
 """The schedule vocabulary: which CTA takes which work item, and in which order it scans K/V.
 
-One vocabulary serves the kernel, the cache simulator and the docs. The mapping itself lives
-in the small integer functions below (`decode_work_item`, `split_chunk`, `kv_tile_span`,
-`chunk_tile_range`, `local_iteration`, `scans_backward`). They use only integer arithmetic,
-`min`, `max` and `if` on constants, so cuTile
-compiles them into the kernel unchanged, and the host calls the very same functions to
-enumerate a launch (tests, simulator). There is no second copy of the mapping.
+One vocabulary serves the kernel, the cache simulator and the docs. A *work item* is one
+(batch, query head, Q tile): the unit of split-Q FlashAttention (the tiled schedule also splits
+each item's K/V into chunks, each chunk its own work item). A CTA schedule orders the items and
+says how CTAs take them; a K/V schedule says in which order an item visits its K/V tiles.
 
-A *work item* is one (batch, query head, Q tile): the unit of split-Q FlashAttention.
-Work items are numbered 0..N-1; a CTA schedule says which CTA takes which numbers and how
-a number decodes to (batch, head, Q tile); a K/V schedule says in which order the work item
-visits its K/V tiles (the tiled schedule also splits each item's K/V into chunks, each chunk
-its own work item).
+Everything a launch does is written down once, on the host, in `Launch.work_table()`: one
+int32 row per work item, in the order items are handed out, holding the item's coordinates and
+its K/V scan (`WORK_*` columns). The kernel reads those rows and has no schedule code of its
+own; the simulator replays the same rows; `Launch.work_item` describes them for people and
+tests. The small integer functions below (`decode_work_item`, `split_chunk`, `kv_tile_span`,
+`chunk_tile_range`, `local_iteration`, `scans_backward`, `scan_plan`) build the rows.
 
 Style follows flash-attention's tile schedulers: each schedule is a small frozen dataclass
 holding its host-side parameters, the grid shape is computed on the host (`Launch`), and the
-device side is "current work item / advance" (`for item in range(bid, items, num_ctas)`).
+device side is "current work item / advance" (`for item in range(bid, items, num_ctas)`, or
+the next row from an atomic counter for the dynamic schedules).
 """
 from __future__ import annotations
 
@@ -23,20 +23,30 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Iterator, Protocol
 
-# Compile-time codes that select the device-side mapping. Plain ints so that cuTile can take
-# them as kernel constants.
+import numpy as np
+
+# Codes that name each schedule's order (the host-side mapping below).
 CTA_GRID = 0  # one work item per CTA, hardware dispatch order
 CTA_PERSISTENT = 1  # persistent grid-stride: CTA c takes items c, c+P, c+2P, ...
 CTA_GROUPED = 2  # persistent, items ordered in L2-sized head groups, heads fastest
 CTA_LONGEST_FIRST = 3  # persistent, longest work items first (causal: last Q tiles), heads fastest
+CTA_DYNAMIC = 4  # longest first, each CTA takes the next item from an atomic counter
+CTA_GROUPED_DYNAMIC = 5  # L2 head groups, longest first inside a group, atomic counter
 
 KV_LINEAR = 0  # every work item scans K/V forward
 KV_SAWTOOTH = 1  # a CTA's successive work items alternate forward / backward
 KV_TILED = 2  # L2-blocked split-KV: chunk-major (Q tile, K/V chunk) items, partials combined
 
+# The work table's columns: what the kernel reads of each work item. The unmasked K/V tiles are
+# visited as SCAN_START + SCAN_STEP x t for t < SCAN_COUNT (STEP = +1 forward, -1 backward),
+# then the tiles that need a mask, [MASKED_LO, MASKED_HI), forward.
+(WORK_BATCH, WORK_HEAD, WORK_KV_HEAD, WORK_Q_TILE, WORK_SCAN_START, WORK_SCAN_STEP,
+ WORK_SCAN_COUNT, WORK_MASKED_LO, WORK_MASKED_HI, WORK_CHUNK) = range(10)
+WORK_COLUMNS = 16  # padded: 64-byte rows, a stride the ahead-of-time signature accepts
+
 
 # --------------------------------------------------------------------------------------------
-# The mapping, shared by host and tile code. Keep to integer arithmetic, `min` and `if`.
+# The mapping: plain integer functions, from which `Launch.work_table` builds the rows.
 # --------------------------------------------------------------------------------------------
 
 def linear_order(item, q_tiles, heads):
@@ -54,7 +64,8 @@ def grouped_order(item, q_tiles, heads, kv_heads, kv_units, group_units):
     one K/V head are adjacent, so GQA siblings run together.
 
     (Longest-first order for causal was tried here and dropped: with static grid-stride
-    assignment it hands the long tiles to the same CTAs round after round.)
+    assignment it hands the long tiles to the same CTAs round after round. The dynamic
+    variant, `grouped_longest_first_order`, has it: there the next free CTA takes the next item.)
     """
     qheads_per_kv = heads // kv_heads
     items_per_group = group_units * qheads_per_kv * q_tiles
@@ -67,6 +78,14 @@ def grouped_order(item, q_tiles, heads, kv_heads, kv_units, group_units):
     batch = unit // kv_heads
     head = (unit % kv_heads) * qheads_per_kv + head_in_group % qheads_per_kv
     return batch, head, within // heads_here
+
+
+def grouped_longest_first_order(item, q_tiles, heads, kv_heads, kv_units, group_units):
+    """Grouped, with the Q tiles of a group in decreasing order (heads fastest inside a group):
+    the L2 head groups of `grouped_order`, and inside each group the longest items first, so
+    that CTAs taking items dynamically finish a group together."""
+    batch, head, q_tile = grouped_order(item, q_tiles, heads, kv_heads, kv_units, group_units)
+    return batch, head, q_tiles - 1 - q_tile
 
 
 def longest_first_order(item, q_tiles, heads, batch_heads):
@@ -82,25 +101,19 @@ def longest_first_order(item, q_tiles, heads, batch_heads):
 def decode_work_item(item, q_tiles, heads, kv_heads, kv_units, group_units, cta_order):
     """Work item number -> (batch, query head, Q tile), by the CTA schedule's own order.
 
-    `cta_order` is a compile-time constant in the kernel, so only one branch is compiled.
     A new CTA schedule adds its order function above and one branch here.
     """
     batch, head, q_tile = linear_order(item, q_tiles, heads)
     if cta_order == CTA_GROUPED:
         batch, head, q_tile = grouped_order(item, q_tiles, heads, kv_heads, kv_units,
                                             group_units)
-    if cta_order == CTA_LONGEST_FIRST:
+    if cta_order == CTA_GROUPED_DYNAMIC:
+        batch, head, q_tile = grouped_longest_first_order(item, q_tiles, heads, kv_heads,
+                                                          kv_units, group_units)
+    if cta_order in (CTA_LONGEST_FIRST, CTA_DYNAMIC):
         batch, head, q_tile = longest_first_order(item, q_tiles, heads,
                                                   kv_units * (heads // kv_heads))
     return batch, head, q_tile
-
-
-def is_persistent(cta_order):
-    """1 if the CTAs loop over work items grid-stride, 0 if each CTA takes one item."""
-    persistent = 1
-    if cta_order == CTA_GRID:
-        persistent = 0
-    return persistent
 
 
 def split_chunk(item, q_tiles, heads, kv_heads, n_chunks):
@@ -156,6 +169,16 @@ def local_iteration(item, num_ctas, resident_ctas, cta_order):
     if cta_order == CTA_GRID:
         per_round = resident_ctas
     return item // per_round
+
+
+def scan_plan(lo, mid, hi, backward):
+    """-> (start, step, count, masked_lo, masked_hi): the order in which an item visits its K/V
+    tiles. The unmasked tiles [lo, mid) in the scan's direction, then the masked ones
+    [mid, hi) forward: every direction ends on the masked tiles, so the kernel compiles one
+    unmasked loop (affine in its counter) and one masked loop for all schedules."""
+    if backward:
+        return mid - 1, -1, mid - lo, mid, hi
+    return lo, 1, mid - lo, mid, hi
 
 
 def scans_backward(local_iter, kv_order):
@@ -241,14 +264,17 @@ class AttentionProblem:
 class CtaSchedule(Protocol):
     """Which CTA takes which work item. Host side: grid size and the group size.
 
-    `code` selects the device-side order in `decode_work_item`; `persistent` says whether CTAs
-    loop over items grid-stride (else one item per CTA); `takes_chunks` whether the tiled K/V
-    schedule's chunk-major items may be handed out in this order.
+    `code` selects the order in `decode_work_item`; `persistent` says whether CTAs loop over
+    items (else one item per CTA); `dynamic` whether a CTA takes the next item from an atomic
+    counter when it finishes one (else grid-stride: CTA c takes c, c + P, ...);
+    `takes_chunks` whether the tiled K/V schedule's chunk-major items may be handed out in this
+    order.
     """
 
     name: str
     code: int
     persistent: bool
+    dynamic: bool
     takes_chunks: bool
 
     def num_ctas(self, num_items: int, resident_ctas: int) -> int: ...
@@ -263,6 +289,7 @@ class GridSchedule:
     name: str = field(default="grid", init=False)
     code: int = field(default=CTA_GRID, init=False)
     persistent: bool = field(default=False, init=False)
+    dynamic: bool = field(default=False, init=False)
     takes_chunks: bool = field(default=True, init=False)
 
     def num_ctas(self, num_items, resident_ctas):
@@ -279,6 +306,7 @@ class PersistentSchedule:
     name: str = field(default="persistent", init=False)
     code: int = field(default=CTA_PERSISTENT, init=False)
     persistent: bool = field(default=True, init=False)
+    dynamic: bool = field(default=False, init=False)
     takes_chunks: bool = field(default=True, init=False)
 
     def num_ctas(self, num_items, resident_ctas):
@@ -301,6 +329,7 @@ class GroupedSchedule:
     name: str = field(default="grouped", init=False)
     code: int = field(default=CTA_GROUPED, init=False)
     persistent: bool = field(default=True, init=False)
+    dynamic: bool = field(default=False, init=False)
     takes_chunks: bool = field(default=False, init=False)
 
     def __post_init__(self):
@@ -331,6 +360,7 @@ class LongestFirstSchedule:
     name: str = field(default="longest_first", init=False)
     code: int = field(default=CTA_LONGEST_FIRST, init=False)
     persistent: bool = field(default=True, init=False)
+    dynamic: bool = field(default=False, init=False)
     takes_chunks: bool = field(default=False, init=False)
 
     def num_ctas(self, num_items, resident_ctas):
@@ -338,6 +368,62 @@ class LongestFirstSchedule:
 
     def group_units(self, problem, l2_bytes):
         return 1
+
+
+@dataclass(frozen=True)
+class DynamicSchedule:
+    """Persistent, longest items first, and each CTA takes the next item from a global atomic
+    counter when it finishes one (FlashAttention-3's dynamic scheduler).
+
+    Static grid-stride assignment balances only when items are equally long; here a CTA that
+    drew short items simply takes more, so causal launches end together. The order is
+    longest-first's (heads fastest), which spreads the CTAs in flight over every head's K/V.
+    Which CTA takes which item is decided at run time: the simulator assumes the lock-step
+    assignment (the next free CTA slot takes the next item), and RECORD_ORDER records the real
+    one. With sawtooth a CTA alternates on its own count of items.
+    """
+
+    name: str = field(default="dynamic", init=False)
+    code: int = field(default=CTA_DYNAMIC, init=False)
+    persistent: bool = field(default=True, init=False)
+    dynamic: bool = field(default=True, init=False)
+    takes_chunks: bool = field(default=False, init=False)
+
+    def num_ctas(self, num_items, resident_ctas):
+        return min(num_items, resident_ctas)
+
+    def group_units(self, problem, l2_bytes):
+        return 1
+
+
+@dataclass(frozen=True)
+class GroupedDynamicSchedule:
+    """Grouped's L2 head groups, longest items first inside each group, and each CTA takes the
+    next item from a global atomic counter (balanced without losing the L2 order).
+
+    Groups follow one another in the counter's order, so the CTAs in flight stay within one or
+    two groups whose K/V fits the L2 budget (half the L2 by default), as with `grouped`; inside
+    a group the longest items go first and a free CTA takes the next one, so causal launches do
+    not end on a tail of long items. The simulator assumes the lock-step assignment; RECORD_ORDER
+    records the real one.
+    """
+
+    l2_fraction: float = 0.5
+    name: str = field(default="grouped_dynamic", init=False)
+    code: int = field(default=CTA_GROUPED_DYNAMIC, init=False)
+    persistent: bool = field(default=True, init=False)
+    dynamic: bool = field(default=True, init=False)
+    takes_chunks: bool = field(default=False, init=False)
+
+    def __post_init__(self):
+        if not (0.0 < self.l2_fraction <= 4.0):
+            raise ValueError(f"l2_fraction must be in (0, 4], got {self.l2_fraction!r}")
+
+    def num_ctas(self, num_items, resident_ctas):
+        return min(num_items, resident_ctas)
+
+    def group_units(self, problem, l2_bytes):
+        return GroupedSchedule(self.l2_fraction).group_units(problem, l2_bytes)
 
 
 class KvSchedule(Protocol):
@@ -420,6 +506,8 @@ CTA_SCHEDULES: dict[str, CtaSchedule] = {
     "persistent": PersistentSchedule(),
     "grouped": GroupedSchedule(),
     "longest_first": LongestFirstSchedule(),
+    "dynamic": DynamicSchedule(),
+    "grouped_dynamic": GroupedDynamicSchedule(),
 }
 KV_SCHEDULES: dict[str, KvSchedule] = {
     "linear": LinearScan(),
@@ -525,13 +613,22 @@ class Launch:
     def name(self) -> str:
         return f"{self.cta.name}+{self.kv.name}"
 
+    @property
+    def alternate(self) -> int:
+        """1 where CTAs alternate their scan on their own count of items at run time (sawtooth
+        under a dynamic CTA schedule, whose item-to-CTA assignment is not known in advance)."""
+        return int(self.cta.dynamic and self.kv.code == KV_SAWTOOTH)
+
     def items_of_cta(self, cta: int) -> range:
+        """The items CTA `cta` takes: one (grid), or grid-stride. For a dynamic schedule this
+        is the lock-step assignment, what a free CTA takes when all items are equally long."""
         if not self.cta.persistent:
             return range(cta, cta + 1)
         return range(cta, self.num_items, self.num_ctas)
 
     def item_plan(self, item: int) -> tuple[int, ...]:
-        """-> (batch, head, q_tile, chunk, local iteration, first tile, tiles, 1 if backward)."""
+        """-> (batch, head, q_tile, chunk, local iteration, first tile, tiles, 1 if backward);
+        a dynamic schedule's local iteration and direction are the lock-step assignment's."""
         p = self.problem
         inner, chunk = split_chunk(item, p.q_tiles, p.heads, p.kv_heads, self.n_chunks)
         batch, head, q_tile = decode_work_item(inner, p.q_tiles, p.heads, p.kv_heads,
@@ -541,11 +638,41 @@ class Launch:
         lo, _, hi = chunk_tile_range(chunk, self.chunk_tiles, visited, first_masked)
         return batch, head, q_tile, chunk, it, lo, hi - lo, scans_backward(it, self.kv.code)
 
+    def _row(self, item: int, backward: int) -> tuple[int, ...]:
+        p = self.problem
+        batch, head, q_tile, chunk, _, _, _, _ = self.item_plan(item)
+        visited, first_masked = p.kv_span(q_tile)
+        lo, mid, hi = chunk_tile_range(chunk, self.chunk_tiles, visited, first_masked)
+        start, step, count, masked_lo, masked_hi = scan_plan(lo, mid, hi, backward)
+        return (batch, head, head // p.qheads_per_kv, q_tile, start, step, count, masked_lo,
+                masked_hi, chunk)
+
+    @cached_property
+    def work_table(self) -> np.ndarray:
+        """The kernel's input: one int32 row (`WORK_*` columns) per work item, in the order
+        items are handed out. Static schedules carry each item's direction; a dynamic one's
+        rows scan forward and the kernel reverses a CTA's odd-numbered items (`alternate`)."""
+        rows = np.zeros((self.num_items, WORK_COLUMNS), dtype=np.int32)
+        for item in range(self.num_items):
+            backward = 0 if self.cta.dynamic else self.item_plan(item)[7]
+            row = self._row(item, backward)
+            rows[item, :len(row)] = row
+        rows.setflags(write=False)
+        return rows
+
+    def kv_order(self, item: int, backward: int | None = None) -> tuple[int, ...]:
+        """Item `item`'s K/V tiles in visiting order (`backward`: the unmasked scan's direction;
+        default: the item's own, lock-step for a dynamic schedule)."""
+        if backward is None:
+            backward = self.item_plan(item)[7]
+        row = self._row(item, backward)
+        start, step, count = row[WORK_SCAN_START], row[WORK_SCAN_STEP], row[WORK_SCAN_COUNT]
+        return (tuple(start + step * t for t in range(count))
+                + tuple(range(row[WORK_MASKED_LO], row[WORK_MASKED_HI])))
+
     def work_item(self, cta: int, item: int) -> WorkItem:
-        batch, head, q_tile, chunk, it, first, count, backward = self.item_plan(item)
-        tiles = range(first, first + count)
-        order = tiles[::-1] if backward else tiles
-        return WorkItem(cta, it, item, batch, head, q_tile, tuple(order), chunk)
+        batch, head, q_tile, chunk, it, _, _, _ = self.item_plan(item)
+        return WorkItem(cta, it, item, batch, head, q_tile, self.kv_order(item), chunk)
 
     def work_of_cta(self, cta: int) -> Iterator[WorkItem]:
         for item in self.items_of_cta(cta):

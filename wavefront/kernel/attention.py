@@ -1,9 +1,22 @@
-"""FlashAttention forward in cuTile, with pluggable CTA and K/V scan schedules.
+"""FlashAttention forward in cuTile, driven by a work table: the schedule is data, not code.
 
-The kernel takes the schedule codes as compile-time constants, so every schedule combination
-is its own specialisation and carries no run-time branching on the schedule. The mapping from
-CTA to work item and from work item to K/V order is the one in `wavefront.schedules`: the
-kernel calls those functions directly.
+A schedule decides which CTA takes which work item and in which order the item scans K/V. The
+host writes those decisions into a small int32 table (`Launch.work_table`, one row per work
+item in the order items are handed out: batch, head, K/V head, Q tile, the unmasked K/V scan
+as start + step x t, the masked tiles, the chunk). The kernel reads its items' rows and
+contains no schedule code at all, so every static CTA schedule and every K/V direction runs
+the same machine code: a schedule can change only the order of memory accesses, never the
+instructions. (Each schedule as its own specialisation, the first design, let the compiler
+serialise the wgmma pipeline wherever both scan directions were compiled in: SASS showed a
+`WARPGROUP.DEPBAR` after every HGMMA and local-memory spills, and sawtooth ran up to 20%
+slower than linear at equal misses.)
+
+Two assignment modes remain compile-time constants, because they change the loop itself:
+static (CTA c takes table rows c, c + P, c + 2P, ...; a grid launch is the same loop with one
+row per CTA) and dynamic (a CTA takes the next row from a global atomic counter when it
+finishes one, FlashAttention-3's dynamic persistent scheduler; sawtooth then alternates on the
+CTA's own count of items). The tiled K/V schedule writes partial states instead of the output
+(PARTIALS) and keeps its own binary.
 
 Layout: Q, O are (batch, heads, seqlen_q, head_dim); K, V are (batch, kv_heads, seqlen_kv,
 head_dim); the last dimension is contiguous. The optional LSE is (batch, heads, seqlen_q) float32,
@@ -20,19 +33,20 @@ import numpy as np
 
 import cuda.tile as ct
 
-from wavefront.point import DEFAULT_OCCUPANCY, DTYPES, HEAD_DIMS, TILE_SHAPES, parse_schedule
+from wavefront.point import DEFAULT_OCCUPANCY, DTYPES, HEAD_DIMS, TILE_SHAPES
 from wavefront.schedules import (
     KV_TILED,
-    chunk_tile_range,
-    cta_schedule,
-    decode_work_item,
-    is_persistent,
-    kv_schedule,
-    kv_tile_span,
-    local_iteration,
-    scans_backward,
-    schedule_names,
-    split_chunk,
+    WORK_BATCH,
+    WORK_CHUNK,
+    WORK_HEAD,
+    WORK_KV_HEAD,
+    WORK_MASKED_HI,
+    WORK_MASKED_LO,
+    WORK_Q_TILE,
+    WORK_SCAN_COUNT,
+    WORK_SCAN_START,
+    WORK_SCAN_STEP,
+    Launch,
 )
 
 ConstInt = ct.Constant[int]
@@ -40,10 +54,9 @@ ConstBool = ct.Constant[bool]
 
 LOG2_E = 1.0 / math.log(2.0)
 LN_2 = math.log(2.0)
-# Running row maximum starts finite: a row whose first visited tile is fully masked (a reversed
-# causal scan with tile_m > tile_n) would otherwise compute -inf - -inf = NaN.
+# Running row maximum starts finite: a row whose first visited tile is fully masked (a causal
+# tile with tile_m > tile_n) would otherwise compute -inf - -inf = NaN.
 ROW_MAX_START = -1.0e30
-
 
 
 def _online_softmax_step(q, K, V, batch, kv_head, j, m_i, l_i, acc, qk_scale_log2, rows,
@@ -73,28 +86,6 @@ def _online_softmax_step(q, K, V, batch, kv_head, j, m_i, l_i, acc, qk_scale_log
     return m_new, l_i, acc
 
 
-def _scan_tiles(q, K, V, batch, kv_head, lo, hi, m_i, l_i, acc, qk_scale_log2, rows,
-                seqlen_kv, HEAD_DIM: ConstInt, TILE_M: ConstInt, TILE_N: ConstInt,
-                BACKWARD: ConstBool, MASKED: ConstBool, CAUSAL: ConstBool):
-    """Fold K/V tiles [lo, hi) into the running state, first to last or last to first.
-
-    The direction is a compile-time constant and each direction is its own loop: a direction
-    chosen at run time inside one loop measured ~8% slower where K/V fits in L2, and a forward
-    scan written as `lo + step` compiled to up to 19% more code than a plain induction variable.
-    """
-    if BACKWARD:
-        for step in range(hi - lo):
-            m_i, l_i, acc = _online_softmax_step(q, K, V, batch, kv_head, hi - 1 - step, m_i,
-                                                 l_i, acc, qk_scale_log2, rows, seqlen_kv,
-                                                 HEAD_DIM, TILE_M, TILE_N, MASKED, CAUSAL)
-    else:
-        for j in range(lo, hi):
-            m_i, l_i, acc = _online_softmax_step(q, K, V, batch, kv_head, j, m_i, l_i, acc,
-                                                 qk_scale_log2, rows, seqlen_kv, HEAD_DIM,
-                                                 TILE_M, TILE_N, MASKED, CAUSAL)
-    return m_i, l_i, acc
-
-
 def _store_normalised(Out, Lse, acc, row_max, row_sum, batch, head, q_tile,
                       HEAD_DIM: ConstInt, TILE_M: ConstInt, WRITE_LSE: ConstBool):
     """Output = acc / row sum in the output dtype; LSE (natural log) if asked."""
@@ -118,55 +109,54 @@ def _take_ticket(Order, slot):
     ct.scatter(Order, slot, ticket)
 
 
-def _attend_work_item(Q, K, V, Out, Lse, PartO, PartM, PartL, Order, item, local_iter,
-                      qk_scale_log2, group_units, n_chunks, chunk_tiles,
-                      HEAD_DIM: ConstInt, TILE_M: ConstInt, TILE_N: ConstInt,
-                      CAUSAL: ConstBool, cta_order, kv_order, KV_LAYOUT: ConstInt,
-                      WRITE_LSE: ConstBool, RECORD_ORDER: ConstBool):
-    """cta_order and kv_order select the mapping and the scan (constants, or run-time values
-    in a SCHEDULE_AT_RUN_TIME binary); KV_LAYOUT, always a constant, says whether the item
-    writes a partial state (tiled) or the output."""
+def _work(Work, item, column):
+    """One field of a work item's row (a scalar)."""
+    return ct.gather(Work, (item, column))
+
+
+def _attend_work_item(Q, K, V, Out, Lse, PartO, PartM, PartL, Work, Order, item, reverse,
+                      qk_scale_log2, HEAD_DIM: ConstInt, TILE_M: ConstInt, TILE_N: ConstInt,
+                      CAUSAL: ConstBool, PARTIALS: ConstBool, WRITE_LSE: ConstBool,
+                      RECORD_ORDER: ConstBool):
+    """Attend one work item as its table row says. `reverse` (0 or 1, dynamic sawtooth only)
+    flips the row's unmasked scan."""
     if RECORD_ORDER:
         _take_ticket(Order, 1 + 2 * item)
-    batch_size = Q.shape[0]
-    heads = Q.shape[1]
-    seqlen_q = Q.shape[2]
-    kv_heads = K.shape[1]
+    batch = _work(Work, item, WORK_BATCH)
+    head = _work(Work, item, WORK_HEAD)
+    kv_head = _work(Work, item, WORK_KV_HEAD)
+    q_tile = _work(Work, item, WORK_Q_TILE)
+    count = _work(Work, item, WORK_SCAN_COUNT)
+    step = _work(Work, item, WORK_SCAN_STEP)
+    # A reversed scan starts at the other end; with reverse = 0 this is the row's own scan.
+    start = _work(Work, item, WORK_SCAN_START) + reverse * step * (count - 1)
+    step = step - 2 * reverse * step
     seqlen_kv = K.shape[2]
-    q_tiles = (seqlen_q + TILE_M - 1) // TILE_M
-    inner, chunk = split_chunk(item, q_tiles, heads, kv_heads, n_chunks)
-    batch, head, q_tile = decode_work_item(inner, q_tiles, heads, kv_heads,
-                                           batch_size * kv_heads, group_units, cta_order)
-    kv_head = head // (heads // kv_heads)
-    visited, first_masked = kv_tile_span(q_tile, TILE_M, TILE_N, seqlen_q, seqlen_kv, CAUSAL)
-    lo, mid, hi = chunk_tile_range(chunk, chunk_tiles, visited, first_masked)
 
     q = ct.load(Q, index=(batch, head, q_tile, 0), shape=(1, 1, TILE_M, HEAD_DIM),
                 padding_mode=ct.PaddingMode.ZERO).reshape((TILE_M, HEAD_DIM))  # [TILE_M, HEAD_DIM]
-    rows = q_tile * TILE_M + ct.arange(TILE_M, dtype=ct.int32)[:, None]  # [TILE_M, 1]
     m_i = ct.full((TILE_M, 1), ROW_MAX_START, dtype=ct.float32)  # running row max (log2 units)
     l_i = ct.full((TILE_M, 1), 0.0, dtype=ct.float32)  # running row sum
     acc = ct.full((TILE_M, HEAD_DIM), 0.0, dtype=ct.float32)  # unnormalised output
 
-    # Unmasked tiles [lo, mid), masked tiles [mid, hi); a backward scan takes the masked first.
-    if scans_backward(local_iter, kv_order) == 1:
-        m_i, l_i, acc = _scan_tiles(q, K, V, batch, kv_head, mid, hi, m_i, l_i, acc,
-                                    qk_scale_log2, rows, seqlen_kv, HEAD_DIM, TILE_M, TILE_N,
-                                    True, True, CAUSAL)
-        m_i, l_i, acc = _scan_tiles(q, K, V, batch, kv_head, lo, mid, m_i, l_i, acc,
-                                    qk_scale_log2, rows, seqlen_kv, HEAD_DIM, TILE_M, TILE_N,
-                                    True, False, CAUSAL)
-    else:
-        m_i, l_i, acc = _scan_tiles(q, K, V, batch, kv_head, lo, mid, m_i, l_i, acc,
-                                    qk_scale_log2, rows, seqlen_kv, HEAD_DIM, TILE_M, TILE_N,
-                                    False, False, CAUSAL)
-        m_i, l_i, acc = _scan_tiles(q, K, V, batch, kv_head, mid, hi, m_i, l_i, acc,
-                                    qk_scale_log2, rows, seqlen_kv, HEAD_DIM, TILE_M, TILE_N,
-                                    False, True, CAUSAL)
+    # One loop for both directions: the tile index is affine in the loop counter, so forward
+    # and backward scans are the same instructions with a different start and sign.
+    for t in range(count):
+        m_i, l_i, acc = _online_softmax_step(q, K, V, batch, kv_head, start + step * t, m_i,
+                                             l_i, acc, qk_scale_log2, 0, seqlen_kv,
+                                             HEAD_DIM, TILE_M, TILE_N, False, CAUSAL)
+    # The tiles that need a mask (the causal diagonal, a ragged last tile) come last in every
+    # direction, so the masked step is compiled once. Its row indices are made here, not
+    # before the unmasked loop, so that they do not occupy registers across it.
+    rows = q_tile * TILE_M + ct.arange(TILE_M, dtype=ct.int32)[:, None]  # [TILE_M, 1]
+    for j in range(_work(Work, item, WORK_MASKED_LO), _work(Work, item, WORK_MASKED_HI)):
+        m_i, l_i, acc = _online_softmax_step(q, K, V, batch, kv_head, j, m_i, l_i, acc,
+                                             qk_scale_log2, rows, seqlen_kv, HEAD_DIM, TILE_M,
+                                             TILE_N, True, CAUSAL)
 
-    if KV_LAYOUT == KV_TILED:
+    if PARTIALS:
         # The chunk's partial state, unnormalised; `combine_partials` merges the chunks.
-        slab = chunk * batch_size + batch
+        slab = _work(Work, item, WORK_CHUNK) * Q.shape[0] + batch
         ct.store(PartO, index=(slab, head, q_tile, 0),
                  tile=acc.reshape((1, 1, TILE_M, HEAD_DIM)))
         ct.store(PartM, index=(slab, head, q_tile), tile=m_i.reshape((1, 1, TILE_M)))
@@ -178,46 +168,36 @@ def _attend_work_item(Q, K, V, Out, Lse, PartO, PartM, PartL, Order, item, local
         _take_ticket(Order, 2 + 2 * item)
 
 
-def flash_attention_fwd(Q, K, V, Out, Lse, PartO, PartM, PartL, Order, qk_scale_log2: float,
-                        resident_ctas: int, group_units: int, n_chunks: int, chunk_tiles: int,
-                        cta_order_at_run_time: int, kv_order_at_run_time: int,
-                        HEAD_DIM: ConstInt, TILE_M: ConstInt, TILE_N: ConstInt,
-                        CAUSAL: ConstBool, CTA_ORDER: ConstInt, KV_ORDER: ConstInt,
-                        WRITE_LSE: ConstBool, RECORD_ORDER: ConstBool,
-                        SCHEDULE_AT_RUN_TIME: ConstBool):
-    """One CTA: take work items as the CTA schedule says, attend each in its K/V order.
+def flash_attention_fwd(Q, K, V, Out, Lse, PartO, PartM, PartL, Work, NextItem, Order,
+                        qk_scale_log2: float, num_items: int, ticket_base: int,
+                        alternate: int, HEAD_DIM: ConstInt, TILE_M: ConstInt,
+                        TILE_N: ConstInt, CAUSAL: ConstBool, DYNAMIC: ConstBool,
+                        PARTIALS: ConstBool, WRITE_LSE: ConstBool, RECORD_ORDER: ConstBool):
+    """One CTA: take work items (table rows) and attend each.
+
+    Static (DYNAMIC off): CTA c takes rows c, c + P, c + 2P, ... (grid-stride; a grid launch
+    has one row per CTA). Dynamic: the CTA takes `NextItem[0] - ticket_base` (a relaxed atomic
+    increment: each launch advances the counter by items + CTAs, so the host moves
+    `ticket_base` on instead of clearing the counter) until the rows run out; with `alternate`
+    its odd-numbered items scan backward (sawtooth on the CTA's own count).
 
     RECORD_ORDER (off by default) takes a ticket from a global atomic counter as each work
-    item starts and ends, so the host learns the launch's true interleaving of work items.
-
-    SCHEDULE_AT_RUN_TIME (off by default) takes the CTA and K/V schedule codes from the two
-    run-time arguments instead of the constants: one binary then serves every CTA schedule
-    and both scans (linear, sawtooth), which differ only in index arithmetic and the direction
-    each item takes, so a difference between them is the schedule's, not the compiler's. The
-    tiled scan keeps its own binary (it writes partial states)."""
-    cta_order = CTA_ORDER
-    kv_order = KV_ORDER
-    if SCHEDULE_AT_RUN_TIME:
-        cta_order = cta_order_at_run_time
-        kv_order = kv_order_at_run_time
-    if is_persistent(CTA_ORDER) == 0 and not SCHEDULE_AT_RUN_TIME:
-        item = ct.bid(0)
-        local_iter = local_iteration(item, ct.num_blocks(0), resident_ctas, CTA_ORDER)
-        _attend_work_item(Q, K, V, Out, Lse, PartO, PartM, PartL, Order, item, local_iter,
-                          qk_scale_log2, group_units, n_chunks, chunk_tiles, HEAD_DIM, TILE_M,
-                          TILE_N, CAUSAL, CTA_ORDER, KV_ORDER, KV_ORDER, WRITE_LSE,
-                          RECORD_ORDER)
+    item starts and ends, so the host learns the launch's true interleaving of work items."""
+    if DYNAMIC:
+        taken = 0
+        item = ct.atomic_add(NextItem, 0, 1, memory_order=ct.MemoryOrder.RELAXED) - ticket_base
+        while item < num_items:
+            _attend_work_item(Q, K, V, Out, Lse, PartO, PartM, PartL, Work, Order, item,
+                              alternate * (taken % 2), qk_scale_log2, HEAD_DIM, TILE_M, TILE_N,
+                              CAUSAL, PARTIALS, WRITE_LSE, RECORD_ORDER)
+            taken += 1
+            item = (ct.atomic_add(NextItem, 0, 1, memory_order=ct.MemoryOrder.RELAXED)
+                    - ticket_base)
     else:
-        # Persistent grid-stride; in the shared binary a grid launch is this loop with one
-        # item per CTA (as many CTAs as items).
-        q_tiles = (Q.shape[2] + TILE_M - 1) // TILE_M
-        num_items = Q.shape[0] * Q.shape[1] * q_tiles * n_chunks
         for item in range(ct.bid(0), num_items, ct.num_blocks(0)):
-            local_iter = local_iteration(item, ct.num_blocks(0), resident_ctas, cta_order)
-            _attend_work_item(Q, K, V, Out, Lse, PartO, PartM, PartL, Order, item, local_iter,
-                              qk_scale_log2, group_units, n_chunks, chunk_tiles, HEAD_DIM,
-                              TILE_M, TILE_N, CAUSAL, cta_order, kv_order, KV_ORDER, WRITE_LSE,
-                              RECORD_ORDER)
+            _attend_work_item(Q, K, V, Out, Lse, PartO, PartM, PartL, Work, Order, item, 0,
+                              qk_scale_log2, HEAD_DIM, TILE_M, TILE_N, CAUSAL, PARTIALS,
+                              WRITE_LSE, RECORD_ORDER)
 
 
 @ct.kernel
@@ -301,6 +281,8 @@ ATTENTION_PARAMS = _contract(flash_attention_fwd, {
     "Q": (IO, 4), "K": (IO, 4), "V": (IO, 4), "Out": (IO, 4),  # (batch, heads, seqlen, D)
     "Lse": ("float32", 3),  # (batch, heads, seqlen); a 1-element stand-in when not written
     "PartO": ("float32", 4), "PartM": ("float32", 3), "PartL": ("float32", 3),  # tiled only
+    "Work": ("int32", 2),  # (items, WORK_COLUMNS): the launch's work table
+    "NextItem": ("int32", 1),  # DYNAMIC only: the counter CTAs take items from
     # RECORD_ORDER only: [counter, start and end ticket of each work item]
     "Order": ("int32", 1),
 })
@@ -355,10 +337,11 @@ def aot_signature(params: tuple[Param, ...], io_dtype: str, constants: dict, sym
 
 @dataclass(frozen=True)
 class KernelVariant:
-    """One compile-time specialisation of the attention kernel.
+    """One compiled binary of the attention kernel. The schedule is not part of it: every
+    static CTA schedule and K/V direction runs the same binary, with its own work table.
 
-    Label: `<dtype>_d<D>_<M>x<N>_<full|causal>_<cta>+<kv>_occ<O>[_lse][_order][_rt]`, e.g.
-    `bf_d128_128x64_causal_persistent+sawtooth_occ2` (dtype bf = bfloat16, fp = float16).
+    Label: `<dtype>_d<D>_<M>x<N>_<full|causal>_<static|dynamic>[_partials]_occ<O>[_lse][_order]`,
+    e.g. `bf_d128_128x64_causal_static_occ2` (dtype bf = bfloat16, fp = float16).
     """
 
     dtype: str  # "bfloat16" | "float16"
@@ -366,11 +349,11 @@ class KernelVariant:
     tile_m: int
     tile_n: int
     causal: bool
-    schedule: str  # "cta+kv"
     occupancy: int
+    dynamic: bool = False  # CTAs take items from an atomic counter (dynamic CTA schedules)
+    partials: bool = False  # the tiled K/V schedule: write chunk partial states
     write_lse: bool = False
     record_order: bool = False  # work-item tickets (measured order); off in every timed run
-    schedule_at_run_time: bool = False  # one binary for every CTA schedule and linear/sawtooth
 
     def __post_init__(self):
         if self.dtype not in DTYPES:
@@ -380,33 +363,32 @@ class KernelVariant:
         if (self.tile_m, self.tile_n) not in TILE_SHAPES:
             raise ValueError(f"tiles must be one of {TILE_SHAPES}, got "
                              f"{(self.tile_m, self.tile_n)!r}")
-        parse_schedule(self.schedule)
+        if self.partials and self.write_lse:
+            raise ValueError("the tiled schedule writes partial states; its combine kernel "
+                             "writes the LSE")
+
+    @classmethod
+    def for_launch(cls, launch: Launch, dtype: str, *, write_lse: bool = False,
+                   record_order: bool = False) -> "KernelVariant":
+        """The binary that runs `launch`."""
+        p = launch.problem
+        partials = launch.kv.code == KV_TILED
+        return cls(dtype, p.head_dim, p.tile_m, p.tile_n, p.causal, launch.ctas_per_sm,
+                   launch.cta.dynamic, partials, write_lse and not partials, record_order)
 
     @property
     def constants(self) -> dict:
-        cta, kv = parse_schedule(self.schedule)
-        cta_code, kv_code = cta_schedule(cta).code, kv_schedule(kv).code
-        shared = self.schedule_at_run_time and kv_code != KV_TILED
         return {"HEAD_DIM": self.head_dim, "TILE_M": self.tile_m, "TILE_N": self.tile_n,
-                "CAUSAL": self.causal,
-                # a shared binary's constants name no schedule: the run-time arguments do
-                "CTA_ORDER": 0 if shared else cta_code, "KV_ORDER": 0 if shared else kv_code,
-                "WRITE_LSE": self.write_lse, "RECORD_ORDER": self.record_order,
-                "SCHEDULE_AT_RUN_TIME": shared}
-
-    @property
-    def run_time_codes(self) -> dict:
-        """The schedule codes the kernel reads at run time (ignored unless shared)."""
-        cta, kv = parse_schedule(self.schedule)
-        return {"cta_order_at_run_time": cta_schedule(cta).code,
-                "kv_order_at_run_time": kv_schedule(kv).code}
+                "CAUSAL": self.causal, "DYNAMIC": self.dynamic, "PARTIALS": self.partials,
+                "WRITE_LSE": self.write_lse, "RECORD_ORDER": self.record_order}
 
     @property
     def label(self) -> str:
         return (f"{self.dtype[:2]}_d{self.head_dim}_{self.tile_m}x{self.tile_n}"
-                f"_{'causal' if self.causal else 'full'}_{self.schedule}_occ{self.occupancy}"
-                f"{'_lse' if self.write_lse else ''}{'_order' if self.record_order else ''}"
-                f"{'_rt' if self.schedule_at_run_time else ''}")
+                f"_{'causal' if self.causal else 'full'}"
+                f"_{'dynamic' if self.dynamic else 'static'}{'_partials' if self.partials else ''}"
+                f"_occ{self.occupancy}{'_lse' if self.write_lse else ''}"
+                f"{'_order' if self.record_order else ''}")
 
     def kernel(self):
         return kernel_for_occupancy(self.occupancy)
@@ -416,17 +398,19 @@ class KernelVariant:
 
 
 def all_variants(dtypes=DTYPES, head_dims=HEAD_DIMS, tiles=TILE_SHAPES, write_lse=(False,)):
-    """Every specialisation `wavefront compile --all` builds: every registered schedule."""
+    """Every binary `wavefront compile --all` builds: static and dynamic assignment, and the
+    tiled schedule's partial-state writer (static only: its chunk-major order is static)."""
     for dtype in dtypes:
         for head_dim in head_dims:
             for tile in tiles:
                 for causal in (False, True):
-                    for schedule in schedule_names():
-                        # The tiled schedule writes partial states, never the LSE itself.
-                        lses = (False,) if schedule.endswith("+tiled") else write_lse
-                        for lse in lses:
+                    occupancy = DEFAULT_OCCUPANCY[tile]
+                    for dynamic in (False, True):
+                        for lse in write_lse:
                             yield KernelVariant(dtype, head_dim, tile[0], tile[1], causal,
-                                                schedule, DEFAULT_OCCUPANCY[tile], lse)
+                                                occupancy, dynamic, False, lse)
+                    yield KernelVariant(dtype, head_dim, tile[0], tile[1], causal, occupancy,
+                                        False, True)
 
 
 @dataclass(frozen=True)

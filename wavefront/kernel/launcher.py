@@ -104,14 +104,13 @@ def validate_views(vq: _ArrayView, vk: _ArrayView, vv: _ArrayView) -> None:
 class AttentionLauncher:
     """One launch configuration bound to its kernel and buffers: call it with q, k, v, out.
 
-    Everything that does not depend on the data (the specialisation, the kernel object, the
-    tiled schedule's fp32 partial states, the LSE buffer, the scalar arguments) is made once
-    here; `__call__` only launches.
+    Everything that does not depend on the data (the binary, the kernel object, the work table
+    on the GPU, the tiled schedule's fp32 partial states, the LSE buffer, the scalar arguments)
+    is made once here; `__call__` only launches.
     """
 
     def __init__(self, launch: Launch, q_view: _ArrayView, *, scale: float | None = None,
-                 return_lse: bool = False, record_order: bool = False,
-                 schedule_at_run_time: bool = False):
+                 return_lse: bool = False, record_order: bool = False):
         p = launch.problem
         if scale is None:
             scale = 1.0 / math.sqrt(p.head_dim)
@@ -123,21 +122,22 @@ class AttentionLauncher:
         self.tiled = launch.kv.code == KV_TILED
         self.return_lse = bool(return_lse)
         self.record_order = bool(record_order)
-        self.variant = KernelVariant(q_view.dtype, p.head_dim, p.tile_m, p.tile_n, p.causal,
-                                     launch.name, launch.ctas_per_sm,
-                                     self.return_lse and not self.tiled, self.record_order,
-                                     bool(schedule_at_run_time))
+        self.variant = KernelVariant.for_launch(launch, q_view.dtype, write_lse=self.return_lse,
+                                                record_order=self.record_order)
         self.kernel = self.variant.kernel()
         # cuTile needs an array for every parameter: a 1-element stand-in when LSE is not asked.
         self.lse = _empty(q_view, (p.batch, p.heads, p.seqlen_q) if return_lse else (1, 1, 1),
                           "float32")
         self.partials = _workspace(q_view, launch.n_chunks if self.tiled else 0)
+        self.work = _upload(q_view, launch.work_table)
+        # The dynamic schedules' counter: never cleared, each launch moves it on by items + CTAs
+        # (every CTA's last take finds no item), so the next launch's first item is at the base.
+        self.next_item = _zeros(q_view, 1, "int32")
+        self.ticket_base = 0
         # [counter, (start, end) ticket per work item]; zeroed once, never reset (see tickets).
         self.order = _zeros(q_view, 1 + 2 * launch.num_items if record_order else 1, "int32")
-        self.scalars = {"qk_scale_log2": float(scale * LOG2_E),
-                        "resident_ctas": launch.resident_ctas,
-                        "group_units": launch.group_units, "n_chunks": launch.n_chunks,
-                        "chunk_tiles": launch.chunk_tiles, **self.variant.run_time_codes}
+        self.scalars = {"qk_scale_log2": float(scale * LOG2_E), "num_items": launch.num_items,
+                        "alternate": launch.alternate}
         self.grid = (launch.num_ctas, 1, 1)
         self.combine_grid = (-(-p.seqlen_q // COMBINE_TILE_M), p.batch * p.heads, 1)
 
@@ -145,8 +145,11 @@ class AttentionLauncher:
         part_o, part_m, part_l = self.partials
         ct.launch(stream, self.grid, self.kernel, launch_args(ATTENTION_PARAMS, {
             "Q": q, "K": k, "V": v, "Out": out, "Lse": self.lse, "PartO": part_o,
-            "PartM": part_m, "PartL": part_l, "Order": self.order, **self.scalars,
+            "PartM": part_m, "PartL": part_l, "Work": self.work, "NextItem": self.next_item,
+            "Order": self.order, "ticket_base": self.ticket_base, **self.scalars,
             **self.variant.constants}))
+        if self.variant.dynamic:
+            self._advance_tickets(stream)
         if self.tiled:
             p = self.launch.problem
             ct.launch(stream, self.combine_grid, combine_partials, launch_args(COMBINE_PARAMS, {
@@ -154,6 +157,14 @@ class AttentionLauncher:
                 "n_chunks": self.launch.n_chunks, "HEAD_DIM": p.head_dim,
                 "TILE_M": COMBINE_TILE_M, "WRITE_LSE": self.return_lse}))
         return (out, self.lse) if self.return_lse else out
+
+    def _advance_tickets(self, stream):
+        """Move the base past this launch's takes; clear the counter (an ordered memset on the
+        same stream) long before an int32 could overflow."""
+        self.ticket_base += self.launch.num_items + self.launch.num_ctas
+        if self.ticket_base > (1 << 30):
+            _clear(self.next_item, stream)
+            self.ticket_base = 0
 
     def tickets(self):
         """(start, end) ticket of every work item of the last launch, as NumPy int64 arrays
@@ -170,8 +181,7 @@ class AttentionLauncher:
 
 def launcher_for(q, k, v, *, causal=False, schedule="persistent+linear", tiles=None,
                  occupancy=None, scale=None, return_lse=False, l2_bytes=None, ctas=None,
-                 chunk_tiles=None, record_order=False,
-                 schedule_at_run_time=False) -> tuple[AttentionLauncher, tuple]:
+                 chunk_tiles=None, record_order=False) -> tuple[AttentionLauncher, tuple]:
     """-> (launcher for these arrays' shapes, the arrays as cuTile takes them)."""
     vq, arrays = _check_inputs(q, k, v)
     dev = current_device()
@@ -182,8 +192,7 @@ def launcher_for(q, k, v, *, causal=False, schedule="persistent+linear", tiles=N
                   l2_bytes=l2_bytes if l2_bytes is not None else dev.l2_bytes, ctas=ctas,
                   chunk_tiles=chunk_tiles)
     return AttentionLauncher(launch, vq, scale=scale, return_lse=return_lse,
-                             record_order=record_order,
-                             schedule_at_run_time=schedule_at_run_time), arrays
+                             record_order=record_order), arrays
 
 
 def attention(q, k, v, *, causal: bool = False, schedule: str = "persistent+linear",
@@ -214,6 +223,28 @@ def _zeros(vq: _ArrayView, shape, dtype: str):
     out = _empty(vq, shape, dtype)
     out[...] = 0
     return out
+
+
+def _upload(vq: _ArrayView, host):
+    """A NumPy array copied to q's device, in q's library."""
+    if vq.library == "torch":
+        import torch
+        return torch.from_numpy(host.copy()).to(f"cuda:{vq.device}")
+    import cupy
+    with cupy.cuda.Device(vq.device):
+        return cupy.asarray(host)
+
+
+def _clear(array, stream):
+    """Zero `array` in stream order."""
+    if hasattr(array, "zero_"):
+        import torch
+        with torch.cuda.stream(stream):
+            array.zero_()
+    else:
+        import cupy
+        with stream if isinstance(stream, cupy.cuda.Stream) else cupy.cuda.Stream.null:
+            array.fill(0)
 
 
 def _workspace(vq, n_chunks):

@@ -55,7 +55,7 @@ def check_tickets(start, end) -> None:
 
 
 def relative_error(cfg: Point, seed: int = 0, check_lse: bool = False,
-                   record_order: bool = False, schedule_at_run_time: bool = False) -> float:
+                   record_order: bool = False) -> float:
     """||out - ref|| / ||ref|| on fresh random inputs; the output is poisoned with NaN first, so
     an unwritten element fails the check instead of passing as a stale value. With
     `record_order` the tickets are checked too (IncorrectResult if they are not one per event)."""
@@ -63,7 +63,6 @@ def relative_error(cfg: Point, seed: int = 0, check_lse: bool = False,
     q, k, v = random_inputs(cfg, seed)
     out = cupy.full(q.shape, cupy.nan, dtype=q.dtype)
     launcher, (q, k, v) = launcher_for(q, k, v, return_lse=check_lse, record_order=record_order,
-                                       schedule_at_run_time=schedule_at_run_time,
                                        **cfg.attention_kwargs())
     result = launcher(q, k, v, out, current_stream("cupy"))
     cupy.cuda.get_current_stream().synchronize()

@@ -14,8 +14,6 @@ import statistics
 from dataclasses import asdict, dataclass, field
 from typing import Callable
 
-from wavefront.results.measurement import ONE_BINARY
-
 L2_STATE = "cold by rotation (>= 4x L2 of other inputs between reuses)"
 
 
@@ -109,12 +107,17 @@ def run_rounds(contenders: list[Contender], *, rounds: int = 15, per_round: int 
     return out
 
 
-def shape_contenders(points, *, peers: bool = True, seed: int = 1,
-                     one_binary: bool = False) -> list[Contender]:
+def contender_name(point, shape) -> str:
+    """The schedule, plus what else differs from the shape's first point (tiles, occupancy)."""
+    extra = [f"{k}={getattr(point, k)}" for k in ("tiles", "occupancy", "ctas")
+             if getattr(point, k) != getattr(shape, k)]
+    return point.schedule + (f" [{' '.join(extra)}]" if extra else "")
+
+
+def shape_contenders(points, *, peers: bool = True, seed: int = 1) -> list[Contender]:
     """Our schedules for one shape (each checked against the reference first; a wrong one
     raises IncorrectResult) and, with `peers`, torch SDPA's cuDNN and FA2 on the same shape.
-    `one_binary` adds each schedule again from the SCHEDULE_AT_RUN_TIME binary (named
-    '<schedule> (one binary)'), in the same rounds."""
+    Points that differ in more than the schedule (tiles, occupancy) are named by their label."""
     import cupy
 
     from wavefront.device import current_device
@@ -137,18 +140,15 @@ def shape_contenders(points, *, peers: bool = True, seed: int = 1,
     stream = current_stream("cupy")
     contenders = []
     for point in points:
-        for shared in ((False, True) if one_binary else (False,)):
-            err = relative_error(point, seed, schedule_at_run_time=shared)
-            if not err < CORRECTNESS_TOLERANCE:
-                raise IncorrectResult(f"{point.schedule}: relative error {err:.3g}")
-            launcher, _ = launcher_for(*sets[0], schedule_at_run_time=shared,
-                                       **point.attention_kwargs())
+        err = relative_error(point, seed)
+        if not err < CORRECTNESS_TOLERANCE:
+            raise IncorrectResult(f"{point.schedule}: relative error {err:.3g}")
+        launcher, _ = launcher_for(*sets[0], **point.attention_kwargs())
 
-            def run(i, launcher=launcher):
-                q, k, v = sets[i % n_sets]
-                launcher(q, k, v, outs[i % n_sets], stream)
-            contenders.append(Contender(point.schedule + (ONE_BINARY if shared else ""), run,
-                                        counts.useful_flops))
+        def run(i, launcher=launcher):
+            q, k, v = sets[i % n_sets]
+            launcher(q, k, v, outs[i % n_sets], stream)
+        contenders.append(Contender(contender_name(point, first), run, counts.useful_flops))
     for name, run in (peer_runners(first, sets) if peers else {}).items():
         try:
             run(0)

@@ -13,7 +13,10 @@
    tree, O(N log N), for miss curves over many capacities (`MissCurve`, fits);
    `ShardsSampler` is the SHARDS variant over a stream, for summaries of huge launches.
 
-The per-item mapping comes from `Launch.item_plan`, i.e. from `wavefront.schedules`.
+Each work item's coordinates and K/V order come from `Launch.work_table`, the very rows the
+kernel reads. A dynamic CTA schedule's assignment is decided at run time; the rounds model it
+as the next free slot taking the next row (with equally long items this is the grid-stride
+assignment), each slot alternating on its own count where the kernel does (`Launch.alternate`).
 """
 from __future__ import annotations
 
@@ -25,7 +28,20 @@ import numba
 import numpy as np
 
 from wavefront.point import SECTOR_BYTES
-from wavefront.schedules import KV_TILED, Launch, positive_int
+from wavefront.schedules import (
+    KV_TILED,
+    WORK_BATCH,
+    WORK_CHUNK,
+    WORK_HEAD,
+    WORK_MASKED_HI,
+    WORK_MASKED_LO,
+    WORK_Q_TILE,
+    WORK_SCAN_COUNT,
+    WORK_SCAN_START,
+    WORK_SCAN_STEP,
+    Launch,
+    positive_int,
+)
 
 # Access kinds. K and V are kinds 0 and 1 by construction: the trace builder adds k in range(2).
 KIND_Q, KIND_O = 2, 3
@@ -50,13 +66,13 @@ class Trace:
 
 
 def _item_table(launch: Launch) -> np.ndarray:
-    """Per work item: batch, head, q_tile, first K/V tile, tiles, backward, chunk."""
-    n = launch.num_items
-    table = np.empty((n, 7), dtype=np.int64)
-    for item in range(n):
-        b, h, qt, chunk, _, first, count, backward = launch.item_plan(item)
-        table[item] = (b, h, qt, first, count, backward, chunk)
-    return table
+    """The launch's work table (`wavefront.schedules.WORK_*` columns) as int64."""
+    return launch.work_table.astype(np.int64)
+
+
+def _item_steps(table: np.ndarray) -> np.ndarray:
+    """K/V tiles each work item visits: its unmasked scan and its masked tiles."""
+    return table[:, WORK_SCAN_COUNT] + table[:, WORK_MASKED_HI] - table[:, WORK_MASKED_LO]
 
 
 # Generator state, carried between blocks: the round's next slot, whether the round saw an
@@ -72,10 +88,10 @@ def _seed(seed):
 
 
 @numba.njit(cache=True)
-def _lockstep_block(table, state, cur, step, slot_stride, dynamic, n_slots, n_items, batch,
-                    heads, kv_heads, q_tiles, kv_tiles, tile_m, tile_n, seqlen_q, seqlen_kv,
-                    row_bytes, partial_row_bytes, tiled, jitter, address, nbytes, kind,
-                    slot_of):
+def _lockstep_block(table, state, cur, step, taken, slot_stride, dynamic, alternate, n_slots,
+                    n_items, batch, heads, kv_heads, q_tiles, kv_tiles, tile_m, tile_n,
+                    seqlen_q, seqlen_kv, row_bytes, partial_row_bytes, tiled, jitter, address,
+                    nbytes, kind, slot_of):
     """Fill the buffers with the next accesses of the lock-step rounds; returns how many.
 
     Resumable: `state`, `cur` (item in hand per slot) and `step` (K/V steps taken) carry the
@@ -103,12 +119,11 @@ def _lockstep_block(table, state, cur, step, slot_stride, dynamic, n_slots, n_it
         state[_STATE_ACTIVE] = 1
         if jitter > 0.0 and np.random.random() < jitter:
             continue
-        b = table[it, 0]
-        h = table[it, 1]
-        qt = table[it, 2]
-        first = table[it, 3]
-        count = table[it, 4]
-        backward = table[it, 5]
+        b = table[it, WORK_BATCH]
+        h = table[it, WORK_HEAD]
+        qt = table[it, WORK_Q_TILE]
+        scan = table[it, WORK_SCAN_COUNT]
+        count = scan + table[it, WORK_MASKED_HI] - table[it, WORK_MASKED_LO]
         q_rows = min(tile_m, seqlen_q - qt * tile_m)
         q_index = (b * heads + h) * q_tiles + qt
         if step[s] == 0:
@@ -118,9 +133,16 @@ def _lockstep_block(table, state, cur, step, slot_stride, dynamic, n_slots, n_it
             slot_of[n] = s
             n += 1
         if count > 0:
-            j = first + step[s]
-            if backward == 1:
-                j = first + count - 1 - step[s]
+            t = step[s]
+            if t < scan:
+                start = table[it, WORK_SCAN_START]
+                sign = table[it, WORK_SCAN_STEP]
+                if alternate and taken[s] % 2 == 1:  # the kernel reverses the row's scan
+                    start = start + sign * (scan - 1)
+                    sign = -sign
+                j = start + sign * t
+            else:
+                j = table[it, WORK_MASKED_LO] + t - scan
             unit = b * kv_heads + h // qpk
             kv_rows = min(tile_n, seqlen_kv - j * tile_n)
             for k in range(2):
@@ -132,7 +154,7 @@ def _lockstep_block(table, state, cur, step, slot_stride, dynamic, n_slots, n_it
             step[s] += 1
         if step[s] >= count:
             if tiled:
-                chunk = table[it, 6]
+                chunk = table[it, WORK_CHUNK]
                 address[n] = ((chunk * batch * heads) * q_tiles + q_index) * 8 + 4
                 nbytes[n] = q_rows * partial_row_bytes
                 kind[n] = KIND_PARTIAL_WRITE
@@ -143,6 +165,7 @@ def _lockstep_block(table, state, cur, step, slot_stride, dynamic, n_slots, n_it
             slot_of[n] = s
             n += 1
             step[s] = 0
+            taken[s] += 1
             if dynamic:
                 nxt = state[_STATE_NEXT_ITEM]
                 if nxt < n_items:
@@ -193,13 +216,15 @@ def trace_blocks(launch: Launch, *, jitter: float = 0.0, seed: int = 0,
     if not 0.0 <= jitter < 1.0:
         raise ValueError(f"jitter must be in [0, 1), got {jitter!r}")
     positive_int("block_accesses", block_accesses)
-    dynamic = not launch.cta.persistent
+    # A grid launch is dynamic too: the hardware gives the next CTA to the first free slot.
+    dynamic = launch.cta.dynamic or not launch.cta.persistent
     n_slots = min(launch.resident_ctas, launch.num_items) if dynamic else launch.num_ctas
-    yield from _blocks(launch, n_slots, dynamic, jitter, seed, block_accesses)
+    yield from _blocks(launch, n_slots, dynamic, bool(launch.alternate), jitter, seed,
+                       block_accesses)
 
 
-def _blocks(launch: Launch, n_slots: int, dynamic: bool, jitter: float, seed: int,
-            block_accesses: int) -> Iterator[Trace]:
+def _blocks(launch: Launch, n_slots: int, dynamic: bool, alternate: bool, jitter: float,
+            seed: int, block_accesses: int) -> Iterator[Trace]:
     p = launch.problem
     table = _item_table(launch)
     n_items = launch.num_items
@@ -209,13 +234,15 @@ def _blocks(launch: Launch, n_slots: int, dynamic: bool, jitter: float, seed: in
     cur[:min(n_slots, n_items)] = np.arange(min(n_slots, n_items))
     state[_STATE_NEXT_ITEM] = min(n_slots, n_items) if dynamic else 0
     step = np.zeros(n_slots, np.int64)
+    taken = np.zeros(n_slots, np.int64)
     size = max(block_accesses, 2 * _MAX_PER_VISIT)
     buffers = (np.empty(size, np.int64), np.empty(size, np.int32), np.empty(size, np.int8),
                np.empty(size, np.int32))
     _seed(int(seed))
     while not state[_STATE_DONE]:
         n = _lockstep_block(
-            table, state, cur, step, launch.num_ctas, dynamic, n_slots, n_items, p.batch,
+            table, state, cur, step, taken, launch.num_ctas, dynamic, alternate, n_slots,
+            n_items, p.batch,
             p.heads, p.kv_heads, p.q_tiles, p.kv_tiles, p.tile_m, p.tile_n, p.seqlen_q,
             p.seqlen_kv, p.head_dim * p.element_bytes, p.head_dim * 4 + 8, tiled,
             float(jitter), *buffers)
@@ -256,11 +283,12 @@ def timed_trace(launch: Launch, start, end) -> Trace:
     if not (end >= start).all():
         raise ValueError("every work item must end no earlier than it starts")
     # One slot running the items one after another emits each item's accesses contiguously,
-    # from the same generator as the lock-step rounds.
+    # from the same generator as the lock-step rounds. (A dynamic sawtooth's directions depend
+    # on which CTA took which item, which tickets do not say: its rows are replayed forward.)
     parts = [(b.address.copy(), b.nbytes.copy(), b.kind.copy())
-             for b in _blocks(launch, 1, True, 0.0, 0, BLOCK_ACCESSES)]
+             for b in _blocks(launch, 1, True, False, 0.0, 0, BLOCK_ACCESSES)]
     address, nbytes, kind = (np.concatenate(p) for p in zip(*parts))
-    steps = _item_table(launch)[:, 4]
+    steps = _item_steps(_item_table(launch))
     per_item = 2 + 2 * steps  # Q, K and V of each step, then O (or the partial state)
     main = int(per_item.sum())
     item = np.repeat(np.arange(n_items), per_item)
@@ -284,7 +312,8 @@ def timed_trace(launch: Launch, start, end) -> Trace:
 def _slot_of_item(launch: Launch) -> np.ndarray:
     """The CTA slot (~ SM) of each work item: persistent CTA c takes c, c+P, ...; a grid
     launch's CTA i lands on slot i mod resident CTAs (dispatch order, approximately)."""
-    stride = launch.num_ctas if launch.cta.persistent else min(launch.resident_ctas,
+    static = launch.cta.persistent and not launch.cta.dynamic
+    stride = launch.num_ctas if static else min(launch.resident_ctas,
                                                                launch.num_items)
     return (np.arange(launch.num_items) % stride).astype(np.int32)
 
@@ -304,7 +333,7 @@ class DriftModel:
         """(start, end) of every work item, in K/V steps of a mean-rate slot."""
         import heapq
         rng = np.random.default_rng(seed)
-        steps = _item_table(launch)[:, 4].astype(np.float64)
+        steps = _item_steps(_item_table(launch)).astype(np.float64)
         n_items = launch.num_items
         n_slots = int(_slot_of_item(launch).max()) + 1
         rate = np.clip(1.0 + self.rate_spread * rng.standard_normal(n_slots), 0.2, None)
@@ -312,13 +341,13 @@ class DriftModel:
         cost = steps + self.item_overhead
         start = np.empty(n_items)
         end = np.empty(n_items)
-        if launch.cta.persistent:
+        if launch.cta.persistent and not launch.cta.dynamic:
             for s in range(n_slots):
                 items = np.arange(s, n_items, n_slots)
                 finish = ready[s] + np.cumsum(cost[items] / rate[s])
                 end[items] = finish
                 start[items] = finish - cost[items] / rate[s]
-        else:  # the next CTA in dispatch order goes to the first slot that frees up
+        else:  # grid or dynamic: the next item goes to the first slot that frees up
             heap = [(ready[s], s) for s in range(n_slots)]
             heapq.heapify(heap)
             for i in range(n_items):

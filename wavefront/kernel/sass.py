@@ -1,0 +1,85 @@
+"""What the machine code of a compiled kernel says: the few SASS facts that decided speed here.
+
+The schedule-cost investigation came down to three observable properties of a Hopper
+attention cubin: whether the warpgroup MMAs are pipelined (an HGMMA issued while the previous
+ones run) or serialised (a `WARPGROUP.DEPBAR` wait after every HGMMA), whether registers spill to
+local memory (`LDL`/`STL`), and whether the kernel is warp-specialised (`USETMAXREG`: the
+producer warps give registers to the consumers). `sass_summary` counts them from `cuobjdump`.
+"""
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+
+def find_cuobjdump() -> str | None:
+    """cuobjdump on PATH, from the nvidia-cuda-cuobjdump wheel (the gpu extra), or Triton's."""
+    tool = shutil.which("cuobjdump")
+    if tool:
+        return tool
+    for site in sys.path:
+        cand = Path(site) / "nvidia" / "cu13" / "bin" / "cuobjdump"
+        if cand.is_file():
+            return str(cand)
+    try:
+        import triton
+        cand = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
+        return str(cand) if cand.exists() else None
+    except ImportError:
+        return None
+
+
+def disassemble(cubin: bytes) -> str:
+    """SASS text of a cubin (needs cuobjdump)."""
+    tool = find_cuobjdump()
+    if tool is None:
+        raise RuntimeError("cuobjdump not found: install the gpu extra (nvidia-cuda-cuobjdump) "
+                           "or put a CUDA toolkit's bin/ on PATH")
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "kernel.cubin")
+        with open(path, "wb") as f:
+            f.write(cubin)
+        out = subprocess.run([tool, "-sass", path], capture_output=True, text=True, timeout=300)
+    if out.returncode != 0:
+        raise RuntimeError(f"cuobjdump failed: {out.stderr.strip()[:200]}")
+    return out.stdout
+
+
+_INSTRUCTION = re.compile(r"^\s+/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)", re.M)
+
+
+@dataclass(frozen=True)
+class SassSummary:
+    instructions: int
+    hgmma: int  # warpgroup MMAs
+    depbar: int  # waits for outstanding warpgroup MMAs
+    local_loads: int  # LDL: spilled registers read back
+    local_stores: int  # STL
+    setmaxnreg: int  # register reallocation between warpgroups (warp specialisation)
+
+    @property
+    def wgmma_pipelined(self) -> bool:
+        """False when the compiler waits after (nearly) every HGMMA."""
+        return self.hgmma > 0 and self.depbar * 2 < self.hgmma
+
+    def as_dict(self) -> dict:
+        return {**self.__dict__, "wgmma_pipelined": self.wgmma_pipelined}
+
+
+def summarise(sass: str) -> SassSummary:
+    ops = _INSTRUCTION.findall(sass)
+
+    def count(prefix):
+        return sum(op.startswith(prefix) for op in ops)
+    return SassSummary(len(ops), count("HGMMA"), count("WARPGROUP.DEPBAR"), count("LDL"),
+                       count("STL"), count("USETMAXREG"))
+
+
+def sass_summary(cubin: bytes) -> SassSummary:
+    return summarise(disassemble(cubin))
