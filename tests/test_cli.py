@@ -7,6 +7,7 @@ from click.testing import CliRunner
 
 from wavefront.cli import main
 from wavefront.device import has_gpu
+from wavefront.point import Point
 
 ROOT = Path(__file__).parent.parent
 no_gpu = pytest.mark.skipif(has_gpu(), reason="checks the CPU-only messages")
@@ -78,7 +79,8 @@ def test_simulate_json_carries_its_inputs():
     assert row["inputs"] == {"batch": 2, "heads": 4, "kv_heads": None, "seqlen": 4096,
                              "head_dim": 64, "dtype": "bfloat16", "causal": True,
                              "schedule": "persistent+sawtooth", "tiles": None,
-                             "occupancy": None, "ctas": None, "chunk_tiles": None}
+                             "occupancy": None, "ctas": None, "chunk_tiles": None,
+                             "worker_warps": None, "cluster": 1, "kv_latency": 0}
     assert data["sms"] == 132 and row["schedule"] == "persistent+sawtooth"
     assert "simulating persistent+sawtooth" in result.stderr  # progress on stderr
 
@@ -114,3 +116,52 @@ def test_every_results_command_has_json():
     for name, cmd in main.commands.items():
         if name in ("info", "compile", "run", "bench", "profile", "sweep", "simulate", "fit"):
             assert any(p.name == "as_json" for p in cmd.params), name
+
+
+def test_tuned_table_round_trip_and_bad_entries(tmp_path):
+    """The tuned table keeps other GPUs' entries, returns exactly the `attention` arguments,
+    and names what a broken entry lacks."""
+    from wavefront.kernel.tuning import CONFIG_FIELDS, tuned_config, write_entry
+    path = tmp_path / "tuned.json"
+    assert tuned_config("GPU A", 128, True, path) is None
+    entry = {"schedule": "dynamic+linear", "tiles": "128x128", "occupancy": 1,
+             "worker_warps": 8, "cluster": 1, "kv_latency": 0, "tflops": 600.0}
+    write_entry("GPU A", 128, True, entry, path)
+    write_entry("GPU B", 64, False, {**entry, "tiles": "128x64"}, path)
+    got = tuned_config("GPU A", 128, True, path)
+    assert set(got) == set(CONFIG_FIELDS) and got["tiles"] == "128x128"
+    assert tuned_config("GPU B", 64, False, path)["tiles"] == "128x64"
+    assert tuned_config("GPU A", 128, False, path) is None
+    with pytest.raises(ValueError, match="missing"):
+        write_entry("GPU A", 64, True, {"schedule": "grid+linear"}, path)
+    path.write_text('{"GPU A": {"d128_causal": {"schedule": "grid+linear"}}}')
+    with pytest.raises(ValueError, match="lacks"):
+        tuned_config("GPU A", 128, True, path)
+
+
+def test_the_committed_tuned_table_names_valid_configurations():
+    """Every committed entry is a valid `attention` configuration (a Point accepts it)."""
+    from wavefront.kernel.tuning import load_table, tuned_config
+    for gpu, entries in load_table().items():
+        for key in entries:
+            d, mask = key[1:].split("_")
+            config = tuned_config(gpu, int(d), mask == "causal")
+            Point(head_dim=int(d), causal=mask == "causal", **config)
+
+
+def test_tune_lever_space_and_record():
+    from wavefront.measure.tune import LEVERS, lever_record, lever_space
+    shape = Point(head_dim=128, causal=True)
+    space = lever_space(shape)
+    n = 1
+    for values in LEVERS.values():
+        n *= len(values)
+    assert len(space) == len(set(space)) == n
+    assert all(p.head_dim == 128 and p.causal for p in space)
+    rows = [{"label": str(i), "levers": {k: getattr(p, k) for k in LEVERS},
+             "tflops": 100.0 + i if i % 3 else None} for i, p in enumerate(space)]
+    record = lever_record(rows)
+    assert len(record) == sum(len(v) for v in LEVERS.values())
+    best = max(r["tflops"] for r in rows if r["tflops"])
+    assert max(r["best_tflops"] for r in record) == best
+    assert all(r["of_best"] is None or 0 < r["of_best"] <= 1 for r in record)

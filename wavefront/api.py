@@ -9,10 +9,12 @@ from wavefront.point import Point, parse_schedule, parse_tiles, plan
 __all__ = ["attention", "plan", "Point", "parse_schedule", "parse_tiles"]
 
 
-def attention(q, k, v, *, causal: bool = False, schedule: str = "persistent+linear",
+def attention(q, k, v, *, causal: bool = False, schedule: str | None = None,
               tiles=None, occupancy: int | None = None, scale: float | None = None,
               return_lse: bool = False, out=None, stream=None, l2_bytes: int | None = None,
-              ctas: int | None = None, chunk_tiles: int | None = None):
+              ctas: int | None = None, chunk_tiles: int | None = None,
+              worker_warps: int | None = None, cluster: int | None = None,
+              kv_latency: int | None = None):
     """FlashAttention forward: softmax(q k^T * scale) v, per (batch, head).
 
     q: (batch, heads, seqlen_q, head_dim); k, v: (batch, kv_heads, seqlen_kv, head_dim) with
@@ -24,10 +26,17 @@ def attention(q, k, v, *, causal: bool = False, schedule: str = "persistent+line
     Returns the output (and the natural-log LSE, float32 (batch, heads, seqlen_q), if asked)
     as arrays of q's library on q's device. `ctas` caps the persistent grid (default: every
     SM x occupancy); `l2_bytes` overrides the L2 size the grouped schedule budgets for.
+
+    Kernel levers: `worker_warps` (consumer warps, 4 or 8), `cluster` (CTAs per cluster, 1 or
+    2), `kv_latency` (the K/V loads' latency hint, 1-10). When none of schedule, tiles,
+    occupancy and levers is given, the configuration `wavefront tune` measured fastest on this
+    GPU for this head dim and mask is used (wavefront/kernel/tuned.json), else
+    persistent+linear with the default tiles.
     """
     from wavefront.device import require_gpu_stack
     require_gpu_stack("wavefront.attention")
     from wavefront.kernel.launcher import attention as launch_attention
     return launch_attention(q, k, v, causal=causal, schedule=schedule, tiles=tiles,
                             occupancy=occupancy, scale=scale, return_lse=return_lse, out=out,
-                            stream=stream, l2_bytes=l2_bytes, ctas=ctas, chunk_tiles=chunk_tiles)
+                            stream=stream, l2_bytes=l2_bytes, ctas=ctas, chunk_tiles=chunk_tiles,
+                            worker_warps=worker_warps, cluster=cluster, kv_latency=kv_latency)

@@ -99,6 +99,18 @@ def plan(q_shape, k_shape, *, sms: int, l2_bytes: int, causal=False,
     return Launch(problem, cta_schedule(cta), kv_sched, sms, occupancy, l2_bytes, ctas)
 
 
+def check_levers(worker_warps, cluster, kv_latency) -> None:
+    """The kernel levers `wavefront tune` searches, each a clear error when out of range."""
+    if worker_warps not in (None, 4, 8):
+        raise ValueError(f"worker_warps must be None, 4 or 8, got {worker_warps!r}")
+    if cluster not in (1, 2) or isinstance(cluster, bool):
+        raise ValueError(f"cluster must be 1 or 2, got {cluster!r}")
+    if isinstance(kv_latency, bool) or not isinstance(kv_latency, int) \
+            or not 0 <= kv_latency <= 10:
+        raise ValueError(f"kv_latency must be an integer in [0, 10] (0: default), "
+                         f"got {kv_latency!r}")
+
+
 # The columns that identify a point in a results file, in file order. `resident_ctas` stands
 # for the `ctas` cap: it is what the launch ran with, whatever the default was.
 PARAMETER_COLUMNS = ("batch", "heads", "kv_heads", "seqlen", "head_dim", "dtype", "causal",
@@ -125,6 +137,10 @@ class Point:
     occupancy: int | None = None
     ctas: int | None = None
     chunk_tiles: int | None = None  # tiled schedule: K/V tiles per chunk (default from the L2)
+    # Kernel levers (`wavefront tune`); sweeps record the defaults only.
+    worker_warps: int | None = None  # consumer warps per CTA, 4 or 8 (None: the compiler's)
+    cluster: int = 1  # CTAs per cluster, 1 or 2
+    kv_latency: int = 0  # K/V load latency hint 1-10 (0: the kernel's defaults)
 
     def __post_init__(self):
         for name in ("batch", "heads", "seqlen"):
@@ -143,6 +159,11 @@ class Point:
         if self.heads % self.kv_heads_:
             raise ValueError(f"heads ({self.heads}) must be a multiple of kv_heads "
                              f"({self.kv_heads_})")
+        check_levers(self.worker_warps, self.cluster, self.kv_latency)
+
+    @property
+    def has_default_levers(self) -> bool:
+        return (self.worker_warps, self.cluster, self.kv_latency) == (None, 1, 0)
 
     @property
     def kv_heads_(self) -> int:
@@ -162,7 +183,9 @@ class Point:
     def attention_kwargs(self) -> dict:
         """Everything `wavefront.attention` takes from a point (no arrays)."""
         return dict(causal=self.causal, schedule=self.schedule, tiles=self.tiles,
-                    occupancy=self.occupancy, ctas=self.ctas, chunk_tiles=self.chunk_tiles)
+                    occupancy=self.occupancy, ctas=self.ctas, chunk_tiles=self.chunk_tiles,
+                    worker_warps=self.worker_warps, cluster=self.cluster,
+                    kv_latency=self.kv_latency)
 
     def parameters(self, gpu: GpuShape) -> dict:
         """The PARAMETER_COLUMNS of this point on `gpu`, defaults resolved."""
@@ -179,6 +202,10 @@ class Point:
 
     def to_record(self, gpu: GpuShape, gpu_name: str) -> dict:
         """Parameters, launch-derived columns and the key: a results row without a measurement."""
+        if not self.has_default_levers:
+            raise ValueError("results rows record the default kernel levers only (worker_warps, "
+                             "cluster, kv_latency): measure levers with `wavefront tune` or "
+                             "`wavefront bench`, which record them in their own files")
         launch = self.launch(gpu)
         params = self.parameters(gpu)
         return {**params, "point": point_key(params), "gpu": gpu_name, "sms": gpu.sms,

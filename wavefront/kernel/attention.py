@@ -57,14 +57,18 @@ LN_2 = math.log(2.0)
 # Running row maximum starts finite: a row whose first visited tile is fully masked (a causal
 # tile with tile_m > tile_n) would otherwise compute -inf - -inf = NaN.
 ROW_MAX_START = -1.0e30
+# Load latency hints (1 low .. 10 high DRAM traffic) of the K and V tiles, unless a variant
+# sets one hint for both (`KernelVariant.kv_latency`, a `wavefront tune` lever).
+DEFAULT_K_LATENCY, DEFAULT_V_LATENCY = 2, 4
 
 
 def _online_softmax_step(q, K, V, batch, kv_head, j, m_i, l_i, acc, qk_scale_log2, rows,
                          seqlen_kv, HEAD_DIM: ConstInt, TILE_M: ConstInt, TILE_N: ConstInt,
-                         MASKED: ConstBool, CAUSAL: ConstBool):
+                         MASKED: ConstBool, CAUSAL: ConstBool, K_LATENCY: ConstInt,
+                         V_LATENCY: ConstInt):
     """Fold K/V tile j into the running (row max, row sum, output) of one Q tile."""
     k = ct.load(K, index=(batch, kv_head, 0, j), shape=(1, 1, HEAD_DIM, TILE_N),
-                order=(0, 1, 3, 2), padding_mode=ct.PaddingMode.ZERO, latency=2)
+                order=(0, 1, 3, 2), padding_mode=ct.PaddingMode.ZERO, latency=K_LATENCY)
     k = k.reshape((HEAD_DIM, TILE_N))  # [HEAD_DIM, TILE_N]: K^T, transposed by the load
     qk = ct.mma(q, k, ct.full((TILE_M, TILE_N), 0.0, dtype=ct.float32))  # [TILE_M, TILE_N]
     if MASKED:
@@ -80,7 +84,7 @@ def _online_softmax_step(q, K, V, batch, kv_head, j, m_i, l_i, acc, qk_scale_log
     l_i = l_i * alpha + ct.sum(p, axis=-1, keepdims=True)
     # Zero padding matters here: a ragged V tile's rows meet p = 0, and 0 * garbage may be NaN.
     v = ct.load(V, index=(batch, kv_head, j, 0), shape=(1, 1, TILE_N, HEAD_DIM),
-                padding_mode=ct.PaddingMode.ZERO, latency=4)
+                padding_mode=ct.PaddingMode.ZERO, latency=V_LATENCY)
     v = v.reshape((TILE_N, HEAD_DIM))  # [TILE_N, HEAD_DIM]
     acc = ct.mma(p.astype(q.dtype), v, acc * alpha)  # [TILE_M, HEAD_DIM]
     return m_new, l_i, acc
@@ -117,7 +121,7 @@ def _work(Work, item, column):
 def _attend_work_item(Q, K, V, Out, Lse, PartO, PartM, PartL, Work, Order, item, reverse,
                       qk_scale_log2, HEAD_DIM: ConstInt, TILE_M: ConstInt, TILE_N: ConstInt,
                       CAUSAL: ConstBool, PARTIALS: ConstBool, WRITE_LSE: ConstBool,
-                      RECORD_ORDER: ConstBool):
+                      RECORD_ORDER: ConstBool, K_LATENCY: ConstInt, V_LATENCY: ConstInt):
     """Attend one work item as its table row says. `reverse` (0 or 1, dynamic sawtooth only)
     flips the row's unmasked scan."""
     if RECORD_ORDER:
@@ -144,7 +148,8 @@ def _attend_work_item(Q, K, V, Out, Lse, PartO, PartM, PartL, Work, Order, item,
     for t in range(count):
         m_i, l_i, acc = _online_softmax_step(q, K, V, batch, kv_head, start + step * t, m_i,
                                              l_i, acc, qk_scale_log2, 0, seqlen_kv,
-                                             HEAD_DIM, TILE_M, TILE_N, False, CAUSAL)
+                                             HEAD_DIM, TILE_M, TILE_N, False, CAUSAL,
+                                             K_LATENCY, V_LATENCY)
     # The tiles that need a mask (the causal diagonal, a ragged last tile) come last in every
     # direction, so the masked step is compiled once. Its row indices are made here, not
     # before the unmasked loop, so that they do not occupy registers across it.
@@ -152,7 +157,7 @@ def _attend_work_item(Q, K, V, Out, Lse, PartO, PartM, PartL, Work, Order, item,
     for j in range(_work(Work, item, WORK_MASKED_LO), _work(Work, item, WORK_MASKED_HI)):
         m_i, l_i, acc = _online_softmax_step(q, K, V, batch, kv_head, j, m_i, l_i, acc,
                                              qk_scale_log2, rows, seqlen_kv, HEAD_DIM, TILE_M,
-                                             TILE_N, True, CAUSAL)
+                                             TILE_N, True, CAUSAL, K_LATENCY, V_LATENCY)
 
     if PARTIALS:
         # The chunk's partial state, unnormalised; `combine_partials` merges the chunks.
@@ -172,7 +177,8 @@ def flash_attention_fwd(Q, K, V, Out, Lse, PartO, PartM, PartL, Work, NextItem, 
                         qk_scale_log2: float, num_items: int, ticket_base: int,
                         alternate: int, HEAD_DIM: ConstInt, TILE_M: ConstInt,
                         TILE_N: ConstInt, CAUSAL: ConstBool, DYNAMIC: ConstBool,
-                        PARTIALS: ConstBool, WRITE_LSE: ConstBool, RECORD_ORDER: ConstBool):
+                        PARTIALS: ConstBool, WRITE_LSE: ConstBool, RECORD_ORDER: ConstBool,
+                        K_LATENCY: ConstInt, V_LATENCY: ConstInt):
     """One CTA: take work items (table rows) and attend each.
 
     Static (DYNAMIC off): CTA c takes rows c, c + P, c + 2P, ... (grid-stride; a grid launch
@@ -189,7 +195,7 @@ def flash_attention_fwd(Q, K, V, Out, Lse, PartO, PartM, PartL, Work, NextItem, 
         while item < num_items:
             _attend_work_item(Q, K, V, Out, Lse, PartO, PartM, PartL, Work, Order, item,
                               alternate * (taken % 2), qk_scale_log2, HEAD_DIM, TILE_M, TILE_N,
-                              CAUSAL, PARTIALS, WRITE_LSE, RECORD_ORDER)
+                              CAUSAL, PARTIALS, WRITE_LSE, RECORD_ORDER, K_LATENCY, V_LATENCY)
             taken += 1
             item = (ct.atomic_add(NextItem, 0, 1, memory_order=ct.MemoryOrder.RELAXED)
                     - ticket_base)
@@ -197,7 +203,7 @@ def flash_attention_fwd(Q, K, V, Out, Lse, PartO, PartM, PartL, Work, NextItem, 
         for item in range(ct.bid(0), num_items, ct.num_blocks(0)):
             _attend_work_item(Q, K, V, Out, Lse, PartO, PartM, PartL, Work, Order, item, 0,
                               qk_scale_log2, HEAD_DIM, TILE_M, TILE_N, CAUSAL, PARTIALS,
-                              WRITE_LSE, RECORD_ORDER)
+                              WRITE_LSE, RECORD_ORDER, K_LATENCY, V_LATENCY)
 
 
 @ct.kernel
@@ -234,11 +240,18 @@ def combine_partials(PartO, PartM, PartL, Out, Lse, n_chunks: int, HEAD_DIM: Con
 
 
 @lru_cache(maxsize=None)
-def kernel_for_occupancy(occupancy: int):
-    """cuTile takes occupancy as a kernel option, so each occupancy is its own kernel object."""
+def kernel_for(occupancy: int, cluster: int = 1, worker_warps: int | None = None):
+    """cuTile takes these as kernel options, so each combination is its own kernel object:
+    CTAs per SM, CTAs per cluster (2: pairs of CTAs that can share K/V loads by TMA
+    multicast) and warps per consumer warpgroup set (None: the compiler's choice)."""
     if not 1 <= occupancy <= 32:
         raise ValueError(f"occupancy must be in [1, 32], got {occupancy!r}")
-    return ct.kernel(flash_attention_fwd, occupancy=occupancy)
+    if cluster not in (1, 2):
+        raise ValueError(f"cluster must be 1 or 2, got {cluster!r}")
+    if worker_warps not in (None, 4, 8):
+        raise ValueError(f"worker_warps must be None, 4 or 8, got {worker_warps!r}")
+    return ct.kernel(flash_attention_fwd, occupancy=occupancy, num_ctas=cluster,
+                     num_worker_warps=worker_warps)
 
 
 
@@ -354,6 +367,9 @@ class KernelVariant:
     partials: bool = False  # the tiled K/V schedule: write chunk partial states
     write_lse: bool = False
     record_order: bool = False  # work-item tickets (measured order); off in every timed run
+    cluster: int = 1  # CTAs per cluster
+    worker_warps: int | None = None  # consumer warps (None: the compiler's choice)
+    kv_latency: int = 0  # the K/V loads' DRAM latency hint, 1-10 (0: the kernel's default)
 
     def __post_init__(self):
         if self.dtype not in DTYPES:
@@ -366,21 +382,28 @@ class KernelVariant:
         if self.partials and self.write_lse:
             raise ValueError("the tiled schedule writes partial states; its combine kernel "
                              "writes the LSE")
+        if not 0 <= self.kv_latency <= 10:
+            raise ValueError(f"kv_latency must be in [0, 10], got {self.kv_latency!r}")
 
     @classmethod
     def for_launch(cls, launch: Launch, dtype: str, *, write_lse: bool = False,
-                   record_order: bool = False) -> "KernelVariant":
-        """The binary that runs `launch`."""
+                   record_order: bool = False, worker_warps: int | None = None,
+                   cluster: int = 1, kv_latency: int = 0) -> "KernelVariant":
+        """The binary that runs `launch` (with these kernel levers)."""
         p = launch.problem
         partials = launch.kv.code == KV_TILED
         return cls(dtype, p.head_dim, p.tile_m, p.tile_n, p.causal, launch.ctas_per_sm,
-                   launch.cta.dynamic, partials, write_lse and not partials, record_order)
+                   launch.cta.dynamic, partials, write_lse and not partials, record_order,
+                   cluster, worker_warps, kv_latency)
 
     @property
     def constants(self) -> dict:
         return {"HEAD_DIM": self.head_dim, "TILE_M": self.tile_m, "TILE_N": self.tile_n,
                 "CAUSAL": self.causal, "DYNAMIC": self.dynamic, "PARTIALS": self.partials,
-                "WRITE_LSE": self.write_lse, "RECORD_ORDER": self.record_order}
+                "WRITE_LSE": self.write_lse, "RECORD_ORDER": self.record_order,
+                # K is needed first (QK^T), V after the softmax: hint V as further away
+                "K_LATENCY": self.kv_latency or DEFAULT_K_LATENCY,
+                "V_LATENCY": self.kv_latency or DEFAULT_V_LATENCY}
 
     @property
     def label(self) -> str:
@@ -388,10 +411,13 @@ class KernelVariant:
                 f"_{'causal' if self.causal else 'full'}"
                 f"_{'dynamic' if self.dynamic else 'static'}{'_partials' if self.partials else ''}"
                 f"_occ{self.occupancy}{'_lse' if self.write_lse else ''}"
-                f"{'_order' if self.record_order else ''}")
+                f"{'_order' if self.record_order else ''}"
+                f"{f'_cluster{self.cluster}' if self.cluster != 1 else ''}"
+                f"{f'_ww{self.worker_warps}' if self.worker_warps else ''}"
+                f"{f'_lat{self.kv_latency}' if self.kv_latency else ''}")
 
     def kernel(self):
-        return kernel_for_occupancy(self.occupancy)
+        return kernel_for(self.occupancy, self.cluster, self.worker_warps)
 
     def signature(self):
         return aot_signature(ATTENTION_PARAMS, self.dtype, self.constants, "flash_attention_fwd")

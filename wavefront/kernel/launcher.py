@@ -21,7 +21,7 @@ from wavefront.kernel.attention import (
     combine_partials,
     launch_args,
 )
-from wavefront.point import DTYPES, HEAD_DIMS, plan
+from wavefront.point import DTYPES, HEAD_DIMS, check_levers, plan
 from wavefront.schedules import KV_TILED, Launch
 
 @dataclass(frozen=True)
@@ -110,7 +110,8 @@ class AttentionLauncher:
     """
 
     def __init__(self, launch: Launch, q_view: _ArrayView, *, scale: float | None = None,
-                 return_lse: bool = False, record_order: bool = False):
+                 return_lse: bool = False, record_order: bool = False,
+                 worker_warps: int | None = None, cluster: int = 1, kv_latency: int = 0):
         p = launch.problem
         if scale is None:
             scale = 1.0 / math.sqrt(p.head_dim)
@@ -122,8 +123,11 @@ class AttentionLauncher:
         self.tiled = launch.kv.code == KV_TILED
         self.return_lse = bool(return_lse)
         self.record_order = bool(record_order)
+        check_levers(worker_warps, cluster, kv_latency)
         self.variant = KernelVariant.for_launch(launch, q_view.dtype, write_lse=self.return_lse,
-                                                record_order=self.record_order)
+                                                record_order=self.record_order,
+                                                worker_warps=worker_warps, cluster=cluster,
+                                                kv_latency=kv_latency)
         self.kernel = self.variant.kernel()
         # cuTile needs an array for every parameter: a 1-element stand-in when LSE is not asked.
         self.lse = _empty(q_view, (p.batch, p.heads, p.seqlen_q) if return_lse else (1, 1, 1),
@@ -138,7 +142,8 @@ class AttentionLauncher:
         self.order = _zeros(q_view, 1 + 2 * launch.num_items if record_order else 1, "int32")
         self.scalars = {"qk_scale_log2": float(scale * LOG2_E), "num_items": launch.num_items,
                         "alternate": launch.alternate}
-        self.grid = (launch.num_ctas, 1, 1)
+        # A cluster launch needs a whole number of clusters; a spare CTA finds no item.
+        self.grid = (-(-launch.num_ctas // cluster) * cluster, 1, 1)
         self.combine_grid = (-(-p.seqlen_q // COMBINE_TILE_M), p.batch * p.heads, 1)
 
     def __call__(self, q, k, v, out, stream):
@@ -161,7 +166,7 @@ class AttentionLauncher:
     def _advance_tickets(self, stream):
         """Move the base past this launch's takes; clear the counter (an ordered memset on the
         same stream) long before an int32 could overflow."""
-        self.ticket_base += self.launch.num_items + self.launch.num_ctas
+        self.ticket_base += self.launch.num_items + self.grid[0]
         if self.ticket_base > (1 << 30):
             _clear(self.next_item, stream)
             self.ticket_base = 0
@@ -181,7 +186,8 @@ class AttentionLauncher:
 
 def launcher_for(q, k, v, *, causal=False, schedule="persistent+linear", tiles=None,
                  occupancy=None, scale=None, return_lse=False, l2_bytes=None, ctas=None,
-                 chunk_tiles=None, record_order=False) -> tuple[AttentionLauncher, tuple]:
+                 chunk_tiles=None, record_order=False, worker_warps=None, cluster=1,
+                 kv_latency=0) -> tuple[AttentionLauncher, tuple]:
     """-> (launcher for these arrays' shapes, the arrays as cuTile takes them)."""
     vq, arrays = _check_inputs(q, k, v)
     dev = current_device()
@@ -192,17 +198,44 @@ def launcher_for(q, k, v, *, causal=False, schedule="persistent+linear", tiles=N
                   l2_bytes=l2_bytes if l2_bytes is not None else dev.l2_bytes, ctas=ctas,
                   chunk_tiles=chunk_tiles)
     return AttentionLauncher(launch, vq, scale=scale, return_lse=return_lse,
-                             record_order=record_order), arrays
+                             record_order=record_order, worker_warps=worker_warps,
+                             cluster=cluster, kv_latency=kv_latency), arrays
 
 
-def attention(q, k, v, *, causal: bool = False, schedule: str = "persistent+linear",
+DEFAULT_SCHEDULE = "persistent+linear"
+
+
+def resolve_config(head_dim: int, causal: bool, schedule, tiles, occupancy, worker_warps,
+                   cluster, kv_latency) -> dict:
+    """The caller's choices, or where the caller chose nothing, the tuned table's entry for this
+    GPU and shape (`wavefront tune`), or the defaults."""
+    chosen = dict(schedule=schedule, tiles=tiles, occupancy=occupancy,
+                  worker_warps=worker_warps, cluster=cluster, kv_latency=kv_latency)
+    if all(v is None for v in chosen.values()):
+        from wavefront.kernel.tuning import tuned_config
+        dev = current_device()
+        tuned = tuned_config(dev.name, head_dim, causal) if dev is not None else None
+        if tuned is not None:
+            return tuned
+    chosen["schedule"] = schedule or DEFAULT_SCHEDULE
+    chosen["cluster"] = 1 if cluster is None else cluster
+    chosen["kv_latency"] = 0 if kv_latency is None else kv_latency
+    return chosen
+
+
+def attention(q, k, v, *, causal: bool = False, schedule: str | None = None,
               tiles=None, occupancy: int | None = None, scale: float | None = None,
               return_lse: bool = False, out=None, stream=None, l2_bytes: int | None = None,
-              ctas: int | None = None, chunk_tiles: int | None = None):
+              ctas: int | None = None, chunk_tiles: int | None = None,
+              worker_warps: int | None = None, cluster: int | None = None,
+              kv_latency: int | None = None):
     """FlashAttention forward; see `wavefront.api.attention` for the arguments."""
-    launcher, (q, k, v) = launcher_for(q, k, v, causal=causal, schedule=schedule, tiles=tiles,
-                                       occupancy=occupancy, scale=scale, return_lse=return_lse,
-                                       l2_bytes=l2_bytes, ctas=ctas, chunk_tiles=chunk_tiles)
+    head_dim = q.shape[-1] if hasattr(q, "shape") and len(q.shape) == 4 else 0
+    config = resolve_config(head_dim, causal, schedule, tiles, occupancy, worker_warps,
+                            cluster, kv_latency)
+    launcher, (q, k, v) = launcher_for(q, k, v, causal=causal, scale=scale,
+                                       return_lse=return_lse, l2_bytes=l2_bytes, ctas=ctas,
+                                       chunk_tiles=chunk_tiles, **config)
     out = _output(launcher.view, out)
     stream = stream if stream is not None else current_stream(launcher.view.library)
     return launcher(q, k, v, out, stream)

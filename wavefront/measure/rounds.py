@@ -15,6 +15,8 @@ from dataclasses import asdict, dataclass, field
 from typing import Callable
 
 L2_STATE = "cold by rotation (>= 4x L2 of other inputs between reuses)"
+# What may differ between the contenders of one shape besides the schedule.
+LEVER_FIELDS = ("tiles", "occupancy", "ctas", "worker_warps", "cluster", "kv_latency")
 
 
 @dataclass
@@ -109,7 +111,7 @@ def run_rounds(contenders: list[Contender], *, rounds: int = 15, per_round: int 
 
 def contender_name(point, shape) -> str:
     """The schedule, plus what else differs from the shape's first point (tiles, occupancy)."""
-    extra = [f"{k}={getattr(point, k)}" for k in ("tiles", "occupancy", "ctas")
+    extra = [f"{k}={getattr(point, k)}" for k in LEVER_FIELDS
              if getattr(point, k) != getattr(shape, k)]
     return point.schedule + (f" [{' '.join(extra)}]" if extra else "")
 

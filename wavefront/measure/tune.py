@@ -1,0 +1,127 @@
+"""`wavefront tune`: search the kernel's levers on this GPU and keep the fastest per shape.
+
+The levers (cuTile's and ours): tile shape, CTAs per SM (`occupancy`), consumer warps
+(`worker_warps`: 8 gives two consumer warpgroups, FlashAttention-3's layout), CTAs per cluster
+(`cluster`), the K/V loads' latency hint (`kv_latency`), and the CTA schedule (static
+grid-stride or dynamic). Three steps:
+
+1. Screen on the CPU side: compile every candidate ahead of time (parallel processes) and read
+   its SASS. A candidate that fails to compile, spills registers to local memory or serialises
+   its warpgroup MMAs is recorded with the reason and not timed: those were the slow ones.
+2. Warm the JIT cache in parallel processes (compiling, not running, dominates otherwise).
+3. Time the survivors and cuDNN / FA2 in interleaved rounds (`rounds.run_rounds`), each first
+   checked against the float32 reference.
+
+Every candidate's row (levers, SASS facts, median TFLOP/s with its 95% interval, ratios to the
+peers of the same rounds) goes to the record; the fastest goes to the tuned table
+(`wavefront.kernel.tuning`), which `wavefront.attention` uses by default.
+"""
+from __future__ import annotations
+
+import itertools
+import os
+from concurrent.futures import ProcessPoolExecutor
+
+from wavefront.point import Point
+
+# The searched values of each lever (tiles first: the others are read against it).
+LEVERS = {
+    "tiles": ("128x64", "128x128", "64x64"),
+    "occupancy": (1, 2),
+    "worker_warps": (None, 8),
+    "cluster": (1, 2),
+    "kv_latency": (0, 8),
+    "schedule": ("persistent+linear", "dynamic+linear"),
+}
+
+
+def lever_space(shape: Point, levers: dict = LEVERS) -> list[Point]:
+    """Every combination of the lever values on `shape` (batch, heads, length, D, mask)."""
+    names = list(levers)
+    return [shape.replace(**dict(zip(names, values)))
+            for values in itertools.product(*(levers[n] for n in names))]
+
+
+def _variant(point: Point, gpu, dtype: str):
+    from wavefront.kernel.attention import KernelVariant
+    return KernelVariant.for_launch(point.launch(gpu), dtype, worker_warps=point.worker_warps,
+                                    cluster=point.cluster, kv_latency=point.kv_latency)
+
+
+def _screen_one(args):
+    """(variant label, SASS facts or None, reason it is not timed or None)."""
+    variant, arch = args
+    from wavefront.kernel.attention import compile_variant
+    from wavefront.kernel.sass import find_cuobjdump, sass_summary
+    try:
+        cubin = compile_variant(variant, arch)
+    except Exception as exc:  # the reason is the record
+        return variant.label, None, f"does not compile: {type(exc).__name__}: {str(exc)[:120]}"
+    if find_cuobjdump() is None:
+        return variant.label, None, None
+    facts = sass_summary(cubin)
+    if facts.local_loads or facts.local_stores:
+        return variant.label, facts, f"spills ({facts.local_loads} LDL, {facts.local_stores} STL)"
+    if not facts.wgmma_pipelined:
+        return variant.label, facts, f"wgmma serialised ({facts.depbar} waits, {facts.hgmma} HGMMA)"
+    return variant.label, facts, None
+
+
+def screen(points: list[Point], gpu, dtype: str = "bfloat16", arch: str = "sm_90",
+           jobs: int | None = None) -> dict[Point, tuple]:
+    """Compile each candidate's binary once (shared binaries once) and read its SASS:
+    {point: (label, facts, reason not to time or None)}."""
+    variants = {p: _variant(p, gpu, dtype) for p in points}
+    unique = list(dict.fromkeys(variants.values()))
+    with ProcessPoolExecutor(max_workers=min(jobs or os.cpu_count() or 1, len(unique))) as pool:
+        results = dict(zip(unique, pool.map(_screen_one, [(v, arch) for v in unique])))
+    return {p: results[v] for p, v in variants.items()}
+
+
+def _warm_one(point: Point):
+    """JIT-compile (and run once, checked) one candidate in this process."""
+    from wavefront.measure.bench import relative_error
+    try:
+        return relative_error(point, seed=3), None
+    except Exception as exc:
+        return None, f"{type(exc).__name__}: {str(exc)[:160]}"
+
+
+def warm(points: list[Point], jobs: int | None = None) -> dict[Point, str | None]:
+    """Fill the JIT compile cache in parallel processes (each compiles, launches and checks its
+    candidates once): {point: error or None}."""
+    import multiprocessing as mp
+    from wavefront.results.measurement import CORRECTNESS_TOLERANCE
+    ctx = mp.get_context("spawn")  # CUDA does not survive fork
+    with ProcessPoolExecutor(max_workers=min(jobs or os.cpu_count() or 1, len(points)),
+                             mp_context=ctx) as pool:
+        out = {}
+        for p, (err, exc) in zip(points, pool.map(_warm_one, points)):
+            if exc is not None:
+                out[p] = exc
+            elif not err < CORRECTNESS_TOLERANCE:
+                out[p] = f"relative error {err:.3g} against float32"
+            else:
+                out[p] = None
+    return out
+
+
+def lever_record(rows: list[dict]) -> list[dict]:
+    """What each lever did: per lever value, the best timed candidate with that value, and
+    its ratio to the best candidate of the shape."""
+    timed = [r for r in rows if r.get("tflops")]
+    if not timed:
+        return []
+    best = max(r["tflops"] for r in timed)
+    out = []
+    for lever, values in LEVERS.items():
+        for value in values:
+            with_value = [r for r in timed if r["levers"][lever] == value]
+            top = max(with_value, key=lambda r: r["tflops"], default=None)
+            out.append({"lever": lever, "value": str(value),
+                        "candidates": sum(r["levers"][lever] == value for r in rows),
+                        "timed": len(with_value),
+                        "best_tflops": top["tflops"] if top else None,
+                        "of_best": top["tflops"] / best if top else None,
+                        "best_label": top["label"] if top else None})
+    return out
