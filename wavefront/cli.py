@@ -423,6 +423,7 @@ def bench(batch, heads, kv_heads, seqlens, head_dims, dtype, causal, schedules, 
     sink = None
     if out_dir:
         Path(out_dir).mkdir(parents=True, exist_ok=True)
+        _write_run_manifest(out_dir, ["bench.jsonl"])
         sink = open(Path(out_dir) / "bench.jsonl", "a")
     rows, failed = [], 0
     with click.progressbar(list(shapes.items()), label="shapes", file=sys.stderr) as bar:
@@ -508,6 +509,7 @@ def tune(batch, heads, kv_heads, seqlen, head_dims, dtype, causal, rounds, per_r
     sink = levers_sink = None
     if out_dir:
         Path(out_dir).mkdir(parents=True, exist_ok=True)
+        _write_run_manifest(out_dir, ["tune.jsonl", "levers.jsonl"])
         sink = open(Path(out_dir) / "tune.jsonl", "a")
         levers_sink = open(Path(out_dir) / "levers.jsonl", "a")
     try:
@@ -592,6 +594,14 @@ def tune(batch, heads, kv_heads, seqlen, head_dims, dtype, causal, rounds, per_r
         levers_sink.close()
     if failed:
         sys.exit(1)
+
+
+def _write_run_manifest(out_dir, files) -> None:
+    """Where and how this run measured (GPU, driver, CUDA, cuda-tile, tileiras, ncu, commit,
+    date, command), beside the files it appends to, one entry per run."""
+    from wavefront.results.store import manifest, write_manifest
+    data = manifest(environment(), extra={"files": files})
+    write_manifest(out_dir, data["date"].replace(":", "") + f"-{os.getpid()}", data)
 
 
 def _sweep_runner(out_dir):
