@@ -165,3 +165,18 @@ def test_tune_lever_space_and_record():
     best = max(r["tflops"] for r in rows if r["tflops"])
     assert max(r["best_tflops"] for r in record) == best
     assert all(r["of_best"] is None or 0 < r["of_best"] <= 1 for r in record)
+
+
+def test_paired_speedup_cancels_what_a_round_shares():
+    """Round-to-round drift common to both contenders cancels in the paired ratio."""
+    from wavefront.measure.rounds import RoundsResult, paired_speedup
+    drift = [1.0, 1.3, 0.9, 1.5, 1.1, 1.2, 0.8, 1.4]
+
+    def result(name, ms):
+        return RoundsResult(name, ms, 0.0, (0.0, 0.0), 0.0, (0.0, 0.0), 0, len(ms))
+    ref = result("a", [2.0 * d for d in drift])
+    other = result("b", [1.6 * d for d in drift])
+    med, lo, hi = paired_speedup(ref, other)
+    assert med == pytest.approx(1.25) and lo == pytest.approx(1.25) and hi == pytest.approx(1.25)
+    with pytest.raises(ValueError, match="same rounds"):
+        paired_speedup(ref, result("c", [1.0] * 7))

@@ -158,3 +158,39 @@ def test_dynamic_schedules_stay_correct_launch_after_launch(schedule, causal):
         err = float(cupy.linalg.norm(out.astype(cupy.float32) - ref) / cupy.linalg.norm(ref))
         assert err < TOLERANCE, n
     assert launcher.ticket_base < (1 << 30)
+
+
+@pytest.mark.parametrize("levers", [dict(tiles="128x128", occupancy=1, worker_warps=8),
+                                    dict(tiles="128x64", occupancy=2, kv_latency=8),
+                                    dict(tiles="128x64", occupancy=2, cluster=2),
+                                    dict(tiles="64x64", occupancy=2, worker_warps=8)])
+@pytest.mark.parametrize("schedule", ["persistent+sawtooth", "dynamic+sawtooth", "grid+linear"])
+@pytest.mark.parametrize("causal", [False, True])
+def test_kernel_levers_keep_the_result(levers, schedule, causal):
+    """Every lever `wavefront tune` searches computes the same function (ragged GQA shape,
+    several items per CTA, odd grids for the cluster lever)."""
+    cfg = Config(batch=2, heads=4, kv_heads=2, seqlen=333, head_dim=128, causal=causal,
+                 schedule=schedule, ctas=7, **levers)
+    assert relative_error(cfg, seed=61) < TOLERANCE
+
+
+def test_attention_defaults_to_the_tuned_table_for_this_gpu():
+    """With no configuration named, `wavefront.attention` runs the tuned entry for this GPU
+    (or the defaults where there is none) and stays correct."""
+    import cupy
+    from wavefront import attention, reference_attention
+    from wavefront.device import current_device
+    from wavefront.kernel.launcher import resolve_config
+    from wavefront.kernel.tuning import tuned_config
+    from wavefront.measure.bench import random_inputs
+    for head_dim, causal in ((64, False), (128, True)):
+        cfg = Config(batch=1, heads=2, seqlen=1000, head_dim=head_dim, causal=causal)
+        tuned = tuned_config(current_device().name, head_dim, causal)
+        resolved = resolve_config(head_dim, causal, None, None, None, None, None, None)
+        assert resolved == (tuned or resolved) and resolved["schedule"]
+        q, k, v = random_inputs(cfg, 17)
+        out = cupy.full(q.shape, cupy.nan, dtype=q.dtype)
+        attention(q, k, v, causal=causal, out=out)
+        ref, _ = reference_attention(q, k, v, causal=causal)
+        err = float(cupy.linalg.norm(out.astype(cupy.float32) - ref) / cupy.linalg.norm(ref))
+        assert err < TOLERANCE

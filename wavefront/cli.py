@@ -391,6 +391,13 @@ def run(batch, heads, kv_heads, seqlens, head_dims, dtype, causal, schedules, ti
 @click.option("--warmup", type=click.IntRange(min=0), default=3, show_default=True)
 @click.option("--peers/--no-peers", default=True, show_default=True,
               help="Time torch SDPA flash (FA2) and cuDNN in the same rounds.")
+@click.option("--worker-warps", type=click.Choice(["4", "8"]), default=None,
+              help="Consumer warps per CTA (8: two consumer warpgroups); default: the "
+                   "compiler's choice.")
+@click.option("--cluster", type=click.IntRange(1, 2), default=1, show_default=True,
+              help="CTAs per cluster.")
+@click.option("--kv-latency", type=click.IntRange(0, 10), default=0, show_default=True,
+              help="K/V load latency hint (0: the kernel's defaults).")
 @click.option("--tuned/--no-tuned", default=False, show_default=True,
               help="Also time each shape's tuned configuration (wavefront/kernel/tuned.json, "
                    "what `wavefront.attention` runs by default here), in the same rounds.")
@@ -398,17 +405,22 @@ def run(batch, heads, kv_heads, seqlens, head_dims, dtype, causal, schedules, ti
               help="Also write every contender's rounds to <out>/bench.jsonl.")
 @click.option("--json", "as_json", is_flag=True)
 def bench(batch, heads, kv_heads, seqlens, head_dims, dtype, causal, schedules, tiles,
-          occupancy, ctas, rounds, per_round, warmup, peers, tuned, out_dir, as_json):
+          occupancy, ctas, rounds, per_round, warmup, worker_warps, cluster, kv_latency, peers,
+          tuned, out_dir, as_json):
     """Schedules x shapes, each shape's schedules and peers (cuDNN, FA2) timed in interleaved
     rounds: median TFLOP/s with a 95% interval, ratios to the peers of the same rounds, NVML
     clocks and throttled rounds, the L2 state. Exits non-zero if any shape failed."""
-    points = points_from(batch, heads, kv_heads, seqlens, head_dims, dtype, causal, schedules,
-                         tiles, occupancy, ctas)
+    points = [p.replace(worker_warps=int(worker_warps) if worker_warps else None,
+                        cluster=cluster, kv_latency=kv_latency)
+              for p in points_from(batch, heads, kv_heads, seqlens, head_dims, dtype, causal,
+                                   schedules, tiles, occupancy, ctas)]
     dev = _require_gpu()
-    from wavefront.measure.rounds import run_rounds, shape_contenders
+    from wavefront.measure.rounds import paired_speedup, run_rounds, shape_contenders
     shapes: dict = {}
     for point in points:
-        shapes.setdefault(point.replace(schedule="persistent+linear"), []).append(point)
+        shapes.setdefault(point.replace(schedule="persistent+linear", tiles=None,
+                                        occupancy=None, worker_warps=None, cluster=1,
+                                        kv_latency=0), []).append(point)
     if tuned:
         from wavefront.kernel.tuning import tuned_config
         for shape, members in shapes.items():
@@ -443,6 +455,14 @@ def bench(batch, heads, kv_heads, seqlens, head_dims, dtype, causal, schedules, 
                 for peer in ("cudnn", "fa2"):
                     if peer in by and r.name not in ("cudnn", "fa2"):
                         row[f"x_{peer}"] = by[peer].median_ms / r.median_ms
+                # Paired by round: against the same CTA schedule's linear scan and against
+                # grid+linear, both with the same levers (the "[...]" suffix).
+                cta, _, rest = r.name.partition("+")
+                levers = rest[rest.index(" "):] if " " in rest else ""
+                for key, ref in (("linear", f"{cta}+linear{levers}"),
+                                 ("grid", f"grid+linear{levers}")):
+                    if ref in by and r.name not in ("cudnn", "fa2"):
+                        row[f"x_{key}"], *row[f"x_{key}_ci95"] = paired_speedup(by[ref], r)
                 rows.append(row)
                 if sink:
                     sink.write(json.dumps(row) + "\n")
@@ -458,13 +478,17 @@ def bench(batch, heads, kv_heads, seqlens, head_dims, dtype, causal, schedules, 
                   "ci": (f"{r['tflops_ci95'][0]:.1f}-{r['tflops_ci95'][1]:.1f}"
                          if "tflops_ci95" in r else ""),
                   "x_cudnn": r.get("x_cudnn"), "x_fa2": r.get("x_fa2"),
+                  **{f"vs_{k}": (f"{r[f'x_{k}']:.3f} [{r[f'x_{k}_ci95'][0]:.3f},"
+                                 f"{r[f'x_{k}_ci95'][1]:.3f}]" if f"x_{k}" in r else "")
+                     for k in ("linear", "grid")},
                   "throttled": r.get("throttled_rounds"),
                   "status": r.get("error", "ok")[:40]} for r in rows]
         print_table(table, [("contender", "contender", ""), ("S", "S", "d"), ("D", "D", "d"),
                             ("causal", "causal", ""), ("tflops", "TFLOP/s", ".1f"),
                             ("ci", "95% interval", ""), ("x_cudnn", "/cuDNN", ".3f"),
-                            ("x_fa2", "/FA2", ".3f"), ("throttled", "throttled rounds", "d"),
-                            ("status", "status", "")],
+                            ("x_fa2", "/FA2", ".3f"), ("vs_linear", "vs own linear", ""),
+                            ("vs_grid", "vs grid", ""),
+                            ("throttled", "throttled rounds", "d"), ("status", "status", "")],
                     title=f"\n{dev.name}, B={batch} H={heads} {dtype}: medians of {rounds} "
                           f"interleaved rounds x {per_round} launches, useful FLOPs; ratios "
                           "against peers of the same rounds; L2 cold by rotation")

@@ -59,6 +59,17 @@ def median_ci95(samples) -> tuple[float, float]:
     return xs[max(j - 1, 0)], xs[min(k - 1, n - 1)]
 
 
+def paired_speedup(reference: RoundsResult, other: RoundsResult) -> tuple[float, float, float]:
+    """Speed of `other` relative to `reference` (> 1: faster), paired by round: both were timed
+    in every round, so each round gives one ratio and drifts common to the round cancel.
+    -> (median ratio, 95% interval)."""
+    if len(reference.samples_ms) != len(other.samples_ms):
+        raise ValueError("paired ratios need contenders timed in the same rounds")
+    ratios = [a / b for a, b in zip(reference.samples_ms, other.samples_ms)]
+    lo, hi = median_ci95(ratios)
+    return statistics.median(ratios), lo, hi
+
+
 def run_rounds(contenders: list[Contender], *, rounds: int = 15, per_round: int = 5,
                warmup: int = 3, seed: int = 0, stream=None) -> list[RoundsResult]:
     import cupy
