@@ -95,7 +95,7 @@ def plan(q_shape, k_shape, *, sms: int, l2_bytes: int, causal=False,
         if not isinstance(kv_sched, TiledScan):
             raise ValueError(f"chunk_tiles applies to the tiled schedule only, got schedule "
                              f"{schedule!r}")
-        kv_sched = TiledScan(tiles_per_chunk=chunk_tiles)
+        kv_sched = replace(kv_sched, tiles_per_chunk=chunk_tiles)
     return Launch(problem, cta_schedule(cta), kv_sched, sms, occupancy, l2_bytes, ctas)
 
 

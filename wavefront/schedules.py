@@ -36,6 +36,7 @@ CTA_GROUPED_DYNAMIC = 5  # L2 head groups, longest first inside a group, atomic 
 KV_LINEAR = 0  # every work item scans K/V forward
 KV_SAWTOOTH = 1  # a CTA's successive work items alternate forward / backward
 KV_TILED = 2  # L2-blocked split-KV: chunk-major (Q tile, K/V chunk) items, partials combined
+KV_TILED_FIT = 3  # tiled, chunks fitted to two partition copies plus the round's stream
 
 # The work table's columns: what the kernel reads of each work item. The unmasked K/V tiles are
 # visited as SCAN_START + SCAN_STEP x t for t < SCAN_COUNT (STEP = +1 forward, -1 backward),
@@ -427,10 +428,12 @@ class GroupedDynamicSchedule:
 
 
 class KvSchedule(Protocol):
-    """In which order a work item visits its K/V tiles."""
+    """In which order a work item visits its K/V tiles; `writes_partials`: split into chunks
+    whose partial states a combine kernel merges (the tiled family)."""
 
     name: str
     code: int
+    writes_partials: bool
 
     def chunk_tiles(self, problem: AttentionProblem, l2_bytes: int,
                     resident_ctas: int) -> int: ...
@@ -442,6 +445,7 @@ class LinearScan:
 
     name: str = field(default="linear", init=False)
     code: int = field(default=KV_LINEAR, init=False)
+    writes_partials: bool = field(default=False, init=False)
 
     def chunk_tiles(self, problem, l2_bytes, resident_ctas):
         return problem.kv_tiles  # one chunk: the whole K/V
@@ -458,6 +462,7 @@ class SawtoothScan:
 
     name: str = field(default="sawtooth", init=False)
     code: int = field(default=KV_SAWTOOTH, init=False)
+    writes_partials: bool = field(default=False, init=False)
 
     def chunk_tiles(self, problem, l2_bytes, resident_ctas):
         return problem.kv_tiles
@@ -500,6 +505,39 @@ class TiledScan:
             budget -= stream
         return max(1, min(p.kv_tiles, int(budget // tile_bytes)))
 
+    @property
+    def writes_partials(self) -> bool:
+        return True
+
+
+@dataclass(frozen=True)
+class TiledFitScan(TiledScan):
+    """Tiled, with chunks fitted to Hopper's two L2 partitions and the round's stream.
+
+    A chunk is read by SMs of both partitions, so it holds a copy in each (BRIEF section 3: the
+    partition model, which predicts the fabric counters); the Q tiles read and partial states
+    written by one round of the CTAs in flight pass through once. The chunk is therefore
+    (l2_fraction x L2 - stream) / 2. `tiled` sized the chunk at 40% of the L2 and, at D=128,
+    ignored a stream larger than the chunk: its chunks fell out of the L2 between rounds
+    (DRAM reads 4.1x the minimum on the H100 at 256k). Smaller chunks mean more partial-state
+    traffic, which is small next to the compute at these lengths.
+    """
+
+    l2_fraction: float = 0.8
+    name: str = field(default="tiled_fit", init=False)
+    code: int = field(default=KV_TILED_FIT, init=False)
+
+    def chunk_tiles(self, problem, l2_bytes, resident_ctas):
+        if self.tiles_per_chunk is not None:
+            return min(self.tiles_per_chunk, problem.kv_tiles)
+        p = problem
+        tile_bytes = 2 * p.tile_n * p.head_dim * p.element_bytes  # K + V
+        stream = resident_ctas * p.tile_m * (p.head_dim * p.element_bytes + p.head_dim * 4 + 8)
+        # Never less than an eighth of the budget: past that, the stream alone misses anyway.
+        chunk_bytes = max(self.l2_fraction * l2_bytes - stream,
+                          self.l2_fraction * l2_bytes / 8) / 2
+        return max(1, min(p.kv_tiles, int(chunk_bytes // tile_bytes)))
+
 
 CTA_SCHEDULES: dict[str, CtaSchedule] = {
     "grid": GridSchedule(),
@@ -513,6 +551,7 @@ KV_SCHEDULES: dict[str, KvSchedule] = {
     "linear": LinearScan(),
     "sawtooth": SawtoothScan(),
     "tiled": TiledScan(),
+    "tiled_fit": TiledFitScan(),
 }
 
 
@@ -529,7 +568,7 @@ def cta_schedule(name: str | CtaSchedule) -> CtaSchedule:
 def schedule_names() -> list[str]:
     """Every supported 'cta+kv' combination, in registry order."""
     return [f"{c}+{k}" for c, cs in CTA_SCHEDULES.items() for k in KV_SCHEDULES
-            if cs.takes_chunks or KV_SCHEDULES[k].code != KV_TILED]
+            if cs.takes_chunks or not KV_SCHEDULES[k].writes_partials]
 
 
 def kv_schedule(name: str | KvSchedule) -> KvSchedule:
@@ -577,9 +616,10 @@ class Launch:
         positive_int("l2_bytes", self.l2_bytes)
         if self.ctas is not None:
             positive_int("ctas", self.ctas)
-        if self.kv.code == KV_TILED and not self.cta.takes_chunks:
-            raise ValueError(f"schedule '{self.cta.name}+tiled' is not supported: the tiled "
-                             "schedule orders its work chunk-major itself; use a CTA schedule "
+        if self.kv.writes_partials and not self.cta.takes_chunks:
+            raise ValueError(f"schedule '{self.cta.name}+{self.kv.name}' is not supported: the "
+                             "tiled schedules order their work chunk-major themselves; use a CTA "
+                             "schedule "
                              f"among {[c for c, s in CTA_SCHEDULES.items() if s.takes_chunks]}")
 
     @cached_property

@@ -35,7 +35,6 @@ import cuda.tile as ct
 
 from wavefront.point import DEFAULT_OCCUPANCY, DTYPES, HEAD_DIMS, TILE_SHAPES
 from wavefront.schedules import (
-    KV_TILED,
     WORK_BATCH,
     WORK_CHUNK,
     WORK_HEAD,
@@ -391,7 +390,7 @@ class KernelVariant:
                    cluster: int = 1, kv_latency: int = 0) -> "KernelVariant":
         """The binary that runs `launch` (with these kernel levers)."""
         p = launch.problem
-        partials = launch.kv.code == KV_TILED
+        partials = launch.kv.writes_partials
         return cls(dtype, p.head_dim, p.tile_m, p.tile_n, p.causal, launch.ctas_per_sm,
                    launch.cta.dynamic, partials, write_lse and not partials, record_order,
                    cluster, worker_warps, kv_latency)

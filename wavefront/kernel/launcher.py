@@ -22,7 +22,7 @@ from wavefront.kernel.attention import (
     launch_args,
 )
 from wavefront.point import DTYPES, HEAD_DIMS, check_levers, plan
-from wavefront.schedules import KV_TILED, Launch
+from wavefront.schedules import Launch
 
 @dataclass(frozen=True)
 class _ArrayView:
@@ -120,7 +120,7 @@ class AttentionLauncher:
             raise ValueError(f"scale must be a positive finite number, got {scale!r}")
         self.launch = launch
         self.view = q_view
-        self.tiled = launch.kv.code == KV_TILED
+        self.tiled = launch.kv.writes_partials
         self.return_lse = bool(return_lse)
         self.record_order = bool(record_order)
         check_levers(worker_warps, cluster, kv_latency)

@@ -29,7 +29,6 @@ import numpy as np
 
 from wavefront.point import SECTOR_BYTES
 from wavefront.schedules import (
-    KV_TILED,
     WORK_BATCH,
     WORK_CHUNK,
     WORK_HEAD,
@@ -228,7 +227,7 @@ def _blocks(launch: Launch, n_slots: int, dynamic: bool, alternate: bool, jitter
     p = launch.problem
     table = _item_table(launch)
     n_items = launch.num_items
-    tiled = launch.kv.code == KV_TILED
+    tiled = launch.kv.writes_partials
     state = np.zeros(4, np.int64)
     cur = np.full(n_slots, -1, np.int64)
     cur[:min(n_slots, n_items)] = np.arange(min(n_slots, n_items))
