@@ -1070,6 +1070,12 @@ def experiment_cli(path) -> click.Group:
         me = experiments[name]
         dev = None if gpus or scheduler else _require_gpu()
         failed = 0
+        for args in me.bench_runs:  # bench files it owns, appended to
+            import subprocess
+            cmd = [sys.executable, "-m", "wavefront.cli", "bench", *args, "--out",
+                   str(Path(data_dir) / name)]
+            click.echo(" ".join(cmd[2:]), err=True)
+            failed += subprocess.run(cmd).returncode != 0
         for dataset in me.datasets:
             spec, out = spec_for(dataset, experiments), Path(data_dir) / dataset
             summary = (_run_sweep_on_dask(spec, out, gpus, scheduler) if dev is None

@@ -14,6 +14,8 @@ import statistics
 from dataclasses import asdict, dataclass, field
 from typing import Callable
 
+from wavefront.results.measurement import median_ci95, paired_ratio
+
 L2_STATE = "cold by rotation (>= 4x L2 of other inputs between reuses)"
 # What may differ between the contenders of one shape besides the schedule.
 LEVER_FIELDS = ("tiles", "occupancy", "ctas", "worker_warps", "cluster", "kv_latency")
@@ -43,31 +45,10 @@ class RoundsResult:
         return asdict(self)
 
 
-def median_ci95(samples) -> tuple[float, float]:
-    """Distribution-free 95% interval of the median: order statistics (j, k) with
-    P(j <= rank of the median < k) >= 0.95 under Binomial(n, 1/2). Needs n >= 6."""
-    from scipy.stats import binom
-    xs = sorted(samples)
-    n = len(xs)
-    if n < 6:
-        raise ValueError(f"a 95% interval of the median needs at least 6 rounds, got {n}")
-    j = int(binom.ppf(0.025, n, 0.5))
-    k = n - j
-    while binom.cdf(k - 1, n, 0.5) - binom.cdf(j - 1, n, 0.5) < 0.95 and j > 0:
-        j -= 1
-        k += 1
-    return xs[max(j - 1, 0)], xs[min(k - 1, n - 1)]
-
-
 def paired_speedup(reference: RoundsResult, other: RoundsResult) -> tuple[float, float, float]:
-    """Speed of `other` relative to `reference` (> 1: faster), paired by round: both were timed
-    in every round, so each round gives one ratio and drifts common to the round cancel.
-    -> (median ratio, 95% interval)."""
-    if len(reference.samples_ms) != len(other.samples_ms):
-        raise ValueError("paired ratios need contenders timed in the same rounds")
-    ratios = [a / b for a, b in zip(reference.samples_ms, other.samples_ms)]
-    lo, hi = median_ci95(ratios)
-    return statistics.median(ratios), lo, hi
+    """Speed of `other` relative to `reference` (> 1: faster), paired by round (see
+    `results.measurement.paired_ratio`): (median ratio, 95% interval)."""
+    return paired_ratio(reference.samples_ms, other.samples_ms)
 
 
 def run_rounds(contenders: list[Contender], *, rounds: int = 15, per_round: int = 5,

@@ -758,3 +758,201 @@ def prediction_table(study) -> pd.DataFrame:
     tfits, _ = study.throughput
     presets = {k: PRESETS[k] for k in ("gb10", "b200", "h100", "h200")}
     return pd.DataFrame(preset_predictions(presets, tfits["H100"], PRESETS["h100"]))
+
+
+# --------------------------------------------------------------------------------------------
+# The table-driven kernel: what a schedule costs by itself (experiments/schedule_cost.py)
+# --------------------------------------------------------------------------------------------
+
+SCHEDULE_COST = "schedule_cost"
+PEERS = ("cudnn", "fa2")
+
+
+def _shape_name(s: dict) -> str:
+    return (f"B{s['batch']} H{s['heads']}" + (f" KV{s['kv_heads']}" if s.get("kv_heads") else "")
+            + f" S{s['seqlen'] // 1024}k D{s['head_dim']}" + (" causal" if s["causal"] else ""))
+
+
+def schedule_cost_rows(data_dir) -> pd.DataFrame:
+    """Every contender of every bench run in data/schedule_cost/*.jsonl, with its ratios paired
+    by round (computed here from the per-round samples, one way for every run): against the
+    same CTA schedule's linear scan and against grid+linear with the same levers, and against
+    cuDNN and FA2 of the same rounds."""
+    from wavefront.results.measurement import median_ci95, paired_ratio
+    rows = []
+    for path in sorted((Path(data_dir) / SCHEDULE_COST).glob("*.jsonl")):
+        shapes: dict = {}
+        for line in path.read_text().splitlines():
+            r = json.loads(line)
+            if "contender" in r:
+                shapes.setdefault(_shape_name(r["shape"]), {})[r["contender"]] = r
+        for shape, by in shapes.items():
+            for name, r in by.items():
+                if name in PEERS:
+                    continue
+                cta, _, rest = name.partition("+")
+                levers = rest[rest.index(" "):] if " " in rest else ""
+                row = {"run": path.stem, "GPU": short_gpu(r["gpu"]), "shape": shape,
+                       "schedule": name, "TFLOP/s": r["tflops"],
+                       "lo": r["tflops_ci95"][0], "hi": r["tflops_ci95"][1],
+                       "rounds": r["rounds"], "throttled": r["throttled_rounds"]}
+                for key, ref in (("linear", f"{cta}+linear{levers}"),
+                                 ("grid", f"grid+linear{levers}"), ("cudnn", "cudnn"),
+                                 ("fa2", "fa2")):
+                    if ref in by:
+                        row[f"vs {key}"], row[f"vs {key} lo"], row[f"vs {key} hi"] = \
+                            paired_ratio(by[ref]["samples_ms"], r["samples_ms"])
+                rows.append(row)
+    d = pd.DataFrame(rows)
+    if not d.empty:
+        assert median_ci95  # the intervals above are its order statistics
+    return d
+
+
+def parse_bench_printout(text: str) -> pd.DataFrame:
+    """The table `wavefront bench` prints (schedule, S, D, causal, TFLOP/s), for a run whose
+    JSONL did not come back from the device."""
+    import re
+    rows = []
+    for line in text.splitlines():
+        m = re.match(r"(\S+(?: \[[^\]]*\])?)\s+(\d+)\s+(\d+)\s+(True|False)\s+([\d.]+)\s", line)
+        if m:
+            rows.append({"contender": m.group(1), "S": int(m.group(2)), "D": int(m.group(3)),
+                         "causal": m.group(4) == "True", "TFLOP/s": float(m.group(5))})
+    return pd.DataFrame(rows)
+
+
+def schedule_cost_agreement(data_dir) -> pd.DataFrame:
+    """The same bench command twice on the H100 (tuned levers): run 1's printed table against
+    run 2's JSONL, per contender: |median difference|."""
+    directory = Path(data_dir) / SCHEDULE_COST
+    first, second = directory / "tuned_levers_run1.txt", directory / "tuned_levers_run2.jsonl"
+    if not (first.exists() and second.exists()):
+        return pd.DataFrame()
+    one = parse_bench_printout(first.read_text())
+    two = []
+    for line in second.read_text().splitlines():
+        r = json.loads(line)
+        if "contender" in r:
+            two.append({"contender": r["contender"], "D": r["shape"]["head_dim"],
+                        "causal": r["shape"]["causal"], "TFLOP/s": r["tflops"]})
+    m = one.merge(pd.DataFrame(two), on=["contender", "D", "causal"], suffixes=(" 1", " 2"))
+    m["difference"] = (m["TFLOP/s 2"] / m["TFLOP/s 1"] - 1).abs()
+    m["peer"] = m["contender"].isin(PEERS)
+    return m
+
+
+def schedule_cost_summary(d: pd.DataFrame) -> pd.DataFrame:
+    """Per run and shape: how far the K/V direction moves a schedule (sawtooth vs its own
+    linear), persistent vs grid, the slowest static CTA schedule vs grid, the dynamic ones vs
+    grid, and the best contender against cuDNN."""
+    out = []
+    for (run, gpu, shape), sub in d.groupby(["run", "GPU", "shape"], sort=False):
+        if "vs grid" not in sub or "vs linear" not in sub:
+            continue
+        base = sub[~sub["schedule"].str.contains(r"\[")]  # the run's own levers
+        saw = base[base["schedule"].str.contains("sawtooth")]
+        static = base[~base["schedule"].str.contains("dynamic")
+                      & base["schedule"].str.endswith("+linear")]
+        dyn = base[base["schedule"].str.contains("dynamic") & base["schedule"].str.endswith("+linear")]
+        pers = base[base["schedule"] == "persistent+linear"]
+        worst = static.loc[static["vs grid"].idxmin()] if not static.empty else None
+        best = sub.loc[sub["vs cudnn"].idxmax()] if "vs cudnn" in sub else None
+        out.append({
+            "run": run, "GPU": gpu, "shape": shape,
+            "sawtooth vs own linear": (f"{saw['vs linear'].min():.3f}-{saw['vs linear'].max():.3f}"
+                                       if not saw.empty else ""),
+            "persistent vs grid": (f"{float(pers['vs grid'].iloc[0]):.3f}" if not pers.empty
+                                   else ""),
+            "slowest static vs grid": (f"{worst['vs grid']:.3f} ({worst['schedule']})"
+                                       if worst is not None else ""),
+            "dynamic vs grid": (f"{dyn['vs grid'].min():.3f}-{dyn['vs grid'].max():.3f}"
+                                if not dyn.empty else ""),
+            "best vs cuDNN": (f"{best['vs cudnn']:.3f} ({best['schedule']})"
+                              if best is not None else "")})
+    return pd.DataFrame(out)
+
+
+def tune_record(data_dir) -> pd.DataFrame:
+    """The lever searches (data/tune/*/levers.jsonl): per GPU, shape and lever value, the best
+    timed candidate with that value relative to the shape's best."""
+    rows = []
+    for path in sorted((Path(data_dir) / "tune").glob("*/levers.jsonl")):
+        for line in path.read_text().splitlines():
+            r = json.loads(line)
+            rows.append({"search": path.parent.name, "GPU": short_gpu(r["gpu"]),
+                         "shape": _shape_name(r["shape"]), "lever": r["lever"],
+                         "value": r["value"], "timed": r["timed"],
+                         "best TFLOP/s": r["best_tflops"], "of best": r["of_best"],
+                         "binary": r["best_label"]})
+    return pd.DataFrame(rows)
+
+
+def tune_best(data_dir) -> pd.DataFrame:
+    """Each search's fastest candidate per shape, with its interval and cuDNN / FA2 ratios."""
+    import gzip
+    rows = []
+    for path in sorted((Path(data_dir) / "tune").glob("*/tune.jsonl.gz")):
+        by_shape: dict = {}
+        with gzip.open(path, "rt") as f:
+            for line in f:
+                r = json.loads(line)
+                if r.get("peer") or not r.get("tflops"):
+                    continue
+                key = _shape_name(r["shape"])
+                if key not in by_shape or r["tflops"] > by_shape[key]["tflops"]:
+                    by_shape[key] = r
+        for shape, r in by_shape.items():
+            lv = r["levers"]
+            rows.append({"search": path.parent.name, "GPU": short_gpu(r["gpu"]), "shape": shape,
+                         "schedule": lv["schedule"], "tiles": lv["tiles"],
+                         "occupancy": lv["occupancy"], "worker warps": lv["worker_warps"],
+                         "cluster": lv["cluster"], "K/V latency": lv["kv_latency"],
+                         "TFLOP/s": r["tflops"], "lo": r["tflops_ci95"][0],
+                         "hi": r["tflops_ci95"][1], "x cuDNN": r.get("x_cudnn"),
+                         "x FA2": r.get("x_fa2")})
+    return pd.DataFrame(rows)
+
+
+def tiled_fit_table(df: pd.DataFrame) -> pd.DataFrame:
+    """Per shape and K/V schedule (data/tiled_fit, counters): DRAM reads in GB and against two
+    minimums (with the partial states once, as `tiled_table`; and Q+K+V alone), DRAM writes,
+    medians over repeats; and TFLOP/s against linear where the bench timed it."""
+    c = df[(df["measurement"] == "counters") & (df["status"] == "ok")].copy()
+    if c.empty:
+        return pd.DataFrame()
+    qkv = 3 * c["seqlen"] * c["head_dim"] * 2 * c["batch"] * c["heads"]
+    c["read GB"] = c["dram_read_bytes"] / 1e9
+    c["write GB"] = c["dram_write_bytes"] / 1e9
+    c["x minimum"] = c["dram_read_bytes"] / c["compulsory_read_bytes"]
+    c["x Q+K+V"] = c["dram_read_bytes"] / qkv
+    g = (c.groupby(["gpu", "seqlen", "causal", "kv_schedule"], sort=False)
+         [["read GB", "write GB", "x minimum", "x Q+K+V"]].median().reset_index())
+    g["GPU"] = g["gpu"].map(short_gpu)
+    g["S"] = g["seqlen"]
+    g["schedule"] = g["kv_schedule"]
+    out = g[["GPU", "S", "causal", "schedule", "read GB", "write GB", "x minimum", "x Q+K+V"]]
+    return out.round({"read GB": 2, "write GB": 2, "x minimum": 2, "x Q+K+V": 1})
+
+
+def tiled_fit_timing(data_dir) -> pd.DataFrame:
+    """The bench of data/tiled_fit: each K/V schedule against linear, paired by round."""
+    from wavefront.results.measurement import paired_ratio
+    path = Path(data_dir) / "tiled_fit" / "bench.jsonl"
+    if not path.exists():
+        return pd.DataFrame()
+    by = {}
+    for line in path.read_text().splitlines():
+        r = json.loads(line)
+        if "contender" in r:
+            by[r["contender"]] = r
+    ref = by.get("persistent+linear")
+    rows = []
+    for name, r in by.items():
+        if name in PEERS or ref is None:
+            continue
+        med, lo, hi = paired_ratio(ref["samples_ms"], r["samples_ms"])
+        rows.append({"GPU": short_gpu(r["gpu"]), "shape": _shape_name(r["shape"]),
+                     "schedule": name, "TFLOP/s": round(r["tflops"], 1),
+                     "vs linear [95%]": f"{med:.3f} [{lo:.3f}, {hi:.3f}]"})
+    return pd.DataFrame(rows)

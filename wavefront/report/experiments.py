@@ -4,7 +4,8 @@ An experiment file defines
 - its docstring: the question (first line) and how to run it;
 - `SPEC`: the TOML sweep it owns (measured into `data/<name>/`), or `SPECS`: several, by data
   set name; or none;
-- `DATASETS`: the data sets its figure reads (default: its own);
+- `DATASETS`: the results tables its figure reads (default: its own);
+- `BENCH`: optionally, `wavefront bench` argument lists it runs into `data/<name>/`;
 - `figure(study)`: the figure the paper uses, from a `report.analysis.Study`;
 - optionally `table(study)`: a DataFrame the paper prints;
 - `cli`: its click script (`run` / `plot --out DIR`), built by `wavefront.cli.experiment_cli`.
@@ -48,7 +49,17 @@ class Experiment:
 
     @property
     def datasets(self) -> tuple[str, ...]:
-        return tuple(getattr(self.module, "DATASETS", None) or self.specs or (self.name,))
+        """The results tables (data/<name>/results.csv) its figure reads; an experiment that
+        reads only bench files says DATASETS = ()."""
+        declared = getattr(self.module, "DATASETS", None)
+        if declared is not None:
+            return tuple(declared)
+        return tuple(self.specs or (self.name,))
+
+    @property
+    def bench_runs(self) -> list[list[str]]:
+        """`wavefront bench` argument lists whose rounds it owns (data/<name>/bench.jsonl)."""
+        return [list(args) for args in getattr(self.module, "BENCH", [])]
 
     def figure(self, study):
         return self.module.figure(study)
@@ -105,5 +116,6 @@ def readme_table(experiments: dict[str, Experiment]) -> str:
     """The README's experiment table, generated from the files."""
     lines = ["| experiment | question | data |", "|---|---|---|"]
     for name, exp in experiments.items():
-        lines.append(f"| `{name}` | {exp.question} | {', '.join(exp.datasets)} |")
+        data = list(exp.datasets) + ([f"{name} (bench rounds)"] if exp.bench_runs else [])
+        lines.append(f"| `{name}` | {exp.question} | {', '.join(data)} |")
     return "\n".join(lines)

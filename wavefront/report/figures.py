@@ -385,3 +385,60 @@ def dram_bound(table: pd.DataFrame, dram_rate=None, dram_interval=None):
                      "bf16, non-causal; 3 repeats)")
         fig.tight_layout()
     return fig
+
+
+def schedule_cost(d: pd.DataFrame):
+    """Every schedule's speed against grid+linear of the same rounds (paired by round, 95%
+    interval) at B=1 H=32 S=8k, per shape (columns) and bench run (rows); dashed: cuDNN."""
+    d = d[d["shape"].str.startswith("B1 H32 S8k") & ~d["schedule"].str.contains(r"\[")]
+    runs = list(dict.fromkeys(d["run"]))
+    shapes = list(dict.fromkeys(d["shape"]))
+    order = list(dict.fromkeys(d["schedule"]))  # the bench's order, the same in every panel
+    where = {name: i for i, name in enumerate(order)}
+    with style():
+        fig, axes = plt.subplots(len(runs), len(shapes), figsize=(3.3 * len(shapes) + 1.5,
+                                                                 2.9 * len(runs) + 0.8),
+                                 sharey=True, squeeze=False)
+        for i, run in enumerate(runs):
+            for j, shape in enumerate(shapes):
+                ax = axes[i][j]
+                sub = d[(d["run"] == run) & (d["shape"] == shape)]
+                y = sub["schedule"].map(where).to_numpy()
+                colors = np.where(sub["schedule"].str.endswith("sawtooth"), "tab:orange",
+                                  "tab:blue")
+                ax.errorbar(sub["vs grid"], y, xerr=[sub["vs grid"] - sub["vs grid lo"],
+                                                     sub["vs grid hi"] - sub["vs grid"]],
+                            fmt="none", ecolor="gray", capsize=2)
+                ax.scatter(sub["vs grid"], y, c=colors, zorder=3, s=18)
+                grid_vs_cudnn = sub.loc[sub["schedule"] == "grid+linear", "vs cudnn"]
+                if len(grid_vs_cudnn):
+                    ax.axvline(1 / float(grid_vs_cudnn.iloc[0]), color="k", ls="--", lw=1)
+                ax.axvline(1.0, color="gray", lw=0.8)
+                ax.set_yticks(range(len(order)))
+                ax.set_yticklabels(order, fontsize=7)
+                gpu = sub["GPU"].iloc[0] if len(sub) else ""
+                ax.set_title(f"{gpu} {shape.replace('B1 H32 S8k ', '')}, {run}", fontsize=8)
+                ax.set_xlabel("speed vs grid+linear", fontsize=8)
+        fig.suptitle("What a schedule costs by itself (table-driven kernel, B=1 H=32 S=8k bf16, "
+                     "K/V in L2): speed vs grid+linear paired by interleaved round, 95% "
+                     "intervals; blue linear, orange sawtooth, dashed cuDNN", fontsize=9)
+        fig.tight_layout()
+    return fig
+
+
+def tiled_fit(table: pd.DataFrame):
+    """DRAM reads per K/V schedule, absolute (GB, log scale), per length and mask."""
+    t = table.copy()
+    t["shape"] = t["S"].map(lambda s: f"S={s // 1024}k") + np.where(t["causal"], " causal", "")
+    gpus = ", ".join(sorted(set(t["GPU"])))
+    with style():
+        fig, ax = plt.subplots(figsize=(8, 4))
+        sns.barplot(data=t, x="shape", y="read GB", hue="schedule", ax=ax)
+        ax.set_yscale("log")
+        ax.set_ylabel("DRAM reads (GB, log scale; medians of 2)")
+        ax.set_xlabel("")
+        ax.set_title(f"{gpus}: tiled vs tiled_fit vs the scans, B=1 H=1 D=128 bf16, 128x64 "
+                     "tiles (ncu, cold L2)")
+        ax.legend(fontsize=8)
+        fig.tight_layout()
+    return fig

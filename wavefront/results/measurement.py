@@ -146,6 +146,34 @@ def spread(values) -> float:
     return float((v.max() - v.min()) / np.median(v))
 
 
+def median_ci95(samples) -> tuple[float, float]:
+    """Distribution-free 95% interval of the median: order statistics (j, k) with
+    P(j <= rank of the median < k) >= 0.95 under Binomial(n, 1/2). Needs n >= 6."""
+    from scipy.stats import binom
+    xs = sorted(samples)
+    n = len(xs)
+    if n < 6:
+        raise ValueError(f"a 95% interval of the median needs at least 6 rounds, got {n}")
+    j = int(binom.ppf(0.025, n, 0.5))
+    k = n - j
+    while binom.cdf(k - 1, n, 0.5) - binom.cdf(j - 1, n, 0.5) < 0.95 and j > 0:
+        j -= 1
+        k += 1
+    return xs[max(j - 1, 0)], xs[min(k - 1, n - 1)]
+
+
+def paired_ratio(reference_ms, other_ms) -> tuple[float, float, float]:
+    """Speed of `other` relative to `reference` (> 1: faster), paired by round: both were timed
+    in every round, so each round gives one ratio and drifts common to the round cancel.
+    -> (median ratio, 95% interval)."""
+    import statistics
+    if len(reference_ms) != len(other_ms):
+        raise ValueError("paired ratios need contenders timed in the same rounds")
+    ratios = [a / b for a, b in zip(reference_ms, other_ms)]
+    lo, hi = median_ci95(ratios)
+    return statistics.median(ratios), lo, hi
+
+
 def field_names(cls) -> tuple[str, ...]:
     return tuple(f.name for f in fields(cls))
 
