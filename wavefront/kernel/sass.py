@@ -18,34 +18,44 @@ from dataclasses import dataclass
 from pathlib import Path
 
 
-def find_cuobjdump() -> str | None:
-    """cuobjdump on PATH, from the nvidia-cuda-cuobjdump wheel (the gpu extra), or Triton's."""
-    tool = shutil.which("cuobjdump")
-    if tool:
-        return tool
+def _find(tool: str) -> str | None:
+    """`tool` on PATH, from the NVIDIA pip wheels (the gpu extra), or Triton's copy."""
+    found = shutil.which(tool)
+    if found:
+        return found
     for site in sys.path:
-        cand = Path(site) / "nvidia" / "cu13" / "bin" / "cuobjdump"
+        cand = Path(site) / "nvidia" / "cu13" / "bin" / tool
         if cand.is_file():
             return str(cand)
     try:
         import triton
-        cand = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
+        cand = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / tool
         return str(cand) if cand.exists() else None
     except ImportError:
         return None
+
+
+def find_cuobjdump() -> str | None:
+    """cuobjdump, where `disassemble` can also find the nvdisasm it needs for SASS."""
+    tool = _find("cuobjdump")
+    return tool if tool and _find("nvdisasm") else None
 
 
 def disassemble(cubin: bytes) -> str:
     """SASS text of a cubin (needs cuobjdump)."""
     tool = find_cuobjdump()
     if tool is None:
-        raise RuntimeError("cuobjdump not found: install the gpu extra (nvidia-cuda-cuobjdump) "
-                           "or put a CUDA toolkit's bin/ on PATH")
+        raise RuntimeError("cuobjdump and nvdisasm not found: install the gpu extra "
+                           "(nvidia-cuda-cuobjdump, nvidia-cuda-nvdisasm) or put a CUDA "
+                           "toolkit's bin/ on PATH")
+    # cuobjdump runs nvdisasm for SASS: tell it where the one we found lives.
+    env = {**os.environ, "NVDISASM_PATH": str(Path(_find("nvdisasm")).parent)}
     with tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(tmp, "kernel.cubin")
         with open(path, "wb") as f:
             f.write(cubin)
-        out = subprocess.run([tool, "-sass", path], capture_output=True, text=True, timeout=300)
+        out = subprocess.run([tool, "-sass", path], capture_output=True, text=True, timeout=300,
+                             env=env)
     if out.returncode != 0:
         raise RuntimeError(f"cuobjdump failed: {out.stderr.strip()[:200]}")
     return out.stdout
