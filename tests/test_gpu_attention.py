@@ -130,9 +130,12 @@ def test_recorded_order_is_one_ticket_per_event_and_changes_nothing(schedule, ca
     assert np.array_equal(cupy.asnumpy(out.view(cupy.uint16)), cupy.asnumpy(ref.view(cupy.uint16)))
 
 
-@pytest.mark.parametrize("schedule", ["dynamic+sawtooth", "grouped_dynamic+linear"])
+@pytest.mark.parametrize("schedule,levers", [
+    ("dynamic+sawtooth", {}), ("grouped_dynamic+linear", {}),
+    ("grouped_dynamic+linear", dict(tiles="128x128", occupancy=2, cluster=2, kv_latency=8)),
+    ("dynamic+sawtooth", dict(tiles="128x64", occupancy=2, cluster=2))])
 @pytest.mark.parametrize("causal", [False, True])
-def test_dynamic_schedules_stay_correct_launch_after_launch(schedule, causal):
+def test_dynamic_schedules_stay_correct_launch_after_launch(schedule, levers, causal):
     """The dynamic counter is never cleared: each launch moves the base on by items + CTAs.
     Five launches in a row (output poisoned each time), then a base near the int32 limit, which
     clears the counter in stream order, and five more: every output element right each time."""
@@ -142,7 +145,7 @@ def test_dynamic_schedules_stay_correct_launch_after_launch(schedule, causal):
     from wavefront.measure.bench import random_inputs
     from wavefront.measure.reference import reference_attention
     cfg = Config(batch=2, heads=4, kv_heads=2, seqlen=700, head_dim=64, causal=causal,
-                 schedule=schedule, ctas=9)
+                 schedule=schedule, ctas=9, **levers)
     q, k, v = random_inputs(cfg, 41)
     ref, _ = reference_attention(q, k, v, causal=causal)
     launcher, _ = launcher_for(q, k, v, **cfg.attention_kwargs())
@@ -157,6 +160,9 @@ def test_dynamic_schedules_stay_correct_launch_after_launch(schedule, causal):
         assert bool(cupy.isfinite(out).all()), n
         err = float(cupy.linalg.norm(out.astype(cupy.float32) - ref) / cupy.linalg.norm(ref))
         assert err < TOLERANCE, n
+        # The counter moved exactly as the host expects (items + one last take per block):
+        # otherwise the next launch would skip items, or take ones that are not there.
+        assert int(launcher.next_item[0]) == launcher.ticket_base, n
     assert launcher.ticket_base < (1 << 30)
 
 
