@@ -5,6 +5,7 @@ and a closed-form count that matches. GPU correctness on ragged, causal and GQA 
 schedule is in tests/test_gpu_attention.py, compilation in tests/test_compile.py."""
 import random
 from collections import Counter
+from dataclasses import replace
 
 import pytest
 
@@ -37,7 +38,7 @@ def launches(schedule: str, n: int, seed: int):
                              tile_n=rng.choice([64, 128]))
         cta = cta_schedule(cta_name)
         if isinstance(cta, GroupedSchedule):
-            cta = GroupedSchedule(l2_fraction=rng.choice([0.001, 0.05, 0.5, 2.0]))
+            cta = replace(cta, l2_fraction=rng.choice([0.001, 0.05, 0.5, 2.0]))
         yield Launch(p, cta, kv_schedule(kv_name), sms=rng.randint(1, 9),
                      ctas_per_sm=rng.randint(1, 3),
                      l2_bytes=rng.choice([1 << 16, 1 << 22, 50 << 20]),

@@ -1,5 +1,6 @@
 """Properties of the schedule vocabulary, on the same functions the kernel compiles."""
 import random
+from dataclasses import replace
 
 import pytest
 
@@ -34,7 +35,7 @@ def random_problem(rng, causal=None):
 def random_launch(rng, cta_name, kv_name="linear"):
     cta = cta_schedule(cta_name)
     if isinstance(cta, GroupedSchedule):
-        cta = GroupedSchedule(l2_fraction=rng.choice([0.001, 0.05, 0.5, 2.0]))
+        cta = replace(cta, l2_fraction=rng.choice([0.001, 0.05, 0.5, 2.0]))
     return Launch(random_problem(rng), cta, kv_schedule(kv_name), sms=rng.randint(1, 9),
                   ctas_per_sm=rng.randint(1, 3), l2_bytes=rng.choice([1 << 16, 1 << 22, 50 << 20]),
                   ctas=rng.choice([None, rng.randint(1, 40)]))

@@ -416,6 +416,7 @@ def bench(batch, heads, kv_heads, seqlens, head_dims, dtype, causal, schedules, 
                                    schedules, tiles, occupancy, ctas)]
     dev = _require_gpu()
     from wavefront.measure.rounds import paired_speedup, run_rounds, shape_contenders
+    from wavefront.results.measurement import paired_references
     shapes: dict = {}
     for point in points:
         shapes.setdefault(point.replace(schedule="persistent+linear", tiles=None,
@@ -455,12 +456,7 @@ def bench(batch, heads, kv_heads, seqlens, head_dims, dtype, causal, schedules, 
                 for peer in ("cudnn", "fa2"):
                     if peer in by and r.name not in ("cudnn", "fa2"):
                         row[f"x_{peer}"] = by[peer].median_ms / r.median_ms
-                # Paired by round: against the same CTA schedule's linear scan and against
-                # grid+linear, both with the same levers (the "[...]" suffix).
-                cta, _, rest = r.name.partition("+")
-                levers = rest[rest.index(" "):] if " " in rest else ""
-                for key, ref in (("linear", f"{cta}+linear{levers}"),
-                                 ("grid", f"grid+linear{levers}")):
+                for key, ref in paired_references(r.name).items():
                     if ref in by and r.name not in ("cudnn", "fa2"):
                         row[f"x_{key}"], *row[f"x_{key}_ci95"] = paired_speedup(by[ref], r)
                 rows.append(row)

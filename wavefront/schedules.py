@@ -372,7 +372,7 @@ class LongestFirstSchedule:
 
 
 @dataclass(frozen=True)
-class DynamicSchedule:
+class DynamicSchedule(LongestFirstSchedule):
     """Persistent, longest items first, and each CTA takes the next item from a global atomic
     counter when it finishes one (FlashAttention-3's dynamic scheduler).
 
@@ -386,19 +386,11 @@ class DynamicSchedule:
 
     name: str = field(default="dynamic", init=False)
     code: int = field(default=CTA_DYNAMIC, init=False)
-    persistent: bool = field(default=True, init=False)
     dynamic: bool = field(default=True, init=False)
-    takes_chunks: bool = field(default=False, init=False)
-
-    def num_ctas(self, num_items, resident_ctas):
-        return min(num_items, resident_ctas)
-
-    def group_units(self, problem, l2_bytes):
-        return 1
 
 
 @dataclass(frozen=True)
-class GroupedDynamicSchedule:
+class GroupedDynamicSchedule(GroupedSchedule):
     """Grouped's L2 head groups, longest items first inside each group, and each CTA takes the
     next item from a global atomic counter (balanced without losing the L2 order).
 
@@ -409,22 +401,9 @@ class GroupedDynamicSchedule:
     records the real one.
     """
 
-    l2_fraction: float = 0.5
     name: str = field(default="grouped_dynamic", init=False)
     code: int = field(default=CTA_GROUPED_DYNAMIC, init=False)
-    persistent: bool = field(default=True, init=False)
     dynamic: bool = field(default=True, init=False)
-    takes_chunks: bool = field(default=False, init=False)
-
-    def __post_init__(self):
-        if not (0.0 < self.l2_fraction <= 4.0):
-            raise ValueError(f"l2_fraction must be in (0, 4], got {self.l2_fraction!r}")
-
-    def num_ctas(self, num_items, resident_ctas):
-        return min(num_items, resident_ctas)
-
-    def group_units(self, problem, l2_bytes):
-        return GroupedSchedule(self.l2_fraction).group_units(problem, l2_bytes)
 
 
 class KvSchedule(Protocol):
@@ -468,6 +447,13 @@ class SawtoothScan:
         return problem.kv_tiles
 
 
+def round_stream_bytes(problem: AttentionProblem, resident_ctas: int) -> int:
+    """What one round of the CTAs in flight streams through the L2 besides K/V: each reads its
+    Q tile and writes its fp32 partial state (row max and sum, unnormalised output)."""
+    p = problem
+    return resident_ctas * p.tile_m * (p.head_dim * p.element_bytes + p.head_dim * 4 + 8)
+
+
 @dataclass(frozen=True)
 class TiledScan:
     """K/V cut into chunks that fit the L2 (or `tiles_per_chunk` K/V tiles each).
@@ -499,11 +485,14 @@ class TiledScan:
             return min(self.tiles_per_chunk, problem.kv_tiles)
         p = problem
         tile_bytes = 2 * p.tile_n * p.head_dim * p.element_bytes  # K + V
-        stream = resident_ctas * p.tile_m * (p.head_dim * p.element_bytes + p.head_dim * 4 + 8)
-        budget = self.l2_fraction * l2_bytes
-        if stream <= budget / 2:
-            budget -= stream
-        return max(1, min(p.kv_tiles, int(budget // tile_bytes)))
+        chunk_bytes = self.chunk_bytes(self.l2_fraction * l2_bytes,
+                                       round_stream_bytes(p, resident_ctas))
+        return max(1, min(p.kv_tiles, int(chunk_bytes // tile_bytes)))
+
+    def chunk_bytes(self, budget: float, stream: int) -> float:
+        """The chunk's share of the budget: less the stream, unless the stream would take more
+        than half of it (then the whole budget)."""
+        return budget - stream if stream <= budget / 2 else budget
 
     @property
     def writes_partials(self) -> bool:
@@ -527,16 +516,9 @@ class TiledFitScan(TiledScan):
     name: str = field(default="tiled_fit", init=False)
     code: int = field(default=KV_TILED_FIT, init=False)
 
-    def chunk_tiles(self, problem, l2_bytes, resident_ctas):
-        if self.tiles_per_chunk is not None:
-            return min(self.tiles_per_chunk, problem.kv_tiles)
-        p = problem
-        tile_bytes = 2 * p.tile_n * p.head_dim * p.element_bytes  # K + V
-        stream = resident_ctas * p.tile_m * (p.head_dim * p.element_bytes + p.head_dim * 4 + 8)
+    def chunk_bytes(self, budget: float, stream: int) -> float:
         # Never less than an eighth of the budget: past that, the stream alone misses anyway.
-        chunk_bytes = max(self.l2_fraction * l2_bytes - stream,
-                          self.l2_fraction * l2_bytes / 8) / 2
-        return max(1, min(p.kv_tiles, int(chunk_bytes // tile_bytes)))
+        return max(budget - stream, budget / 8) / 2
 
 
 CTA_SCHEDULES: dict[str, CtaSchedule] = {
@@ -678,9 +660,14 @@ class Launch:
         lo, _, hi = chunk_tile_range(chunk, self.chunk_tiles, visited, first_masked)
         return batch, head, q_tile, chunk, it, lo, hi - lo, scans_backward(it, self.kv.code)
 
-    def _row(self, item: int, backward: int) -> tuple[int, ...]:
+    def _row(self, item: int, backward: int | None = None, planned=None) -> tuple[int, ...]:
+        """Item `item`'s work-table row (`backward`: the unmasked scan's direction; default:
+        the item's own, lock-step for a dynamic schedule; `planned`: its `item_plan`, if the
+        caller has it)."""
         p = self.problem
-        batch, head, q_tile, chunk, _, _, _, _ = self.item_plan(item)
+        batch, head, q_tile, chunk, _, _, _, own = planned or self.item_plan(item)
+        if backward is None:
+            backward = own
         visited, first_masked = p.kv_span(q_tile)
         lo, mid, hi = chunk_tile_range(chunk, self.chunk_tiles, visited, first_masked)
         start, step, count, masked_lo, masked_hi = scan_plan(lo, mid, hi, backward)
@@ -694,25 +681,24 @@ class Launch:
         rows scan forward and the kernel reverses a CTA's odd-numbered items (`alternate`)."""
         rows = np.zeros((self.num_items, WORK_COLUMNS), dtype=np.int32)
         for item in range(self.num_items):
-            backward = 0 if self.cta.dynamic else self.item_plan(item)[7]
-            row = self._row(item, backward)
+            row = self._row(item, 0 if self.cta.dynamic else None)
             rows[item, :len(row)] = row
         rows.setflags(write=False)
         return rows
 
-    def kv_order(self, item: int, backward: int | None = None) -> tuple[int, ...]:
+    def kv_order(self, item: int, backward: int | None = None, planned=None) -> tuple[int, ...]:
         """Item `item`'s K/V tiles in visiting order (`backward`: the unmasked scan's direction;
         default: the item's own, lock-step for a dynamic schedule)."""
-        if backward is None:
-            backward = self.item_plan(item)[7]
-        row = self._row(item, backward)
+        row = self._row(item, backward, planned)
         start, step, count = row[WORK_SCAN_START], row[WORK_SCAN_STEP], row[WORK_SCAN_COUNT]
         return (tuple(start + step * t for t in range(count))
                 + tuple(range(row[WORK_MASKED_LO], row[WORK_MASKED_HI])))
 
     def work_item(self, cta: int, item: int) -> WorkItem:
-        batch, head, q_tile, chunk, it, _, _, _ = self.item_plan(item)
-        return WorkItem(cta, it, item, batch, head, q_tile, self.kv_order(item), chunk)
+        planned = self.item_plan(item)
+        batch, head, q_tile, chunk, it, _, _, _ = planned
+        return WorkItem(cta, it, item, batch, head, q_tile,
+                        self.kv_order(item, planned=planned), chunk)
 
     def work_of_cta(self, cta: int) -> Iterator[WorkItem]:
         for item in self.items_of_cta(cta):

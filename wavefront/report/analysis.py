@@ -778,7 +778,7 @@ def schedule_cost_rows(data_dir) -> pd.DataFrame:
     by round (computed here from the per-round samples, one way for every run): against the
     same CTA schedule's linear scan and against grid+linear with the same levers, and against
     cuDNN and FA2 of the same rounds."""
-    from wavefront.results.measurement import median_ci95, paired_ratio
+    from wavefront.results.measurement import paired_ratio, paired_references
     rows = []
     for path in sorted((Path(data_dir) / SCHEDULE_COST).glob("*.jsonl")):
         shapes: dict = {}
@@ -790,23 +790,17 @@ def schedule_cost_rows(data_dir) -> pd.DataFrame:
             for name, r in by.items():
                 if name in PEERS:
                     continue
-                cta, _, rest = name.partition("+")
-                levers = rest[rest.index(" "):] if " " in rest else ""
                 row = {"run": path.stem, "GPU": short_gpu(r["gpu"]), "shape": shape,
                        "schedule": name, "TFLOP/s": r["tflops"],
                        "lo": r["tflops_ci95"][0], "hi": r["tflops_ci95"][1],
                        "rounds": r["rounds"], "throttled": r["throttled_rounds"]}
-                for key, ref in (("linear", f"{cta}+linear{levers}"),
-                                 ("grid", f"grid+linear{levers}"), ("cudnn", "cudnn"),
-                                 ("fa2", "fa2")):
+                for key, ref in {**paired_references(name), "cudnn": "cudnn",
+                                 "fa2": "fa2"}.items():
                     if ref in by:
                         row[f"vs {key}"], row[f"vs {key} lo"], row[f"vs {key} hi"] = \
                             paired_ratio(by[ref]["samples_ms"], r["samples_ms"])
                 rows.append(row)
-    d = pd.DataFrame(rows)
-    if not d.empty:
-        assert median_ci95  # the intervals above are its order statistics
-    return d
+    return pd.DataFrame(rows)
 
 
 def parse_bench_printout(text: str) -> pd.DataFrame:

@@ -174,6 +174,14 @@ def paired_ratio(reference_ms, other_ms) -> tuple[float, float, float]:
     return statistics.median(ratios), lo, hi
 
 
+def paired_references(contender: str) -> dict[str, str]:
+    """The contenders a bench contender is compared with, round by round: the same CTA schedule
+    scanning linearly, and grid+linear, both with the same levers (the "[...]" suffix)."""
+    cta, _, rest = contender.partition("+")
+    levers = rest[rest.index(" "):] if " " in rest else ""
+    return {"linear": f"{cta}+linear{levers}", "grid": f"grid+linear{levers}"}
+
+
 def field_names(cls) -> tuple[str, ...]:
     return tuple(f.name for f in fields(cls))
 
