@@ -80,7 +80,8 @@ def test_simulate_json_carries_its_inputs():
                              "head_dim": 64, "dtype": "bfloat16", "causal": True,
                              "schedule": "persistent+sawtooth", "tiles": None,
                              "occupancy": None, "ctas": None, "chunk_tiles": None,
-                             "worker_warps": None, "cluster": 1, "kv_latency": 0}
+                             "worker_warps": None, "cluster": 1, "kv_latency": 0,
+                             "rescale_threshold": 0, "exp2_poly": 0}
     assert data["sms"] == 132 and row["schedule"] == "persistent+sawtooth"
     assert "simulating persistent+sawtooth" in result.stderr  # progress on stderr
 
@@ -118,35 +119,74 @@ def test_every_results_command_has_json():
             assert any(p.name == "as_json" for p in cmd.params), name
 
 
+Q_B1 = (1, 32, 8192, 128)  # the default tuned shape (batch, heads, seqlen, head_dim)
+
+
 def test_tuned_table_round_trip_and_bad_entries(tmp_path):
     """The tuned table keeps other GPUs' entries, returns exactly the `attention` arguments,
     and names what a broken entry lacks."""
     from wavefront.kernel.tuning import CONFIG_FIELDS, tuned_config, write_entry
     path = tmp_path / "tuned.json"
-    assert tuned_config("GPU A", 128, True, path) is None
+    assert tuned_config("GPU A", Q_B1, Q_B1, True, path) is None
     entry = {"schedule": "dynamic+linear", "tiles": "128x128", "occupancy": 1,
-             "worker_warps": 8, "cluster": 1, "kv_latency": 0, "tflops": 600.0}
-    write_entry("GPU A", 128, True, entry, path)
+             "worker_warps": 8, "cluster": 1, "kv_latency": 0, "rescale_threshold": 0,
+             "exp2_poly": 0, "tflops": 600.0, "shape": "B=1 H=32 KV=32 S=8192 bfloat16"}
+    assert write_entry("GPU A", 128, True, entry, path) == "d128_causal"
     write_entry("GPU B", 64, False, {**entry, "tiles": "128x64"}, path)
-    got = tuned_config("GPU A", 128, True, path)
+    got = tuned_config("GPU A", Q_B1, Q_B1, True, path)
     assert set(got) == set(CONFIG_FIELDS) and got["tiles"] == "128x128"
-    assert tuned_config("GPU B", 64, False, path)["tiles"] == "128x64"
-    assert tuned_config("GPU A", 128, False, path) is None
+    q64 = (1, 32, 8192, 64)
+    assert tuned_config("GPU B", q64, q64, False, path)["tiles"] == "128x64"
+    assert tuned_config("GPU A", Q_B1, Q_B1, False, path) is None
     with pytest.raises(ValueError, match="missing"):
         write_entry("GPU A", 64, True, {"schedule": "grid+linear"}, path)
-    path.write_text('{"GPU A": {"d128_causal": {"schedule": "grid+linear"}}}')
+    path.write_text('{"GPU A": {"d128_causal": {"schedule": "grid+linear", '
+                    '"shape": "B=1 H=32 KV=32 S=8192"}}}')
     with pytest.raises(ValueError, match="lacks"):
-        tuned_config("GPU A", 128, True, path)
+        tuned_config("GPU A", Q_B1, Q_B1, True, path)
+
+
+def test_tuned_table_takes_the_nearest_tuned_shape(tmp_path):
+    """A second shape's entry sits beside the default one; each call takes the entry whose
+    shape is nearest to its own, and an entry written before the softmax levers existed
+    means their defaults."""
+    from wavefront.kernel.tuning import shape_distance, tuned_config, write_entry
+    path = tmp_path / "tuned.json"
+    old = {"schedule": "persistent+linear", "tiles": "128x128", "occupancy": 2,
+           "worker_warps": 8, "cluster": 1, "kv_latency": 0,
+           "shape": "B=1 H=32 KV=32 S=8192 bfloat16"}
+    path.write_text(json.dumps({"GPU A": {"d128_full": old}}))
+    assert tuned_config("GPU A", Q_B1, Q_B1, False, path)["rescale_threshold"] == 0
+    gqa = {**old, "rescale_threshold": 0, "exp2_poly": 0, "tiles": "128x64",
+           "shape": "B=4 H=32 KV=8 S=4096 bfloat16"}
+    assert write_entry("GPU A", 128, False, gqa, path) == "d128_full_b4_h32_kv8_s4096"
+    assert tuned_config("GPU A", Q_B1, Q_B1, False, path)["tiles"] == "128x128"
+    q, k = (4, 32, 4096, 128), (4, 8, 4096, 128)
+    assert tuned_config("GPU A", q, k, False, path)["tiles"] == "128x64"
+    # a GQA shape near the tuned one takes it; an MHA shape near the default the default
+    q2, k2 = (8, 32, 4096, 128), (8, 8, 4096, 128)
+    assert tuned_config("GPU A", q2, k2, False, path)["tiles"] == "128x64"
+    q3 = (2, 32, 8192, 128)
+    assert tuned_config("GPU A", q3, q3, False, path)["tiles"] == "128x128"
+    a, b = (1, 32, 32, 8192), (4, 32, 8, 4096)
+    assert shape_distance(a, a) == 0 and shape_distance(a, b) == shape_distance(b, a) > 0
+    assert tuned_config("GPU A", (1, 32, 8192, 64), (1, 32, 8192, 64), False, path) is None
 
 
 def test_the_committed_tuned_table_names_valid_configurations():
     """Every committed entry is a valid `attention` configuration (a Point accepts it)."""
-    from wavefront.kernel.tuning import load_table, tuned_config
+    from wavefront.kernel.tuning import _entry_shape, load_table, tuned_entry
     for gpu, entries in load_table().items():
-        for key in entries:
-            d, mask = key[1:].split("_")
-            config = tuned_config(gpu, int(d), mask == "causal")
-            Point(head_dim=int(d), causal=mask == "causal", **config)
+        for key, entry in entries.items():
+            d, mask = key[1:].split("_")[:2]
+            batch, heads, kv_heads, seqlen = _entry_shape(entry, key)
+            got_key, _ = tuned_entry(gpu, int(d), mask == "causal",
+                                     (batch, heads, kv_heads, seqlen))
+            assert got_key == key  # its own shape finds it
+            Point(batch, heads, kv_heads, seqlen, head_dim=int(d), causal=mask == "causal",
+                  **{f: entry.get(f, Point.__dataclass_fields__[f].default)
+                     for f in ("schedule", "tiles", "occupancy", "worker_warps", "cluster",
+                               "kv_latency", "rescale_threshold", "exp2_poly")})
 
 
 def test_tune_lever_space_and_record():

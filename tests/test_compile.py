@@ -1,7 +1,9 @@
 """Ahead-of-time compilation of every kernel specialisation, with no GPU."""
 import os
+from dataclasses import replace
 from concurrent.futures import ProcessPoolExecutor
 
+import numpy as np
 import pytest
 
 pytest.importorskip("cuda.tile", reason="compiling needs cuda-tile (the gpu extra)")
@@ -131,3 +133,44 @@ def test_the_order_recorder_builds():
     res = kernel_resources(compile_variant(
         KernelVariant("bfloat16", 64, 128, 64, True, 2, record_order=True), "sm_90"))[0]
     assert res.registers and res.code_bytes != base.code_bytes
+
+
+def test_flashattention4_softmax_levers_build_pipelined_and_without_spills():
+    """The conditional rescale (a CTA-wide branch inside the K/V loop) and the polynomial exp2
+    (sub-tiles cut and concatenated) must not cost the wgmma pipeline or spill; and each lever
+    makes code of its own (a lever that compiled to the same binary would measure nothing)."""
+    from wavefront.kernel.sass import find_cuobjdump, sass_summary
+    if find_cuobjdump() is None:
+        pytest.skip("cuobjdump not found")
+    base = KernelVariant("bfloat16", 64, 128, 128, False, 2, worker_warps=8)
+    seen = {compile_variant(base, "sm_90")}
+    for levers in (dict(rescale_threshold=8), dict(exp2_poly=2), dict(exp2_poly=4),
+                   dict(rescale_threshold=8, exp2_poly=1)):
+        v = replace(base, **levers)
+        cubin = compile_variant(v, "sm_90")
+        summary = sass_summary(cubin)
+        assert summary.hgmma > 0 and summary.depbar <= summary.hgmma // 2, (v.label, summary)
+        assert summary.local_loads == summary.local_stores == 0, (v.label, summary)
+        assert cubin not in seen, v.label
+        seen.add(cubin)
+
+
+def test_the_polynomial_exp2_is_accurate_beyond_bfloat16():
+    """The kernel's 2^x on the FMA units, evaluated in float32 exactly as the kernel does it
+    (clamp, floor, Horner, exponent bits), against float64: relative error far below the
+    bfloat16 rounding of P (2^-9), and 2^-126 at most for a masked score."""
+    from wavefront.kernel.attention import EXP2_POLY_COEFFS, EXP2_POLY_FLOOR
+    x = np.concatenate([np.linspace(-140, 8, 200_001), [-np.inf, 0.0, -1.0, -0.5]])
+    x = x.astype(np.float32)
+    xc = np.maximum(x, np.float32(EXP2_POLY_FLOOR))
+    whole = np.floor(xc)
+    frac = xc - whole
+    c1, c2, c3 = (np.float32(c) for c in EXP2_POLY_COEFFS)
+    mantissa = np.float32(1) + frac * (c1 + frac * (c2 + frac * c3))
+    bits = mantissa.view(np.int32) + (whole.astype(np.int32) << 23)
+    got = bits.view(np.float32).astype(np.float64)
+    want = np.exp2(x.astype(np.float64))
+    normal = x >= EXP2_POLY_FLOOR
+    assert np.max(np.abs(got[normal] / want[normal] - 1)) < 1.5e-4
+    assert np.all(got[~normal] <= 2.0 ** EXP2_POLY_FLOOR * 1.001)
+    assert got[x == 0][0] == 1.0

@@ -169,7 +169,12 @@ def test_dynamic_schedules_stay_correct_launch_after_launch(schedule, levers, ca
 @pytest.mark.parametrize("levers", [dict(tiles="128x128", occupancy=1, worker_warps=8),
                                     dict(tiles="128x64", occupancy=2, kv_latency=8),
                                     dict(tiles="128x64", occupancy=2, cluster=2),
-                                    dict(tiles="64x64", occupancy=2, worker_warps=8)])
+                                    dict(tiles="64x64", occupancy=2, worker_warps=8),
+                                    dict(tiles="128x128", occupancy=2, worker_warps=8,
+                                         rescale_threshold=8),
+                                    dict(tiles="128x64", occupancy=2, exp2_poly=1),
+                                    dict(tiles="128x128", occupancy=2, exp2_poly=4,
+                                         rescale_threshold=8)])
 @pytest.mark.parametrize("schedule", ["persistent+sawtooth", "dynamic+sawtooth", "grid+linear"])
 @pytest.mark.parametrize("causal", [False, True])
 def test_kernel_levers_keep_the_result(levers, schedule, causal):
@@ -188,11 +193,14 @@ def test_attention_defaults_to_the_tuned_table_for_this_gpu():
     from wavefront.device import current_device
     from wavefront.kernel.launcher import resolve_config
     from wavefront.kernel.tuning import tuned_config
+    from wavefront.point import KERNEL_LEVERS
     from wavefront.measure.bench import random_inputs
     for head_dim, causal in ((64, False), (128, True)):
         cfg = Config(batch=1, heads=2, seqlen=1000, head_dim=head_dim, causal=causal)
-        tuned = tuned_config(current_device().name, head_dim, causal)
-        resolved = resolve_config(head_dim, causal, None, None, None, None, None, None)
+        q_shape = (cfg.batch, cfg.heads, cfg.seqlen, head_dim)
+        tuned = tuned_config(current_device().name, q_shape, q_shape, causal)
+        resolved = resolve_config(q_shape, q_shape, causal, None, None, None,
+                                  dict.fromkeys(KERNEL_LEVERS))
         assert resolved == (tuned or resolved) and resolved["schedule"]
         q, k, v = random_inputs(cfg, 17)
         out = cupy.full(q.shape, cupy.nan, dtype=q.dtype)

@@ -14,7 +14,8 @@ def attention(q, k, v, *, causal: bool = False, schedule: str | None = None,
               return_lse: bool = False, out=None, stream=None, l2_bytes: int | None = None,
               ctas: int | None = None, chunk_tiles: int | None = None,
               worker_warps: int | None = None, cluster: int | None = None,
-              kv_latency: int | None = None):
+              kv_latency: int | None = None, rescale_threshold: int | None = None,
+              exp2_poly: int | None = None):
     """FlashAttention forward: softmax(q k^T * scale) v, per (batch, head).
 
     q: (batch, heads, seqlen_q, head_dim); k, v: (batch, kv_heads, seqlen_kv, head_dim) with
@@ -28,9 +29,12 @@ def attention(q, k, v, *, causal: bool = False, schedule: str | None = None,
     SM x occupancy); `l2_bytes` overrides the L2 size the grouped schedule budgets for.
 
     Kernel levers: `worker_warps` (consumer warps, 4 or 8), `cluster` (CTAs per cluster, 1 or
-    2), `kv_latency` (the K/V loads' latency hint, 1-10). When none of schedule, tiles,
-    occupancy and levers is given, the configuration `wavefront tune` measured fastest on this
-    GPU for this head dim and mask is used (wavefront/kernel/tuned.json), else
+    2), `kv_latency` (the K/V loads' latency hint, 1-10), FlashAttention-4's `rescale_threshold`
+    (rescale the accumulator only when a row maximum grew by more than 2^threshold; exact after
+    normalisation; 0: every tile) and `exp2_poly` (quarters of the score columns exponentiated
+    by a polynomial on the FMA units, 0-4). When none of schedule, tiles, occupancy and levers
+    is given, the configuration `wavefront tune` measured fastest on this GPU for this head dim,
+    mask and the nearest tuned shape is used (wavefront/kernel/tuned.json), else
     persistent+linear with the default tiles.
     """
     from wavefront.device import require_gpu_stack
@@ -39,4 +43,5 @@ def attention(q, k, v, *, causal: bool = False, schedule: str | None = None,
     return launch_attention(q, k, v, causal=causal, schedule=schedule, tiles=tiles,
                             occupancy=occupancy, scale=scale, return_lse=return_lse, out=out,
                             stream=stream, l2_bytes=l2_bytes, ctas=ctas, chunk_tiles=chunk_tiles,
-                            worker_warps=worker_warps, cluster=cluster, kv_latency=kv_latency)
+                            worker_warps=worker_warps, cluster=cluster, kv_latency=kv_latency,
+                            rescale_threshold=rescale_threshold, exp2_poly=exp2_poly)

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import click
 
-from wavefront.point import DTYPES, HEAD_DIMS, TILE_SHAPES, Point
+from wavefront.point import DTYPES, HEAD_DIMS, KERNEL_LEVERS, TILE_SHAPES, Point
 from wavefront.schedules import schedule_names
 
 TILE_HELP = "MxN, one of " + ", ".join(f"{m}x{n}" for m, n in TILE_SHAPES) + "."
@@ -398,6 +398,12 @@ def run(batch, heads, kv_heads, seqlens, head_dims, dtype, causal, schedules, ti
               help="CTAs per cluster.")
 @click.option("--kv-latency", type=click.IntRange(0, 10), default=0, show_default=True,
               help="K/V load latency hint (0: the kernel's defaults).")
+@click.option("--rescale-threshold", type=click.IntRange(0, 16), default=0, show_default=True,
+              help="FlashAttention-4's conditional rescale: only when a row maximum grew by "
+                   "more than 2^this (0: every tile).")
+@click.option("--exp2-poly", type=click.IntRange(0, 4), default=0, show_default=True,
+              help="Quarters of the score columns exponentiated by a polynomial on the FMA "
+                   "units (FlashAttention-4; 0: none).")
 @click.option("--tuned/--no-tuned", default=False, show_default=True,
               help="Also time each shape's tuned configuration (wavefront/kernel/tuned.json, "
                    "what `wavefront.attention` runs by default here), in the same rounds.")
@@ -405,13 +411,14 @@ def run(batch, heads, kv_heads, seqlens, head_dims, dtype, causal, schedules, ti
               help="Also write every contender's rounds to <out>/bench.jsonl.")
 @click.option("--json", "as_json", is_flag=True)
 def bench(batch, heads, kv_heads, seqlens, head_dims, dtype, causal, schedules, tiles,
-          occupancy, ctas, rounds, per_round, warmup, worker_warps, cluster, kv_latency, peers,
-          tuned, out_dir, as_json):
+          occupancy, ctas, rounds, per_round, warmup, worker_warps, cluster, kv_latency,
+          rescale_threshold, exp2_poly, peers, tuned, out_dir, as_json):
     """Schedules x shapes, each shape's schedules and peers (cuDNN, FA2) timed in interleaved
     rounds: median TFLOP/s with a 95% interval, ratios to the peers of the same rounds, NVML
     clocks and throttled rounds, the L2 state. Exits non-zero if any shape failed."""
     points = [p.replace(worker_warps=int(worker_warps) if worker_warps else None,
-                        cluster=cluster, kv_latency=kv_latency)
+                        cluster=cluster, kv_latency=kv_latency,
+                        rescale_threshold=rescale_threshold, exp2_poly=exp2_poly)
               for p in points_from(batch, heads, kv_heads, seqlens, head_dims, dtype, causal,
                                    schedules, tiles, occupancy, ctas)]
     dev = _require_gpu()
@@ -420,12 +427,13 @@ def bench(batch, heads, kv_heads, seqlens, head_dims, dtype, causal, schedules, 
     shapes: dict = {}
     for point in points:
         shapes.setdefault(point.replace(schedule="persistent+linear", tiles=None,
-                                        occupancy=None, worker_warps=None, cluster=1,
-                                        kv_latency=0), []).append(point)
+                                        occupancy=None, **KERNEL_LEVERS), []).append(point)
     if tuned:
         from wavefront.kernel.tuning import tuned_config
         for shape, members in shapes.items():
-            config = tuned_config(dev.name, shape.head_dim, shape.causal)
+            config = tuned_config(
+                dev.name, (shape.batch, shape.heads, shape.seqlen, shape.head_dim),
+                (shape.batch, shape.kv_heads_, shape.seqlen, shape.head_dim), shape.causal)
             if config is None:
                 click.echo(f"no tuned entry for {dev.name} D={shape.head_dim} "
                            f"causal={shape.causal}: run `wavefront tune --write`", err=True)
@@ -505,26 +513,31 @@ def bench(batch, heads, kv_heads, seqlens, head_dims, dtype, causal, schedules, 
 @click.option("--per-round", type=click.IntRange(min=1), default=5, show_default=True)
 @click.option("--jobs", "-j", type=click.IntRange(1, 128), default=None,
               help="Parallel compiler processes (default: CPU count).")
+@click.option("--softmax-levers/--no-softmax-levers", default=True, show_default=True,
+              help="Then search FlashAttention-4's rescale threshold and polynomial exp2 on "
+                   "each shape's winner, in rounds of their own.")
 @click.option("--write/--no-write", default=False, show_default=True,
-              help="Write each shape's fastest configuration into wavefront/kernel/tuned.json.")
+              help="Write each shape's fastest configuration into wavefront/kernel/tuned.json "
+                   "(keyed by GPU, head dim, mask and this batch/heads/K/V heads/length).")
 @click.option("--out", "out_dir", type=click.Path(file_okay=False), default=None,
               help="Write every candidate's row to <out>/tune.jsonl and the lever record to "
                    "<out>/levers.jsonl.")
 def tune(batch, heads, kv_heads, seqlen, head_dims, dtype, causal, rounds, per_round, jobs,
-         write, out_dir):
+         softmax_levers, write, out_dir):
     """Search the kernel's levers on this GPU, per head dim and mask; keep the fastest.
 
     Candidates: every combination of tile shape, occupancy, worker warps, cluster, K/V latency
     hint and static/dynamic schedule. Each is compiled and its SASS read first (a candidate
     that spills or serialises its MMAs is recorded, not timed), then the rest are timed with
-    cuDNN and FA2 in interleaved rounds after a check against float32. Prints what each lever
-    did; with --write, the fastest per shape becomes `wavefront.attention`'s default here."""
+    cuDNN and FA2 in interleaved rounds after a check against float32. Then FlashAttention-4's
+    softmax levers are searched on the winner in rounds of their own. Prints what each lever
+    did; with --write, the fastest per shape becomes `wavefront.attention`'s default here for
+    this shape and those nearest to it."""
     dev = _require_gpu()
     import datetime
 
-    from wavefront.kernel.tuning import CONFIG_FIELDS, write_entry
+    from wavefront.kernel.tuning import CONFIG_FIELDS, shape_text, write_entry
     from wavefront.measure import tune as tuning
-    from wavefront.measure.rounds import contender_name, run_rounds, shape_contenders
     causals = (False, True) if causal is None else (causal,)
     sink = levers_sink = None
     if out_dir:
@@ -538,77 +551,61 @@ def tune(batch, heads, kv_heads, seqlen, head_dims, dtype, causal, rounds, per_r
     except ValueError as exc:
         raise click.UsageError(str(exc)) from None
     failed = 0
+    columns = [("lever", "lever", ""), ("value", "value", ""), ("candidates", "candidates", "d"),
+               ("timed", "timed", "d"), ("best_tflops", "best TFLOP/s", ".1f"),
+               ("of_best", "of the best", ".3f"), ("best_label", "binary", "")]
     for shape in shape_points:
         what = f"D={shape.head_dim} {'causal' if shape.causal else 'non-causal'}"
-        candidates = tuning.lever_space(shape)
-        click.echo(f"{what}: screening {len(candidates)} candidates (compile + SASS)", err=True)
-        screened = tuning.screen(candidates, dev, dtype, jobs=jobs)
-        survivors = [p for p in candidates if screened[p][2] is None]
-        click.echo(f"{what}: warming {len(survivors)} candidates", err=True)
-        errors = tuning.warm(survivors, jobs=jobs)
-        timed = [p for p in survivors if errors[p] is None]
-        results = {}
-        if timed:
-            try:
-                contenders = shape_contenders(timed, peers=True)
-                for r in run_rounds(contenders, rounds=rounds, per_round=per_round):
-                    results[r.name] = r
-            except Exception as exc:  # the screened record still stands
-                click.echo(f"{what}: timing failed: {type(exc).__name__}: {exc}", err=True)
-                failed += 1
-        peers = {k: results[k] for k in ("cudnn", "fa2") if k in results}
-        rows = []
-        for p in candidates:
-            label, facts, reason = screened[p]
-            # shape_contenders names each candidate against the first timed one
-            r = results.get(contender_name(p, timed[0])) if timed else None
-            row = {"gpu": dev.name, "shape": shape.as_dict(), "label": label,
-                   "levers": {k: getattr(p, k) for k in tuning.LEVERS},
-                   "sass": facts.as_dict() if facts else None,
-                   "not_timed": reason or errors.get(p), "tflops": r.tflops if r else None,
-                   "tflops_ci95": r.tflops_ci95 if r else None,
-                   "throttled_rounds": r.throttled_rounds if r else None}
-            for peer, pr in peers.items():
-                if r:
-                    row[f"x_{peer}"] = pr.median_ms / r.median_ms
-            rows.append(row)
-        for peer, pr in peers.items():
-            rows.append({"gpu": dev.name, "shape": shape.as_dict(), "label": peer,
-                         "tflops": pr.tflops, "tflops_ci95": pr.tflops_ci95, "peer": True})
-        ours = [r for r in rows if not r.get("peer")]
-        record = tuning.lever_record(ours)
-        if sink:
-            for row in rows:
-                sink.write(json.dumps(row, default=str) + "\n")
-            for row in record:
-                levers_sink.write(json.dumps({"gpu": dev.name, "shape": shape.as_dict(), **row})
-                                  + "\n")
-            sink.flush()
-            levers_sink.flush()
-        print_table(record, [("lever", "lever", ""), ("value", "value", ""),
-                             ("candidates", "candidates", "d"), ("timed", "timed", "d"),
-                             ("best_tflops", "best TFLOP/s", ".1f"),
-                             ("of_best", "of the best", ".3f"), ("best_label", "binary", "")],
-                    title=f"\n{dev.name}, B={batch} H={heads} S={seqlen} {dtype} {what}: "
-                          f"what each lever did (best timed candidate with that value)")
-        timed_rows = [r for r in ours if r["tflops"]]
-        if not timed_rows:
-            click.echo(f"{what}: no candidate was timed")
+        stages = [("levers", tuning.lever_space(shape), tuning.LEVERS)]
+        if softmax_levers:
+            stages.append(("softmax", None, tuning.SOFTMAX_LEVERS))
+        best = None
+        for stage, candidates, levers in stages:
+            if candidates is None:  # the second stage searches around the first's winner
+                if best is None:
+                    break
+                candidates = tuning.softmax_space(shape.replace(**best["levers"]))
+            rows, ran = tuning.search(
+                candidates, dev, dev.name, dtype, rounds=rounds, per_round=per_round, jobs=jobs,
+                log=lambda m: click.echo(f"{what}, {stage}: {m}", err=True))
+            failed += not ran
+            ours = [r for r in rows if not r.get("peer")]
+            record = tuning.lever_record(ours, levers)
+            if sink:
+                for row in rows:
+                    sink.write(json.dumps({**row, "stage": stage}, default=str) + "\n")
+                for row in record:
+                    levers_sink.write(json.dumps({"gpu": dev.name, "shape": shape.as_dict(),
+                                                  "stage": stage, **row}) + "\n")
+                sink.flush()
+                levers_sink.flush()
+            print_table(record, columns,
+                        title=f"\n{dev.name}, B={batch} H={heads} S={seqlen} {dtype} {what}, "
+                              f"{stage}: what each lever did (best timed candidate with that "
+                              f"value, against the best of the same rounds)")
+            stage_best = tuning.best_row(rows)
+            if stage_best is None:
+                click.echo(f"{what}, {stage}: no candidate was timed")
+                break
+            best = stage_best
+            click.echo(f"{stage} best: {best['label']} {best['levers']['schedule']} "
+                       f"{best['tflops']:.1f} TFLOP/s [{best['tflops_ci95'][0]:.1f}, "
+                       f"{best['tflops_ci95'][1]:.1f}]"
+                       + "".join(f", {best[f'x_{k}']:.3f}x {k}" for k in ("cudnn", "fa2")
+                                 if f"x_{k}" in best))
+        if best is None:
             failed += 1
             continue
-        best = max(timed_rows, key=lambda r: r["tflops"])
-        click.echo(f"best: {best['label']} {best['levers']['schedule']} {best['tflops']:.1f} "
-                   f"TFLOP/s [{best['tflops_ci95'][0]:.1f}, {best['tflops_ci95'][1]:.1f}]"
-                   + "".join(f", {best[f'x_{k}']:.3f}x {k}" for k in ("cudnn", "fa2")
-                             if f"x_{k}" in best))
         if write:
+            dims = (batch, heads, kv_heads or heads, seqlen)
             entry = {**{k: best["levers"][k] for k in CONFIG_FIELDS},
                      "tflops": round(best["tflops"], 1),
                      "x_cudnn": round(best.get("x_cudnn", float("nan")), 3),
                      "measured": datetime.datetime.now(datetime.timezone.utc).isoformat(
                          timespec="seconds"),
-                     "shape": f"B={batch} H={heads} KV={kv_heads or heads} S={seqlen} {dtype}"}
-            write_entry(dev.name, shape.head_dim, shape.causal, entry)
+                     "shape": f"{shape_text(dims)} {dtype}"}
+            key = write_entry(dev.name, shape.head_dim, shape.causal, entry)
+            click.echo(f"{what}: wrote {dev.name} {key}", err=True)
     if sink:
         sink.close()
         levers_sink.close()

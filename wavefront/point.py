@@ -99,7 +99,14 @@ def plan(q_shape, k_shape, *, sms: int, l2_bytes: int, causal=False,
     return Launch(problem, cta_schedule(cta), kv_sched, sms, occupancy, l2_bytes, ctas)
 
 
-def check_levers(worker_warps, cluster, kv_latency) -> None:
+# The kernel levers (`wavefront tune` searches them) and their defaults: consumer warps per CTA
+# (None: the compiler's choice), CTAs per cluster, the K/V loads' latency hint (0: the kernel's
+# own), FlashAttention-4's rescale threshold and exp2 share on the FMA units (0: off).
+KERNEL_LEVERS = {"worker_warps": None, "cluster": 1, "kv_latency": 0, "rescale_threshold": 0,
+                 "exp2_poly": 0}
+
+
+def check_levers(worker_warps, cluster, kv_latency, rescale_threshold=0, exp2_poly=0) -> None:
     """The kernel levers `wavefront tune` searches, each a clear error when out of range."""
     if worker_warps not in (None, 4, 8):
         raise ValueError(f"worker_warps must be None, 4 or 8, got {worker_warps!r}")
@@ -109,6 +116,23 @@ def check_levers(worker_warps, cluster, kv_latency) -> None:
             or not 0 <= kv_latency <= 10:
         raise ValueError(f"kv_latency must be an integer in [0, 10] (0: default), "
                          f"got {kv_latency!r}")
+    check_softmax_levers(rescale_threshold, exp2_poly)
+
+
+# FlashAttention-4's softmax levers (see `wavefront.kernel.attention`): the rescale threshold in
+# powers of two (0: rescale on every tile; FA4 uses 8), and quarters of the columns whose exp2
+# runs on the FMA units.
+RESCALE_THRESHOLDS = range(0, 17)
+EXP2_POLY_QUARTERS = range(0, 5)
+
+
+def check_softmax_levers(rescale_threshold, exp2_poly) -> None:
+    if isinstance(rescale_threshold, bool) or rescale_threshold not in RESCALE_THRESHOLDS:
+        raise ValueError(f"rescale_threshold must be an integer in [0, 16] (log2 units; 0: "
+                         f"always rescale), got {rescale_threshold!r}")
+    if isinstance(exp2_poly, bool) or exp2_poly not in EXP2_POLY_QUARTERS:
+        raise ValueError(f"exp2_poly must be an integer in [0, 4] (quarters of the columns "
+                         f"exponentiated on the FMA units), got {exp2_poly!r}")
 
 
 # The columns that identify a point in a results file, in file order. `resident_ctas` stands
@@ -141,6 +165,8 @@ class Point:
     worker_warps: int | None = None  # consumer warps per CTA, 4 or 8 (None: the compiler's)
     cluster: int = 1  # CTAs per cluster, 1 or 2
     kv_latency: int = 0  # K/V load latency hint 1-10 (0: the kernel's defaults)
+    rescale_threshold: int = 0  # FA4 conditional rescale, log2 units (0: every tile)
+    exp2_poly: int = 0  # FA4 exp2 on the FMA units, quarters of the columns (0: none)
 
     def __post_init__(self):
         for name in ("batch", "heads", "seqlen"):
@@ -159,11 +185,16 @@ class Point:
         if self.heads % self.kv_heads_:
             raise ValueError(f"heads ({self.heads}) must be a multiple of kv_heads "
                              f"({self.kv_heads_})")
-        check_levers(self.worker_warps, self.cluster, self.kv_latency)
+        check_levers(**self.levers)
+
+    @property
+    def levers(self) -> dict:
+        """The kernel levers of this point, by name (KERNEL_LEVERS)."""
+        return {name: getattr(self, name) for name in KERNEL_LEVERS}
 
     @property
     def has_default_levers(self) -> bool:
-        return (self.worker_warps, self.cluster, self.kv_latency) == (None, 1, 0)
+        return self.levers == KERNEL_LEVERS
 
     @property
     def kv_heads_(self) -> int:
@@ -184,8 +215,7 @@ class Point:
         """Everything `wavefront.attention` takes from a point (no arrays)."""
         return dict(causal=self.causal, schedule=self.schedule, tiles=self.tiles,
                     occupancy=self.occupancy, ctas=self.ctas, chunk_tiles=self.chunk_tiles,
-                    worker_warps=self.worker_warps, cluster=self.cluster,
-                    kv_latency=self.kv_latency)
+                    **self.levers)
 
     def parameters(self, gpu: GpuShape) -> dict:
         """The PARAMETER_COLUMNS of this point on `gpu`, defaults resolved."""
@@ -203,8 +233,8 @@ class Point:
     def to_record(self, gpu: GpuShape, gpu_name: str) -> dict:
         """Parameters, launch-derived columns and the key: a results row without a measurement."""
         if not self.has_default_levers:
-            raise ValueError("results rows record the default kernel levers only (worker_warps, "
-                             "cluster, kv_latency): measure levers with `wavefront tune` or "
+            raise ValueError(f"results rows record the default kernel levers only "
+                             f"({', '.join(KERNEL_LEVERS)}): measure levers with `wavefront tune` or "
                              "`wavefront bench`, which record them in their own files")
         launch = self.launch(gpu)
         params = self.parameters(gpu)

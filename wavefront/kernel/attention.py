@@ -33,7 +33,8 @@ import numpy as np
 
 import cuda.tile as ct
 
-from wavefront.point import DEFAULT_OCCUPANCY, DTYPES, HEAD_DIMS, TILE_SHAPES
+from wavefront.point import (DEFAULT_OCCUPANCY, DTYPES, HEAD_DIMS, TILE_SHAPES,
+                             check_softmax_levers)
 from wavefront.schedules import (
     WORK_BATCH,
     WORK_CHUNK,
@@ -61,10 +62,55 @@ ROW_MAX_START = -1.0e30
 DEFAULT_K_LATENCY, DEFAULT_V_LATENCY = 2, 4
 
 
+# 2^f on [0, 1) as a degree-3 polynomial (Horner, three FMAs): least-squares fit of the relative
+# error, max 8.6e-5, far below the bfloat16 rounding of P (2^-9). p(0) = 1 exactly.
+EXP2_POLY_COEFFS = (0.6951163362592897, 0.2276469991365117, 0.07706520291427181)
+# Exponents below -126 would leave the normal range of the bit trick; 2^-126 beside a row sum
+# >= 1 is nothing (a masked -inf lands here too).
+EXP2_POLY_FLOOR = -126.0
+
+
+def _exp2_on_fma(x):
+    """2^x on the FMA units (FlashAttention-4's trick for an exp-bound softmax): 2^floor(x) put
+    into the exponent bits of the polynomial's 2^frac(x), instead of one MUFU.EX2 per element."""
+    x = ct.maximum(x, EXP2_POLY_FLOOR)
+    whole = ct.floor(x)
+    frac = x - whole
+    c1, c2, c3 = EXP2_POLY_COEFFS
+    mantissa = 1.0 + frac * (c1 + frac * (c2 + frac * c3))  # in [1, 2)
+    bits = ct.bitcast(mantissa, ct.int32) + ct.bitwise_lshift(whole.astype(ct.int32), 23)
+    return ct.bitcast(bits, ct.float32)
+
+
+def _exp2_quarter(x, i: ConstInt, TILE_M: ConstInt, TILE_N: ConstInt, EXP2_POLY: ConstInt):
+    part = ct.extract(x, (0, i), shape=(TILE_M, TILE_N // 4))
+    if i >= 4 - EXP2_POLY:
+        part = _exp2_on_fma(part)
+    else:
+        part = ct.exp2(part, flush_to_zero=True)
+    return part
+
+
+def _exp2_split(x, TILE_M: ConstInt, TILE_N: ConstInt, EXP2_POLY: ConstInt):
+    """2^x with the last EXP2_POLY quarters of the columns on the FMA units, the rest on the
+    exponential unit (MUFU.EX2, 16 per SM per clock against 128 FMAs: the bottleneck at D=64)."""
+    if EXP2_POLY == 0:
+        y = ct.exp2(x, flush_to_zero=True)
+    elif EXP2_POLY == 4:
+        y = _exp2_on_fma(x)
+    else:
+        y = ct.cat((ct.cat((_exp2_quarter(x, 0, TILE_M, TILE_N, EXP2_POLY),
+                            _exp2_quarter(x, 1, TILE_M, TILE_N, EXP2_POLY)), 1),
+                    ct.cat((_exp2_quarter(x, 2, TILE_M, TILE_N, EXP2_POLY),
+                            _exp2_quarter(x, 3, TILE_M, TILE_N, EXP2_POLY)), 1)), 1)
+    return y
+
+
 def _online_softmax_step(q, K, V, batch, kv_head, j, m_i, l_i, acc, qk_scale_log2, rows,
                          seqlen_kv, HEAD_DIM: ConstInt, TILE_M: ConstInt, TILE_N: ConstInt,
                          MASKED: ConstBool, CAUSAL: ConstBool, K_LATENCY: ConstInt,
-                         V_LATENCY: ConstInt):
+                         V_LATENCY: ConstInt, RESCALE_THRESHOLD: ConstInt,
+                         EXP2_POLY: ConstInt):
     """Fold K/V tile j into the running (row max, row sum, output) of one Q tile."""
     k = ct.load(K, index=(batch, kv_head, 0, j), shape=(1, 1, HEAD_DIM, TILE_N),
                 order=(0, 1, 3, 2), padding_mode=ct.PaddingMode.ZERO, latency=K_LATENCY)
@@ -77,16 +123,34 @@ def _online_softmax_step(q, K, V, batch, kv_head, j, m_i, l_i, acc, qk_scale_log
             keep = keep & (rows >= cols)
         qk = ct.where(keep, qk, -np.inf)
     # Scale after the row max: one multiply per row instead of one per element.
-    m_new = max(m_i, ct.max(qk, axis=-1, keepdims=True) * qk_scale_log2)  # [TILE_M, 1]
-    p = ct.exp2(qk * qk_scale_log2 - m_new, flush_to_zero=True)  # [TILE_M, TILE_N]
-    alpha = ct.exp2(m_i - m_new, flush_to_zero=True)  # [TILE_M, 1]
-    l_i = l_i * alpha + ct.sum(p, axis=-1, keepdims=True)
+    m_tile = ct.max(qk, axis=-1, keepdims=True) * qk_scale_log2  # [TILE_M, 1]
+    if RESCALE_THRESHOLD == 0:
+        m_new = max(m_i, m_tile)  # [TILE_M, 1]
+        p = _exp2_split(qk * qk_scale_log2 - m_new, TILE_M, TILE_N, EXP2_POLY)
+        alpha = ct.exp2(m_i - m_new, flush_to_zero=True)  # [TILE_M, 1]
+        l_i = l_i * alpha + ct.sum(p, axis=-1, keepdims=True)
+        acc = acc * alpha
+        m_i = m_new
+    else:
+        # FlashAttention-4's conditional rescale: keep the stale maximum unless some row's grew
+        # by more than 2^RESCALE_THRESHOLD. P is then at most 2^RESCALE_THRESHOLD (no overflow
+        # in float32 or bfloat16) and the row sum and output share the same reference maximum,
+        # so the final normalisation makes the result exact. The test is CTA-wide (a tile
+        # condition): it skips the accumulator multiply, but costs a reduction across warps.
+        if ct.max(m_tile - m_i) > RESCALE_THRESHOLD:
+            m_new = max(m_i, m_tile)
+            alpha = ct.exp2(m_i - m_new, flush_to_zero=True)
+            l_i = l_i * alpha
+            acc = acc * alpha
+            m_i = m_new
+        p = _exp2_split(qk * qk_scale_log2 - m_i, TILE_M, TILE_N, EXP2_POLY)
+        l_i = l_i + ct.sum(p, axis=-1, keepdims=True)
     # Zero padding matters here: a ragged V tile's rows meet p = 0, and 0 * garbage may be NaN.
     v = ct.load(V, index=(batch, kv_head, j, 0), shape=(1, 1, TILE_N, HEAD_DIM),
                 padding_mode=ct.PaddingMode.ZERO, latency=V_LATENCY)
     v = v.reshape((TILE_N, HEAD_DIM))  # [TILE_N, HEAD_DIM]
-    acc = ct.mma(p.astype(q.dtype), v, acc * alpha)  # [TILE_M, HEAD_DIM]
-    return m_new, l_i, acc
+    acc = ct.mma(p.astype(q.dtype), v, acc)  # [TILE_M, HEAD_DIM]
+    return m_i, l_i, acc
 
 
 def _store_normalised(Out, Lse, acc, row_max, row_sum, batch, head, q_tile,
@@ -120,7 +184,8 @@ def _work(Work, item, column):
 def _attend_work_item(Q, K, V, Out, Lse, PartO, PartM, PartL, Work, Order, item, reverse,
                       qk_scale_log2, HEAD_DIM: ConstInt, TILE_M: ConstInt, TILE_N: ConstInt,
                       CAUSAL: ConstBool, PARTIALS: ConstBool, WRITE_LSE: ConstBool,
-                      RECORD_ORDER: ConstBool, K_LATENCY: ConstInt, V_LATENCY: ConstInt):
+                      RECORD_ORDER: ConstBool, K_LATENCY: ConstInt, V_LATENCY: ConstInt,
+                      RESCALE_THRESHOLD: ConstInt, EXP2_POLY: ConstInt):
     """Attend one work item as its table row says. `reverse` (0 or 1, dynamic sawtooth only)
     flips the row's unmasked scan."""
     if RECORD_ORDER:
@@ -148,7 +213,8 @@ def _attend_work_item(Q, K, V, Out, Lse, PartO, PartM, PartL, Work, Order, item,
         m_i, l_i, acc = _online_softmax_step(q, K, V, batch, kv_head, start + step * t, m_i,
                                              l_i, acc, qk_scale_log2, 0, seqlen_kv,
                                              HEAD_DIM, TILE_M, TILE_N, False, CAUSAL,
-                                             K_LATENCY, V_LATENCY)
+                                             K_LATENCY, V_LATENCY, RESCALE_THRESHOLD,
+                                             EXP2_POLY)
     # The tiles that need a mask (the causal diagonal, a ragged last tile) come last in every
     # direction, so the masked step is compiled once. Its row indices are made here, not
     # before the unmasked loop, so that they do not occupy registers across it.
@@ -156,7 +222,8 @@ def _attend_work_item(Q, K, V, Out, Lse, PartO, PartM, PartL, Work, Order, item,
     for j in range(_work(Work, item, WORK_MASKED_LO), _work(Work, item, WORK_MASKED_HI)):
         m_i, l_i, acc = _online_softmax_step(q, K, V, batch, kv_head, j, m_i, l_i, acc,
                                              qk_scale_log2, rows, seqlen_kv, HEAD_DIM, TILE_M,
-                                             TILE_N, True, CAUSAL, K_LATENCY, V_LATENCY)
+                                             TILE_N, True, CAUSAL, K_LATENCY, V_LATENCY,
+                                             RESCALE_THRESHOLD, EXP2_POLY)
 
     if PARTIALS:
         # The chunk's partial state, unnormalised; `combine_partials` merges the chunks.
@@ -177,7 +244,8 @@ def flash_attention_fwd(Q, K, V, Out, Lse, PartO, PartM, PartL, Work, NextItem, 
                         alternate: int, HEAD_DIM: ConstInt, TILE_M: ConstInt,
                         TILE_N: ConstInt, CAUSAL: ConstBool, DYNAMIC: ConstBool,
                         PARTIALS: ConstBool, WRITE_LSE: ConstBool, RECORD_ORDER: ConstBool,
-                        K_LATENCY: ConstInt, V_LATENCY: ConstInt):
+                        K_LATENCY: ConstInt, V_LATENCY: ConstInt, RESCALE_THRESHOLD: ConstInt,
+                        EXP2_POLY: ConstInt):
     """One CTA: take work items (table rows) and attend each.
 
     Static (DYNAMIC off): CTA c takes rows c, c + P, c + 2P, ... (grid-stride; a grid launch
@@ -194,7 +262,8 @@ def flash_attention_fwd(Q, K, V, Out, Lse, PartO, PartM, PartL, Work, NextItem, 
         while item < num_items:
             _attend_work_item(Q, K, V, Out, Lse, PartO, PartM, PartL, Work, Order, item,
                               alternate * (taken % 2), qk_scale_log2, HEAD_DIM, TILE_M, TILE_N,
-                              CAUSAL, PARTIALS, WRITE_LSE, RECORD_ORDER, K_LATENCY, V_LATENCY)
+                              CAUSAL, PARTIALS, WRITE_LSE, RECORD_ORDER, K_LATENCY, V_LATENCY,
+                              RESCALE_THRESHOLD, EXP2_POLY)
             taken += 1
             item = (ct.atomic_add(NextItem, 0, 1, memory_order=ct.MemoryOrder.RELAXED)
                     - ticket_base)
@@ -202,7 +271,8 @@ def flash_attention_fwd(Q, K, V, Out, Lse, PartO, PartM, PartL, Work, NextItem, 
         for item in range(ct.bid(0), num_items, ct.num_blocks(0)):
             _attend_work_item(Q, K, V, Out, Lse, PartO, PartM, PartL, Work, Order, item, 0,
                               qk_scale_log2, HEAD_DIM, TILE_M, TILE_N, CAUSAL, PARTIALS,
-                              WRITE_LSE, RECORD_ORDER, K_LATENCY, V_LATENCY)
+                              WRITE_LSE, RECORD_ORDER, K_LATENCY, V_LATENCY,
+                              RESCALE_THRESHOLD, EXP2_POLY)
 
 
 @ct.kernel
@@ -369,6 +439,11 @@ class KernelVariant:
     cluster: int = 1  # CTAs per cluster
     worker_warps: int | None = None  # consumer warps (None: the compiler's choice)
     kv_latency: int = 0  # the K/V loads' DRAM latency hint, 1-10 (0: the kernel's default)
+    # FlashAttention-4's softmax levers: rescale only when a row maximum grew by more than
+    # 2^threshold (0: always), and the last `exp2_poly` quarters of each tile's columns
+    # exponentiated on the FMA units (0: none, 4: all).
+    rescale_threshold: int = 0
+    exp2_poly: int = 0
 
     def __post_init__(self):
         if self.dtype not in DTYPES:
@@ -383,17 +458,19 @@ class KernelVariant:
                              "writes the LSE")
         if not 0 <= self.kv_latency <= 10:
             raise ValueError(f"kv_latency must be in [0, 10], got {self.kv_latency!r}")
+        check_softmax_levers(self.rescale_threshold, self.exp2_poly)
 
     @classmethod
     def for_launch(cls, launch: Launch, dtype: str, *, write_lse: bool = False,
                    record_order: bool = False, worker_warps: int | None = None,
-                   cluster: int = 1, kv_latency: int = 0) -> "KernelVariant":
+                   cluster: int = 1, kv_latency: int = 0, rescale_threshold: int = 0,
+                   exp2_poly: int = 0) -> "KernelVariant":
         """The binary that runs `launch` (with these kernel levers)."""
         p = launch.problem
         partials = launch.kv.writes_partials
         return cls(dtype, p.head_dim, p.tile_m, p.tile_n, p.causal, launch.ctas_per_sm,
                    launch.cta.dynamic, partials, write_lse and not partials, record_order,
-                   cluster, worker_warps, kv_latency)
+                   cluster, worker_warps, kv_latency, rescale_threshold, exp2_poly)
 
     @property
     def constants(self) -> dict:
@@ -402,7 +479,8 @@ class KernelVariant:
                 "WRITE_LSE": self.write_lse, "RECORD_ORDER": self.record_order,
                 # K is needed first (QK^T), V after the softmax: hint V as further away
                 "K_LATENCY": self.kv_latency or DEFAULT_K_LATENCY,
-                "V_LATENCY": self.kv_latency or DEFAULT_V_LATENCY}
+                "V_LATENCY": self.kv_latency or DEFAULT_V_LATENCY,
+                "RESCALE_THRESHOLD": self.rescale_threshold, "EXP2_POLY": self.exp2_poly}
 
     @property
     def label(self) -> str:
@@ -413,7 +491,9 @@ class KernelVariant:
                 f"{'_order' if self.record_order else ''}"
                 f"{f'_cluster{self.cluster}' if self.cluster != 1 else ''}"
                 f"{f'_ww{self.worker_warps}' if self.worker_warps else ''}"
-                f"{f'_lat{self.kv_latency}' if self.kv_latency else ''}")
+                f"{f'_lat{self.kv_latency}' if self.kv_latency else ''}"
+                f"{f'_resc{self.rescale_threshold}' if self.rescale_threshold else ''}"
+                f"{f'_poly{self.exp2_poly}' if self.exp2_poly else ''}")
 
     def kernel(self):
         return kernel_for(self.occupancy, self.cluster, self.worker_warps)

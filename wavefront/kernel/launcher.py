@@ -21,7 +21,7 @@ from wavefront.kernel.attention import (
     combine_partials,
     launch_args,
 )
-from wavefront.point import DTYPES, HEAD_DIMS, check_levers, plan
+from wavefront.point import DTYPES, HEAD_DIMS, KERNEL_LEVERS, check_levers, plan
 from wavefront.schedules import Launch
 
 @dataclass(frozen=True)
@@ -110,8 +110,7 @@ class AttentionLauncher:
     """
 
     def __init__(self, launch: Launch, q_view: _ArrayView, *, scale: float | None = None,
-                 return_lse: bool = False, record_order: bool = False,
-                 worker_warps: int | None = None, cluster: int = 1, kv_latency: int = 0):
+                 return_lse: bool = False, record_order: bool = False, **levers):
         p = launch.problem
         if scale is None:
             scale = 1.0 / math.sqrt(p.head_dim)
@@ -123,11 +122,15 @@ class AttentionLauncher:
         self.tiled = launch.kv.writes_partials
         self.return_lse = bool(return_lse)
         self.record_order = bool(record_order)
-        check_levers(worker_warps, cluster, kv_latency)
+        unknown = set(levers) - set(KERNEL_LEVERS)
+        if unknown:
+            raise TypeError(f"unknown kernel levers {sorted(unknown)}; known: "
+                            f"{list(KERNEL_LEVERS)}")
+        levers = {**KERNEL_LEVERS, **levers}
+        check_levers(**levers)
+        cluster = levers["cluster"]
         self.variant = KernelVariant.for_launch(launch, q_view.dtype, write_lse=self.return_lse,
-                                                record_order=self.record_order,
-                                                worker_warps=worker_warps, cluster=cluster,
-                                                kv_latency=kv_latency)
+                                                record_order=self.record_order, **levers)
         self.kernel = self.variant.kernel()
         # cuTile needs an array for every parameter: a 1-element stand-in when LSE is not asked.
         self.lse = _empty(q_view, (p.batch, p.heads, p.seqlen_q) if return_lse else (1, 1, 1),
@@ -186,8 +189,8 @@ class AttentionLauncher:
 
 def launcher_for(q, k, v, *, causal=False, schedule="persistent+linear", tiles=None,
                  occupancy=None, scale=None, return_lse=False, l2_bytes=None, ctas=None,
-                 chunk_tiles=None, record_order=False, worker_warps=None, cluster=1,
-                 kv_latency=0) -> tuple[AttentionLauncher, tuple]:
+                 chunk_tiles=None, record_order=False,
+                 **levers) -> tuple[AttentionLauncher, tuple]:
     """-> (launcher for these arrays' shapes, the arrays as cuTile takes them)."""
     vq, arrays = _check_inputs(q, k, v)
     dev = current_device()
@@ -198,41 +201,42 @@ def launcher_for(q, k, v, *, causal=False, schedule="persistent+linear", tiles=N
                   l2_bytes=l2_bytes if l2_bytes is not None else dev.l2_bytes, ctas=ctas,
                   chunk_tiles=chunk_tiles)
     return AttentionLauncher(launch, vq, scale=scale, return_lse=return_lse,
-                             record_order=record_order, worker_warps=worker_warps,
-                             cluster=cluster, kv_latency=kv_latency), arrays
+                             record_order=record_order, **levers), arrays
 
 
 DEFAULT_SCHEDULE = "persistent+linear"
 
 
-def resolve_config(head_dim: int, causal: bool, schedule, tiles, occupancy, worker_warps,
-                   cluster, kv_latency) -> dict:
+def resolve_config(q_shape, k_shape, causal: bool, schedule, tiles, occupancy,
+                   levers: dict) -> dict:
     """The caller's choices, or where the caller chose nothing, the tuned table's entry for this
-    GPU and shape (`wavefront tune`), or the defaults."""
-    chosen = dict(schedule=schedule, tiles=tiles, occupancy=occupancy,
-                  worker_warps=worker_warps, cluster=cluster, kv_latency=kv_latency)
+    GPU and the nearest tuned shape (`wavefront tune`), or the defaults. `levers`: the kernel
+    levers by name, None where not chosen."""
+    chosen = dict(schedule=schedule, tiles=tiles, occupancy=occupancy, **levers)
     if all(v is None for v in chosen.values()):
         from wavefront.kernel.tuning import tuned_config
         dev = current_device()
-        tuned = tuned_config(dev.name, head_dim, causal) if dev is not None else None
+        tuned = tuned_config(dev.name, q_shape, k_shape, causal) if dev is not None else None
         if tuned is not None:
             return tuned
     chosen["schedule"] = schedule or DEFAULT_SCHEDULE
-    chosen["cluster"] = 1 if cluster is None else cluster
-    chosen["kv_latency"] = 0 if kv_latency is None else kv_latency
+    for name, default in KERNEL_LEVERS.items():
+        if chosen[name] is None:
+            chosen[name] = default
     return chosen
 
 
 def attention(q, k, v, *, causal: bool = False, schedule: str | None = None,
               tiles=None, occupancy: int | None = None, scale: float | None = None,
               return_lse: bool = False, out=None, stream=None, l2_bytes: int | None = None,
-              ctas: int | None = None, chunk_tiles: int | None = None,
-              worker_warps: int | None = None, cluster: int | None = None,
-              kv_latency: int | None = None):
+              ctas: int | None = None, chunk_tiles: int | None = None, **levers):
     """FlashAttention forward; see `wavefront.api.attention` for the arguments."""
-    head_dim = q.shape[-1] if hasattr(q, "shape") and len(q.shape) == 4 else 0
-    config = resolve_config(head_dim, causal, schedule, tiles, occupancy, worker_warps,
-                            cluster, kv_latency)
+    unknown = set(levers) - set(KERNEL_LEVERS)
+    if unknown:
+        raise TypeError(f"attention() got unknown arguments {sorted(unknown)}")
+    shape = (lambda a: tuple(a.shape) if hasattr(a, "shape") and len(a.shape) == 4 else None)
+    config = resolve_config(shape(q), shape(k), causal, schedule, tiles, occupancy,
+                            {name: levers.get(name) for name in KERNEL_LEVERS})
     launcher, (q, k, v) = launcher_for(q, k, v, causal=causal, scale=scale,
                                        return_lse=return_lse, l2_bytes=l2_bytes, ctas=ctas,
                                        chunk_tiles=chunk_tiles, **config)

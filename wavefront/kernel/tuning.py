@@ -1,22 +1,61 @@
 """The tuned kernel configurations `wavefront.attention` uses by default.
 
 `wavefront tune` measures the kernel's levers on a GPU and writes the fastest configuration
-per (GPU, head dim, causal) into `tuned.json` beside this module (committed, small). A GPU or
-shape the table does not know runs the defaults (persistent+linear, the default tiles and
+per (GPU, head dim, causal, shape) into `tuned.json` beside this module (committed, small). A
+call takes the entry of its GPU, head dim and mask whose tuned shape is nearest to its own
+(`shape_distance`): the best configuration moves with the shape (at B8 H16 S2k D64 causal the
+B1 H32 S8k winner's 128x128 tiles ran 0.91x cuDNN where 128x64 ran 1.05x). A GPU, head dim or
+mask the table does not know runs the defaults (persistent+linear, the default tiles and
 occupancy), as do calls that name any schedule, tile shape, occupancy or lever themselves.
 """
 from __future__ import annotations
 
 import json
+import math
+import re
 from pathlib import Path
 
+from wavefront.point import KERNEL_LEVERS
+
 TUNED_TABLE = Path(__file__).with_name("tuned.json")
-# The fields of an entry that become `attention` arguments; the rest is its evidence.
-CONFIG_FIELDS = ("schedule", "tiles", "occupancy", "worker_warps", "cluster", "kv_latency")
+# The fields of an entry that become `attention` arguments; the rest is its evidence. Entries
+# written before a lever existed lack it and mean its default.
+CONFIG_FIELDS = ("schedule", "tiles", "occupancy", *KERNEL_LEVERS)
+REQUIRED_FIELDS = ("schedule", "tiles", "occupancy", "worker_warps", "cluster", "kv_latency")
+# The shape the first searches used; its entries keep the short key.
+DEFAULT_TUNE_SHAPE = (1, 32, 32, 8192)  # batch, heads, kv_heads, seqlen
+_SHAPE_TEXT = re.compile(r"B=(\d+) H=(\d+) KV=(\d+) S=(\d+)")
 
 
-def _key(head_dim: int, causal: bool) -> str:
-    return f"d{head_dim}_{'causal' if causal else 'full'}"
+def entry_key(head_dim: int, causal: bool, shape=DEFAULT_TUNE_SHAPE) -> str:
+    """`d128_causal` for the default shape, `d128_causal_b4_h32_kv8_s4096` for another."""
+    base = f"d{head_dim}_{'causal' if causal else 'full'}"
+    if tuple(shape) == DEFAULT_TUNE_SHAPE:
+        return base
+    batch, heads, kv_heads, seqlen = shape
+    return f"{base}_b{batch}_h{heads}_kv{kv_heads}_s{seqlen}"
+
+
+def shape_text(shape) -> str:
+    batch, heads, kv_heads, seqlen = shape
+    return f"B={batch} H={heads} KV={kv_heads} S={seqlen}"
+
+
+def _entry_shape(entry: dict, where: str) -> tuple[int, int, int, int]:
+    match = _SHAPE_TEXT.search(str(entry.get("shape", "")))
+    if match is None:
+        raise ValueError(f"{where}: 'shape' must read 'B=<b> H=<h> KV=<kv> S=<s> ...', got "
+                         f"{entry.get('shape')!r}")
+    return tuple(int(g) for g in match.groups())
+
+
+def shape_distance(a, b) -> float:
+    """How far apart two (batch, heads, kv_heads, seqlen) shapes are for tuning: octaves of
+    the total query rows (how many waves of work), of the sequence (how long each item
+    scans) and of the GQA group (how many heads share K/V)."""
+    rows = lambda s: s[0] * s[1] * s[3]  # noqa: E731
+    return (abs(math.log2(rows(a) / rows(b))) + abs(math.log2(a[3] / b[3]))
+            + abs(math.log2((a[1] / a[2]) / (b[1] / b[2]))))
 
 
 def load_table(path: Path = TUNED_TABLE) -> dict:
@@ -28,23 +67,50 @@ def load_table(path: Path = TUNED_TABLE) -> dict:
     return table
 
 
-def tuned_config(gpu_name: str, head_dim: int, causal: bool, path: Path = TUNED_TABLE):
-    """The tuned `attention` arguments for this GPU and shape, or None."""
-    entry = load_table(path).get(gpu_name, {}).get(_key(head_dim, causal))
-    if entry is None:
+def _problem_shape(q_shape, k_shape) -> tuple[int, int, int, int] | None:
+    if q_shape is None or k_shape is None:
         return None
-    missing = [f for f in CONFIG_FIELDS if f not in entry]
+    return (q_shape[0], q_shape[1], k_shape[1], q_shape[2])
+
+
+def tuned_entry(gpu_name: str, head_dim: int, causal: bool, shape=DEFAULT_TUNE_SHAPE,
+                path: Path = TUNED_TABLE) -> tuple[str, dict] | None:
+    """(key, entry) of the tuned shape nearest to `shape` for this GPU, head dim and mask."""
+    entries = load_table(path).get(gpu_name, {})
+    base = entry_key(head_dim, causal)
+    mine = {k: e for k, e in entries.items() if k == base or k.startswith(base + "_")}
+    if not mine:
+        return None
+    key = min(mine, key=lambda k: (shape_distance(shape, _entry_shape(mine[k], f"{path}: {k}")),
+                                   k))
+    return key, mine[key]
+
+
+def tuned_config(gpu_name: str, q_shape, k_shape, causal: bool, path: Path = TUNED_TABLE):
+    """The tuned `attention` arguments for this GPU and problem, or None. q_shape, k_shape:
+    (batch, heads, seqlen, head_dim) and (batch, kv_heads, seqlen, head_dim)."""
+    shape = _problem_shape(q_shape, k_shape)
+    if shape is None:
+        return None
+    found = tuned_entry(gpu_name, q_shape[3], causal, shape, path)
+    if found is None:
+        return None
+    key, entry = found
+    missing = [f for f in REQUIRED_FIELDS if f not in entry]
     if missing:
-        raise ValueError(f"{path}: entry {gpu_name} {_key(head_dim, causal)} lacks {missing}")
-    return {f: entry[f] for f in CONFIG_FIELDS}
+        raise ValueError(f"{path}: entry {gpu_name} {key} lacks {missing}")
+    return {f: entry.get(f, KERNEL_LEVERS.get(f)) for f in CONFIG_FIELDS}
 
 
 def write_entry(gpu_name: str, head_dim: int, causal: bool, entry: dict,
-                path: Path = TUNED_TABLE) -> None:
-    """Set one (GPU, head dim, causal) entry; the rest of the table is kept."""
+                path: Path = TUNED_TABLE) -> str:
+    """Set the entry of this GPU, head dim, mask and the entry's shape (its 'shape' text);
+    the rest of the table is kept. Returns the key."""
     missing = [f for f in CONFIG_FIELDS if f not in entry]
     if missing:
         raise ValueError(f"a tuned entry needs {CONFIG_FIELDS}, missing {missing}")
+    key = entry_key(head_dim, causal, _entry_shape(entry, "the new entry"))
     table = load_table(path)
-    table.setdefault(gpu_name, {})[_key(head_dim, causal)] = entry
+    table.setdefault(gpu_name, {})[key] = entry
     Path(path).write_text(json.dumps(table, indent=1, sort_keys=True) + "\n")
+    return key

@@ -14,11 +14,12 @@ import statistics
 from dataclasses import asdict, dataclass, field
 from typing import Callable
 
+from wavefront.point import KERNEL_LEVERS
 from wavefront.results.measurement import median_ci95, paired_ratio
 
 L2_STATE = "cold by rotation (>= 4x L2 of other inputs between reuses)"
 # What may differ between the contenders of one shape besides the schedule.
-LEVER_FIELDS = ("tiles", "occupancy", "ctas", "worker_warps", "cluster", "kv_latency")
+LEVER_FIELDS = ("tiles", "occupancy", "ctas", *KERNEL_LEVERS)
 
 
 @dataclass

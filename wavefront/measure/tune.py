@@ -3,7 +3,9 @@
 The levers (cuTile's and ours): tile shape, CTAs per SM (`occupancy`), consumer warps
 (`worker_warps`: 8 gives two consumer warpgroups, FlashAttention-3's layout), CTAs per cluster
 (`cluster`), the K/V loads' latency hint (`kv_latency`), and the CTA schedule (static
-grid-stride or dynamic). Three steps:
+grid-stride or dynamic); then, on the winner, FlashAttention-4's two softmax levers
+(`rescale_threshold`, `exp2_poly`) in a second set of rounds against the winner itself. Each
+search has three steps:
 
 1. Screen on the CPU side: compile every candidate ahead of time (parallel processes) and read
    its SASS. A candidate that fails to compile, spills registers to local memory or serialises
@@ -22,7 +24,7 @@ import itertools
 import os
 from concurrent.futures import ProcessPoolExecutor
 
-from wavefront.point import Point
+from wavefront.point import KERNEL_LEVERS, Point
 
 # The searched values of each lever (tiles first: the others are read against it). The first
 # search on the H100 (data/tune) also had 64x64 tiles (never within 14% of the best) and the
@@ -39,6 +41,15 @@ LEVERS = {
 }
 
 
+# Searched on the first stage's winner (coordinate search: they change the softmax, not the
+# pipeline shape, and the product with LEVERS would be 6x the candidates). FA4 rescales when a
+# maximum grew by more than 2^8; the polynomial takes a quarter or half of the columns.
+SOFTMAX_LEVERS = {
+    "rescale_threshold": (0, 8),
+    "exp2_poly": (0, 1, 2),
+}
+
+
 def lever_space(shape: Point, levers: dict = LEVERS) -> list[Point]:
     """Every combination of the lever values on `shape` (batch, heads, length, D, mask)."""
     names = list(levers)
@@ -48,8 +59,7 @@ def lever_space(shape: Point, levers: dict = LEVERS) -> list[Point]:
 
 def _variant(point: Point, gpu, dtype: str):
     from wavefront.kernel.attention import KernelVariant
-    return KernelVariant.for_launch(point.launch(gpu), dtype, worker_warps=point.worker_warps,
-                                    cluster=point.cluster, kv_latency=point.kv_latency)
+    return KernelVariant.for_launch(point.launch(gpu), dtype, **point.levers)
 
 
 def _screen_one(args):
@@ -110,15 +120,81 @@ def warm(points: list[Point], jobs: int | None = None) -> dict[Point, str | None
     return out
 
 
-def lever_record(rows: list[dict]) -> list[dict]:
+ALL_LEVERS = (*LEVERS, *SOFTMAX_LEVERS)
+
+
+def search(candidates: list[Point], gpu, gpu_name: str, dtype: str, *, rounds: int,
+           per_round: int, jobs: int | None = None, log=print) -> tuple[list[dict], bool]:
+    """Screen, warm and time `candidates` (one shape) with the peers in interleaved rounds.
+    -> (one row per candidate and per peer, whether the timing ran). A candidate that is not
+    timed keeps its row with the reason."""
+    from wavefront.measure.rounds import contender_name, run_rounds, shape_contenders
+    shape = candidates[0]
+    log(f"screening {len(candidates)} candidates (compile + SASS)")
+    screened = screen(candidates, gpu, dtype, jobs=jobs)
+    survivors = [p for p in candidates if screened[p][2] is None]
+    log(f"warming {len(survivors)} candidates")
+    errors = warm(survivors, jobs=jobs) if survivors else {}
+    timed = [p for p in survivors if errors[p] is None]
+    results, ran = {}, True
+    if timed:
+        try:
+            for r in run_rounds(shape_contenders(timed, peers=True), rounds=rounds,
+                                per_round=per_round):
+                results[r.name] = r
+        except Exception as exc:  # the screened record still stands
+            log(f"timing failed: {type(exc).__name__}: {exc}")
+            ran = False
+    peers = {k: results[k] for k in ("cudnn", "fa2") if k in results}
+    rows = []
+    for p in candidates:
+        label, facts, reason = screened[p]
+        # shape_contenders names each candidate against the first timed one
+        r = results.get(contender_name(p, timed[0])) if timed else None
+        row = {"gpu": gpu_name, "shape": _shape_of(p).as_dict(), "label": label,
+               "levers": {k: getattr(p, k) for k in ALL_LEVERS},
+               "sass": facts.as_dict() if facts else None,
+               "not_timed": reason or errors.get(p), "tflops": r.tflops if r else None,
+               "tflops_ci95": r.tflops_ci95 if r else None,
+               "throttled_rounds": r.throttled_rounds if r else None}
+        for peer, pr in peers.items():
+            if r:
+                row[f"x_{peer}"] = pr.median_ms / r.median_ms
+        rows.append(row)
+    for peer, pr in peers.items():
+        rows.append({"gpu": gpu_name, "shape": _shape_of(shape).as_dict(), "label": peer,
+                     "tflops": pr.tflops, "tflops_ci95": pr.tflops_ci95, "peer": True})
+    return rows, ran and bool(timed)
+
+
+def _shape_of(point: Point) -> Point:
+    """The problem alone: the point with every searched lever at its default."""
+    return point.replace(schedule="persistent+linear", tiles=None, occupancy=None,
+                         **KERNEL_LEVERS)
+
+
+def best_row(rows: list[dict]) -> dict | None:
+    timed = [r for r in rows if not r.get("peer") and r.get("tflops")]
+    return max(timed, key=lambda r: r["tflops"]) if timed else None
+
+
+def softmax_space(winner: Point) -> list[Point]:
+    """The second stage: the winner (first, so it names the others) and every combination of
+    the softmax levers on it."""
+    points = lever_space(winner, SOFTMAX_LEVERS)
+    return [winner] + [p for p in points if p != winner]
+
+
+def lever_record(rows: list[dict], levers: dict | None = None) -> list[dict]:
     """What each lever did: per lever value, the best timed candidate with that value, and
-    its ratio to the best candidate of the shape."""
-    timed = [r for r in rows if r.get("tflops")]
+    its ratio to the best candidate of the shape (in the same rounds)."""
+    levers = LEVERS if levers is None else levers
+    timed = [r for r in rows if not r.get("peer") and r.get("tflops")]
     if not timed:
         return []
     best = max(r["tflops"] for r in timed)
     out = []
-    for lever, values in LEVERS.items():
+    for lever, values in levers.items():
         for value in values:
             with_value = [r for r in timed if r["levers"][lever] == value]
             top = max(with_value, key=lambda r: r["tflops"], default=None)
@@ -129,3 +205,6 @@ def lever_record(rows: list[dict]) -> list[dict]:
                         "of_best": top["tflops"] / best if top else None,
                         "best_label": top["label"] if top else None})
     return out
+
+
+ALL_LEVERS = (*LEVERS, *SOFTMAX_LEVERS)
