@@ -846,10 +846,12 @@ def schedule_cost_summary(d: pd.DataFrame) -> pd.DataFrame:
             continue
         base = sub[~sub["schedule"].str.contains(r"\[")]  # the run's own levers
         saw = base[base["schedule"].str.contains("sawtooth")]
+        # a run without grid (the tuned-table check) has no vs-grid ratios
         static = base[~base["schedule"].str.contains("dynamic")
-                      & base["schedule"].str.endswith("+linear")]
-        dyn = base[base["schedule"].str.contains("dynamic") & base["schedule"].str.endswith("+linear")]
-        pers = base[base["schedule"] == "persistent+linear"]
+                      & base["schedule"].str.endswith("+linear")].dropna(subset=["vs grid"])
+        dyn = base[base["schedule"].str.contains("dynamic")
+                   & base["schedule"].str.endswith("+linear")].dropna(subset=["vs grid"])
+        pers = base[base["schedule"] == "persistent+linear"].dropna(subset=["vs grid"])
         worst = static.loc[static["vs grid"].idxmin()] if not static.empty else None
         best = sub.loc[sub["vs cudnn"].idxmax()] if "vs cudnn" in sub else None
         out.append({
@@ -891,7 +893,9 @@ def tune_best(data_dir) -> pd.DataFrame:
         with gzip.open(path, "rt") as f:
             for line in f:
                 r = json.loads(line)
-                if r.get("peer") or not r.get("tflops"):
+                # the softmax stage re-times the winner: taking the higher of two timings of
+                # one candidate would bias the best upward
+                if r.get("peer") or not r.get("tflops") or r.get("stage") == "softmax":
                     continue
                 key = _shape_name(r["shape"])
                 if key not in by_shape or r["tflops"] > by_shape[key]["tflops"]:
@@ -905,6 +909,36 @@ def tune_best(data_dir) -> pd.DataFrame:
                          "TFLOP/s": r["tflops"], "lo": r["tflops_ci95"][0],
                          "hi": r["tflops_ci95"][1], "x cuDNN": r.get("x_cudnn"),
                          "x FA2": r.get("x_fa2")})
+    return pd.DataFrame(rows)
+
+
+def softmax_lever_table(data_dir) -> pd.DataFrame:
+    """The tune searches' second stage: FlashAttention-4's softmax levers on each shape's
+    winner, every candidate against that winner (rescale 0, no polynomial) of the same rounds."""
+    import gzip
+    rows = []
+    for path in sorted((Path(data_dir) / "tune").glob("*/tune.jsonl.gz")):
+        stage = []
+        with gzip.open(path, "rt") as f:
+            for line in f:
+                r = json.loads(line)
+                if r.get("stage") == "softmax" and not r.get("peer") and r.get("tflops"):
+                    stage.append(r)
+        for shape in dict.fromkeys(_shape_name(r["shape"]) for r in stage):
+            mine = [r for r in stage if _shape_name(r["shape"]) == shape]
+            base = [r for r in mine if not r["levers"].get("rescale_threshold")
+                    and not r["levers"].get("exp2_poly")]
+            if len(base) != 1:
+                continue
+            for r in mine:
+                lv = r["levers"]
+                rows.append({"search": path.parent.name, "GPU": short_gpu(r["gpu"]),
+                             "shape": shape, "rescale threshold": lv["rescale_threshold"],
+                             "exp2 quarters on FMA": lv["exp2_poly"],
+                             "TFLOP/s": r["tflops"], "lo": r["tflops_ci95"][0],
+                             "hi": r["tflops_ci95"][1],
+                             "x winner": r["tflops"] / base[0]["tflops"],
+                             "x cuDNN": r.get("x_cudnn")})
     return pd.DataFrame(rows)
 
 

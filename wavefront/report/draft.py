@@ -509,25 +509,66 @@ def _tune(n: DraftNumbers, study: Study) -> None:
     piv = rec.pivot_table(index=["lever", "value"], columns="shape", values="of best",
                           aggfunc="first").reset_index()
     v["tune_record_table"] = md_table(piv)
-    d128 = best[best["shape"].str.contains("D128")]
-    d64 = best[best["shape"].str.contains("D64")]
-    auto = int(best["worker warps"].isna().sum())
+    base = best[best["shape"].str.startswith("B1 H32 S8k")]
+    d128 = base[base["shape"].str.contains("D128")]
+    d64 = base[base["shape"].str.contains("D64")]
+    auto = int(base["worker warps"].isna().sum())
     v["tune_text"] = _wrap(
-        "`wavefront tune` searches cuTile's levers per GPU, head dim and mask: tile shape, CTAs "
-        "per SM, `num_worker_warps` (8: two consumer warpgroups, FlashAttention-3's layout), "
-        "`num_ctas` (2-CTA clusters), the K/V loads' latency hint, and static or dynamic "
-        "assignment. Each candidate is compiled and its SASS read first (spilling or "
+        "`wavefront tune` searches cuTile's levers per GPU, head dim, mask and shape: tile "
+        "shape, CTAs per SM, `num_worker_warps` (8: two consumer warpgroups, FlashAttention-3's "
+        "layout), `num_ctas` (2-CTA clusters), the K/V loads' latency hint, and static or "
+        "dynamic assignment. Each candidate is compiled and its SASS read first (spilling or "
         "serialised candidates are recorded, not timed), then the rest and cuDNN / FA2 are "
         "timed in interleaved rounds after a float32 check. The fastest per shape goes to "
-        "`wavefront/kernel/tuned.json`, which `wavefront.attention` uses by default. Fastest "
-        "per search (B=1, H=32, S=8k, bf16):")
-    n.claim(f"At cuDNN's level: the tuned kernel runs {float(d128['x cuDNN'].min()):.2f}-"
-            f"{float(d128['x cuDNN'].max()):.2f}x cuDNN at D=128 and "
-            f"{float(d64['x cuDNN'].min()):.2f}-{float(d64['x cuDNN'].max()):.2f}x at D=64 "
-            f"(same rounds, H100 and H200); every winner uses 128x128 tiles, and "
-            f"{len(best) - auto} of {len(best)} two consumer warpgroups.",
+        "`wavefront/kernel/tuned.json`, which `wavefront.attention` uses by default, taking "
+        "the entry of the nearest tuned shape. Fastest per search and shape (bf16):")
+    n.claim(f"At cuDNN's level: at B=1 H=32 S=8k the tuned kernel runs "
+            f"{float(d128['x cuDNN'].min()):.2f}-{float(d128['x cuDNN'].max()):.2f}x cuDNN at "
+            f"D=128 and {float(d64['x cuDNN'].min()):.2f}-{float(d64['x cuDNN'].max()):.2f}x at "
+            f"D=64 (same rounds, H100 and H200); every winner there uses 128x128 tiles, and "
+            f"{len(base) - auto} of {len(base)} two consumer warpgroups.",
             float(d128["x cuDNN"].min()) >= 0.9 and float(d64["x cuDNN"].min()) >= 0.95
-            and (best["tiles"] == "128x128").all(), best["x cuDNN"].tolist())
+            and (base["tiles"] == "128x128").all(), base["x cuDNN"].tolist())
+    other = best[~best["shape"].str.startswith("B1 H32 S8k")]
+    if not other.empty:
+        n.claim(f"On the other tuned shapes (B>1, GQA; H100) the best candidate ran "
+                f"{float(other['x cuDNN'].min()):.2f}-{float(other['x cuDNN'].max()):.2f}x "
+                f"cuDNN, and {int((other['tiles'] != '128x128').sum())} of {len(other)} winners "
+                f"there do not use the B=1 winners' 128x128 tiles: hence a table keyed by shape.",
+                float(other["x cuDNN"].min()) >= 0.9, other["x cuDNN"].tolist())
+    _softmax_levers(n, study)
+
+
+def _softmax_levers(n: DraftNumbers, study: Study) -> None:
+    from wavefront.report.analysis import softmax_lever_table
+    v = n.values
+    t = softmax_lever_table(study.data_dir)
+    if t.empty:
+        v["softmax_levers_text"] = v["softmax_levers_table"] = ""
+        return
+    shown = t.copy()
+    shown["TFLOP/s [95%]"] = [f"{x:.0f} [{lo:.0f}, {hi:.0f}]"
+                              for x, lo, hi in zip(t["TFLOP/s"], t["lo"], t["hi"])]
+    shown["x winner"] = shown["x winner"].map(lambda x: f"{x:.3f}")
+    shown["x cuDNN"] = shown["x cuDNN"].map(lambda x: f"{x:.3f}")
+    v["softmax_levers_table"] = md_table(shown.drop(columns=["TFLOP/s", "lo", "hi", "search"]))
+    tried = t[(t["rescale threshold"] > 0) | (t["exp2 quarters on FMA"] > 0)]
+    resc = tried[(tried["rescale threshold"] > 0) & (tried["exp2 quarters on FMA"] == 0)]
+    poly = tried[(tried["rescale threshold"] == 0) & (tried["exp2 quarters on FMA"] == 1)]
+    v["softmax_levers_text"] = _wrap(
+        "FlashAttention-4's two softmax tricks are kernel levers too (`rescale_threshold`, "
+        "`exp2_poly`), searched on each shape's winner in rounds of their own: rescale the "
+        "accumulator only when some row maximum grew by more than 2^8 (exact after the final "
+        "normalisation; in cuTile the test is a tile condition, a reduction across the CTA's "
+        "warps every K/V tile), and exponentiate a quarter or half of the score columns with a "
+        "degree-3 polynomial and exponent-bit arithmetic on the FMA units instead of MUFU.EX2. "
+        "Against the winner in the same rounds:")
+    n.claim(f"FlashAttention-4's softmax tricks lose on the H100 in cuTile: the conditional "
+            f"rescale ran {float(resc['x winner'].min()):.2f}-{float(resc['x winner'].max()):.2f}x "
+            f"the winner and a quarter of the exp2 on the FMA units "
+            f"{float(poly['x winner'].min()):.2f}-{float(poly['x winner'].max()):.2f}x; no "
+            f"shape's best used either.",
+            bool((tried["x winner"] < 1.0).all()), tried["x winner"].tolist())
 
 
 def _tiled_fit(n: DraftNumbers, study: Study, experiments: dict) -> None:
