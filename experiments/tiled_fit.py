@@ -28,7 +28,7 @@ head_dim = [128]
 causal = [false, true]
 tiles = ["128x64"]
 schedule = ["persistent+linear", "persistent+sawtooth", "persistent+tiled",
-            "persistent+tiled_fit"]
+            "persistent+tiled_fit", "persistent+tiled_fit_bf16"]
 """
 
 

@@ -41,16 +41,17 @@ def _compile_all(variants, arch):
     return results
 
 
-def test_every_schedule_of_a_shape_runs_one_of_three_binaries():
+def test_every_schedule_of_a_shape_runs_one_of_four_binaries():
     """The schedule is data (the work table): every static CTA schedule and K/V direction of a
-    shape runs one binary, the dynamic ones a second, the tiled partial-state writer a third;
-    and `all_variants` holds exactly the binaries the registry's schedules need."""
+    shape runs one binary, the dynamic ones a second, the tiled partial-state writers a third
+    (float32 partials) and a fourth (bfloat16); and `all_variants` holds exactly the binaries
+    the registry's schedules need."""
     gpu = GpuShape(132, 50 << 20)
     binaries = {}
     for schedule in schedule_names():
         launch = Point(seqlen=1000, head_dim=64, schedule=schedule).launch(gpu)
         binaries.setdefault(KernelVariant.for_launch(launch, "bfloat16"), set()).add(schedule)
-    assert len(binaries) == 3, binaries
+    assert len(binaries) == 4, binaries
     static = [s for s in schedule_names() if not kv_schedule(s.split("+")[1]).writes_partials
               and not cta_schedule(s.split("+")[0]).dynamic]
     assert any(set(static) == names for names in binaries.values())

@@ -208,3 +208,32 @@ def test_attention_defaults_to_the_tuned_table_for_this_gpu():
         ref, _ = reference_attention(q, k, v, causal=causal)
         err = float(cupy.linalg.norm(out.astype(cupy.float32) - ref) / cupy.linalg.norm(ref))
         assert err < TOLERANCE
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_bfloat16_partials_stay_within_their_error_bound(causal, dtype):
+    """tiled_fit_bf16 rounds each chunk's output to bfloat16 (u = 2^-8). Its documented bound:
+    at most u x (softmax-weighted mean of |v|) more per element than the kernel's other
+    roundings (bf16 P before the PV product, the output's own rounding), each of that size.
+    Checked element by element against float64, with many chunks (2 K/V tiles each), and the
+    float32-partial schedule on the same inputs as the yardstick."""
+    import cupy
+    from wavefront import attention, reference_attention
+    from wavefront.measure.bench import random_inputs
+    cfg = Config(batch=1, heads=4, kv_heads=2, seqlen=1100, head_dim=128, dtype=dtype,
+                 causal=causal)
+    q, k, v = random_inputs(cfg, 71)
+    ref, _ = reference_attention(q, k, v, causal=causal, dtype="float64")
+    weighted_abs_v, _ = reference_attention(q, k, cupy.abs(v.astype(cupy.float64)),
+                                            causal=causal, dtype="float64")
+    u = 2.0 ** -8
+    worst = {}
+    for schedule in ("persistent+tiled_fit", "persistent+tiled_fit_bf16"):
+        out = cupy.full(q.shape, cupy.nan, dtype=q.dtype)
+        attention(q, k, v, causal=causal, schedule=schedule, chunk_tiles=2, out=out)
+        err = cupy.abs(out.astype(cupy.float64) - ref)
+        worst[schedule] = float((err / (u * (cupy.abs(ref) + weighted_abs_v))).max())
+    # fp32 partials: the kernel's own roundings; bf16 partials add at most one more u term
+    assert worst["persistent+tiled_fit"] <= 2.0, worst
+    assert worst["persistent+tiled_fit_bf16"] <= worst["persistent+tiled_fit"] + 1.0, worst

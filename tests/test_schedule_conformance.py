@@ -100,7 +100,7 @@ def test_simulator_trace_follows_the_kernel_mapping(schedule):
 def test_trace_reads_what_the_closed_form_counts(schedule):
     for launch in launches(schedule, 12, 300 + SCHEDULES.index(schedule)):
         trace = access_trace(launch)
-        counts = launch_counts(launch.problem, launch.n_chunks)
+        counts = launch_counts(launch.problem, launch.n_chunks, launch.partial_row_bytes)
         kv = trace.nbytes[(trace.kind == 0) | (trace.kind == 1)].sum()
         assert kv // SECTOR_BYTES == pytest.approx(counts.kv_read_sectors, rel=0.02)
 

@@ -37,6 +37,10 @@ KV_LINEAR = 0  # every work item scans K/V forward
 KV_SAWTOOTH = 1  # a CTA's successive work items alternate forward / backward
 KV_TILED = 2  # L2-blocked split-KV: chunk-major (Q tile, K/V chunk) items, partials combined
 KV_TILED_FIT = 3  # tiled, chunks fitted to two partition copies plus the round's stream
+KV_TILED_FIT_BF16 = 4  # tiled_fit with bfloat16 partial outputs (half the partial traffic)
+
+# Bytes of a partial-state row besides its output: the fp32 row maximum and row sum.
+PARTIAL_ROW_STATS_BYTES = 8
 
 # The work table's columns: what the kernel reads of each work item. The unmasked K/V tiles are
 # visited as SCAN_START + SCAN_STEP x t for t < SCAN_COUNT (STEP = +1 forward, -1 backward),
@@ -413,6 +417,7 @@ class KvSchedule(Protocol):
     name: str
     code: int
     writes_partials: bool
+    partial_output_bytes: int  # bytes per element of a partial output (tiled family), else 0
 
     def chunk_tiles(self, problem: AttentionProblem, l2_bytes: int,
                     resident_ctas: int) -> int: ...
@@ -425,6 +430,7 @@ class LinearScan:
     name: str = field(default="linear", init=False)
     code: int = field(default=KV_LINEAR, init=False)
     writes_partials: bool = field(default=False, init=False)
+    partial_output_bytes: int = field(default=0, init=False)
 
     def chunk_tiles(self, problem, l2_bytes, resident_ctas):
         return problem.kv_tiles  # one chunk: the whole K/V
@@ -442,16 +448,24 @@ class SawtoothScan:
     name: str = field(default="sawtooth", init=False)
     code: int = field(default=KV_SAWTOOTH, init=False)
     writes_partials: bool = field(default=False, init=False)
+    partial_output_bytes: int = field(default=0, init=False)
 
     def chunk_tiles(self, problem, l2_bytes, resident_ctas):
         return problem.kv_tiles
 
 
-def round_stream_bytes(problem: AttentionProblem, resident_ctas: int) -> int:
+def partial_row_bytes(head_dim: int, partial_output_bytes: int = 4) -> int:
+    """One row of a partial state: the unnormalised output, then fp32 row maximum and sum."""
+    return head_dim * partial_output_bytes + PARTIAL_ROW_STATS_BYTES
+
+
+def round_stream_bytes(problem: AttentionProblem, resident_ctas: int,
+                       partial_output_bytes: int = 4) -> int:
     """What one round of the CTAs in flight streams through the L2 besides K/V: each reads its
-    Q tile and writes its fp32 partial state (row max and sum, unnormalised output)."""
+    Q tile and writes its partial state (row max and sum, unnormalised output)."""
     p = problem
-    return resident_ctas * p.tile_m * (p.head_dim * p.element_bytes + p.head_dim * 4 + 8)
+    return resident_ctas * p.tile_m * (p.head_dim * p.element_bytes
+                                       + partial_row_bytes(p.head_dim, partial_output_bytes))
 
 
 @dataclass(frozen=True)
@@ -473,6 +487,7 @@ class TiledScan:
     tiles_per_chunk: int | None = None
     name: str = field(default="tiled", init=False)
     code: int = field(default=KV_TILED, init=False)
+    partial_output_bytes: int = field(default=4, init=False)  # fp32
 
     def __post_init__(self):
         if not (0.0 < self.l2_fraction <= 4.0):
@@ -486,7 +501,8 @@ class TiledScan:
         p = problem
         tile_bytes = 2 * p.tile_n * p.head_dim * p.element_bytes  # K + V
         chunk_bytes = self.chunk_bytes(self.l2_fraction * l2_bytes,
-                                       round_stream_bytes(p, resident_ctas))
+                                       round_stream_bytes(p, resident_ctas,
+                                                          self.partial_output_bytes))
         return max(1, min(p.kv_tiles, int(chunk_bytes // tile_bytes)))
 
     def chunk_bytes(self, budget: float, stream: int) -> float:
@@ -521,6 +537,24 @@ class TiledFitScan(TiledScan):
         return max(budget - stream, budget / 8) / 2
 
 
+@dataclass(frozen=True)
+class TiledFitBf16Scan(TiledFitScan):
+    """tiled_fit with each chunk's unnormalised output stored in bfloat16 instead of float32:
+    half the partial-state traffic, and a smaller stream so larger chunks.
+
+    Not exact, but bounded: bfloat16 keeps float32's exponent range (no overflow, unlike
+    float16) and rounds each element of a chunk's output acc_c = sum_j p_j v_j with relative
+    error at most u = 2^-8. The combine forms o = sum_c beta_c acc_c / L, so the rounding adds
+    at most u * sum_j w_j |v_j| (w the softmax weights) to each output element: no more than
+    the bfloat16 rounding of P the kernel already makes before its PV product, and of the size
+    of the output's own rounding. The row maxima and sums stay float32.
+    """
+
+    name: str = field(default="tiled_fit_bf16", init=False)
+    code: int = field(default=KV_TILED_FIT_BF16, init=False)
+    partial_output_bytes: int = field(default=2, init=False)
+
+
 CTA_SCHEDULES: dict[str, CtaSchedule] = {
     "grid": GridSchedule(),
     "persistent": PersistentSchedule(),
@@ -534,6 +568,7 @@ KV_SCHEDULES: dict[str, KvSchedule] = {
     "sawtooth": SawtoothScan(),
     "tiled": TiledScan(),
     "tiled_fit": TiledFitScan(),
+    "tiled_fit_bf16": TiledFitBf16Scan(),
 }
 
 
@@ -617,6 +652,11 @@ class Launch:
     @cached_property
     def n_chunks(self) -> int:
         return -(-self.problem.kv_tiles // self.chunk_tiles)
+
+    @property
+    def partial_row_bytes(self) -> int:
+        """Bytes of one row of a partial state (the tiled family; float32 output otherwise)."""
+        return partial_row_bytes(self.problem.head_dim, self.kv.partial_output_bytes or 4)
 
     @cached_property
     def num_items(self) -> int:

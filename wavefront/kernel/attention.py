@@ -226,10 +226,11 @@ def _attend_work_item(Q, K, V, Out, Lse, PartO, PartM, PartL, Work, Order, item,
                                              RESCALE_THRESHOLD, EXP2_POLY)
 
     if PARTIALS:
-        # The chunk's partial state, unnormalised; `combine_partials` merges the chunks.
+        # The chunk's partial state, unnormalised, the output in PartO's dtype (float32, or
+        # bfloat16 for tiled_fit_bf16); `combine_partials` merges the chunks.
         slab = _work(Work, item, WORK_CHUNK) * Q.shape[0] + batch
         ct.store(PartO, index=(slab, head, q_tile, 0),
-                 tile=acc.reshape((1, 1, TILE_M, HEAD_DIM)))
+                 tile=acc.reshape((1, 1, TILE_M, HEAD_DIM)).astype(PartO.dtype))
         ct.store(PartM, index=(slab, head, q_tile), tile=m_i.reshape((1, 1, TILE_M)))
         ct.store(PartL, index=(slab, head, q_tile), tile=l_i.reshape((1, 1, TILE_M)))
     else:
@@ -299,6 +300,7 @@ def combine_partials(PartO, PartM, PartL, Out, Lse, n_chunks: int, HEAD_DIM: Con
                       padding_mode=ct.PaddingMode.ZERO).reshape((TILE_M, 1))
         a_c = ct.load(PartO, index=(slab, head, q_tile, 0), shape=(1, 1, TILE_M, HEAD_DIM),
                       padding_mode=ct.PaddingMode.ZERO).reshape((TILE_M, HEAD_DIM))
+        a_c = a_c.astype(ct.float32)
         m_new = max(m, m_c)
         alpha = ct.exp2(m - m_new, flush_to_zero=True)
         beta = ct.exp2(m_c - m_new, flush_to_zero=True)
@@ -393,7 +395,8 @@ def _array_constraint(dtype, ndim):
                            base_addr_divisible_by=16)
 
 
-def aot_signature(params: tuple[Param, ...], io_dtype: str, constants: dict, symbol: str):
+def aot_signature(params: tuple[Param, ...], io_dtype: str, constants: dict, symbol: str,
+                  array_dtypes: dict | None = None):
     """The general ahead-of-time signature: contiguous arrays, any batch, heads and length.
 
     The JIT may specialise further for the arrays it is given (e.g. it bakes in dimensions of
@@ -403,7 +406,8 @@ def aot_signature(params: tuple[Param, ...], io_dtype: str, constants: dict, sym
     out = []
     for p in params:
         if p.kind == "array":
-            out.append(_array_constraint(getattr(ct, io_dtype if p.dtype == IO else p.dtype),
+            dtype = (array_dtypes or {}).get(p.name, p.dtype)
+            out.append(_array_constraint(getattr(ct, io_dtype if dtype == IO else dtype),
                                          p.ndim))
         elif p.kind == "scalar":
             out.append(ScalarConstraint(getattr(ct, p.dtype)))
@@ -416,6 +420,14 @@ def aot_signature(params: tuple[Param, ...], io_dtype: str, constants: dict, sym
 # --------------------------------------------------------------------------------------------
 # Specialisations
 # --------------------------------------------------------------------------------------------
+
+# The tiled family's partial outputs: float32, or bfloat16 (tiled_fit_bf16).
+PARTIAL_DTYPES = ("float32", "bfloat16")
+
+
+def partials_dtype_for(launch: Launch) -> str:
+    return "bfloat16" if launch.kv.partial_output_bytes == 2 else "float32"
+
 
 @dataclass(frozen=True)
 class KernelVariant:
@@ -444,6 +456,7 @@ class KernelVariant:
     # exponentiated on the FMA units (0: none, 4: all).
     rescale_threshold: int = 0
     exp2_poly: int = 0
+    partials_dtype: str = "float32"  # the partial outputs' dtype (tiled_fit_bf16: bfloat16)
 
     def __post_init__(self):
         if self.dtype not in DTYPES:
@@ -459,6 +472,9 @@ class KernelVariant:
         if not 0 <= self.kv_latency <= 10:
             raise ValueError(f"kv_latency must be in [0, 10], got {self.kv_latency!r}")
         check_softmax_levers(self.rescale_threshold, self.exp2_poly)
+        if self.partials_dtype not in PARTIAL_DTYPES:
+            raise ValueError(f"partials_dtype must be one of {PARTIAL_DTYPES}, got "
+                             f"{self.partials_dtype!r}")
 
     @classmethod
     def for_launch(cls, launch: Launch, dtype: str, *, write_lse: bool = False,
@@ -470,7 +486,8 @@ class KernelVariant:
         partials = launch.kv.writes_partials
         return cls(dtype, p.head_dim, p.tile_m, p.tile_n, p.causal, launch.ctas_per_sm,
                    launch.cta.dynamic, partials, write_lse and not partials, record_order,
-                   cluster, worker_warps, kv_latency, rescale_threshold, exp2_poly)
+                   cluster, worker_warps, kv_latency, rescale_threshold, exp2_poly,
+                   partials_dtype_for(launch))
 
     @property
     def constants(self) -> dict:
@@ -487,6 +504,7 @@ class KernelVariant:
         return (f"{self.dtype[:2]}_d{self.head_dim}_{self.tile_m}x{self.tile_n}"
                 f"_{'causal' if self.causal else 'full'}"
                 f"_{'dynamic' if self.dynamic else 'static'}{'_partials' if self.partials else ''}"
+                f"{'_bf16' if self.partials_dtype != 'float32' else ''}"
                 f"_occ{self.occupancy}{'_lse' if self.write_lse else ''}"
                 f"{'_order' if self.record_order else ''}"
                 f"{f'_cluster{self.cluster}' if self.cluster != 1 else ''}"
@@ -499,7 +517,8 @@ class KernelVariant:
         return kernel_for(self.occupancy, self.cluster, self.worker_warps)
 
     def signature(self):
-        return aot_signature(ATTENTION_PARAMS, self.dtype, self.constants, "flash_attention_fwd")
+        return aot_signature(ATTENTION_PARAMS, self.dtype, self.constants, "flash_attention_fwd",
+                             {"PartO": self.partials_dtype})
 
 
 def all_variants(dtypes=DTYPES, head_dims=HEAD_DIMS, tiles=TILE_SHAPES, write_lse=(False,)):
@@ -514,8 +533,10 @@ def all_variants(dtypes=DTYPES, head_dims=HEAD_DIMS, tiles=TILE_SHAPES, write_ls
                         for lse in write_lse:
                             yield KernelVariant(dtype, head_dim, tile[0], tile[1], causal,
                                                 occupancy, dynamic, False, lse)
-                    yield KernelVariant(dtype, head_dim, tile[0], tile[1], causal, occupancy,
-                                        False, True)
+                    for partials_dtype in PARTIAL_DTYPES:
+                        yield KernelVariant(dtype, head_dim, tile[0], tile[1], causal,
+                                            occupancy, False, True,
+                                            partials_dtype=partials_dtype)
 
 
 @dataclass(frozen=True)
@@ -526,6 +547,7 @@ class CombineVariant:
     head_dim: int
     tile_m: int
     write_lse: bool = False
+    partials_dtype: str = "float32"
 
     @property
     def constants(self) -> dict:
@@ -534,13 +556,15 @@ class CombineVariant:
     @property
     def label(self) -> str:
         return (f"combine_{self.dtype[:2]}_d{self.head_dim}_m{self.tile_m}"
-                f"{'_lse' if self.write_lse else ''}")
+                f"{'_lse' if self.write_lse else ''}"
+                f"{'_bf16' if self.partials_dtype != 'float32' else ''}")
 
     def kernel(self):
         return combine_partials
 
     def signature(self):
-        return aot_signature(COMBINE_PARAMS, self.dtype, self.constants, "combine_partials")
+        return aot_signature(COMBINE_PARAMS, self.dtype, self.constants, "combine_partials",
+                             {"PartO": self.partials_dtype})
 
 
 # Rows per combine CTA: the partials are indexed by row, so this need not match the attention
@@ -552,7 +576,8 @@ def all_combine_variants(dtypes=DTYPES, head_dims=HEAD_DIMS, write_lse=(False, T
     for dtype in dtypes:
         for head_dim in head_dims:
             for lse in write_lse:
-                yield CombineVariant(dtype, head_dim, COMBINE_TILE_M, lse)
+                for partials_dtype in PARTIAL_DTYPES:
+                    yield CombineVariant(dtype, head_dim, COMBINE_TILE_M, lse, partials_dtype)
 
 
 def compile_variant(variant, arch: str = "sm_90") -> bytes:

@@ -135,7 +135,8 @@ class AttentionLauncher:
         # cuTile needs an array for every parameter: a 1-element stand-in when LSE is not asked.
         self.lse = _empty(q_view, (p.batch, p.heads, p.seqlen_q) if return_lse else (1, 1, 1),
                           "float32")
-        self.partials = _workspace(q_view, launch.n_chunks if self.tiled else 0)
+        self.partials = _workspace(q_view, launch.n_chunks if self.tiled else 0,
+                                   self.variant.partials_dtype)
         self.work = _upload(q_view, launch.work_table)
         # The dynamic schedules' counter: never cleared, each launch moves it on by items + CTAs
         # (every CTA's last take finds no item), so the next launch's first item is at the base.
@@ -284,14 +285,16 @@ def _clear(array, stream):
             array.fill(0)
 
 
-def _workspace(vq, n_chunks):
-    """fp32 partial states of the tiled schedule: (chunks x batch, heads, seqlen[, head_dim]).
+def _workspace(vq, n_chunks, output_dtype="float32"):
+    """Partial states of the tiled schedule: output (chunks x batch, heads, seqlen, head_dim)
+    in `output_dtype`, fp32 row max and row sum (chunks x batch, heads, seqlen).
 
     Other schedules get one-element stand-ins: cuTile needs an array for every parameter."""
     b, h, s, d = vq.shape
     shapes = ([(n_chunks * b, h, s, d), (n_chunks * b, h, s), (n_chunks * b, h, s)] if n_chunks
               else [(1, 1, 1, 1), (1, 1, 1), (1, 1, 1)])
-    return tuple(_empty(vq, sh, "float32") for sh in shapes)
+    dtypes = (output_dtype, "float32", "float32")
+    return tuple(_empty(vq, sh, dt) for sh, dt in zip(shapes, dtypes))
 
 
 def current_stream(library):

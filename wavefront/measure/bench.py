@@ -99,7 +99,7 @@ def measure(cfg: Point, *, warmup: int = 5, reps: int = 30, check: bool = True,
     import cupy
     dev = current_device()
     launch = cfg.launch(dev)
-    counts = launch_counts(launch.problem, launch.n_chunks)
+    counts = launch_counts(launch.problem, launch.n_chunks, launch.partial_row_bytes)
     err = relative_error(cfg, seed, record_order=record_order) if check else float("nan")
     if check and not err < CORRECTNESS_TOLERANCE:
         raise IncorrectResult(f"relative error {err:.3g} against float32 is not below "

@@ -129,7 +129,7 @@ class SubprocessRunner:
                 task = pending[index]
                 point = Point.from_record(task)
                 launch = point.launch(GpuShape.of(task))
-                counts = launch_counts(launch.problem, launch.n_chunks)
+                counts = launch_counts(launch.problem, launch.n_chunks, launch.partial_row_bytes)
                 on_result(task, {**counters, **where,
                                  **derive(counters, counts.read_sectors,
                                           counts.compulsory_read_bytes)}, None)

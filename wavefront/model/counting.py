@@ -48,9 +48,11 @@ def useful_pairs_per_head(p: AttentionProblem) -> int:
     return pairs
 
 
-def launch_counts(p: AttentionProblem, n_chunks: int = 1) -> LaunchCounts:
+def launch_counts(p: AttentionProblem, n_chunks: int = 1,
+                  partial_row_bytes: int | None = None) -> LaunchCounts:
     """Counts for `p`; `n_chunks` > 1 (the tiled schedule) adds the partial states, written
-    by the attention kernel and read back by the combine kernel."""
+    by the attention kernel and read back by the combine kernel, `partial_row_bytes` per row
+    (default: a float32 output row plus the row maximum and sum)."""
     heads = p.batch * p.heads
     q_sectors = kv_sectors = 0
     executed_pairs = 0
@@ -65,7 +67,8 @@ def launch_counts(p: AttentionProblem, n_chunks: int = 1) -> LaunchCounts:
     flop_per_pair = 4 * p.head_dim
     q_bytes = p.seqlen_q * p.head_dim * p.element_bytes
     kv_bytes = 2 * p.seqlen_kv * p.head_dim * p.element_bytes
-    partial = n_chunks * heads * p.seqlen_q * (p.head_dim * 4 + 8) if n_chunks > 1 else 0
+    row = partial_row_bytes if partial_row_bytes is not None else p.head_dim * 4 + 8
+    partial = n_chunks * heads * p.seqlen_q * row if n_chunks > 1 else 0
     return LaunchCounts(
         useful_flops=float(flop_per_pair * useful_pairs_per_head(p) * heads),
         executed_flops=float(flop_per_pair * executed_pairs * heads),

@@ -107,7 +107,7 @@ def predict(launch: Launch, gpu: GPUSpec, *, capacity_bytes: float | None = None
         if split:
             split.feed(block)
     sim = whole.result()
-    counts = launch_counts(launch.problem, launch.n_chunks)
+    counts = launch_counts(launch.problem, launch.n_chunks, launch.partial_row_bytes)
     return LaunchPrediction(
         schedule=launch.name, accesses=accesses, l2_read_sectors=sim.tex_read_sectors,
         read_miss_sectors=sim.dram_read_sectors,
@@ -445,7 +445,7 @@ def preset_predictions(presets: dict[str, GPUSpec], fit: ThroughputFit,
                 point = Point(**PAPER_LAUNCH, causal=causal, schedule=f"persistent+{kv}",
                               occupancy=1, ctas=gpu.sms)
                 launch = point.launch(GpuShape(gpu.sms, gpu.l2_bytes))
-                counts = launch_counts(launch.problem, launch.n_chunks)
+                counts = launch_counts(launch.problem, launch.n_chunks, launch.partial_row_bytes)
                 dram = dram_reads_by_model(launch, gpu, trace_blocks(launch))
                 moved = dram["partitions"] + counts.compulsory_write_bytes
                 seconds = float(roofline_s(counts.executed_flops, moved, rate_f, rate_d))

@@ -190,7 +190,7 @@ def _combine_pass(launch: Launch, n_slots: int):
     partial_id = ((step * p.batch * p.heads) * p.q_tiles + q_index) * 8 + 4
     address = np.where(is_out, q_index * 8 + KIND_O, partial_id)
     row_bytes = p.head_dim * p.element_bytes
-    nbytes = np.where(is_out, rows * row_bytes, rows * (p.head_dim * 4 + 8)).astype(np.int32)
+    nbytes = np.where(is_out, rows * row_bytes, rows * launch.partial_row_bytes).astype(np.int32)
     kind = np.where(is_out, KIND_O, KIND_PARTIAL_READ).astype(np.int8)
     slot = (q_index % n_slots).astype(np.int32)
     return address, nbytes, kind, slot
@@ -243,7 +243,7 @@ def _blocks(launch: Launch, n_slots: int, dynamic: bool, alternate: bool, jitter
             table, state, cur, step, taken, launch.num_ctas, dynamic, alternate, n_slots,
             n_items, p.batch,
             p.heads, p.kv_heads, p.q_tiles, p.kv_tiles, p.tile_m, p.tile_n, p.seqlen_q,
-            p.seqlen_kv, p.head_dim * p.element_bytes, p.head_dim * 4 + 8, tiled,
+            p.seqlen_kv, p.head_dim * p.element_bytes, launch.partial_row_bytes, tiled,
             float(jitter), *buffers)
         if n:
             yield Trace(*(b[:n] for b in buffers), n_slots)
