@@ -964,23 +964,24 @@ def tiled_fit_table(df: pd.DataFrame) -> pd.DataFrame:
 
 
 def tiled_fit_timing(data_dir) -> pd.DataFrame:
-    """The bench of data/tiled_fit: each K/V schedule against linear, paired by round."""
+    """The benches of data/tiled_fit (bench*.jsonl, one run each): each K/V schedule against
+    linear of the same run and shape, paired by round."""
     from wavefront.results.measurement import paired_ratio
-    path = Path(data_dir) / "tiled_fit" / "bench.jsonl"
-    if not path.exists():
-        return pd.DataFrame()
-    by = {}
-    for line in path.read_text().splitlines():
-        r = json.loads(line)
-        if "contender" in r:
-            by[r["contender"]] = r
-    ref = by.get("persistent+linear")
     rows = []
-    for name, r in by.items():
-        if name in PEERS or ref is None:
-            continue
-        med, lo, hi = paired_ratio(ref["samples_ms"], r["samples_ms"])
-        rows.append({"GPU": short_gpu(r["gpu"]), "shape": _shape_name(r["shape"]),
-                     "schedule": name, "TFLOP/s": round(r["tflops"], 1),
-                     "vs linear [95%]": f"{med:.3f} [{lo:.3f}, {hi:.3f}]"})
+    for path in sorted((Path(data_dir) / "tiled_fit").glob("bench*.jsonl")):
+        shapes: dict = {}
+        for line in path.read_text().splitlines():
+            r = json.loads(line)
+            if "contender" in r:
+                shapes.setdefault(_shape_name(r["shape"]), {})[r["contender"]] = r
+        for shape, by in shapes.items():
+            ref = by.get("persistent+linear")
+            for name, r in by.items():
+                if name in PEERS or ref is None:
+                    continue
+                med, lo, hi = paired_ratio(ref["samples_ms"], r["samples_ms"])
+                rows.append({"run": path.stem, "GPU": short_gpu(r["gpu"]), "shape": shape,
+                             "schedule": name, "TFLOP/s": round(r["tflops"], 1),
+                             "vs linear": med,
+                             "vs linear [95%]": f"{med:.3f} [{lo:.3f}, {hi:.3f}]"})
     return pd.DataFrame(rows)

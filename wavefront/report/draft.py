@@ -579,9 +579,10 @@ def _tiled_fit(n: DraftNumbers, study: Study, experiments: dict) -> None:
     from wavefront.report.analysis import tiled_fit_timing
     t = experiments["tiled_fit"].table(study)
     timing = tiled_fit_timing(study.data_dir)
-    v["tiled_fit_table"] = md_table(t) + ("\n\nTimed in interleaved rounds (8 rounds x 2 "
-                                          "launches), against linear paired by round:\n\n"
-                                          + md_table(timing) if not timing.empty else "")
+    v["tiled_fit_table"] = md_table(t) + (
+        "\n\nTimed in interleaved rounds (8 rounds x 2 launches; each run against its own "
+        "linear, paired by round):\n\n" + md_table(timing.drop(columns=["vs linear"]))
+        if not timing.empty else "")
     fit = t[t["schedule"] == "tiled_fit"]
     old = t[t["schedule"] == "tiled"]
 
@@ -591,8 +592,8 @@ def _tiled_fit(n: DraftNumbers, study: Study, experiments: dict) -> None:
     more_than_linear = reads("tiled_fit", 131072, False) > reads("linear", 131072, False)
     more_than_tiled = all(reads("tiled_fit", s, True) > reads("tiled", s, True)
                           for s in (131072, 262144))
-    fit_speed = timing[timing["schedule"] == "persistent+tiled_fit"]["vs linear [95%]"]
-    slower = bool(len(fit_speed)) and float(fit_speed.iloc[0].split()[0]) < 1.0
+    first = timing[(timing["run"] == "bench") & (timing["schedule"] == "persistent+tiled_fit")]
+    slower = bool(len(first)) and float(first["vs linear"].iloc[0]) < 1.0
     v["tiled_fit_text"] = _wrap(
         "`tiled_fit` sizes the chunk for Hopper's partitions: read by SMs of both partitions, "
         "a chunk keeps a copy in each, and each round of the CTAs in flight streams its Q "
@@ -610,6 +611,25 @@ def _tiled_fit(n: DraftNumbers, study: Study, experiments: dict) -> None:
             "the tiled family at D=128.",
             worst_fit < float(old["x minimum"].min()) and more_than_linear and more_than_tiled
             and slower, f"{fit.to_dict()}")
+    narrow = t[t["schedule"] == "tiled_fit_bf16"]
+    if narrow.empty:
+        return
+    bf16 = timing[timing["schedule"] == "persistent+tiled_fit_bf16"]
+    n.claim(f"bfloat16 partial outputs (tiled_fit_bf16, error bounded by one more bfloat16 "
+            f"rounding of the weighted |V|) halve the partial traffic and allow larger chunks: "
+            f"non-causal it reads {reads('tiled_fit_bf16', 131072, False):.2f} GB at 128k "
+            f"(linear {reads('linear', 131072, False):.2f}) and "
+            f"{reads('tiled_fit_bf16', 262144, False):.2f} GB at 256k (tiled_fit "
+            f"{reads('tiled_fit', 262144, False):.2f}, sawtooth "
+            f"{reads('sawtooth', 262144, False):.2f}, linear "
+            f"{reads('linear', 262144, False):.2f}), and runs "
+            f"{float(bf16['vs linear'].min()):.3f}-{float(bf16['vs linear'].max()):.3f}x linear "
+            f"in the same rounds; on the issue's measure (minimum with the partials once) that "
+            f"is {float(narrow['x minimum'].min()):.2f}-{float(narrow['x minimum'].max()):.2f}x, "
+            f"worse than tiled_fit's ratio with fewer bytes: the measure rewards partial traffic.",
+            reads("tiled_fit_bf16", 262144, False) < reads("tiled_fit", 262144, False)
+            and reads("tiled_fit_bf16", 262144, False) < reads("sawtooth", 262144, False)
+            and len(bf16) > 0 and float(bf16["vs linear"].min()) > 0.95, f"{narrow.to_dict()}")
 
 
 def _wrap(text: str) -> str:
