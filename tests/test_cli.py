@@ -31,7 +31,7 @@ def test_compile_one_variant_keeps_its_cubin(tmp_path):
     assert result.exit_code == 0, result.output
     data = json.loads(result.output[result.output.index("{"):])
     rows = data["variants"]
-    assert len(rows) == 2  # the static binary and its partial-state writer (tiled)
+    assert len(rows) == 3  # the static binary and its partial-state writers (fp32, bf16)
     row = rows[0]
     assert row["registers"] and row["error"] is None
     assert Path(row["cubin"]).exists() and Path(row["cubin"]).read_bytes()[:4] == b"\x7fELF"

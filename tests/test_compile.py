@@ -62,15 +62,19 @@ def test_every_schedule_of_a_shape_runs_one_of_four_binaries():
 @pytest.mark.slow
 def test_every_binary_compiles_for_sm90():
     variants = list(all_variants(write_lse=(False, True)))
-    # dtype x head_dim x tiles x causal x (static, dynamic) x LSE on/off, plus the tiled writer
-    assert len(variants) == len(DTYPES) * len(HEAD_DIMS) * len(TILE_SHAPES) * 2 * (2 * 2 + 1)
+    # dtype x head_dim x tiles x causal x (static, dynamic) x LSE on/off, plus the tiled
+    # writers (float32 and bfloat16 partial outputs)
+    assert len(variants) == len(DTYPES) * len(HEAD_DIMS) * len(TILE_SHAPES) * 2 * (2 * 2 + 2)
     compiled = variants + list(all_combine_variants())
     for label, resources, _ in _compile_all(compiled, "sm_90"):
         (kernel,) = resources
         assert kernel.name.startswith(("flash_attention_fwd", "combine_partials"))
         # Hopper has 255 registers per thread at most and 227 KiB of shared memory per block.
         assert kernel.registers is not None and 0 < kernel.registers <= 255, label
-        assert 0 < kernel.shared_bytes <= 227 * 1024, label
+        assert kernel.shared_bytes <= 227 * 1024, label
+        # the attention kernel stages its tiles in shared memory (TMA); the combine kernel
+        # may not (with bfloat16 partials it loads straight into registers)
+        assert kernel.shared_bytes > 0 or kernel.name.startswith("combine_partials"), label
 
 
 def test_blackwell_builds_ahead_of_time():
