@@ -175,7 +175,7 @@ def test_tuned_table_takes_the_nearest_tuned_shape(tmp_path):
 
 def test_the_committed_tuned_table_names_valid_configurations():
     """Every committed entry is a valid `attention` configuration (a Point accepts it)."""
-    from wavefront.kernel.tuning import _entry_shape, load_table, tuned_entry
+    from wavefront.kernel.tuning import _entry_shape, load_table, tuned_config, tuned_entry
     for gpu, entries in load_table().items():
         for key, entry in entries.items():
             d, mask = key[1:].split("_")[:2]
@@ -183,10 +183,10 @@ def test_the_committed_tuned_table_names_valid_configurations():
             got_key, _ = tuned_entry(gpu, int(d), mask == "causal",
                                      (batch, heads, kv_heads, seqlen))
             assert got_key == key  # its own shape finds it
+            config = tuned_config(gpu, (batch, heads, seqlen, int(d)),
+                                  (batch, kv_heads, seqlen, int(d)), mask == "causal")
             Point(batch, heads, kv_heads, seqlen, head_dim=int(d), causal=mask == "causal",
-                  **{f: entry.get(f, Point.__dataclass_fields__[f].default)
-                     for f in ("schedule", "tiles", "occupancy", "worker_warps", "cluster",
-                               "kv_latency", "rescale_threshold", "exp2_poly")})
+                  **config)
 
 
 def test_tune_lever_space_and_record():

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import click
 
-from wavefront.point import DTYPES, HEAD_DIMS, KERNEL_LEVERS, TILE_SHAPES, Point
+from wavefront.point import DTYPES, HEAD_DIMS, TILE_SHAPES, Point
 from wavefront.schedules import schedule_names
 
 TILE_HELP = "MxN, one of " + ", ".join(f"{m}x{n}" for m, n in TILE_SHAPES) + "."
@@ -426,8 +426,7 @@ def bench(batch, heads, kv_heads, seqlens, head_dims, dtype, causal, schedules, 
     from wavefront.results.measurement import paired_references
     shapes: dict = {}
     for point in points:
-        shapes.setdefault(point.replace(schedule="persistent+linear", tiles=None,
-                                        occupancy=None, **KERNEL_LEVERS), []).append(point)
+        shapes.setdefault(point.problem_only(), []).append(point)
     if tuned:
         from wavefront.kernel.tuning import tuned_config
         for shape, members in shapes.items():

@@ -203,6 +203,12 @@ class Point:
     def replace(self, **changes) -> "Point":
         return replace(self, **changes)
 
+    def problem_only(self) -> "Point":
+        """The problem alone (batch, heads, length, D, dtype, mask): the default schedule,
+        tiles, occupancy and kernel levers. Bench and tune group their contenders by it."""
+        return replace(self, schedule="persistent+linear", tiles=None, occupancy=None,
+                       **KERNEL_LEVERS)
+
     def launch(self, gpu: GpuShape) -> Launch:
         return plan((self.batch, self.heads, self.seqlen, self.head_dim),
                     (self.batch, self.kv_heads_, self.seqlen, self.head_dim),

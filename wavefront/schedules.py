@@ -655,8 +655,8 @@ class Launch:
 
     @property
     def partial_row_bytes(self) -> int:
-        """Bytes of one row of a partial state (the tiled family; float32 output otherwise)."""
-        return partial_row_bytes(self.problem.head_dim, self.kv.partial_output_bytes or 4)
+        """Bytes of one row of a partial state (read only where the K/V schedule writes them)."""
+        return partial_row_bytes(self.problem.head_dim, self.kv.partial_output_bytes)
 
     @cached_property
     def num_items(self) -> int:

@@ -222,7 +222,7 @@ def resolve_config(q_shape, k_shape, causal: bool, schedule, tiles, occupancy,
             return tuned
     chosen["schedule"] = schedule or DEFAULT_SCHEDULE
     for name, default in KERNEL_LEVERS.items():
-        if chosen[name] is None:
+        if chosen.get(name) is None:
             chosen[name] = default
     return chosen
 
@@ -232,12 +232,10 @@ def attention(q, k, v, *, causal: bool = False, schedule: str | None = None,
               return_lse: bool = False, out=None, stream=None, l2_bytes: int | None = None,
               ctas: int | None = None, chunk_tiles: int | None = None, **levers):
     """FlashAttention forward; see `wavefront.api.attention` for the arguments."""
-    unknown = set(levers) - set(KERNEL_LEVERS)
-    if unknown:
-        raise TypeError(f"attention() got unknown arguments {sorted(unknown)}")
     shape = (lambda a: tuple(a.shape) if hasattr(a, "shape") and len(a.shape) == 4 else None)
+    # an unknown lever name passes through to the launcher, which names it in its error
     config = resolve_config(shape(q), shape(k), causal, schedule, tiles, occupancy,
-                            {name: levers.get(name) for name in KERNEL_LEVERS})
+                            {**dict.fromkeys(KERNEL_LEVERS), **levers})
     launcher, (q, k, v) = launcher_for(q, k, v, causal=causal, scale=scale,
                                        return_lse=return_lse, l2_bytes=l2_bytes, ctas=ctas,
                                        chunk_tiles=chunk_tiles, **config)

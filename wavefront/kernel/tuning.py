@@ -19,9 +19,10 @@ from wavefront.point import KERNEL_LEVERS
 
 TUNED_TABLE = Path(__file__).with_name("tuned.json")
 # The fields of an entry that become `attention` arguments; the rest is its evidence. Entries
-# written before a lever existed lack it and mean its default.
+# written before the softmax levers existed lack them and mean their defaults.
 CONFIG_FIELDS = ("schedule", "tiles", "occupancy", *KERNEL_LEVERS)
-REQUIRED_FIELDS = ("schedule", "tiles", "occupancy", "worker_warps", "cluster", "kv_latency")
+LATER_FIELDS = ("rescale_threshold", "exp2_poly")
+REQUIRED_FIELDS = tuple(f for f in CONFIG_FIELDS if f not in LATER_FIELDS)
 # The shape the first searches used; its entries keep the short key.
 DEFAULT_TUNE_SHAPE = (1, 32, 32, 8192)  # batch, heads, kv_heads, seqlen
 _SHAPE_TEXT = re.compile(r"B=(\d+) H=(\d+) KV=(\d+) S=(\d+)")

@@ -24,7 +24,7 @@ import itertools
 import os
 from concurrent.futures import ProcessPoolExecutor
 
-from wavefront.point import KERNEL_LEVERS, Point
+from wavefront.point import Point
 
 # The searched values of each lever (tiles first: the others are read against it). The first
 # search on the H100 (data/tune) also had 64x64 tiles (never within 14% of the best) and the
@@ -151,7 +151,7 @@ def search(candidates: list[Point], gpu, gpu_name: str, dtype: str, *, rounds: i
         label, facts, reason = screened[p]
         # shape_contenders names each candidate against the first timed one
         r = results.get(contender_name(p, timed[0])) if timed else None
-        row = {"gpu": gpu_name, "shape": _shape_of(p).as_dict(), "label": label,
+        row = {"gpu": gpu_name, "shape": p.problem_only().as_dict(), "label": label,
                "levers": {k: getattr(p, k) for k in ALL_LEVERS},
                "sass": facts.as_dict() if facts else None,
                "not_timed": reason or errors.get(p), "tflops": r.tflops if r else None,
@@ -162,15 +162,9 @@ def search(candidates: list[Point], gpu, gpu_name: str, dtype: str, *, rounds: i
                 row[f"x_{peer}"] = pr.median_ms / r.median_ms
         rows.append(row)
     for peer, pr in peers.items():
-        rows.append({"gpu": gpu_name, "shape": _shape_of(shape).as_dict(), "label": peer,
+        rows.append({"gpu": gpu_name, "shape": shape.problem_only().as_dict(), "label": peer,
                      "tflops": pr.tflops, "tflops_ci95": pr.tflops_ci95, "peer": True})
     return rows, ran and bool(timed)
-
-
-def _shape_of(point: Point) -> Point:
-    """The problem alone: the point with every searched lever at its default."""
-    return point.replace(schedule="persistent+linear", tiles=None, occupancy=None,
-                         **KERNEL_LEVERS)
 
 
 def best_row(rows: list[dict]) -> dict | None:

@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from wavefront.point import SECTOR_BYTES
-from wavefront.schedules import AttentionProblem
+from wavefront.schedules import AttentionProblem, partial_row_bytes as float32_partial_row
 
 
 @dataclass(frozen=True)
@@ -67,7 +67,7 @@ def launch_counts(p: AttentionProblem, n_chunks: int = 1,
     flop_per_pair = 4 * p.head_dim
     q_bytes = p.seqlen_q * p.head_dim * p.element_bytes
     kv_bytes = 2 * p.seqlen_kv * p.head_dim * p.element_bytes
-    row = partial_row_bytes if partial_row_bytes is not None else p.head_dim * 4 + 8
+    row = partial_row_bytes if partial_row_bytes is not None else float32_partial_row(p.head_dim)
     partial = n_chunks * heads * p.seqlen_q * row if n_chunks > 1 else 0
     return LaunchCounts(
         useful_flops=float(flop_per_pair * useful_pairs_per_head(p) * heads),

@@ -773,6 +773,24 @@ def _shape_name(s: dict) -> str:
             + f" S{s['seqlen'] // 1024}k D{s['head_dim']}" + (" causal" if s["causal"] else ""))
 
 
+def _bench_contenders(path) -> dict[str, dict[str, dict]]:
+    """One `wavefront bench --out` file: {shape name: {contender: its row}}."""
+    shapes: dict = {}
+    for line in Path(path).read_text().splitlines():
+        r = json.loads(line)
+        if "contender" in r:
+            shapes.setdefault(_shape_name(r["shape"]), {})[r["contender"]] = r
+    return shapes
+
+
+def _tune_rows(path):
+    """The rows of one `wavefront tune` record (tune.jsonl.gz)."""
+    import gzip
+    with gzip.open(path, "rt") as f:
+        for line in f:
+            yield json.loads(line)
+
+
 def schedule_cost_rows(data_dir) -> pd.DataFrame:
     """Every contender of every bench run in data/schedule_cost/*.jsonl, with its ratios paired
     by round (computed here from the per-round samples, one way for every run): against the
@@ -781,12 +799,7 @@ def schedule_cost_rows(data_dir) -> pd.DataFrame:
     from wavefront.results.measurement import paired_ratio, paired_references
     rows = []
     for path in sorted((Path(data_dir) / SCHEDULE_COST).glob("*.jsonl")):
-        shapes: dict = {}
-        for line in path.read_text().splitlines():
-            r = json.loads(line)
-            if "contender" in r:
-                shapes.setdefault(_shape_name(r["shape"]), {})[r["contender"]] = r
-        for shape, by in shapes.items():
+        for shape, by in _bench_contenders(path).items():
             for name, r in by.items():
                 if name in PEERS:
                     continue
@@ -886,20 +899,17 @@ def tune_record(data_dir) -> pd.DataFrame:
 
 def tune_best(data_dir) -> pd.DataFrame:
     """Each search's fastest candidate per shape, with its interval and cuDNN / FA2 ratios."""
-    import gzip
     rows = []
     for path in sorted((Path(data_dir) / "tune").glob("*/tune.jsonl.gz")):
         by_shape: dict = {}
-        with gzip.open(path, "rt") as f:
-            for line in f:
-                r = json.loads(line)
-                # the softmax stage re-times the winner: taking the higher of two timings of
-                # one candidate would bias the best upward
-                if r.get("peer") or not r.get("tflops") or r.get("stage") == "softmax":
-                    continue
-                key = _shape_name(r["shape"])
-                if key not in by_shape or r["tflops"] > by_shape[key]["tflops"]:
-                    by_shape[key] = r
+        for r in _tune_rows(path):
+            # the softmax stage re-times the winner: taking the higher of two timings of
+            # one candidate would bias the best upward
+            if r.get("peer") or not r.get("tflops") or r.get("stage") == "softmax":
+                continue
+            key = _shape_name(r["shape"])
+            if key not in by_shape or r["tflops"] > by_shape[key]["tflops"]:
+                by_shape[key] = r
         for shape, r in by_shape.items():
             lv = r["levers"]
             rows.append({"search": path.parent.name, "GPU": short_gpu(r["gpu"]), "shape": shape,
@@ -915,15 +925,10 @@ def tune_best(data_dir) -> pd.DataFrame:
 def softmax_lever_table(data_dir) -> pd.DataFrame:
     """The tune searches' second stage: FlashAttention-4's softmax levers on each shape's
     winner, every candidate against that winner (rescale 0, no polynomial) of the same rounds."""
-    import gzip
     rows = []
     for path in sorted((Path(data_dir) / "tune").glob("*/tune.jsonl.gz")):
-        stage = []
-        with gzip.open(path, "rt") as f:
-            for line in f:
-                r = json.loads(line)
-                if r.get("stage") == "softmax" and not r.get("peer") and r.get("tflops"):
-                    stage.append(r)
+        stage = [r for r in _tune_rows(path)
+                 if r.get("stage") == "softmax" and not r.get("peer") and r.get("tflops")]
         for shape in dict.fromkeys(_shape_name(r["shape"]) for r in stage):
             mine = [r for r in stage if _shape_name(r["shape"]) == shape]
             base = [r for r in mine if not r["levers"].get("rescale_threshold")
@@ -969,12 +974,7 @@ def tiled_fit_timing(data_dir) -> pd.DataFrame:
     from wavefront.results.measurement import paired_ratio
     rows = []
     for path in sorted((Path(data_dir) / "tiled_fit").glob("bench*.jsonl")):
-        shapes: dict = {}
-        for line in path.read_text().splitlines():
-            r = json.loads(line)
-            if "contender" in r:
-                shapes.setdefault(_shape_name(r["shape"]), {})[r["contender"]] = r
-        for shape, by in shapes.items():
+        for shape, by in _bench_contenders(path).items():
             ref = by.get("persistent+linear")
             for name, r in by.items():
                 if name in PEERS or ref is None:
