@@ -36,12 +36,30 @@ def attention(q, k, v, *, causal: bool = False, schedule: str | None = None,
     is given, the configuration `wavefront tune` measured fastest on this GPU for this head dim,
     mask and the nearest tuned shape is used (wavefront/kernel/tuned.json), else
     persistent+linear with the default tiles.
+
+    The first call of a shape builds its launcher (binary, work table); later calls with the
+    same shapes, strides, dtype, device and options reuse it from a bounded cache and cost
+    about what the launch costs. PyTorch users: `wavefront.torch` has the same call as a
+    custom op (torch.compile, CUDA graphs) and an SDPA-shaped entry point.
     """
-    from wavefront.device import require_gpu_stack
-    require_gpu_stack("wavefront.attention")
-    from wavefront.kernel.launcher import attention as launch_attention
-    return launch_attention(q, k, v, causal=causal, schedule=schedule, tiles=tiles,
-                            occupancy=occupancy, scale=scale, return_lse=return_lse, out=out,
-                            stream=stream, l2_bytes=l2_bytes, ctas=ctas, chunk_tiles=chunk_tiles,
-                            worker_warps=worker_warps, cluster=cluster, kv_latency=kv_latency,
-                            rescale_threshold=rescale_threshold, exp2_poly=exp2_poly)
+    return _launcher_attention()(q, k, v, causal=causal, schedule=schedule, tiles=tiles,
+                                 occupancy=occupancy, scale=scale, return_lse=return_lse,
+                                 out=out, stream=stream, l2_bytes=l2_bytes, ctas=ctas,
+                                 chunk_tiles=chunk_tiles, worker_warps=worker_warps,
+                                 cluster=cluster, kv_latency=kv_latency,
+                                 rescale_threshold=rescale_threshold, exp2_poly=exp2_poly)
+
+
+_launch = None
+
+
+def _launcher_attention():
+    """The kernel-side `attention`, found once: checking for the GPU stack on every call would
+    cost more than the launch."""
+    global _launch
+    if _launch is None:
+        from wavefront.device import require_gpu_stack
+        require_gpu_stack("wavefront.attention")
+        from wavefront.kernel.launcher import attention as launch_attention
+        _launch = launch_attention
+    return _launch

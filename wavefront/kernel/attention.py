@@ -240,9 +240,20 @@ def _attend_work_item(Q, K, V, Out, Lse, PartO, PartM, PartL, Work, Order, item,
         _take_ticket(Order, 2 + 2 * item)
 
 
+def _reset_when_last(NextItem):
+    """NextItem = [item counter, CTAs finished]. The CTA that finishes last zeroes both.
+
+    Every CTA's last take from the item counter comes before its increment of the finished
+    count in program order, and that increment is acquire-release: the last CTA's increment
+    therefore sees every other CTA's takes, and its reset cannot overtake any of them."""
+    finished = ct.atomic_add(NextItem, 1, 1, memory_order=ct.MemoryOrder.ACQ_REL)
+    if finished == ct.num_blocks(0) - 1:
+        ct.atomic_xchg(NextItem, 0, 0, memory_order=ct.MemoryOrder.RELAXED)
+        ct.atomic_xchg(NextItem, 1, 0, memory_order=ct.MemoryOrder.RELAXED)
+
+
 def flash_attention_fwd(Q, K, V, Out, Lse, PartO, PartM, PartL, Work, NextItem, Order,
-                        qk_scale_log2: float, num_items: int, ticket_base: int,
-                        alternate: int, HEAD_DIM: ConstInt, TILE_M: ConstInt,
+                        qk_scale_log2: float, num_items: int, alternate: int, HEAD_DIM: ConstInt, TILE_M: ConstInt,
                         TILE_N: ConstInt, CAUSAL: ConstBool, DYNAMIC: ConstBool,
                         PARTIALS: ConstBool, WRITE_LSE: ConstBool, RECORD_ORDER: ConstBool,
                         K_LATENCY: ConstInt, V_LATENCY: ConstInt, RESCALE_THRESHOLD: ConstInt,
@@ -250,24 +261,25 @@ def flash_attention_fwd(Q, K, V, Out, Lse, PartO, PartM, PartL, Work, NextItem, 
     """One CTA: take work items (table rows) and attend each.
 
     Static (DYNAMIC off): CTA c takes rows c, c + P, c + 2P, ... (grid-stride; a grid launch
-    has one row per CTA). Dynamic: the CTA takes `NextItem[0] - ticket_base` (a relaxed atomic
-    increment: each launch advances the counter by items + CTAs, so the host moves
-    `ticket_base` on instead of clearing the counter) until the rows run out; with `alternate`
-    its odd-numbered items scan backward (sawtooth on the CTA's own count).
+    has one row per CTA). Dynamic: the CTA takes the row `NextItem[0]` names (a relaxed atomic
+    increment) until the rows run out; with `alternate` its odd-numbered items scan backward
+    (sawtooth on the CTA's own count). The last CTA to finish puts the counter back to zero
+    (`_reset_when_last`), so a launch needs no host state: the same launch captured in a CUDA
+    graph replays correctly, and back-to-back launches need no memset between them.
 
     RECORD_ORDER (off by default) takes a ticket from a global atomic counter as each work
     item starts and ends, so the host learns the launch's true interleaving of work items."""
     if DYNAMIC:
         taken = 0
-        item = ct.atomic_add(NextItem, 0, 1, memory_order=ct.MemoryOrder.RELAXED) - ticket_base
+        item = ct.atomic_add(NextItem, 0, 1, memory_order=ct.MemoryOrder.RELAXED)
         while item < num_items:
             _attend_work_item(Q, K, V, Out, Lse, PartO, PartM, PartL, Work, Order, item,
                               alternate * (taken % 2), qk_scale_log2, HEAD_DIM, TILE_M, TILE_N,
                               CAUSAL, PARTIALS, WRITE_LSE, RECORD_ORDER, K_LATENCY, V_LATENCY,
                               RESCALE_THRESHOLD, EXP2_POLY)
             taken += 1
-            item = (ct.atomic_add(NextItem, 0, 1, memory_order=ct.MemoryOrder.RELAXED)
-                    - ticket_base)
+            item = ct.atomic_add(NextItem, 0, 1, memory_order=ct.MemoryOrder.RELAXED)
+        _reset_when_last(NextItem)
     else:
         for item in range(ct.bid(0), num_items, ct.num_blocks(0)):
             _attend_work_item(Q, K, V, Out, Lse, PartO, PartM, PartL, Work, Order, item, 0,
@@ -366,7 +378,7 @@ ATTENTION_PARAMS = _contract(flash_attention_fwd, {
     "Lse": ("float32", 3),  # (batch, heads, seqlen); a 1-element stand-in when not written
     "PartO": ("float32", 4), "PartM": ("float32", 3), "PartL": ("float32", 3),  # tiled only
     "Work": ("int32", 2),  # (items, WORK_COLUMNS): the launch's work table
-    "NextItem": ("int32", 1),  # DYNAMIC only: the counter CTAs take items from
+    "NextItem": ("int32", 1),  # DYNAMIC only: [item counter, CTAs finished], zero between launches
     # RECORD_ORDER only: [counter, start and end ticket of each work item]
     "Order": ("int32", 1),
 })

@@ -1,12 +1,16 @@
 """Host side of the kernel: validate arrays, bind a specialisation and its buffers once, launch.
 
-`AttentionLauncher` binds the variant, the kernel object, the tiled schedule's workspace and
-the LSE buffer for one shape, so a timing loop measures the launch and nothing else;
-`attention` builds one per call.
+`AttentionLauncher` binds the variant, the kernel object, the work table on the GPU and the
+tiled schedule's workspace for one shape, so a timing loop measures the launch and nothing
+else. `attention`, the call users make, keeps launchers in a bounded cache keyed by everything
+a launch depends on, so a repeated call costs a dictionary look-up and the launch.
 """
 from __future__ import annotations
 
+import functools
 import math
+import threading
+from collections import OrderedDict
 from dataclasses import dataclass
 
 import cuda.tile as ct
@@ -73,8 +77,10 @@ def validate_views(vq: _ArrayView, vk: _ArrayView, vv: _ArrayView) -> None:
         if len(view.shape) != 4:
             raise ValueError(f"{name} must be 4-D (batch, heads, seqlen, head_dim), "
                              f"got shape {view.shape}")
-        if any(d == 0 for d in view.shape):
-            raise ValueError(f"{name} must have no zero-size dimension, got shape {view.shape}")
+        for axis, size in zip(("batch", "heads", "seqlen", "head_dim"), view.shape):
+            if size == 0:
+                raise ValueError(f"{name} {axis} must be at least 1, got {name} of shape "
+                                 f"{view.shape}")
         if view.dtype not in DTYPES:
             raise ValueError(f"{name} dtype must be one of {DTYPES}, got {view.dtype}")
         if view.strides[-1] != 1:
@@ -138,10 +144,9 @@ class AttentionLauncher:
         self.partials = _workspace(q_view, launch.n_chunks if self.tiled else 0,
                                    self.variant.partials_dtype)
         self.work = _upload(q_view, launch.work_table)
-        # The dynamic schedules' counter: never cleared, each launch moves it on by items + CTAs
-        # (every CTA's last take finds no item), so the next launch's first item is at the base.
-        self.next_item = _zeros(q_view, 1, "int32")
-        self.ticket_base = 0
+        # The dynamic schedules' [item counter, CTAs finished]: zero before every launch (the
+        # kernel's last CTA resets it), so nothing on the host changes between launches.
+        self.next_item = _zeros(q_view, 2, "int32")
         # [counter, (start, end) ticket per work item]; zeroed once, never reset (see tickets).
         self.order = _zeros(q_view, 1 + 2 * launch.num_items if record_order else 1, "int32")
         self.scalars = {"qk_scale_log2": float(scale * LOG2_E), "num_items": launch.num_items,
@@ -149,31 +154,32 @@ class AttentionLauncher:
         # A cluster launch needs a whole number of clusters; a spare CTA finds no item.
         self.grid = (-(-launch.num_ctas // cluster) * cluster, 1, 1)
         self.combine_grid = (-(-p.seqlen_q // COMBINE_TILE_M), p.batch * p.heads, 1)
-
-    def __call__(self, q, k, v, out, stream):
+        # The argument tuple, bound by name once; a launch fills in the per-call arrays.
         part_o, part_m, part_l = self.partials
-        ct.launch(stream, self.grid, self.kernel, launch_args(ATTENTION_PARAMS, {
-            "Q": q, "K": k, "V": v, "Out": out, "Lse": self.lse, "PartO": part_o,
-            "PartM": part_m, "PartL": part_l, "Work": self.work, "NextItem": self.next_item,
-            "Order": self.order, "ticket_base": self.ticket_base, **self.scalars,
-            **self.variant.constants}))
-        if self.variant.dynamic:
-            self._advance_tickets(stream)
+        per_call = ("Q", "K", "V", "Out", "Lse")
+        self._args = list(launch_args(ATTENTION_PARAMS, {
+            **dict.fromkeys(per_call), "PartO": part_o, "PartM": part_m, "PartL": part_l,
+            "Work": self.work, "NextItem": self.next_item, "Order": self.order,
+            **self.scalars, **self.variant.constants}))
+        names = [prm.name for prm in ATTENTION_PARAMS]
+        self._slots = tuple(names.index(n) for n in per_call)
+
+    def __call__(self, q, k, v, out, stream, lse=None):
+        """Launch on `stream`; `lse`: where to write the LSE (default: the launcher's own
+        buffer, which the next launch overwrites)."""
+        lse = self.lse if lse is None else lse
+        args = self._args.copy()
+        for slot, array in zip(self._slots, (q, k, v, out, lse)):
+            args[slot] = array
+        ct.launch(stream, self.grid, self.kernel, tuple(args))
         if self.tiled:
+            part_o, part_m, part_l = self.partials
             p = self.launch.problem
             ct.launch(stream, self.combine_grid, combine_partials, launch_args(COMBINE_PARAMS, {
-                "PartO": part_o, "PartM": part_m, "PartL": part_l, "Out": out, "Lse": self.lse,
+                "PartO": part_o, "PartM": part_m, "PartL": part_l, "Out": out, "Lse": lse,
                 "n_chunks": self.launch.n_chunks, "HEAD_DIM": p.head_dim,
                 "TILE_M": COMBINE_TILE_M, "WRITE_LSE": self.return_lse}))
-        return (out, self.lse) if self.return_lse else out
-
-    def _advance_tickets(self, stream):
-        """Move the base past this launch's takes; clear the counter (an ordered memset on the
-        same stream) long before an int32 could overflow."""
-        self.ticket_base += self.launch.num_items + self.grid[0]
-        if self.ticket_base > (1 << 30):
-            _clear(self.next_item, stream)
-            self.ticket_base = 0
+        return (out, lse) if self.return_lse else out
 
     def tickets(self):
         """(start, end) ticket of every work item of the last launch, as NumPy int64 arrays
@@ -194,15 +200,24 @@ def launcher_for(q, k, v, *, causal=False, schedule="persistent+linear", tiles=N
                  **levers) -> tuple[AttentionLauncher, tuple]:
     """-> (launcher for these arrays' shapes, the arrays as cuTile takes them)."""
     vq, arrays = _check_inputs(q, k, v)
+    return _new_launcher(vq, arrays[1].shape, causal=causal, schedule=schedule, tiles=tiles,
+                         occupancy=occupancy, scale=scale, return_lse=return_lse,
+                         l2_bytes=l2_bytes, ctas=ctas, chunk_tiles=chunk_tiles,
+                         record_order=record_order, **levers), arrays
+
+
+def _new_launcher(vq: _ArrayView, k_shape, *, causal, schedule, tiles, occupancy, scale,
+                  return_lse, l2_bytes, ctas, chunk_tiles, record_order=False,
+                  **levers) -> AttentionLauncher:
     dev = current_device()
     if dev is None:
         raise RuntimeError("wavefront.attention needs a CUDA GPU; none is visible")
-    launch = plan(vq.shape, arrays[1].shape, causal=causal, schedule=schedule, tiles=tiles,
+    launch = plan(vq.shape, tuple(k_shape), causal=causal, schedule=schedule, tiles=tiles,
                   occupancy=occupancy, sms=dev.sms,
                   l2_bytes=l2_bytes if l2_bytes is not None else dev.l2_bytes, ctas=ctas,
                   chunk_tiles=chunk_tiles)
     return AttentionLauncher(launch, vq, scale=scale, return_lse=return_lse,
-                             record_order=record_order, **levers), arrays
+                             record_order=record_order, **levers)
 
 
 DEFAULT_SCHEDULE = "persistent+linear"
@@ -227,32 +242,105 @@ def resolve_config(q_shape, k_shape, causal: bool, schedule, tiles, occupancy,
     return chosen
 
 
+# Launchers kept by the public call: a bound launcher holds its binary, its work table on the
+# GPU and its workspace, so it is worth keeping for the shapes a model calls step after step,
+# and bounded so that a sweep over many shapes does not keep every table alive.
+LAUNCHER_CACHE_SIZE = 64
+_launchers: OrderedDict = OrderedDict()
+_launchers_lock = threading.Lock()
+
+
+def clear_launcher_cache() -> None:
+    """Forget every cached launcher (after `wavefront tune --write`, say: cached calls keep the
+    configuration they were made with)."""
+    with _launchers_lock:
+        _launchers.clear()
+
+
+def _array_key(x):
+    """What a launch depends on of an array (library, shape, strides, dtype, device), read
+    without building anything; None for arrays that first need converting (DLPack)."""
+    module = type(x).__module__
+    if module == "torch":
+        return ("torch", x.shape, x.stride(), x.dtype, x.device)
+    if module.startswith("cupy"):
+        return ("cupy", x.shape, x.strides, x.dtype, x.device.id)
+    return None
+
+
+def _typed(value):
+    """A cache-key entry that tells True from 1 and 1 from 1.0 (they hash alike)."""
+    return (value.__class__, value)
+
+
+def _call_key(q, k, v, options: tuple):
+    keys = (_array_key(q), _array_key(k), _array_key(v))
+    if None in keys:
+        return None
+    try:
+        key = (keys, tuple(_typed(o) for o in options))
+        hash(key)
+    except TypeError:  # an unhashable option (a list of tiles, say): no caching, same result
+        return None
+    return key
+
+
 def attention(q, k, v, *, causal: bool = False, schedule: str | None = None,
               tiles=None, occupancy: int | None = None, scale: float | None = None,
               return_lse: bool = False, out=None, stream=None, l2_bytes: int | None = None,
               ctas: int | None = None, chunk_tiles: int | None = None, **levers):
-    """FlashAttention forward; see `wavefront.api.attention` for the arguments."""
-    shape = (lambda a: tuple(a.shape) if hasattr(a, "shape") and len(a.shape) == 4 else None)
-    # an unknown lever name passes through to the launcher, which names it in its error
-    config = resolve_config(shape(q), shape(k), causal, schedule, tiles, occupancy,
-                            {**dict.fromkeys(KERNEL_LEVERS), **levers})
-    launcher, (q, k, v) = launcher_for(q, k, v, causal=causal, scale=scale,
-                                       return_lse=return_lse, l2_bytes=l2_bytes, ctas=ctas,
-                                       chunk_tiles=chunk_tiles, **config)
-    out = _output(launcher.view, out)
-    stream = stream if stream is not None else current_stream(launcher.view.library)
-    return launcher(q, k, v, out, stream)
+    """FlashAttention forward; see `wavefront.api.attention` for the arguments.
+
+    The first call with a new combination of shapes, strides, dtype, device and options builds
+    and validates its launcher (the work table included); later ones find it in a bounded
+    cache and only launch. What a call must not share with the next (the output, the LSE) is
+    allocated per call; the launcher's own state does not change between launches (the dynamic
+    schedules' counter is reset by the kernel), so a call can be captured in a CUDA graph once
+    its launcher exists. Calls of one shape on two streams at once would share the tiled
+    schedules' workspace: use one stream per shape, or `launcher_for` per stream."""
+    options = (causal, schedule, tiles, occupancy, scale, return_lse, l2_bytes, ctas,
+               chunk_tiles, *sorted(levers.items()))
+    key = _call_key(q, k, v, options)
+    with _launchers_lock:
+        launcher = _launchers.get(key) if key is not None else None
+        if launcher is not None:
+            _launchers.move_to_end(key)
+    if launcher is None:
+        vq, (q, k, v) = _check_inputs(q, k, v)
+        # an unknown lever name passes through to the launcher, which names it in its error
+        config = resolve_config(vq.shape, tuple(k.shape), causal, schedule, tiles, occupancy,
+                                {**dict.fromkeys(KERNEL_LEVERS), **levers})
+        launcher = _new_launcher(vq, k.shape, causal=causal, scale=scale,
+                                 return_lse=return_lse, l2_bytes=l2_bytes, ctas=ctas,
+                                 chunk_tiles=chunk_tiles, **config)
+        if key is not None:
+            with _launchers_lock:
+                _launchers[key] = launcher
+                while len(_launchers) > LAUNCHER_CACHE_SIZE:
+                    _launchers.popitem(last=False)
+    view = launcher.view
+    out = _output(view, out)
+    if stream is None:
+        stream = current_stream(view.library, view.device)
+    lse = _empty(view, view.shape[:3], "float32") if launcher.return_lse else None
+    return launcher(q, k, v, out, stream, lse)
 
 
 def _empty(vq: _ArrayView, shape, dtype: str):
     """An uninitialised array of q's library on q's device."""
     if vq.library == "torch":
         import torch
-        return torch.empty(shape, dtype=getattr(torch, dtype), device=f"cuda:{vq.device}")
+        return torch.empty(shape, dtype=getattr(torch, dtype), device=_torch_device(vq.device))
     import cupy
     import ml_dtypes  # noqa: F401  (registers bfloat16 with NumPy/CuPy)
     with cupy.cuda.Device(vq.device):
         return cupy.empty(shape, dtype=dtype)
+
+
+@functools.lru_cache(maxsize=None)
+def _torch_device(index: int):
+    import torch
+    return torch.device("cuda", index)
 
 
 def _zeros(vq: _ArrayView, shape, dtype: str):
@@ -295,10 +383,11 @@ def _workspace(vq, n_chunks, output_dtype="float32"):
     return tuple(_empty(vq, sh, dt) for sh, dt in zip(shapes, dtypes))
 
 
-def current_stream(library):
+def current_stream(library, device=None):
+    """The stream the caller's library would use now (on `device`, for torch)."""
     if library == "torch":
         import torch
-        return torch.cuda.current_stream()
+        return torch.cuda.current_stream(device)
     import cupy
     return cupy.cuda.get_current_stream()
 
