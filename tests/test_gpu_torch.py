@@ -1,0 +1,183 @@
+"""The call users make, on the GPU: the launcher cache, the PyTorch custom op under
+torch.compile and CUDA graphs, the caller's stream, the SDPA-shaped entry point. Fresh random
+inputs, outputs poisoned with NaN, a float32 reference."""
+import pytest
+
+pytestmark = pytest.mark.gpu
+torch = pytest.importorskip("torch")
+
+from wavefront.results.measurement import CORRECTNESS_TOLERANCE as TOLERANCE  # noqa: E402
+
+
+def _inputs(seed, batch=2, heads=4, kv_heads=2, seqlen=700, head_dim=64,
+            dtype=torch.bfloat16):
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    q = torch.randn(batch, heads, seqlen, head_dim, device="cuda", dtype=dtype, generator=g)
+    k = torch.randn(batch, kv_heads, seqlen, head_dim, device="cuda", dtype=dtype, generator=g)
+    v = torch.randn(batch, kv_heads, seqlen, head_dim, device="cuda", dtype=dtype, generator=g)
+    return q, k, v
+
+
+def _reference(q, k, v, causal):
+    rep = q.shape[1] // k.shape[1]
+    k, v = (x.float().repeat_interleave(rep, dim=1) for x in (k, v))
+    return torch.nn.functional.scaled_dot_product_attention(q.float(), k, v, is_causal=causal)
+
+
+def _error(out, ref):
+    assert torch.isfinite(out).all(), "output elements left unwritten"
+    return float((out.float() - ref).norm() / ref.norm())
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_repeated_calls_reuse_one_launcher_and_stay_correct(causal):
+    import wavefront
+    from wavefront.kernel import launcher as kernel_launcher
+    kernel_launcher.clear_launcher_cache()
+    for seed in range(3):
+        q, k, v = _inputs(seed)
+        out = torch.full_like(q, float("nan"))
+        wavefront.attention(q, k, v, causal=causal, out=out)
+        assert _error(out, _reference(q, k, v, causal)) < TOLERANCE
+    assert len(kernel_launcher._launchers) == 1
+    q, k, v = _inputs(9, seqlen=333)
+    wavefront.attention(q, k, v, causal=causal)
+    assert len(kernel_launcher._launchers) == 2
+    # Each call returns its own LSE: the second call must not overwrite the first's.
+    q, k, v = _inputs(10)
+    _, lse1 = wavefront.attention(q, k, v, causal=causal, return_lse=True)
+    first = lse1.clone()
+    q2, k2, v2 = _inputs(11)
+    _, lse2 = wavefront.attention(q2, k2, v2, causal=causal, return_lse=True)
+    torch.cuda.synchronize()
+    assert lse1.data_ptr() != lse2.data_ptr() and torch.equal(lse1, first)
+
+
+def test_the_cache_is_bounded():
+    import wavefront
+    from wavefront.kernel import launcher as kernel_launcher
+    kernel_launcher.clear_launcher_cache()
+    for n in range(kernel_launcher.LAUNCHER_CACHE_SIZE + 5):
+        q, k, v = _inputs(n, batch=1, heads=1, kv_heads=1, seqlen=64 + n)
+        wavefront.attention(q, k, v)
+    assert len(kernel_launcher._launchers) == kernel_launcher.LAUNCHER_CACHE_SIZE
+
+
+class _TinyAttentionModel(torch.nn.Module):
+    """Projections around the op, as a model uses it: no graph break may come from the op."""
+
+    def __init__(self, dim=256, heads=4):
+        super().__init__()
+        self.heads = heads
+        self.qkv = torch.nn.Linear(dim, 3 * dim, bias=False)
+        self.out = torch.nn.Linear(dim, dim, bias=False)
+
+    def forward(self, x, attend):
+        b, s, d = x.shape
+        q, k, v = (t.view(b, s, self.heads, d // self.heads).transpose(1, 2).contiguous()
+                   for t in self.qkv(x).chunk(3, dim=-1))
+        y = attend(q, k, v)
+        return self.out(y.transpose(1, 2).reshape(b, s, d))
+
+
+def test_custom_op_compiles_without_a_graph_break():
+    import torch._dynamo
+
+    import wavefront.torch as wft
+    model = _TinyAttentionModel().cuda().to(torch.bfloat16)
+    x = torch.randn(2, 300, 256, device="cuda", dtype=torch.bfloat16)
+
+    def ours(q, k, v):
+        return wft.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+    def theirs(q, k, v):
+        return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+    explanation = torch._dynamo.explain(lambda x: model(x, ours))(x)
+    assert explanation.graph_break_count == 0 and explanation.graph_count == 1
+    torch._dynamo.reset()
+    compiled = torch.compile(lambda x: model(x, ours), fullgraph=True)  # a break would raise
+    got = compiled(x)
+    want = model(x, theirs)
+    assert float((got.float() - want.float()).norm() / want.float().norm()) < TOLERANCE
+
+
+@pytest.mark.parametrize("schedule", ["persistent+linear", "dynamic+sawtooth",
+                                      "grouped_dynamic+linear", "persistent+tiled_fit"])
+def test_cuda_graph_replay_equals_eager(schedule):
+    """Captured once, replayed on new inputs copied into the static ones: equal to the eager
+    call bit for bit (same kernel, same work table; the dynamic counter reset by the kernel)."""
+    q, k, v = _inputs(21)
+    static = [x.clone() for x in (q, k, v)]
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # warm-up: compile and upload the work table outside capture
+        torch.ops.wavefront.attention(*static, True, None, schedule, None)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        static_out = torch.ops.wavefront.attention(*static, True, None, schedule, None)
+    for seed in (22, 23, 24):
+        fresh = _inputs(seed)
+        for dst, src in zip(static, fresh):
+            dst.copy_(src)
+        static_out.fill_(float("nan"))
+        graph.replay()
+        eager = torch.ops.wavefront.attention(*fresh, True, None, schedule, None)
+        torch.cuda.synchronize()
+        assert torch.equal(static_out, eager), seed
+        assert _error(static_out, _reference(*fresh, True)) < TOLERANCE
+
+
+def test_the_callers_stream_is_honoured():
+    """On a side stream held back by a sleep, the call must wait for the sleep: read before the
+    side stream finishes, the output is still the poison; after, it is right."""
+    import wavefront
+    q, k, v = _inputs(31)
+    wavefront.attention(q, k, v)  # launcher built, kernel compiled
+    out = torch.full_like(q, float("nan"))
+    side = torch.cuda.Stream()
+    torch.cuda.synchronize()
+    with torch.cuda.stream(side):
+        torch.cuda._sleep(200_000_000)  # about 0.1 s of GPU cycles
+        wavefront.attention(q, k, v, out=out)
+    # Copy on the default stream, which does not wait for `side`.
+    snapshot = torch.empty_like(out, device="cpu")
+    snapshot.copy_(out, non_blocking=False)
+    assert torch.isnan(snapshot.float()).all(), "the call ran before its stream's earlier work"
+    side.synchronize()
+    assert _error(out, _reference(q, k, v, False)) < TOLERANCE
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_sdpa_entry_point_matches_torch(causal):
+    import wavefront.torch as wft
+    q, k, v = _inputs(41, heads=8, kv_heads=2, seqlen=513, head_dim=128)
+    got = wft.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=True,
+                                           scale=0.05)
+    rep = 4
+    want = torch.nn.functional.scaled_dot_product_attention(
+        q.float(), k.float().repeat_interleave(rep, 1), v.float().repeat_interleave(rep, 1),
+        is_causal=causal, scale=0.05)
+    assert _error(got, want) < TOLERANCE
+
+
+def test_sdpa_entry_point_refuses_what_it_does_not_run():
+    import wavefront.torch as wft
+    q, k, v = _inputs(51)
+    with pytest.raises(ValueError, match="^attn_mask must be None"):
+        wft.scaled_dot_product_attention(q, k, v, attn_mask=torch.ones(1, device="cuda"))
+    with pytest.raises(ValueError, match="^dropout_p must be 0.0"):
+        wft.scaled_dot_product_attention(q, k, v, dropout_p=0.1)
+    with pytest.raises(ValueError, match="enable_gqa=True"):
+        wft.scaled_dot_product_attention(q, k, v)
+    with pytest.raises(ValueError, match="^query must be 4-D"):
+        wft.scaled_dot_product_attention(q[0], k, v)
+
+
+def test_an_empty_sequence_is_named():
+    import wavefront
+    q, k, v = _inputs(61)
+    with pytest.raises(ValueError, match="^q seqlen must be at least 1"):
+        wavefront.attention(q[:, :, :0], k, v)
+    with pytest.raises(ValueError, match="^k seqlen must be at least 1"):
+        wavefront.attention(q, k[:, :, :0], v[:, :, :0])
