@@ -15,7 +15,7 @@ from pathlib import Path
 
 import click
 
-from wavefront.point import DTYPES, HEAD_DIMS, TILE_SHAPES, Point
+from wavefront.point import DTYPES, HEAD_DIMS, KERNEL_LEVERS, TILE_SHAPES, Point
 from wavefront.schedules import schedule_names
 
 TILE_HELP = "MxN, one of " + ", ".join(f"{m}x{n}" for m, n in TILE_SHAPES) + "."
@@ -407,12 +407,16 @@ def run(batch, heads, kv_heads, seqlens, head_dims, dtype, causal, schedules, ti
 @click.option("--tuned/--no-tuned", default=False, show_default=True,
               help="Also time each shape's tuned configuration (wavefront/kernel/tuned.json, "
                    "what `wavefront.attention` runs by default here), in the same rounds.")
+@click.option("--api/--no-api", default=True, show_default=True,
+              help="Also time the public call, `wavefront.attention(q, k, v, causal=...)` on "
+                   "torch tensors, called per launch as a user calls it (contender 'api'), "
+                   "beside the bound launcher of the configuration it resolves to.")
 @click.option("--out", "out_dir", type=click.Path(file_okay=False), default=None,
               help="Also write every contender's rounds to <out>/bench.jsonl.")
 @click.option("--json", "as_json", is_flag=True)
 def bench(batch, heads, kv_heads, seqlens, head_dims, dtype, causal, schedules, tiles,
           occupancy, ctas, rounds, per_round, warmup, worker_warps, cluster, kv_latency,
-          rescale_threshold, exp2_poly, peers, tuned, out_dir, as_json):
+          rescale_threshold, exp2_poly, peers, tuned, api, out_dir, as_json):
     """Schedules x shapes, each shape's schedules and peers (cuDNN, FA2) timed in interleaved
     rounds: median TFLOP/s with a 95% interval, ratios to the peers of the same rounds, NVML
     clocks and throttled rounds, the L2 state. Exits non-zero if any shape failed."""
@@ -422,7 +426,9 @@ def bench(batch, heads, kv_heads, seqlens, head_dims, dtype, causal, schedules, 
               for p in points_from(batch, heads, kv_heads, seqlens, head_dims, dtype, causal,
                                    schedules, tiles, occupancy, ctas)]
     dev = _require_gpu()
-    from wavefront.measure.rounds import paired_speedup, run_rounds, shape_contenders
+    from wavefront.api import attention as public_attention
+    from wavefront.measure.rounds import (API_CONTENDER, paired_speedup, run_rounds,
+                                          shape_contenders)
     from wavefront.results.measurement import paired_references
     shapes: dict = {}
     for point in points:
@@ -440,6 +446,21 @@ def bench(batch, heads, kv_heads, seqlens, head_dims, dtype, causal, schedules, 
             candidate = shape.replace(**config)
             if candidate not in members:
                 members.append(candidate)
+    bound_of_api = {}
+    if api:
+        # The bound launcher of the configuration the public call resolves to, in the same
+        # rounds: the public call's own cost is the ratio between the two.
+        from wavefront.kernel.launcher import resolve_config
+        from wavefront.measure.rounds import contender_name
+        for shape, members in shapes.items():
+            config = resolve_config(
+                (shape.batch, shape.heads, shape.seqlen, shape.head_dim),
+                (shape.batch, shape.kv_heads_, shape.seqlen, shape.head_dim), shape.causal,
+                None, None, None, dict.fromkeys(KERNEL_LEVERS))
+            candidate = shape.replace(**config)
+            if candidate not in members:
+                members.append(candidate)
+            bound_of_api[shape] = contender_name(candidate, members[0])
     sink = None
     if out_dir:
         Path(out_dir).mkdir(parents=True, exist_ok=True)
@@ -449,8 +470,10 @@ def bench(batch, heads, kv_heads, seqlens, head_dims, dtype, causal, schedules, 
     with click.progressbar(list(shapes.items()), label="shapes", file=sys.stderr) as bar:
         for shape, members in bar:
             try:
-                results = run_rounds(shape_contenders(members, peers=peers),
-                                     rounds=rounds, per_round=per_round, warmup=warmup)
+                results = run_rounds(
+                    shape_contenders(members, peers=peers,
+                                     api_call=public_attention if api else None),
+                    rounds=rounds, per_round=per_round, warmup=warmup)
             except Exception as exc:  # one failing shape must not lose the table
                 rows.append({"gpu": dev.name, "shape": shape.as_dict(),
                              "error": f"{type(exc).__name__}: {exc}"})
@@ -463,7 +486,9 @@ def bench(batch, heads, kv_heads, seqlens, head_dims, dtype, causal, schedules, 
                 for peer in ("cudnn", "fa2"):
                     if peer in by and r.name not in ("cudnn", "fa2"):
                         row[f"x_{peer}"] = by[peer].median_ms / r.median_ms
-                for key, ref in paired_references(r.name).items():
+                references = ({"bound": bound_of_api[shape]} if r.name == API_CONTENDER
+                              else paired_references(r.name))
+                for key, ref in references.items():
                     if ref in by and r.name not in ("cudnn", "fa2"):
                         row[f"x_{key}"], *row[f"x_{key}_ci95"] = paired_speedup(by[ref], r)
                 rows.append(row)
@@ -483,14 +508,15 @@ def bench(batch, heads, kv_heads, seqlens, head_dims, dtype, causal, schedules, 
                   "x_cudnn": r.get("x_cudnn"), "x_fa2": r.get("x_fa2"),
                   **{f"vs_{k}": (f"{r[f'x_{k}']:.3f} [{r[f'x_{k}_ci95'][0]:.3f},"
                                  f"{r[f'x_{k}_ci95'][1]:.3f}]" if f"x_{k}" in r else "")
-                     for k in ("linear", "grid")},
-                  "throttled": r.get("throttled_rounds"),
+                     for k in ("linear", "grid", "bound")},
+                  "host_us": r.get("host_us"), "throttled": r.get("throttled_rounds"),
                   "status": r.get("error", "ok")[:40]} for r in rows]
         print_table(table, [("contender", "contender", ""), ("S", "S", "d"), ("D", "D", "d"),
                             ("causal", "causal", ""), ("tflops", "TFLOP/s", ".1f"),
                             ("ci", "95% interval", ""), ("x_cudnn", "/cuDNN", ".3f"),
                             ("x_fa2", "/FA2", ".3f"), ("vs_linear", "vs own linear", ""),
-                            ("vs_grid", "vs grid", ""),
+                            ("vs_grid", "vs grid", ""), ("vs_bound", "api vs bound", ""),
+                            ("host_us", "host us/call", ".1f"),
                             ("throttled", "throttled rounds", "d"), ("status", "status", "")],
                     title=f"\n{dev.name}, B={batch} H={heads} {dtype}: medians of {rounds} "
                           f"interleaved rounds x {per_round} launches, useful FLOPs; ratios "

@@ -11,6 +11,7 @@ touched at least 4 x L2 bytes of other inputs ago ("cold by rotation").
 from __future__ import annotations
 
 import statistics
+import time
 from dataclasses import asdict, dataclass, field
 from typing import Callable
 
@@ -41,6 +42,9 @@ class RoundsResult:
     rounds: int
     l2_state: str = L2_STATE
     sm_clock_mhz: list[float] = field(default_factory=list)
+    # Host time per launch call (median over rounds): from the first call of a round's batch to
+    # the return of its last, launches being asynchronous, what the call costs the CPU.
+    host_us: float | None = None
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -70,6 +74,7 @@ def run_rounds(contenders: list[Contender], *, rounds: int = 15, per_round: int 
     stream.synchronize()
     rng = np.random.default_rng(seed)
     samples = {c.name: [] for c in contenders}
+    host = {c.name: [] for c in contenders}
     clocks = {c.name: [] for c in contenders}
     throttled = {c.name: 0 for c in contenders}
     for _ in range(rounds):
@@ -80,9 +85,11 @@ def run_rounds(contenders: list[Contender], *, rounds: int = 15, per_round: int 
                 c = contenders[idx]
                 start, stop = cupy.cuda.Event(), cupy.cuda.Event()
                 start.record(stream)
+                began = time.perf_counter()
                 for _ in range(per_round):
                     c.run(launches[c.name])
                     launches[c.name] += 1
+                host[c.name].append((time.perf_counter() - began) / per_round * 1e6)
                 stop.record(stream)
                 stop.synchronize()
                 samples[c.name].append(cupy.cuda.get_elapsed_time(start, stop) / per_round)
@@ -98,7 +105,8 @@ def run_rounds(contenders: list[Contender], *, rounds: int = 15, per_round: int 
         med = statistics.median(ms)
         rate = (lambda t: c.useful_flops / (t * 1e-3) / 1e12)
         out.append(RoundsResult(c.name, ms, med, (lo, hi), rate(med), (rate(hi), rate(lo)),
-                                throttled[c.name], rounds, sm_clock_mhz=clocks[c.name]))
+                                throttled[c.name], rounds, sm_clock_mhz=clocks[c.name],
+                                host_us=statistics.median(host[c.name])))
     return out
 
 
@@ -109,10 +117,18 @@ def contender_name(point, shape) -> str:
     return point.schedule + (f" [{' '.join(extra)}]" if extra else "")
 
 
-def shape_contenders(points, *, peers: bool = True, seed: int = 1) -> list[Contender]:
+API_CONTENDER = "api"
+
+
+def shape_contenders(points, *, peers: bool = True, seed: int = 1,
+                     api_call=None) -> list[Contender]:
     """Our schedules for one shape (each checked against the reference first; a wrong one
     raises IncorrectResult) and, with `peers`, torch SDPA's cuDNN and FA2 on the same shape.
-    Points that differ in more than the schedule (tiles, occupancy) are named by their label."""
+    Points that differ in more than the schedule (tiles, occupancy) are named by their label.
+
+    `api_call` (the public `wavefront.attention`) adds the contender "api": that function
+    called per launch as a user calls it, `attention(q, k, v, causal=...)` on torch tensors
+    (CuPy arrays without torch), a new output each call, host work included."""
     import cupy
 
     from wavefront.device import current_device
@@ -144,6 +160,9 @@ def shape_contenders(points, *, peers: bool = True, seed: int = 1) -> list[Conte
             q, k, v = sets[i % n_sets]
             launcher(q, k, v, outs[i % n_sets], stream)
         contenders.append(Contender(contender_name(point, first), run, counts.useful_flops))
+    if api_call is not None:
+        contenders.append(Contender(API_CONTENDER, _api_runner(api_call, first, sets),
+                                    counts.useful_flops))
     for name, run in (peer_runners(first, sets) if peers else {}).items():
         try:
             run(0)
@@ -151,3 +170,46 @@ def shape_contenders(points, *, peers: bool = True, seed: int = 1) -> list[Conte
             continue
         contenders.append(Contender(name, run, counts.useful_flops))
     return contenders
+
+
+def _api_runner(api_call, point, sets):
+    """run(i): the public call on input set i, in the library a user would hand it."""
+    try:
+        import torch
+        arrays = [tuple(torch.from_dlpack(x) for x in s) for s in sets]
+    except ImportError:
+        arrays = sets
+    causal = point.causal
+    for q, k, v in arrays[:1]:  # checked once like every contender, on a poisoned output
+        _check_public_call(api_call, point, q, k, v)
+
+    def run(i):
+        q, k, v = arrays[i % len(arrays)]
+        api_call(q, k, v, causal=causal)
+    return run
+
+
+def _check_public_call(api_call, point, q, k, v):
+    """The public call's output against the reference (the first rows of two heads), written
+    into an output poisoned with NaN, every element checked to be written."""
+    import cupy
+
+    from wavefront.measure.bench import IncorrectResult
+    from wavefront.measure.reference import reference_attention
+    from wavefront.results.measurement import CORRECTNESS_TOLERANCE
+    if type(q).__module__ == "torch":
+        import torch
+        out = torch.full_like(q, float("nan"))
+    else:
+        out = cupy.full(q.shape, cupy.nan, dtype=q.dtype)
+    api_call(q, k, v, causal=point.causal, out=out)
+    q, k, v, out = (cupy.from_dlpack(x) for x in (q, k, v, out))
+    kv = slice(0, 1 if point.kv_heads_ < point.heads else 2)
+    rows = cupy.arange(min(point.seqlen, 512))
+    ref, _ = reference_attention(q[:1, :2], k[:1, kv], v[:1, kv], causal=point.causal,
+                                 rows=rows)
+    got = out[:1, :2][:, :, rows].astype(cupy.float32)
+    err = float(cupy.linalg.norm(got - ref) / cupy.linalg.norm(ref))
+    if not (bool(cupy.isfinite(out).all()) and err < CORRECTNESS_TOLERANCE):
+        raise IncorrectResult(f"{API_CONTENDER}: relative error {err:.3g}, or output elements "
+                              "left unwritten")
