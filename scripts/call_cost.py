@@ -1,0 +1,79 @@
+"""Host cost of the public call's first use of a shape: the work table alone, and the whole
+first call (launcher, table, upload; the kernel compiled beforehand), on this machine.
+
+    python scripts/call_cost.py [--json PATH]
+
+Prints medians of 7 tries. The repeated call's cost is measured by `wavefront bench` (column
+"host us/call", contender "api"), in the same rounds as the bound launcher and cuDNN.
+"""
+import json
+import statistics
+import sys
+import time
+
+from wavefront.point import plan
+
+SHAPES = {  # about 100k work items each (128-row Q tiles)
+    "B4 H32 S96k D128": ((4, 32, 98304, 128), (4, 32, 98304, 128)),
+    "B8 H32 KV8 S48k D128": ((8, 32, 49152, 128), (8, 8, 49152, 128)),
+}
+SCHEDULES = ("persistent+linear", "grouped_dynamic+sawtooth", "longest_first+linear")
+
+
+def median_ms(fn, tries=7):
+    times = []
+    for _ in range(tries):
+        began = time.perf_counter()
+        fn()
+        times.append((time.perf_counter() - began) * 1e3)
+    return statistics.median(times)
+
+
+def table_rows():
+    rows = []
+    for shape, (q, k) in SHAPES.items():
+        for schedule in SCHEDULES:
+            for causal in (False, True):
+                def build():
+                    return plan(q, k, sms=132, l2_bytes=50 << 20, causal=causal,
+                                schedule=schedule).work_table
+                items = len(build())
+                rows.append({"what": "work table", "shape": shape, "schedule": schedule,
+                             "causal": causal, "items": items, "ms": median_ms(build)})
+    return rows
+
+
+def first_call_rows():
+    import torch
+
+    import wavefront
+    from wavefront.kernel.launcher import clear_launcher_cache
+    rows = []
+    for shape, (qs, ks) in SHAPES.items():
+        q = torch.randn(qs, device="cuda", dtype=torch.bfloat16)
+        k = torch.randn(ks, device="cuda", dtype=torch.bfloat16)
+        v = torch.randn(ks, device="cuda", dtype=torch.bfloat16)
+        for causal in (False, True):
+            wavefront.attention(q, k, v, causal=causal)  # compiles the kernel once
+            torch.cuda.synchronize()
+
+            def first():
+                clear_launcher_cache()
+                wavefront.attention(q, k, v, causal=causal)
+            rows.append({"what": "first call (host, kernel compiled)", "shape": shape,
+                         "schedule": "tuned", "causal": causal, "ms": median_ms(first)})
+            torch.cuda.synchronize()
+        del q, k, v
+    return rows
+
+
+if __name__ == "__main__":
+    rows = table_rows()
+    if "--no-gpu" not in sys.argv:
+        rows += first_call_rows()
+    for r in rows:
+        print(f"{r['what']:38s} {r['shape']:22s} {r['schedule']:26s} causal={r['causal']!s:5s} "
+              f"{r.get('items', ''):>7} {r['ms']:8.2f} ms")
+    if "--json" in sys.argv:
+        with open(sys.argv[sys.argv.index("--json") + 1], "w") as f:
+            json.dump(rows, f, indent=1)
