@@ -321,7 +321,7 @@ def attention(q, k, v, *, causal: bool = False, schedule: str | None = None,
     view = launcher.view
     out = _output(view, out)
     if stream is None:
-        stream = current_stream(view.library, view.device)
+        stream = _current_stream_handle(view.library, view.device)
     lse = _empty(view, view.shape[:3], "float32") if launcher.return_lse else None
     return launcher(q, k, v, out, stream, lse)
 
@@ -359,18 +359,6 @@ def _upload(vq: _ArrayView, host):
         return cupy.asarray(host)
 
 
-def _clear(array, stream):
-    """Zero `array` in stream order."""
-    if hasattr(array, "zero_"):
-        import torch
-        with torch.cuda.stream(stream):
-            array.zero_()
-    else:
-        import cupy
-        with stream if isinstance(stream, cupy.cuda.Stream) else cupy.cuda.Stream.null:
-            array.fill(0)
-
-
 def _workspace(vq, n_chunks, output_dtype="float32"):
     """Partial states of the tiled schedule: output (chunks x batch, heads, seqlen, head_dim)
     in `output_dtype`, fp32 row max and row sum (chunks x batch, heads, seqlen).
@@ -390,6 +378,16 @@ def current_stream(library, device=None):
         return torch.cuda.current_stream(device)
     import cupy
     return cupy.cuda.get_current_stream()
+
+
+def _current_stream_handle(library, device: int) -> int:
+    """The raw handle of the caller's current stream: what `ct.launch` needs, without building
+    a stream object (torch's costs microseconds per call)."""
+    if library == "torch":
+        import torch
+        return torch._C._cuda_getCurrentRawStream(device)
+    import cupy
+    return cupy.cuda.get_current_stream().ptr
 
 
 def _output(vq, out):

@@ -1,0 +1,69 @@
+"""Where the public call's host time goes (GPU host): each piece timed alone, median of
+batches of 200 calls, then a cProfile of the whole call.
+
+    python scripts/profile_call.py
+"""
+import cProfile
+import pstats
+import statistics
+import time
+
+import cupy
+import torch
+
+import wavefront
+from wavefront.kernel import launcher as L
+
+
+def per_call_us(fn, n=200, batches=9):
+    out = []
+    for _ in range(batches):
+        began = time.perf_counter()
+        for _ in range(n):
+            fn()
+        out.append((time.perf_counter() - began) / n * 1e6)
+        torch.cuda.synchronize()
+    return statistics.median(out)
+
+
+q = torch.randn(1, 8, 1024, 64, device="cuda", dtype=torch.bfloat16)
+k, v = torch.randn_like(q), torch.randn_like(q)
+wavefront.attention(q, k, v)
+key = L._call_key(q, k, v, (False, None, None, None, None, False, None, None, None))
+launcher = next(iter(L._launchers.values()))
+out = torch.empty_like(q)
+stream = torch.cuda.current_stream()
+cq, ck, cv, cout = (cupy.from_dlpack(x) for x in (q, k, v, out))
+cstream = cupy.cuda.get_current_stream()
+rows = {
+    "wavefront.attention (public call)": lambda: wavefront.attention(q, k, v),
+    "kernel.launcher.attention": lambda: L.attention(q, k, v),
+    "_call_key": lambda: L._call_key(q, k, v, (False, None, None, None, None, False, None,
+                                                None, None)),
+    "torch.empty": lambda: torch.empty(q.shape, dtype=q.dtype, device=q.device),
+    "torch.cuda.current_stream(device)": lambda: torch.cuda.current_stream(q.device),
+    "bound launcher, torch arrays": lambda: launcher(q, k, v, out, stream),
+    "bound launcher, cupy arrays": lambda: launcher(cq, ck, cv, cout, cstream),
+    "cudnn via SDPA (sdpa_kernel ctx)": None,
+}
+from torch.nn.attention import SDPBackend, sdpa_kernel  # noqa: E402
+from torch.nn.functional import scaled_dot_product_attention as sdpa  # noqa: E402
+
+
+def cudnn():
+    with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+        sdpa(q, k, v)
+
+
+rows["cudnn via SDPA (sdpa_kernel ctx)"] = cudnn
+rows["SDPA default dispatch"] = lambda: sdpa(q, k, v)
+for name, fn in rows.items():
+    fn()
+    print(f"{name:40s} {per_call_us(fn):7.1f} us")
+prof = cProfile.Profile()
+prof.enable()
+for _ in range(2000):
+    wavefront.attention(q, k, v)
+prof.disable()
+torch.cuda.synchronize()
+pstats.Stats(prof).sort_stats("tottime").print_stats(14)
