@@ -17,5 +17,7 @@ _LAZY = {"attention": "wavefront.api", "reference_attention": "wavefront.measure
 def __getattr__(name):
     if name in _LAZY:
         import importlib
-        return getattr(importlib.import_module(_LAZY[name]), name)
+        value = getattr(importlib.import_module(_LAZY[name]), name)
+        globals()[name] = value  # found once: `wavefront.attention` is on users' hot path
+        return value
     raise AttributeError(f"module 'wavefront' has no attribute {name!r}")

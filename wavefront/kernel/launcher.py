@@ -268,17 +268,13 @@ def _array_key(x):
     return None
 
 
-def _typed(value):
-    """A cache-key entry that tells True from 1 and 1 from 1.0 (they hash alike)."""
-    return (value.__class__, value)
-
-
 def _call_key(q, k, v, options: tuple):
     keys = (_array_key(q), _array_key(k), _array_key(v))
     if None in keys:
         return None
+    # The options' types too: True == 1 == 1.0 hash alike, and must not share a launcher.
+    key = (keys, options, tuple(map(type, options)))
     try:
-        key = (keys, tuple(_typed(o) for o in options))
         hash(key)
     except TypeError:  # an unhashable option (a list of tiles, say): no caching, same result
         return None
