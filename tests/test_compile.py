@@ -62,9 +62,9 @@ def test_every_schedule_of_a_shape_runs_one_of_four_binaries():
 @pytest.mark.slow
 def test_every_binary_compiles_for_sm90():
     variants = list(all_variants(write_lse=(False, True)))
-    # dtype x head_dim x tiles x causal x (static, dynamic) x LSE on/off, plus the tiled
-    # writers (float32 and bfloat16 partial outputs)
-    assert len(variants) == len(DTYPES) * len(HEAD_DIMS) * len(TILE_SHAPES) * 2 * (2 * 2 + 2)
+    # dtype x head_dim x tiles x causal x (static, dynamic) x (LSE off, LSE on, packed
+    # variable-length), plus the tiled writers (float32 and bfloat16 partial outputs)
+    assert len(variants) == len(DTYPES) * len(HEAD_DIMS) * len(TILE_SHAPES) * 2 * (2 * 3 + 2)
     compiled = variants + list(all_combine_variants())
     for label, resources, _ in _compile_all(compiled, "sm_90"):
         (kernel,) = resources
@@ -94,6 +94,8 @@ def test_variant_validation():
         KernelVariant("float32", 64, 128, 64, False, 2)
     with pytest.raises(ValueError, match="partial"):
         KernelVariant("bfloat16", 64, 128, 64, False, 2, partials=True, write_lse=True)
+    with pytest.raises(ValueError, match="variable-length"):
+        KernelVariant("bfloat16", 64, 128, 64, False, 2, partials=True, varlen=True)
 
 
 def test_launch_contract_follows_the_kernel_signatures():
@@ -129,6 +131,21 @@ def test_the_table_driven_binary_keeps_the_wgmma_pipeline():
             summary = sass_summary(compile_variant(v, "sm_90"))
             assert summary.hgmma > 0 and summary.depbar <= summary.hgmma // 4, (v.label, summary)
             assert summary.local_loads == summary.local_stores == 0, (v.label, summary)
+
+
+def test_the_varlen_binaries_keep_the_wgmma_pipeline():
+    """Slicing each item's sequence out of the packed arrays (VARLEN) must not serialise the
+    tensor cores. Measured: the 128x64 causal static binary keeps one value in local memory
+    (one load, one store per item, outside the K/V loop); none may do more than that."""
+    from wavefront.kernel.sass import find_cuobjdump, sass_summary
+    if find_cuobjdump() is None:
+        pytest.skip("cuobjdump not found")
+    for causal in (False, True):
+        for dynamic in (False, True):
+            v = KernelVariant("bfloat16", 128, 128, 64, causal, 2, dynamic, varlen=True)
+            summary = sass_summary(compile_variant(v, "sm_90"))
+            assert summary.hgmma > 0 and summary.depbar <= summary.hgmma // 4, (v.label, summary)
+            assert summary.local_loads <= 1 and summary.local_stores <= 1, (v.label, summary)
 
 
 def test_the_order_recorder_builds():

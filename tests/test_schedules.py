@@ -240,3 +240,86 @@ def test_longest_first_balances_causal_work_better_than_persistent():
         return max(work) / (sum(work) / len(work))
 
     assert spread("longest_first") < spread("persistent")
+
+
+def _varlen(lengths, cta_name, kv_name, heads=4, kv_heads=2, causal=False, tile_m=128,
+            tile_n=64, l2_bytes=50 << 20, ctas=None, sms=5):
+    from wavefront.schedules import VarlenLaunch
+    total = sum(lengths)
+    p = AttentionProblem(1, heads, kv_heads, total, total, 64, causal, tile_m, tile_n)
+    return VarlenLaunch(p, tuple(lengths), tuple(lengths), cta_schedule(cta_name),
+                        kv_schedule(kv_name), sms=sms, ctas_per_sm=2, l2_bytes=l2_bytes,
+                        ctas=ctas)
+
+
+def test_varlen_with_equal_lengths_is_the_dense_batch():
+    """Packed sequences of one length give the dense batch's table, row for row (the sequence
+    in the batch column), for every schedule whose order does not depend on group sizes."""
+    for cta_name in ("grid", "persistent", "longest_first", "dynamic"):
+        for kv_name in ("linear", "sawtooth"):
+            for causal in (False, True):
+                packed = _varlen([300] * 3, cta_name, kv_name, causal=causal)
+                p = AttentionProblem(3, 4, 2, 300, 300, 64, causal, 128, 64)
+                dense = Launch(p, cta_schedule(cta_name), kv_schedule(kv_name), sms=5,
+                               ctas_per_sm=2, l2_bytes=50 << 20)
+                assert np.array_equal(packed.work_table[:, :10], dense.work_table[:, :10]), (
+                    cta_name, kv_name, causal)
+
+
+def test_varlen_rows_cover_every_sequences_tiles_once():
+    from wavefront.schedules import (WORK_BATCH, WORK_HEAD, WORK_KV_START, WORK_Q_START,
+                                     WORK_Q_TILE, WORK_SEQLEN_KV, WORK_SEQLEN_Q)
+    rng = random.Random(12)
+    for cta_name in CTA_NAMES_FOR_VARLEN:
+        for kv_name in ("linear", "sawtooth"):
+            lengths = [rng.choice([0, 1, 63, 64, 65, 300, 1000]) for _ in range(rng.randint(1, 6))]
+            if not sum(lengths):
+                lengths.append(5)
+            causal = rng.random() < 0.5
+            launch = _varlen(lengths, cta_name, kv_name, causal=causal, l2_bytes=1 << 18,
+                             ctas=rng.choice([None, 3]))
+            table = launch.work_table
+            starts = np.cumsum([0] + lengths)
+            seen = set()
+            for row in table:
+                seq, head, q_tile = int(row[WORK_BATCH]), int(row[WORK_HEAD]), int(row[WORK_Q_TILE])
+                assert row[WORK_Q_START] == row[WORK_KV_START] == starts[seq]
+                assert row[WORK_SEQLEN_Q] == row[WORK_SEQLEN_KV] == lengths[seq]
+                visited, first_masked = kv_tile_span(q_tile, 128, 64, lengths[seq],
+                                                     lengths[seq], causal)
+                tiles = ([row[WORK_SCAN_START] + row[WORK_SCAN_STEP] * t
+                          for t in range(row[WORK_SCAN_COUNT])]
+                         + list(range(row[WORK_MASKED_LO], row[WORK_MASKED_HI])))
+                assert sorted(tiles) == list(range(visited)), (cta_name, row)
+                seen.add((seq, head, q_tile))
+            expected = {(s, h, t) for s, n in enumerate(lengths) for h in range(4)
+                        for t in range(-(-n // 128))}
+            assert seen == expected and len(table) == len(expected)
+
+
+CTA_NAMES_FOR_VARLEN = ("grid", "persistent", "grouped", "longest_first", "dynamic",
+                        "grouped_dynamic")
+
+
+def test_varlen_groups_fit_the_budget_and_longest_first_is_by_work():
+    from wavefront.schedules import WORK_BATCH, WORK_KV_HEAD, group_by_budget
+    sizes = np.array([5.0, 3.0, 4.0, 9.0, 1.0, 1.0])
+    assert group_by_budget(sizes, 8.0).tolist() == [0, 0, 1, 2, 3, 3]
+    launch = _varlen([2000, 100, 4000, 50], "longest_first", "linear", causal=True)
+    work = [r[WORK_SCAN_COUNT] + r[WORK_MASKED_HI] - r[WORK_MASKED_LO] for r in launch.work_table]
+    assert work == sorted(work, reverse=True)
+    # grouped: units (sequence, K/V head) appear group by group, in order
+    launch = _varlen([2000, 100, 4000, 50], "grouped", "linear", l2_bytes=1 << 20)
+    units = [int(r[WORK_BATCH]) * 2 + int(r[WORK_KV_HEAD]) for r in launch.work_table]
+    first_seen = list(dict.fromkeys(units))
+    assert first_seen == sorted(first_seen)
+
+
+def test_varlen_refuses_what_it_cannot_run():
+    with pytest.raises(ValueError, match="does not apply to variable-length"):
+        _varlen([10, 20], "persistent", "tiled")
+    from wavefront.point import plan_varlen
+    with pytest.raises(ValueError, match="^cu_seqlens_k: sequence 1 has 20 queries and no keys"):
+        plan_varlen((30, 4, 64), (10, 4, 64), [0, 10, 30], [0, 10, 10], sms=4, l2_bytes=1 << 20)
+    with pytest.raises(ValueError, match="^cu_seqlens_q must be a sequence of integers"):
+        plan_varlen((30, 4, 64), (30, 4, 64), [0, 1.5, 30], [0, 10, 30], sms=4, l2_bytes=1 << 20)

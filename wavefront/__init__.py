@@ -7,11 +7,11 @@ and CuPy on first use, so the model and the report run on any machine.
 from wavefront.point import Point, plan
 from wavefront.schedules import CTA_SCHEDULES, KV_SCHEDULES, AttentionProblem, Launch
 
-__all__ = ["attention", "plan", "reference_attention", "Point", "AttentionProblem", "Launch",
+__all__ = ["attention", "attention_varlen", "plan", "reference_attention", "Point", "AttentionProblem", "Launch",
            "CTA_SCHEDULES", "KV_SCHEDULES"]
 __version__ = "0.2.0"
 
-_LAZY = {"attention": "wavefront.api", "reference_attention": "wavefront.measure.reference"}
+_LAZY = {"attention": "wavefront.api", "attention_varlen": "wavefront.api", "reference_attention": "wavefront.measure.reference"}
 
 
 def __getattr__(name):

@@ -4,9 +4,10 @@ Importing this module needs no GPU stack; `attention` loads cuTile and CuPy when
 """
 from __future__ import annotations
 
-from wavefront.point import Point, parse_schedule, parse_tiles, plan
+from wavefront.point import Point, parse_schedule, parse_tiles, plan, plan_varlen
 
-__all__ = ["attention", "plan", "Point", "parse_schedule", "parse_tiles"]
+__all__ = ["attention", "attention_varlen", "plan", "plan_varlen", "Point", "parse_schedule",
+           "parse_tiles"]
 
 
 def attention(q, k, v, *, causal: bool = False, schedule: str | None = None,
@@ -48,6 +49,38 @@ def attention(q, k, v, *, causal: bool = False, schedule: str | None = None,
                                  chunk_tiles=chunk_tiles, worker_warps=worker_warps,
                                  cluster=cluster, kv_latency=kv_latency,
                                  rescale_threshold=rescale_threshold, exp2_poly=exp2_poly)
+
+
+def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q=None,
+                     max_seqlen_k=None, *, causal: bool = False, schedule: str | None = None,
+                     tiles=None, occupancy: int | None = None, scale: float | None = None,
+                     return_lse: bool = False, out=None, stream=None,
+                     l2_bytes: int | None = None, ctas: int | None = None,
+                     worker_warps: int | None = None, cluster: int | None = None,
+                     kv_latency: int | None = None):
+    """FlashAttention forward over a batch of packed sequences of different lengths, with
+    FlashAttention's varlen interface.
+
+    q: (total_q, heads, head_dim), the rows of every sequence one after another; k, v:
+    (total_k, kv_heads, head_dim); `cu_seqlens_q` = [0, len_q(0), len_q(0) + len_q(1), ...]
+    (batch + 1 entries, ending at total_q), `cu_seqlens_k` likewise. Host lists, NumPy arrays
+    or CPU tensors keep the call asynchronous; a GPU tensor is copied to the host first (the
+    work table is built there). `max_seqlen_*` are checked, not needed. Causal masks are
+    top-left aligned within each sequence (torch's `is_causal`; the same as FlashAttention's
+    where a sequence has as many queries as keys). Sequences may be empty; one with queries
+    must have keys. Schedules: any CTA schedule with the linear or sawtooth scan, ordering
+    the work items of the whole batch (`wavefront.schedules.VarlenLaunch`).
+
+    Returns the output (total_q, heads, head_dim) (and the LSE, float32 (heads, total_q)).
+    """
+    from wavefront.device import require_gpu_stack
+    require_gpu_stack("wavefront.attention_varlen")
+    from wavefront.kernel.launcher import attention_varlen as launch_varlen
+    return launch_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                         causal=causal, schedule=schedule, tiles=tiles, occupancy=occupancy,
+                         scale=scale, return_lse=return_lse, out=out, stream=stream,
+                         l2_bytes=l2_bytes, ctas=ctas, worker_warps=worker_warps,
+                         cluster=cluster, kv_latency=kv_latency)
 
 
 _launch = None

@@ -381,6 +381,144 @@ def run(batch, heads, kv_heads, seqlens, head_dims, dtype, causal, schedules, ti
 
 
 @main.command()
+@click.option("--layers", type=click.IntRange(1, 128), default=8, show_default=True)
+@click.option("--hidden", type=click.IntRange(64, 16384), default=2048, show_default=True)
+@click.option("--heads", type=click.IntRange(1, 256), default=16, show_default=True)
+@click.option("--kv-heads", type=click.IntRange(1, 256), default=4, show_default=True)
+@click.option("--intermediate", type=click.IntRange(64, 65536), default=5632, show_default=True)
+@click.option("--vocab", type=click.IntRange(16, 262144), default=32000, show_default=True)
+@click.option("--batch", type=click.IntRange(1, 64), default=1, show_default=True)
+@click.option("--seqlen", "seqlens", default="2048,8192", show_default=True,
+              help="Prompt lengths, comma-separated.")
+@click.option("--rounds", type=click.IntRange(min=6), default=8, show_default=True)
+@click.option("--stand-in", is_flag=True,
+              help="Use the plain-torch Llama-style stack even where transformers is present.")
+@click.option("--out", "out_dir", type=click.Path(file_okay=False), default=None,
+              help="Also write the results to <out>/prefill.jsonl.")
+def prefill(layers, hidden, heads, kv_heads, intermediate, vocab, batch, seqlens, rounds,
+            stand_in, out_dir):
+    """End-to-end prefill through a Llama-architecture model with random weights
+    (transformers' LlamaForCausalLM, its attention routed to wavefront through transformers'
+    attention registry; a plain-torch stand-in where transformers is missing): logits against
+    the model's SDPA path, prefill tokens/s of both in interleaved rounds."""
+    if hidden % heads or heads % kv_heads or hidden // heads not in HEAD_DIMS:
+        raise click.BadParameter(f"hidden / heads must be one of {HEAD_DIMS} and heads a "
+                                 f"multiple of kv-heads; got hidden {hidden}, heads {heads}, "
+                                 f"kv-heads {kv_heads}", param_hint="--hidden")
+    dev = _require_gpu()
+    import wavefront.torch as ours
+    from wavefront.measure.prefill import ModelShape, compare
+    shape = ModelShape(layers, hidden, heads, kv_heads, intermediate, vocab)
+    rows = []
+    for seqlen in _list(int, seqlens, "--seqlen"):
+        row = {"gpu": dev.name, **compare(shape, batch, seqlen, ours, rounds=rounds,
+                                          prefer_transformers=not stand_in)}
+        rows.append(row)
+        if out_dir:
+            Path(out_dir).mkdir(parents=True, exist_ok=True)
+            if not (Path(out_dir) / "prefill.jsonl").exists():
+                _write_run_manifest(out_dir, ["prefill.jsonl"])
+            with open(Path(out_dir) / "prefill.jsonl", "a") as sink:
+                sink.write(json.dumps(row, default=str) + "\n")
+    print_table([{**r, "speedup": f"{r['speedup_vs_sdpa']:.3f} "
+                  f"[{r['speedup_vs_sdpa_ci95'][0]:.3f},{r['speedup_vs_sdpa_ci95'][1]:.3f}]"}
+                 for r in rows],
+                [("seqlen", "prompt", "d"), ("max_abs_logit_diff", "max |logit diff|", ".4f"),
+                 ("max_abs_logit", "max |logit|", ".2f"),
+                 ("logits_rel_error", "logits rel. error", ".2e"),
+                 ("next_token_agreement", "argmax agrees", ".4f"),
+                 ("wavefront_tokens_per_s", "wavefront tok/s", ".0f"),
+                 ("sdpa_tokens_per_s", "SDPA tok/s", ".0f"), ("speedup", "vs SDPA", "")],
+                title=f"\n{dev.name}: {rows[0]['model']}, {layers} layers, hidden {hidden}, "
+                      f"{heads} heads / {kv_heads} K/V heads, batch {batch}, bf16 random "
+                      f"weights; medians of {rounds} interleaved rounds")
+
+
+@main.command("bench-varlen")
+@click.option("--sequences", type=click.IntRange(1, 4096), default=16, show_default=True,
+              help="Sequences in the packed batch (lengths drawn long-tailed).")
+@click.option("--tokens", type=click.IntRange(1, 1 << 24), default=65536, show_default=True,
+              help="Total tokens of the packed batch.")
+@click.option("--longest", type=click.IntRange(1, 1 << 20), default=32768, show_default=True)
+@click.option("--lengths", default=None,
+              help="Explicit sequence lengths, comma-separated (instead of drawing them).")
+@click.option("--seed", type=click.IntRange(min=0), default=0, show_default=True)
+@click.option("--heads", type=click.IntRange(1, 1024), default=32, show_default=True)
+@click.option("--kv-heads", type=click.IntRange(1, 1024), default=None,
+              help="K/V heads (GQA); default: --heads.")
+@click.option("--head-dim", type=click.Choice([str(d) for d in HEAD_DIMS]), default="128",
+              show_default=True)
+@click.option("--causal/--no-causal", default=None,
+              help="Causal or not; default: both.")
+@click.option("--schedule", "schedules", default="tuned,persistent+linear,longest_first+linear,"
+                                                "grouped_dynamic+linear", show_default=True,
+              help="wavefront schedules to time ('tuned': the call with no schedule named).")
+@click.option("--rounds", type=click.IntRange(min=6), default=10, show_default=True)
+@click.option("--per-round", type=click.IntRange(min=1), default=3, show_default=True)
+@click.option("--out", "out_dir", type=click.Path(file_okay=False), default=None,
+              help="Also write every contender's rounds to <out>/bench_varlen.jsonl.")
+def bench_varlen(sequences, tokens, longest, lengths, seed, heads, kv_heads, head_dim, causal,
+                 schedules, rounds, per_round, out_dir):
+    """A packed batch of sequences of different lengths (FlashAttention's varlen layout):
+    wavefront's varlen call per schedule against torch's varlen paths (varlen_attn, SDPA on
+    nested tensors with cuDNN and FA2, cuDNN padded to the longest), interleaved rounds."""
+    kv_heads = kv_heads or heads
+    if heads % kv_heads:
+        raise click.BadParameter(f"heads ({heads}) must be a multiple of kv-heads ({kv_heads})",
+                                 param_hint="--kv-heads")
+    dev = _require_gpu()
+    from wavefront.measure.rounds import run_rounds
+    from wavefront.measure.varlen_bench import long_tailed_lengths, varlen_contenders
+    try:
+        lengths = (_list(int, lengths, "--lengths") if lengths
+                   else long_tailed_lengths(sequences, tokens, seed, longest))
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="--tokens") from None
+    if min(lengths) < 0 or sum(lengths) < 1:
+        raise click.BadParameter("lengths must be >= 0 with at least one token",
+                                 param_hint="--lengths")
+    names = [None if s == "tuned" else s for s in _list(str, schedules, "--schedule")]
+    sink = None
+    if out_dir:
+        Path(out_dir).mkdir(parents=True, exist_ok=True)
+        _write_run_manifest(out_dir, ["bench_varlen.jsonl"])
+        sink = open(Path(out_dir) / "bench_varlen.jsonl", "a")
+    rows = []
+    for is_causal in ([causal] if causal is not None else [False, True]):
+        contenders = varlen_contenders(lengths, heads=heads, kv_heads=kv_heads,
+                                       head_dim=int(head_dim), causal=is_causal,
+                                       schedules=names, seed=seed + 1,
+                                       log=lambda m: click.echo(m, err=True))
+        results = run_rounds(contenders, rounds=rounds, per_round=per_round)
+        peers = [r for r in results if not r.name.startswith("wavefront")]
+        for r in results:
+            row = {"gpu": dev.name, "lengths": lengths, "heads": heads, "kv_heads": kv_heads,
+                   "head_dim": int(head_dim), "causal": is_causal, "contender": r.name,
+                   **r.as_dict()}
+            for peer in peers:
+                row[f"x_{peer.name}"] = peer.median_ms / r.median_ms
+            rows.append(row)
+            if sink:
+                sink.write(json.dumps(row) + "\n")
+                sink.flush()
+    if sink:
+        sink.close()
+    best_peer = {c: min((r["median_ms"] for r in rows if r["causal"] == c
+                         and not r["contender"].startswith("wavefront")), default=None)
+                 for c in {r["causal"] for r in rows}}
+    table = [{**r, "ci": f"{r['tflops_ci95'][0]:.1f}-{r['tflops_ci95'][1]:.1f}",
+              "x_best": (best_peer[r["causal"]] / r["median_ms"]
+                         if best_peer[r["causal"]] else None)} for r in rows]
+    print_table(table, [("contender", "contender", ""), ("causal", "causal", ""),
+                        ("tflops", "TFLOP/s", ".1f"), ("ci", "95% interval", ""),
+                        ("x_best", "/best torch path", ".3f"), ("host_us", "host us/call", ".1f"),
+                        ("throttled_rounds", "throttled rounds", "d")],
+                title=f"\n{dev.name}, packed batch of {len(lengths)} sequences, {sum(lengths)} "
+                      f"tokens (longest {max(lengths)}), H={heads} KV={kv_heads} D={head_dim} "
+                      f"bf16: medians of {rounds} interleaved rounds x {per_round} calls")
+
+
+@main.command()
 @point_options(default_schedule="grid+linear,persistent+linear,persistent+sawtooth,"
                                 "grouped+linear,grouped+sawtooth",
                default_seqlen="8192", default_head_dim="64,128", causal_default=None)

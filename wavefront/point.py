@@ -16,6 +16,7 @@ from wavefront.schedules import (
     AttentionProblem,
     Launch,
     TiledScan,
+    VarlenLaunch,
     cta_schedule,
     kv_schedule,
     positive_int,
@@ -97,6 +98,49 @@ def plan(q_shape, k_shape, *, sms: int, l2_bytes: int, causal=False,
                              f"{schedule!r}")
         kv_sched = replace(kv_sched, tiles_per_chunk=chunk_tiles)
     return Launch(problem, cta_schedule(cta), kv_sched, sms, occupancy, l2_bytes, ctas)
+
+
+def seqlens_of(name: str, cu_seqlens, total_rows: int) -> tuple[int, ...]:
+    """Sequence lengths from FlashAttention's cumulative form [0, s0, s0 + s1, ...], checked:
+    integers, starting at 0, never decreasing, ending at the packed rows."""
+    try:
+        bounds = [int(x) for x in cu_seqlens]
+        if any(b != x for b, x in zip(bounds, cu_seqlens)):
+            raise ValueError
+    except (TypeError, ValueError):
+        raise ValueError(f"{name} must be a sequence of integers (host list, NumPy or CPU "
+                         f"tensor), got {cu_seqlens!r}") from None
+    if len(bounds) < 2 or bounds[0] != 0:
+        raise ValueError(f"{name} must start at 0 and hold at least two entries, got "
+                         f"{bounds[:8]}")
+    lengths = tuple(b - a for a, b in zip(bounds, bounds[1:]))
+    if min(lengths) < 0:
+        raise ValueError(f"{name} must not decrease, got {bounds[:8]}...")
+    if bounds[-1] != total_rows:
+        raise ValueError(f"{name} must end at the packed rows ({total_rows}), ends at "
+                         f"{bounds[-1]}")
+    return lengths
+
+
+def plan_varlen(q_shape, k_shape, cu_seqlens_q, cu_seqlens_k, *, sms: int, l2_bytes: int,
+                causal=False, schedule="persistent+linear", tiles=None, occupancy=None,
+                element_bytes=2, ctas=None) -> VarlenLaunch:
+    """The `VarlenLaunch` for packed q (total_q, heads, D) and k (total_k, kv_heads, D)."""
+    total_q, h, d = q_shape
+    total_k, hkv, _ = k_shape
+    tile_m, tile_n = parse_tiles(tiles) if tiles is not None else DEFAULT_TILES.get(d, (128, 64))
+    if occupancy is None:
+        occupancy = DEFAULT_OCCUPANCY[(tile_m, tile_n)]
+    if isinstance(occupancy, bool) or not isinstance(occupancy, int) or not 1 <= occupancy <= 32:
+        raise ValueError(f"occupancy must be an integer in [1, 32], got {occupancy!r}")
+    if not isinstance(causal, bool):
+        raise ValueError(f"causal must be True or False, got {causal!r}")
+    cta, kv = parse_schedule(schedule)
+    problem = AttentionProblem(1, h, hkv, total_q, total_k, d, causal, tile_m, tile_n,
+                               element_bytes)
+    return VarlenLaunch(problem, seqlens_of("cu_seqlens_q", cu_seqlens_q, total_q),
+                        seqlens_of("cu_seqlens_k", cu_seqlens_k, total_k), cta_schedule(cta),
+                        kv_schedule(kv), sms, occupancy, l2_bytes, ctas)
 
 
 # The kernel levers (`wavefront tune` searches them) and their defaults: consumer warps per CTA

@@ -47,6 +47,9 @@ PARTIAL_ROW_STATS_BYTES = 8
 # then the tiles that need a mask, [MASKED_LO, MASKED_HI), forward.
 (WORK_BATCH, WORK_HEAD, WORK_KV_HEAD, WORK_Q_TILE, WORK_SCAN_START, WORK_SCAN_STEP,
  WORK_SCAN_COUNT, WORK_MASKED_LO, WORK_MASKED_HI, WORK_CHUNK) = range(10)
+# Variable-length batches (packed sequences): where the item's sequence starts in the packed
+# Q/O and K/V rows, and its two lengths. WORK_BATCH then holds the sequence's number.
+WORK_Q_START, WORK_KV_START, WORK_SEQLEN_Q, WORK_SEQLEN_KV = range(10, 14)
 WORK_COLUMNS = 16  # padded: 64-byte rows, a stride the ahead-of-time signature accepts
 
 
@@ -695,6 +698,8 @@ class Launch:
     def name(self) -> str:
         return f"{self.cta.name}+{self.kv.name}"
 
+    varlen = False  # a packed variable-length batch: see VarlenLaunch
+
     @property
     def alternate(self) -> int:
         """1 where CTAs alternate their scan on their own count of items at run time (sawtooth
@@ -779,3 +784,170 @@ class Launch:
     def all_work(self) -> Iterator[WorkItem]:
         for cta in range(self.num_ctas):
             yield from self.work_of_cta(cta)
+
+
+# --------------------------------------------------------------------------------------------
+# Variable-length batches: packed sequences, one work table across all of them
+# --------------------------------------------------------------------------------------------
+
+def group_by_budget(unit_bytes: np.ndarray, budget: float) -> np.ndarray:
+    """Group number of each unit: consecutive units fill a group while their bytes fit the
+    budget (a unit larger than the budget is a group of its own). Ragged units cannot use the
+    power-of-two group of `GroupedSchedule`, whose units are all the same size."""
+    groups = np.empty(len(unit_bytes), dtype=np.int64)
+    group, filled = 0, 0.0
+    for i, size in enumerate(unit_bytes.tolist()):
+        if filled and filled + size > budget:
+            group, filled = group + 1, 0.0
+        groups[i] = group
+        filled += size
+    return groups
+
+
+@dataclass(frozen=True)
+class VarlenLaunch:
+    """A packed batch of sequences of different lengths (FlashAttention's varlen layout: the
+    rows of every sequence one after another, `cu_seqlens` their boundaries) run as one
+    launch: one work table across all sequences, each row carrying its sequence (number,
+    start rows, lengths), so every CTA and K/V schedule applies across the batch.
+
+    The CTA schedules order the items of the whole batch: grid and persistent sequence by
+    sequence (heads, then Q tiles fastest); longest_first and dynamic by work, longest first
+    (heads fastest among equals); grouped and grouped_dynamic in groups of (sequence, K/V
+    head) units whose K/V fits the L2 budget, filled in order by bytes, heads fastest inside
+    a group (grouped_dynamic: longest first inside a group). The tiled K/V schedules do not
+    apply (their partial states are laid out per (batch, head) of equal length).
+
+    `problem` describes the packed arrays as the kernel sees them: batch 1, seqlen = total
+    rows. Causal masks are top-left aligned per sequence, as torch's `is_causal`.
+    """
+
+    problem: AttentionProblem
+    seqlens_q: tuple[int, ...]
+    seqlens_kv: tuple[int, ...]
+    cta: CtaSchedule
+    kv: KvSchedule
+    sms: int
+    ctas_per_sm: int
+    l2_bytes: int
+    ctas: int | None = None
+    varlen = True
+
+    def __post_init__(self):
+        positive_int("sms", self.sms)
+        positive_int("ctas_per_sm", self.ctas_per_sm)
+        positive_int("l2_bytes", self.l2_bytes)
+        if self.ctas is not None:
+            positive_int("ctas", self.ctas)
+        if self.kv.writes_partials:
+            raise ValueError(f"kv schedule {self.kv.name!r} does not apply to variable-length "
+                             "batches; use linear or sawtooth")
+        if len(self.seqlens_q) != len(self.seqlens_kv) or not self.seqlens_q:
+            raise ValueError(f"cu_seqlens_q and cu_seqlens_k must describe the same number "
+                             f"(>= 1) of sequences, got {len(self.seqlens_q)} and "
+                             f"{len(self.seqlens_kv)}")
+        for i, (sq, sk) in enumerate(zip(self.seqlens_q, self.seqlens_kv)):
+            if sq < 0 or sk < 0:
+                raise ValueError(f"cu_seqlens must not decrease: sequence {i} has lengths "
+                                 f"{sq} (q) and {sk} (k)")
+            if sq > 0 and sk == 0:
+                raise ValueError(f"cu_seqlens_k: sequence {i} has {sq} queries and no keys "
+                                 "(its softmax would be over nothing)")
+        p = self.problem
+        if sum(self.seqlens_q) != p.seqlen_q or sum(self.seqlens_kv) != p.seqlen_kv:
+            raise ValueError(f"cu_seqlens must end at the packed rows: q has {p.seqlen_q} "
+                             f"rows, cu_seqlens_q ends at {sum(self.seqlens_q)}; k has "
+                             f"{p.seqlen_kv}, cu_seqlens_k ends at {sum(self.seqlens_kv)}")
+
+    @property
+    def name(self) -> str:
+        return f"{self.cta.name}+{self.kv.name}"
+
+    @property
+    def batch(self) -> int:
+        return len(self.seqlens_q)
+
+    @cached_property
+    def resident_ctas(self) -> int:
+        return self.ctas if self.ctas is not None else self.sms * self.ctas_per_sm
+
+    n_chunks = 1
+
+    @cached_property
+    def num_items(self) -> int:
+        return int(self._items()[0].size)
+
+    @cached_property
+    def num_ctas(self) -> int:
+        return self.cta.num_ctas(max(self.num_items, 1), self.resident_ctas)
+
+    @property
+    def alternate(self) -> int:
+        return int(self.cta.dynamic and self.kv.code == KV_SAWTOOTH)
+
+    @cached_property
+    def group_units(self) -> int:
+        return 1  # varlen groups are ragged: see `group_by_budget`
+
+    def _items(self):
+        """(sequence, head, Q tile, K/V tiles visited, first masked tile) of every work item,
+        sequence by sequence, heads then Q tiles fastest (the canonical order)."""
+        p = self.problem
+        sq = np.asarray(self.seqlens_q, dtype=np.int64)
+        sk = np.asarray(self.seqlens_kv, dtype=np.int64)
+        q_tiles = -(-sq // p.tile_m)
+        per_seq = p.heads * q_tiles
+        seq = np.repeat(np.arange(len(sq)), per_seq)
+        within = np.arange(int(per_seq.sum())) - np.repeat(np.cumsum(per_seq) - per_seq, per_seq)
+        head = within // q_tiles[seq]
+        q_tile = within - head * q_tiles[seq]
+        visited, first_masked = kv_tile_span(q_tile, p.tile_m, p.tile_n, sq[seq], sk[seq],
+                                             p.causal)
+        return seq, head, q_tile, np.asarray(visited), np.asarray(first_masked)
+
+    def _order(self, seq, head, q_tile, visited) -> np.ndarray:
+        """Positions of the canonical items in the order the CTA schedule hands them out."""
+        code, p = self.cta.code, self.problem
+        if code in (CTA_GRID, CTA_PERSISTENT):
+            return np.arange(seq.size)
+        if code in (CTA_LONGEST_FIRST, CTA_DYNAMIC):
+            return np.lexsort((head, seq, -q_tile, -visited))
+        unit = seq * p.kv_heads + head // p.qheads_per_kv
+        unit_bytes = (2 * np.asarray(self.seqlens_kv, dtype=np.float64).repeat(p.kv_heads)
+                      * p.head_dim * p.element_bytes)
+        group = group_by_budget(unit_bytes, self.cta.l2_fraction * self.l2_bytes)[unit]
+        if code == CTA_GROUPED:
+            return np.lexsort((head, unit, q_tile, group))
+        return np.lexsort((head, unit, -q_tile, -visited, group))  # grouped_dynamic
+
+    @cached_property
+    def work_table(self) -> np.ndarray:
+        """One int32 row per work item in hand-out order (`WORK_*` columns, sequences' starts
+        and lengths included); the same scan rules as `Launch.work_table`."""
+        seq, head, q_tile, visited, first_masked = self._items()
+        order = self._order(seq, head, q_tile, visited)
+        seq, head, q_tile = seq[order], head[order], q_tile[order]
+        visited, first_masked = visited[order], first_masked[order]
+        items = np.arange(seq.size)
+        it = local_iteration(items, self.num_ctas, self.resident_ctas, self.cta.code)
+        backward = 0 if self.cta.dynamic else scans_backward(it, self.kv.code)
+        lo, mid, hi = chunk_tile_range(0, max(int(visited.max(initial=0)), 1), visited,
+                                       first_masked)
+        start, step, count, masked_lo, masked_hi = scan_plan(lo, mid, hi, backward)
+        sq = np.asarray(self.seqlens_q, dtype=np.int64)
+        sk = np.asarray(self.seqlens_kv, dtype=np.int64)
+        q_start, kv_start = np.cumsum(sq) - sq, np.cumsum(sk) - sk
+        columns = {WORK_BATCH: seq, WORK_HEAD: head,
+                   WORK_KV_HEAD: head // self.problem.qheads_per_kv, WORK_Q_TILE: q_tile,
+                   WORK_SCAN_START: start, WORK_SCAN_STEP: step, WORK_SCAN_COUNT: count,
+                   WORK_MASKED_LO: masked_lo, WORK_MASKED_HI: masked_hi, WORK_CHUNK: 0,
+                   WORK_Q_START: q_start[seq], WORK_KV_START: kv_start[seq],
+                   WORK_SEQLEN_Q: sq[seq], WORK_SEQLEN_KV: sk[seq]}
+        if max(self.problem.seqlen_q, self.problem.seqlen_kv) >= 1 << 31:
+            raise ValueError("packed sequences of 2^31 rows or more do not fit the int32 work "
+                             "table")
+        rows = np.zeros((seq.size, WORK_COLUMNS), dtype=np.int32)
+        for column, values in columns.items():
+            rows[:, column] = values
+        rows.setflags(write=False)
+        return rows

@@ -21,7 +21,8 @@ from typing import Optional
 
 import torch
 
-__all__ = ["attention", "scaled_dot_product_attention", "hf_attention_forward",
+__all__ = ["attention", "attention_varlen", "scaled_dot_product_attention",
+           "hf_attention_forward",
            "register_with_transformers"]
 
 
@@ -40,6 +41,26 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = 
 @attention.register_fake
 def _attention_fake(q, k, v, causal=False, scale=None, schedule=None, tiles=None):
     # The output is always a new contiguous (B, H, S_q, D) tensor of q's dtype and device.
+    return q.new_empty(q.shape)
+
+
+@torch.library.custom_op("wavefront::attention_varlen", mutates_args=(), device_types="cuda")
+def attention_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                     cu_seqlens_q: torch.Tensor, cu_seqlens_k: torch.Tensor,
+                     max_seqlen_q: int, max_seqlen_k: int, causal: bool = False,
+                     scale: Optional[float] = None, schedule: Optional[str] = None,
+                     tiles: Optional[str] = None) -> torch.Tensor:
+    """Packed sequences, FlashAttention's varlen interface: q (total_q, H, D), k and v
+    (total_k, H_kv, D), cu_seqlens int32 (batch + 1). cu_seqlens on the CPU keep the call
+    asynchronous (a CUDA tensor is read back to build the work table: no graph capture)."""
+    from wavefront.kernel.launcher import attention_varlen as launch_varlen
+    return launch_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                         causal=causal, scale=scale, schedule=schedule, tiles=tiles)
+
+
+@attention_varlen.register_fake
+def _attention_varlen_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                           causal=False, scale=None, schedule=None, tiles=None):
     return q.new_empty(q.shape)
 
 

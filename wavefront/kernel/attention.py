@@ -40,12 +40,16 @@ from wavefront.schedules import (
     WORK_CHUNK,
     WORK_HEAD,
     WORK_KV_HEAD,
+    WORK_KV_START,
     WORK_MASKED_HI,
     WORK_MASKED_LO,
+    WORK_Q_START,
     WORK_Q_TILE,
     WORK_SCAN_COUNT,
     WORK_SCAN_START,
     WORK_SCAN_STEP,
+    WORK_SEQLEN_KV,
+    WORK_SEQLEN_Q,
     Launch,
 )
 
@@ -185,12 +189,30 @@ def _attend_work_item(Q, K, V, Out, Lse, PartO, PartM, PartL, Work, Order, item,
                       qk_scale_log2, HEAD_DIM: ConstInt, TILE_M: ConstInt, TILE_N: ConstInt,
                       CAUSAL: ConstBool, PARTIALS: ConstBool, WRITE_LSE: ConstBool,
                       RECORD_ORDER: ConstBool, K_LATENCY: ConstInt, V_LATENCY: ConstInt,
-                      RESCALE_THRESHOLD: ConstInt, EXP2_POLY: ConstInt):
+                      RESCALE_THRESHOLD: ConstInt, EXP2_POLY: ConstInt, VARLEN: ConstBool):
     """Attend one work item as its table row says. `reverse` (0 or 1, dynamic sawtooth only)
-    flips the row's unmasked scan."""
+    flips the row's unmasked scan.
+
+    VARLEN: the arrays are packed sequences viewed as (1, heads, total rows, D); the item's
+    sequence is sliced out of them (`Array.slice`, no copy), so tile indices, masks and the
+    ragged end are the sequence's own, and a tile never reads or writes a neighbour's rows."""
     if RECORD_ORDER:
         _take_ticket(Order, 1 + 2 * item)
-    batch = _work(Work, item, WORK_BATCH)
+    if VARLEN:
+        q_start = _work(Work, item, WORK_Q_START)
+        q_stop = q_start + _work(Work, item, WORK_SEQLEN_Q)
+        kv_start = _work(Work, item, WORK_KV_START)
+        seqlen_kv = _work(Work, item, WORK_SEQLEN_KV)
+        Q = Q.slice(axis=2, start=q_start, stop=q_stop)
+        Out = Out.slice(axis=2, start=q_start, stop=q_stop)
+        K = K.slice(axis=2, start=kv_start, stop=kv_start + seqlen_kv)
+        V = V.slice(axis=2, start=kv_start, stop=kv_start + seqlen_kv)
+        if WRITE_LSE:
+            Lse = Lse.slice(axis=2, start=q_start, stop=q_stop)
+        batch = 0
+    else:
+        seqlen_kv = K.shape[2]
+        batch = _work(Work, item, WORK_BATCH)
     head = _work(Work, item, WORK_HEAD)
     kv_head = _work(Work, item, WORK_KV_HEAD)
     q_tile = _work(Work, item, WORK_Q_TILE)
@@ -199,7 +221,6 @@ def _attend_work_item(Q, K, V, Out, Lse, PartO, PartM, PartL, Work, Order, item,
     # A reversed scan starts at the other end; with reverse = 0 this is the row's own scan.
     start = _work(Work, item, WORK_SCAN_START) + reverse * step * (count - 1)
     step = step - 2 * reverse * step
-    seqlen_kv = K.shape[2]
 
     q = ct.load(Q, index=(batch, head, q_tile, 0), shape=(1, 1, TILE_M, HEAD_DIM),
                 padding_mode=ct.PaddingMode.ZERO).reshape((TILE_M, HEAD_DIM))  # [TILE_M, HEAD_DIM]
@@ -257,7 +278,7 @@ def flash_attention_fwd(Q, K, V, Out, Lse, PartO, PartM, PartL, Work, NextItem, 
                         TILE_N: ConstInt, CAUSAL: ConstBool, DYNAMIC: ConstBool,
                         PARTIALS: ConstBool, WRITE_LSE: ConstBool, RECORD_ORDER: ConstBool,
                         K_LATENCY: ConstInt, V_LATENCY: ConstInt, RESCALE_THRESHOLD: ConstInt,
-                        EXP2_POLY: ConstInt):
+                        EXP2_POLY: ConstInt, VARLEN: ConstBool):
     """One CTA: take work items (table rows) and attend each.
 
     Static (DYNAMIC off): CTA c takes rows c, c + P, c + 2P, ... (grid-stride; a grid launch
@@ -276,7 +297,7 @@ def flash_attention_fwd(Q, K, V, Out, Lse, PartO, PartM, PartL, Work, NextItem, 
             _attend_work_item(Q, K, V, Out, Lse, PartO, PartM, PartL, Work, Order, item,
                               alternate * (taken % 2), qk_scale_log2, HEAD_DIM, TILE_M, TILE_N,
                               CAUSAL, PARTIALS, WRITE_LSE, RECORD_ORDER, K_LATENCY, V_LATENCY,
-                              RESCALE_THRESHOLD, EXP2_POLY)
+                              RESCALE_THRESHOLD, EXP2_POLY, VARLEN)
             taken += 1
             item = ct.atomic_add(NextItem, 0, 1, memory_order=ct.MemoryOrder.RELAXED)
         _reset_when_last(NextItem)
@@ -285,7 +306,7 @@ def flash_attention_fwd(Q, K, V, Out, Lse, PartO, PartM, PartL, Work, NextItem, 
             _attend_work_item(Q, K, V, Out, Lse, PartO, PartM, PartL, Work, Order, item, 0,
                               qk_scale_log2, HEAD_DIM, TILE_M, TILE_N, CAUSAL, PARTIALS,
                               WRITE_LSE, RECORD_ORDER, K_LATENCY, V_LATENCY,
-                              RESCALE_THRESHOLD, EXP2_POLY)
+                              RESCALE_THRESHOLD, EXP2_POLY, VARLEN)
 
 
 @ct.kernel
@@ -469,6 +490,7 @@ class KernelVariant:
     rescale_threshold: int = 0
     exp2_poly: int = 0
     partials_dtype: str = "float32"  # the partial outputs' dtype (tiled_fit_bf16: bfloat16)
+    varlen: bool = False  # packed variable-length sequences, sliced per work item
 
     def __post_init__(self):
         if self.dtype not in DTYPES:
@@ -478,6 +500,8 @@ class KernelVariant:
         if (self.tile_m, self.tile_n) not in TILE_SHAPES:
             raise ValueError(f"tiles must be one of {TILE_SHAPES}, got "
                              f"{(self.tile_m, self.tile_n)!r}")
+        if self.varlen and self.partials:
+            raise ValueError("variable-length batches do not run the tiled schedules")
         if self.partials and self.write_lse:
             raise ValueError("the tiled schedule writes partial states; its combine kernel "
                              "writes the LSE")
@@ -499,7 +523,7 @@ class KernelVariant:
         return cls(dtype, p.head_dim, p.tile_m, p.tile_n, p.causal, launch.ctas_per_sm,
                    launch.cta.dynamic, partials, write_lse and not partials, record_order,
                    cluster, worker_warps, kv_latency, rescale_threshold, exp2_poly,
-                   partials_dtype_for(launch))
+                   partials_dtype_for(launch), launch.varlen)
 
     @property
     def constants(self) -> dict:
@@ -509,7 +533,8 @@ class KernelVariant:
                 # K is needed first (QK^T), V after the softmax: hint V as further away
                 "K_LATENCY": self.kv_latency or DEFAULT_K_LATENCY,
                 "V_LATENCY": self.kv_latency or DEFAULT_V_LATENCY,
-                "RESCALE_THRESHOLD": self.rescale_threshold, "EXP2_POLY": self.exp2_poly}
+                "RESCALE_THRESHOLD": self.rescale_threshold, "EXP2_POLY": self.exp2_poly,
+                "VARLEN": self.varlen}
 
     @property
     def label(self) -> str:
@@ -523,7 +548,8 @@ class KernelVariant:
                 f"{f'_ww{self.worker_warps}' if self.worker_warps else ''}"
                 f"{f'_lat{self.kv_latency}' if self.kv_latency else ''}"
                 f"{f'_resc{self.rescale_threshold}' if self.rescale_threshold else ''}"
-                f"{f'_poly{self.exp2_poly}' if self.exp2_poly else ''}")
+                f"{f'_poly{self.exp2_poly}' if self.exp2_poly else ''}"
+                f"{'_varlen' if self.varlen else ''}")
 
     def kernel(self):
         return kernel_for(self.occupancy, self.cluster, self.worker_warps)
@@ -534,8 +560,9 @@ class KernelVariant:
 
 
 def all_variants(dtypes=DTYPES, head_dims=HEAD_DIMS, tiles=TILE_SHAPES, write_lse=(False,)):
-    """Every binary `wavefront compile --all` builds: static and dynamic assignment, and the
-    tiled schedule's partial-state writer (static only: its chunk-major order is static)."""
+    """Every binary `wavefront compile --all` builds: static and dynamic assignment, each for
+    packed variable-length batches too, and the tiled schedule's partial-state writer (static
+    only: its chunk-major order is static)."""
     for dtype in dtypes:
         for head_dim in head_dims:
             for tile in tiles:
@@ -545,6 +572,8 @@ def all_variants(dtypes=DTYPES, head_dims=HEAD_DIMS, tiles=TILE_SHAPES, write_ls
                         for lse in write_lse:
                             yield KernelVariant(dtype, head_dim, tile[0], tile[1], causal,
                                                 occupancy, dynamic, False, lse)
+                        yield KernelVariant(dtype, head_dim, tile[0], tile[1], causal,
+                                            occupancy, dynamic, varlen=True)
                     for partials_dtype in PARTIAL_DTYPES:
                         yield KernelVariant(dtype, head_dim, tile[0], tile[1], causal,
                                             occupancy, False, True,

@@ -25,7 +25,7 @@ from wavefront.kernel.attention import (
     combine_partials,
     launch_args,
 )
-from wavefront.point import DTYPES, HEAD_DIMS, KERNEL_LEVERS, check_levers, plan
+from wavefront.point import DTYPES, HEAD_DIMS, KERNEL_LEVERS, check_levers, plan, plan_varlen
 from wavefront.schedules import Launch
 
 @dataclass(frozen=True)
@@ -297,29 +297,119 @@ def attention(q, k, v, *, causal: bool = False, schedule: str | None = None,
     options = (causal, schedule, tiles, occupancy, scale, return_lse, l2_bytes, ctas,
                chunk_tiles, *sorted(levers.items()))
     key = _call_key(q, k, v, options)
-    with _launchers_lock:
-        launcher = _launchers.get(key) if key is not None else None
-        if launcher is not None:
-            _launchers.move_to_end(key)
-    if launcher is None:
-        vq, (q, k, v) = _check_inputs(q, k, v)
+
+    def build():
+        vq, (aq, ak, av) = _check_inputs(q, k, v)
         # an unknown lever name passes through to the launcher, which names it in its error
-        config = resolve_config(vq.shape, tuple(k.shape), causal, schedule, tiles, occupancy,
+        config = resolve_config(vq.shape, tuple(ak.shape), causal, schedule, tiles, occupancy,
                                 {**dict.fromkeys(KERNEL_LEVERS), **levers})
-        launcher = _new_launcher(vq, k.shape, causal=causal, scale=scale,
-                                 return_lse=return_lse, l2_bytes=l2_bytes, ctas=ctas,
-                                 chunk_tiles=chunk_tiles, **config)
-        if key is not None:
-            with _launchers_lock:
-                _launchers[key] = launcher
-                while len(_launchers) > LAUNCHER_CACHE_SIZE:
-                    _launchers.popitem(last=False)
+        return _new_launcher(vq, ak.shape, causal=causal, scale=scale, return_lse=return_lse,
+                             l2_bytes=l2_bytes, ctas=ctas, chunk_tiles=chunk_tiles, **config)
+    launcher = _cached_launcher(key, build)
+    if key is None:  # arrays that needed converting (DLPack) run as cuTile takes them
+        _, (q, k, v) = _check_inputs(q, k, v)
     view = launcher.view
     out = _output(view, out)
     if stream is None:
         stream = _current_stream_handle(view.library, view.device)
     lse = _empty(view, view.shape[:3], "float32") if launcher.return_lse else None
     return launcher(q, k, v, out, stream, lse)
+
+
+def _cached_launcher(key, build) -> AttentionLauncher:
+    """The launcher cached under `key` (None: not cacheable), else `build()`, then cached."""
+    with _launchers_lock:
+        launcher = _launchers.get(key) if key is not None else None
+        if launcher is not None:
+            _launchers.move_to_end(key)
+            return launcher
+    launcher = build()
+    if key is not None:
+        with _launchers_lock:
+            _launchers[key] = launcher
+            while len(_launchers) > LAUNCHER_CACHE_SIZE:
+                _launchers.popitem(last=False)
+    return launcher
+
+
+def _host_bounds(name: str, cu_seqlens) -> tuple[int, ...]:
+    """cu_seqlens as a tuple of host ints. A GPU tensor is copied to the host, which waits for
+    the GPU: pass a list, a NumPy array or a CPU tensor to keep the call asynchronous."""
+    if hasattr(cu_seqlens, "tolist"):
+        cu_seqlens = cu_seqlens.tolist()  # torch, NumPy and CuPy alike
+    try:
+        return tuple(cu_seqlens)
+    except TypeError:
+        raise ValueError(f"{name} must be a sequence of integers, got "
+                         f"{type(cu_seqlens).__name__}") from None
+
+
+def _packed_as_4d(name: str, x):
+    """(total rows, heads, D) -> the kernel's (1, heads, total rows, D): a view, no copy."""
+    shape = getattr(x, "shape", None)
+    if shape is None or len(shape) != 3:
+        raise ValueError(f"{name} must be 3-D (total_rows, heads, head_dim) packed sequences, "
+                         f"got shape {None if shape is None else tuple(shape)}")
+    if type(x).__module__ == "torch":
+        return x.unsqueeze(0).transpose(1, 2)
+    _, x = _view(name, x)  # CuPy, or any DLPack GPU array as CuPy
+    return x.reshape((1,) + tuple(shape)).transpose(0, 2, 1, 3)
+
+
+def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q=None,
+                     max_seqlen_k=None, *, causal: bool = False, schedule: str | None = None,
+                     tiles=None, occupancy: int | None = None, scale: float | None = None,
+                     return_lse: bool = False, out=None, stream=None,
+                     l2_bytes: int | None = None, ctas: int | None = None, **levers):
+    """FlashAttention forward over packed sequences; see `wavefront.api.attention_varlen`."""
+    bounds_q = _host_bounds("cu_seqlens_q", cu_seqlens_q)
+    bounds_k = _host_bounds("cu_seqlens_k", cu_seqlens_k)
+    options = (causal, schedule, tiles, occupancy, scale, return_lse, l2_bytes, ctas, bounds_q,
+               bounds_k, max_seqlen_q, max_seqlen_k, *sorted(levers.items()))
+    key = _call_key(q, k, v, options)
+    q4, k4, v4 = (_packed_as_4d(n, x) for n, x in (("q", q), ("k", k), ("v", v)))
+
+    def build():
+        vq, _ = _check_inputs(q4, k4, v4)
+        lengths_q = [b - a for a, b in zip(bounds_q, bounds_q[1:])]
+        lengths_k = [b - a for a, b in zip(bounds_k, bounds_k[1:])]
+        for name, given, lengths in (("max_seqlen_q", max_seqlen_q, lengths_q),
+                                     ("max_seqlen_k", max_seqlen_k, lengths_k)):
+            if given is not None and lengths and int(given) < max(lengths):
+                raise ValueError(f"{name} must be at least the longest sequence "
+                                 f"({max(lengths)}), got {given}")
+        dev = current_device()
+        if dev is None:
+            raise RuntimeError("wavefront.attention_varlen needs a CUDA GPU; none is visible")
+        # Untuned choices follow the tuned table's entry for the dense batch of the same size.
+        n = max(len(bounds_q) - 1, 1)
+        dense = (n, vq.shape[1], max(vq.shape[2] // n, 1), vq.shape[3])
+        config = resolve_config(dense, (n, k4.shape[1]) + dense[2:], causal, schedule, tiles,
+                                occupancy, {**dict.fromkeys(KERNEL_LEVERS), **levers})
+        cta, _, kv = config["schedule"].partition("+")
+        if schedule is None and kv.startswith("tiled"):
+            config["schedule"] = f"{cta}+linear"  # a tuned tiled entry: its order, linear scan
+        launch = plan_varlen(tuple(q.shape), tuple(k.shape), bounds_q, bounds_k,
+                             causal=causal, schedule=config.pop("schedule"),
+                             tiles=config.pop("tiles"), occupancy=config.pop("occupancy"),
+                             sms=dev.sms, l2_bytes=l2_bytes or dev.l2_bytes, ctas=ctas)
+        return AttentionLauncher(launch, vq, scale=scale, return_lse=return_lse, **config)
+    launcher = _cached_launcher(key, build)
+    view = launcher.view
+    total_q, heads, head_dim = tuple(q.shape)
+    if out is None:
+        out = _empty(view, (total_q, heads, head_dim), view.dtype)
+    else:
+        vo, out = _view("out", out)
+        if vo.shape != (total_q, heads, head_dim) or vo.dtype != view.dtype:
+            raise ValueError(f"out must have q's shape {(total_q, heads, head_dim)} and dtype "
+                             f"{view.dtype}, got {vo.shape} {vo.dtype}")
+    if stream is None:
+        stream = _current_stream_handle(view.library, view.device)
+    lse = _empty(view, (1, heads, total_q), "float32") if launcher.return_lse else None
+    if launcher.launch.num_items:
+        launcher(q4, k4, v4, _packed_as_4d("out", out), stream, lse)
+    return (out, lse[0]) if launcher.return_lse else out
 
 
 def _empty(vq: _ArrayView, shape, dtype: str):

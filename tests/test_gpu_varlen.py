@@ -1,0 +1,115 @@
+"""Packed variable-length batches on the GPU: every CTA schedule with both scans, causal and
+not, GQA, ragged lengths from 1 to 32k with an empty sequence among them, against a float32
+reference per sequence; outputs poisoned with NaN first; the LSE; the torch op."""
+import itertools
+
+import pytest
+
+from wavefront.results.measurement import CORRECTNESS_TOLERANCE as TOLERANCE
+from wavefront.schedules import CTA_SCHEDULES
+
+pytestmark = pytest.mark.gpu
+
+LENGTHS = (1, 333, 0, 64, 1000, 129, 4096, 17)
+LONG = (32768, 5, 2000)
+
+
+def _packed(lengths, heads, kv_heads, head_dim, seed, dtype="bfloat16"):
+    import cupy
+    import ml_dtypes
+    rng = cupy.random.default_rng(seed)
+    total = sum(lengths)
+    dt = ml_dtypes.bfloat16 if dtype == "bfloat16" else cupy.float16
+    q = rng.standard_normal((total, heads, head_dim), dtype=cupy.float32).astype(dt)
+    k = rng.standard_normal((total, kv_heads, head_dim), dtype=cupy.float32).astype(dt)
+    v = rng.standard_normal((total, kv_heads, head_dim), dtype=cupy.float32).astype(dt)
+    bounds = [0]
+    for n in lengths:
+        bounds.append(bounds[-1] + n)
+    return q, k, v, bounds
+
+
+def _check(q, k, v, bounds, out, causal, lse=None, rows_per_seq=512):
+    """Each sequence against the float32 reference (a spread of rows of long ones)."""
+    import cupy
+
+    from wavefront.measure.bench import check_rows
+    from wavefront.measure.reference import reference_attention
+    assert bool(cupy.isfinite(out).all()), "rows left unwritten"
+    worst = 0.0
+    for a, b in zip(bounds, bounds[1:]):
+        if a == b:
+            continue
+        seq = [x[a:b].transpose(1, 0, 2)[None] for x in (q, k, v)]
+        rows = check_rows(b - a, 128, rows_per_seq)
+        ref, ref_lse = reference_attention(*seq, causal=causal, rows=rows)
+        got = out[a:b].transpose(1, 0, 2)[None].astype(cupy.float32)
+        got = got if rows is None else got[:, :, rows]
+        worst = max(worst, float(cupy.linalg.norm(got - ref) / cupy.linalg.norm(ref)))
+        if lse is not None:
+            mine = lse[:, a:b][None] if rows is None else lse[:, a:b][None][:, :, rows]
+            worst = max(worst, float(cupy.linalg.norm(mine - ref_lse)
+                                     / cupy.linalg.norm(ref_lse)))
+    return worst
+
+
+SCHEDULES = [f"{c}+{k}" for c, k in itertools.product(CTA_SCHEDULES, ("linear", "sawtooth"))]
+
+
+@pytest.mark.parametrize("schedule", SCHEDULES)
+@pytest.mark.parametrize("causal", [False, True])
+def test_every_schedule_across_a_ragged_batch(schedule, causal):
+    import cupy
+
+    from wavefront import attention_varlen
+    q, k, v, bounds = _packed(LENGTHS, 4, 2, 64, seed=5)
+    out = cupy.full(q.shape, cupy.nan, dtype=q.dtype)
+    attention_varlen(q, k, v, bounds, bounds, max(LENGTHS), max(LENGTHS), causal=causal,
+                     schedule=schedule, ctas=7, out=out)
+    assert _check(q, k, v, bounds, out, causal) < TOLERANCE
+
+
+@pytest.mark.parametrize("head_dim,tiles", [(64, "64x64"), (128, "128x64"), (128, "128x128")])
+@pytest.mark.parametrize("causal", [False, True])
+def test_long_and_short_sequences_with_the_lse(head_dim, tiles, causal):
+    import cupy
+
+    from wavefront import attention_varlen
+    q, k, v, bounds = _packed(LONG, 2, 1, head_dim, seed=9, dtype="float16")
+    out = cupy.full(q.shape, cupy.nan, dtype=q.dtype)
+    _, lse = attention_varlen(q, k, v, bounds, bounds, causal=causal, tiles=tiles,
+                              return_lse=True, out=out)
+    assert lse.shape == (2, sum(LONG))
+    assert _check(q, k, v, bounds, out, causal, lse=lse) < TOLERANCE
+
+
+def test_bad_cu_seqlens_are_named():
+    from wavefront import attention_varlen
+    q, k, v, bounds = _packed((10, 20), 2, 2, 64, seed=1)
+    with pytest.raises(ValueError, match="^cu_seqlens_q must end at the packed rows"):
+        attention_varlen(q, k, v, [0, 10, 25], bounds)
+    with pytest.raises(ValueError, match="^cu_seqlens_k must not decrease"):
+        attention_varlen(q, k, v, bounds, [0, 20, 10, 30])
+    with pytest.raises(ValueError, match="^cu_seqlens_q must start at 0"):
+        attention_varlen(q, k, v, [5, 30], bounds)
+    with pytest.raises(ValueError, match="no keys"):
+        attention_varlen(q, k, v, bounds, [0, 0, 30])
+    with pytest.raises(ValueError, match="^max_seqlen_q must be at least"):
+        attention_varlen(q, k, v, bounds, bounds, 8, 20)
+    with pytest.raises(ValueError, match="^q must be 3-D"):
+        attention_varlen(q[None], k, v, bounds, bounds)
+    with pytest.raises(ValueError, match="tiled"):
+        attention_varlen(q, k, v, bounds, bounds, schedule="persistent+tiled")
+
+
+def test_the_torch_op_with_host_cu_seqlens():
+    torch = pytest.importorskip("torch")
+    import cupy
+
+    import wavefront.torch  # noqa: F401
+    q, k, v, bounds = _packed(LENGTHS, 4, 4, 128, seed=3)
+    tq, tk, tv = (torch.from_dlpack(x) for x in (q, k, v))
+    cu = torch.tensor(bounds, dtype=torch.int32)
+    out = torch.ops.wavefront.attention_varlen(tq, tk, tv, cu, cu, max(LENGTHS), max(LENGTHS),
+                                               True, None, None, None)
+    assert _check(q, k, v, bounds, cupy.from_dlpack(out), True) < TOLERANCE
