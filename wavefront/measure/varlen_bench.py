@@ -88,8 +88,13 @@ def varlen_contenders(lengths, *, heads: int, kv_heads: int, head_dim: int, caus
         from wavefront.kernel.launcher import attention as dense_attention
         n, s = len(lengths), lengths[0]
         dq, dk, dv = (x.view(n, s, x.shape[1], head_dim).transpose(1, 2) for x in (q, k, v))
-        runs["wavefront dense, same batch"] = lambda: dense_attention(
-            dq, dk, dv, causal=causal).transpose(1, 2).reshape(total, heads, head_dim)
+        packed_out = torch.empty_like(q)
+        dense_out = packed_out.view(n, s, heads, head_dim).transpose(1, 2)
+
+        def dense():
+            dense_attention(dq, dk, dv, causal=causal, out=dense_out)
+            return packed_out
+        runs["wavefront dense, same batch"] = dense
     try:
         from torch.nn.attention.varlen import varlen_attn
         if rep == 1:
