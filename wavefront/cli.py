@@ -427,6 +427,8 @@ def prefill(layers, hidden, heads, kv_heads, intermediate, vocab, batch, seqlens
                  ("max_abs_logit", "max |logit|", ".2f"),
                  ("logits_rel_error", "logits rel. error", ".2e"),
                  ("next_token_agreement", "argmax agrees", ".4f"),
+                 ("eager_vs_sdpa_rel_error", "eager vs SDPA rel. error", ".2e"),
+                 ("eager_vs_sdpa_agreement", "eager vs SDPA argmax", ".4f"),
                  ("wavefront_tokens_per_s", "wavefront tok/s", ".0f"),
                  ("sdpa_tokens_per_s", "SDPA tok/s", ".0f"), ("speedup", "vs SDPA", "")],
                 title=f"\n{dev.name}: {rows[0]['model']}, {layers} layers, hidden {hidden}, "

@@ -112,10 +112,11 @@ def hf_attention_forward(module, query, key, value, attention_mask, scaling=None
     return out.transpose(1, 2), None
 
 
-def register_with_transformers(name: str = "wavefront") -> str:
-    """Make `attn_implementation=name` route a transformers model's attention to wavefront."""
+def register_with_transformers(name: str = "wavefront", forward=hf_attention_forward) -> str:
+    """Make `attn_implementation=name` route a transformers model's attention to wavefront
+    (`forward`: the attention function, `hf_attention_forward` or a wrapper of it)."""
     from transformers import AttentionInterface
     from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
-    AttentionInterface.register(name, hf_attention_forward)
+    AttentionInterface.register(name, forward)
     AttentionMaskInterface.register(name, sdpa_mask)
     return name

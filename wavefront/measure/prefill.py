@@ -32,8 +32,14 @@ class ModelShape:
 
 def _transformers_llama(shape: ModelShape, max_positions: int, seed: int, ours):
     import torch
+    import transformers
     from transformers import LlamaConfig, LlamaForCausalLM
-    name = ours.register_with_transformers()
+    calls = [0]
+
+    def counted(*args, **kwargs):  # proof that the model's attention really came to us
+        calls[0] += 1
+        return ours.hf_attention_forward(*args, **kwargs)
+    name = ours.register_with_transformers(forward=counted)
     torch.manual_seed(seed)
     config = LlamaConfig(vocab_size=shape.vocab, hidden_size=shape.hidden,
                          intermediate_size=shape.intermediate,
@@ -41,17 +47,22 @@ def _transformers_llama(shape: ModelShape, max_positions: int, seed: int, ours):
                          num_key_value_heads=shape.kv_heads,
                          max_position_embeddings=max_positions, attn_implementation="sdpa")
     model = LlamaForCausalLM(config).to(device="cuda", dtype=torch.bfloat16).eval()
-
-    def use(implementation):
+    names = {"wavefront": name, "sdpa": "sdpa", "eager": "eager"}
+    for implementation in names.values():  # validated once by transformers itself
         if hasattr(model, "set_attn_implementation"):
             model.set_attn_implementation(implementation)
-        else:
-            model.config._attn_implementation = implementation
 
     def run(ids, implementation):
-        use(name if implementation == "wavefront" else "sdpa")
-        return model(input_ids=ids, use_cache=False).logits
-    import transformers
+        # Every attention module reads the shared config's choice on each call: switching it
+        # costs nothing, where set_attn_implementation walks the model.
+        model.config._attn_implementation = names[implementation]
+        before = calls[0]
+        logits = model(input_ids=ids, use_cache=False).logits
+        routed = calls[0] - before
+        if routed != (shape.layers if implementation == "wavefront" else 0):
+            raise RuntimeError(f"{implementation}: {routed} attention calls came to wavefront "
+                               f"in a {shape.layers}-layer forward")
+        return logits
     return run, f"transformers {transformers.__version__} LlamaForCausalLM"
 
 
@@ -145,16 +156,26 @@ def compare(shape: ModelShape, batch: int, seqlen: int, ours, *, rounds: int = 8
                         generator=torch.Generator(device="cuda").manual_seed(seed + 1))
     with torch.inference_mode():
         theirs = run(ids, "sdpa").float()
-        ours = run(ids, "wavefront").float()
-        diff = (ours - theirs).abs()
+        mine = run(ids, "wavefront").float()
+        diff = (mine - theirs).abs()
         result = {
             "model": what, "shape": asdict(shape), "batch": batch, "seqlen": seqlen,
             "max_abs_logit_diff": float(diff.max()),
             "max_abs_logit": float(theirs.abs().max()),
-            "logits_rel_error": float((ours - theirs).norm() / theirs.norm()),
-            "next_token_agreement": float((ours.argmax(-1) == theirs.argmax(-1)).float().mean()),
+            "logits_rel_error": float((mine - theirs).norm() / theirs.norm()),
+            "next_token_agreement": float((mine.argmax(-1) == theirs.argmax(-1)).float().mean()),
         }
-        del theirs, ours, diff
+        del mine, diff
+        if "transformers" in what and seqlen <= 8192:
+            # The yardstick: two bfloat16 attention paths of transformers' own (eager, SDPA)
+            # differ this much too.
+            eager = run(ids, "eager").float()
+            result["eager_vs_sdpa_rel_error"] = float((eager - theirs).norm() / theirs.norm())
+            result["eager_vs_sdpa_max_abs_diff"] = float((eager - theirs).abs().max())
+            result["eager_vs_sdpa_agreement"] = float(
+                (eager.argmax(-1) == theirs.argmax(-1)).float().mean())
+            del eager
+        del theirs
         contenders = [Contender(name, lambda i, name=name: run(ids, name), 0.0)
                       for name in ("wavefront", "sdpa")]
         timed = run_rounds(contenders, rounds=rounds, per_round=1, warmup=2)
