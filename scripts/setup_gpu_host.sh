@@ -14,10 +14,15 @@ if [ ! -x "$WAVEFRONT_TK/cu13/bin/tileiras" ]; then
     mkdir -p "$WAVEFRONT_TK"
     tar -C "$WAVEFRONT_TK" -xJf "$_wf_root"/bundle/tileiras-*.tar.xz
 fi
+# TileGym (optional: the bench's same-language peer) on the path, where the bundle has it.
+if ls "$_wf_root"/bundle/tilegym-*.tar.xz >/dev/null 2>&1 && [ ! -d "$WAVEFRONT_TK/site/tilegym" ]; then
+    mkdir -p "$WAVEFRONT_TK/site"
+    tar -C "$WAVEFRONT_TK/site" -xJf "$_wf_root"/bundle/tilegym-*.tar.xz
+fi
 export PATH="$WAVEFRONT_TK/cu13/bin:$PATH"
 export LD_LIBRARY_PATH="$WAVEFRONT_TK/cu13/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 export PATH="$PATH:/usr/local/cuda/bin"   # ncu
 unset CUDA_HOME CUDA_PATH
-export PYTHONPATH="$_wf_root${PYTHONPATH:+:$PYTHONPATH}"
+export PYTHONPATH="$_wf_root${PYTHONPATH:+:$PYTHONPATH}:$WAVEFRONT_TK/site"
 export CUDA_TILE_CACHE_DIR="${CUDA_TILE_CACHE_DIR:-/tmp/wavefront-cutile-cache}"
 unset _wf_root _wf_py

@@ -31,7 +31,9 @@ def test_compile_one_variant_keeps_its_cubin(tmp_path):
     assert result.exit_code == 0, result.output
     data = json.loads(result.output[result.output.index("{"):])
     rows = data["variants"]
-    assert len(rows) == 3  # the static binary and its partial-state writers (fp32, bf16)
+    # the static binary, its packed variable-length twin and its partial-state writers (fp32,
+    # bf16)
+    assert len(rows) == 4
     row = rows[0]
     assert row["registers"] and row["error"] is None
     assert Path(row["cubin"]).exists() and Path(row["cubin"]).read_bytes()[:4] == b"\x7fELF"

@@ -567,6 +567,7 @@ def bench(batch, heads, kv_heads, seqlens, head_dims, dtype, causal, schedules, 
                                    schedules, tiles, occupancy, ctas)]
     dev = _require_gpu()
     from wavefront.api import attention as public_attention
+    from wavefront.measure.bench import PEER_NAMES
     from wavefront.measure.rounds import (API_CONTENDER, paired_speedup, run_rounds,
                                           shape_contenders)
     from wavefront.results.measurement import paired_references
@@ -623,13 +624,13 @@ def bench(batch, heads, kv_heads, seqlens, head_dims, dtype, causal, schedules, 
             for r in results:
                 row = {"gpu": dev.name, "shape": shape.as_dict(), "contender": r.name,
                        **r.as_dict()}
-                for peer in ("cudnn", "fa2"):
-                    if peer in by and r.name not in ("cudnn", "fa2"):
+                for peer in PEER_NAMES:
+                    if peer in by and r.name not in PEER_NAMES:
                         row[f"x_{peer}"] = by[peer].median_ms / r.median_ms
                 references = ({"bound": bound_of_api[shape]} if r.name == API_CONTENDER
                               else paired_references(r.name))
                 for key, ref in references.items():
-                    if ref in by and r.name not in ("cudnn", "fa2"):
+                    if ref in by and r.name not in PEER_NAMES:
                         row[f"x_{key}"], *row[f"x_{key}_ci95"] = paired_speedup(by[ref], r)
                 rows.append(row)
                 if sink:
@@ -646,6 +647,7 @@ def bench(batch, heads, kv_heads, seqlens, head_dims, dtype, causal, schedules, 
                   "ci": (f"{r['tflops_ci95'][0]:.1f}-{r['tflops_ci95'][1]:.1f}"
                          if "tflops_ci95" in r else ""),
                   "x_cudnn": r.get("x_cudnn"), "x_fa2": r.get("x_fa2"),
+                  "x_tilegym": r.get("x_tilegym"),
                   **{f"vs_{k}": (f"{r[f'x_{k}']:.3f} [{r[f'x_{k}_ci95'][0]:.3f},"
                                  f"{r[f'x_{k}_ci95'][1]:.3f}]" if f"x_{k}" in r else "")
                      for k in ("linear", "grid", "bound")},
@@ -654,7 +656,8 @@ def bench(batch, heads, kv_heads, seqlens, head_dims, dtype, causal, schedules, 
         print_table(table, [("contender", "contender", ""), ("S", "S", "d"), ("D", "D", "d"),
                             ("causal", "causal", ""), ("tflops", "TFLOP/s", ".1f"),
                             ("ci", "95% interval", ""), ("x_cudnn", "/cuDNN", ".3f"),
-                            ("x_fa2", "/FA2", ".3f"), ("vs_linear", "vs own linear", ""),
+                            ("x_fa2", "/FA2", ".3f"), ("x_tilegym", "/TileGym", ".3f"),
+                            ("vs_linear", "vs own linear", ""),
                             ("vs_grid", "vs grid", ""), ("vs_bound", "api vs bound", ""),
                             ("host_us", "host us/call", ".1f"),
                             ("throttled", "throttled rounds", "d"), ("status", "status", "")],

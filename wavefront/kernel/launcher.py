@@ -262,7 +262,7 @@ def _array_key(x):
     without building anything; None for arrays that first need converting (DLPack)."""
     module = type(x).__module__
     if module == "torch":
-        return ("torch", x.shape, x.stride(), x.dtype, x.device)
+        return ("torch", x.shape, x.stride(), x.dtype, x.get_device())
     if module.startswith("cupy"):
         return ("cupy", x.shape, x.strides, x.dtype, x.device.id)
     return None
@@ -295,7 +295,7 @@ def attention(q, k, v, *, causal: bool = False, schedule: str | None = None,
     its launcher exists. Calls of one shape on two streams at once would share the tiled
     schedules' workspace: use one stream per shape, or `launcher_for` per stream."""
     options = (causal, schedule, tiles, occupancy, scale, return_lse, l2_bytes, ctas,
-               chunk_tiles, *sorted(levers.items()))
+               chunk_tiles, *levers.items())
     key = _call_key(q, k, v, options)
 
     def build():
@@ -309,7 +309,10 @@ def attention(q, k, v, *, causal: bool = False, schedule: str | None = None,
     if key is None:  # arrays that needed converting (DLPack) run as cuTile takes them
         _, (q, k, v) = _check_inputs(q, k, v)
     view = launcher.view
-    out = _output(view, out)
+    if out is None and view.library == "torch":
+        out = q.new_empty(view.shape)  # the common case, without the general helper
+    else:
+        out = _output(view, out)
     if stream is None:
         stream = _current_stream_handle(view.library, view.device)
     lse = _empty(view, view.shape[:3], "float32") if launcher.return_lse else None
@@ -317,16 +320,17 @@ def attention(q, k, v, *, causal: bool = False, schedule: str | None = None,
 
 
 def _cached_launcher(key, build) -> AttentionLauncher:
-    """The launcher cached under `key` (None: not cacheable), else `build()`, then cached."""
-    with _launchers_lock:
-        launcher = _launchers.get(key) if key is not None else None
-        if launcher is not None:
-            _launchers.move_to_end(key)
-            return launcher
+    """The launcher cached under `key` (None: not cacheable), else `build()`, then cached.
+
+    A hit is one dictionary read (atomic under the interpreter lock, so no lock of ours on
+    the hot path); inserting and evicting take the lock. The oldest entry goes first."""
+    launcher = _launchers.get(key) if key is not None else None
+    if launcher is not None:
+        return launcher
     launcher = build()
     if key is not None:
         with _launchers_lock:
-            _launchers[key] = launcher
+            launcher = _launchers.setdefault(key, launcher)  # a racing thread's build wins
             while len(_launchers) > LAUNCHER_CACHE_SIZE:
                 _launchers.popitem(last=False)
     return launcher
@@ -365,7 +369,7 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q=None,
     bounds_q = _host_bounds("cu_seqlens_q", cu_seqlens_q)
     bounds_k = _host_bounds("cu_seqlens_k", cu_seqlens_k)
     options = (causal, schedule, tiles, occupancy, scale, return_lse, l2_bytes, ctas, bounds_q,
-               bounds_k, max_seqlen_q, max_seqlen_k, *sorted(levers.items()))
+               bounds_k, max_seqlen_q, max_seqlen_k, *levers.items())
     key = _call_key(q, k, v, options)
     q4, k4, v4 = (_packed_as_4d(n, x) for n, x in (("q", q), ("k", k), ("v", v)))
 

@@ -121,11 +121,38 @@ def measure(cfg: Point, *, warmup: int = 5, reps: int = 30, check: bool = True,
 
 
 PEERS = {"fa2": "FLASH_ATTENTION", "cudnn": "CUDNN_ATTENTION"}
+# Every peer a bench may time: torch SDPA's two backends and NVIDIA's cuTile attention.
+PEER_NAMES = (*PEERS, "tilegym")
+# TileGym's autotuner drops every configuration whose compile takes over 5 s (cuTile's
+# compiler_timeout), which on a cold compile cache can be all of its large tiles. Its one
+# autotuning call runs with this limit instead, so it chooses among all its configurations.
+TILEGYM_COMPILE_TIMEOUT_S = 300
 
 
-def peer_runners(cfg: Point, sets) -> dict:
-    """{peer: run(i)} launching torch SDPA's FA2 and cuDNN backends on input set i (of `sets`,
-    CuPy or torch arrays); {} without torch. The one place that says how a peer is called."""
+def _tilegym_fmha():
+    """TileGym's cuTile FMHA (`tilegym.ops.cutile.attention.tile_fmha`, autotuned over its
+    tile configurations on first use of a shape), or None where TileGym is not installed."""
+    try:
+        from tilegym.ops.cutile import attention as tilegym_attention
+    except Exception:  # not installed, or its import fails on this stack: no such peer
+        return None
+    import cuda.tile as ct
+
+    def run(q, k, v, is_causal):
+        original = ct.compiler_timeout
+        ct.compiler_timeout = lambda seconds: original(max(seconds, TILEGYM_COMPILE_TIMEOUT_S))
+        try:
+            return tilegym_attention.tile_fmha(q, k, v, is_causal=is_causal)
+        finally:
+            ct.compiler_timeout = original
+    return run
+
+
+def peer_runners(cfg: Point, sets, *, tilegym: bool = False) -> dict:
+    """{peer: run(i)} launching torch SDPA's FA2 and cuDNN backends, and with `tilegym`
+    TileGym's cuTile FMHA where installed, on input set i (of `sets`, CuPy or torch arrays);
+    {} without torch. The one place that says how a peer is called. (Sweeps' results tables
+    have columns for the SDPA peers only; the bench takes TileGym too.)"""
     try:
         import torch
         from torch.nn.attention import SDPBackend, sdpa_kernel
@@ -139,9 +166,17 @@ def peer_runners(cfg: Point, sets) -> dict:
         def run(i):
             q, k, v = tsets[i % len(tsets)]
             with sdpa_kernel(getattr(SDPBackend, backend)):
-                scaled_dot_product_attention(q, k, v, is_causal=cfg.causal, enable_gqa=gqa)
+                return scaled_dot_product_attention(q, k, v, is_causal=cfg.causal,
+                                                    enable_gqa=gqa)
         return run
-    return {name: runner(backend) for name, backend in PEERS.items()}
+    runners = {name: runner(backend) for name, backend in PEERS.items()}
+    fmha = _tilegym_fmha() if tilegym else None
+    if fmha is not None:
+        def run_tilegym(i):
+            q, k, v = tsets[i % len(tsets)]
+            return fmha(q, k, v, cfg.causal)
+        runners["tilegym"] = run_tilegym
+    return runners
 
 
 def measure_peers(cfg: Point, *, warmup: int = 5, reps: int = 30, seed: int = 1) -> dict:

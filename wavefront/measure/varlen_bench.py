@@ -97,9 +97,14 @@ def varlen_contenders(lengths, *, heads: int, kv_heads: int, head_dim: int, caus
         runs["wavefront dense, same batch"] = dense
     try:
         from torch.nn.attention.varlen import varlen_attn
+        import inspect
         if rep == 1:
+            # torch 2.10 took is_causal; 2.11 takes a window, (-1, 0) being causal
+            mask = ({"window_size": (-1, 0) if causal else (-1, -1)}
+                    if "window_size" in inspect.signature(varlen_attn).parameters
+                    else {"is_causal": causal})
             runs["torch varlen_attn (FA2)"] = lambda: varlen_attn(
-                q, k, v, cu_dev, cu_dev, longest, longest, is_causal=causal)
+                q, k, v, cu_dev, cu_dev, longest, longest, **mask)
         else:
             log("torch varlen_attn: left out (it takes no GQA)")
     except ImportError:

@@ -765,7 +765,7 @@ def prediction_table(study) -> pd.DataFrame:
 # --------------------------------------------------------------------------------------------
 
 SCHEDULE_COST = "schedule_cost"
-PEERS = ("cudnn", "fa2")
+PEERS = ("cudnn", "fa2", "tilegym")
 
 
 def _shape_name(s: dict) -> str:
