@@ -265,10 +265,11 @@ def _compile_one(args):
 def compile_cmd(arch, all_variants, name_filter, list_only, out_dir, jobs, as_json):
     """Compile the kernel binaries ahead of time (no GPU needed), with their SASS facts.
 
-    Schedules are data (the work table), so a shape needs three binaries: static CTA
-    assignment (every static schedule, both scan directions), dynamic, and the tiled schedule's
-    partial-state writer. A binary's label is
-    <dtype>_d<D>_<M>x<N>_<full|causal>_<static|dynamic>[_partials]_occ<O>[_lse], e.g.
+    Schedules are data (the work table), so a shape needs four binaries: static CTA
+    assignment (every static schedule, both scan directions), dynamic, and the tiled schedules'
+    partial-state writers (float32 and bfloat16 partials); packed variable-length batches add a
+    static and a dynamic binary of their own (_varlen). A binary's label is
+    <dtype>_d<D>_<M>x<N>_<full|causal>_<static|dynamic>[_partials]_occ<O>[_lse][_varlen], e.g.
     bf_d128_128x64_causal_static_occ2; the combine kernel's is combine_<dtype>_d<D>_m<rows>[_lse].
     Where cuobjdump is found, each line says whether the wgmma pipeline survived and how many
     local-memory spills the binary has.
