@@ -1,0 +1,77 @@
+"""The PyTorch layer without a GPU: the ops' schemas and fake implementations (what
+torch.compile traces with), a traced graph that keeps the op as one node, and the refusals of
+the SDPA-shaped entry point and the transformers hook. Skips where torch is not installed."""
+import pytest
+
+torch = pytest.importorskip("torch")
+wft = pytest.importorskip("wavefront.torch")
+
+from torch._subclasses.fake_tensor import FakeTensorMode  # noqa: E402
+
+
+def test_the_ops_have_the_schemas_users_call():
+    assert str(torch.ops.wavefront.attention.default._schema) == (
+        "wavefront::attention(Tensor q, Tensor k, Tensor v, bool causal=False, "
+        "float? scale=None, str? schedule=None, str? tiles=None) -> Tensor")
+    schema = str(torch.ops.wavefront.attention_varlen.default._schema)
+    assert "Tensor cu_seqlens_q, Tensor cu_seqlens_k, SymInt max_seqlen_q" in schema
+
+
+@pytest.mark.parametrize("heads,kv_heads,seqlen_q,seqlen_k", [(8, 2, 100, 100),
+                                                             (4, 4, 1, 300)])
+def test_fake_implementation_gives_the_output_a_real_call_gives(heads, kv_heads, seqlen_q,
+                                                                seqlen_k):
+    with FakeTensorMode():
+        q = torch.empty(2, heads, seqlen_q, 64, dtype=torch.bfloat16, device="cuda")
+        k = torch.empty(2, kv_heads, seqlen_k, 64, dtype=torch.bfloat16, device="cuda")
+        out = torch.ops.wavefront.attention(q, k, k, True, None, None, None)
+        packed = torch.empty(30, heads, 128, dtype=torch.float16, device="cuda")
+        cu = torch.tensor([0, 10, 30], dtype=torch.int32)
+        varlen = torch.ops.wavefront.attention_varlen(packed, packed, packed, cu, cu, 20, 20,
+                                                      False, None, None, None)
+    assert (tuple(out.shape), out.dtype, out.device.type) == (tuple(q.shape), q.dtype, "cuda")
+    assert out.is_contiguous()
+    assert (tuple(varlen.shape), varlen.dtype) == ((30, heads, 128), torch.float16)
+
+
+def test_a_traced_model_keeps_the_op_as_one_node():
+    """What torch.compile sees: tracing with fake tensors records the op itself, between the
+    projections, rather than breaking the graph around an opaque call."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    def block(x, w):
+        b, s, d = x.shape
+        q = (x @ w).view(b, s, 4, d // 4).transpose(1, 2).contiguous()
+        y = torch.ops.wavefront.attention(q, q, q, True, None, None, None)
+        return y.transpose(1, 2).reshape(b, s, d) @ w
+    # meta tensors: shapes without data, on a machine with no GPU
+    x = torch.empty(2, 33, 256, dtype=torch.bfloat16, device="meta")
+    w = torch.empty(256, 256, dtype=torch.bfloat16, device="meta")
+    graph = make_fx(block)(x, w)
+    targets = [str(n.target) for n in graph.graph.nodes if n.op == "call_function"]
+    assert targets.count("wavefront.attention.default") == 1, targets
+
+
+def test_sdpa_entry_point_refuses_by_name():
+    q = torch.empty(1, 4, 16, 64, dtype=torch.bfloat16)
+    k = torch.empty(1, 2, 16, 64, dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="^attn_mask must be None"):
+        wft.scaled_dot_product_attention(q, q, q, attn_mask=torch.ones(16, 16, dtype=bool))
+    with pytest.raises(ValueError, match="^dropout_p must be 0.0"):
+        wft.scaled_dot_product_attention(q, q, q, dropout_p=0.5)
+    with pytest.raises(ValueError, match="enable_gqa=True"):
+        wft.scaled_dot_product_attention(q, k, k)
+    with pytest.raises(ValueError, match="^key must be 4-D"):
+        wft.scaled_dot_product_attention(q, k[0], k)
+    with pytest.raises(ValueError, match="^value must be a torch.Tensor"):
+        wft.scaled_dot_product_attention(q, q, [1.0])
+    with pytest.raises(ValueError, match="^is_causal must be True or False"):
+        wft.scaled_dot_product_attention(q, q, q, is_causal="yes")
+
+
+def test_transformers_hook_refuses_masks_and_dropout():
+    q = torch.empty(1, 4, 16, 64, dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="^attention_mask must be None"):
+        wft.hf_attention_forward(object(), q, q, q, torch.ones(1, 1, 16, 16, dtype=bool))
+    with pytest.raises(ValueError, match="^dropout must be 0"):
+        wft.hf_attention_forward(object(), q, q, q, None, dropout=0.1)
