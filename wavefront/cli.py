@@ -411,16 +411,12 @@ def prefill(layers, hidden, heads, kv_heads, intermediate, vocab, batch, seqlens
     from wavefront.measure.prefill import ModelShape, compare
     shape = ModelShape(layers, hidden, heads, kv_heads, intermediate, vocab)
     rows = []
-    for seqlen in _list(int, seqlens, "--seqlen"):
-        row = {"gpu": dev.name, **compare(shape, batch, seqlen, ours, rounds=rounds,
-                                          prefer_transformers=not stand_in)}
-        rows.append(row)
-        if out_dir:
-            Path(out_dir).mkdir(parents=True, exist_ok=True)
-            if not (Path(out_dir) / "prefill.jsonl").exists():
-                _write_run_manifest(out_dir, ["prefill.jsonl"])
-            with open(Path(out_dir) / "prefill.jsonl", "a") as sink:
-                sink.write(json.dumps(row, default=str) + "\n")
+    with _JsonlSink(out_dir, "prefill.jsonl") as sink:
+        for seqlen in _list(int, seqlens, "--seqlen"):
+            row = {"gpu": dev.name, **compare(shape, batch, seqlen, ours, rounds=rounds,
+                                              prefer_transformers=not stand_in)}
+            rows.append(row)
+            sink.write(row)
     print_table([{**r, "speedup": f"{r['speedup_vs_sdpa']:.3f} "
                   f"[{r['speedup_vs_sdpa_ci95'][0]:.3f},{r['speedup_vs_sdpa_ci95'][1]:.3f}]"}
                  for r in rows],
@@ -481,31 +477,23 @@ def bench_varlen(sequences, tokens, longest, lengths, seed, heads, kv_heads, hea
         raise click.BadParameter("lengths must be >= 0 with at least one token",
                                  param_hint="--lengths")
     names = [None if s == "tuned" else s for s in _list(str, schedules, "--schedule")]
-    sink = None
-    if out_dir:
-        Path(out_dir).mkdir(parents=True, exist_ok=True)
-        _write_run_manifest(out_dir, ["bench_varlen.jsonl"])
-        sink = open(Path(out_dir) / "bench_varlen.jsonl", "a")
     rows = []
-    for is_causal in ([causal] if causal is not None else [False, True]):
-        contenders = varlen_contenders(lengths, heads=heads, kv_heads=kv_heads,
-                                       head_dim=int(head_dim), causal=is_causal,
-                                       schedules=names, seed=seed + 1,
-                                       log=lambda m: click.echo(m, err=True))
-        results = run_rounds(contenders, rounds=rounds, per_round=per_round)
-        peers = [r for r in results if not r.name.startswith("wavefront")]
-        for r in results:
-            row = {"gpu": dev.name, "lengths": lengths, "heads": heads, "kv_heads": kv_heads,
-                   "head_dim": int(head_dim), "causal": is_causal, "contender": r.name,
-                   **r.as_dict()}
-            for peer in peers:
-                row[f"x_{peer.name}"] = peer.median_ms / r.median_ms
-            rows.append(row)
-            if sink:
-                sink.write(json.dumps(row) + "\n")
-                sink.flush()
-    if sink:
-        sink.close()
+    with _JsonlSink(out_dir, "bench_varlen.jsonl") as sink:
+        for is_causal in ([causal] if causal is not None else [False, True]):
+            contenders = varlen_contenders(lengths, heads=heads, kv_heads=kv_heads,
+                                           head_dim=int(head_dim), causal=is_causal,
+                                           schedules=names, seed=seed + 1,
+                                           log=lambda m: click.echo(m, err=True))
+            results = run_rounds(contenders, rounds=rounds, per_round=per_round)
+            peers = [r for r in results if not r.name.startswith("wavefront")]
+            for r in results:
+                row = {"gpu": dev.name, "lengths": lengths, "heads": heads,
+                       "kv_heads": kv_heads, "head_dim": int(head_dim), "causal": is_causal,
+                       "contender": r.name, **r.as_dict()}
+                for peer in peers:
+                    row[f"x_{peer.name}"] = peer.median_ms / r.median_ms
+                rows.append(row)
+                sink.write(row)
     best_peer = {c: min((r["median_ms"] for r in rows if r["causal"] == c
                          and not r["contender"].startswith("wavefront")), default=None)
                  for c in {r["causal"] for r in rows}}
@@ -603,13 +591,9 @@ def bench(batch, heads, kv_heads, seqlens, head_dims, dtype, causal, schedules, 
             if candidate not in members:
                 members.append(candidate)
             bound_of_api[shape] = contender_name(candidate, members[0])
-    sink = None
-    if out_dir:
-        Path(out_dir).mkdir(parents=True, exist_ok=True)
-        _write_run_manifest(out_dir, ["bench.jsonl"])
-        sink = open(Path(out_dir) / "bench.jsonl", "a")
     rows, failed = [], 0
-    with click.progressbar(list(shapes.items()), label="shapes", file=sys.stderr) as bar:
+    with _JsonlSink(out_dir, "bench.jsonl") as sink, \
+            click.progressbar(list(shapes.items()), label="shapes", file=sys.stderr) as bar:
         for shape, members in bar:
             try:
                 results = run_rounds(
@@ -634,11 +618,7 @@ def bench(batch, heads, kv_heads, seqlens, head_dims, dtype, causal, schedules, 
                     if ref in by and r.name not in PEER_NAMES:
                         row[f"x_{key}"], *row[f"x_{key}_ci95"] = paired_speedup(by[ref], r)
                 rows.append(row)
-                if sink:
-                    sink.write(json.dumps(row) + "\n")
-                    sink.flush()
-    if sink:
-        sink.close()
+                sink.write(row)
     if as_json:
         _echo_json(rows)
     else:
@@ -788,6 +768,30 @@ def _write_run_manifest(out_dir, files) -> None:
     from wavefront.results.store import manifest, write_manifest
     data = manifest(environment(), extra={"files": files})
     write_manifest(out_dir, data["date"].replace(":", "") + f"-{os.getpid()}", data)
+
+
+class _JsonlSink:
+    """Rows appended to <out_dir>/<name>, one JSON object a line, flushed as each is written,
+    with a run manifest beside them; nothing at all without `out_dir`."""
+
+    def __init__(self, out_dir, name):
+        self.file = None
+        if out_dir:
+            Path(out_dir).mkdir(parents=True, exist_ok=True)
+            _write_run_manifest(out_dir, [name])
+            self.file = open(Path(out_dir) / name, "a")
+
+    def write(self, row) -> None:
+        if self.file:
+            self.file.write(json.dumps(row, default=str) + "\n")
+            self.file.flush()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        if self.file:
+            self.file.close()
 
 
 def _sweep_runner(out_dir):

@@ -75,6 +75,20 @@ def parse_tiles(tiles) -> tuple[int, int]:
     return tiles
 
 
+def _launch_choices(head_dim, causal, schedule, tiles, occupancy):
+    """-> (tile_m, tile_n, occupancy, cta name, kv name): the caller's choices checked, the
+    defaults where the caller chose nothing."""
+    tile_m, tile_n = (parse_tiles(tiles) if tiles is not None
+                      else DEFAULT_TILES.get(head_dim, (128, 64)))
+    if occupancy is None:
+        occupancy = DEFAULT_OCCUPANCY[(tile_m, tile_n)]
+    if isinstance(occupancy, bool) or not isinstance(occupancy, int) or not 1 <= occupancy <= 32:
+        raise ValueError(f"occupancy must be an integer in [1, 32], got {occupancy!r}")
+    if not isinstance(causal, bool):
+        raise ValueError(f"causal must be True or False, got {causal!r}")
+    return (tile_m, tile_n, occupancy, *parse_schedule(schedule))
+
+
 def plan(q_shape, k_shape, *, sms: int, l2_bytes: int, causal=False,
          schedule="persistent+linear", tiles=None, occupancy=None, element_bytes=2,
          ctas=None, chunk_tiles=None) -> Launch:
@@ -82,14 +96,7 @@ def plan(q_shape, k_shape, *, sms: int, l2_bytes: int, causal=False,
     L2 (no GPU needed: the model calls this with a preset)."""
     b, h, sq, d = q_shape
     _, hkv, skv, _ = k_shape
-    tile_m, tile_n = parse_tiles(tiles) if tiles is not None else DEFAULT_TILES.get(d, (128, 64))
-    if occupancy is None:
-        occupancy = DEFAULT_OCCUPANCY[(tile_m, tile_n)]
-    if isinstance(occupancy, bool) or not isinstance(occupancy, int) or not 1 <= occupancy <= 32:
-        raise ValueError(f"occupancy must be an integer in [1, 32], got {occupancy!r}")
-    if not isinstance(causal, bool):
-        raise ValueError(f"causal must be True or False, got {causal!r}")
-    cta, kv = parse_schedule(schedule)
+    tile_m, tile_n, occupancy, cta, kv = _launch_choices(d, causal, schedule, tiles, occupancy)
     problem = AttentionProblem(b, h, hkv, sq, skv, d, causal, tile_m, tile_n, element_bytes)
     kv_sched = kv_schedule(kv)
     if chunk_tiles is not None:
@@ -128,14 +135,7 @@ def plan_varlen(q_shape, k_shape, cu_seqlens_q, cu_seqlens_k, *, sms: int, l2_by
     """The `VarlenLaunch` for packed q (total_q, heads, D) and k (total_k, kv_heads, D)."""
     total_q, h, d = q_shape
     total_k, hkv, _ = k_shape
-    tile_m, tile_n = parse_tiles(tiles) if tiles is not None else DEFAULT_TILES.get(d, (128, 64))
-    if occupancy is None:
-        occupancy = DEFAULT_OCCUPANCY[(tile_m, tile_n)]
-    if isinstance(occupancy, bool) or not isinstance(occupancy, int) or not 1 <= occupancy <= 32:
-        raise ValueError(f"occupancy must be an integer in [1, 32], got {occupancy!r}")
-    if not isinstance(causal, bool):
-        raise ValueError(f"causal must be True or False, got {causal!r}")
-    cta, kv = parse_schedule(schedule)
+    tile_m, tile_n, occupancy, cta, kv = _launch_choices(d, causal, schedule, tiles, occupancy)
     problem = AttentionProblem(1, h, hkv, total_q, total_k, d, causal, tile_m, tile_n,
                                element_bytes)
     return VarlenLaunch(problem, seqlens_of("cu_seqlens_q", cu_seqlens_q, total_q),

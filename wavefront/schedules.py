@@ -621,6 +621,15 @@ def kv_schedule(name: str | KvSchedule) -> KvSchedule:
                          f"got {name!r}") from None
 
 
+def check_placement(launch) -> None:
+    """What places a launch on a GPU: SMs, CTAs per SM, L2 bytes, the optional CTA cap."""
+    positive_int("sms", launch.sms)
+    positive_int("ctas_per_sm", launch.ctas_per_sm)
+    positive_int("l2_bytes", launch.l2_bytes)
+    if launch.ctas is not None:
+        positive_int("ctas", launch.ctas)
+
+
 @dataclass(frozen=True)
 class WorkItem:
     cta: int
@@ -651,11 +660,7 @@ class Launch:
     ctas: int | None = None
 
     def __post_init__(self):
-        positive_int("sms", self.sms)
-        positive_int("ctas_per_sm", self.ctas_per_sm)
-        positive_int("l2_bytes", self.l2_bytes)
-        if self.ctas is not None:
-            positive_int("ctas", self.ctas)
+        check_placement(self)
         if self.kv.writes_partials and not self.cta.takes_chunks:
             raise ValueError(f"schedule '{self.cta.name}+{self.kv.name}' is not supported: the "
                              "tiled schedules order their work chunk-major themselves; use a CTA "
@@ -834,11 +839,7 @@ class VarlenLaunch:
     varlen = True
 
     def __post_init__(self):
-        positive_int("sms", self.sms)
-        positive_int("ctas_per_sm", self.ctas_per_sm)
-        positive_int("l2_bytes", self.l2_bytes)
-        if self.ctas is not None:
-            positive_int("ctas", self.ctas)
+        check_placement(self)
         if self.kv.writes_partials:
             raise ValueError(f"kv schedule {self.kv.name!r} does not apply to variable-length "
                              "batches; use linear or sawtooth")
