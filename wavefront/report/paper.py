@@ -7,6 +7,8 @@ arguments (the CLI defaults them to the current directory's `data/`, `paper/`, `
 from __future__ import annotations
 
 import json
+import os
+import shutil
 import time
 from pathlib import Path
 
@@ -16,8 +18,37 @@ from wavefront.report.experiments import discover, draw
 
 
 def build(data_dir, paper_dir, experiments_dir, log=print) -> dict:
-    start = time.perf_counter()
+    """Build the paper into a scratch copy of `paper_dir` beside it and put the copy in its
+    place only when the whole build succeeded: a build that fails (a data set that does not
+    load, a claim the data contradicts, a full disk) leaves the existing paper as it was."""
     paper_dir = Path(paper_dir)
+    scratch = paper_dir.with_name(f".{paper_dir.name}.building-{os.getpid()}")
+    old = paper_dir.with_name(f".{paper_dir.name}.old-{os.getpid()}")
+    shutil.rmtree(scratch, ignore_errors=True)
+    try:
+        if paper_dir.is_dir():  # files the build does not write are kept
+            shutil.copytree(paper_dir, scratch, symlinks=True)
+        else:
+            scratch.mkdir(parents=True)
+        summary = _build_into(data_dir, scratch, experiments_dir, log)
+        swapped_out = paper_dir.exists()
+        if swapped_out:
+            paper_dir.rename(old)
+        try:
+            scratch.rename(paper_dir)
+        except OSError:
+            if swapped_out:
+                old.rename(paper_dir)  # the paper as it was, never none
+            raise
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+        shutil.rmtree(old, ignore_errors=True)
+    log(f"{paper_dir / 'draft.md'} written in {summary['seconds']:.0f} s")
+    return summary
+
+
+def _build_into(data_dir, paper_dir: Path, experiments_dir, log) -> dict:
+    start = time.perf_counter()
     experiments = discover(experiments_dir)
     study = Study(data_dir)
     for name, exp in experiments.items():
@@ -54,7 +85,6 @@ def build(data_dir, paper_dir, experiments_dir, log=print) -> dict:
     # Written without the elapsed time, so regenerating from the same data changes nothing.
     (paper_dir / "fits.json").write_text(json.dumps(summary, indent=1, default=str) + "\n")
     summary["seconds"] = time.perf_counter() - start
-    log(f"{paper_dir / 'draft.md'} written in {summary['seconds']:.0f} s")
     return summary
 
 
