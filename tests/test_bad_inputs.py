@@ -130,6 +130,21 @@ FLAGS = [
     (["compile", "--filter", "no-such-variant"], 2, "--filter"),
     (["compile", "--jobs", "0"], 2, "--jobs"),
     (["frobnicate"], 2, "No such command"),
+    # non-finite numbers: click's FloatRange lets nan through every bound and inf past a lower
+    (["simulate", "--l2-mib", "nan"], 2, "not a finite number"),
+    (["simulate", "--l2-mib", "inf"], 2, "not a finite number"),
+    (["simulate", "--capacity-mib", "1e400"], 2, "not a finite number"),
+    (["simulate", "--jitter", "nan"], 2, "not a finite number"),
+    (["profile", "--timeout", "inf"], 2, "not a finite number"),
+    # the new commands
+    (["bench-varlen", "--lengths", "a,b"], 2, "comma-separated list"),
+    (["bench-varlen", "--heads", "3", "--kv-heads", "2"], 2, "multiple of kv-heads"),
+    (["bench-varlen", "--sequences", "0"], 2, "--sequences"),
+    (["bench-varlen", "--head-dim", "96"], 2, "--head-dim"),
+    (["prefill", "--hidden", "2048", "--heads", "12"], 2, "hidden / heads must be one of"),
+    (["prefill", "--heads", "16", "--kv-heads", "3"], 2, "multiple of kv-heads"),
+    (["prefill", "--batch", "0"], 2, "--batch"),
+    (["bench", "--api", "--rounds", "2"], 2, "--rounds"),
 ]
 
 

@@ -51,6 +51,20 @@ def _fmt(value, spec: str) -> str:
         return str(value)
 
 
+class FiniteFloatRange(click.FloatRange):
+    """click's FloatRange, refusing nan and infinity (which it lets through: nan compares
+    false with every bound, inf passes a lower one)."""
+
+    name = "finite float range"
+
+    def convert(self, value, param, ctx):
+        import math
+        number = click.FLOAT.convert(value, param, ctx)
+        if not math.isfinite(number):
+            self.fail(f"{value!r} is not a finite number", param, ctx)
+        return super().convert(number, param, ctx)
+
+
 def _echo_json(data) -> None:
     click.echo(json.dumps(data, indent=2, default=str))
 
@@ -465,18 +479,21 @@ def bench_varlen(sequences, tokens, longest, lengths, seed, heads, kv_heads, hea
     if heads % kv_heads:
         raise click.BadParameter(f"heads ({heads}) must be a multiple of kv-heads ({kv_heads})",
                                  param_hint="--kv-heads")
-    dev = _require_gpu()
-    from wavefront.measure.rounds import run_rounds
-    from wavefront.measure.varlen_bench import long_tailed_lengths, varlen_contenders
-    try:
-        lengths = (_list(int, lengths, "--lengths") if lengths
-                   else long_tailed_lengths(sequences, tokens, seed, longest))
-    except ValueError as exc:
-        raise click.BadParameter(str(exc), param_hint="--tokens") from None
+    from wavefront.measure.varlen_bench import long_tailed_lengths
+    if lengths:
+        lengths = _list(int, lengths, "--lengths")
+    else:
+        try:
+            lengths = long_tailed_lengths(sequences, tokens, seed, longest)
+        except ValueError as exc:
+            raise click.BadParameter(str(exc), param_hint="--tokens") from None
     if min(lengths) < 0 or sum(lengths) < 1:
         raise click.BadParameter("lengths must be >= 0 with at least one token",
                                  param_hint="--lengths")
     names = [None if s == "tuned" else s for s in _list(str, schedules, "--schedule")]
+    dev = _require_gpu()
+    from wavefront.measure.rounds import run_rounds
+    from wavefront.measure.varlen_bench import varlen_contenders
     rows = []
     with _JsonlSink(out_dir, "bench_varlen.jsonl") as sink:
         for is_causal in ([causal] if causal is not None else [False, True]):
@@ -810,7 +827,7 @@ def _sweep_runner(out_dir):
 @click.option("--out", "out_dir", type=click.Path(file_okay=False), default=None,
               help="Results directory (results.csv, manifest.json, ncu-reports/); default: a "
                    "new temporary directory, printed.")
-@click.option("--timeout", "timeout_s", type=click.FloatRange(min=1), default=300,
+@click.option("--timeout", "timeout_s", type=FiniteFloatRange(min=1), default=300,
               show_default=True, help="Per launch, wall clock.")
 @click.option("--json", "as_json", is_flag=True)
 def profile(batch, heads, kv_heads, seqlens, head_dims, dtype, causal, schedules, tiles,
@@ -1005,16 +1022,16 @@ def sweep(spec_path, out_dir, retry_failed, dry_run, preset, gpus, scheduler, as
 @click.option("--gpu", "gpu_name", default="h100", show_default=True,
               help="GPU preset: h100, h200, b200, gb10.")
 @click.option("--sms", type=click.IntRange(min=1), default=None, help="Override the preset.")
-@click.option("--l2-mib", type=click.FloatRange(min=0.1), default=None,
+@click.option("--l2-mib", type=FiniteFloatRange(min=0.1), default=None,
               help="Override the preset's L2 size.")
-@click.option("--capacity-mib", type=click.FloatRange(min=0.01), default=None,
+@click.option("--capacity-mib", type=FiniteFloatRange(min=0.01), default=None,
               help="Effective LRU capacity (default: half the L2).")
 @click.option("--partitions", type=click.IntRange(1, 2), default=1, show_default=True,
               help="2: also run the two-partition model (home + requester copies).")
 @point_options(default_schedule="persistent+linear,persistent+sawtooth",
                default_seqlen="131072", default_head_dim="64", causal_default=False,
                default_heads=1)
-@click.option("--jitter", type=click.FloatRange(0, 0.99), default=0.0, show_default=True,
+@click.option("--jitter", type=FiniteFloatRange(0, 0.99), default=0.0, show_default=True,
               help="Probability that a CTA stalls for a round.")
 @click.option("--trace-out", "trace_dir", type=click.Path(file_okay=False), default=None,
               help="Also write each launch's read trace here in libCacheSim's oracleGeneral "
