@@ -79,7 +79,58 @@ SPECS = [
     ("grid = 3\n", "needs a [grid] table"),
     ("this is not toml", "not valid TOML"),
     ("[[grid]]\nseqlen = [1]\n[[grid]]\nhead_dim = [64]\n", "grid[0]: grid needs"),
+    # totals: each value fine, the product not (checked before anything is built)
+    ("repeats = 1000000000000\n" + BASE, "repeats must be a positive integer up to 1000"),
+    ("repeats = 1000\n" + grid(seqlen=str(list(range(1, 2001)))),
+     "more than the limit of 1000000 (MAX_TASKS)"),
+    (grid(seqlen=str(list(range(1, 401))), batch=str(list(range(1, 401)))),
+     "more than the limit of 100000 (MAX_POINTS)"),
+    ("reps = 100000000\n" + BASE, "reps must be a positive integer up to"),
+    ("batch_points = 100000000\n" + BASE, "batch_points must be a positive integer up to"),
+    ("timeout_s = 1e300\n" + BASE, "timeout_s must be a positive number of seconds up to"),
+    ("timeout_s = inf\n" + BASE, "timeout_s must be a positive number"),
+    (grid(ctas="[1000000000000]"), "grid.ctas[0] must be a non-negative integer (0 = default) up to"),
+    (grid(chunk_tiles="[1000000000000]"), "grid.chunk_tiles[0]"),
+    (grid(batch="[100000000]"), "grid.batch[0] must be a positive integer up to 65536"),
+    (grid(heads="[100000000]"), "grid.heads[0]"),
+    # TOML that is valid but nested past the parser's recursion limit
+    ("x = " + "[" * 100000 + "]" * 100000 + "\n", "nested too deeply"),
 ]
+
+
+def test_spec_paths_that_are_not_regular_files_are_refused(tmp_path):
+    """A device reads forever, a FIFO blocks until a writer comes, a huge file fills memory:
+    each is refused by name before a byte of it is parsed."""
+    import os
+    fifo = tmp_path / "spec.toml"
+    os.mkfifo(fifo)
+    big = tmp_path / "big.toml"
+    big.write_text("# " + "x" * (1 << 21) + "\n" + BASE)
+    fake_experiment = tmp_path / "fifo.py"
+    os.mkfifo(fake_experiment)
+    for path, expected in ((fifo, "must be a regular file"), ("/dev/zero", "must be a regular file"),
+                           (big, "at most 1048576 bytes"),
+                           (fake_experiment, "must be a regular file")):
+        res = CliRunner().invoke(main, ["sweep", str(path), "--dry-run"])
+        assert res.exit_code == 2 and expected in res.output, (path, res.output)
+        assert "Traceback" not in res.output
+    not_utf8 = tmp_path / "latin.toml"
+    not_utf8.write_bytes(b"name = '\xe9'\n")
+    res = CliRunner().invoke(main, ["sweep", str(not_utf8), "--dry-run"])
+    assert res.exit_code == 2 and "not UTF-8" in res.output
+
+
+def test_a_large_dry_run_lists_in_linear_time(tmp_path):
+    """Thousands of tasks list in well under a second of work per thousand (the listing used to
+    scan every task for every point)."""
+    import time
+    path = tmp_path / "wide.toml"
+    path.write_text("repeats = 3\n" + grid(seqlen=str(list(range(64, 64 * 2001, 64)))))
+    began = time.perf_counter()
+    res = CliRunner().invoke(main, ["sweep", str(path), "--dry-run"])
+    assert res.exit_code == 0, res.output
+    assert "2000 points" in res.output or "6000 tasks" in res.output
+    assert time.perf_counter() - began < 60
 
 
 @pytest.mark.parametrize("text,expected", SPECS)

@@ -948,9 +948,10 @@ def _gpus_option(f):
 
 def load_any_spec(path: str):
     """A sweep spec from a TOML file or from an experiment file's SPEC."""
-    from wavefront.results.sweep import load_spec
+    from wavefront.results.sweep import load_spec, read_spec_text
     if path.endswith(".py"):
         from wavefront.report.experiments import load_experiment
+        read_spec_text(path)  # a regular file of bounded size before Python reads it
         specs = load_experiment(path).specs
         if len(specs) != 1:
             raise ValueError(f"{path}: owns {len(specs)} sweeps ({', '.join(specs) or 'none'}); "

@@ -64,6 +64,22 @@ MEASUREMENTS = ("timing", "counters")
 # The largest sequence length a sweep accepts: beyond it one launch's inputs alone outgrow
 # any GPU we run on (B=H=1, D=128: 3 x 2^24 x 128 x 2 bytes = 12 GiB).
 MAX_SEQLEN = 1 << 24
+# Limits on what a spec may ask for, checked before anything is built (a product of values
+# that are each fine can still be 10^12 tasks). Each is far above any sweep measured here (the
+# largest, knee, has a few thousand tasks) and far below what exhausts a workstation.
+MAX_POINTS = 100_000  # distinct points of one spec, all grids together
+MAX_TASKS = 1_000_000  # points x repeats x measurements
+MAX_REPEATS = 1000
+MAX_REPS = 100_000  # timed repetitions inside one timing measurement
+MAX_BATCH_POINTS = 10_000
+MAX_TIMEOUT_S = 7 * 24 * 3600.0
+# Batch, heads and the CTA and chunk caps: a launch's work items must fit the kernel's int32
+# work table, and a grid's CTAs CUDA's grid limit.
+MAX_BATCH_HEADS = 1 << 16
+MAX_CTAS = (1 << 31) - 1
+MAX_CHUNK_TILES = 1 << 24
+# A spec file: a regular file of at most this many bytes (not a device, a FIFO, a directory).
+MAX_SPEC_BYTES = 1 << 20
 
 
 def _is_int(v) -> bool:
@@ -74,8 +90,13 @@ def _check_positive(v):
     return None if _is_int(v) and v > 0 else "a positive integer"
 
 
-def _check_nonnegative(v):
-    return None if _is_int(v) and v >= 0 else "a non-negative integer (0 = default)"
+def _check_at_most(limit, zero_ok=False):
+    low = 0 if zero_ok else 1
+    what = ("a non-negative integer (0 = default)" if zero_ok else "a positive integer")
+
+    def check(v):
+        return None if _is_int(v) and low <= v <= limit else f"{what} up to {limit}"
+    return check
 
 
 def _check_seqlen(v):
@@ -106,12 +127,13 @@ def _check_occupancy(v):
 
 
 GRID_KEYS = {
-    "batch": _check_positive, "heads": _check_positive, "kv_heads": _check_positive,
+    "batch": _check_at_most(MAX_BATCH_HEADS), "heads": _check_at_most(MAX_BATCH_HEADS),
+    "kv_heads": _check_at_most(MAX_BATCH_HEADS),
     "seqlen": _check_seqlen, "head_dim": _check_choice(HEAD_DIMS),
     "dtype": _check_choice(DTYPES), "causal": _check_bool,
     "tiles": _check_with(parse_tiles, "a tile shape like '128x64' (64x64, 128x64, 128x128)"),
-    "occupancy": _check_occupancy, "ctas": _check_nonnegative,
-    "chunk_tiles": _check_nonnegative,
+    "occupancy": _check_occupancy, "ctas": _check_at_most(MAX_CTAS, zero_ok=True),
+    "chunk_tiles": _check_at_most(MAX_CHUNK_TILES, zero_ok=True),
     "schedule": _check_with(parse_schedule, "a schedule like 'persistent+sawtooth'"),
 }
 REQUIRED_GRID_KEYS = ("seqlen", "head_dim", "schedule")
@@ -144,6 +166,8 @@ def parse_spec(text: str, source: str = "spec") -> SweepSpec:
         raw = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise ValueError(f"{source}: not valid TOML: {exc}") from None
+    except RecursionError:
+        raise ValueError(f"{source}: not a spec: its TOML is nested too deeply") from None
     unknown = set(raw) - TOP_KEYS
     if unknown:
         raise ValueError(f"{source}: unknown keys {sorted(unknown)}; allowed {sorted(TOP_KEYS)}")
@@ -174,8 +198,8 @@ def parse_spec(text: str, source: str = "spec") -> SweepSpec:
             or any(m not in MEASUREMENTS for m in measure) or len(set(measure)) != len(measure)):
         raise ValueError(f"{source}: measure must list some of {MEASUREMENTS} once each, "
                          f"got {measure!r}")
-    checks = {"repeats": (_check_positive, 1), "reps": (_check_positive, 30),
-              "batch_points": (_check_positive, 8)}
+    checks = {"repeats": (_check_at_most(MAX_REPEATS), 1), "reps": (_check_at_most(MAX_REPS), 30),
+              "batch_points": (_check_at_most(MAX_BATCH_POINTS), 8)}
     values = {}
     for key, (check, default) in checks.items():
         value = raw.get(key, default)
@@ -184,10 +208,10 @@ def parse_spec(text: str, source: str = "spec") -> SweepSpec:
             raise ValueError(f"{source}: {key} must be {expected}, got {value!r}")
         values[key] = value
     timeout = raw.get("timeout_s", 120)
-    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0 \
-            or timeout != timeout or timeout == float("inf"):
-        raise ValueError(f"{source}: timeout_s must be a positive number of seconds, "
-                         f"got {timeout!r}")
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) \
+            or not 0 < timeout <= MAX_TIMEOUT_S:
+        raise ValueError(f"{source}: timeout_s must be a positive number of seconds up to "
+                         f"{MAX_TIMEOUT_S:.0f}, got {timeout!r}")
     peers = raw.get("peers", False)
     if not isinstance(peers, bool):
         raise ValueError(f"{source}: peers must be true or false, got {peers!r}")
@@ -201,17 +225,56 @@ def parse_spec(text: str, source: str = "spec") -> SweepSpec:
     name = raw.get("name", Path(source).stem)
     if not isinstance(name, str) or not name:
         raise ValueError(f"{source}: name must be a non-empty string, got {name!r}")
+    points = sum(_grid_size(g) for g in grids)  # an upper bound: duplicates count here
+    if points > MAX_POINTS:
+        raise ValueError(f"{source}: the grid has {points} points, more than the limit of "
+                         f"{MAX_POINTS} (MAX_POINTS): split it into several specs")
+    tasks = points * values["repeats"] * len(measure)
+    if tasks > MAX_TASKS:
+        raise ValueError(f"{source}: {points} points x {values['repeats']} repeats x "
+                         f"{len(measure)} measurements = {tasks} tasks, more than the limit of "
+                         f"{MAX_TASKS} (MAX_TASKS)")
     spec = SweepSpec(name=name, grid=grids, measure=measure, timeout_s=float(timeout),
                      peers=peers, metric_set=metric_set, record_order=record_order, **values)
     return spec
 
 
-def load_spec(path) -> SweepSpec:
+def _grid_size(grid: dict) -> int:
+    size = 1
+    for values in grid.values():
+        size *= len(values)
+    return size
+
+
+def read_spec_text(path) -> str:
+    """The text of a spec file: a regular file (not a device, FIFO or directory, which would
+    read forever or block) of at most MAX_SPEC_BYTES, in UTF-8."""
+    import os
+    import stat
     try:
-        text = Path(path).read_text()
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ValueError(f"{path}: cannot read the spec: {exc}") from None
-    return parse_spec(text, str(path))
+        # O_NONBLOCK: opening a FIFO must not wait for a writer; fstat then tells what it is.
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    except OSError as exc:
+        raise ValueError(f"{path}: cannot read the spec: {exc.strerror}") from None
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise ValueError(f"{path}: a spec must be a regular file, not a device, FIFO or "
+                             "directory")
+        if info.st_size > MAX_SPEC_BYTES:
+            raise ValueError(f"{path}: a spec must be at most {MAX_SPEC_BYTES} bytes, this one "
+                             f"has {info.st_size}")
+        data = os.read(fd, MAX_SPEC_BYTES + 1)
+    finally:
+        os.close(fd)
+    try:
+        return data.decode()
+    except UnicodeDecodeError as exc:
+        raise ValueError(f"{path}: cannot read the spec: not UTF-8 text ({exc.reason})") from None
+
+
+def load_spec(path) -> SweepSpec:
+    return parse_spec(read_spec_text(path), str(path))
 
 
 def expand_points(spec: SweepSpec, source: str = "spec") -> list[Point]:
@@ -343,18 +406,20 @@ def _raise_interrupt(signum, frame):
 
 
 def describe(tasks: list[dict]) -> str:
-    """One line per point of an expanded spec (for `sweep --dry-run`)."""
-    lines = []
-    seen = set()
+    """One line per point of an expanded spec (for `sweep --dry-run`), in one pass over the
+    tasks (a spec of many tasks must not take quadratic time to list)."""
+    firsts, kinds, repeats = {}, {}, {}
     for t in tasks:
-        if t["point"] in seen:
-            continue
-        seen.add(t["point"])
-        kinds = sorted({x["measurement"] for x in tasks if x["point"] == t["point"]})
-        repeats = 1 + max(x["repeat"] for x in tasks if x["point"] == t["point"])
+        point = t["point"]
+        firsts.setdefault(point, t)
+        kinds.setdefault(point, set()).add(t["measurement"])
+        repeats[point] = max(repeats.get(point, 0), t["repeat"] + 1)
+    lines = []
+    for point, t in firsts.items():
         lines.append(f"B{t['batch']} H{t['heads']}/{t['kv_heads']} S{t['seqlen']} "
                      f"D{t['head_dim']} {t['dtype']} {'causal' if t['causal'] else 'full'} "
                      f"{t['tile_m']}x{t['tile_n']} occ{t['occupancy']} "
                      f"{t['cta_schedule']}+{t['kv_schedule']} ctas={t['num_ctas']} "
-                     f"in flight={t['resident_ctas']}: {'+'.join(kinds)} x{repeats}")
+                     f"in flight={t['resident_ctas']}: {'+'.join(sorted(kinds[point]))} "
+                     f"x{repeats[point]}")
     return "\n".join(lines)
