@@ -196,6 +196,11 @@ FLAGS = [
     (["prefill", "--heads", "16", "--kv-heads", "3"], 2, "multiple of kv-heads"),
     (["prefill", "--batch", "0"], 2, "--batch"),
     (["bench", "--api", "--rounds", "2"], 2, "--rounds"),
+    # more GPUs than the host has (none here): no workers started
+    (["sweep", str(ROOT / "experiments" / "knee.py"), "--out", "x", "--gpus", "40"], 1,
+     "no GPU is visible"),
+    (["sweep", str(ROOT / "experiments" / "knee.py"), "--out", "x", "--gpus", "all"], 1,
+     "no GPU is visible"),
 ]
 
 

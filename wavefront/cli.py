@@ -914,9 +914,13 @@ def _run_sweep_on_dask(spec, out_dir, gpus, scheduler, retry_failed=False):
         if scheduler:
             client = Client(scheduler)
         else:
-            n = visible_gpu_count() if gpus == "all" else int(gpus)
-            if n < 1:
+            present = visible_gpu_count()
+            n = present if gpus == "all" else int(gpus)
+            if n < 1 or present < 1:
                 raise click.ClickException("--gpus: no GPU is visible on this host")
+            if n > present:
+                raise click.ClickException(f"--gpus {n}: this host has {present} GPU"
+                                           f"{'s' if present != 1 else ''}")
             cluster = local_gpu_cluster(n)
             client = Client(cluster)
         gpu = cluster_gpu(client)
