@@ -410,3 +410,34 @@ def test_there_are_at_least_100_cases():
           f"{len(DATA) + len(MANIFESTS)} data files and manifests, {len(API)} API calls, "
           "2 documented repairs")
     assert total >= 100
+
+
+def test_the_store_never_writes_through_a_link(tmp_path):
+    """With `.lock`, `results.csv` or `repairs.log` in the out directory a symbolic link to
+    another file, the store refuses by name and the other file keeps its bytes."""
+    from wavefront.results.store import DirectoryLock, UnsafePath, append_row, repair_tail
+    victim = tmp_path / "victim.txt"
+    victim.write_text("precious\n")
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / ".lock").symlink_to(victim)
+    with pytest.raises(UnsafePath, match=r"\.lock: is a symbolic link"):
+        with DirectoryLock(out):
+            pass
+    (out / "results.csv").symlink_to(victim)
+    with pytest.raises(UnsafePath, match="results.csv: is a symbolic link"):
+        append_row(out / "results.csv", {"point": "x"})
+    dangling = tmp_path / "dangling"
+    dangling.mkdir()
+    (dangling / "results.csv").symlink_to(tmp_path / "nowhere.csv")
+    with pytest.raises(UnsafePath):
+        append_row(dangling / "results.csv", {"point": "x"})
+    assert not (tmp_path / "nowhere.csv").exists()
+    torn = tmp_path / "torn"
+    torn.mkdir()
+    (torn / "results.csv").write_bytes(b"a,b\n1,2\n3,")  # a torn last row to cut
+    (torn / "repairs.log").symlink_to(victim)
+    with pytest.raises(UnsafePath, match="repairs.log: is a symbolic link"):
+        repair_tail(torn / "results.csv")
+    assert (torn / "results.csv").read_bytes() == b"a,b\n1,2\n3,"  # nothing cut unlogged
+    assert victim.read_text() == "precious\n"

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import csv
 import datetime as _dt
+import errno
 import fcntl
 import io
 import json
@@ -85,6 +86,22 @@ class SchemaError(ValueError):
     pass
 
 
+class UnsafePath(SchemaError):
+    """A file the store writes is a symbolic link: writing through it would change a file
+    outside the results directory (another data set, or anything the user can write)."""
+
+
+def _open_no_follow(path, flags: int, mode: int = 0o644) -> int:
+    """os.open that refuses a symbolic link as the last component (O_NOFOLLOW)."""
+    try:
+        return os.open(path, flags | os.O_NOFOLLOW, mode)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise UnsafePath(f"{path}: is a symbolic link; the store writes only its own "
+                             "files (remove the link)") from None
+        raise
+
+
 class StoreLocked(RuntimeError):
     pass
 
@@ -120,7 +137,7 @@ def repair_tail(path) -> int:
     path = Path(path)
     if not path.exists():
         return 0
-    with open(path, "rb+") as f:
+    with os.fdopen(_open_no_follow(path, os.O_RDWR), "rb+") as f:
         f.seek(0, os.SEEK_END)
         size = f.tell()
         if size == 0:
@@ -131,13 +148,17 @@ def repair_tail(path) -> int:
         f.seek(0)
         data = f.read()
         keep = data.rfind(b"\n") + 1
-        f.truncate(keep)
-        f.flush()
-        os.fsync(f.fileno())
-    cut = data[keep:]
-    with open(path.with_name("repairs.log"), "a") as log:
-        log.write(json.dumps({"date": _now(), "file": path.name, "cut_bytes": len(cut),
-                              "cut": cut[:300].decode(errors="replace")}) + "\n")
+        cut = data[keep:]
+        # The log is opened (and refused if it is a link) before anything is cut, so a cut is
+        # never left unlogged.
+        log_fd = _open_no_follow(path.with_name("repairs.log"),
+                                 os.O_WRONLY | os.O_APPEND | os.O_CREAT)
+        with os.fdopen(log_fd, "a") as log:
+            f.truncate(keep)
+            f.flush()
+            os.fsync(f.fileno())
+            log.write(json.dumps({"date": _now(), "file": path.name, "cut_bytes": len(cut),
+                                  "cut": cut[:300].decode(errors="replace")}) + "\n")
     return len(cut)
 
 
@@ -149,7 +170,7 @@ def append_row(path, row: dict) -> None:
     repair_tail(path)
     if not path.exists() or path.stat().st_size == 0:
         text = _header_text() + text
-    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    fd = _open_no_follow(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
     try:
         _write_all(fd, text.encode())
         os.fsync(fd)
@@ -348,7 +369,7 @@ class DirectoryLock:
 
     def __enter__(self):
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        self._fd = _open_no_follow(self.path, os.O_RDWR | os.O_CREAT)
         try:
             fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
