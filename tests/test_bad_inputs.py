@@ -257,6 +257,22 @@ DATA = [
     ("unknown run id", lambda ls: _cell(ls, "run_id", "nobody-ran-this"), "no entry for runs"),
     ("binary garbage", lambda ls: ["\x00\x01\x02garbage"], "header does not match"),
     ("rows that do not parse", lambda ls: ls[:1] + ['"unterminated'], "do not parse"),
+    # provenance: a row must be what its own columns and its run's manifest say it is
+    ("point key disagrees with its columns", lambda ls: _cell(ls, "seqlen", "16385"),
+     "disagrees with its parameter columns"),
+    ("another GPU than its manifest", lambda ls: _cell(ls, "gpu", "NVIDIA B200"),
+     "its manifest 'NVIDIA H100 80GB HBM3'"),
+    ("negative DRAM bytes", lambda ls: _cell(ls, "dram_read_bytes", "-5", _first(ls, "counters")),
+     "column 'dram_read_bytes' holds a negative value"),
+    ("DRAM bytes no memory can move", lambda ls: _cell(ls, "dram_read_bytes", "1e308",
+                                                       _first(ls, "counters")),
+     "faster than any GPU's memory"),
+    ("infinite counter", lambda ls: _cell(ls, "l2_tex_read_sectors", "inf",
+                                          _first(ls, "counters")), "non-finite"),
+    ("negative time", lambda ls: _cell(ls, "median_ms", "-0.5", _first(ls, "timing")),
+     "column 'median_ms' holds a negative value"),
+    ("negative relative error", lambda ls: _cell(ls, "rel_error", "-1", _first(ls, "timing")),
+     "column 'rel_error' holds a negative value"),
 ]
 
 
@@ -279,6 +295,61 @@ MANIFESTS = [
     ("entry not an object", '{"r": 3}', "is not an object"),
     ("entry lacks keys", '{"r": {"date": "today"}}', "lacks"),
 ]
+
+
+def _manifest_with(tmp_path, change):
+    """The knee copy with its H100 run's manifest entry changed by `change(entry)`."""
+    import json as json_module
+    path = _results(tmp_path)
+    runs = json_module.loads((path.parent / "manifest.json").read_text())
+    h100 = next(r for r, e in runs.items() if "H100" in str(e["gpu"]))
+    change(runs, h100)
+    (path.parent / "manifest.json").write_text(json_module.dumps(runs))
+    return path
+
+
+MANIFEST_CHANGES = [
+    ("a schema from the future", lambda runs, r: runs[r].update(schema_version=99),
+     "has schema_version 99"),
+    ("schema version as text", lambda runs, r: runs[r].update(schema_version="3"),
+     "has schema_version '3'"),
+    ("no commit", lambda runs, r: runs[r].update(git_commit=None), "has no git_commit"),
+    ("no date", lambda runs, r: runs[r].update(date=""), "has no date"),
+    ("no GPU named", lambda runs, r: runs[r].update(gpu={"sms": 132}), "names no GPU"),
+    ("another GPU than its rows", lambda runs, r: runs[r]["gpu"].update(name="NVIDIA H200"),
+     "name GPU 'NVIDIA H100 80GB HBM3', its manifest 'NVIDIA H200'"),
+]
+
+
+@pytest.mark.parametrize("name,change,expected", MANIFEST_CHANGES,
+                         ids=[m[0] for m in MANIFEST_CHANGES])
+def test_manifests_that_do_not_vouch_for_their_rows_are_refused(tmp_path, name, change,
+                                                                 expected):
+    path = _manifest_with(tmp_path, change)
+    res = CliRunner().invoke(main, ["fit", str(path)])
+    assert res.exit_code == 2, res.output
+    assert expected in res.output and "Traceback" not in res.output
+
+
+def test_the_same_rows_under_two_runs_are_not_counted_twice(tmp_path):
+    import csv
+    import io
+    import json as json_module
+    path = _results(tmp_path)
+    runs = json_module.loads((path.parent / "manifest.json").read_text())
+    lines = path.read_text().splitlines()
+    rows = list(csv.reader(io.StringIO("\n".join(lines))))
+    run_col = rows[0].index("run_id")
+    for run in {row[run_col] for row in rows[1:]}:
+        runs[f"{run}-copy"] = runs[run]
+    (path.parent / "manifest.json").write_text(json_module.dumps(runs))
+    for row in rows[1:]:
+        rows.append(row[:run_col] + [f"{row[run_col]}-copy"] + row[run_col + 1:])
+    buf = io.StringIO()
+    csv.writer(buf, lineterminator="\n").writerows(rows)
+    path.write_text(buf.getvalue())
+    res = CliRunner().invoke(main, ["fit", str(path)])
+    assert res.exit_code == 2 and "measured again under another run" in res.output, res.output
 
 
 @pytest.mark.parametrize("name,text,expected", MANIFESTS, ids=[m[0] for m in MANIFESTS])

@@ -53,7 +53,7 @@ class CrashingRunner:
 
 
 def _manifest(path):
-    write_manifest(path, "r", {"schema_version": 3, "date": "d", "gpu": None,
+    write_manifest(path, "r", {"schema_version": 3, "date": "d", "gpu": "test GPU",
                                "git_commit": "c", "command": "t"})
 
 

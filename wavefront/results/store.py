@@ -21,7 +21,7 @@ import tempfile
 from dataclasses import fields
 from pathlib import Path
 
-from wavefront.point import LAUNCH_COLUMNS, PARAMETER_COLUMNS
+from wavefront.point import LAUNCH_COLUMNS, PARAMETER_COLUMNS, point_key
 from wavefront.results.measurement import (
     DERIVED,
     METRIC_NOTES,
@@ -193,8 +193,10 @@ def read_header(path) -> list[str]:
 
 def load_results(path, *, require_manifest: bool = True, strict: bool = False):
     """Load a results CSV as a pandas DataFrame, refusing a file that does not match the schema
-    (v3, or v2 upgraded in memory), has no valid manifest, or (strict) holds duplicated rows,
-    no rows or non-finite key numbers. A torn last line is ignored, not repaired (read-only)."""
+    (v3, or v2 upgraded in memory) or has no valid manifest; `strict` (what feeds a fit or a
+    figure) also refuses duplicated rows, rows measured again under another run, no rows, and
+    rows whose provenance or numbers do not hold (`check_rows`). A torn last line is ignored,
+    not repaired (read-only)."""
     import numpy as np
     import pandas as pd
     path = Path(path)
@@ -250,17 +252,24 @@ def load_results(path, *, require_manifest: bool = True, strict: bool = False):
         if bad:
             raise SchemaError(f"{path}: {col} must be one of {sorted(allowed)}, found "
                               f"{sorted(bad)}")
-    if require_manifest:
-        check_manifest(path.parent, set(df["run_id"]))
+    runs = check_manifest(path.parent, set(df["run_id"])) if require_manifest else None
     if strict:
+        check_rows(path, df, runs)
         if df.empty:
             raise SchemaError(f"{path}: no rows")
-        if df["causal"].isna().any():
-            raise SchemaError(f"{path}: column 'causal' must be True or False in every row")
         dup = df.duplicated(subset=["gpu", "point", "measurement", "repeat", "run_id"])
         if dup.any():
             raise SchemaError(f"{path}: {int(dup.sum())} duplicated rows (same gpu, point, "
                               "measurement, repeat and run)")
+        # The same measured rows under two runs (a data set appended to itself) would count
+        # twice in every fit: one successful row per GPU, point, measurement and repeat.
+        ok = df[df["status"] == "ok"]
+        again = ok.duplicated(subset=["gpu", "point", "measurement", "repeat"])
+        if again.any():
+            first = ok[again].iloc[0]
+            raise SchemaError(f"{path}: {int(again.sum())} rows measured again under another "
+                              f"run (e.g. {first['point']} {first['measurement']} repeat "
+                              f"{first['repeat']}, run {first['run_id']})")
         ok = df[df["status"] == "ok"]
         for col in ("median_ms", "tflops", "dram_read_bytes"):
             values = ok[col].dropna().to_numpy(float)
@@ -333,7 +342,76 @@ def read_manifest(directory) -> dict:
         missing = [k for k in REQUIRED_MANIFEST_KEYS if k not in entry]
         if missing:
             raise SchemaError(f"{path}: run {run_id!r} lacks {missing}")
+        version = entry["schema_version"]
+        if isinstance(version, bool) or not isinstance(version, int) \
+                or not 1 <= version <= SCHEMA_VERSION:
+            raise SchemaError(f"{path}: run {run_id!r} has schema_version {version!r}; this "
+                              f"wavefront reads versions 1 to {SCHEMA_VERSION}")
+        for key in ("date", "git_commit", "command"):
+            if not isinstance(entry[key], str) or not entry[key].strip():
+                raise SchemaError(f"{path}: run {run_id!r} has no {key} (got {entry[key]!r})")
+        if manifest_gpu_name(entry) is None:
+            raise SchemaError(f"{path}: run {run_id!r} names no GPU (got {entry['gpu']!r})")
     return runs
+
+
+def manifest_gpu_name(entry: dict) -> str | None:
+    """The GPU a manifest entry names (a device description, or its name as text)."""
+    gpu = entry.get("gpu")
+    name = gpu.get("name") if isinstance(gpu, dict) else gpu
+    return name if isinstance(name, str) and name.strip() else None
+
+
+# Raw counters and timings a measured row may not hold negative (a difference of counters,
+# like l2_read_miss_sectors, may).
+NON_NEGATIVE = (*METRICS.values(), "rel_error", "median_ms", "p10_ms", "p90_ms", "tflops",
+                "useful_flops", "executed_flops", "dram_read_sectors")
+# No memory moves faster than this (HBM3e is under 5 TB/s; a generous bound): a row whose DRAM
+# bytes over its duration exceed it was not measured.
+MAX_BYTES_PER_S = 100e12
+
+
+def check_rows(path, df, runs: dict | None) -> None:
+    """What a measured row must be: its point key the one its parameter columns make; its GPU
+    the one its run's manifest names; counters and timings finite and not negative; no more
+    DRAM bytes than its duration allows."""
+    import numpy as np
+    if df.empty:
+        return
+    if df["causal"].isna().any():
+        raise SchemaError(f"{path}: column 'causal' must be True or False in every row")
+    params = df[list(PARAMETER_COLUMNS)]
+    keys = [point_key(dict(zip(PARAMETER_COLUMNS, row)))
+            for row in params.itertuples(index=False, name=None)]
+    wrong = df["point"].to_numpy() != np.array(keys, dtype=object)
+    if wrong.any():
+        i = int(np.argmax(wrong))
+        raise SchemaError(f"{path}: row {i + 2}: point {df['point'].iloc[i]!r} disagrees with "
+                          f"its parameter columns ({keys[i]!r}); {int(wrong.sum())} such rows")
+    if runs is not None:
+        for run_id, gpus in df.groupby("run_id")["gpu"]:
+            named = manifest_gpu_name(runs[run_id])
+            other = sorted(set(gpus) - {named})
+            if other:
+                raise SchemaError(f"{path}: rows of run {run_id!r} name GPU {other[0]!r}, its "
+                                  f"manifest {named!r}")
+    ok = df[df["status"] == "ok"]
+    for col, (typ, _) in SCHEMA.items():
+        if typ not in ("float", "int") or col not in ok:
+            continue
+        values = ok[col].dropna().to_numpy(float)
+        if np.isinf(values).any():
+            raise SchemaError(f"{path}: column {col!r} holds a non-finite value (inf)")
+        if col in NON_NEGATIVE and (values < 0).any():
+            raise SchemaError(f"{path}: column {col!r} holds a negative value "
+                              f"({values[values < 0][0]:g})")
+    moved = ok[["dram_read_bytes", "ncu_duration_ns"]].dropna()
+    too_fast = moved["dram_read_bytes"] > moved["ncu_duration_ns"] * 1e-9 * MAX_BYTES_PER_S
+    if too_fast.any():
+        row = moved[too_fast].iloc[0]
+        raise SchemaError(f"{path}: a row reads {row['dram_read_bytes']:.3g} bytes of DRAM in "
+                          f"{row['ncu_duration_ns']:.3g} ns, faster than any GPU's memory "
+                          f"({MAX_BYTES_PER_S:.0e} B/s)")
 
 
 def check_manifest(directory, run_ids: set[str]) -> dict:
