@@ -249,3 +249,21 @@ def test_a_killed_runner_takes_its_worker_with_it(tmp_path):
             return
         time.sleep(0.1)
     pytest.fail(f"worker {pid} outlived its killed runner")
+
+
+@pytest.mark.parametrize("setting,value", [("reps", "reps = 5"), ("metric_set", 'metric_set = "dram"'),
+                                           ("peers", "peers = true"),
+                                           ("record_order", "record_order = true")])
+def test_a_resume_that_measures_differently_is_refused(tmp_path, setting, value):
+    """Rows measured under the old settings would be skipped as done and kept beside new ones:
+    the resume says which setting changed and measures nothing."""
+    spec = parse_spec(SPEC)
+    with pytest.raises(KeyboardInterrupt):
+        run_sweep(spec, tmp_path, runner=CrashingRunner(limit=3), progress=False, **GPU)
+    changed = parse_spec(SPEC.replace('name = "t"', f'name = "t"\n{value}'))
+    with pytest.raises(SchemaError, match=f"measures differently from run .*{setting}"):
+        run_sweep(changed, tmp_path, runner=CrashingRunner(10**6), progress=False, **GPU)
+    assert len(load_results(tmp_path / "results.csv")) == 3
+    # the same settings resume as before
+    summary = run_sweep(spec, tmp_path, runner=CrashingRunner(10**6), progress=False, **GPU)
+    assert summary["skipped"] == 3 and summary["ok"] == 13

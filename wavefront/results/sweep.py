@@ -48,6 +48,7 @@ from wavefront.results.store import (
     RESULTS_FILE,
     SCHEMA,
     DirectoryLock,
+    SchemaError,
     append_row,
     load_results,
     manifest,
@@ -345,6 +346,26 @@ def row_for(task: dict, run_id: str, result: dict | None, error: str | None) -> 
             "run_id": run_id}
 
 
+# What decides how a point is measured, as opposed to which points there are.
+MEASUREMENT_SETTINGS = ("metric_set", "reps", "peers", "record_order")
+
+
+def check_same_settings(out_dir, runs: dict, spec: SweepSpec) -> None:
+    """A sweep resumed into a directory must measure as the runs already there did."""
+    for run_id, entry in runs.items():
+        before = entry.get("spec")
+        if not isinstance(before, dict):
+            continue
+        changed = [f"{key} {before[key]!r} -> {getattr(spec, key)!r}"
+                   for key in MEASUREMENT_SETTINGS
+                   if key in before and before[key] != getattr(spec, key)]
+        if changed:
+            raise SchemaError(f"{out_dir}: the spec measures differently from run {run_id} "
+                              f"already here ({', '.join(changed)}): its rows would be kept "
+                              "beside rows measured the new way; measure into a new --out "
+                              "directory, or restore the settings")
+
+
 def run_sweep(spec: SweepSpec, out_dir, *, gpu: str, sms: int, l2_bytes: int, runner,
               environment: dict | None = None, retry_failed: bool = False,
               progress: bool = True, command: list[str] | None = None,
@@ -357,7 +378,9 @@ def run_sweep(spec: SweepSpec, out_dir, *, gpu: str, sms: int, l2_bytes: int, ru
     tasks = expand(spec, gpu=gpu, sms=sms, l2_bytes=l2_bytes)
     with DirectoryLock(out_dir):
         if results_path.exists():
-            read_manifest(out_dir)  # refuse to append to data whose provenance is broken
+            # refuse to append to data whose provenance is broken, or that was measured another
+            # way: its rows would be kept (skipped as done) beside rows measured this way
+            check_same_settings(out_dir, read_manifest(out_dir), spec)
         done = done_keys(results_path, retry_failed)
         todo = [t for t in tasks if (gpu, t["point"], t["measurement"], t["repeat"]) not in done]
         summary = {"points": len(tasks), "skipped": len(tasks) - len(todo), "ok": 0,
