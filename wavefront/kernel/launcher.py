@@ -295,7 +295,7 @@ def attention(q, k, v, *, causal: bool = False, schedule: str | None = None,
     its launcher exists. Calls of one shape on two streams at once would share the tiled
     schedules' workspace: use one stream per shape, or `launcher_for` per stream."""
     options = (causal, schedule, tiles, occupancy, scale, return_lse, l2_bytes, ctas,
-               chunk_tiles, *levers.items())
+               chunk_tiles, *(x for item in levers.items() for x in item))
     key = _call_key(q, k, v, options)
 
     def build():
@@ -369,7 +369,7 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q=None,
     bounds_q = _host_bounds("cu_seqlens_q", cu_seqlens_q)
     bounds_k = _host_bounds("cu_seqlens_k", cu_seqlens_k)
     options = (causal, schedule, tiles, occupancy, scale, return_lse, l2_bytes, ctas, bounds_q,
-               bounds_k, max_seqlen_q, max_seqlen_k, *levers.items())
+               bounds_k, max_seqlen_q, max_seqlen_k, *(x for item in levers.items() for x in item))
     key = _call_key(q, k, v, options)
     q4, k4, v4 = (_packed_as_4d(n, x) for n, x in (("q", q), ("k", k), ("v", v)))
 
