@@ -919,7 +919,10 @@ class VarlenLaunch:
         group = group_by_budget(unit_bytes, self.cta.l2_fraction * self.l2_bytes)[unit]
         if code == CTA_GROUPED:
             return np.lexsort((head, unit, q_tile, group))
-        return np.lexsort((head, unit, -q_tile, -visited, group))  # grouped_dynamic
+        if code == CTA_GROUPED_DYNAMIC:
+            return np.lexsort((head, unit, -q_tile, -visited, group))
+        raise ValueError(f"cta schedule {self.cta.name!r} has no order for variable-length "
+                         "batches (VarlenLaunch._order)")
 
     @cached_property
     def work_table(self) -> np.ndarray:
