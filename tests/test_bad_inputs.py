@@ -512,3 +512,25 @@ def test_the_store_never_writes_through_a_link(tmp_path):
         repair_tail(torn / "results.csv")
     assert (torn / "results.csv").read_bytes() == b"a,b\n1,2\n3,"  # nothing cut unlogged
     assert victim.read_text() == "precious\n"
+
+
+@pytest.mark.slow
+def test_every_experiment_plot_names_missing_data(tmp_path):
+    """`python experiments/<name>.py plot` on a data directory without its data sets ends in a
+    message naming what is missing (exit 1), never a traceback; an --out under a file too."""
+    import subprocess
+    import sys
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    for script in sorted((ROOT / "experiments").glob("*.py")):
+        res = subprocess.run([sys.executable, str(script), "plot", "--data", str(empty),
+                              "--out", str(tmp_path / "out")], capture_output=True, text=True,
+                             timeout=300)
+        assert res.returncode == 1, (script.name, res.stderr[-500:])
+        assert "Traceback" not in res.stderr and str(empty) in res.stderr, script.name
+    res = subprocess.run([sys.executable, str(ROOT / "experiments" / "knee.py"), "plot",
+                          "--out", str(blocker / "sub")], capture_output=True, text=True,
+                         timeout=600)
+    assert res.returncode == 1 and "Not a directory" in res.stderr, res.stderr[-500:]

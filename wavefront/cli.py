@@ -1225,7 +1225,7 @@ def paper(data_dir, experiments_dir, paper_dir):
     try:
         summary = paper_mod.build(data_dir, paper_dir, experiments_dir,
                                   log=lambda m: click.echo(m, err=True))
-    except (ClaimFailed, SchemaError, ValueError) as exc:
+    except (ClaimFailed, SchemaError, ValueError, OSError) as exc:
         raise click.ClickException(str(exc)) from None
     click.echo(paper_mod.main_summary(summary))
 
@@ -1281,8 +1281,13 @@ def experiment_cli(path) -> click.Group:
     def plot(data_dir, out_dir):
         from wavefront.report.analysis import Study
         from wavefront.report.experiments import draw
-        out_dir = out_dir or tempfile.mkdtemp(prefix=f"wavefront-{name}-")
-        for p in draw(load_experiment(path), Study(data_dir), out_dir):
+        try:
+            out_dir = out_dir or tempfile.mkdtemp(prefix=f"wavefront-{name}-")
+            Path(out_dir).mkdir(parents=True, exist_ok=True)  # before minutes of drawing
+            drawn = draw(load_experiment(path), Study(data_dir), out_dir)
+        except (ValueError, OSError) as exc:  # SchemaError is a ValueError
+            raise click.ClickException(f"{name}: {exc}") from None
+        for p in drawn:
             click.echo(str(p))
 
     return cli

@@ -798,7 +798,10 @@ def schedule_cost_rows(data_dir) -> pd.DataFrame:
     cuDNN and FA2 of the same rounds."""
     from wavefront.results.measurement import paired_ratio, paired_references
     rows = []
-    for path in sorted((Path(data_dir) / SCHEDULE_COST).glob("*.jsonl")):
+    runs = sorted((Path(data_dir) / SCHEDULE_COST).glob("*.jsonl"))
+    if not runs:
+        raise ValueError(f"{Path(data_dir) / SCHEDULE_COST}: no bench rounds (*.jsonl)")
+    for path in runs:
         for shape, by in _bench_contenders(path).items():
             for name, r in by.items():
                 if name in PEERS:
