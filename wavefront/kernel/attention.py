@@ -462,6 +462,14 @@ def partials_dtype_for(launch: Launch) -> str:
     return "bfloat16" if launch.kv.partial_output_bytes == 2 else "float32"
 
 
+# Measured: tileiras 13.4 crashes (segmentation fault, "Return code -11") compiling the packed
+# variable-length kernel with dynamic assignment and 128x128 tiles under the compiler's own
+# warp roles, for every dtype, head dim and mask; with worker_warps=8 it compiles and runs.
+VARLEN_DYNAMIC_128X128 = ("variable-length batches with a dynamic CTA schedule and 128x128 "
+                          "tiles need worker_warps=8 (tileiras 13.4 crashes compiling that "
+                          "kernel otherwise); or use 128x64 tiles or a static schedule")
+
+
 @dataclass(frozen=True)
 class KernelVariant:
     """One compiled binary of the attention kernel. The schedule is not part of it: every
@@ -502,6 +510,9 @@ class KernelVariant:
                              f"{(self.tile_m, self.tile_n)!r}")
         if self.varlen and self.partials:
             raise ValueError("variable-length batches do not run the tiled schedules")
+        if self.varlen and self.dynamic and (self.tile_m, self.tile_n) == (128, 128) \
+                and self.worker_warps is None:
+            raise ValueError(VARLEN_DYNAMIC_128X128)
         if self.partials and self.write_lse:
             raise ValueError("the tiled schedule writes partial states; its combine kernel "
                              "writes the LSE")
@@ -572,8 +583,9 @@ def all_variants(dtypes=DTYPES, head_dims=HEAD_DIMS, tiles=TILE_SHAPES, write_ls
                         for lse in write_lse:
                             yield KernelVariant(dtype, head_dim, tile[0], tile[1], causal,
                                                 occupancy, dynamic, False, lse)
-                        yield KernelVariant(dtype, head_dim, tile[0], tile[1], causal,
-                                            occupancy, dynamic, varlen=True)
+                        if not (dynamic and tile == (128, 128)):  # VARLEN_DYNAMIC_128X128
+                            yield KernelVariant(dtype, head_dim, tile[0], tile[1], causal,
+                                                occupancy, dynamic, varlen=True)
                     for partials_dtype in PARTIAL_DTYPES:
                         yield KernelVariant(dtype, head_dim, tile[0], tile[1], causal,
                                             occupancy, False, True,
