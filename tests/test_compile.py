@@ -63,10 +63,8 @@ def test_every_schedule_of_a_shape_runs_one_of_four_binaries():
 def test_every_binary_compiles_for_sm90():
     variants = list(all_variants(write_lse=(False, True)))
     # dtype x head_dim x tiles x causal x (static, dynamic) x (LSE off, LSE on, packed
-    # variable-length), plus the tiled writers (float32 and bfloat16 partial outputs), less the
-    # dynamic 128x128 varlen kernels tileiras 13.4 cannot compile (VARLEN_DYNAMIC_128X128)
-    assert len(variants) == (len(DTYPES) * len(HEAD_DIMS) * len(TILE_SHAPES) * 2 * (2 * 3 + 2)
-                             - len(DTYPES) * len(HEAD_DIMS) * 2)
+    # variable-length), plus the tiled writers (float32 and bfloat16 partial outputs)
+    assert len(variants) == len(DTYPES) * len(HEAD_DIMS) * len(TILE_SHAPES) * 2 * (2 * 3 + 2)
     compiled = variants + list(all_combine_variants())
     for label, resources, _ in _compile_all(compiled, "sm_90"):
         (kernel,) = resources
@@ -101,10 +99,6 @@ def test_variant_validation():
         KernelVariant("bfloat16", 64, 128, 64, False, 2, partials=True, write_lse=True)
     with pytest.raises(ValueError, match="variable-length"):
         KernelVariant("bfloat16", 64, 128, 64, False, 2, partials=True, varlen=True)
-    with pytest.raises(ValueError, match="need worker_warps=8"):
-        KernelVariant("bfloat16", 128, 128, 128, True, 1, dynamic=True, varlen=True)
-    KernelVariant("bfloat16", 128, 128, 128, True, 1, dynamic=True, varlen=True,
-                  worker_warps=8)  # the combination that compiles
 
 
 def test_launch_contract_follows_the_kernel_signatures():

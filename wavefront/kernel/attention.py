@@ -261,16 +261,24 @@ def _attend_work_item(Q, K, V, Out, Lse, PartO, PartM, PartL, Work, Order, item,
         _take_ticket(Order, 2 + 2 * item)
 
 
-def _reset_when_last(NextItem):
-    """NextItem = [item counter, CTAs finished]. The CTA that finishes last zeroes both.
+def _reset_when_last(NextItem, num_items):
+    """NextItem = [item counter, CTAs finished]. The CTA that finishes last takes both back to
+    zero, so the next launch (or graph replay) starts from zero with no host state.
 
-    Every CTA's last take from the item counter comes before its increment of the finished
-    count in program order, and that increment is acquire-release: the last CTA's increment
-    therefore sees every other CTA's takes, and its reset cannot overtake any of them."""
-    finished = ct.atomic_add(NextItem, 1, 1, memory_order=ct.MemoryOrder.ACQ_REL)
-    if finished == ct.num_blocks(0) - 1:
-        ct.atomic_xchg(NextItem, 0, 0, memory_order=ct.MemoryOrder.RELAXED)
-        ct.atomic_xchg(NextItem, 1, 0, memory_order=ct.MemoryOrder.RELAXED)
+    Every CTA takes items until one take finds none, so a launch of P CTAs leaves the counter at
+    num_items + P. A CTA increments the finished count only after its last take has returned
+    (the loop waits for the value), so when the last CTA's increment returns P - 1 every take
+    of the launch has been performed, and its subtraction comes after all of them in the
+    counter's order. The others subtract nothing. Relaxed and branchless, because tileiras 13.4
+    crashed (segmentation fault) compiling an acquire-release increment or a conditional reset
+    into the causal 128x128 dynamic kernel; the GPU tests check the counter after every
+    launch."""
+    ctas = ct.num_blocks(0)
+    finished = ct.atomic_add(NextItem, 1, 1, memory_order=ct.MemoryOrder.RELAXED)
+    last = (finished == ctas - 1).astype(ct.int32)
+    ct.atomic_add(NextItem, 0, -(num_items + ctas) * last,
+                  memory_order=ct.MemoryOrder.RELAXED)
+    ct.atomic_add(NextItem, 1, -ctas * last, memory_order=ct.MemoryOrder.RELAXED)
 
 
 def flash_attention_fwd(Q, K, V, Out, Lse, PartO, PartM, PartL, Work, NextItem, Order,
@@ -300,7 +308,7 @@ def flash_attention_fwd(Q, K, V, Out, Lse, PartO, PartM, PartL, Work, NextItem, 
                               RESCALE_THRESHOLD, EXP2_POLY, VARLEN)
             taken += 1
             item = ct.atomic_add(NextItem, 0, 1, memory_order=ct.MemoryOrder.RELAXED)
-        _reset_when_last(NextItem)
+        _reset_when_last(NextItem, num_items)
     else:
         for item in range(ct.bid(0), num_items, ct.num_blocks(0)):
             _attend_work_item(Q, K, V, Out, Lse, PartO, PartM, PartL, Work, Order, item, 0,
@@ -462,14 +470,6 @@ def partials_dtype_for(launch: Launch) -> str:
     return "bfloat16" if launch.kv.partial_output_bytes == 2 else "float32"
 
 
-# Measured: tileiras 13.4 crashes (segmentation fault, "Return code -11") compiling the packed
-# variable-length kernel with dynamic assignment and 128x128 tiles under the compiler's own
-# warp roles, for every dtype, head dim and mask; with worker_warps=8 it compiles and runs.
-VARLEN_DYNAMIC_128X128 = ("variable-length batches with a dynamic CTA schedule and 128x128 "
-                          "tiles need worker_warps=8 (tileiras 13.4 crashes compiling that "
-                          "kernel otherwise); or use 128x64 tiles or a static schedule")
-
-
 @dataclass(frozen=True)
 class KernelVariant:
     """One compiled binary of the attention kernel. The schedule is not part of it: every
@@ -510,9 +510,6 @@ class KernelVariant:
                              f"{(self.tile_m, self.tile_n)!r}")
         if self.varlen and self.partials:
             raise ValueError("variable-length batches do not run the tiled schedules")
-        if self.varlen and self.dynamic and (self.tile_m, self.tile_n) == (128, 128) \
-                and self.worker_warps is None:
-            raise ValueError(VARLEN_DYNAMIC_128X128)
         if self.partials and self.write_lse:
             raise ValueError("the tiled schedule writes partial states; its combine kernel "
                              "writes the LSE")
@@ -583,9 +580,8 @@ def all_variants(dtypes=DTYPES, head_dims=HEAD_DIMS, tiles=TILE_SHAPES, write_ls
                         for lse in write_lse:
                             yield KernelVariant(dtype, head_dim, tile[0], tile[1], causal,
                                                 occupancy, dynamic, False, lse)
-                        if not (dynamic and tile == (128, 128)):  # VARLEN_DYNAMIC_128X128
-                            yield KernelVariant(dtype, head_dim, tile[0], tile[1], causal,
-                                                occupancy, dynamic, varlen=True)
+                        yield KernelVariant(dtype, head_dim, tile[0], tile[1], causal,
+                                            occupancy, dynamic, varlen=True)
                     for partials_dtype in PARTIAL_DTYPES:
                         yield KernelVariant(dtype, head_dim, tile[0], tile[1], causal,
                                             occupancy, False, True,
