@@ -298,16 +298,18 @@ def attention(q, k, v, *, causal: bool = False, schedule: str | None = None,
                chunk_tiles, *(x for item in levers.items() for x in item))
     key = _call_key(q, k, v, options)
 
-    def build():
-        vq, (aq, ak, av) = _check_inputs(q, k, v)
+    def build(vq, k_shape):
         # an unknown lever name passes through to the launcher, which names it in its error
-        config = resolve_config(vq.shape, tuple(ak.shape), causal, schedule, tiles, occupancy,
+        config = resolve_config(vq.shape, tuple(k_shape), causal, schedule, tiles, occupancy,
                                 {**dict.fromkeys(KERNEL_LEVERS), **levers})
-        return _new_launcher(vq, ak.shape, causal=causal, scale=scale, return_lse=return_lse,
+        return _new_launcher(vq, k_shape, causal=causal, scale=scale, return_lse=return_lse,
                              l2_bytes=l2_bytes, ctas=ctas, chunk_tiles=chunk_tiles, **config)
-    launcher = _cached_launcher(key, build)
-    if key is None:  # arrays that needed converting (DLPack) run as cuTile takes them
-        _, (q, k, v) = _check_inputs(q, k, v)
+    if key is None:  # arrays that need converting (DLPack): converted and checked once, uncached
+        vq, (q, k, v) = _check_inputs(q, k, v)
+        launcher = build(vq, k.shape)
+    else:
+        launcher = _cached_launcher(
+            key, lambda: build(_check_inputs(q, k, v)[0], tuple(k.shape)))
     view = launcher.view
     if out is None and view.library == "torch":
         out = q.new_empty(view.shape)  # the common case, without the general helper
