@@ -67,3 +67,30 @@ for _ in range(2000):
 prof.disable()
 torch.cuda.synchronize()
 pstats.Stats(prof).sort_stats("tottime").print_stats(14)
+
+# The first call of a new shape (kernel compiled already): where its host time goes.
+from wavefront.kernel.launcher import clear_launcher_cache  # noqa: E402
+
+big_q = torch.randn(4, 32, 98304 // 4, 128, device="cuda", dtype=torch.bfloat16)
+for causal in (False, True):
+    wavefront.attention(big_q, big_q, big_q, causal=causal)
+    torch.cuda.synchronize()
+    clear_launcher_cache()
+    prof = cProfile.Profile()
+    began = time.perf_counter()
+    prof.enable()
+    wavefront.attention(big_q, big_q, big_q, causal=causal)
+    prof.disable()
+    print(f"first call causal={causal}: {(time.perf_counter() - began) * 1e3:.2f} ms "
+          "(under cProfile)")
+    torch.cuda.synchronize()
+    pstats.Stats(prof).sort_stats("cumtime").print_stats(25)
+
+# The launch alone, fresh vs reused output, torch vs CuPy arrays: what ct.launch costs per array.
+fresh = lambda: launcher(q, k, v, torch.empty_like(q), torch._C._cuda_getCurrentRawStream(0))  # noqa: E731
+print(f"{'bound launcher, torch, fresh out':40s} {per_call_us(fresh):7.1f} us")
+raw = torch._C._cuda_getCurrentRawStream(0)
+print(f"{'bound launcher, torch, raw stream':40s} "
+      f"{per_call_us(lambda: launcher(q, k, v, out, raw)):7.1f} us")
+print(f"{'torch._C._to_dlpack x5':40s} "
+      f"{per_call_us(lambda: [torch._C._to_dlpack(x) for x in (q, k, v, out, out)]):7.1f} us")
