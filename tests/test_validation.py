@@ -68,3 +68,18 @@ def test_plan_validates_occupancy_and_defaults():
     assert launch.num_ctas == 264
     with pytest.raises(ValueError, match="occupancy"):
         plan((1, 1, 64, 64), (1, 1, 64, 64), occupancy=0, sms=132, l2_bytes=50 << 20)
+
+
+def test_the_positional_hot_path_takes_the_levers_in_their_declared_order():
+    """`wavefront.attention` hands its options to the launcher positionally (keyword passing
+    costs microseconds per call): the order must be KERNEL_LEVERS' order."""
+    import inspect
+    pytest.importorskip("cuda.tile")
+    from wavefront.kernel.launcher import attention_positional
+    from wavefront.point import KERNEL_LEVERS
+    names = list(inspect.signature(attention_positional).parameters)
+    assert names[-len(KERNEL_LEVERS):] == list(KERNEL_LEVERS)
+    api_names = list(inspect.signature(__import__("wavefront.api").api.attention).parameters)
+    assert api_names[-len(KERNEL_LEVERS):] == list(KERNEL_LEVERS)
+    assert [n for n in names if n not in KERNEL_LEVERS] == [
+        n for n in api_names if n not in KERNEL_LEVERS]

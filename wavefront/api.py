@@ -43,12 +43,10 @@ def attention(q, k, v, *, causal: bool = False, schedule: str | None = None,
     about what the launch costs. PyTorch users: `wavefront.torch` has the same call as a
     custom op (torch.compile, CUDA graphs) and an SDPA-shaped entry point.
     """
-    return _launcher_attention()(q, k, v, causal=causal, schedule=schedule, tiles=tiles,
-                                 occupancy=occupancy, scale=scale, return_lse=return_lse,
-                                 out=out, stream=stream, l2_bytes=l2_bytes, ctas=ctas,
-                                 chunk_tiles=chunk_tiles, worker_warps=worker_warps,
-                                 cluster=cluster, kv_latency=kv_latency,
-                                 rescale_threshold=rescale_threshold, exp2_poly=exp2_poly)
+    # positional: keyword passing costs microseconds, what a short launch costs
+    return _launcher_attention()(q, k, v, causal, schedule, tiles, occupancy, scale, return_lse,
+                                 out, stream, l2_bytes, ctas, chunk_tiles, worker_warps, cluster,
+                                 kv_latency, rescale_threshold, exp2_poly)
 
 
 def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q=None,
@@ -93,6 +91,6 @@ def _launcher_attention():
     if _launch is None:
         from wavefront.device import require_gpu_stack
         require_gpu_stack("wavefront.attention")
-        from wavefront.kernel.launcher import attention as launch_attention
-        _launch = launch_attention
+        from wavefront.kernel.launcher import attention_positional
+        _launch = attention_positional
     return _launch

@@ -294,22 +294,41 @@ def attention(q, k, v, *, causal: bool = False, schedule: str | None = None,
     schedules' counter is reset by the kernel), so a call can be captured in a CUDA graph once
     its launcher exists. Calls of one shape on two streams at once would share the tiled
     schedules' workspace: use one stream per shape, or `launcher_for` per stream."""
-    options = (causal, schedule, tiles, occupancy, scale, return_lse, l2_bytes, ctas,
-               chunk_tiles, *(x for item in levers.items() for x in item))
-    key = _call_key(q, k, v, options)
+    unknown = set(levers) - set(KERNEL_LEVERS)
+    if unknown:
+        raise TypeError(f"unknown kernel levers {sorted(unknown)}; known: "
+                        f"{list(KERNEL_LEVERS)}")
+    return attention_positional(q, k, v, causal, schedule, tiles, occupancy, scale, return_lse,
+                                out, stream, l2_bytes, ctas, chunk_tiles,
+                                *(levers.get(name) for name in KERNEL_LEVERS))
 
-    def build(vq, k_shape):
-        # an unknown lever name passes through to the launcher, which names it in its error
-        config = resolve_config(vq.shape, tuple(k_shape), causal, schedule, tiles, occupancy,
-                                {**dict.fromkeys(KERNEL_LEVERS), **levers})
-        return _new_launcher(vq, k_shape, causal=causal, scale=scale, return_lse=return_lse,
-                             l2_bytes=l2_bytes, ctas=ctas, chunk_tiles=chunk_tiles, **config)
-    if key is None:  # arrays that need converting (DLPack): converted and checked once, uncached
-        vq, (q, k, v) = _check_inputs(q, k, v)
-        launcher = build(vq, k.shape)
-    else:
-        launcher = _cached_launcher(
-            key, lambda: build(_check_inputs(q, k, v)[0], tuple(k.shape)))
+
+def attention_positional(q, k, v, causal, schedule, tiles, occupancy, scale, return_lse, out,
+                         stream, l2_bytes, ctas, chunk_tiles, worker_warps, cluster, kv_latency,
+                         rescale_threshold, exp2_poly):
+    """`attention` with every option in order (levers in `KERNEL_LEVERS` order, None: not
+    chosen): the public call's hot path, one tuple and one dictionary read before the launch.
+    Keyword arguments cost microseconds per call here, which is what a short launch costs."""
+    options = (causal, schedule, tiles, occupancy, scale, return_lse, l2_bytes, ctas,
+               chunk_tiles, worker_warps, cluster, kv_latency, rescale_threshold, exp2_poly)
+    key = _call_key(q, k, v, options)
+    launcher = _launchers.get(key) if key is not None else None
+    if launcher is None:
+        levers = {"worker_warps": worker_warps, "cluster": cluster, "kv_latency": kv_latency,
+                  "rescale_threshold": rescale_threshold, "exp2_poly": exp2_poly}
+
+        def build(vq, k_shape):
+            config = resolve_config(vq.shape, tuple(k_shape), causal, schedule, tiles,
+                                    occupancy, levers)
+            return _new_launcher(vq, k_shape, causal=causal, scale=scale,
+                                 return_lse=return_lse, l2_bytes=l2_bytes, ctas=ctas,
+                                 chunk_tiles=chunk_tiles, **config)
+        if key is None:  # arrays that need converting (DLPack): converted, checked once, uncached
+            vq, (q, k, v) = _check_inputs(q, k, v)
+            launcher = build(vq, k.shape)
+        else:
+            launcher = _cached_launcher(
+                key, lambda: build(_check_inputs(q, k, v)[0], tuple(k.shape)))
     view = launcher.view
     if out is None and view.library == "torch":
         out = q.new_empty(view.shape)  # the common case, without the general helper
@@ -444,8 +463,15 @@ def _zeros(vq: _ArrayView, shape, dtype: str):
 def _upload(vq: _ArrayView, host):
     """A NumPy array copied to q's device, in q's library."""
     if vq.library == "torch":
+        import warnings
+
         import torch
-        return torch.from_numpy(host.copy()).to(f"cuda:{vq.device}")
+        with warnings.catch_warnings():
+            # The table is read-only and torch warns about wrapping it; it is only read, by the
+            # copy below (a host copy first would cost a millisecond at 100k work items).
+            warnings.simplefilter("ignore", UserWarning)
+            host_tensor = torch.from_numpy(host)
+        return host_tensor.to(_torch_device(vq.device))
     import cupy
     with cupy.cuda.Device(vq.device):
         return cupy.asarray(host)
