@@ -65,6 +65,43 @@ class FiniteFloatRange(click.FloatRange):
         return super().convert(number, param, ctx)
 
 
+class CleanErrors(click.Group):
+    """A command group whose commands end in a message, not a traceback, when the machine says
+    no: a full disk, a read-only or forbidden path, memory running out, input nested past
+    Python's recursion limit. What a sweep stored before the failure stays (rows are appended
+    and fsync'd one by one); the message says so. Bugs still raise: they should be seen."""
+
+    def invoke(self, ctx):
+        try:
+            return super().invoke(ctx)
+        except OSError as exc:
+            raise click.ClickException(os_error_text(exc)) from None
+        except MemoryError:
+            raise click.ClickException(
+                "out of memory: make the input smaller (a shorter sequence, fewer points); "
+                "rows already stored are kept") from None
+        except RecursionError:
+            raise click.ClickException("the input is nested too deeply to read") from None
+
+
+# errno values whose message gets a remedy; anything else is named as the system names it
+_OS_REMEDY = {
+    28: "the disk is full: rows already stored are kept; free space and run the same command "
+        "again to resume",
+    30: "the file system is read-only: choose another --out",
+    13: "permission denied: choose a directory you may write, or fix its permissions",
+    1: "operation not permitted: choose a directory you may write, or fix its permissions",
+    122: "the disk quota is exceeded: rows already stored are kept; free space and run again",
+}
+
+
+def os_error_text(exc: OSError) -> str:
+    where = " -> ".join(str(f) for f in (exc.filename, exc.filename2) if f is not None)
+    what = exc.strerror or str(exc) or type(exc).__name__
+    remedy = _OS_REMEDY.get(exc.errno)
+    return (f"{where}: " if where else "") + what + (f" ({remedy})" if remedy else "")
+
+
 def _echo_json(data) -> None:
     click.echo(json.dumps(data, indent=2, default=str))
 
@@ -181,7 +218,7 @@ def environment() -> dict:
     return {"gpu": dev.as_dict() if dev else None, **software_versions()}
 
 
-@click.group()
+@click.group(cls=CleanErrors)
 @click.version_option(package_name="wavefront")
 def main():
     """wavefront: cache behaviour of attention kernels on NVIDIA GPUs."""
@@ -420,13 +457,17 @@ def prefill(layers, hidden, heads, kv_heads, intermediate, vocab, batch, seqlens
         raise click.BadParameter(f"hidden / heads must be one of {HEAD_DIMS} and heads a "
                                  f"multiple of kv-heads; got hidden {hidden}, heads {heads}, "
                                  f"kv-heads {kv_heads}", param_hint="--hidden")
+    prompt_lengths = _list(int, seqlens, "--seqlen")
+    if any(s < 1 for s in prompt_lengths):
+        raise click.BadParameter(f"prompt lengths must be positive, got {seqlens!r}",
+                                 param_hint="--seqlen")
     dev = _require_gpu()
     import wavefront.torch as ours
     from wavefront.measure.prefill import ModelShape, compare
     shape = ModelShape(layers, hidden, heads, kv_heads, intermediate, vocab)
     rows = []
     with _JsonlSink(out_dir, "prefill.jsonl") as sink:
-        for seqlen in _list(int, seqlens, "--seqlen"):
+        for seqlen in prompt_lengths:
             row = {"gpu": dev.name, **compare(shape, batch, seqlen, ours, rounds=rounds,
                                               prefer_transformers=not stand_in)}
             rows.append(row)
@@ -887,7 +928,8 @@ def _run_sweep(spec, out_dir, dev, retry_failed=False, runner=None):
         return run_sweep(spec, out_dir, gpu=dev.name, sms=dev.sms, l2_bytes=dev.l2_bytes,
                          runner=runner or _sweep_runner(out_dir), environment=environment(),
                          retry_failed=retry_failed, command=sys.argv)
-    except (ProfilerError, StoreLocked, SchemaError) as exc:
+    except (ProfilerError, StoreLocked, SchemaError, ValueError) as exc:
+        # ValueError: a spec error only this GPU's shape reveals (expanding on it)
         raise click.ClickException(str(exc)) from None
 
 
@@ -912,7 +954,11 @@ def _run_sweep_on_dask(spec, out_dir, gpus, scheduler, retry_failed=False):
     cluster = None
     try:
         if scheduler:
-            client = Client(scheduler)
+            try:
+                client = Client(scheduler)
+            except (OSError, ValueError, TypeError) as exc:  # unreachable, malformed
+                raise click.ClickException(f"--scheduler {scheduler!r}: cannot connect "
+                                           f"({exc})") from None
         else:
             present = visible_gpu_count()
             n = present if gpus == "all" else int(gpus)
@@ -933,7 +979,8 @@ def _run_sweep_on_dask(spec, out_dir, gpus, scheduler, retry_failed=False):
                          l2_bytes=gpu["l2_bytes"], runner=runner, environment=env,
                          retry_failed=retry_failed, command=sys.argv,
                          manifest_extra={"engine": f"dask ({len(gpu['workers'])} workers)"})
-    except (StoreLocked, SchemaError, RuntimeError) as exc:
+    except (StoreLocked, SchemaError, RuntimeError, ValueError) as exc:
+        # ValueError: a spec error only the cluster's GPU shape reveals (expanding on it)
         raise click.ClickException(str(exc)) from None
     finally:
         if cluster is not None:
@@ -1225,8 +1272,10 @@ def paper(data_dir, experiments_dir, paper_dir):
     try:
         summary = paper_mod.build(data_dir, paper_dir, experiments_dir,
                                   log=lambda m: click.echo(m, err=True))
-    except (ClaimFailed, SchemaError, ValueError, OSError) as exc:
+    except (ClaimFailed, SchemaError, ValueError) as exc:
         raise click.ClickException(str(exc)) from None
+    except OSError as exc:
+        raise click.ClickException(f"--out {paper_dir}: {os_error_text(exc)}") from None
     click.echo(paper_mod.main_summary(summary))
 
 
@@ -1243,7 +1292,8 @@ def experiment_cli(path) -> click.Group:
     name = path.stem
 
     import ast
-    @click.group(name=name, help=ast.get_docstring(ast.parse(path.read_text())))
+    @click.group(name=name, cls=CleanErrors,
+                 help=ast.get_docstring(ast.parse(path.read_text())))
     def cli():
         pass
 

@@ -51,7 +51,10 @@ def parse_schedule(schedule) -> tuple[str, str]:
     """'persistent+sawtooth' -> ('persistent', 'sawtooth'); a bare CTA name scans linearly."""
     if not isinstance(schedule, str) or not schedule:
         raise ValueError(f"schedule must be a string like 'persistent+sawtooth', got {schedule!r}")
-    cta, _, kv = schedule.partition("+")
+    cta, plus, kv = schedule.partition("+")
+    if plus and not kv:  # "persistent+": a scan was meant and not named
+        raise ValueError(f"schedule {schedule!r} names no K/V scan after '+': write "
+                         f"'{cta}+linear' (or '{cta}' alone, which scans linearly)")
     cta_schedule(cta)
     kv_schedule(kv or "linear")
     return cta, kv or "linear"

@@ -94,6 +94,8 @@ def discover(experiments_dir) -> dict[str, Experiment]:
     for path in sorted(directory.glob("*.py")):
         if not path.name.startswith("_"):
             out[path.stem] = load_experiment(path)
+    if not out:
+        raise ValueError(f"{directory}: no experiment files (*.py) in it")
     return out
 
 

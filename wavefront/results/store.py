@@ -191,6 +191,19 @@ def read_header(path) -> list[str]:
         return next(csv.reader(f), [])
 
 
+def require_regular_file(path: Path, what: str) -> None:
+    """Refuse what would read forever or block (a device, a FIFO) or is no file at all, by
+    name, before opening it (stat does not open: a FIFO without a writer cannot block it)."""
+    import stat
+    try:
+        mode = path.stat().st_mode
+    except OSError as exc:
+        raise SchemaError(f"{path}: cannot read {what}: {exc.strerror}") from None
+    if not stat.S_ISREG(mode):
+        raise SchemaError(f"{path}: {what} must be a regular file, not a device, FIFO or "
+                          "directory")
+
+
 def load_results(path, *, require_manifest: bool = True, strict: bool = False):
     """Load a results CSV as a pandas DataFrame, refusing a file that does not match the schema
     (v3, or v2 upgraded in memory) or has no valid manifest; `strict` (what feeds a fit or a
@@ -202,6 +215,7 @@ def load_results(path, *, require_manifest: bool = True, strict: bool = False):
     path = Path(path)
     if not path.exists():
         raise SchemaError(f"{path}: no such results file")
+    require_regular_file(path, "a results file")
     try:
         header = read_header(path)
     except (OSError, UnicodeDecodeError, csv.Error) as exc:
@@ -330,6 +344,7 @@ def read_manifest(directory) -> dict:
     path = Path(directory) / MANIFEST_FILE
     if not path.exists():
         raise SchemaError(f"{path}: missing; results without a manifest are not accepted")
+    require_regular_file(path, "a manifest")
     try:
         runs = json.loads(path.read_text())
     except (OSError, ValueError) as exc:

@@ -226,6 +226,10 @@ def parse_spec(text: str, source: str = "spec") -> SweepSpec:
     name = raw.get("name", Path(source).stem)
     if not isinstance(name, str) or not name:
         raise ValueError(f"{source}: name must be a non-empty string, got {name!r}")
+    if not name.isprintable() or any(c in name for c in "/\\") or name in (".", ".."):
+        # a label in progress lines and manifests, and a data set's directory elsewhere
+        raise ValueError(f"{source}: name must be printable, without path separators, got "
+                         f"{name!r}")
     points = sum(_grid_size(g) for g in grids)  # an upper bound: duplicates count here
     if points > MAX_POINTS:
         raise ValueError(f"{source}: the grid has {points} points, more than the limit of "
