@@ -167,7 +167,7 @@ FLAGS = [
     (["simulate", "--jitter", "1.0"], 2, "--jitter"),
     (["simulate", "--capacity-mib", "0"], 2, "--capacity-mib"),
     (["simulate", "--sms", "0"], 2, "--sms"),
-    (["simulate", "--seqlen", "2147483648"], 2, "tile accesses"),
+    (["simulate", "--seqlen", "2147483648"], 2, "seqlen must be at most 16777216"),
     (["simulate", "--schedule", "grouped+tiled"], 2, "not a schedule"),
     (["sweep", "no-such-spec.toml", "--dry-run"], 2, "does not exist"),
     (["sweep", str(ROOT / "experiments" / "knee.py")], 2, "--out DIR is required"),

@@ -78,6 +78,17 @@ def parse_tiles(tiles) -> tuple[int, int]:
     return tiles
 
 
+def _shape(name: str, shape, layout: str, rank: int = 4) -> tuple:
+    """A shape of `rank` entries (what each means: `layout`), else an error naming it."""
+    try:
+        shape = tuple(shape)
+    except TypeError:
+        shape = None
+    if shape is None or len(shape) != rank:
+        raise ValueError(f"{name} must be {rank} sizes {layout}, got {shape!r}")
+    return shape
+
+
 def _launch_choices(head_dim, causal, schedule, tiles, occupancy):
     """-> (tile_m, tile_n, occupancy, cta name, kv name): the caller's choices checked, the
     defaults where the caller chose nothing."""
@@ -97,8 +108,11 @@ def plan(q_shape, k_shape, *, sms: int, l2_bytes: int, causal=False,
          ctas=None, chunk_tiles=None) -> Launch:
     """The `Launch` the kernel runs for these shapes on a GPU of `sms` SMs and `l2_bytes` of
     L2 (no GPU needed: the model calls this with a preset)."""
-    b, h, sq, d = q_shape
-    _, hkv, skv, _ = k_shape
+    b, h, sq, d = _shape("q_shape", q_shape, "(batch, heads, seqlen, head_dim)")
+    bk, hkv, skv, dk = _shape("k_shape", k_shape, "(batch, kv_heads, seqlen, head_dim)")
+    if (bk, dk) != (b, d):
+        raise ValueError(f"k_shape must have q's batch ({b}) and head_dim ({d}), got "
+                         f"{tuple(k_shape)}")
     tile_m, tile_n, occupancy, cta, kv = _launch_choices(d, causal, schedule, tiles, occupancy)
     problem = AttentionProblem(b, h, hkv, sq, skv, d, causal, tile_m, tile_n, element_bytes)
     kv_sched = kv_schedule(kv)
@@ -124,6 +138,8 @@ def seqlens_of(name: str, cu_seqlens, total_rows: int) -> tuple[int, ...]:
         raise ValueError(f"{name} must start at 0 and hold at least two entries, got "
                          f"{bounds[:8]}")
     lengths = tuple(b - a for a, b in zip(bounds, bounds[1:]))
+    if any(isinstance(x, bool) for x in cu_seqlens):
+        raise ValueError(f"{name} must hold integers, not booleans, got {cu_seqlens!r}")
     if min(lengths) < 0:
         raise ValueError(f"{name} must not decrease, got {bounds[:8]}...")
     if bounds[-1] != total_rows:
@@ -136,8 +152,10 @@ def plan_varlen(q_shape, k_shape, cu_seqlens_q, cu_seqlens_k, *, sms: int, l2_by
                 causal=False, schedule="persistent+linear", tiles=None, occupancy=None,
                 element_bytes=2, ctas=None) -> VarlenLaunch:
     """The `VarlenLaunch` for packed q (total_q, heads, D) and k (total_k, kv_heads, D)."""
-    total_q, h, d = q_shape
-    total_k, hkv, _ = k_shape
+    total_q, h, d = _shape("q_shape", q_shape, "(total_q, heads, head_dim)", 3)
+    total_k, hkv, dk = _shape("k_shape", k_shape, "(total_k, kv_heads, head_dim)", 3)
+    if dk != d:
+        raise ValueError(f"k_shape must have q's head_dim ({d}), got {tuple(k_shape)}")
     tile_m, tile_n, occupancy, cta, kv = _launch_choices(d, causal, schedule, tiles, occupancy)
     problem = AttentionProblem(1, h, hkv, total_q, total_k, d, causal, tile_m, tile_n,
                                element_bytes)
@@ -191,6 +209,12 @@ PARAMETER_COLUMNS = ("batch", "heads", "kv_heads", "seqlen", "head_dim", "dtype"
 LAUNCH_COLUMNS = ("gpu", "sms", "l2_bytes", "num_ctas", "group_units")
 
 
+
+# The longest sequence a point may name, 2^24 rows, a sweep grid's limit too: one head's K and
+# V at D=128 already take 8 GB there.
+MAX_POINT_SEQLEN = 1 << 24
+
+
 @dataclass(frozen=True)
 class Point:
     """One attention configuration. Defaults (tiles, occupancy, K/V heads) resolve as the kernel
@@ -220,6 +244,13 @@ class Point:
             positive_int(name, getattr(self, name))
         for name in ("kv_heads", "ctas", "chunk_tiles"):
             positive_int(name, getattr(self, name), optional=True)
+        if self.seqlen > MAX_POINT_SEQLEN:
+            raise ValueError(f"seqlen must be at most {MAX_POINT_SEQLEN}, got {self.seqlen}")
+        if self.occupancy is not None and (isinstance(self.occupancy, bool)
+                                           or not isinstance(self.occupancy, int)
+                                           or not 1 <= self.occupancy <= 32):
+            raise ValueError(f"occupancy must be an integer in [1, 32] (or None: the tile "
+                             f"shape's default), got {self.occupancy!r}")
         if self.head_dim not in HEAD_DIMS or isinstance(self.head_dim, bool):
             raise ValueError(f"head_dim must be one of {HEAD_DIMS}, got {self.head_dim!r}")
         if self.dtype not in DTYPES:

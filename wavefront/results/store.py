@@ -174,6 +174,10 @@ def append_row(path, row: dict) -> None:
     try:
         _write_all(fd, text.encode())
         os.fsync(fd)
+    except OSError as exc:  # a full disk, say: named by the file it was writing
+        if exc.filename is None:
+            raise OSError(exc.errno, exc.strerror or str(exc), str(path)) from None
+        raise
     finally:
         os.close(fd)
 
@@ -349,6 +353,8 @@ def read_manifest(directory) -> dict:
         runs = json.loads(path.read_text())
     except (OSError, ValueError) as exc:
         raise SchemaError(f"{path}: not valid JSON: {exc}") from None
+    except RecursionError:
+        raise SchemaError(f"{path}: not valid JSON: nested too deeply") from None
     if not isinstance(runs, dict):
         raise SchemaError(f"{path}: must map run ids to manifests")
     for run_id, entry in runs.items():

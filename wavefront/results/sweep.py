@@ -41,7 +41,15 @@ import uuid
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from wavefront.point import DTYPES, HEAD_DIMS, GpuShape, Point, parse_schedule, parse_tiles
+from wavefront.point import (
+    DTYPES,
+    HEAD_DIMS,
+    MAX_POINT_SEQLEN,
+    GpuShape,
+    Point,
+    parse_schedule,
+    parse_tiles,
+)
 from wavefront.results.measurement import METRIC_SETS, Measurement
 from wavefront.results.progress import Progress
 from wavefront.results.store import (
@@ -64,7 +72,7 @@ except ModuleNotFoundError:  # Python 3.10
 MEASUREMENTS = ("timing", "counters")
 # The largest sequence length a sweep accepts: beyond it one launch's inputs alone outgrow
 # any GPU we run on (B=H=1, D=128: 3 x 2^24 x 128 x 2 bytes = 12 GiB).
-MAX_SEQLEN = 1 << 24
+MAX_SEQLEN = MAX_POINT_SEQLEN
 # Limits on what a spec may ask for, checked before anything is built (a product of values
 # that are each fine can still be 10^12 tasks). Each is far above any sweep measured here (the
 # largest, knee, has a few thousand tasks) and far below what exhausts a workstation.
@@ -132,7 +140,9 @@ GRID_KEYS = {
     "kv_heads": _check_at_most(MAX_BATCH_HEADS),
     "seqlen": _check_seqlen, "head_dim": _check_choice(HEAD_DIMS),
     "dtype": _check_choice(DTYPES), "causal": _check_bool,
-    "tiles": _check_with(parse_tiles, "a tile shape like '128x64' (64x64, 128x64, 128x128)"),
+    # a string: a TOML array ([128, 64]) would parse but cannot key a point
+    "tiles": _check_with(lambda v: parse_tiles(v if isinstance(v, str) else None),
+                         "a tile shape like '128x64' (64x64, 128x64, 128x128)"),
     "occupancy": _check_occupancy, "ctas": _check_at_most(MAX_CTAS, zero_ok=True),
     "chunk_tiles": _check_at_most(MAX_CHUNK_TILES, zero_ok=True),
     "schedule": _check_with(parse_schedule, "a schedule like 'persistent+sawtooth'"),
