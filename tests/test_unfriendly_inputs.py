@@ -482,8 +482,21 @@ def test_miss_curves_kept_per_distance_answer_as_per_access():
         assert len(curve._need) <= len(finite) + 1
 
 
+def test_a_manifest_that_is_a_link_is_refused_and_its_target_kept(tmp_path):
+    from wavefront.results.store import UnsafePath, write_manifest
+    victim = tmp_path / "victim.json"
+    victim.write_text('{"precious": {}}\n')
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "manifest.json").symlink_to(victim)
+    with pytest.raises(UnsafePath, match="manifest.json: is a symbolic link"):
+        write_manifest(out, "r", {"schema_version": 3, "date": "d", "gpu": "g",
+                                  "git_commit": "c", "command": "t"})
+    assert victim.read_text() == '{"precious": {}}\n'
+
+
 def test_the_count():
-    functions = (len(MANIFEST_OBJECTS) + 5 + 1 + 3 + 1 + 7)
+    functions = (len(MANIFEST_OBJECTS) + 5 + 1 + 3 + 1 + 7 + 1)
     total = len(SPECS) + len(FLAGS) + len(API) + functions
     print(f"{total} new unfriendly inputs: {len(SPECS)} specs, {len(FLAGS)} flags and files, "
           f"{len(API)} API calls, {functions} files, machine refusals, schedulers and limits")

@@ -447,6 +447,8 @@ def write_manifest(directory, run_id: str, data: dict) -> Path:
     """Manifests accumulate per run: manifest.json maps run_id -> manifest. Written through a
     unique temporary file and an atomic rename."""
     path = Path(directory) / MANIFEST_FILE
+    if path.is_symlink():  # the rename below would not follow it, but reading it would
+        raise UnsafePath(f"{path}: is a symbolic link; the store writes only files of its own")
     runs = read_manifest(directory) if path.exists() else {}
     runs[run_id] = data
     fd, tmp = tempfile.mkstemp(dir=directory, prefix=".manifest-", suffix=".tmp")
