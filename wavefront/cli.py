@@ -1135,7 +1135,8 @@ def simulate(gpu_name, sms, l2_mib, capacity_mib, partitions, batch, heads, kv_h
         results.append(row)
     elapsed = time.perf_counter() - start
     accesses = sum(r["accesses"] for r in results)
-    peak_mib = _peak_rss_mib()
+    from wavefront.results.progress import peak_rss_mib
+    peak_mib = peak_rss_mib()
     if as_json:
         _echo_json({"gpu": gpu.name, "preset": gpu_name, "sms": gpu.sms,
                     "l2_bytes": gpu.l2_bytes, "capacity_bytes": capacity,
@@ -1171,21 +1172,6 @@ def simulate(gpu_name, sms, l2_mib, capacity_mib, partitions, batch, heads, kv_h
                        f"{pt['dram_read_sectors']:.4g} sectors")
     click.echo(f"({accesses / 1e6:.1f} M tile accesses simulated in {elapsed:.1f} s, "
                f"{accesses / max(elapsed, 1e-9) / 1e6:.1f} M/s, peak memory {peak_mib:.0f} MiB)")
-
-
-def _peak_rss_mib() -> float:
-    """This process's peak resident memory. Linux: VmHWM of this program's own address space
-    (ru_maxrss would carry over the high-water mark of a parent it was forked from, e.g. a
-    large test runner); elsewhere ru_maxrss (macOS reports bytes)."""
-    try:
-        for line in Path("/proc/self/status").read_text().splitlines():
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) / 2**10
-    except OSError:
-        pass
-    import resource
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    return peak / 2**20 if sys.platform == "darwin" else peak / 2**10
 
 
 @main.command()

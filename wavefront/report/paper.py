@@ -15,6 +15,7 @@ from pathlib import Path
 from wavefront.report import draft
 from wavefront.report.analysis import Study
 from wavefront.report.experiments import discover, draw
+from wavefront.results.progress import peak_rss_mib
 
 
 def build(data_dir, paper_dir, experiments_dir, log=print) -> dict:
@@ -52,8 +53,11 @@ def _build_into(data_dir, paper_dir: Path, experiments_dir, log) -> dict:
     experiments = discover(experiments_dir)
     study = Study(data_dir)
     for name, exp in experiments.items():
+        began = time.perf_counter()
         draw(exp, study, paper_dir / "figures")
-        log(f"figure {name}")
+        # the time includes what this figure computed first for the rest (Study caches it)
+        log(f"figure {name}: {time.perf_counter() - began:.1f} s, peak memory so far "
+            f"{peak_rss_mib():.0f} MiB")
     numbers = draft.compute(study, experiments)
     (paper_dir / "draft.md").write_text(draft.render(numbers))
     # Per-point medians, ranges and flags of every repeated data set: what the figures
@@ -96,3 +100,4 @@ def main_summary(summary: dict) -> str:
             lines.append(f"{e['GPU']}: {e['model']}: out-of-sample DRAM-read MAPE {e['mape']:.0%}, "
                          f"R^2 {e['r2']:.2f}, over {e['n']} held-out points above the knee")
     return "\n".join(lines)
+

@@ -57,3 +57,19 @@ class Progress:
         if self.enabled and self._tty:
             self.stream.write("\n")
             self.stream.flush()
+
+
+def peak_rss_mib() -> float:
+    """This process's peak resident memory. Linux: VmHWM of this program's own address space
+    (ru_maxrss would carry over the high-water mark of a parent it was forked from, e.g. a
+    large test runner); elsewhere ru_maxrss (macOS reports bytes)."""
+    from pathlib import Path
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 2**10
+    except OSError:
+        pass
+    import resource
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return peak / 2**20 if sys.platform == "darwin" else peak / 2**10
