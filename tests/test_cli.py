@@ -222,3 +222,42 @@ def test_paired_speedup_cancels_what_a_round_shares():
     assert med == pytest.approx(1.25) and lo == pytest.approx(1.25) and hi == pytest.approx(1.25)
     with pytest.raises(ValueError, match="same rounds"):
         paired_speedup(ref, result("c", [1.0] * 7))
+
+
+def test_a_dry_run_reads_the_experiment_as_data():
+    """`wavefront sweep FILE --dry-run` lists the sweep without importing what the figure
+    needs (pandas, seaborn, numba, matplotlib, scipy) and without running the file."""
+    import subprocess
+    import sys
+    code = ("import sys\n"
+            "from wavefront.cli import main\n"
+            "try:\n"
+            "    main(['sweep', 'experiments/knee.py', '--dry-run'])\n"
+            "except SystemExit as exc:\n"
+            "    assert not exc.code, exc.code\n"
+            "heavy = {'pandas', 'seaborn', 'numba', 'matplotlib', 'scipy'} & set(sys.modules)\n"
+            "print('heavy:', sorted(heavy))\n")
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         cwd=Path(__file__).parent.parent, timeout=120)
+    assert res.returncode == 0, res.stderr[-1000:]
+    assert "knee: 216 tasks" in res.stdout and "heavy: []" in res.stdout, res.stdout
+
+
+def test_experiment_sweeps_are_read_without_running_the_file(tmp_path):
+    from wavefront.results.sweep import experiment_spec_texts
+    shared = 'GRID = """\n[grid]\nseqlen = [128]\nhead_dim = [64]\nschedule = ["grid"]\n"""\n'
+    good = tmp_path / "two.py"
+    good.write_text("raise SystemExit('this file must not run')\n" + shared
+                    + "SPECS = {'a': 'name = \"a\"\\n' + GRID, 'b': GRID}\n")
+    texts = experiment_spec_texts(good)
+    assert sorted(texts) == ["a", "b"] and texts["a"].startswith('name = "a"')
+    res = CliRunner().invoke(main, ["sweep", str(good), "--dry-run"])
+    assert res.exit_code == 2 and "owns 2 sweeps (a, b)" in res.output, res.output
+    one = tmp_path / "one.py"
+    one.write_text("import os\nos.remove(__file__)\n" + shared + "SPEC = GRID\n")
+    res = CliRunner().invoke(main, ["sweep", str(one), "--dry-run"])
+    assert res.exit_code == 0 and "1 tasks" in res.output and one.exists(), res.output
+    computed = tmp_path / "computed.py"
+    computed.write_text("def make():\n    return ''\nSPEC = make()\n")
+    res = CliRunner().invoke(main, ["sweep", str(computed), "--dry-run"])
+    assert res.exit_code == 2 and "SPEC must be built from literals" in res.output, res.output

@@ -999,15 +999,15 @@ def _gpus_option(f):
 
 def load_any_spec(path: str):
     """A sweep spec from a TOML file or from an experiment file's SPEC."""
-    from wavefront.results.sweep import load_spec, read_spec_text
+    from wavefront.results.sweep import experiment_spec_texts, load_spec, parse_spec
     if path.endswith(".py"):
-        from wavefront.report.experiments import load_experiment
-        read_spec_text(path)  # a regular file of bounded size before Python reads it
-        specs = load_experiment(path).specs
-        if len(specs) != 1:
-            raise ValueError(f"{path}: owns {len(specs)} sweeps ({', '.join(specs) or 'none'}); "
-                             "run it with `python {path} run`")
-        return next(iter(specs.values()))
+        # read as data, not run: a dry run imports nothing the figure needs
+        texts = experiment_spec_texts(path)
+        if len(texts) != 1:
+            raise ValueError(f"{path}: owns {len(texts)} sweeps ({', '.join(texts) or 'none'}); "
+                             f"run it with `python {path} run`")
+        (dataset, text), = texts.items()
+        return parse_spec(text, f"{path}[{dataset}]")
     return load_spec(path)
 
 

@@ -21,7 +21,7 @@ from pathlib import Path
 from types import ModuleType
 
 from wavefront.report import figures
-from wavefront.results.sweep import SweepSpec, parse_spec
+from wavefront.results.sweep import SweepSpec, experiment_spec_texts, parse_spec
 
 
 @dataclass(frozen=True)
@@ -38,10 +38,9 @@ class Experiment:
     @property
     def specs(self) -> dict[str, SweepSpec]:
         """The sweeps it owns, by the data set each measures into."""
-        texts = dict(getattr(self.module, "SPECS", {}))
-        if getattr(self.module, "SPEC", None):
-            texts[self.name] = self.module.SPEC
-        return {name: parse_spec(text, f"{self.path}[{name}]") for name, text in texts.items()}
+        # the same reading as `wavefront sweep FILE` (from the file's text, not the module)
+        return {name: parse_spec(text, f"{self.path}[{name}]")
+                for name, text in experiment_spec_texts(self.path).items()}
 
     @property
     def spec(self) -> SweepSpec | None:

@@ -292,6 +292,59 @@ def load_spec(path) -> SweepSpec:
     return parse_spec(read_spec_text(path), str(path))
 
 
+# What an experiment file may build its sweeps from, read without running it.
+_DATA_NAMES = ("SPEC", "SPECS", "DATASETS", "BENCH")
+
+
+def experiment_spec_texts(path) -> dict[str, str]:
+    """The sweeps an experiment file owns (`SPEC`, `SPECS`), by the data set each measures
+    into, read as data: the file is parsed, not run, so listing or checking a sweep imports
+    nothing the figure needs (pandas, seaborn, numba) and runs none of its code.
+
+    Module-level assignments are evaluated where they are literals: strings, numbers, lists,
+    tuples and dicts of them, names bound earlier to such values, and `+` of strings (a grid
+    shared by two specs). Anything else in SPEC or SPECS is an error naming it."""
+    import ast
+    name = Path(path).stem
+    tree = ast.parse(read_spec_text(path), filename=str(path))
+    values: dict[str, object] = {}
+
+    def value(node):
+        if isinstance(node, ast.Constant) and isinstance(node.value, (str, int, float, bool)):
+            return node.value
+        if isinstance(node, ast.Name) and node.id in values:
+            return values[node.id]
+        if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Add):
+            left, right = value(node.left), value(node.right)
+            if isinstance(left, str) and isinstance(right, str):
+                return left + right
+        if isinstance(node, (ast.List, ast.Tuple)):
+            return [value(x) for x in node.elts]
+        if isinstance(node, ast.Dict) and None not in node.keys:
+            return {value(k): value(v) for k, v in zip(node.keys, node.values)}
+        raise ValueError(ast.unparse(node))
+
+    for node in tree.body:
+        if not (isinstance(node, ast.Assign) and len(node.targets) == 1
+                and isinstance(node.targets[0], ast.Name)):
+            continue
+        target = node.targets[0].id
+        try:
+            values[target] = value(node.value)
+        except ValueError as exc:
+            if target in ("SPEC", "SPECS"):
+                raise ValueError(f"{path}: {target} must be built from literals (strings, and "
+                                 f"names bound to them) so it can be read without running the "
+                                 f"file; got {str(exc)[:80]!r}") from None
+    texts = dict(values.get("SPECS") or {})
+    if values.get("SPEC"):
+        texts[name] = values["SPEC"]
+    for dataset, text in texts.items():
+        if not isinstance(dataset, str) or not isinstance(text, str):
+            raise ValueError(f"{path}: SPECS must map data set names to TOML texts")
+    return texts
+
+
 def expand_points(spec: SweepSpec, source: str = "spec") -> list[Point]:
     """Every distinct point of the spec (grid order), each checked as a `Point`."""
     points, seen = [], set()
