@@ -267,3 +267,42 @@ def test_a_resume_that_measures_differently_is_refused(tmp_path, setting, value)
     # the same settings resume as before
     summary = run_sweep(spec, tmp_path, runner=CrashingRunner(10**6), progress=False, **GPU)
     assert summary["skipped"] == 3 and summary["ok"] == 13
+
+
+def test_a_chunk_tiles_sweep_measures_and_records_each_chunk_size(tmp_path):
+    """chunk_tiles is a point parameter: two values are two tasks, and each row records its
+    value in its own column and its key."""
+    spec = parse_spec('[grid]\nseqlen = [8192]\nhead_dim = [64]\nschedule = ["persistent+tiled"]\n'
+                      'chunk_tiles = [16, 64]\n')
+    tasks = expand(spec, **GPU)
+    assert len(tasks) == 2 and {t["chunk_tiles"] for t in tasks} == {16, 64}
+    summary = run_sweep(spec, tmp_path, runner=CrashingRunner(10**6), progress=False, **GPU)
+    assert summary["ok"] == 2
+    df = load_results(tmp_path / "results.csv")
+    assert sorted(df["chunk_tiles"].astype(int)) == [16, 64]
+    assert all(p.endswith(f",chunk_tiles={c}") for p, c in zip(df["point"], df["chunk_tiles"]))
+
+
+def test_a_v3_results_file_is_upgraded_before_a_v4_row_is_appended(tmp_path):
+    """Committed data (schema v3) loads with the new column empty; appending to it first
+    rewrites it as v4 (logged), so a resumed old sweep never mixes two row layouts."""
+    import csv
+    import io
+    from wavefront.results.store import COLUMNS, V3_COLUMNS
+    spec = parse_spec(SPEC)
+    with pytest.raises(KeyboardInterrupt):
+        run_sweep(spec, tmp_path, runner=CrashingRunner(limit=3), progress=False, **GPU)
+    path = tmp_path / "results.csv"
+    rows = list(csv.reader(io.StringIO(path.read_text())))
+    keep = [i for i, c in enumerate(rows[0]) if c in V3_COLUMNS]
+    buf = io.StringIO()
+    csv.writer(buf, lineterminator="\n").writerows([[r[i] for i in keep] for r in rows])
+    path.write_text(buf.getvalue())  # the same rows as schema v3 wrote them
+    before = load_results(path)
+    assert len(before) == 3 and before["chunk_tiles"].isna().all()
+    summary = run_sweep(spec, tmp_path, runner=CrashingRunner(10**6), progress=False, **GPU)
+    assert summary["skipped"] == 3 and summary["ok"] == 13
+    assert path.read_text().splitlines()[0].split(",") == COLUMNS
+    after = load_results(path)
+    assert len(after) == 16 and not after.duplicated(["point", "measurement", "repeat"]).any()
+    assert "schema v3 -> v4" in (tmp_path / "repairs.log").read_text()

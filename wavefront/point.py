@@ -10,7 +10,6 @@ the kernel compiles it, the model and the CLI validate against it without import
 """
 from __future__ import annotations
 
-import math
 from dataclasses import asdict, dataclass, replace
 from wavefront.schedules import (
     AttentionProblem,
@@ -205,6 +204,10 @@ def check_softmax_levers(rescale_threshold, exp2_poly) -> None:
 PARAMETER_COLUMNS = ("batch", "heads", "kv_heads", "seqlen", "head_dim", "dtype", "causal",
                      "tile_m", "tile_n", "occupancy", "cta_schedule", "kv_schedule",
                      "resident_ctas")
+# Parameters most points leave at their default (empty in a results row): they join the key only
+# where set, so every key written before them stays what it was. `chunk_tiles`: the tiled
+# schedule's K/V tiles per chunk (default: from the L2).
+OPTIONAL_PARAMETER_COLUMNS = ("chunk_tiles",)
 # Derived from the launch on a GPU; recorded beside the parameters.
 LAUNCH_COLUMNS = ("gpu", "sms", "l2_bytes", "num_ctas", "group_units")
 
@@ -302,14 +305,16 @@ class Point:
                     **self.levers)
 
     def parameters(self, gpu: GpuShape) -> dict:
-        """The PARAMETER_COLUMNS of this point on `gpu`, defaults resolved."""
+        """The PARAMETER_COLUMNS (and OPTIONAL_PARAMETER_COLUMNS) of this point on `gpu`,
+        defaults resolved."""
         launch = self.launch(gpu)
         p = launch.problem
         return {"batch": self.batch, "heads": self.heads, "kv_heads": p.kv_heads,
                 "seqlen": self.seqlen, "head_dim": self.head_dim, "dtype": self.dtype,
                 "causal": p.causal, "tile_m": p.tile_m, "tile_n": p.tile_n,
                 "occupancy": launch.ctas_per_sm, "cta_schedule": launch.cta.name,
-                "kv_schedule": launch.kv.name, "resident_ctas": launch.resident_ctas}
+                "kv_schedule": launch.kv.name, "resident_ctas": launch.resident_ctas,
+                "chunk_tiles": self.chunk_tiles}
 
     def key(self, gpu: GpuShape) -> str:
         return point_key(self.parameters(gpu))
@@ -332,7 +337,7 @@ class Point:
         `ctas` is set only where the CTAs in flight differ from SMs x occupancy."""
         sms, occupancy, resident = int(rec["sms"]), int(rec["occupancy"]), int(rec["resident_ctas"])
         chunk = rec.get("chunk_tiles") if hasattr(rec, "get") else None
-        chunk = None if chunk is None or (isinstance(chunk, float) and math.isnan(chunk)) else int(chunk)
+        chunk = None if is_unset(chunk) else int(chunk)
         return cls(batch=int(rec["batch"]), heads=int(rec["heads"]), kv_heads=int(rec["kv_heads"]),
                    seqlen=int(rec["seqlen"]), head_dim=int(rec["head_dim"]),
                    dtype=str(rec["dtype"]), causal=bool(rec["causal"]),
@@ -345,4 +350,17 @@ class Point:
 
 
 def point_key(params: dict) -> str:
-    return ",".join(f"{k}={params[k]}" for k in PARAMETER_COLUMNS)
+    """The canonical key of a point: every parameter column, then the optional ones that are
+    set (None, NaN and pandas' NA count as unset)."""
+    key = ",".join(f"{k}={params[k]}" for k in PARAMETER_COLUMNS)
+    for k in OPTIONAL_PARAMETER_COLUMNS:
+        value = params.get(k)
+        if not is_unset(value):
+            key += f",{k}={int(value)}"
+    return key
+
+
+def is_unset(value) -> bool:
+    """An optional parameter left at its default: None, NaN, pandas' NA or an empty cell
+    (compared as text: pandas' NA has no truth value)."""
+    return str(value) in ("None", "nan", "<NA>", "")

@@ -21,7 +21,12 @@ import tempfile
 from dataclasses import fields
 from pathlib import Path
 
-from wavefront.point import LAUNCH_COLUMNS, PARAMETER_COLUMNS, point_key
+from wavefront.point import (
+    LAUNCH_COLUMNS,
+    OPTIONAL_PARAMETER_COLUMNS,
+    PARAMETER_COLUMNS,
+    point_key,
+)
 from wavefront.results.measurement import (
     DERIVED,
     METRIC_NOTES,
@@ -30,7 +35,7 @@ from wavefront.results.measurement import (
     Timing,
 )
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 RESULTS_FILE = "results.csv"
 MANIFEST_FILE = "manifest.json"
 
@@ -57,6 +62,8 @@ SCHEMA: dict[str, tuple[str, str]] = {
     "l2_bytes": ("int", "L2 size reported by the device"),
     **{c: (_PARAMETER_TYPES.get(c, "int"), "point parameter (wavefront.point.Point)")
        for c in PARAMETER_COLUMNS},
+    **{c: ("int", "point parameter, empty where the point left it at its default (v4)")
+       for c in OPTIONAL_PARAMETER_COLUMNS},
     **{c: ("int", "derived from the launch") for c in LAUNCH_COLUMNS if c not in
        ("gpu", "sms", "l2_bytes")},
     **{f.name: (_field_type(f.type), "timing (wavefront.results.measurement.Timing)")
@@ -69,6 +76,9 @@ SCHEMA: dict[str, tuple[str, str]] = {
     **{column: ("float", meaning) for column, meaning in DERIVED.items()},
 }
 COLUMNS = list(SCHEMA)
+# Schema v3 (before the optional parameters): upgraded on load, and rewritten as v4 before the
+# next row is appended, the new columns empty (what the rows meant: defaults).
+V3_COLUMNS = [c for c in COLUMNS if c not in OPTIONAL_PARAMETER_COLUMNS]
 
 # Schema v2 (before repeats and conditions): upgraded on load, the new columns empty.
 V2_COLUMNS = ["point", "measurement", "status", "error", "gpu", "sms", "l2_bytes", "batch",
@@ -168,6 +178,7 @@ def append_row(path, row: dict) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     text = _row_text(row)
     repair_tail(path)
+    upgrade_in_place(path)
     if not path.exists() or path.stat().st_size == 0:
         text = _header_text() + text
     fd = _open_no_follow(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
@@ -180,6 +191,47 @@ def append_row(path, row: dict) -> None:
         raise
     finally:
         os.close(fd)
+
+
+def upgrade_in_place(path: Path) -> None:
+    """A results file of an older schema (v3) rewritten as the current one before a row of
+    the current one is appended to it: the new columns inserted empty, through a temporary
+    file and an atomic rename, and logged in repairs.log. A v2 file is refused (upgrade it by
+    loading and saving it); a current or new file is left alone."""
+    if not path.exists() or path.stat().st_size == 0:
+        return
+    header = read_header(path)
+    if header == COLUMNS:
+        return
+    if header != V3_COLUMNS:
+        raise SchemaError(f"{path}: rows of schema v{SCHEMA_VERSION} cannot be appended to a "
+                          f"file of another schema (header {header[:4]}...)")
+    if path.is_symlink():
+        raise UnsafePath(f"{path}: is a symbolic link; the store writes only files of its own")
+    at = [COLUMNS.index(c) for c in COLUMNS if c not in V3_COLUMNS]
+    with open(path, newline="") as f:
+        rows = list(csv.reader(f))
+    for row in rows[1:]:
+        for i in at:
+            row.insert(i, "")
+    rows[0] = COLUMNS
+    buf = io.StringIO()
+    csv.writer(buf, lineterminator="\n").writerows(rows)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".results-", suffix=".tmp")
+    with os.fdopen(fd, "w") as f:
+        f.write(buf.getvalue())
+        f.flush()
+        os.fsync(f.fileno())
+    log_fd = _open_no_follow(path.parent / "repairs.log", os.O_WRONLY | os.O_APPEND | os.O_CREAT)
+    try:
+        _write_all(log_fd, (json.dumps({"date": _now(), "file": path.name,
+                                        "upgraded": f"schema v3 -> v{SCHEMA_VERSION}",
+                                        "added_columns": [COLUMNS[i] for i in at],
+                                        "rows": len(rows) - 1}) + "\n").encode())
+        os.fsync(log_fd)
+    finally:
+        os.close(log_fd)
+    os.replace(tmp, path)
 
 
 def _cell(value):
@@ -226,8 +278,10 @@ def load_results(path, *, require_manifest: bool = True, strict: bool = False):
         raise SchemaError(f"{path}: not a readable CSV: {exc}") from None
     if header == V2_COLUMNS:
         version = 2
-    elif header == COLUMNS:
+    elif header == V3_COLUMNS:
         version = 3
+    elif header == COLUMNS:
+        version = 4
     else:
         missing = [c for c in COLUMNS if c not in header]
         extra = [c for c in header if c not in COLUMNS]
@@ -244,7 +298,7 @@ def load_results(path, *, require_manifest: bool = True, strict: bool = False):
                                     if t not in ("str", "bool")})
     except (ValueError, pd.errors.ParserError) as exc:
         raise SchemaError(f"{path}: rows do not parse: {exc}") from None
-    if version == 2:
+    if version < SCHEMA_VERSION:
         for col in COLUMNS:
             if col not in df:
                 df[col] = 0 if col == "repeat" else ("" if SCHEMA[col][0] == "str" else None)
@@ -401,9 +455,9 @@ def check_rows(path, df, runs: dict | None) -> None:
         return
     if df["causal"].isna().any():
         raise SchemaError(f"{path}: column 'causal' must be True or False in every row")
-    params = df[list(PARAMETER_COLUMNS)]
-    keys = [point_key(dict(zip(PARAMETER_COLUMNS, row)))
-            for row in params.itertuples(index=False, name=None)]
+    columns = [*PARAMETER_COLUMNS, *OPTIONAL_PARAMETER_COLUMNS]
+    keys = [point_key(dict(zip(columns, row)))
+            for row in df[columns].itertuples(index=False, name=None)]
     wrong = df["point"].to_numpy() != np.array(keys, dtype=object)
     if wrong.any():
         i = int(np.argmax(wrong))

@@ -378,8 +378,6 @@ def expand(spec: SweepSpec, *, gpu: str, sms: int, l2_bytes: int,
             rec = point.to_record(shape, gpu)
         except ValueError as exc:
             raise ValueError(f"{source}: point {point.schedule} S={point.seqlen}: {exc}") from None
-        if point.chunk_tiles:
-            rec["chunk_tiles"] = point.chunk_tiles
         records.append(rec)
     tasks, seen = [], set()
     for repeat in range(spec.repeats):
