@@ -109,6 +109,32 @@ def capacity_fits(c: pd.DataFrame, curves: dict | None = None) -> dict[str, GpuC
     return out
 
 
+def capacity_fits_table(fits: dict[str, GpuCapacity]) -> pd.DataFrame:
+    """Capacity fits as rows (one per GPU and fitted point), for the model cache."""
+    import json
+    rows = []
+    for gpu, entry in fits.items():
+        for point, predicted, measured in zip(entry.fit.points, entry.fit.predicted,
+                                              entry.fit.measured):
+            rows.append({"gpu": gpu, "capacity_bytes": entry.fit.capacity_bytes,
+                         "l2_bytes": entry.l2_bytes, "cross": json.dumps(entry.cross),
+                         "point": point, "predicted": predicted, "measured": measured})
+    return pd.DataFrame(rows)
+
+
+def capacity_fits_from_table(table: pd.DataFrame) -> dict[str, GpuCapacity]:
+    """`capacity_fits_table` read back: the same fits, the errors scored again."""
+    import json
+    out = {}
+    for gpu, rows in table.groupby("gpu", sort=False):
+        first = rows.iloc[0]
+        predicted, measured = list(rows["predicted"]), list(rows["measured"])
+        fit = CapacityFit(gpu, float(first["capacity_bytes"]), error_table(predicted, measured),
+                          list(rows["point"]), predicted, measured)
+        out[gpu] = GpuCapacity(gpu, fit, int(first["l2_bytes"]), json.loads(first["cross"]))
+    return out
+
+
 def knees(c: pd.DataFrame, predicted: dict) -> pd.DataFrame:
     """Measured vs predicted knee per (GPU, D, schedule): the first S with misses > 1.5 x
     compulsory. `predicted`: (gpu, point) -> predicted DRAM read bytes."""
@@ -344,7 +370,10 @@ class Study:
 
     @cached_property
     def knee_fits(self) -> dict[str, GpuCapacity]:
-        return capacity_fits(self.knee_counters)
+        # Simulating every knee point takes a minute: the fits are kept in the model cache.
+        table = cached_table(self, "knee_fits", [self.data_dir / "knee" / "results.csv"],
+                             lambda: capacity_fits_table(capacity_fits(self.knee_counters)))
+        return capacity_fits_from_table(table)
 
     @cached_property
     def sweep_counters(self) -> pd.DataFrame:
