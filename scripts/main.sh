@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# The main job. On a GPU: measure (GPU tests, the foundation bench, the sweeps of
-# experiments/specs). On a CPU-only machine: regenerate figures, tables and the paper draft
-# from data/ and run the cache model on the H100 preset.
+# The main job. On a GPU: measure (the foundation bench, then every experiment file's own
+# sweeps and bench runs: `python experiments/<name>.py run`). On a CPU-only machine:
+# regenerate figures, tables and the paper draft from data/ and run the cache model on the
+# H100 preset.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/venv.sh
