@@ -802,7 +802,7 @@ def _shape_name(s: dict) -> str:
             + f" S{s['seqlen'] // 1024}k D{s['head_dim']}" + (" causal" if s["causal"] else ""))
 
 
-def _bench_contenders(path) -> dict[str, dict[str, dict]]:
+def bench_contenders(path) -> dict[str, dict[str, dict]]:
     """One `wavefront bench --out` file: {shape name: {contender: its row}}."""
     shapes: dict = {}
     for line in Path(path).read_text().splitlines():
@@ -831,7 +831,7 @@ def schedule_cost_rows(data_dir) -> pd.DataFrame:
     if not runs:
         raise ValueError(f"{Path(data_dir) / SCHEDULE_COST}: no bench rounds (*.jsonl)")
     for path in runs:
-        for shape, by in _bench_contenders(path).items():
+        for shape, by in bench_contenders(path).items():
             for name, r in by.items():
                 if name in PEERS:
                     continue
@@ -1006,7 +1006,7 @@ def tiled_fit_timing(data_dir) -> pd.DataFrame:
     from wavefront.results.measurement import paired_ratio
     rows = []
     for path in sorted((Path(data_dir) / "tiled_fit").glob("bench*.jsonl")):
-        for shape, by in _bench_contenders(path).items():
+        for shape, by in bench_contenders(path).items():
             ref = by.get("persistent+linear")
             for name, r in by.items():
                 if name in PEERS or ref is None:

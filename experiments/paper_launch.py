@@ -1,0 +1,112 @@
+"""Does sawtooth speed up the paper's own launch on Hopper, with today's kernel?
+
+The paper (arXiv 2601.16032) reports its gains on GB10 at B=8 H=1 S=128k D=64, 64x64 tiles,
+persistent CTAs, one per SM, 48 of them. Here that launch verbatim, causal and not, sawtooth
+against linear: DRAM reads (Nsight Compute, one pass, cold L2, repeated) and TFLOP/s from
+interleaved rounds whose ratio is paired by round (95% interval). Hopper's 50-60 MB L2 and
+3-5 TB/s DRAM are not GB10's 24 MB and 273 GB/s: a DRAM saving at this launch need not become
+speed here. The table-driven kernel (f26966e onward) measured every number.
+
+    python experiments/paper_launch.py run            # on a GPU: bench rounds, then the sweep
+    python experiments/paper_launch.py plot --out DIR # anywhere: figure and table from data/
+"""
+import matplotlib.pyplot as plt
+import numpy as np
+import pandas as pd
+import seaborn as sns
+
+from wavefront.cli import experiment_cli
+from wavefront.report.analysis import bench_contenders, headline_pairs, short_gpu
+from wavefront.results.measurement import paired_ratio
+
+LAUNCH = ["--batch", "8", "--heads", "1", "--seqlen", "131072", "--head-dim", "64",
+          "--tile", "64x64", "--occupancy", "1", "--ctas", "48"]
+SCHEDULES = "persistent+linear,persistent+sawtooth"
+
+SPEC = """
+name = "paper_launch"
+measure = ["timing", "counters"]
+metric_set = "dram"
+repeats = 3
+reps = 5
+timeout_s = 600
+batch_points = 4
+
+[grid]
+batch = [8]
+heads = [1]
+seqlen = [131072]
+head_dim = [64]
+causal = [false, true]
+tiles = ["64x64"]
+occupancy = [1]
+ctas = [48]
+schedule = ["persistent+linear", "persistent+sawtooth"]
+"""
+# `run` appends these rounds to data/paper_launch/bench.jsonl: both schedules of each mask
+# timed in the same rounds, one launch per round (a launch takes a few hundred ms).
+BENCH = [LAUNCH + ["--schedule", SCHEDULES, "--no-peers", "--no-api", "--rounds", "12",
+                   "--per-round", "1", "--warmup", "1"]]
+
+
+def speed_pairs(study) -> pd.DataFrame:
+    """Sawtooth against linear from the bench rounds: TFLOP/s ratio paired by round, with its
+    95% interval, per GPU and mask."""
+    rows = []
+    for path in sorted((study.data_dir / "paper_launch").glob("*.jsonl")):
+        for shape, by in bench_contenders(path).items():
+            if not {"persistent+linear", "persistent+sawtooth"} <= set(by):
+                continue
+            lin, saw = by["persistent+linear"], by["persistent+sawtooth"]
+            ratio, lo, hi = paired_ratio(lin["samples_ms"], saw["samples_ms"])
+            rows.append({"GPU": short_gpu(lin["gpu"]), "causal": bool(lin["shape"]["causal"]),
+                         "linear TFLOP/s": lin["tflops"], "sawtooth TFLOP/s": saw["tflops"],
+                         "sawtooth vs linear": ratio, "lo": lo, "hi": hi,
+                         "rounds": lin["rounds"]})
+    if not rows:
+        raise ValueError(f"{study.data_dir / 'paper_launch'}: no bench rounds (*.jsonl)")
+    return pd.DataFrame(rows)
+
+
+def table(study) -> pd.DataFrame:
+    """Per GPU and mask: DRAM reads of sawtooth vs linear (medians over repeats, range over
+    every pair of repeats) and TFLOP/s paired by round."""
+    misses = headline_pairs(study.load("paper_launch"))
+    misses = misses.assign(causal=misses["causal"].astype(bool))
+    speed = speed_pairs(study)
+    out = misses[["GPU", "causal", "linear DRAM / min", "DRAM reads, sawtooth vs linear",
+                  "range lo", "range hi"]].merge(speed, on=["GPU", "causal"], how="outer")
+    return out.sort_values(["GPU", "causal"]).reset_index(drop=True)
+
+
+def figure(study):
+    c = study.counters("paper_launch")
+    c = c.assign(GPU=c["gpu"].map(short_gpu), scan=c["kv_schedule"],
+                 mask=np.where(c["causal"].astype(bool), "causal", "non-causal"),
+                 **{"DRAM reads (GB)": c["dram_read_bytes"] / 1e9})
+    speed = speed_pairs(study)
+    speed = speed.assign(mask=np.where(speed["causal"], "causal", "non-causal"))
+    fig, axes = plt.subplots(1, 2, figsize=(11, 3.6))
+    sns.stripplot(data=c, x="DRAM reads (GB)", y="mask", hue="scan", dodge=True, jitter=False,
+                  ax=axes[0])
+    axes[0].set_title("DRAM reads, a dot per profiled launch")
+    for i, (_, r) in enumerate(speed.sort_values(["GPU", "mask"]).iterrows()):
+        x = (r["sawtooth vs linear"] - 1) * 100
+        axes[1].errorbar([x], [i], xerr=[[x - (r["lo"] - 1) * 100], [(r["hi"] - 1) * 100 - x]],
+                         fmt="o", capsize=3, color="C1")
+    labels = [f"{r['GPU']} {r['mask']}" for _, r in speed.sort_values(["GPU", "mask"]).iterrows()]
+    axes[1].set_yticks(range(len(labels)), labels)
+    axes[1].axvline(0, color="k", lw=0.8)
+    axes[1].set_xlabel("TFLOP/s, sawtooth vs linear (%; median of per-round ratios, 95% CI)")
+    axes[1].set_title(f"Speed, paired by round ({int(speed['rounds'].min())} rounds)")
+    gpus = ", ".join(sorted(set(c["GPU"])))
+    fig.suptitle(f"The paper's launch on {gpus}: B8 H1 S128k D64 bf16, 64x64 tiles, 48 "
+                 "persistent CTAs (one per SM); today's kernel")
+    fig.tight_layout()
+    return fig
+
+
+cli = experiment_cli(__file__)
+
+if __name__ == "__main__":
+    cli()
