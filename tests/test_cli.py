@@ -261,3 +261,30 @@ def test_experiment_sweeps_are_read_without_running_the_file(tmp_path):
     computed.write_text("def make():\n    return ''\nSPEC = make()\n")
     res = CliRunner().invoke(main, ["sweep", str(computed), "--dry-run"])
     assert res.exit_code == 2 and "SPEC must be built from literals" in res.output, res.output
+
+
+def test_an_experiments_own_section_and_claims_join_the_draft():
+    """An experiment file's `section(study)` is rendered into the draft, and a claim of its
+    that the data contradicts stops the build like any other."""
+    from types import SimpleNamespace
+
+    import pytest as _pytest
+
+    from wavefront.report import draft
+
+    def holds(study):
+        return "## Mine\n\ntext", [("a true claim", True, "checked")]
+
+    def fails(study):
+        return "## Mine\n\ntext", [("a false claim", False, "contradicted")]
+    for section, ok in ((holds, True), (fails, False)):
+        numbers = draft.DraftNumbers()
+        text = draft._experiment_sections(numbers, None, {
+            "mine": SimpleNamespace(module=SimpleNamespace(section=section)),
+            "other": SimpleNamespace(module=SimpleNamespace())})
+        assert text == "## Mine\n\ntext"
+        failed = [c for c in numbers.claims if not c.holds]
+        assert (not failed) == ok
+        if not ok:
+            with _pytest.raises(draft.ClaimFailed, match="mine: contradicted"):
+                draft.render(numbers)

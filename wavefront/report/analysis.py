@@ -802,13 +802,15 @@ def _shape_name(s: dict) -> str:
             + f" S{s['seqlen'] // 1024}k D{s['head_dim']}" + (" causal" if s["causal"] else ""))
 
 
-def bench_contenders(path) -> dict[str, dict[str, dict]]:
-    """One `wavefront bench --out` file: {shape name: {contender: its row}}."""
+def bench_contenders(path, per_gpu: bool = False) -> dict:
+    """One `wavefront bench --out` file: {shape name: {contender: its row}}; with `per_gpu`
+    (a file that runs on several GPUs appended to), {(GPU, shape name): {contender: row}}."""
     shapes: dict = {}
     for line in Path(path).read_text().splitlines():
         r = json.loads(line)
         if "contender" in r:
-            shapes.setdefault(_shape_name(r["shape"]), {})[r["contender"]] = r
+            key = (r["gpu"], _shape_name(r["shape"])) if per_gpu else _shape_name(r["shape"])
+            shapes.setdefault(key, {})[r["contender"]] = r
     return shapes
 
 

@@ -170,6 +170,7 @@ def compute(study: Study, experiments: dict) -> DraftNumbers:
     tfits, joined = study.throughput
     _throughput(n, study, tfits)
     _predictions(n, study)
+    v["experiment_sections"] = _experiment_sections(n, study, experiments)
     v["figure_list"] = "\n".join(_bullet(f"`figures/{name}.png` (`experiments/{name}.py`): "
                                          f"{e.question}") for name, e in experiments.items())
     _differences(n, study, tfits, joined, presets)
@@ -784,6 +785,22 @@ def _sawtooth_slower_share(bench: pd.DataFrame) -> float:
 
 def template() -> str:
     return resources.files("wavefront.report").joinpath("templates/draft.md").read_text()
+
+
+def _experiment_sections(n: DraftNumbers, study: Study, experiments: dict) -> str:
+    """The sections experiments write themselves: an experiment file's `section(study)`
+    returns its markdown (heading, prose, table, figure) and its claims, each (text, holds,
+    evidence), checked like every other claim of the draft."""
+    texts = []
+    for name, exp in experiments.items():
+        section = getattr(exp.module, "section", None)
+        if section is None:
+            continue
+        text, claims = section(study)
+        for claim_text, holds, evidence in claims:
+            n.claim(claim_text, holds, f"{name}: {evidence}")
+        texts.append(text.strip())
+    return "\n\n".join(texts)
 
 
 def render(numbers: DraftNumbers) -> str:
