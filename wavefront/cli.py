@@ -466,7 +466,7 @@ def prefill(layers, hidden, heads, kv_heads, intermediate, vocab, batch, seqlens
     from wavefront.measure.prefill import ModelShape, compare
     shape = ModelShape(layers, hidden, heads, kv_heads, intermediate, vocab)
     rows = []
-    with _JsonlSink(out_dir, "prefill.jsonl") as sink:
+    with JsonlSink(out_dir, "prefill.jsonl") as sink:
         for seqlen in prompt_lengths:
             row = {"gpu": dev.name, **compare(shape, batch, seqlen, ours, rounds=rounds,
                                               prefer_transformers=not stand_in)}
@@ -536,7 +536,7 @@ def bench_varlen(sequences, tokens, longest, lengths, seed, heads, kv_heads, hea
     from wavefront.measure.rounds import run_rounds
     from wavefront.measure.varlen_bench import varlen_contenders
     rows = []
-    with _JsonlSink(out_dir, "bench_varlen.jsonl") as sink:
+    with JsonlSink(out_dir, "bench_varlen.jsonl") as sink:
         for is_causal in ([causal] if causal is not None else [False, True]):
             contenders = varlen_contenders(lengths, heads=heads, kv_heads=kv_heads,
                                            head_dim=int(head_dim), causal=is_causal,
@@ -650,7 +650,7 @@ def bench(batch, heads, kv_heads, seqlens, head_dims, dtype, causal, schedules, 
                 members.append(candidate)
             bound_of_api[shape] = contender_name(candidate, members[0])
     rows, failed = [], 0
-    with _JsonlSink(out_dir, "bench.jsonl") as sink, \
+    with JsonlSink(out_dir, "bench.jsonl") as sink, \
             click.progressbar(list(shapes.items()), label="shapes", file=sys.stderr) as bar:
         for shape, members in bar:
             try:
@@ -828,7 +828,7 @@ def _write_run_manifest(out_dir, files) -> None:
     write_manifest(out_dir, data["date"].replace(":", "") + f"-{os.getpid()}", data)
 
 
-class _JsonlSink:
+class JsonlSink:
     """Rows appended to <out_dir>/<name>, one JSON object a line, flushed as each is written,
     with a run manifest beside them; nothing at all without `out_dir`."""
 
@@ -1300,6 +1300,9 @@ def experiment_cli(path) -> click.Group:
                    str(Path(data_dir) / name)]
             click.echo(" ".join(cmd[2:]), err=True)
             failed += subprocess.run(cmd).returncode != 0
+        measure = getattr(me.module, "measure", None)
+        if measure is not None:  # a measurement of its own (not a sweep, not a bench)
+            failed += bool(measure(Path(data_dir) / name))
         for dataset in me.datasets:
             spec, out = spec_for(dataset, experiments), Path(data_dir) / dataset
             summary = (_run_sweep_on_dask(spec, out, gpus, scheduler) if dev is None
