@@ -6,8 +6,11 @@ shared-memory request keeps a second CTA, or an attention CTA, off those SMs) re
 far larger than the L2 with streaming loads (`__ldcs`: evict-first in L1 and L2, so it takes
 bandwidth, not the attention's L2 lines) until a `%globaltimer` deadline. More stream CTAs leave
 less bandwidth. Each round times the attention's schedules back to back, in a random order,
-on their own stream while the streamer runs; the streamer's bytes over its time give the
-bandwidth it took. Schedules are compared round by round (paired).
+on their own stream while the streamer runs. Schedules are compared round by round (paired).
+
+The streamer also counts its bytes; over a short run that count equals Nsight Compute's DRAM
+bytes (scripts/stream_check.py), but its rate over longer runs comes out above HBM3's peak and
+is not understood yet: it is recorded, not used.
 """
 from __future__ import annotations
 
