@@ -110,6 +110,7 @@ def section(study) -> tuple[str, list]:
     t = table(study)
     most = t[t["stream CTAs"] == t["stream CTAs"].max()]
     speed = (t["sawtooth vs linear"] - 1).abs().max()
+    widest = float(max((1 - t["lo"]).max(), (t["hi"] - 1).max()))
     shown = t.assign(**{
         "linear slowdown": [f"{x:+.1%}" for x in t["linear slowdown"]],
         "sawtooth vs linear": [f"{x - 1:+.3%} [{lo - 1:+.3%}, {hi - 1:+.3%}]"
@@ -120,13 +121,14 @@ def section(study) -> tuple[str, list]:
 The same launch with a streaming kernel on the SMs it leaves idle, reading a 4 GB buffer with
 evict-first loads through every round (`experiments/starved_launch.py`,
 `wavefront.measure.starvation`). With the stream on all {int(most["stream CTAs"].iloc[0])} spare
-SMs, linear slowed by {most["linear slowdown"].max():.1%} at most, and sawtooth stayed at
-linear's speed at every stream level (largest median difference {speed:.3%}). Whether the
+SMs, linear's time changed by {most["linear slowdown"].min():+.1%} to {most["linear slowdown"].max():+.1%}, and sawtooth stayed at
+linear's speed at every stream level: the largest median difference is {speed:.2%}, no paired
+95% interval excludes no change, the widest reaches {widest:.1%}. Whether the
 stream's loads reach DRAM is checked by `scripts/stream_check.py` against Nsight Compute's DRAM
 bytes on a short run (not part of this data set). How much bandwidth it leaves the attention
 is not measured: the stream's own clock-based rate over longer runs exceeds what HBM3 can
 deliver, so this section states SMs streaming, not GB/s left. What it does show: on Hopper a
-launch that asks DRAM for under 2% of its bandwidth (the section above) is barely slowed by a
+launch that asks DRAM for a few percent of its bandwidth (the section above) is barely slowed by a
 DRAM stream on every other SM, and sawtooth's saving of DRAM traffic does not become speed.
 
 {md_table(shown)}
@@ -135,11 +137,12 @@ DRAM stream on every other SM, and sawtooth's saving of DRAM traffic does not be
 """
     claims = [
         ("Sawtooth runs at linear's speed beside the DRAM stream at every level: every paired "
-         "95% interval includes no change and lies within 1%",
-         bool(((t["lo"] <= 1) & (t["hi"] >= 1) & (t["lo"] > 0.99) & (t["hi"] < 1.01)).all()),
+         "95% interval includes no change and lies within a few percent of it",
+         bool(((t["lo"] <= 1) & (t["hi"] >= 1) & (t["lo"] > 0.97) & (t["hi"] < 1.03)).all()),
          f"intervals {list(zip(t['lo'].round(4), t['hi'].round(4)))}"),
-        ("and the stream slows linear by a few percent at most", bool(
-            (t["linear slowdown"] < 0.05).all()), f"slowdowns {t['linear slowdown'].round(4).tolist()}"),
+        ("and the stream changes linear's time by a few percent at most", bool(
+            (t["linear slowdown"].abs() < 0.05).all()),
+         f"slowdowns {t['linear slowdown'].round(4).tolist()}"),
         ("and the stream outlasted every round it was meant to starve",
          bool((t["overran"] == 0).all()), f"overran {t['overran'].tolist()}"),
     ]
