@@ -488,6 +488,25 @@ def prefill(layers, hidden, heads, kv_heads, intermediate, vocab, batch, seqlens
                       f"weights; medians of {rounds} interleaved rounds")
 
 
+@main.command()
+@click.option("--out", "out_dir", type=click.Path(file_okay=False), default=None,
+              help="Also append the numbers to <out>/microbench.jsonl (with a manifest).")
+@click.option("--json", "as_json", is_flag=True)
+def microbench(out_dir, as_json):
+    """The memory system's own numbers on this GPU (the timed model's parameters): L2 latency
+    near and far (pointer chase, per-hop clocks), DRAM latency, DRAM read bandwidth."""
+    dev = _require_gpu()
+    from wavefront.measure.microbench import measure, summary_line
+    m = {"gpu": dev.name, "l2_bytes": dev.l2_bytes, "sms": dev.sms,
+         **measure(dev.l2_bytes, dev.sm_clock_khz * 1e3)}
+    with JsonlSink(out_dir, "microbench.jsonl") as sink:
+        sink.write(m)
+    if as_json:
+        _echo_json(m)
+    else:
+        click.echo(f"{dev.name}: {summary_line(m)}")
+
+
 @main.command("bench-varlen")
 @click.option("--sequences", type=click.IntRange(1, 4096), default=16, show_default=True,
               help="Sequences in the packed batch (lengths drawn long-tailed).")

@@ -1,0 +1,21 @@
+"""The memory-system microbenchmarks on a real GPU: latencies ordered as the hierarchy is, the
+bandwidth a plausible share of the datasheet's (skipped without a GPU)."""
+import pytest
+
+from wavefront.device import has_gpu
+
+pytestmark = [pytest.mark.gpu,
+              pytest.mark.skipif(not has_gpu(), reason="needs a CUDA GPU")]
+
+
+def test_latencies_and_bandwidth_are_ordered_and_plausible():
+    from wavefront.device import current_device
+    from wavefront.measure.microbench import measure
+    from wavefront.model.presets import preset_for_device
+    dev = current_device()
+    m = measure(dev.l2_bytes, dev.sm_clock_khz * 1e3)
+    assert 50 < m["l2_near_cycles"] <= m["l2_far_cycles"] < m["dram_cycles"] < 5000, m
+    preset = preset_for_device(dev.name)
+    if preset is not None:
+        assert 0.3 * preset.dram_bytes_per_s < m["dram_read_gbps"] * 1e9 \
+            < 1.05 * preset.dram_bytes_per_s, m
