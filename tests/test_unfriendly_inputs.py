@@ -495,8 +495,22 @@ def test_a_manifest_that_is_a_link_is_refused_and_its_target_kept(tmp_path):
     assert victim.read_text() == '{"precious": {}}\n'
 
 
+@pytest.mark.parametrize("source,expected", [
+    ("SPEC = (\n", "not valid Python"),
+    ("SPECS = ['a']\n", "SPECS must map data set names"),
+    ("SPECS = {'a': 3}\n", "SPECS must map data set names"),
+    ("SPEC = open('x').read()\n", "SPEC must be built from literals"),
+])
+def test_experiment_files_that_do_not_read_as_data(tmp_path, source, expected):
+    path = tmp_path / "exp.py"
+    path.write_text(source)
+    res = CliRunner().invoke(main, ["sweep", str(path), "--dry-run"])
+    assert res.exit_code == 2 and expected in res.output, res.output
+    assert "Traceback" not in res.output
+
+
 def test_the_count():
-    functions = (len(MANIFEST_OBJECTS) + 5 + 1 + 3 + 1 + 7 + 1)
+    functions = (len(MANIFEST_OBJECTS) + 5 + 1 + 3 + 1 + 7 + 1 + 4)
     total = len(SPECS) + len(FLAGS) + len(API) + functions
     print(f"{total} new unfriendly inputs: {len(SPECS)} specs, {len(FLAGS)} flags and files, "
           f"{len(API)} API calls, {functions} files, machine refusals, schedulers and limits")

@@ -14,7 +14,6 @@ is not understood yet: it is recorded, not used.
 """
 from __future__ import annotations
 
-import statistics
 import time
 
 STREAM_SOURCE = r"""
@@ -177,9 +176,3 @@ def stream_alone_gbps(ctas: int, seconds: float = 0.5) -> float:
     streamer.start(ctas, seconds)
     return streamer.finish()
 
-
-def median_by(records: list[dict], key: str, value: str) -> dict:
-    groups: dict = {}
-    for r in records:
-        groups.setdefault(r[key], []).append(r[value])
-    return {k: statistics.median(v) for k, v in groups.items()}

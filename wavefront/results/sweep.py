@@ -292,10 +292,6 @@ def load_spec(path) -> SweepSpec:
     return parse_spec(read_spec_text(path), str(path))
 
 
-# What an experiment file may build its sweeps from, read without running it.
-_DATA_NAMES = ("SPEC", "SPECS", "DATASETS", "BENCH")
-
-
 def experiment_spec_texts(path) -> dict[str, str]:
     """The sweeps an experiment file owns (`SPEC`, `SPECS`), by the data set each measures
     into, read as data: the file is parsed, not run, so listing or checking a sweep imports
@@ -306,7 +302,10 @@ def experiment_spec_texts(path) -> dict[str, str]:
     shared by two specs). Anything else in SPEC or SPECS is an error naming it."""
     import ast
     name = Path(path).stem
-    tree = ast.parse(read_spec_text(path), filename=str(path))
+    try:
+        tree = ast.parse(read_spec_text(path), filename=str(path))
+    except SyntaxError as exc:
+        raise ValueError(f"{path}: not valid Python (line {exc.lineno}: {exc.msg})") from None
     values: dict[str, object] = {}
 
     def value(node):
@@ -336,7 +335,10 @@ def experiment_spec_texts(path) -> dict[str, str]:
                 raise ValueError(f"{path}: {target} must be built from literals (strings, and "
                                  f"names bound to them) so it can be read without running the "
                                  f"file; got {str(exc)[:80]!r}") from None
-    texts = dict(values.get("SPECS") or {})
+    specs = values.get("SPECS") or {}
+    if not isinstance(specs, dict):
+        raise ValueError(f"{path}: SPECS must map data set names to TOML texts")
+    texts = dict(specs)
     if values.get("SPEC"):
         texts[name] = values["SPEC"]
     for dataset, text in texts.items():
