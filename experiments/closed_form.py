@@ -3,7 +3,7 @@
     python experiments/closed_form.py run            # on a GPU: measure what the figure needs
     python experiments/closed_form.py plot --out DIR # anywhere: the paper's figure, from data/
 """
-from wavefront.cli import experiment_cli
+from wavefront.report.experiments import run_as_script
 from wavefront.report import figures
 
 DATASETS = ("schedules_vs_seqlen",)
@@ -13,7 +13,5 @@ def figure(study):
     return figures.sectors_vs_closed_form(study.sweep_counters)
 
 
-cli = experiment_cli(__file__)
-
-if __name__ == "__main__":
-    cli()
+if __name__ == "__main__":  # the same as `wavefront experiment ACTION NAME`
+    run_as_script(__file__)

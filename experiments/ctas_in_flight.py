@@ -3,7 +3,7 @@
     python experiments/ctas_in_flight.py run            # on a GPU: measure what the figure needs
     python experiments/ctas_in_flight.py plot --out DIR # anywhere: the paper's figure, from data/
 """
-from wavefront.cli import experiment_cli
+from wavefront.report.experiments import run_as_script
 from wavefront.report import figures
 
 SPEC = """
@@ -29,7 +29,5 @@ def figure(study):
     return figures.hit_rate_vs_ctas(study.counters("ctas_in_flight"))
 
 
-cli = experiment_cli(__file__)
-
-if __name__ == "__main__":
-    cli()
+if __name__ == "__main__":  # the same as `wavefront experiment ACTION NAME`
+    run_as_script(__file__)

@@ -15,9 +15,11 @@ import numpy as np
 import pandas as pd
 import seaborn as sns
 
-from wavefront.cli import experiment_cli
-from wavefront.report.analysis import bench_contenders, headline_pairs, short_gpu
+from wavefront.report.draft import Claim, Section, md_table
+from wavefront.report.experiments import run_as_script
+from wavefront.report.analysis import headline_pairs, short_gpu
 from wavefront.results.measurement import paired_ratio
+from wavefront.results.records import BENCH_RECORDS, by_shape
 
 LAUNCH = ["--batch", "8", "--heads", "1", "--seqlen", "131072", "--head-dim", "64",
           "--tile", "64x64", "--occupancy", "1", "--ctas", "48"]
@@ -53,8 +55,8 @@ def speed_pairs(study) -> pd.DataFrame:
     """Sawtooth against linear from the bench rounds: TFLOP/s ratio paired by round, with its
     95% interval, per GPU and mask."""
     rows = []
-    for path in sorted((study.data_dir / "paper_launch").glob("*.jsonl")):
-        for by in bench_contenders(path, per_gpu=True).values():
+    for records in study.records(BENCH_RECORDS, "paper_launch").values():
+        for by in by_shape(records, per_gpu=True).values():
             if not {"persistent+linear", "persistent+sawtooth"} <= set(by):
                 continue
             lin, saw = by["persistent+linear"], by["persistent+sawtooth"]
@@ -125,9 +127,8 @@ def dram_rates(study) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def section(study) -> tuple[str, list]:
+def section(study) -> Section:
     """The draft's section: prose computed from the table, and the claims it rests on."""
-    from wavefront.report.draft import md_table
     t = table(study)
     rates = dram_rates(study)
     cut = -t["DRAM reads, sawtooth vs linear"]
@@ -175,10 +176,8 @@ GB10's while the attention runs), not measured yet.
          bool((rates["of DRAM bandwidth"] < 0.05).all()),
          f"fractions {rates['of DRAM bandwidth'].round(4).tolist()}"),
     ]
-    return text, claims
+    return Section(text, [Claim(c, bool(h), e) for c, h, e in claims])
 
 
-cli = experiment_cli(__file__)
-
-if __name__ == "__main__":
-    cli()
+if __name__ == "__main__":  # the same as `wavefront experiment ACTION NAME`
+    run_as_script(__file__)

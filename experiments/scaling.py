@@ -12,8 +12,9 @@ import json
 
 import pandas as pd
 
-from wavefront.cli import experiment_cli
 from wavefront.report import figures
+from wavefront.report.draft import Section, md_table
+from wavefront.report.experiments import run_as_script
 from wavefront.report.analysis import medians
 from wavefront.results.measurement import spread
 
@@ -66,7 +67,24 @@ def table(study):
         "wall time, 2 GPUs (s)": _wall(study, "knee", 2)})
 
 
-cli = experiment_cli(__file__)
+def section(study) -> Section:
+    s = Section()
+    scaling = table(study)
+    ratio = float(scaling["wall time, 2 GPUs (s)"].iloc[0] / scaling["wall time, 1 GPU (s)"].iloc[0])
+    s.claim("two GPUs take at most 0.6x the wall time and agree with one", ratio <= 0.6 and all(
+        a == f"{b} of {b}" for a, b in zip(scaling["within the repeats' spread (+1 point)"],
+                                          scaling["points"])), f"ratio {ratio:.2f}",
+            listed=False)
+    s.text = f"""## Sweeps on two GPUs
 
-if __name__ == "__main__":
-    cli()
+The knee sweep measured on one H200 and on both GPUs of the same host through Dask
+(`experiments/scaling.py`; every row carries the GPU's UUID):
+
+{md_table(scaling)}
+
+![scaling](figures/scaling.png)"""
+    return s
+
+
+if __name__ == "__main__":  # the same as `wavefront experiment ACTION NAME`
+    run_as_script(__file__)

@@ -14,15 +14,17 @@ construction, not by measurement.
     python experiments/starved_launch.py run            # on a GPU: data/starved_launch/
     python experiments/starved_launch.py plot --out DIR # anywhere: figure and table
 """
-import json
 
 import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 
-from wavefront.cli import JsonlSink, experiment_cli
+from wavefront.measure.sink import JsonlSink
+from wavefront.report.draft import Claim, Section, md_table
+from wavefront.report.experiments import run_as_script
 from wavefront.report.figures import short_gpu
 from wavefront.results.measurement import paired_ratio
+from wavefront.results.records import STARVED_RECORDS
 
 DATASETS = ()  # its own rounds (data/starved_launch/rounds.jsonl), not a results table
 ATTENTION_CTAS = 48
@@ -43,20 +45,19 @@ def measure(out_dir) -> int:
     levels = sorted({0, spare // 3, 2 * spare // 3, spare})
     with JsonlSink(out_dir, "rounds.jsonl") as sink:
         for ctas in (*levels, dev.sms):  # what the stream takes with nothing else running
-            sink.write({"gpu": dev.name, "kind": "stream alone", "stream_ctas": ctas,
-                        "stream_gbps": stream_alone_gbps(ctas)})
+            sink.write(STARVED_RECORDS.stamp({"gpu": dev.name, "kind": "stream alone",
+                                      "stream_ctas": ctas,
+                                      "stream_gbps": stream_alone_gbps(ctas)}))
         for record in starved_rounds(points, levels, rounds=ROUNDS,
                                      progress=lambda c, r: print(f"stream CTAs {c} round {r}",
                                                                  flush=True)):
-            sink.write({"kind": "round", **record})
+            sink.write(STARVED_RECORDS.stamp({"kind": "round", **record}))
     return 0
 
 
 def rounds(study) -> pd.DataFrame:
-    path = study.data_dir / "starved_launch" / "rounds.jsonl"
-    if not path.exists():
-        raise ValueError(f"{path}: no rounds")
-    return pd.DataFrame([json.loads(line) for line in path.read_text().splitlines()])
+    records = study.records(STARVED_RECORDS, "starved_launch", "rounds.jsonl")
+    return pd.DataFrame([r for rows in records.values() for r in rows])
 
 
 def table(study) -> pd.DataFrame:
@@ -104,9 +105,8 @@ def figure(study):
     return fig
 
 
-def section(study) -> tuple[str, list]:
+def section(study) -> Section:
     """The draft's section, its numbers from the table, and the claims it rests on."""
-    from wavefront.report.draft import md_table
     t = table(study)
     most = t[t["stream CTAs"] == t["stream CTAs"].max()]
     speed = (t["sawtooth vs linear"] - 1).abs().max()
@@ -146,10 +146,8 @@ DRAM stream on every other SM, and sawtooth's saving of DRAM traffic does not be
         ("and the stream outlasted every round it was meant to starve",
          bool((t["overran"] == 0).all()), f"overran {t['overran'].tolist()}"),
     ]
-    return text, claims
+    return Section(text, [Claim(c, bool(h), e) for c, h, e in claims])
 
 
-cli = experiment_cli(__file__)
-
-if __name__ == "__main__":
-    cli()
+if __name__ == "__main__":  # the same as `wavefront experiment ACTION NAME`
+    run_as_script(__file__)

@@ -3,9 +3,13 @@
     python experiments/throughput_vs_misses.py run            # on a GPU: measure what the figure needs
     python experiments/throughput_vs_misses.py plot --out DIR # anywhere: the paper's figure, from data/
 """
-from wavefront.cli import experiment_cli
+import pandas as pd
+
+from wavefront.model.fits import BOOTSTRAP
 from wavefront.report import figures
 from wavefront.report.analysis import TIMED_EXPERIMENTS
+from wavefront.report.draft import Section, errors_row, interval, md_table
+from wavefront.report.experiments import run_as_script
 
 DATASETS = TIMED_EXPERIMENTS
 
@@ -15,7 +19,35 @@ def figure(study):
     return figures.throughput_vs_misses(joined, fits)
 
 
-cli = experiment_cli(__file__)
+def section(study) -> Section:
+    tfits, _ = study.throughput
+    fits = md_table(pd.DataFrame([
+        {"GPU": g, "R_flop (TFLOP/s)": f"{f.flop_rate / 1e12:.0f} "
+                                       f"{interval(f.intervals['flop_rate'], 1e12, '.0f')}",
+         "R_dram (TB/s)": f"{f.dram_rate / 1e12:.2f} "
+                          f"{interval(f.intervals['dram_rate'], 1e12)}",
+         "gamma": f"{f.occupancy_exponent:.2f} {interval(f.intervals['occupancy_exponent'])}",
+         "DRAM-bound points": f.dram_bound_points, "points": f.errors["n"],
+         "in-sample MAPE": f"{f.errors['mape']:.0%}"} for g, f in tfits.items()]))
+    held_out = md_table(pd.DataFrame(
+        [{"GPU": r["GPU"], "held out": r["held out"], **errors_row(r),
+          "R_dram of that fit (TB/s)": f"{r['R_dram of the fit (TB/s)']:.3g}"}
+         for _, r in study.throughput_validation.iterrows()]))
+    return Section(f"""## Throughput: compute, DRAM and occupancy terms
 
-if __name__ == "__main__":
-    cli()
+time = max(executed FLOPs / (R_flop x e_schedule x u^gamma), DRAM bytes / R_dram) + t0, with
+u the work items per CTA slot (capped at 1) and e_schedule each specialisation's compute rate
+relative to persistent+linear; fitted per GPU over every timed point with counters, 95%
+intervals from {BOOTSTRAP} bootstrap resamples of the points:
+
+{fits}
+
+Held out one data set at a time (fitted on the GPU's others):
+
+{held_out}
+
+![throughput](figures/throughput_vs_misses.png)""")
+
+
+if __name__ == "__main__":  # the same as `wavefront experiment ACTION NAME`
+    run_as_script(__file__)

@@ -3,9 +3,12 @@
     python experiments/tiled.py run            # on a GPU: measure what the figure needs
     python experiments/tiled.py plot --out DIR # anywhere: the paper's figure, from data/
 """
-from wavefront.cli import experiment_cli
+import pandas as pd
+
 from wavefront.report import figures
-from wavefront.report.analysis import tiled_table
+from wavefront.report.draft import Section, md_table, pct
+from wavefront.report.experiments import run_as_script
+from wavefront.report.figures import short_gpu
 from wavefront.results.store import with_timing
 
 SPEC = """
@@ -35,6 +38,26 @@ schedule = ["persistent+linear", "persistent+sawtooth", "persistent+tiled"]
 """
 
 
+def tiled_table(df: pd.DataFrame) -> pd.DataFrame:
+    d = with_timing(df)
+    d["GPU"] = d["gpu"].map(short_gpu)
+    out = []
+    for k, sub in d.groupby(["GPU", "head_dim", "causal", "seqlen"]):
+        by = sub.set_index("kv_schedule")
+        if not {"linear", "sawtooth", "tiled"} <= set(by.index):
+            continue
+        row = dict(zip(["GPU", "D", "causal", "S"], k))
+        for kv in ("linear", "sawtooth", "tiled"):
+            row[f"{kv} DRAM/min"] = round(by.loc[kv, "dram_read_bytes"]
+                                          / by.loc[kv, "compulsory_read_bytes"], 2)
+        row["tiled TFLOP/s vs linear"] = pct(by.loc["tiled", "tflops"]
+                                              / by.loc["linear", "tflops"] - 1)
+        row["sawtooth TFLOP/s vs linear"] = pct(by.loc["sawtooth", "tflops"]
+                                                 / by.loc["linear", "tflops"] - 1)
+        out.append(row)
+    return pd.DataFrame(out)
+
+
 def figure(study):
     return figures.tiled_vs_scans(with_timing(study.load("tiled")))
 
@@ -43,7 +66,13 @@ def table(study):
     return tiled_table(study.load("tiled"))
 
 
-cli = experiment_cli(__file__)
+def section(study) -> Section:
+    return Section(f"""## Tiling K/V to the L2
 
-if __name__ == "__main__":
-    cli()
+{md_table(table(study))}
+
+![tiled](figures/tiled.png)""")
+
+
+if __name__ == "__main__":  # the same as `wavefront experiment ACTION NAME`
+    run_as_script(__file__)

@@ -9,9 +9,16 @@ the bench in data/tiled_fit/bench.jsonl.
     python experiments/tiled_fit.py run            # on a GPU: measure into data/tiled_fit/
     python experiments/tiled_fit.py plot --out DIR # anywhere: the paper's figure, from data/
 """
-from wavefront.cli import experiment_cli
+import pandas as pd
+
 from wavefront.report import figures
-from wavefront.report.analysis import tiled_fit_table
+from wavefront.report.draft import Section, md_table, wrap
+from wavefront.report.experiments import run_as_script
+from wavefront.report.figures import short_gpu
+from wavefront.results.measurement import paired_ratio
+from wavefront.results.records import BENCH_RECORDS, by_shape
+
+PEERS = ("cudnn", "fa2", "tilegym")
 
 SPEC = """
 name = "tiled_fit"
@@ -32,6 +39,45 @@ schedule = ["persistent+linear", "persistent+sawtooth", "persistent+tiled",
 """
 
 
+def tiled_fit_table(df: pd.DataFrame) -> pd.DataFrame:
+    """Per shape and K/V schedule (data/tiled_fit, counters): DRAM reads in GB and against two
+    minimums (with the partial states once, as `tiled_table`; and Q+K+V alone), DRAM writes,
+    medians over repeats; and TFLOP/s against linear where the bench timed it."""
+    c = df[(df["measurement"] == "counters") & (df["status"] == "ok")].copy()
+    if c.empty:
+        return pd.DataFrame()
+    qkv = 3 * c["seqlen"] * c["head_dim"] * 2 * c["batch"] * c["heads"]
+    c["read GB"] = c["dram_read_bytes"] / 1e9
+    c["write GB"] = c["dram_write_bytes"] / 1e9
+    c["x minimum"] = c["dram_read_bytes"] / c["compulsory_read_bytes"]
+    c["x Q+K+V"] = c["dram_read_bytes"] / qkv
+    g = (c.groupby(["gpu", "seqlen", "causal", "kv_schedule"], sort=False)
+         [["read GB", "write GB", "x minimum", "x Q+K+V"]].median().reset_index())
+    g["GPU"] = g["gpu"].map(short_gpu)
+    g["S"] = g["seqlen"]
+    g["schedule"] = g["kv_schedule"]
+    out = g[["GPU", "S", "causal", "schedule", "read GB", "write GB", "x minimum", "x Q+K+V"]]
+    return out.round({"read GB": 2, "write GB": 2, "x minimum": 2, "x Q+K+V": 1})
+
+
+def bench_timing(study) -> pd.DataFrame:
+    """The benches of data/tiled_fit (bench*.jsonl, one run each): each K/V schedule against
+    linear of the same run and shape, paired by round."""
+    rows = []
+    for run, records in study.records(BENCH_RECORDS, "tiled_fit", "bench*.jsonl").items():
+        for shape, by in by_shape(records).items():
+            ref = by.get("persistent+linear")
+            for name, r in by.items():
+                if name in PEERS or ref is None:
+                    continue
+                med, lo, hi = paired_ratio(ref["samples_ms"], r["samples_ms"])
+                rows.append({"run": run, "GPU": short_gpu(r["gpu"]), "shape": shape,
+                             "schedule": name, "TFLOP/s": round(r["tflops"], 1),
+                             "vs linear": med,
+                             "vs linear [95%]": f"{med:.3f} [{lo:.3f}, {hi:.3f}]"})
+    return pd.DataFrame(rows)
+
+
 def figure(study):
     return figures.tiled_fit(tiled_fit_table(study.load("tiled_fit")))
 
@@ -40,7 +86,67 @@ def table(study):
     return tiled_fit_table(study.load("tiled_fit"))
 
 
-cli = experiment_cli(__file__)
+def section(study) -> Section:
+    s = Section()
+    t = table(study)
+    timing = bench_timing(study)
+    shown = md_table(t) + (
+        "\n\nTimed in interleaved rounds (8 rounds x 2 launches; each run against its own "
+        "linear, paired by round):\n\n" + md_table(timing.drop(columns=["vs linear"])))
+    fit = t[t["schedule"] == "tiled_fit"]
+    old = t[t["schedule"] == "tiled"]
 
-if __name__ == "__main__":
-    cli()
+    def reads(schedule, seqlen, causal):
+        row = t[(t["schedule"] == schedule) & (t["S"] == seqlen) & (t["causal"] == causal)]
+        return float(row["read GB"].iloc[0])
+    more_than_linear = reads("tiled_fit", 131072, False) > reads("linear", 131072, False)
+    more_than_tiled = all(reads("tiled_fit", s, True) > reads("tiled", s, True)
+                          for s in (131072, 262144))
+    first = timing[(timing["run"] == "bench") & (timing["schedule"] == "persistent+tiled_fit")]
+    slower = bool(len(first)) and float(first["vs linear"].iloc[0]) < 1.0
+    text = wrap(
+        "`tiled_fit` sizes the chunk for Hopper's partitions: read by SMs of both partitions, "
+        "a chunk keeps a copy in each, and each round of the CTAs in flight streams its Q "
+        "tiles and fp32 partial states through once, so the chunk is (0.8 x L2 - stream) / 2. "
+        "`tiled` took 40% of the L2 and, at D=128, ignored a stream larger than the chunk "
+        "(264 CTAs x 128 rows x 776 B = 26 MB). H100, B=1 H=1 D=128, 128x64 tiles, ncu, cold "
+        "L2, medians of 2 repeats (`experiments/tiled_fit.py`). 'x minimum' counts the partial "
+        "states once in the minimum, as the tiled rows above do; 'x Q+K+V' does not:")
+    worst_fit = float(fit["x minimum"].max())
+    s.claim(f"tiled_fit reads {float(fit['x minimum'].min()):.2f}-{worst_fit:.2f}x its minimum "
+            f"(tiled: {float(old['x minimum'].min()):.2f}-{float(old['x minimum'].max()):.2f}x), "
+            "but its partial states grow with the chunks: in absolute bytes it reads more than "
+            "linear at 128k non-causal and more than tiled on causal shapes, and at 128k it runs "
+            "slower than linear. The partial-state traffic, not the chunk size, is what limits "
+            "the tiled family at D=128.",
+            worst_fit < float(old["x minimum"].min()) and more_than_linear and more_than_tiled
+            and slower, f"{fit.to_dict()}")
+    narrow = t[t["schedule"] == "tiled_fit_bf16"]
+    bf16 = timing[timing["schedule"] == "persistent+tiled_fit_bf16"]
+    s.claim(f"bfloat16 partial outputs (tiled_fit_bf16, error bounded by one more bfloat16 "
+            f"rounding of the weighted |V|) halve the partial traffic and allow larger chunks: "
+            f"non-causal it reads {reads('tiled_fit_bf16', 131072, False):.2f} GB at 128k "
+            f"(linear {reads('linear', 131072, False):.2f}) and "
+            f"{reads('tiled_fit_bf16', 262144, False):.2f} GB at 256k (tiled_fit "
+            f"{reads('tiled_fit', 262144, False):.2f}, sawtooth "
+            f"{reads('sawtooth', 262144, False):.2f}, linear "
+            f"{reads('linear', 262144, False):.2f}), and runs "
+            f"{float(bf16['vs linear'].min()):.3f}-{float(bf16['vs linear'].max()):.3f}x linear "
+            f"in the same rounds; on the issue's measure (minimum with the partials once) that "
+            f"is {float(narrow['x minimum'].min()):.2f}-{float(narrow['x minimum'].max()):.2f}x, "
+            f"worse than tiled_fit's ratio with fewer bytes: the measure rewards partial traffic.",
+            len(narrow) > 0 and reads("tiled_fit_bf16", 262144, False) < reads("tiled_fit", 262144, False)
+            and reads("tiled_fit_bf16", 262144, False) < reads("sawtooth", 262144, False)
+            and len(bf16) > 0 and float(bf16["vs linear"].min()) > 0.95, f"{narrow.to_dict()}")
+    s.text = f"""### Chunks fitted to the partitions: tiled_fit
+
+{text}
+
+{shown}
+
+![tiled_fit](figures/tiled_fit.png)"""
+    return s
+
+
+if __name__ == "__main__":  # the same as `wavefront experiment ACTION NAME`
+    run_as_script(__file__)

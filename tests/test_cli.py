@@ -264,27 +264,28 @@ def test_experiment_sweeps_are_read_without_running_the_file(tmp_path):
 
 
 def test_an_experiments_own_section_and_claims_join_the_draft():
-    """An experiment file's `section(study)` is rendered into the draft, and a claim of its
-    that the data contradicts stops the build like any other."""
+    """The draft is the experiments' sections in DRAFT's order, and a claim of a section that
+    the data contradicts stops the build like any other."""
     from types import SimpleNamespace
 
     import pytest as _pytest
 
     from wavefront.report import draft
+    from wavefront.report.experiments import Experiments
 
-    def holds(study):
-        return "## Mine\n\ntext", [("a true claim", True, "checked")]
-
-    def fails(study):
-        return "## Mine\n\ntext", [("a false claim", False, "contradicted")]
-    for section, ok in ((holds, True), (fails, False)):
+    def section(text, holds):
+        def make(study):
+            s = draft.Section(text)
+            s.claim(f"claim of {text}", holds, "checked" if holds else "contradicted")
+            return s
+        return SimpleNamespace(section=make)
+    for ok in (True, False):
         numbers = draft.DraftNumbers()
-        text = draft._experiment_sections(numbers, None, {
-            "mine": SimpleNamespace(module=SimpleNamespace(section=section)),
-            "other": SimpleNamespace(module=SimpleNamespace())})
-        assert text == "## Mine\n\ntext"
+        experiments = Experiments({"a": section("## A", True), "b": section("## B", ok),
+                                   "c": SimpleNamespace()}, draft=("b", "a"))
+        assert draft.sections(numbers, None, experiments) == "## B\n\n## A"
         failed = [c for c in numbers.claims if not c.holds]
         assert (not failed) == ok
         if not ok:
-            with _pytest.raises(draft.ClaimFailed, match="mine: contradicted"):
+            with _pytest.raises(draft.ClaimFailed, match="b: contradicted"):
                 draft.render(numbers)

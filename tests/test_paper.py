@@ -27,9 +27,12 @@ def built(tmp_path_factory):
 
 def test_every_experiment_figure_is_written(built):
     out, _ = built
-    for name in discover(EXPERIMENTS):
+    experiments = discover(EXPERIMENTS)
+    for name, exp in experiments.items():
         path = out / "figures" / f"{name}.png"
-        assert path.exists() and path.stat().st_size > 5000, path
+        assert path.exists() == exp.has_figure, path
+        assert not exp.has_figure or path.stat().st_size > 5000, path
+    assert sum(e.has_figure for e in experiments.values()) >= 15
 
 
 def test_draft_numbers_come_from_data(built):
@@ -53,12 +56,15 @@ def test_plot_writes_the_same_bytes_as_the_paper(built, tmp_path):
     out, _ = built
     before = subprocess.run(["git", "-C", str(ROOT), "status", "--porcelain"],
                             capture_output=True, text=True).stdout
-    for name in discover(EXPERIMENTS):
+    for name, exp in discover(EXPERIMENTS).items():
         target = tmp_path / name
         res = subprocess.run([sys.executable, str(EXPERIMENTS / f"{name}.py"), "plot",
                               "--out", str(target)], capture_output=True, text=True,
                              timeout=600)
         assert res.returncode == 0, res.stderr
+        if not exp.has_figure:
+            assert "has no figure" in res.stderr and not list(target.glob("*.png")), name
+            continue
         assert (target / f"{name}.png").read_bytes() == (out / "figures" / f"{name}.png"
                                                           ).read_bytes(), name
     after = subprocess.run(["git", "-C", str(ROOT), "status", "--porcelain"],
@@ -99,3 +105,26 @@ def test_a_claim_the_data_contradicts_stops_the_build(tmp_path):
 def test_readme_lists_exactly_the_experiments():
     readme = (ROOT / "README.md").read_text()
     assert readme_table(discover(EXPERIMENTS)) in readme
+
+
+def test_the_draft_is_the_experiments_sections_in_order(built):
+    """Every section of the draft comes from the experiment DRAFT lists, in DRAFT's order."""
+    out, _ = built
+    text = (out / "draft.md").read_text()
+    experiments = discover(EXPERIMENTS)
+    study = Study(ROOT / "data")
+    starts = [text.index(experiments[name].section(study).text.strip().splitlines()[0])
+              for name in experiments.draft]
+    assert starts == sorted(starts) and len(set(starts)) == len(starts)
+    assert len(experiments.draft) >= 16
+
+
+@pytest.mark.parametrize("name", discover(EXPERIMENTS).draft)
+def test_a_section_without_its_data_fails_naming_it(tmp_path, name):
+    """A missing data set fails the build with its name; it never empties a section."""
+    from wavefront.results.store import SchemaError
+    empty = tmp_path / "data"
+    empty.mkdir()
+    with pytest.raises((SchemaError, ValueError, KeyError, OSError)) as info:
+        discover(EXPERIMENTS)[name].section(Study(empty))
+    assert str(empty) in str(info.value), (name, info.value)

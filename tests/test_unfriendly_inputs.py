@@ -148,7 +148,7 @@ FLAGS = [
     (["fit", "{tmp}/afile"], 2, "header does not match"),
     (["paper", "--data", "{tmp}/afile"], 2, "is a file"),
     (["paper", "--out", "{tmp}/afile/sub"], 1, "Not a directory"),
-    (["paper", "--experiments", "{tmp}/empty-experiments"], 1, "no experiment files"),
+    (["paper", "--experiments", "{tmp}/empty-experiments"], 1, "not an experiments package"),
     (["paper", "--data", "{tmp}/empty-experiments"], 1, "no such results file"),
     (["compile", "--jobs", "-1"], 2, "--jobs"),
     (["bench", "--per-round", "0"], 2, "--per-round"),

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import click
 
+from wavefront.measure.sink import JsonlSink, environment, write_run_manifest
 from wavefront.point import DTYPES, HEAD_DIMS, KERNEL_LEVERS, TILE_SHAPES, Point
 from wavefront.schedules import schedule_names
 
@@ -210,12 +211,6 @@ def _require_gpu():
                                    "(`wavefront compile`, `simulate`, `fit` and `paper` do not "
                                    "need one)")
     return dev
-
-
-def environment() -> dict:
-    from wavefront.device import current_device, software_versions
-    dev = current_device()
-    return {"gpu": dev.as_dict() if dev else None, **software_versions()}
 
 
 @click.group(cls=CleanErrors)
@@ -768,7 +763,7 @@ def tune(batch, heads, kv_heads, seqlen, head_dims, dtype, causal, rounds, per_r
     sink = levers_sink = None
     if out_dir:
         Path(out_dir).mkdir(parents=True, exist_ok=True)
-        _write_run_manifest(out_dir, ["tune.jsonl", "levers.jsonl"])
+        write_run_manifest(out_dir, ["tune.jsonl", "levers.jsonl"])
         sink = open(Path(out_dir) / "tune.jsonl", "a")
         levers_sink = open(Path(out_dir) / "levers.jsonl", "a")
     try:
@@ -837,38 +832,6 @@ def tune(batch, heads, kv_heads, seqlen, head_dims, dtype, causal, rounds, per_r
         levers_sink.close()
     if failed:
         sys.exit(1)
-
-
-def _write_run_manifest(out_dir, files) -> None:
-    """Where and how this run measured (GPU, driver, CUDA, cuda-tile, tileiras, ncu, commit,
-    date, command), beside the files it appends to, one entry per run."""
-    from wavefront.results.store import manifest, write_manifest
-    data = manifest(environment(), extra={"files": files})
-    write_manifest(out_dir, data["date"].replace(":", "") + f"-{os.getpid()}", data)
-
-
-class JsonlSink:
-    """Rows appended to <out_dir>/<name>, one JSON object a line, flushed as each is written,
-    with a run manifest beside them; nothing at all without `out_dir`."""
-
-    def __init__(self, out_dir, name):
-        self.file = None
-        if out_dir:
-            Path(out_dir).mkdir(parents=True, exist_ok=True)
-            _write_run_manifest(out_dir, [name])
-            self.file = open(Path(out_dir) / name, "a")
-
-    def write(self, row) -> None:
-        if self.file:
-            self.file.write(json.dumps(row, default=str) + "\n")
-            self.file.flush()
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        if self.file:
-            self.file.close()
 
 
 def _sweep_runner(out_dir):
@@ -1288,67 +1251,87 @@ def paper(data_dir, experiments_dir, paper_dir):
 # Experiment scripts
 # --------------------------------------------------------------------------------------------
 
-def experiment_cli(path) -> click.Group:
-    """The click script of an experiment file: `run` measures (GPU) what its figure needs,
-    `plot` draws the paper's figure from data into a directory (default: a new scratch one)."""
-    from wavefront.report.experiments import load_experiment
-    path = Path(path).resolve()
-    root = path.parent.parent
-    name = path.stem
+@main.group()
+def experiment():
+    """Run or plot one experiment of the experiments package (`experiments/<name>.py`):
+    `run` measures on this machine's GPU what it needs (resumes), `plot` draws its figure."""
 
-    import ast
-    @click.group(name=name, cls=CleanErrors,
-                 help=ast.get_docstring(ast.parse(path.read_text())))
-    def cli():
-        pass
 
-    @cli.command(help="Measure on this machine's GPU what the figure needs (resumes); "
-                      "--gpus/--scheduler spread it over several GPUs with Dask.")
-    @click.option("--data", "data_dir", type=click.Path(file_okay=False),
-                  default=str(root / "data"), show_default=True)
-    @_gpus_option
-    def run(data_dir, gpus, scheduler):
-        from wavefront.report.experiments import discover, spec_for
-        experiments = discover(path.parent)
-        me = experiments[name]
-        dev = None if gpus or scheduler else _require_gpu()
-        failed = 0
-        for args in me.bench_runs:  # bench files it owns, appended to
-            import subprocess
-            cmd = [sys.executable, "-m", "wavefront.cli", "bench", *args, "--out",
-                   str(Path(data_dir) / name)]
-            click.echo(" ".join(cmd[2:]), err=True)
-            failed += subprocess.run(cmd).returncode != 0
-        measure = getattr(me.module, "measure", None)
-        if measure is not None:  # a measurement of its own (not a sweep, not a bench)
-            failed += bool(measure(Path(data_dir) / name))
-        for dataset in me.datasets:
-            spec, out = spec_for(dataset, experiments), Path(data_dir) / dataset
-            summary = (_run_sweep_on_dask(spec, out, gpus, scheduler) if dev is None
-                       else _run_sweep(spec, out, dev))
-            click.echo(f"{dataset}: {summary}")
-            failed += summary["failed"]
-        if failed:
-            sys.exit(1)
+def _experiment_options(f):
+    f = click.argument("name")(f)
+    f = click.option("--experiments", "experiments_dir", type=click.Path(file_okay=False),
+                     default="experiments", show_default=True,
+                     help="The experiments package.")(f)
+    return click.option("--data", "data_dir", type=click.Path(file_okay=False), default=None,
+                        help="Measured data directory [default: beside the experiments "
+                             "package, data/].")(f)
 
-    @cli.command(help="Draw the paper's figure from data into --out (default: a scratch "
-                      "directory; never a tracked file unless named).")
-    @click.option("--data", "data_dir", type=click.Path(file_okay=False, exists=True),
-                  default=str(root / "data"), show_default=True)
-    @click.option("--out", "out_dir", type=click.Path(file_okay=False), default=None)
-    def plot(data_dir, out_dir):
-        from wavefront.report.analysis import Study
-        from wavefront.report.experiments import draw
-        try:
-            out_dir = out_dir or tempfile.mkdtemp(prefix=f"wavefront-{name}-")
-            Path(out_dir).mkdir(parents=True, exist_ok=True)  # before minutes of drawing
-            drawn = draw(load_experiment(path), Study(data_dir), out_dir)
-        except (ValueError, OSError) as exc:  # SchemaError is a ValueError
-            raise click.ClickException(f"{name}: {exc}") from None
-        for p in drawn:
-            click.echo(str(p))
 
-    return cli
+def _experiment(experiments_dir, name):
+    from wavefront.report.experiments import discover
+    try:
+        experiments = discover(experiments_dir)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="--experiments") from None
+    if name not in experiments:
+        raise click.BadParameter(f"{name!r} is not one of {sorted(experiments)}",
+                                 param_hint="NAME")
+    return experiments, experiments[name]
+
+
+@experiment.command("run")
+@_experiment_options
+@_gpus_option
+def experiment_run(name, experiments_dir, data_dir, gpus, scheduler):
+    """Measure on this machine's GPU what experiment NAME needs (resumes); --gpus/--scheduler
+    spread its sweeps over several GPUs with Dask."""
+    from wavefront.report.experiments import spec_for
+    experiments, me = _experiment(experiments_dir, name)
+    data_dir = Path(data_dir or Path(experiments_dir).resolve().parent / "data")
+    dev = None if gpus or scheduler else _require_gpu()
+    failed = 0
+    for args in me.bench_runs:  # bench files it owns, appended to
+        import subprocess
+        cmd = [sys.executable, "-m", "wavefront.cli", "bench", *args, "--out",
+               str(data_dir / name)]
+        click.echo(" ".join(cmd[2:]), err=True)
+        failed += subprocess.run(cmd).returncode != 0
+    measure = getattr(me.module, "measure", None)
+    if measure is not None:  # a measurement of its own (not a sweep, not a bench)
+        failed += bool(measure(data_dir / name))
+    for dataset in me.datasets:
+        spec, out = spec_for(dataset, experiments), data_dir / dataset
+        summary = (_run_sweep_on_dask(spec, out, gpus, scheduler) if dev is None
+                   else _run_sweep(spec, out, dev))
+        click.echo(f"{dataset}: {summary}")
+        failed += summary["failed"]
+    if failed:
+        sys.exit(1)
+
+
+@experiment.command("plot")
+@_experiment_options
+@click.option("--out", "out_dir", type=click.Path(file_okay=False), default=None,
+              help="Where the figure goes [default: a new scratch directory; never a tracked "
+                   "file unless named].")
+def experiment_plot(name, experiments_dir, data_dir, out_dir):
+    """Draw experiment NAME's figure from data into --out."""
+    from wavefront.report.analysis import Study
+    from wavefront.report.experiments import draw
+    _, me = _experiment(experiments_dir, name)
+    data_dir = Path(data_dir or Path(experiments_dir).resolve().parent / "data")
+    if not data_dir.is_dir():
+        raise click.BadParameter(f"{data_dir}: no data directory", param_hint="--data")
+    try:
+        out_dir = out_dir or tempfile.mkdtemp(prefix=f"wavefront-{name}-")
+        Path(out_dir).mkdir(parents=True, exist_ok=True)  # before minutes of drawing
+        drawn = draw(me, Study(data_dir), out_dir)
+    except (ValueError, OSError) as exc:  # SchemaError is a ValueError
+        raise click.ClickException(f"{name}: {exc}") from None
+    for p in drawn:
+        click.echo(str(p))
+    if not drawn:
+        click.echo(f"{name} has no figure (its section is text and tables)", err=True)
 
 
 if __name__ == "__main__":

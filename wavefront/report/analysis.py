@@ -20,7 +20,6 @@ from wavefront.model.fits import (
     above_knee,
     l2_predictions_by_model,
     validation_errors,
-    occupancy_fraction,
     order_predictions,
     MissCurves,
     ThroughputFit,
@@ -35,8 +34,9 @@ from wavefront.model.presets import gpu_preset, preset_for_device
 from wavefront.model.simulation import trace_blocks
 from wavefront.point import SECTOR_BYTES
 from wavefront.report.figures import short_gpu
-from wavefront.results.measurement import ONE_BINARY, SPREAD_FLAG, SPREAD_FLAG_TEXT, spread
-from wavefront.results.store import load_results, with_timing
+from wavefront.results.measurement import SPREAD_FLAG, SPREAD_FLAG_TEXT, spread
+from wavefront.results.records import RecordKind
+from wavefront.results.store import SchemaError, load_results, with_timing
 
 # Experiments with counters and timing for the same points: the throughput model's data.
 TIMED_EXPERIMENTS = ("schedules_vs_seqlen", "knee", "ablation", "tile_size", "tiled",
@@ -111,7 +111,6 @@ def capacity_fits(c: pd.DataFrame, curves: dict | None = None) -> dict[str, GpuC
 
 def capacity_fits_table(fits: dict[str, GpuCapacity]) -> pd.DataFrame:
     """Capacity fits as rows (one per GPU and fitted point), for the model cache."""
-    import json
     rows = []
     for gpu, entry in fits.items():
         for point, predicted, measured in zip(entry.fit.points, entry.fit.predicted,
@@ -124,7 +123,6 @@ def capacity_fits_table(fits: dict[str, GpuCapacity]) -> pd.DataFrame:
 
 def capacity_fits_from_table(table: pd.DataFrame) -> dict[str, GpuCapacity]:
     """`capacity_fits_table` read back: the same fits, the errors scored again."""
-    import json
     out = {}
     for gpu, rows in table.groupby("gpu", sort=False):
         first = rows.iloc[0]
@@ -234,118 +232,6 @@ def dram_bound_share(tfits: dict[str, ThroughputFit], joined: pd.DataFrame) -> d
     return out
 
 
-def _pct(x):
-    return "n/a" if x is None or (isinstance(x, float) and np.isnan(x)) else f"{x:+.0%}"
-
-
-def tiled_table(df: pd.DataFrame) -> pd.DataFrame:
-    d = with_timing(df)
-    d["GPU"] = d["gpu"].map(short_gpu)
-    out = []
-    for k, sub in d.groupby(["GPU", "head_dim", "causal", "seqlen"]):
-        by = sub.set_index("kv_schedule")
-        if not {"linear", "sawtooth", "tiled"} <= set(by.index):
-            continue
-        row = dict(zip(["GPU", "D", "causal", "S"], k))
-        for kv in ("linear", "sawtooth", "tiled"):
-            row[f"{kv} DRAM/min"] = round(by.loc[kv, "dram_read_bytes"]
-                                          / by.loc[kv, "compulsory_read_bytes"], 2)
-        row["tiled TFLOP/s vs linear"] = _pct(by.loc["tiled", "tflops"]
-                                              / by.loc["linear", "tflops"] - 1)
-        row["sawtooth TFLOP/s vs linear"] = _pct(by.loc["sawtooth", "tflops"]
-                                                 / by.loc["linear", "tflops"] - 1)
-        out.append(row)
-    return pd.DataFrame(out)
-
-
-def bench_table(data_dir) -> pd.DataFrame:
-    rows = []
-    for path in sorted((Path(data_dir) / "foundation_bench").glob("bench_*.jsonl")):
-        for line in path.read_text().splitlines():
-            r = json.loads(line)
-            c = r["config"]
-            peers = r.get("peers", {})
-            cudnn = peers.get("cudnn", {}).get("tflops")
-            fa2 = peers.get("fa2", {}).get("tflops")
-            rows.append({"GPU": short_gpu(r["gpu"]), "D": c["head_dim"],
-                         "causal": c["causal"], "schedule": c["schedule"],
-                         "TFLOP/s": round(r["tflops"], 1),
-                         "x cuDNN": round(r["tflops"] / cudnn, 2) if cudnn else None,
-                         "x FA2": round(r["tflops"] / fa2, 2) if fa2 else None})
-    return pd.DataFrame(rows)
-
-
-def _rounds_rows(path: Path) -> pd.DataFrame:
-    rows = []
-    for line in path.read_text().splitlines():
-        r = json.loads(line)
-        if "contender" not in r:
-            continue
-        s = r["shape"]
-        rows.append({"file": path.stem, "GPU": short_gpu(r["gpu"]),
-                     "shape": f"B{s['batch']} H{s['heads']}"
-                              + (f" KV{s['kv_heads']}" if s.get("kv_heads") else "")
-                              + f" S{s['seqlen'] // 1024}k D{s['head_dim']}"
-                              + (" causal" if s["causal"] else ""),
-                     "contender": r["contender"], "TFLOP/s": r["tflops"],
-                     "lo": r["tflops_ci95"][0], "hi": r["tflops_ci95"][1],
-                     "median_ms": r["median_ms"], "x_cudnn": r.get("x_cudnn"),
-                     "x_fa2": r.get("x_fa2"), "throttled": r["throttled_rounds"]})
-    return pd.DataFrame(rows)
-
-
-def rounds_bench(data_dir) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """The interleaved bench (`data/bench_rounds/`): the table (the first run and the GQA
-    shape), and the run-to-run difference of every contender's median between run1 and run2."""
-    directory = Path(data_dir) / "bench_rounds"
-    if not directory.exists():
-        return pd.DataFrame(), pd.DataFrame()
-    frames = {p.stem: _rounds_rows(p) for p in sorted(directory.glob("*.jsonl"))}
-    shown = pd.concat([f for k, f in frames.items() if k in ("run1", "gqa_b4")],
-                      ignore_index=True)
-    table = pd.DataFrame({
-        "GPU": shown["GPU"], "shape": shown["shape"], "contender": shown["contender"],
-        "TFLOP/s [95%]": [f"{t:.0f} [{lo:.0f}, {hi:.0f}]" for t, lo, hi in
-                          zip(shown["TFLOP/s"], shown["lo"], shown["hi"])],
-        "x cuDNN": shown["x_cudnn"].map(lambda x: "" if pd.isna(x) else f"{x:.2f}"),
-        "x FA2": shown["x_fa2"].map(lambda x: "" if pd.isna(x) else f"{x:.2f}"),
-        "throttled rounds": shown["throttled"]})
-    agreement = pd.DataFrame()
-    if {"run1", "run2"} <= set(frames):
-        m = frames["run1"].merge(frames["run2"], on=["shape", "contender"])
-        agreement = pd.DataFrame({"shape": m["shape"], "contender": m["contender"],
-                                  "difference": (m["median_ms_x"] / m["median_ms_y"] - 1).abs()})
-    return table, agreement
-
-
-def one_binary_table(data_dir) -> pd.DataFrame:
-    """Per shape and schedule: TFLOP/s of the specialised binary and of the one binary that
-    takes the schedule at run time (same rounds), each schedule against persistent+linear of
-    its own kind, and the one binary against the best specialisation of the shape."""
-    path = Path(data_dir) / "bench_rounds" / "one_binary.jsonl"
-    if not path.exists():
-        return pd.DataFrame()
-    d = _rounds_rows(path)
-    ours = d[~d["contender"].isin(["cudnn", "fa2"])].copy()
-    ours["binary"] = np.where(ours["contender"].str.endswith(ONE_BINARY), "one binary",
-                              "specialised")
-    ours["schedule"] = ours["contender"].str.replace(ONE_BINARY, "", regex=False)
-    rows = []
-    for shape, sub in ours.groupby("shape", sort=False):
-        t = sub.pivot_table(index="schedule", columns="binary", values="TFLOP/s")
-        best = float(t["specialised"].max())
-        for sched, r in t.iterrows():
-            rows.append({"shape": shape, "schedule": sched,
-                         "specialised TFLOP/s": r["specialised"],
-                         "one binary TFLOP/s": r["one binary"],
-                         "specialised vs its persistent+linear":
-                             r["specialised"] / t.loc["persistent+linear", "specialised"] - 1,
-                         "one binary vs its persistent+linear":
-                             r["one binary"] / t.loc["persistent+linear", "one binary"] - 1,
-                         "one binary vs best specialised": r["one binary"] / best - 1})
-    return pd.DataFrame(rows)
-
-
 class Study:
     """The committed data of a repository, and everything computed from it, each once."""
 
@@ -363,6 +249,16 @@ class Study:
 
     def counters(self, experiment: str) -> pd.DataFrame:
         return counters(self.load(experiment))
+
+    def records(self, kind: RecordKind, dataset: str, pattern: str = "*.jsonl") -> dict:
+        """Every `kind` record file of data/<dataset>/ matching `pattern`, read and upgraded,
+        by its path there without the suffix (`run1`, `h100_run1/tune`), in name order; a
+        data set with none fails with its name."""
+        directory = self.data_dir / dataset
+        paths = sorted(directory.glob(pattern))
+        if not paths:
+            raise SchemaError(f"{directory}: no {kind.name} records ({pattern})")
+        return {str(p.relative_to(directory)).split(".")[0]: kind.read(p) for p in paths}
 
     @cached_property
     def knee_counters(self) -> pd.DataFrame:
@@ -524,92 +420,6 @@ def _measured_order_rows(study) -> pd.DataFrame:
                          "configuration": order_configuration(first),
                          "measured": float(measured[pred["repeat"]]), **pred})
     return pd.DataFrame(rows)
-
-
-def measured_order_table(study) -> pd.DataFrame:
-    """Per configuration: measured DRAM reads (median and range over repeats, with and without
-    the flag), each predictor's median and its error against the measured median, and the
-    flag's overhead (TFLOP/s with / without, medians)."""
-    rows = study.measured_order_rows
-    plain = study.load("measured_order_plain")
-    flagged = study.load("measured_order")
-    out = []
-    for (gpu, point), sub in rows.groupby(["gpu", "point"], sort=False):
-        m = float(sub["measured"].median())
-        p_c = plain[(plain["point"] == point) & (plain["measurement"] == "counters")]
-        tf = {name: df[(df["point"] == point) & (df["measurement"] == "timing")]["tflops"]
-              for name, df in (("flag", flagged), ("plain", plain))}
-        overhead = float(tf["flag"].median() / tf["plain"].median() - 1)
-        row = {"GPU": short_gpu(gpu), "configuration": sub["configuration"].iloc[0],
-               "DRAM MB": m / 1e6, "range MB": f"{sub['measured'].min() / 1e6:.0f}-"
-                                              f"{sub['measured'].max() / 1e6:.0f}",
-               "without flag MB": float(p_c["dram_read_bytes"].median()) / 1e6,
-               "flag TFLOP/s": overhead,
-               "note": ORDER_PERTURBED if overhead < -0.5 else ""}
-        for col in [c for c in sub.columns if ", " in c]:
-            row[f"{col} MB"] = float(sub[col].median()) / 1e6
-            row[f"{col} err"] = float(sub[col].median()) / m - 1
-        out.append(row)
-    return pd.DataFrame(out)
-
-
-def order_errors(table: pd.DataFrame) -> pd.DataFrame:
-    """Mean absolute error and worst error of each predictor over the configurations whose
-    order the flag did not perturb."""
-    ok = table[table["note"] == ""]
-    cols = [c for c in table.columns if c.endswith(" err")]
-    return pd.DataFrame([{"predictor": c[:-4], "configurations": len(ok),
-                          "MAPE": float(ok[c].abs().mean()),
-                          "worst": float(ok[c].abs().max()),
-                          "within 10%": int((ok[c].abs() < 0.10).sum())} for c in cols])
-
-
-def dram_bound_table(study) -> pd.DataFrame:
-    """Per (heads, schedule): DRAM reads against the minimum, the DRAM rate reached, TFLOP/s
-    (median and range over repeats) and the throughput model's prediction (fitted on every
-    timed data set of the GPU), with sawtooth against linear under longest-first."""
-    df = study.load("dram_bound")
-    joined = with_timing(df)
-    tfits, _ = study.throughput
-    t = timing(df)
-    rows = []
-    for (gpu, point), sub in joined.groupby(["gpu", "point"], sort=False):
-        r = sub.iloc[0]
-        tf = t[(t["gpu"] == gpu) & (t["point"] == point)]["tflops"].to_numpy(float)
-        fit = tfits[short_gpu(gpu)]
-        pred_s = float(fit.predict_rows_s(sub.iloc[:1])[0])
-        dram = float(sub["dram_read_bytes"].median())
-        rows.append({"GPU": short_gpu(gpu), "heads": int(r["heads"]),
-                     "schedule": f"{r['cta_schedule']}+{r['kv_schedule']}",
-                     "DRAM / min": dram / float(r["compulsory_read_bytes"]),
-                     "DRAM TB/s": dram / (float(r["median_ms"]) * 1e-3) / 1e12,
-                     "TFLOP/s": float(np.median(tf)), "lo": float(tf.min()),
-                     "hi": float(tf.max()),
-                     # same useful FLOPs, the model's time instead of the measured one
-                     "model TFLOP/s": float(r["tflops"]) * float(r["median_ms"]) * 1e-3 / pred_s,
-                     "DRAM-bound (model)": bool(
-                         (dram + float(sub["dram_write_bytes"].median())) / fit.dram_rate
-                         > float(r["executed_flops"]) / float(fit.compute_rate(
-                             [f"{r['cta_schedule']}+{r['kv_schedule']}"],
-                             occupancy_fraction(sub.iloc[:1]))[0]))})
-    out = pd.DataFrame(rows).sort_values(["GPU", "heads", "schedule"])
-    return out.reset_index(drop=True)
-
-
-def sawtooth_gain_where_bound(table: pd.DataFrame) -> pd.DataFrame:
-    """Under longest-first: sawtooth's DRAM and TFLOP/s change against linear per head count,
-    measured and as the model predicts it from the measured DRAM bytes."""
-    lf = table[table["schedule"].str.startswith("longest_first")]
-    out = []
-    for (gpu, heads), sub in lf.groupby(["GPU", "heads"]):
-        by = sub.set_index("schedule")
-        lin, saw = by.loc["longest_first+linear"], by.loc["longest_first+sawtooth"]
-        out.append({"GPU": gpu, "heads": heads,
-                    "DRAM, sawtooth vs linear": saw["DRAM / min"] / lin["DRAM / min"] - 1,
-                    "TFLOP/s measured": saw["TFLOP/s"] / lin["TFLOP/s"] - 1,
-                    "TFLOP/s model": saw["model TFLOP/s"] / lin["model TFLOP/s"] - 1,
-                    "linear DRAM-bound (model)": bool(lin["DRAM-bound (model)"])})
-    return pd.DataFrame(out)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -792,230 +602,3 @@ def prediction_table(study) -> pd.DataFrame:
 # --------------------------------------------------------------------------------------------
 # The table-driven kernel: what a schedule costs by itself (experiments/schedule_cost.py)
 # --------------------------------------------------------------------------------------------
-
-SCHEDULE_COST = "schedule_cost"
-PEERS = ("cudnn", "fa2", "tilegym")
-
-
-def _shape_name(s: dict) -> str:
-    return (f"B{s['batch']} H{s['heads']}" + (f" KV{s['kv_heads']}" if s.get("kv_heads") else "")
-            + f" S{s['seqlen'] // 1024}k D{s['head_dim']}" + (" causal" if s["causal"] else ""))
-
-
-def bench_contenders(path, per_gpu: bool = False) -> dict:
-    """One `wavefront bench --out` file: {shape name: {contender: its row}}; with `per_gpu`
-    (a file that runs on several GPUs appended to), {(GPU, shape name): {contender: row}}."""
-    shapes: dict = {}
-    for line in Path(path).read_text().splitlines():
-        r = json.loads(line)
-        if "contender" in r:
-            key = (r["gpu"], _shape_name(r["shape"])) if per_gpu else _shape_name(r["shape"])
-            shapes.setdefault(key, {})[r["contender"]] = r
-    return shapes
-
-
-def _tune_rows(path):
-    """The rows of one `wavefront tune` record (tune.jsonl.gz)."""
-    import gzip
-    with gzip.open(path, "rt") as f:
-        for line in f:
-            yield json.loads(line)
-
-
-def schedule_cost_rows(data_dir) -> pd.DataFrame:
-    """Every contender of every bench run in data/schedule_cost/*.jsonl, with its ratios paired
-    by round (computed here from the per-round samples, one way for every run): against the
-    same CTA schedule's linear scan and against grid+linear with the same levers, and against
-    cuDNN and FA2 of the same rounds."""
-    from wavefront.results.measurement import paired_ratio, paired_references
-    rows = []
-    runs = sorted((Path(data_dir) / SCHEDULE_COST).glob("*.jsonl"))
-    if not runs:
-        raise ValueError(f"{Path(data_dir) / SCHEDULE_COST}: no bench rounds (*.jsonl)")
-    for path in runs:
-        for shape, by in bench_contenders(path).items():
-            for name, r in by.items():
-                if name in PEERS:
-                    continue
-                row = {"run": path.stem, "GPU": short_gpu(r["gpu"]), "shape": shape,
-                       "schedule": name, "TFLOP/s": r["tflops"],
-                       "lo": r["tflops_ci95"][0], "hi": r["tflops_ci95"][1],
-                       "rounds": r["rounds"], "throttled": r["throttled_rounds"]}
-                for key, ref in {**paired_references(name), "cudnn": "cudnn",
-                                 "fa2": "fa2"}.items():
-                    if ref in by:
-                        row[f"vs {key}"], row[f"vs {key} lo"], row[f"vs {key} hi"] = \
-                            paired_ratio(by[ref]["samples_ms"], r["samples_ms"])
-                rows.append(row)
-    return pd.DataFrame(rows)
-
-
-def parse_bench_printout(text: str) -> pd.DataFrame:
-    """The table `wavefront bench` prints (schedule, S, D, causal, TFLOP/s), for a run whose
-    JSONL did not come back from the device."""
-    import re
-    rows = []
-    for line in text.splitlines():
-        m = re.match(r"(\S+(?: \[[^\]]*\])?)\s+(\d+)\s+(\d+)\s+(True|False)\s+([\d.]+)\s", line)
-        if m:
-            rows.append({"contender": m.group(1), "S": int(m.group(2)), "D": int(m.group(3)),
-                         "causal": m.group(4) == "True", "TFLOP/s": float(m.group(5))})
-    return pd.DataFrame(rows)
-
-
-def schedule_cost_agreement(data_dir) -> pd.DataFrame:
-    """The same bench command twice on the H100 (tuned levers): run 1's printed table against
-    run 2's JSONL, per contender: |median difference|."""
-    directory = Path(data_dir) / SCHEDULE_COST
-    first, second = directory / "tuned_levers_run1.txt", directory / "tuned_levers_run2.jsonl"
-    if not (first.exists() and second.exists()):
-        return pd.DataFrame()
-    one = parse_bench_printout(first.read_text())
-    two = []
-    for line in second.read_text().splitlines():
-        r = json.loads(line)
-        if "contender" in r:
-            two.append({"contender": r["contender"], "D": r["shape"]["head_dim"],
-                        "causal": r["shape"]["causal"], "TFLOP/s": r["tflops"]})
-    m = one.merge(pd.DataFrame(two), on=["contender", "D", "causal"], suffixes=(" 1", " 2"))
-    m["difference"] = (m["TFLOP/s 2"] / m["TFLOP/s 1"] - 1).abs()
-    m["peer"] = m["contender"].isin(PEERS)
-    return m
-
-
-def schedule_cost_summary(d: pd.DataFrame) -> pd.DataFrame:
-    """Per run and shape: how far the K/V direction moves a schedule (sawtooth vs its own
-    linear), persistent vs grid, the slowest static CTA schedule vs grid, the dynamic ones vs
-    grid, and the best contender against cuDNN."""
-    out = []
-    for (run, gpu, shape), sub in d.groupby(["run", "GPU", "shape"], sort=False):
-        if "vs grid" not in sub or "vs linear" not in sub:
-            continue
-        base = sub[~sub["schedule"].str.contains(r"\[")]  # the run's own levers
-        saw = base[base["schedule"].str.contains("sawtooth")]
-        # a run without grid (the tuned-table check) has no vs-grid ratios
-        static = base[~base["schedule"].str.contains("dynamic")
-                      & base["schedule"].str.endswith("+linear")].dropna(subset=["vs grid"])
-        dyn = base[base["schedule"].str.contains("dynamic")
-                   & base["schedule"].str.endswith("+linear")].dropna(subset=["vs grid"])
-        pers = base[base["schedule"] == "persistent+linear"].dropna(subset=["vs grid"])
-        worst = static.loc[static["vs grid"].idxmin()] if not static.empty else None
-        best = sub.loc[sub["vs cudnn"].idxmax()] if "vs cudnn" in sub else None
-        out.append({
-            "run": run, "GPU": gpu, "shape": shape,
-            "sawtooth vs own linear": (f"{saw['vs linear'].min():.3f}-{saw['vs linear'].max():.3f}"
-                                       if not saw.empty else ""),
-            "persistent vs grid": (f"{float(pers['vs grid'].iloc[0]):.3f}" if not pers.empty
-                                   else ""),
-            "slowest static vs grid": (f"{worst['vs grid']:.3f} ({worst['schedule']})"
-                                       if worst is not None else ""),
-            "dynamic vs grid": (f"{dyn['vs grid'].min():.3f}-{dyn['vs grid'].max():.3f}"
-                                if not dyn.empty else ""),
-            "best vs cuDNN": (f"{best['vs cudnn']:.3f} ({best['schedule']})"
-                              if best is not None else "")})
-    return pd.DataFrame(out)
-
-
-def tune_record(data_dir) -> pd.DataFrame:
-    """The lever searches (data/tune/*/levers.jsonl): per GPU, shape and lever value, the best
-    timed candidate with that value relative to the shape's best."""
-    rows = []
-    for path in sorted((Path(data_dir) / "tune").glob("*/levers.jsonl")):
-        for line in path.read_text().splitlines():
-            r = json.loads(line)
-            rows.append({"search": path.parent.name, "GPU": short_gpu(r["gpu"]),
-                         "shape": _shape_name(r["shape"]), "lever": r["lever"],
-                         "value": r["value"], "timed": r["timed"],
-                         "best TFLOP/s": r["best_tflops"], "of best": r["of_best"],
-                         "binary": r["best_label"]})
-    return pd.DataFrame(rows)
-
-
-def tune_best(data_dir) -> pd.DataFrame:
-    """Each search's fastest candidate per shape, with its interval and cuDNN / FA2 ratios."""
-    rows = []
-    for path in sorted((Path(data_dir) / "tune").glob("*/tune.jsonl.gz")):
-        by_shape: dict = {}
-        for r in _tune_rows(path):
-            # the softmax stage re-times the winner: taking the higher of two timings of
-            # one candidate would bias the best upward
-            if r.get("peer") or not r.get("tflops") or r.get("stage") == "softmax":
-                continue
-            key = _shape_name(r["shape"])
-            if key not in by_shape or r["tflops"] > by_shape[key]["tflops"]:
-                by_shape[key] = r
-        for shape, r in by_shape.items():
-            lv = r["levers"]
-            rows.append({"search": path.parent.name, "GPU": short_gpu(r["gpu"]), "shape": shape,
-                         "schedule": lv["schedule"], "tiles": lv["tiles"],
-                         "occupancy": lv["occupancy"], "worker warps": lv["worker_warps"],
-                         "cluster": lv["cluster"], "K/V latency": lv["kv_latency"],
-                         "TFLOP/s": r["tflops"], "lo": r["tflops_ci95"][0],
-                         "hi": r["tflops_ci95"][1], "x cuDNN": r.get("x_cudnn"),
-                         "x FA2": r.get("x_fa2")})
-    return pd.DataFrame(rows)
-
-
-def softmax_lever_table(data_dir) -> pd.DataFrame:
-    """The tune searches' second stage: FlashAttention-4's softmax levers on each shape's
-    winner, every candidate against that winner (rescale 0, no polynomial) of the same rounds."""
-    rows = []
-    for path in sorted((Path(data_dir) / "tune").glob("*/tune.jsonl.gz")):
-        stage = [r for r in _tune_rows(path)
-                 if r.get("stage") == "softmax" and not r.get("peer") and r.get("tflops")]
-        for shape in dict.fromkeys(_shape_name(r["shape"]) for r in stage):
-            mine = [r for r in stage if _shape_name(r["shape"]) == shape]
-            base = [r for r in mine if not r["levers"].get("rescale_threshold")
-                    and not r["levers"].get("exp2_poly")]
-            if len(base) != 1:
-                continue
-            for r in mine:
-                lv = r["levers"]
-                rows.append({"search": path.parent.name, "GPU": short_gpu(r["gpu"]),
-                             "shape": shape, "rescale threshold": lv["rescale_threshold"],
-                             "exp2 quarters on FMA": lv["exp2_poly"],
-                             "TFLOP/s": r["tflops"], "lo": r["tflops_ci95"][0],
-                             "hi": r["tflops_ci95"][1],
-                             "x winner": r["tflops"] / base[0]["tflops"],
-                             "x cuDNN": r.get("x_cudnn")})
-    return pd.DataFrame(rows)
-
-
-def tiled_fit_table(df: pd.DataFrame) -> pd.DataFrame:
-    """Per shape and K/V schedule (data/tiled_fit, counters): DRAM reads in GB and against two
-    minimums (with the partial states once, as `tiled_table`; and Q+K+V alone), DRAM writes,
-    medians over repeats; and TFLOP/s against linear where the bench timed it."""
-    c = df[(df["measurement"] == "counters") & (df["status"] == "ok")].copy()
-    if c.empty:
-        return pd.DataFrame()
-    qkv = 3 * c["seqlen"] * c["head_dim"] * 2 * c["batch"] * c["heads"]
-    c["read GB"] = c["dram_read_bytes"] / 1e9
-    c["write GB"] = c["dram_write_bytes"] / 1e9
-    c["x minimum"] = c["dram_read_bytes"] / c["compulsory_read_bytes"]
-    c["x Q+K+V"] = c["dram_read_bytes"] / qkv
-    g = (c.groupby(["gpu", "seqlen", "causal", "kv_schedule"], sort=False)
-         [["read GB", "write GB", "x minimum", "x Q+K+V"]].median().reset_index())
-    g["GPU"] = g["gpu"].map(short_gpu)
-    g["S"] = g["seqlen"]
-    g["schedule"] = g["kv_schedule"]
-    out = g[["GPU", "S", "causal", "schedule", "read GB", "write GB", "x minimum", "x Q+K+V"]]
-    return out.round({"read GB": 2, "write GB": 2, "x minimum": 2, "x Q+K+V": 1})
-
-
-def tiled_fit_timing(data_dir) -> pd.DataFrame:
-    """The benches of data/tiled_fit (bench*.jsonl, one run each): each K/V schedule against
-    linear of the same run and shape, paired by round."""
-    from wavefront.results.measurement import paired_ratio
-    rows = []
-    for path in sorted((Path(data_dir) / "tiled_fit").glob("bench*.jsonl")):
-        for shape, by in bench_contenders(path).items():
-            ref = by.get("persistent+linear")
-            for name, r in by.items():
-                if name in PEERS or ref is None:
-                    continue
-                med, lo, hi = paired_ratio(ref["samples_ms"], r["samples_ms"])
-                rows.append({"run": path.stem, "GPU": short_gpu(r["gpu"]), "shape": shape,
-                             "schedule": name, "TFLOP/s": round(r["tflops"], 1),
-                             "vs linear": med,
-                             "vs linear [95%]": f"{med:.3f} [{lo:.3f}, {hi:.3f}]"})
-    return pd.DataFrame(rows)

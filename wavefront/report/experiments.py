@@ -1,21 +1,34 @@
-"""Experiments are files: `experiments/<name>.py`, each the whole experiment.
+"""Experiments are a package: `experiments/<name>.py`, each the whole experiment.
 
-An experiment file defines
+An experiment module defines
 - its docstring: the question (first line) and how to run it;
 - `SPEC`: the TOML sweep it owns (measured into `data/<name>/`), or `SPECS`: several, by data
   set name; or none;
-- `DATASETS`: the results tables its figure reads (default: its own);
+- `DATASETS`: the results tables it reads (default: its own);
 - `BENCH`: optionally, `wavefront bench` argument lists it runs into `data/<name>/`;
-- `figure(study)`: the figure the paper uses, from a `report.analysis.Study`;
-- optionally `table(study)`: a DataFrame the paper prints;
-- `cli`: its click script (`run` / `plot --out DIR`), built by `wavefront.cli.experiment_cli`.
+- `measure(out_dir)`: optionally, a measurement of its own (neither a sweep nor a bench);
+- `figure(study)`: optionally, the figure the paper uses, from a `report.analysis.Study`;
+- `table(study)`: optionally, a DataFrame;
+- `section(study)`: optionally, its section of the draft (a `report.draft.Section`: markdown
+  and the claims it rests on).
 
-`discover` finds them; `draw` is the one way a figure is drawn and saved, so `plot` and
-`wavefront paper` write the same bytes.
+The package's `__init__.py` lists `DRAFT`, the names of the experiments whose sections make the
+draft, in order: the draft is that list. Experiments import `wavefront` (never its CLI); the
+import contract (`lint-imports`) covers them as a package of their own. `wavefront experiment
+run|plot NAME` is every experiment's click script; `python experiments/<name>.py run` hands
+over to it.
+
+`discover` imports the package; `draw` is the one way a figure is drawn and saved, so `plot`
+and `wavefront paper` write the same bytes.
 """
 from __future__ import annotations
 
+import hashlib
+import importlib
 import importlib.util
+import os
+import pkgutil
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
@@ -48,8 +61,8 @@ class Experiment:
 
     @property
     def datasets(self) -> tuple[str, ...]:
-        """The results tables (data/<name>/results.csv) its figure reads; an experiment that
-        reads only bench files says DATASETS = ()."""
+        """The results tables (data/<name>/results.csv) it reads; an experiment that reads
+        only bench or other records says DATASETS = ()."""
         declared = getattr(self.module, "DATASETS", None)
         if declared is not None:
             return tuple(declared)
@@ -60,6 +73,10 @@ class Experiment:
         """`wavefront bench` argument lists whose rounds it owns (data/<name>/bench.jsonl)."""
         return [list(args) for args in getattr(self.module, "BENCH", [])]
 
+    @property
+    def has_figure(self) -> bool:
+        return callable(getattr(self.module, "figure", None))
+
     def figure(self, study):
         return self.module.figure(study)
 
@@ -67,35 +84,85 @@ class Experiment:
         fn = getattr(self.module, "table", None)
         return fn(study) if fn else None
 
+    def section(self, study):
+        fn = getattr(self.module, "section", None)
+        return fn(study) if fn else None
 
-def load_experiment(path) -> Experiment:
-    path = Path(path)
-    spec = importlib.util.spec_from_file_location(f"wavefront_experiment_{path.stem}", path)
-    if spec is None or spec.loader is None:
-        raise ValueError(f"{path}: not a Python file")
+
+class Experiments(dict):
+    """The experiments of a package by name (name order), and `draft`: the names whose
+    sections make the draft, in the draft's order."""
+
+    def __init__(self, items, draft: tuple[str, ...]):
+        super().__init__(items)
+        self.draft = draft
+
+
+def _import_package(directory: Path) -> ModuleType:
+    init = directory / "__init__.py"
+    if not init.is_file():
+        raise ValueError(f"{directory}: not an experiments package (no __init__.py listing "
+                         "DRAFT)")
+    name = directory.name if directory.name.isidentifier() else "experiments"
+    loaded = sys.modules.get(name)
+    if loaded is not None and Path(getattr(loaded, "__file__", "") or "").resolve() == init:
+        return loaded
+    if loaded is not None:  # a package of that name from elsewhere: this one under its own
+        name = f"wavefront_experiments_{hashlib.sha1(str(directory).encode()).hexdigest()[:10]}"
+        if name in sys.modules:
+            return sys.modules[name]
+    spec = importlib.util.spec_from_file_location(name, init,
+                                                  submodule_search_locations=[str(directory)])
     module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
     try:
         spec.loader.exec_module(module)
     except Exception as exc:
+        del sys.modules[name]
+        raise ValueError(f"{init}: the experiments package does not load: "
+                         f"{type(exc).__name__}: {exc}") from None
+    return module
+
+
+def load_experiment(path) -> Experiment:
+    """One experiment module, imported as part of its package (the directory it lies in)."""
+    path = Path(path).resolve()
+    package = _import_package(path.parent)
+    try:
+        module = importlib.import_module(f"{package.__name__}.{path.stem}")
+    except Exception as exc:
         raise ValueError(f"{path}: the experiment file does not load: "
                          f"{type(exc).__name__}: {exc}") from None
-    if not callable(getattr(module, "figure", None)):
-        raise ValueError(f"{path}: an experiment defines figure(study)")
     return Experiment(path.stem, path, module)
 
 
-def discover(experiments_dir) -> dict[str, Experiment]:
-    """Every experiment file in `experiments_dir`, by name, in name order."""
-    directory = Path(experiments_dir)
+def discover(experiments_dir) -> Experiments:
+    """Every experiment module of the package in `experiments_dir`, by name, in name order;
+    `.draft` is the package's DRAFT, checked against what the modules define."""
+    directory = Path(experiments_dir).resolve()
     if not directory.is_dir():
         raise ValueError(f"{directory}: no experiments directory")
-    out = {}
-    for path in sorted(directory.glob("*.py")):
-        if not path.name.startswith("_"):
-            out[path.stem] = load_experiment(path)
-    if not out:
+    package = _import_package(directory)
+    names = sorted(m.name for m in pkgutil.iter_modules([str(directory)])
+                   if not m.name.startswith("_"))
+    if not names:
         raise ValueError(f"{directory}: no experiment files (*.py) in it")
-    return out
+    found = {name: load_experiment(directory / f"{name}.py") for name in names}
+    draft = tuple(getattr(package, "DRAFT", ()))
+    unknown = [n for n in draft if n not in found]
+    if unknown:
+        raise ValueError(f"{directory / '__init__.py'}: DRAFT names {unknown}, which are not "
+                         "experiment files")
+    silent = [n for n in draft if not callable(getattr(found[n].module, "section", None))]
+    if silent:
+        raise ValueError(f"{directory / '__init__.py'}: DRAFT names {silent}, which define no "
+                         "section(study)")
+    left_out = [n for n, e in found.items() if n not in draft
+                and callable(getattr(e.module, "section", None))]
+    if left_out:
+        raise ValueError(f"{directory / '__init__.py'}: {left_out} define section(study) but "
+                         "DRAFT does not list them")
+    return Experiments(found, draft)
 
 
 def spec_for(dataset: str, experiments: dict[str, Experiment]) -> SweepSpec:
@@ -107,7 +174,9 @@ def spec_for(dataset: str, experiments: dict[str, Experiment]) -> SweepSpec:
 
 
 def draw(experiment: Experiment, study, out_dir) -> list[Path]:
-    """Draw an experiment's figure and save it (PNG) into `out_dir`."""
+    """Draw an experiment's figure and save it (PNG) into `out_dir`; none if it has none."""
+    if not experiment.has_figure:
+        return []
     with figures.style():
         fig = experiment.figure(study)
         return figures.save(fig, experiment.name, out_dir)
@@ -118,5 +187,18 @@ def readme_table(experiments: dict[str, Experiment]) -> str:
     lines = ["| experiment | question | data |", "|---|---|---|"]
     for name, exp in experiments.items():
         data = list(exp.datasets) + ([f"{name} (bench rounds)"] if exp.bench_runs else [])
-        lines.append(f"| `{name}` | {exp.question} | {', '.join(data)} |")
+        lines.append(f"| `{name}` | {exp.question} | {', '.join(data) or '-'} |")
     return "\n".join(lines)
+
+
+def run_as_script(path: str) -> None:
+    """`python experiments/<name>.py ACTION ...` is `wavefront experiment ACTION <name> ...`:
+    the experiment file hands over to the CLI by process, never by import (the CLI sits above
+    the experiments in the import contract)."""
+    path = Path(path).resolve()
+    args = sys.argv[1:]
+    if args and not args[0].startswith("-"):
+        argv = ["experiment", args[0], path.stem, "--experiments", str(path.parent), *args[1:]]
+    else:  # --help, or nothing: the experiment commands' help
+        argv = ["experiment", *args]
+    os.execv(sys.executable, [sys.executable, "-m", "wavefront.cli", *argv])

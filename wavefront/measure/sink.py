@@ -1,0 +1,45 @@
+"""Where a measurement's records go: JSON lines appended as they are measured, each run with a
+manifest beside them (GPU, driver, CUDA, cuda-tile, tileiras, ncu, commit, date, command)."""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+
+def environment() -> dict:
+    """This machine's GPU (None without one) and software versions."""
+    from wavefront.device import current_device, software_versions
+    dev = current_device()
+    return {"gpu": dev.as_dict() if dev else None, **software_versions()}
+
+
+def write_run_manifest(out_dir, files) -> None:
+    """Where and how this run measured, beside the files it appends to, one entry per run."""
+    from wavefront.results.store import manifest, write_manifest
+    data = manifest(environment(), extra={"files": files})
+    write_manifest(out_dir, data["date"].replace(":", "") + f"-{os.getpid()}", data)
+
+
+class JsonlSink:
+    """Rows appended to <out_dir>/<name>, one JSON object a line, flushed as each is written,
+    with a run manifest beside them; nothing at all without `out_dir`."""
+
+    def __init__(self, out_dir, name):
+        self.file = None
+        if out_dir:
+            Path(out_dir).mkdir(parents=True, exist_ok=True)
+            write_run_manifest(out_dir, [name])
+            self.file = open(Path(out_dir) / name, "a")
+
+    def write(self, row) -> None:
+        if self.file:
+            self.file.write(json.dumps(row, default=str) + "\n")
+            self.file.flush()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        if self.file:
+            self.file.close()

@@ -1,0 +1,133 @@
+"""Records other than sweep results: bench rounds, tune candidates, lever summaries, one-shot
+benches. Each kind is typed and versioned like `results.csv`, with one reader.
+
+A record is one JSON object a line (`.jsonl`, or `.jsonl.gz`). It carries `record_version`
+from version 2 on; a line without one is version 1. Reading upgrades every line to the kind's
+current version, step by step (`RecordKind.upgrades`), so committed data stays readable when a
+field is added: adding a field is a new version and one upgrade function that fills it for
+older lines. A line that lacks a required field after the upgrade is refused with its file and
+line number.
+"""
+from __future__ import annotations
+
+import gzip
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+from wavefront.point import KERNEL_LEVERS
+from wavefront.results.store import SchemaError, require_regular_file
+
+
+@dataclass(frozen=True)
+class RecordKind:
+    name: str
+    version: int
+    required: tuple[str, ...]
+    # version v -> the function that turns a version-v line into version v + 1
+    upgrades: dict[int, Callable[[dict], dict]] = field(default_factory=dict)
+    # lines that are no measurement (a failed shape's error row) are kept out unless asked for
+    measured: Callable[[dict], bool] = lambda row: True
+
+    def stamp(self, row: dict) -> dict:
+        """A row as a writer appends it: with this kind's current version."""
+        return {**row, "record_version": self.version}
+
+    def upgrade(self, row: dict, where: str) -> dict:
+        version = row.get("record_version", 1)
+        if not isinstance(version, int) or not 1 <= version <= self.version:
+            raise SchemaError(f"{where}: {self.name} record version {version!r}; this "
+                              f"wavefront reads versions 1 to {self.version}")
+        while version < self.version:
+            row = {**self.upgrades[version](row), "record_version": version + 1}
+            version += 1
+        missing = [f for f in self.required if f not in row]
+        if missing:
+            raise SchemaError(f"{where}: a {self.name} record without {missing}")
+        return row
+
+    def read(self, path, *, failed: bool = False) -> list[dict]:
+        """Every measured line of one file, upgraded to the current version (with `failed`,
+        the lines that record a failure instead)."""
+        path = Path(path)
+        if not path.exists():
+            raise SchemaError(f"{path}: no such {self.name} record file")
+        require_regular_file(path, f"a {self.name} record file")
+        opener = gzip.open if path.name.endswith(".gz") else open
+        rows = []
+        with opener(path, "rt") as f:
+            for number, line in enumerate(f, 1):
+                if not line.strip():
+                    continue
+                where = f"{path}:{number}"
+                try:
+                    row = json.loads(line)
+                except json.JSONDecodeError as exc:
+                    raise SchemaError(f"{where}: not a JSON line ({exc.msg})") from None
+                if not isinstance(row, dict):
+                    raise SchemaError(f"{where}: a record is a JSON object")
+                if self.measured(row) != failed:
+                    rows.append(row if failed else self.upgrade(row, where))
+        return rows
+
+
+def _shape_with_default_levers(row: dict) -> dict:
+    # Shapes written before a kernel lever existed ran it at its default.
+    return {**row, "shape": {**KERNEL_LEVERS, "chunk_tiles": None, **row["shape"]}}
+
+
+# `wavefront bench`: one line per contender per shape, from interleaved rounds. Version 2: the
+# shape names every kernel lever (version 1 named those that existed when it was written).
+BENCH_RECORDS = RecordKind(
+    "bench", 2,
+    ("gpu", "shape", "contender", "samples_ms", "median_ms", "tflops", "tflops_ci95", "rounds",
+     "throttled_rounds"),
+    upgrades={1: _shape_with_default_levers},
+    measured=lambda row: "contender" in row)
+
+# `wavefront tune`: one line per candidate (timed or refused on its SASS; `levers`) or peer
+# (`peer`).
+TUNE_RECORDS = RecordKind(
+    "tune", 2, ("gpu", "shape"),
+    upgrades={1: _shape_with_default_levers})
+
+# `wavefront tune`: per shape, lever and value, the best candidate with that value.
+LEVER_RECORDS = RecordKind(
+    "levers", 2, ("gpu", "shape", "lever", "value", "timed", "best_tflops", "of_best",
+                  "best_label"),
+    upgrades={1: _shape_with_default_levers})
+
+# The first kernel's one-shot bench (`data/foundation_bench`): a point timed once, the peers
+# beside it. Written by no command today.
+BENCH_ONCE_RECORDS = RecordKind("bench_once", 1, ("gpu", "config", "tflops", "timing", "peers"))
+
+# A bench whose JSONL did not come back from the device, transcribed from the table it
+# printed: contender, S, D, causal, TFLOP/s.
+PRINTOUT_RECORDS = RecordKind("bench_printout", 1, ("contender", "seqlen", "head_dim", "causal",
+                                                  "tflops"))
+
+# `experiments/starved_launch.py`: the stream's bandwidth alone, and the attention's rounds
+# beside a stream on the spare SMs.
+STARVED_RECORDS = RecordKind("starved", 1, ("kind", "gpu"))
+
+KINDS = {k.name: k for k in (BENCH_RECORDS, TUNE_RECORDS, LEVER_RECORDS, BENCH_ONCE_RECORDS,
+                              PRINTOUT_RECORDS, STARVED_RECORDS)}
+
+
+def shape_name(shape: dict) -> str:
+    """'B4 H32 KV8 S4k D128 causal': how tables name a bench or tune shape."""
+    return (f"B{shape['batch']} H{shape['heads']}"
+            + (f" KV{shape['kv_heads']}" if shape.get("kv_heads") else "")
+            + f" S{shape['seqlen'] // 1024}k D{shape['head_dim']}"
+            + (" causal" if shape["causal"] else ""))
+
+
+def by_shape(rows: list[dict], per_gpu: bool = False) -> dict:
+    """Bench rows as {shape name: {contender: row}}; with `per_gpu` (a file appended to on
+    several GPUs), {(GPU, shape name): {contender: row}}."""
+    shapes: dict = {}
+    for r in rows:
+        key = (r["gpu"], shape_name(r["shape"])) if per_gpu else shape_name(r["shape"])
+        shapes.setdefault(key, {})[r["contender"]] = r
+    return shapes
