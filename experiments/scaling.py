@@ -8,8 +8,6 @@ two-GPU host (`data/scaling_1gpu`) and on both through Dask (`--gpus 2`, the H20
     python experiments/knee.py run --gpus 2                       # every GPU of the host
     python experiments/scaling.py plot --out DIR                  # anywhere: the figure
 """
-import json
-
 import pandas as pd
 
 from wavefront.report import figures
@@ -22,7 +20,7 @@ DATASETS = ("scaling_1gpu", "knee")
 
 
 def _wall(study, dataset: str, gpus: int) -> float:
-    runs = json.loads((study.data_dir / dataset / "manifest.json").read_text()).values()
+    runs = study.manifest(dataset).values()
     walls = [r["wall_s"] for r in runs if r.get("wall_s") and ("x2" in r.get("note", ""))
              and (("--gpus" in r["command"]) == (gpus > 1))]
     return float(walls[0]) if walls else float("nan")

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import click
 
-from wavefront.measure.sink import JsonlSink, environment, write_run_manifest
-from wavefront.point import DTYPES, HEAD_DIMS, KERNEL_LEVERS, TILE_SHAPES, Point
+from wavefront.measure.sink import JsonlSink, environment
+from wavefront.point import DTYPES, HEAD_DIMS, TILE_SHAPES, Point
 from wavefront.schedules import schedule_names
 
 TILE_HELP = "MxN, one of " + ", ".join(f"{m}x{n}" for m, n in TILE_SHAPES) + "."
@@ -628,41 +628,9 @@ def bench(batch, heads, kv_heads, seqlens, head_dims, dtype, causal, schedules, 
                                    schedules, tiles, occupancy, ctas)]
     dev = _require_gpu()
     from wavefront.api import attention as public_attention
-    from wavefront.measure.bench import PEER_NAMES
-    from wavefront.measure.rounds import (API_CONTENDER, paired_speedup, run_rounds,
-                                          shape_contenders)
-    from wavefront.results.measurement import paired_references
-    shapes: dict = {}
-    for point in points:
-        shapes.setdefault(point.problem_only(), []).append(point)
-    if tuned:
-        from wavefront.kernel.tuning import tuned_config
-        for shape, members in shapes.items():
-            config = tuned_config(
-                dev.name, (shape.batch, shape.heads, shape.seqlen, shape.head_dim),
-                (shape.batch, shape.kv_heads_, shape.seqlen, shape.head_dim), shape.causal)
-            if config is None:
-                click.echo(f"no tuned entry for {dev.name} D={shape.head_dim} "
-                           f"causal={shape.causal}: run `wavefront tune --write`", err=True)
-                continue
-            candidate = shape.replace(**config)
-            if candidate not in members:
-                members.append(candidate)
-    bound_of_api = {}
-    if api:
-        # The bound launcher of the configuration the public call resolves to, in the same
-        # rounds: the public call's own cost is the ratio between the two.
-        from wavefront.kernel.launcher import resolve_config
-        from wavefront.measure.rounds import contender_name
-        for shape, members in shapes.items():
-            config = resolve_config(
-                (shape.batch, shape.heads, shape.seqlen, shape.head_dim),
-                (shape.batch, shape.kv_heads_, shape.seqlen, shape.head_dim), shape.causal,
-                None, None, None, dict.fromkeys(KERNEL_LEVERS))
-            candidate = shape.replace(**config)
-            if candidate not in members:
-                members.append(candidate)
-            bound_of_api[shape] = contender_name(candidate, members[0])
+    from wavefront.measure.rounds import bench_records, bench_shapes, run_rounds, shape_contenders
+    shapes, bound_of_api = bench_shapes(points, dev.name, tuned=tuned, api=api,
+                                        log=lambda m: click.echo(m, err=True))
     rows, failed = [], 0
     with JsonlSink(out_dir, "bench.jsonl") as sink, \
             click.progressbar(list(shapes.items()), label="shapes", file=sys.stderr) as bar:
@@ -675,20 +643,10 @@ def bench(batch, heads, kv_heads, seqlens, head_dims, dtype, causal, schedules, 
             except Exception as exc:  # one failing shape must not lose the table
                 rows.append({"gpu": dev.name, "shape": shape.as_dict(),
                              "error": f"{type(exc).__name__}: {exc}"})
+                sink.write(rows[-1])
                 failed += 1
                 continue
-            by = {r.name: r for r in results}
-            for r in results:
-                row = {"gpu": dev.name, "shape": shape.as_dict(), "contender": r.name,
-                       **r.as_dict()}
-                for peer in PEER_NAMES:
-                    if peer in by and r.name not in PEER_NAMES:
-                        row[f"x_{peer}"] = by[peer].median_ms / r.median_ms
-                references = ({"bound": bound_of_api[shape]} if r.name == API_CONTENDER
-                              else paired_references(r.name))
-                for key, ref in references.items():
-                    if ref in by and r.name not in PEER_NAMES:
-                        row[f"x_{key}"], *row[f"x_{key}_ci95"] = paired_speedup(by[ref], r)
+            for row in bench_records(dev.name, shape, results, bound_of_api.get(shape)):
                 rows.append(row)
                 sink.write(row)
     if as_json:
@@ -755,23 +713,17 @@ def tune(batch, heads, kv_heads, seqlen, head_dims, dtype, causal, rounds, per_r
     did; with --write, the fastest per shape becomes `wavefront.attention`'s default here for
     this shape and those nearest to it."""
     dev = _require_gpu()
-    import datetime
-
-    from wavefront.kernel.tuning import CONFIG_FIELDS, shape_text, write_entry
+    from wavefront.kernel.tuning import write_entry
     from wavefront.measure import tune as tuning
     causals = (False, True) if causal is None else (causal,)
-    sink = levers_sink = None
-    if out_dir:
-        Path(out_dir).mkdir(parents=True, exist_ok=True)
-        write_run_manifest(out_dir, ["tune.jsonl", "levers.jsonl"])
-        sink = open(Path(out_dir) / "tune.jsonl", "a")
-        levers_sink = open(Path(out_dir) / "levers.jsonl", "a")
     try:
         shape_points = [Point(batch, heads, kv_heads, seqlen, d, dtype, c)
                         for d in head_dims for c in causals]
     except ValueError as exc:
         raise click.UsageError(str(exc)) from None
     failed = 0
+    sink = JsonlSink(out_dir, "tune.jsonl", manifest_files=["tune.jsonl", "levers.jsonl"])
+    levers_sink = JsonlSink(out_dir, "levers.jsonl", manifest_files=())
     columns = [("lever", "lever", ""), ("value", "value", ""), ("candidates", "candidates", "d"),
                ("timed", "timed", "d"), ("best_tflops", "best TFLOP/s", ".1f"),
                ("of_best", "of the best", ".3f"), ("best_label", "binary", "")]
@@ -792,14 +744,10 @@ def tune(batch, heads, kv_heads, seqlen, head_dims, dtype, causal, rounds, per_r
             failed += not ran
             ours = [r for r in rows if not r.get("peer")]
             record = tuning.lever_record(ours, levers)
-            if sink:
-                for row in rows:
-                    sink.write(json.dumps({**row, "stage": stage}, default=str) + "\n")
-                for row in record:
-                    levers_sink.write(json.dumps({"gpu": dev.name, "shape": shape.as_dict(),
-                                                  "stage": stage, **row}) + "\n")
-                sink.flush()
-                levers_sink.flush()
+            for row in tuning.candidate_records(rows, stage):
+                sink.write(row)
+            for row in tuning.lever_records(dev.name, shape, stage, record):
+                levers_sink.write(row)
             print_table(record, columns,
                         title=f"\n{dev.name}, B={batch} H={heads} S={seqlen} {dtype} {what}, "
                               f"{stage}: what each lever did (best timed candidate with that "
@@ -818,18 +766,11 @@ def tune(batch, heads, kv_heads, seqlen, head_dims, dtype, causal, rounds, per_r
             failed += 1
             continue
         if write:
-            dims = (batch, heads, kv_heads or heads, seqlen)
-            entry = {**{k: best["levers"][k] for k in CONFIG_FIELDS},
-                     "tflops": round(best["tflops"], 1),
-                     "x_cudnn": round(best.get("x_cudnn", float("nan")), 3),
-                     "measured": datetime.datetime.now(datetime.timezone.utc).isoformat(
-                         timespec="seconds"),
-                     "shape": f"{shape_text(dims)} {dtype}"}
+            entry = tuning.tuned_entry(best, (batch, heads, kv_heads or heads, seqlen), dtype)
             key = write_entry(dev.name, shape.head_dim, shape.causal, entry)
             click.echo(f"{what}: wrote {dev.name} {key}", err=True)
-    if sink:
-        sink.close()
-        levers_sink.close()
+    sink.close()
+    levers_sink.close()
     if failed:
         sys.exit(1)
 
@@ -1165,32 +1106,13 @@ def simulate(gpu_name, sms, l2_mib, capacity_mib, partitions, batch, heads, kv_h
 def fit(results_path, out_dir, as_json):
     """Fit the effective L2 capacity and the throughput model to a results file; the capacity
     is also scored out of sample (fitted on the shorter lengths, tested on the longer)."""
-    from wavefront.model.fits import fit_capacity, fit_throughput
-    from wavefront.report.analysis import capacity_held_out_by_length
-    from wavefront.results.store import SchemaError, load_results, with_timing
+    from wavefront.report.analysis import fit_results
+    from wavefront.results.store import SchemaError, load_results
     try:
         df = load_results(results_path, strict=True)
-    except SchemaError as exc:
+        fits = fit_results(df, str(results_path))
+    except (SchemaError, ValueError) as exc:  # SchemaError is a ValueError
         raise click.BadParameter(str(exc), param_hint="RESULTS_PATH") from None
-    ok = df[df["status"] == "ok"]
-    if ok.empty:
-        raise click.BadParameter(f"{results_path}: no measured (ok) rows to fit",
-                                 param_hint="RESULTS_PATH")
-    fits = {"results": str(results_path), "gpus": {}}
-    for gpu, rows in ok.groupby("gpu"):
-        entry = {}
-        counters = rows[rows["measurement"] == "counters"].dropna(subset=["dram_read_sectors"])
-        if len(counters):
-            entry["capacity"] = fit_capacity(counters, gpu).as_dict()
-            entry["capacity_out_of_sample"] = capacity_held_out_by_length(counters, gpu)
-        joined = with_timing(rows)
-        if len(joined) >= 4:
-            entry["throughput"] = fit_throughput(joined, gpu).as_dict()
-        if not entry:
-            raise click.BadParameter(f"{results_path}: {gpu} has no counter rows and fewer than "
-                                     "4 timed counter rows: nothing to fit",
-                                     param_hint="RESULTS_PATH")
-        fits["gpus"][gpu] = entry
     if out_dir:
         Path(out_dir).mkdir(parents=True, exist_ok=True)
         (Path(out_dir) / "fits.json").write_text(json.dumps(fits, indent=1) + "\n")

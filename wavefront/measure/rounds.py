@@ -228,3 +228,60 @@ def _rows_error(point, q, k, v, out) -> float:
                                  rows=rows)
     got = out[:1, :2][:, :, rows].astype(cupy.float32)
     return float(cupy.linalg.norm(got - ref) / cupy.linalg.norm(ref))
+
+
+def bench_shapes(points, gpu_name: str, *, tuned: bool, api: bool, log=print):
+    """The contenders of `wavefront bench`, grouped by shape (the problem alone): the points
+    asked for, plus with `tuned` the shape's tuned configuration and with `api` the bound
+    launcher of the configuration the public call resolves to. -> ({shape: [points]},
+    {shape: the api contender's bound reference})."""
+    from wavefront.kernel.launcher import resolve_config
+    from wavefront.kernel.tuning import tuned_config
+    shapes: dict = {}
+    for point in points:
+        shapes.setdefault(point.problem_only(), []).append(point)
+    bound_of_api = {}
+    for shape, members in shapes.items():
+        q = (shape.batch, shape.heads, shape.seqlen, shape.head_dim)
+        kv = (shape.batch, shape.kv_heads_, shape.seqlen, shape.head_dim)
+        extra = []
+        if tuned:
+            config = tuned_config(gpu_name, q, kv, shape.causal)
+            if config is None:
+                log(f"no tuned entry for {gpu_name} D={shape.head_dim} causal={shape.causal}: "
+                    "run `wavefront tune --write`")
+            else:
+                extra.append(shape.replace(**config))
+        if api:
+            # The public call's own cost is its ratio to this launcher in the same rounds.
+            candidate = shape.replace(**resolve_config(q, kv, shape.causal, None, None, None,
+                                                       dict.fromkeys(KERNEL_LEVERS)))
+            extra.append(candidate)
+            bound_of_api[shape] = contender_name(candidate, members[0])
+        members.extend(p for p in dict.fromkeys(extra) if p not in members)
+    return shapes, bound_of_api
+
+
+def bench_records(gpu_name: str, shape, results: list[RoundsResult],
+                  bound_reference: str | None = None) -> list[dict]:
+    """The bench records of one shape's rounds: each contender with its ratios to the peers of
+    the same rounds and, paired by round, to its references (its own linear scan, grid+linear;
+    the public call: the bound launcher it resolves to)."""
+    from wavefront.measure.bench import PEER_NAMES
+    from wavefront.results.measurement import paired_references
+    from wavefront.results.records import BENCH_RECORDS
+    by = {r.name: r for r in results}
+    out = []
+    for r in results:
+        row = {"gpu": gpu_name, "shape": shape.as_dict(), "contender": r.name, **r.as_dict()}
+        if r.name not in PEER_NAMES:
+            for peer in PEER_NAMES:
+                if peer in by:
+                    row[f"x_{peer}"] = by[peer].median_ms / r.median_ms
+            references = ({"bound": bound_reference} if r.name == API_CONTENDER
+                          else paired_references(r.name))
+            for key, ref in references.items():
+                if ref in by:
+                    row[f"x_{key}"], *row[f"x_{key}_ci95"] = paired_speedup(by[ref], r)
+        out.append(BENCH_RECORDS.stamp(row))
+    return out

@@ -25,11 +25,15 @@ class JsonlSink:
     """Rows appended to <out_dir>/<name>, one JSON object a line, flushed as each is written,
     with a run manifest beside them; nothing at all without `out_dir`."""
 
-    def __init__(self, out_dir, name):
+    def __init__(self, out_dir, name, manifest_files=None):
+        """`manifest_files`: the files the run's manifest names (default: this one; () where
+        another sink of the same run writes the manifest)."""
         self.file = None
         if out_dir:
             Path(out_dir).mkdir(parents=True, exist_ok=True)
-            write_run_manifest(out_dir, [name])
+            files = [name] if manifest_files is None else list(manifest_files)
+            if files:
+                write_run_manifest(out_dir, files)
             self.file = open(Path(out_dir) / name, "a")
 
     def write(self, row) -> None:
@@ -37,9 +41,13 @@ class JsonlSink:
             self.file.write(json.dumps(row, default=str) + "\n")
             self.file.flush()
 
+    def close(self) -> None:
+        if self.file:
+            self.file.close()
+            self.file = None
+
     def __enter__(self):
         return self
 
     def __exit__(self, *exc):
-        if self.file:
-            self.file.close()
+        self.close()

@@ -25,6 +25,7 @@ import os
 from concurrent.futures import ProcessPoolExecutor
 
 from wavefront.point import Point
+from wavefront.results.records import LEVER_RECORDS, TUNE_RECORDS
 
 # The searched values of each lever (tiles first: the others are read against it). The first
 # search on the H100 (data/tune) also had 64x64 tiles (never within 14% of the best) and the
@@ -202,3 +203,28 @@ def lever_record(rows: list[dict], levers: dict | None = None) -> list[dict]:
 
 
 ALL_LEVERS = (*LEVERS, *SOFTMAX_LEVERS)
+
+
+def candidate_records(rows: list[dict], stage: str) -> list[dict]:
+    """The tune records of one stage's candidates and peers, as `--out` appends them."""
+    return [TUNE_RECORDS.stamp({**row, "stage": stage}) for row in rows]
+
+
+def lever_records(gpu_name: str, shape: Point, stage: str, record: list[dict]) -> list[dict]:
+    """The lever records of one stage (`lever_record`), as `--out` appends them."""
+    return [LEVER_RECORDS.stamp({"gpu": gpu_name, "shape": shape.as_dict(), "stage": stage,
+                                 **row}) for row in record]
+
+
+def tuned_entry(best: dict, dims: tuple[int, int, int, int], dtype: str) -> dict:
+    """The tuned table's entry for a shape's winner (`wavefront tune --write`): its
+    configuration, speed, when, and the shape it was measured on."""
+    import datetime
+
+    from wavefront.kernel.tuning import CONFIG_FIELDS, shape_text
+    return {**{k: best["levers"][k] for k in CONFIG_FIELDS},
+            "tflops": round(best["tflops"], 1),
+            "x_cudnn": round(best.get("x_cudnn", float("nan")), 3),
+            "measured": datetime.datetime.now(datetime.timezone.utc).isoformat(
+                timespec="seconds"),
+            "shape": f"{shape_text(dims)} {dtype}"}

@@ -36,7 +36,7 @@ from wavefront.point import SECTOR_BYTES
 from wavefront.report.figures import short_gpu
 from wavefront.results.measurement import SPREAD_FLAG, SPREAD_FLAG_TEXT, spread
 from wavefront.results.records import RecordKind
-from wavefront.results.store import SchemaError, load_results, with_timing
+from wavefront.results.store import SchemaError, load_results, read_manifest, with_timing
 
 # Experiments with counters and timing for the same points: the throughput model's data.
 TIMED_EXPERIMENTS = ("schedules_vs_seqlen", "knee", "ablation", "tile_size", "tiled",
@@ -249,6 +249,10 @@ class Study:
 
     def counters(self, experiment: str) -> pd.DataFrame:
         return counters(self.load(experiment))
+
+    def manifest(self, dataset: str) -> dict:
+        """The runs of data/<dataset>/manifest.json, checked (`results.store.read_manifest`)."""
+        return read_manifest(self.data_dir / dataset)
 
     def records(self, kind: RecordKind, dataset: str, pattern: str = "*.jsonl") -> dict:
         """Every `kind` record file of data/<dataset>/ matching `pattern`, read and upgraded,
@@ -602,3 +606,26 @@ def prediction_table(study) -> pd.DataFrame:
 # --------------------------------------------------------------------------------------------
 # The table-driven kernel: what a schedule costs by itself (experiments/schedule_cost.py)
 # --------------------------------------------------------------------------------------------
+
+
+def fit_results(df: pd.DataFrame, source: str) -> dict:
+    """`wavefront fit`'s JSON: per GPU of a results table, the effective L2 capacity (in sample,
+    and fitted on the shorter lengths, scored on the longer) and the throughput model."""
+    ok = df[df["status"] == "ok"]
+    if ok.empty:
+        raise ValueError(f"{source}: no measured (ok) rows to fit")
+    fits = {"results": source, "gpus": {}}
+    for gpu, rows in ok.groupby("gpu"):
+        entry = {}
+        counters = rows[rows["measurement"] == "counters"].dropna(subset=["dram_read_sectors"])
+        if len(counters):
+            entry["capacity"] = fit_capacity(counters, gpu).as_dict()
+            entry["capacity_out_of_sample"] = capacity_held_out_by_length(counters, gpu)
+        joined = with_timing(rows)
+        if len(joined) >= 4:
+            entry["throughput"] = fit_throughput(joined, gpu).as_dict()
+        if not entry:
+            raise ValueError(f"{source}: {gpu} has no counter rows and fewer than 4 timed "
+                             "counter rows: nothing to fit")
+        fits["gpus"][gpu] = entry
+    return fits

@@ -8,7 +8,6 @@ holds what every section shares: the claim machinery and the markdown helpers.
 """
 from __future__ import annotations
 
-import json
 import textwrap
 from dataclasses import dataclass, field
 from importlib import resources
@@ -58,10 +57,7 @@ def _manifest_versions(study: Study, names) -> dict[str, str]:
     """Tool versions over every manifest of the data sets, joined where runs differ."""
     found: dict[str, set] = {"cuda_tile": set(), "tileiras": set(), "ncu": set()}
     for name in names:
-        path = study.data_dir / name / "manifest.json"
-        if not path.exists():
-            continue
-        for entry in json.loads(path.read_text()).values():
+        for entry in study.manifest(name).values():
             for key in found:
                 value = entry.get(key)
                 if value:

@@ -40,7 +40,11 @@ class RecordKind:
             raise SchemaError(f"{where}: {self.name} record version {version!r}; this "
                               f"wavefront reads versions 1 to {self.version}")
         while version < self.version:
-            row = {**self.upgrades[version](row), "record_version": version + 1}
+            try:
+                row = {**self.upgrades[version](row), "record_version": version + 1}
+            except (KeyError, TypeError, AttributeError) as exc:
+                raise SchemaError(f"{where}: a {self.name} record without what version "
+                                  f"{version} had ({type(exc).__name__}: {exc})") from None
             version += 1
         missing = [f for f in self.required if f not in row]
         if missing:

@@ -1,0 +1,91 @@
+"""Bench, tune and lever records: one reader per kind, versioned, older lines upgraded on read,
+bad lines refused with their file and line."""
+import gzip
+import json
+
+import pytest
+
+from wavefront.point import KERNEL_LEVERS
+from wavefront.report.analysis import Study
+from wavefront.results.records import (BENCH_RECORDS, KINDS, TUNE_RECORDS, RecordKind,
+                                       by_shape, shape_name)
+from wavefront.results.store import SchemaError
+
+SHAPE_V1 = {"batch": 1, "heads": 8, "kv_heads": None, "seqlen": 1024, "head_dim": 64,
+            "dtype": "bfloat16", "causal": False, "schedule": "persistent+linear",
+            "tiles": None, "occupancy": None, "ctas": None}
+
+
+def _bench_row(contender, **extra):
+    return {"gpu": "G", "shape": dict(SHAPE_V1), "contender": contender, "samples_ms": [1.0],
+            "median_ms": 1.0, "tflops": 10.0, "tflops_ci95": [9.0, 11.0], "rounds": 6,
+            "throttled_rounds": 0, **extra}
+
+
+def _write(path, rows):
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def test_a_version_1_bench_line_reads_with_every_lever_at_its_default(tmp_path):
+    path = _write(tmp_path / "b.jsonl", [_bench_row("grid+linear"),
+                                         {"gpu": "G", "shape": SHAPE_V1, "error": "boom"}])
+    rows = BENCH_RECORDS.read(path)
+    assert len(rows) == 1 and rows[0]["record_version"] == BENCH_RECORDS.version
+    assert {k: rows[0]["shape"][k] for k in KERNEL_LEVERS} == KERNEL_LEVERS
+    assert rows[0]["shape"]["chunk_tiles"] is None
+    # the failed shape is kept apart, not dropped silently
+    assert [r["error"] for r in BENCH_RECORDS.read(path, failed=True)] == ["boom"]
+    # a line the current writer stamps reads back as it was written
+    stamped = BENCH_RECORDS.stamp(rows[0])
+    assert BENCH_RECORDS.read(_write(tmp_path / "c.jsonl", [stamped])) == [stamped]
+
+
+def test_a_new_field_is_one_version_and_one_upgrade(tmp_path):
+    """The upgrade path a new metric takes: committed lines keep reading, with the field
+    filled by the upgrade."""
+    kind = RecordKind("demo", 3, ("a", "b", "c"),
+                      upgrades={1: lambda r: {**r, "b": 0}, 2: lambda r: {**r, "c": r["a"] * 2}})
+    path = _write(tmp_path / "d.jsonl", [{"a": 1}, {"a": 2, "b": 5, "record_version": 2},
+                                         {"a": 3, "b": 1, "c": 9, "record_version": 3}])
+    assert [(r["a"], r["b"], r["c"]) for r in kind.read(path)] == [(1, 0, 2), (2, 5, 4),
+                                                                    (3, 1, 9)]
+
+
+@pytest.mark.parametrize("line, message", [
+    ('{"gpu": "G"}', "b.jsonl:2: a bench record without"),
+    ('{"gpu": "G", "shape": 3}', "b.jsonl:2: a bench record without what version 1 had"),
+    ('{"contender": "x", "record_version": 99}', "b.jsonl:2: bench record version 99"),
+    ("not json", "b.jsonl:2: not a JSON line"),
+    ("[1, 2]", "b.jsonl:2: a record is a JSON object"),
+])
+def test_a_bad_line_is_refused_with_its_file_and_line(tmp_path, line, message):
+    path = tmp_path / "b.jsonl"
+    path.write_text(json.dumps(_bench_row("grid+linear")) + "\n"
+                    + (line if "contender" in line or "{" not in line
+                       else line[:-1] + ', "contender": "y"}') + "\n")
+    with pytest.raises(SchemaError, match=message):
+        BENCH_RECORDS.read(path)
+
+
+def test_gzipped_records_and_missing_ones(tmp_path):
+    (tmp_path / "tune" / "s1").mkdir(parents=True)
+    with gzip.open(tmp_path / "tune" / "s1" / "tune.jsonl.gz", "wt") as f:
+        f.write(json.dumps({"gpu": "G", "shape": SHAPE_V1, "label": "peer", "peer": True}) + "\n")
+    study = Study(tmp_path)
+    got = study.records(TUNE_RECORDS, "tune", "*/tune.jsonl.gz")
+    assert list(got) == ["s1/tune"] and got["s1/tune"][0]["shape"]["cluster"] == 1
+    with pytest.raises(SchemaError, match=f"{tmp_path / 'bench_rounds'}: no bench records"):
+        study.records(BENCH_RECORDS, "bench_rounds")
+    with pytest.raises(SchemaError, match="no such tune record file"):
+        TUNE_RECORDS.read(tmp_path / "absent.jsonl")
+
+
+def test_shapes_and_kinds():
+    rows = [_bench_row("a"), _bench_row("b")]
+    for r in rows:
+        r["shape"] = {**SHAPE_V1, "kv_heads": 2, "causal": True}
+    assert shape_name(rows[0]["shape"]) == "B1 H8 KV2 S1k D64 causal"
+    assert set(by_shape(rows)["B1 H8 KV2 S1k D64 causal"]) == {"a", "b"}
+    assert set(by_shape(rows, per_gpu=True)) == {("G", "B1 H8 KV2 S1k D64 causal")}
+    assert all(k.name == name for name, k in KINDS.items())
