@@ -28,7 +28,7 @@ def grid(**overrides):
 
 # (spec text, text the error must contain)
 SPECS = [
-    (grid(causal='["false"]'), "grid.causal[0] must be true or false"),
+    (grid(causal='["false"]'), "grid.causal[0] must be True or False"),
     (grid(causal="[1]"), "grid.causal[0]"),
     (grid(seqlen="[0]"), "grid.seqlen[0]"),
     (grid(seqlen="[-4096]"), "grid.seqlen[0]"),
@@ -89,7 +89,7 @@ SPECS = [
     ("batch_points = 100000000\n" + BASE, "batch_points must be a positive integer up to"),
     ("timeout_s = 1e300\n" + BASE, "timeout_s must be a positive number of seconds up to"),
     ("timeout_s = inf\n" + BASE, "timeout_s must be a positive number"),
-    (grid(ctas="[1000000000000]"), "grid.ctas[0] must be a non-negative integer (0 = default) up to"),
+    (grid(ctas="[1000000000000]"), "grid.ctas[0] must be a positive integer up to 2147483647, or 0 for the default"),
     (grid(chunk_tiles="[1000000000000]"), "grid.chunk_tiles[0]"),
     (grid(batch="[100000000]"), "grid.batch[0] must be a positive integer up to 65536"),
     (grid(heads="[100000000]"), "grid.heads[0]"),
@@ -145,9 +145,9 @@ def test_bad_spec_is_named_with_file_and_key(tmp_path, text, expected):
 
 # (argv, exit code, text the message must contain)
 FLAGS = [
-    (["run", "--seqlen", "0"], 2, "positive integers"),
+    (["run", "--seqlen", "0"], 2, "seqlen must be a positive integer"),
     (["run", "--seqlen", "abc"], 2, "comma-separated list"),
-    (["run", "--head-dim", "96"], 2, "head dims"),
+    (["run", "--head-dim", "96"], 2, "head_dim must be one of"),
     (["run", "--dtype", "float32"], 2, "--dtype"),
     (["run", "--tile", "32x32"], 2, "tiles must be one of"),
     (["run", "--tile", "abc"], 2, "tiles must look like"),
@@ -167,7 +167,7 @@ FLAGS = [
     (["simulate", "--jitter", "1.0"], 2, "--jitter"),
     (["simulate", "--capacity-mib", "0"], 2, "--capacity-mib"),
     (["simulate", "--sms", "0"], 2, "--sms"),
-    (["simulate", "--seqlen", "2147483648"], 2, "seqlen must be at most 16777216"),
+    (["simulate", "--seqlen", "2147483648"], 2, "seqlen must be a positive integer up to 16777216"),
     (["simulate", "--schedule", "grouped+tiled"], 2, "not a schedule"),
     (["sweep", "no-such-spec.toml", "--dry-run"], 2, "does not exist"),
     (["sweep", str(ROOT / "experiments" / "knee.py")], 2, "--out DIR is required"),

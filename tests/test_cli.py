@@ -59,9 +59,9 @@ def test_measuring_commands_explain_missing_gpu(cmd):
 
 @pytest.mark.parametrize("args,hint", [
     (["bench", "--schedule", "persistent+diagonal"], "not a schedule"),
-    (["bench", "--seqlen", "0"], "positive integers"),
+    (["bench", "--seqlen", "0"], "seqlen must be a positive integer"),
     (["run", "--tile", "32x32"], "tiles"),
-    (["run", "--head-dim", "96"], "head dims"),
+    (["run", "--head-dim", "96"], "head_dim must be one of"),
     (["simulate", "--schedule", "grouped+tiled"], "not a schedule"),
     (["simulate", "--heads", "3", "--kv-heads", "2"], "multiple of kv_heads"),
 ])

@@ -72,14 +72,18 @@ def test_plan_validates_occupancy_and_defaults():
 
 def test_the_positional_hot_path_takes_the_levers_in_their_declared_order():
     """`wavefront.attention` hands its options to the launcher positionally (keyword passing
-    costs microseconds per call): the order must be KERNEL_LEVERS' order."""
+    costs microseconds per call): the same options in the same order, then the levers' values
+    in LEVERS' order, so a new lever needs no edit of either signature."""
     import inspect
     pytest.importorskip("cuda.tile")
     from wavefront.kernel.launcher import attention_positional
-    from wavefront.point import KERNEL_LEVERS
-    names = list(inspect.signature(attention_positional).parameters)
-    assert names[-len(KERNEL_LEVERS):] == list(KERNEL_LEVERS)
-    api_names = list(inspect.signature(__import__("wavefront.api").api.attention).parameters)
-    assert api_names[-len(KERNEL_LEVERS):] == list(KERNEL_LEVERS)
-    assert [n for n in names if n not in KERNEL_LEVERS] == [
-        n for n in api_names if n not in KERNEL_LEVERS]
+    from wavefront.point import LEVERS, lever_values
+    ours = inspect.signature(attention_positional).parameters
+    api = inspect.signature(__import__("wavefront.api").api.attention).parameters
+    assert list(ours)[:-1] == list(api)[:-1]
+    assert ours[list(ours)[-1]].kind is inspect.Parameter.VAR_POSITIONAL
+    assert api[list(api)[-1]].kind is inspect.Parameter.VAR_KEYWORD
+    assert lever_values({"cluster": 2, "exp2_poly": 1}) == tuple(
+        {"cluster": 2, "exp2_poly": 1}.get(lever.name) for lever in LEVERS)
+    with pytest.raises(TypeError, match="unknown kernel levers"):
+        lever_values({"warps": 8})

@@ -4,7 +4,7 @@ Importing this module needs no GPU stack; `attention` loads cuTile and CuPy when
 """
 from __future__ import annotations
 
-from wavefront.point import Point, parse_schedule, parse_tiles, plan, plan_varlen
+from wavefront.point import LEVERS, Point, lever_values, parse_schedule, parse_tiles, plan, plan_varlen
 
 __all__ = ["attention", "attention_varlen", "plan", "plan_varlen", "Point", "parse_schedule",
            "parse_tiles"]
@@ -13,10 +13,7 @@ __all__ = ["attention", "attention_varlen", "plan", "plan_varlen", "Point", "par
 def attention(q, k, v, *, causal: bool = False, schedule: str | None = None,
               tiles=None, occupancy: int | None = None, scale: float | None = None,
               return_lse: bool = False, out=None, stream=None, l2_bytes: int | None = None,
-              ctas: int | None = None, chunk_tiles: int | None = None,
-              worker_warps: int | None = None, cluster: int | None = None,
-              kv_latency: int | None = None, rescale_threshold: int | None = None,
-              exp2_poly: int | None = None):
+              ctas: int | None = None, chunk_tiles: int | None = None, **levers):
     """FlashAttention forward: softmax(q k^T * scale) v, per (batch, head).
 
     q: (batch, heads, seqlen_q, head_dim); k, v: (batch, kv_heads, seqlen_kv, head_dim) with
@@ -29,12 +26,8 @@ def attention(q, k, v, *, causal: bool = False, schedule: str | None = None,
     as arrays of q's library on q's device. `ctas` caps the persistent grid (default: every
     SM x occupancy); `l2_bytes` overrides the L2 size the grouped schedule budgets for.
 
-    Kernel levers: `worker_warps` (consumer warps, 4 or 8), `cluster` (CTAs per cluster, 1 or
-    2), `kv_latency` (the K/V loads' latency hint, 1-10), FlashAttention-4's `rescale_threshold`
-    (rescale the accumulator only when a row maximum grew by more than 2^threshold; exact after
-    normalisation; 0: every tile) and `exp2_poly` (quarters of the score columns exponentiated
-    by a polynomial on the FMA units, 0-4). When none of schedule, tiles, occupancy and levers
-    is given, the configuration `wavefront tune` measured fastest on this GPU for this head dim,
+    Kernel levers, by name (listed below, from `wavefront.point.LEVERS`). When none of
+    schedule, tiles, occupancy and levers is given, the configuration `wavefront tune` measured fastest on this GPU for this head dim,
     mask and the nearest tuned shape is used (wavefront/kernel/tuned.json), else
     persistent+linear with the default tiles.
 
@@ -42,20 +35,26 @@ def attention(q, k, v, *, causal: bool = False, schedule: str | None = None,
     same shapes, strides, dtype, device and options reuse it from a bounded cache and cost
     about what the launch costs. PyTorch users: `wavefront.torch` has the same call as a
     custom op (torch.compile, CUDA graphs) and an SDPA-shaped entry point.
+
+    {levers}
     """
     # positional: keyword passing costs microseconds, what a short launch costs
     return _launcher_attention()(q, k, v, causal, schedule, tiles, occupancy, scale, return_lse,
-                                 out, stream, l2_bytes, ctas, chunk_tiles, worker_warps, cluster,
-                                 kv_latency, rescale_threshold, exp2_poly)
+                                 out, stream, l2_bytes, ctas, chunk_tiles,
+                                 *(lever_values(levers) if levers else _NO_LEVERS))
+
+
+_NO_LEVERS = (None,) * len(LEVERS)
+_LEVER_DOC = "\n    ".join(f"- `{lever.name}`: {lever.help} Values: {lever.expected}."
+                          for lever in LEVERS)
+attention.__doc__ = attention.__doc__.replace("{levers}", "Kernel levers:\n    " + _LEVER_DOC)
 
 
 def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q=None,
                      max_seqlen_k=None, *, causal: bool = False, schedule: str | None = None,
                      tiles=None, occupancy: int | None = None, scale: float | None = None,
                      return_lse: bool = False, out=None, stream=None,
-                     l2_bytes: int | None = None, ctas: int | None = None,
-                     worker_warps: int | None = None, cluster: int | None = None,
-                     kv_latency: int | None = None):
+                     l2_bytes: int | None = None, ctas: int | None = None, **levers):
     """FlashAttention forward over a batch of packed sequences of different lengths, with
     FlashAttention's varlen interface.
 
@@ -69,6 +68,8 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q=None,
     must have keys. Schedules: any CTA schedule with the linear or sawtooth scan, ordering
     the work items of the whole batch (`wavefront.schedules.VarlenLaunch`).
 
+    Kernel levers as `attention` takes them.
+
     Returns the output (total_q, heads, head_dim) (and the LSE, float32 (heads, total_q)).
     """
     from wavefront.device import require_gpu_stack
@@ -77,8 +78,7 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q=None,
     return launch_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                          causal=causal, schedule=schedule, tiles=tiles, occupancy=occupancy,
                          scale=scale, return_lse=return_lse, out=out, stream=stream,
-                         l2_bytes=l2_bytes, ctas=ctas, worker_warps=worker_warps,
-                         cluster=cluster, kv_latency=kv_latency)
+                         l2_bytes=l2_bytes, ctas=ctas, **levers)
 
 
 _launch = None

@@ -6,6 +6,9 @@ carries the inputs too). GPU libraries are imported only by the commands that ne
 """
 from __future__ import annotations
 
+import dataclasses
+import functools
+import itertools
 import json
 import os
 import sys
@@ -16,11 +19,8 @@ from pathlib import Path
 import click
 
 from wavefront.measure.sink import JsonlSink, environment
-from wavefront.point import DTYPES, HEAD_DIMS, TILE_SHAPES, Point
+from wavefront.point import DTYPES, HEAD_DIMS, LEVERS, PARAMS, Point
 from wavefront.schedules import schedule_names
-
-TILE_HELP = "MxN, one of " + ", ".join(f"{m}x{n}" for m, n in TILE_SHAPES) + "."
-
 
 # --------------------------------------------------------------------------------------------
 # Shared pieces
@@ -118,85 +118,129 @@ def _list(kind, value, name):
     return out
 
 
-def _int_list(ctx, param, value):
-    if value is None:
-        return None
-    out = _list(int, value, f"--{param.name.replace('_', '-')}")
-    if any(x <= 0 for x in out):
-        raise click.BadParameter(f"expected positive integers, got {value!r}")
-    return out
+class DeclaredValue(click.ParamType):
+    """A value of a Point parameter or a kernel lever, checked by its declaration: the same
+    check, and the same message, as the Point's."""
+
+    def __init__(self, name: str, expected: str, check, kind, none_word: str | None = None):
+        self.name, self._expected, self._check = name, expected, check
+        self._kind, self._none = kind, none_word
+
+    def convert(self, value, param, ctx):
+        if value is None or (self._none and str(value).strip().lower() == self._none):
+            return None
+        if not isinstance(value, self._kind):
+            try:
+                value = self._kind(str(value).strip())
+            except ValueError:
+                self.fail(f"{self.name} must be {self._expected}, got {value!r}", param, ctx)
+        try:
+            self._check(value)
+        except ValueError as exc:
+            self.fail(str(exc), param, ctx)
+        return value
 
 
-def _head_dims(ctx, param, value):
-    out = _int_list(ctx, param, value)
-    bad = [d for d in out if d not in HEAD_DIMS]
-    if bad:
-        raise click.BadParameter(f"head dims must be among {HEAD_DIMS}, got {bad}")
-    return out
+def _value_list(name: str, p, kind, normalise=None):
+    """A comma-separated list of one parameter's values, each checked by its declaration."""
+    def callback(ctx, param, value):
+        if value is None:
+            return None
+        out = _list(kind, value, param.opts[0])
+        out = [normalise(x) for x in out] if normalise else out
+        for x in out:
+            try:
+                p.check(name, x)
+            except ValueError as exc:
+                raise click.BadParameter(str(exc)) from None
+        return out
+    return callback
 
 
-def _schedules(ctx, param, value):
-    out = [s if "+" in s else s + "+linear" for s in _list(str, value, "--schedule")]
-    bad = [s for s in out if s not in schedule_names()]
-    if bad:
-        raise click.BadParameter(f"{bad[0]!r} is not a schedule; choose among "
+# The command line's own spelling of some parameters: an option name, how a bare value reads.
+_OPTION_NAMES = {"tiles": "--tile"}
+def _registered_schedule(s: str) -> str:
+    s = s if "+" in s else s + "+linear"
+    if "+" in s and s.split("+")[1] and s not in schedule_names():
+        raise click.BadParameter(f"{s!r} is not a schedule; choose among "
                                  f"{', '.join(schedule_names())}")
-    return out
+    return s
+
+
+_NORMALISE = {"schedule": _registered_schedule}
+# What each parameter's value is on the command line: the field's own type.
+_KINDS = {f.name: {"int": int, "str": str, "bool": bool}[str(f.type).split("|")[0].strip()]
+          for f in dataclasses.fields(Point) if f.name in PARAMS}
 
 
 def point_options(*, default_schedule: str, default_seqlen: str, default_head_dim: str,
                   causal_default, default_heads: int = 32):
-    """The options that describe points, the same for every command. Lists are comma-separated.
-    `--causal/--no-causal` left unset means `causal_default` (None: both)."""
-    opts = [
-        click.option("--batch", type=click.IntRange(min=1), default=1, show_default=True),
-        click.option("--heads", type=click.IntRange(min=1), default=default_heads,
-                     show_default=True),
-        click.option("--kv-heads", type=click.IntRange(min=1), default=None,
-                     help="K/V heads (GQA); default: --heads."),
-        click.option("--seqlen", "seqlens", default=default_seqlen, show_default=True,
-                     callback=_int_list, help="Sequence lengths, comma-separated."),
-        click.option("--head-dim", "head_dims", default=default_head_dim, show_default=True,
-                     callback=_head_dims, help=f"Head dims among {HEAD_DIMS}, comma-separated."),
-        click.option("--dtype", type=click.Choice(DTYPES), default="bfloat16",
-                     show_default=True),
-        click.option("--causal/--no-causal", default=causal_default,
-                     help="Causal mask (top-left). Unset: "
-                          + ("both" if causal_default is None else
-                             "causal" if causal_default else "non-causal") + "."),
-        click.option("--schedule", "schedules", default=default_schedule, show_default=True,
-                     callback=_schedules,
-                     help="'cta+kv' schedules, comma-separated; any of "
-                          + ", ".join(schedule_names()) + "."),
-        click.option("--tile", "tiles", default=None, help=TILE_HELP),
-        click.option("--occupancy", type=click.IntRange(1, 32), default=None,
-                     help="CTAs per SM (default per tile shape)."),
-        click.option("--ctas", type=click.IntRange(min=1), default=None,
-                     help="Persistent grid size / CTAs in flight (default: SMs x occupancy)."),
-    ]
+    """The options that describe points, the same for every command, one per parameter field
+    of Point (its `Param`: help, check, whether it takes a comma-separated list); the command
+    receives `points`, every combination as a checked Point. `--causal/--no-causal` left unset
+    means `causal_default` (None: both)."""
+    defaults = {"seqlen": default_seqlen, "head_dim": default_head_dim,
+                "schedule": default_schedule, "heads": default_heads}
+    opts = []
+    for name, p in PARAMS.items():
+        option = _OPTION_NAMES.get(name, "--" + name.replace("_", "-"))
+        if p.column_type == "bool":
+            opts.append(click.option(f"{option}/--no-{option[2:]}", name, default=causal_default,
+                                     help=p.help + " Unset: " + (
+                                         "both" if causal_default is None else
+                                         name if causal_default else f"not {name}") + "."))
+        elif p.many:
+            extra = (" Any of " + ", ".join(schedule_names()) + "."
+                     if name == "schedule" else "")
+            opts.append(click.option(option, name, default=defaults[name], show_default=True,
+                                     callback=_value_list(name, p, _KINDS[name],
+                                                          _NORMALISE.get(name)),
+                                     help=f"{p.help} Comma-separated.{extra}"))
+        else:
+            default = defaults.get(name, getattr(Point(), name))
+            opts.append(click.option(option, name, default=default,
+                                     show_default=default is not None,
+                                     type=DeclaredValue(name, p.expected,
+                                                        lambda v, n=name, q=p: q.check(n, v),
+                                                        _KINDS[name]),
+                                     help=p.help))
 
     def wrap(f):
+        @functools.wraps(f)
+        def command(**kwargs):
+            values = {name: kwargs.pop(name) for name in PARAMS}
+            return f(points=points_from(values), **kwargs)
         for opt in reversed(opts):
-            f = opt(f)
-        return f
+            command = opt(command)
+        return command
     return wrap
 
 
-def points_from(batch, heads, kv_heads, seqlens, head_dims, dtype, causal, schedules, tiles,
-                occupancy, ctas) -> list[Point]:
-    """Every combination as a checked Point; a bad combination is a usage error."""
-    causals = (False, True) if causal is None else (causal,)
-    points = []
+def points_from(values: dict) -> list[Point]:
+    """Every combination of the options' values (lists for the list options; causal unset:
+    both) as a checked Point; a bad combination is a usage error."""
+    axes = {name: (value if PARAMS[name].many else
+                   [False, True] if PARAMS[name].column_type == "bool" and value is None
+                   else [value]) for name, value in values.items()}
     try:
-        for s in seqlens:
-            for d in head_dims:
-                for c in causals:
-                    for sched in schedules:
-                        points.append(Point(batch, heads, kv_heads, s, d, dtype, c, sched,
-                                            tiles, occupancy, ctas))
+        return [Point(**dict(zip(axes, combo))) for combo in itertools.product(*axes.values())]
     except ValueError as exc:
         raise click.UsageError(str(exc)) from None
-    return points
+
+
+def lever_options(f):
+    """One option per kernel lever (`point.LEVERS`: help, values); the command receives
+    `levers`, every lever's value by name."""
+    @functools.wraps(f)
+    def command(**kwargs):
+        return f(levers={lever.name: kwargs.pop(lever.name) for lever in LEVERS}, **kwargs)
+    for lever in reversed(LEVERS):
+        command = click.option(
+            "--" + lever.name.replace("_", "-"), lever.name, default=lever.default,
+            show_default=lever.default is not None, help=f"{lever.help} ({lever.expected})",
+            type=DeclaredValue(lever.name, lever.expected, lever.check, int,
+                               none_word="none"))(command)
+    return command
 
 
 def _require_gpu():
@@ -394,12 +438,9 @@ def compile_cmd(arch, all_variants, name_filter, list_only, out_dir, jobs, as_js
 @click.option("--warmup", type=click.IntRange(min=0), default=5, show_default=True)
 @click.option("--reps", type=click.IntRange(min=1), default=30, show_default=True)
 @click.option("--json", "as_json", is_flag=True)
-def run(batch, heads, kv_heads, seqlens, head_dims, dtype, causal, schedules, tiles, occupancy,
-        ctas, warmup, reps, as_json):
+def run(points, warmup, reps, as_json):
     """Points: check against the reference, time, print TFLOP/s. Fails on a wrong result."""
     from dataclasses import asdict
-    points = points_from(batch, heads, kv_heads, seqlens, head_dims, dtype, causal, schedules,
-                         tiles, occupancy, ctas)
     dev = _require_gpu()
     from wavefront.measure.bench import IncorrectResult, measure
     rows, failed = [], 0
@@ -422,7 +463,8 @@ def run(batch, heads, kv_heads, seqlens, head_dims, dtype, causal, schedules, ti
                      ("median_ms", "median ms", ".3f"), ("p10_ms", "p10", ".3f"),
                      ("p90_ms", "p90", ".3f"), ("rel_error", "rel. error", ".1e"),
                      ("status", "status", "")],
-                    title=f"{dev.name}: B={batch} H={heads} {dtype}")
+                    title=f"{dev.name}: B={points[0].batch} H={points[0].heads} "
+                          f"{points[0].dtype}")
     if failed:
         sys.exit(1)
 
@@ -592,19 +634,7 @@ def bench_varlen(sequences, tokens, longest, lengths, seed, heads, kv_heads, hea
 @click.option("--warmup", type=click.IntRange(min=0), default=3, show_default=True)
 @click.option("--peers/--no-peers", default=True, show_default=True,
               help="Time torch SDPA flash (FA2) and cuDNN in the same rounds.")
-@click.option("--worker-warps", type=click.Choice(["4", "8"]), default=None,
-              help="Consumer warps per CTA (8: two consumer warpgroups); default: the "
-                   "compiler's choice.")
-@click.option("--cluster", type=click.IntRange(1, 2), default=1, show_default=True,
-              help="CTAs per cluster.")
-@click.option("--kv-latency", type=click.IntRange(0, 10), default=0, show_default=True,
-              help="K/V load latency hint (0: the kernel's defaults).")
-@click.option("--rescale-threshold", type=click.IntRange(0, 16), default=0, show_default=True,
-              help="FlashAttention-4's conditional rescale: only when a row maximum grew by "
-                   "more than 2^this (0: every tile).")
-@click.option("--exp2-poly", type=click.IntRange(0, 4), default=0, show_default=True,
-              help="Quarters of the score columns exponentiated by a polynomial on the FMA "
-                   "units (FlashAttention-4; 0: none).")
+@lever_options
 @click.option("--tuned/--no-tuned", default=False, show_default=True,
               help="Also time each shape's tuned configuration (wavefront/kernel/tuned.json, "
                    "what `wavefront.attention` runs by default here), in the same rounds.")
@@ -615,17 +645,11 @@ def bench_varlen(sequences, tokens, longest, lengths, seed, heads, kv_heads, hea
 @click.option("--out", "out_dir", type=click.Path(file_okay=False), default=None,
               help="Also write every contender's rounds to <out>/bench.jsonl.")
 @click.option("--json", "as_json", is_flag=True)
-def bench(batch, heads, kv_heads, seqlens, head_dims, dtype, causal, schedules, tiles,
-          occupancy, ctas, rounds, per_round, warmup, worker_warps, cluster, kv_latency,
-          rescale_threshold, exp2_poly, peers, tuned, api, out_dir, as_json):
+def bench(points, levers, rounds, per_round, warmup, peers, tuned, api, out_dir, as_json):
     """Schedules x shapes, each shape's schedules and peers (cuDNN, FA2) timed in interleaved
     rounds: median TFLOP/s with a 95% interval, ratios to the peers of the same rounds, NVML
     clocks and throttled rounds, the L2 state. Exits non-zero if any shape failed."""
-    points = [p.replace(worker_warps=int(worker_warps) if worker_warps else None,
-                        cluster=cluster, kv_latency=kv_latency,
-                        rescale_threshold=rescale_threshold, exp2_poly=exp2_poly)
-              for p in points_from(batch, heads, kv_heads, seqlens, head_dims, dtype, causal,
-                                   schedules, tiles, occupancy, ctas)]
+    points = [p.replace(**levers) for p in points]
     dev = _require_gpu()
     from wavefront.api import attention as public_attention
     from wavefront.measure.rounds import bench_records, bench_shapes, run_rounds, shape_contenders
@@ -672,7 +696,8 @@ def bench(batch, heads, kv_heads, seqlens, head_dims, dtype, causal, schedules, 
                             ("vs_grid", "vs grid", ""), ("vs_bound", "api vs bound", ""),
                             ("host_us", "host us/call", ".1f"),
                             ("throttled", "throttled rounds", "d"), ("status", "status", "")],
-                    title=f"\n{dev.name}, B={batch} H={heads} {dtype}: medians of {rounds} "
+                    title=f"\n{dev.name}, B={points[0].batch} H={points[0].heads} "
+                          f"{points[0].dtype}: medians of {rounds} "
                           f"interleaved rounds x {per_round} launches, useful FLOPs; ratios "
                           "against peers of the same rounds; L2 cold by rotation")
     if failed:
@@ -685,7 +710,8 @@ def bench(batch, heads, kv_heads, seqlens, head_dims, dtype, causal, schedules, 
 @click.option("--kv-heads", type=click.IntRange(min=1), default=None)
 @click.option("--seqlen", type=click.IntRange(min=1), default=8192, show_default=True)
 @click.option("--head-dim", "head_dims", default="64,128", show_default=True,
-              callback=_head_dims, help=f"Head dims among {HEAD_DIMS}, comma-separated.")
+              callback=_value_list("head_dim", PARAMS["head_dim"], int),
+              help=f"Head dims among {HEAD_DIMS}, comma-separated.")
 @click.option("--dtype", type=click.Choice(DTYPES), default="bfloat16", show_default=True)
 @click.option("--causal/--no-causal", default=None, help="Unset: both.")
 @click.option("--rounds", type=click.IntRange(min=6), default=10, show_default=True)
@@ -794,22 +820,13 @@ def _sweep_runner(out_dir):
 @click.option("--timeout", "timeout_s", type=FiniteFloatRange(min=1), default=300,
               show_default=True, help="Per launch, wall clock.")
 @click.option("--json", "as_json", is_flag=True)
-def profile(batch, heads, kv_heads, seqlens, head_dims, dtype, causal, schedules, tiles,
-            occupancy, ctas, repeats, out_dir, timeout_s, as_json):
+def profile(points, repeats, out_dir, timeout_s, as_json):
     """Points under Nsight Compute: DRAM reads (the primary miss metric), L2 sectors (SM side
     and fabric), vs the closed-form count. Kernel replay, cold L2 each pass, each launch in its
     own NVTX range."""
-    from wavefront.results.sweep import SweepSpec
-    points = points_from(batch, heads, kv_heads, seqlens, head_dims, dtype, causal, schedules,
-                         tiles, occupancy, ctas)
+    from wavefront.results.sweep import SweepSpec, grid_of
     dev = _require_gpu()
-    grid = [{"batch": [p.batch], "heads": [p.heads], "kv_heads": [p.kv_heads_],
-             "seqlen": [p.seqlen], "head_dim": [p.head_dim], "dtype": [p.dtype],
-             "causal": [p.causal], "schedule": [p.schedule],
-             **({"tiles": [p.tiles]} if p.tiles else {}),
-             **({"occupancy": [p.occupancy]} if p.occupancy else {}),
-             **({"ctas": [p.ctas]} if p.ctas else {})} for p in points]
-    spec = SweepSpec(name="profile", grid=grid, measure=["counters"], repeats=repeats,
+    spec = SweepSpec(name="profile", grid=[grid_of(p) for p in points], measure=["counters"], repeats=repeats,
                      timeout_s=timeout_s)
     target = out_dir or tempfile.mkdtemp(prefix="wavefront-profile-")
     summary = _run_sweep(spec, target, dev, retry_failed=True)
@@ -1012,8 +1029,7 @@ def sweep(spec_path, out_dir, retry_failed, dry_run, preset, gpus, scheduler, as
               help="Also write each launch's read trace here in libCacheSim's oracleGeneral "
                    "binary format.")
 @click.option("--json", "as_json", is_flag=True)
-def simulate(gpu_name, sms, l2_mib, capacity_mib, partitions, batch, heads, kv_heads, seqlens,
-             head_dims, dtype, causal, schedules, tiles, occupancy, ctas, jitter, trace_dir,
+def simulate(points, gpu_name, sms, l2_mib, capacity_mib, partitions, jitter, trace_dir,
              as_json):
     """Predict L2 accesses, misses and DRAM reads per schedule on a GPU preset (CPU only)."""
     from wavefront.model.fits import DEFAULT_EFFECTIVE_FRACTION, analytic_misses, predict
@@ -1024,8 +1040,6 @@ def simulate(gpu_name, sms, l2_mib, capacity_mib, partitions, batch, heads, kv_h
             sms=sms, l2_bytes=int(l2_mib * 2**20) if l2_mib else None)
     except ValueError as exc:
         raise click.BadParameter(str(exc), param_hint="--gpu") from None
-    points = points_from(batch, heads, kv_heads, seqlens, head_dims, dtype, causal, schedules,
-                         tiles, occupancy, ctas)
     capacity = capacity_mib * 2**20 if capacity_mib else DEFAULT_EFFECTIVE_FRACTION * gpu.l2_bytes
     launches = []
     for point in points:
@@ -1085,7 +1099,7 @@ def simulate(gpu_name, sms, l2_mib, capacity_mib, partitions, batch, heads, kv_h
                        ("x_min", "x compulsory", ".2f"), ("analytic_mb", "analytic MB", ".1f"),
                        ("p99", "reuse p99 MiB", ".2f"), ("beyond", "> capacity", ".2%")],
                 title=f"{gpu.name} preset ({gpu.sms} SMs, L2 {gpu.l2_bytes / 2**20:.0f} MiB, "
-                      f"effective LRU {capacity / 2**20:.1f} MiB), B={batch} H={heads}")
+                      f"effective LRU {capacity / 2**20:.1f} MiB), B={points[0].batch} H={points[0].heads}")
     for r in results:
         if r["partitioned"]:
             pt = r["partitioned"]

@@ -10,7 +10,9 @@ the kernel compiles it, the model and the CLI validate against it without import
 """
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, field, fields, replace
+from typing import Callable
+
 from wavefront.schedules import (
     AttentionProblem,
     Launch,
@@ -18,7 +20,6 @@ from wavefront.schedules import (
     VarlenLaunch,
     cta_schedule,
     kv_schedule,
-    positive_int,
 )
 
 DTYPE_BYTES = {"bfloat16": 2, "float16": 2}
@@ -163,106 +164,187 @@ def plan_varlen(q_shape, k_shape, cu_seqlens_q, cu_seqlens_k, *, sms: int, l2_by
                         kv_schedule(kv), sms, occupancy, l2_bytes, ctas)
 
 
-# The kernel levers (`wavefront tune` searches them) and their defaults: consumer warps per CTA
-# (None: the compiler's choice), CTAs per cluster, the K/V loads' latency hint (0: the kernel's
-# own), FlashAttention-4's rescale threshold and exp2 share on the FMA units (0: off).
-KERNEL_LEVERS = {"worker_warps": None, "cluster": 1, "kv_latency": 0, "rescale_threshold": 0,
-                 "exp2_poly": 0}
+@dataclass(frozen=True)
+class Lever:
+    """A kernel lever, declared once: the Point field and its check, the CLI option, what
+    `wavefront tune` searches, the tuned table's field and the kernel variant's field all follow
+    from this; the kernel reads the variant's field (`kernel.attention.KernelVariant`)."""
+
+    name: str
+    default: int | None
+    values: tuple  # every value the kernel compiles; anything else is refused
+    expected: str  # `values` in words, for messages
+    help: str
+    searched: tuple  # what `wavefront tune` tries
+    label: str  # its mark in a binary's name where not at its default (`_ww8`)
+    stage: str = "levers"  # tune: "levers" (searched together), "softmax" (around the winner)
+
+    def check(self, value) -> None:
+        if isinstance(value, bool) or value not in self.values:
+            raise ValueError(f"{self.name} must be {self.expected}, got {value!r}")
 
 
-def check_levers(worker_warps, cluster, kv_latency, rescale_threshold=0, exp2_poly=0) -> None:
-    """The kernel levers `wavefront tune` searches, each a clear error when out of range."""
-    if worker_warps not in (None, 4, 8):
-        raise ValueError(f"worker_warps must be None, 4 or 8, got {worker_warps!r}")
-    if cluster not in (1, 2) or isinstance(cluster, bool):
-        raise ValueError(f"cluster must be 1 or 2, got {cluster!r}")
-    if isinstance(kv_latency, bool) or not isinstance(kv_latency, int) \
-            or not 0 <= kv_latency <= 10:
-        raise ValueError(f"kv_latency must be an integer in [0, 10] (0: default), "
-                         f"got {kv_latency!r}")
-    check_softmax_levers(rescale_threshold, exp2_poly)
+LEVERS = (
+    Lever("worker_warps", None, (None, 4, 8), "None, 4 or 8",
+          "Consumer warps per CTA (8: two consumer warpgroups, FlashAttention-3's layout); "
+          "default: the compiler's choice.", searched=(None, 8), label="ww"),
+    Lever("cluster", 1, (1, 2), "1 or 2", "CTAs per cluster.", searched=(1, 2), label="cluster"),
+    Lever("kv_latency", 0, tuple(range(11)), "an integer in [0, 10] (0: default)",
+          "The K/V loads' latency hint (0: the kernel's defaults).", searched=(0, 8),
+          label="lat"),
+    # FlashAttention-4's softmax levers: FA4 rescales when a maximum grew by more than 2^8;
+    # the polynomial takes a quarter or half of the columns.
+    Lever("rescale_threshold", 0, tuple(range(17)),
+          "an integer in [0, 16] (log2 units; 0: always rescale)",
+          "FlashAttention-4's conditional rescale: only when a row maximum grew by more than "
+          "2^this (0: every tile).", searched=(0, 8), label="resc", stage="softmax"),
+    Lever("exp2_poly", 0, tuple(range(5)),
+          "an integer in [0, 4] (quarters of the columns exponentiated on the FMA units)",
+          "Quarters of the score columns exponentiated by a polynomial on the FMA units "
+          "(FlashAttention-4; 0: none).", searched=(0, 1, 2), label="poly", stage="softmax"),
+)
+LEVER_BY_NAME = {lever.name: lever for lever in LEVERS}
+# The levers' defaults by name, in declaration order (the public call's positional order).
+KERNEL_LEVERS = {lever.name: lever.default for lever in LEVERS}
 
 
-# FlashAttention-4's softmax levers (see `wavefront.kernel.attention`): the rescale threshold in
-# powers of two (0: rescale on every tile; FA4 uses 8), and quarters of the columns whose exp2
-# runs on the FMA units.
-RESCALE_THRESHOLDS = range(0, 17)
-EXP2_POLY_QUARTERS = range(0, 5)
+def lever_values(levers: dict) -> tuple:
+    """The values of `levers` (by name) in declaration order, None where not named; a name
+    that is no lever is a TypeError, as an unknown keyword is."""
+    unknown = set(levers) - set(LEVER_BY_NAME)
+    if unknown:
+        raise TypeError(f"unknown kernel levers {sorted(unknown)}; known: {list(LEVER_BY_NAME)}")
+    return tuple(levers.get(name) for name in LEVER_BY_NAME)
 
 
-def check_softmax_levers(rescale_threshold, exp2_poly) -> None:
-    if isinstance(rescale_threshold, bool) or rescale_threshold not in RESCALE_THRESHOLDS:
-        raise ValueError(f"rescale_threshold must be an integer in [0, 16] (log2 units; 0: "
-                         f"always rescale), got {rescale_threshold!r}")
-    if isinstance(exp2_poly, bool) or exp2_poly not in EXP2_POLY_QUARTERS:
-        raise ValueError(f"exp2_poly must be an integer in [0, 4] (quarters of the columns "
-                         f"exponentiated on the FMA units), got {exp2_poly!r}")
+def check_levers(**values) -> None:
+    """Each lever named is known and within its values; a clear error otherwise."""
+    lever_values(values)
+    for name, value in values.items():
+        LEVER_BY_NAME[name].check(value)
 
 
-# The columns that identify a point in a results file, in file order. `resident_ctas` stands
-# for the `ctas` cap: it is what the launch ran with, whatever the default was.
-PARAMETER_COLUMNS = ("batch", "heads", "kv_heads", "seqlen", "head_dim", "dtype", "causal",
-                     "tile_m", "tile_n", "occupancy", "cta_schedule", "kv_schedule",
-                     "resident_ctas")
-# Parameters most points leave at their default (empty in a results row): they join the key only
-# where set, so every key written before them stays what it was. `chunk_tiles`: the tiled
-# schedule's K/V tiles per chunk (default: from the L2).
-OPTIONAL_PARAMETER_COLUMNS = ("chunk_tiles",)
-# Derived from the launch on a GPU; recorded beside the parameters.
-LAUNCH_COLUMNS = ("gpu", "sms", "l2_bytes", "num_ctas", "group_units")
-
+def with_lever_fields(cls):
+    """A class decorator, under @dataclass: one field per lever, at its default, after the
+    class's own fields (Point, the kernel variant)."""
+    annotations = cls.__dict__.get("__annotations__", {})
+    cls.__annotations__ = annotations
+    for lever in LEVERS:
+        annotations[lever.name] = "int | None"
+        setattr(cls, lever.name, lever.default)
+    return cls
 
 
 # The longest sequence a point may name, 2^24 rows, a sweep grid's limit too: one head's K and
 # V at D=128 already take 8 GB there.
 MAX_POINT_SEQLEN = 1 << 24
+# Batch and heads, and the CTA and chunk caps: a launch's work items must fit the kernel's int32
+# work table, and a grid's CTAs CUDA's grid limit.
+MAX_BATCH_HEADS = 1 << 16
+MAX_CTAS = (1 << 31) - 1
+MAX_CHUNK_TILES = 1 << 24
+
+
+def _int_in(low: int, high: int) -> Callable[[object], bool]:
+    return lambda v: isinstance(v, int) and not isinstance(v, bool) and low <= v <= high
+
+
+def _parses(parse) -> Callable[[object], bool]:
+    def valid(v) -> bool:
+        try:
+            parse(v)
+            return True
+        except (ValueError, TypeError):
+            return False
+    return valid
 
 
 @dataclass(frozen=True)
+class Param:
+    """A Point parameter, declared once with its field: what a valid value is (the Point, a
+    sweep grid and the CLI check with it), what it means, and the results columns it becomes on
+    a GPU. A new parameter is one field with one of these."""
+
+    help: str
+    expected: str  # a valid value, in words
+    valid: Callable[[object], bool]
+    # Results columns, resolved on a GPU (tiles -> tile_m, tile_n); a column named as the field
+    # records the field's value. Their order across fields is the results file's.
+    columns: tuple[str, ...] = ()
+    column_type: str = "int"
+    optional: bool = False  # a column (and part of the point key) only where set
+    none_ok: bool = False  # None means "the default"
+    zero_default: bool = False  # a sweep grid writes 0 for the default (None)
+    grid_required: bool = False  # a sweep grid must list it
+    many: bool = False  # the CLI takes a comma-separated list
+    parse: Callable | None = None  # raises the specific error a bad value deserves
+
+    def check(self, name: str, value) -> None:
+        if value is None and self.none_ok:
+            return
+        if self.parse is not None:
+            self.parse(value)
+        if not self.valid(value):
+            raise ValueError(f"{name} must be {self.expected}, got {value!r}")
+
+
+def param(default, help: str, expected: str, valid, **kw):
+    """A Point field: its default and its `Param`."""
+    return field(default=default, metadata={"param": Param(help, expected, valid, **kw)})
+
+
+def _positive(limit: int, what: str = "a positive integer") -> dict:
+    return dict(expected=f"{what} up to {limit}", valid=_int_in(1, limit))
+
+
+@dataclass(frozen=True)
+@with_lever_fields
 class Point:
     """One attention configuration. Defaults (tiles, occupancy, K/V heads) resolve as the kernel
-    resolves them; `ctas` caps the persistent grid (None: SMs x occupancy)."""
+    resolves them; `ctas` caps the persistent grid (None: SMs x occupancy). Each parameter
+    field carries its `Param`; the kernel levers follow them, one field per `Lever`."""
 
-    batch: int = 1
-    heads: int = 32
-    kv_heads: int | None = None
-    seqlen: int = 8192
-    head_dim: int = 128
-    dtype: str = "bfloat16"
-    causal: bool = False
-    schedule: str = "persistent+linear"
-    tiles: str | None = None
-    occupancy: int | None = None
-    ctas: int | None = None
-    chunk_tiles: int | None = None  # tiled schedule: K/V tiles per chunk (default from the L2)
-    # Kernel levers (`wavefront tune`); sweeps record the defaults only.
-    worker_warps: int | None = None  # consumer warps per CTA, 4 or 8 (None: the compiler's)
-    cluster: int = 1  # CTAs per cluster, 1 or 2
-    kv_latency: int = 0  # K/V load latency hint 1-10 (0: the kernel's defaults)
-    rescale_threshold: int = 0  # FA4 conditional rescale, log2 units (0: every tile)
-    exp2_poly: int = 0  # FA4 exp2 on the FMA units, quarters of the columns (0: none)
+    batch: int = param(1, "Batch size.", **_positive(MAX_BATCH_HEADS), columns=("batch",))
+    heads: int = param(32, "Query heads.", **_positive(MAX_BATCH_HEADS), columns=("heads",))
+    kv_heads: int | None = param(None, "K/V heads (GQA); default: heads.",
+                                 **_positive(MAX_BATCH_HEADS), columns=("kv_heads",),
+                                 none_ok=True)
+    seqlen: int = param(8192, "Sequence length.", **_positive(MAX_POINT_SEQLEN),
+                        columns=("seqlen",), grid_required=True, many=True)
+    head_dim: int = param(128, "Head dim.", f"one of {list(HEAD_DIMS)}",
+                          lambda v: v in HEAD_DIMS and not isinstance(v, bool),
+                          columns=("head_dim",), grid_required=True, many=True)
+    dtype: str = param("bfloat16", "Element type.", f"one of {list(DTYPES)}",
+                       lambda v: v in DTYPES, columns=("dtype",), column_type="str")
+    causal: bool = param(False, "Causal mask (top-left).",
+                         "True or False (a boolean, not a string)",
+                         lambda v: isinstance(v, bool), columns=("causal",), column_type="bool")
+    # a string: a TOML array ([128, 64]) would parse but cannot key a point
+    tiles: str | None = param(None, "Tile shape MxN (Q rows x K/V rows); default per head dim.",
+                              "a tile shape like '128x64' (64x64, 128x64, 128x128)",
+                              _parses(lambda v: parse_tiles(v if isinstance(v, str) else None)),
+                              columns=("tile_m", "tile_n"), none_ok=True, parse=parse_tiles)
+    occupancy: int | None = param(None, "CTAs per SM (default per tile shape).",
+                                  "an integer in [1, 32]", _int_in(1, 32),
+                                  columns=("occupancy",), none_ok=True)
+    schedule: str = param("persistent+linear", "'cta+kv' schedule.",
+                          "a schedule like 'persistent+sawtooth'", _parses(parse_schedule),
+                          columns=("cta_schedule", "kv_schedule"), column_type="str",
+                          grid_required=True, many=True, parse=parse_schedule)
+    # `resident_ctas` stands for the `ctas` cap: what the launch ran with, whatever the default.
+    ctas: int | None = param(None, "Persistent grid size / CTAs in flight (default: SMs x "
+                                   "occupancy).", **_positive(MAX_CTAS),
+                             columns=("resident_ctas",), none_ok=True, zero_default=True)
+    # Most points leave it at its default: it joins the key only where set, so every key
+    # written before it stays what it was.
+    chunk_tiles: int | None = param(None, "The tiled schedule's K/V tiles per chunk (default: "
+                                          "from the L2).", **_positive(MAX_CHUNK_TILES),
+                                    columns=("chunk_tiles",), optional=True, none_ok=True,
+                                    zero_default=True)
 
     def __post_init__(self):
-        for name in ("batch", "heads", "seqlen"):
-            positive_int(name, getattr(self, name))
-        for name in ("kv_heads", "ctas", "chunk_tiles"):
-            positive_int(name, getattr(self, name), optional=True)
-        if self.seqlen > MAX_POINT_SEQLEN:
-            raise ValueError(f"seqlen must be at most {MAX_POINT_SEQLEN}, got {self.seqlen}")
-        if self.occupancy is not None and (isinstance(self.occupancy, bool)
-                                           or not isinstance(self.occupancy, int)
-                                           or not 1 <= self.occupancy <= 32):
-            raise ValueError(f"occupancy must be an integer in [1, 32] (or None: the tile "
-                             f"shape's default), got {self.occupancy!r}")
-        if self.head_dim not in HEAD_DIMS or isinstance(self.head_dim, bool):
-            raise ValueError(f"head_dim must be one of {HEAD_DIMS}, got {self.head_dim!r}")
-        if self.dtype not in DTYPES:
-            raise ValueError(f"dtype must be one of {DTYPES}, got {self.dtype!r}")
-        if not isinstance(self.causal, bool):
-            raise ValueError(f"causal must be True or False, got {self.causal!r}")
-        parse_schedule(self.schedule)
-        if self.tiles is not None:
-            parse_tiles(self.tiles)
+        for name, p in PARAMS.items():
+            p.check(name, getattr(self, name))
         if self.heads % self.kv_heads_:
             raise ValueError(f"heads ({self.heads}) must be a multiple of kv_heads "
                              f"({self.kv_heads_})")
@@ -309,12 +391,12 @@ class Point:
         defaults resolved."""
         launch = self.launch(gpu)
         p = launch.problem
-        return {"batch": self.batch, "heads": self.heads, "kv_heads": p.kv_heads,
-                "seqlen": self.seqlen, "head_dim": self.head_dim, "dtype": self.dtype,
-                "causal": p.causal, "tile_m": p.tile_m, "tile_n": p.tile_n,
-                "occupancy": launch.ctas_per_sm, "cta_schedule": launch.cta.name,
-                "kv_schedule": launch.kv.name, "resident_ctas": launch.resident_ctas,
-                "chunk_tiles": self.chunk_tiles}
+        resolved = {"kv_heads": p.kv_heads, "causal": p.causal, "tile_m": p.tile_m,
+                    "tile_n": p.tile_n, "occupancy": launch.ctas_per_sm,
+                    "cta_schedule": launch.cta.name, "kv_schedule": launch.kv.name,
+                    "resident_ctas": launch.resident_ctas}
+        return {c: resolved[c] if c in resolved else getattr(self, c)
+                for c in (*PARAMETER_COLUMNS, *OPTIONAL_PARAMETER_COLUMNS)}
 
     def key(self, gpu: GpuShape) -> str:
         return point_key(self.parameters(gpu))
@@ -336,17 +418,30 @@ class Point:
         """The point of a sweep point or a results row (they share the parameter columns).
         `ctas` is set only where the CTAs in flight differ from SMs x occupancy."""
         sms, occupancy, resident = int(rec["sms"]), int(rec["occupancy"]), int(rec["resident_ctas"])
-        chunk = rec.get("chunk_tiles") if hasattr(rec, "get") else None
-        chunk = None if is_unset(chunk) else int(chunk)
-        return cls(batch=int(rec["batch"]), heads=int(rec["heads"]), kv_heads=int(rec["kv_heads"]),
-                   seqlen=int(rec["seqlen"]), head_dim=int(rec["head_dim"]),
-                   dtype=str(rec["dtype"]), causal=bool(rec["causal"]),
-                   schedule=f"{rec['cta_schedule']}+{rec['kv_schedule']}",
-                   tiles=f"{int(rec['tile_m'])}x{int(rec['tile_n'])}", occupancy=occupancy,
-                   ctas=None if resident == sms * occupancy else resident, chunk_tiles=chunk)
+        cast = {"int": int, "str": str, "bool": bool}
+        values = {}
+        for name, p in PARAMS.items():
+            if p.columns == (name,):  # recorded as it is
+                value = rec.get(name) if hasattr(rec, "get") else rec[name]
+                values[name] = None if is_unset(value) else cast[p.column_type](value)
+        return cls(**{**values, "schedule": f"{rec['cta_schedule']}+{rec['kv_schedule']}",
+                      "tiles": f"{int(rec['tile_m'])}x{int(rec['tile_n'])}",
+                      "occupancy": occupancy,
+                      "ctas": None if resident == sms * occupancy else resident})
 
     def as_dict(self) -> dict:
         return asdict(self)
+
+
+# Each parameter field's declaration, in field order.
+PARAMS: dict[str, Param] = {f.name: f.metadata["param"] for f in fields(Point)
+                            if "param" in f.metadata}
+# The columns that identify a point in a results file, in file order, and their types.
+PARAMETER_COLUMNS = tuple(c for p in PARAMS.values() if not p.optional for c in p.columns)
+OPTIONAL_PARAMETER_COLUMNS = tuple(c for p in PARAMS.values() if p.optional for c in p.columns)
+PARAMETER_TYPES = {c: p.column_type for p in PARAMS.values() for c in p.columns}
+# Derived from the launch on a GPU; recorded beside the parameters.
+LAUNCH_COLUMNS = ("gpu", "sms", "l2_bytes", "num_ctas", "group_units")
 
 
 def point_key(params: dict) -> str:

@@ -33,8 +33,8 @@ import numpy as np
 
 import cuda.tile as ct
 
-from wavefront.point import (DEFAULT_OCCUPANCY, DTYPES, HEAD_DIMS, TILE_SHAPES,
-                             check_softmax_levers)
+from wavefront.point import (DEFAULT_OCCUPANCY, DTYPES, HEAD_DIMS, LEVERS, TILE_SHAPES,
+                             check_levers, with_lever_fields)
 from wavefront.schedules import (
     WORK_BATCH,
     WORK_CHUNK,
@@ -358,10 +358,7 @@ def kernel_for(occupancy: int, cluster: int = 1, worker_warps: int | None = None
     multicast) and warps per consumer warpgroup set (None: the compiler's choice)."""
     if not 1 <= occupancy <= 32:
         raise ValueError(f"occupancy must be in [1, 32], got {occupancy!r}")
-    if cluster not in (1, 2):
-        raise ValueError(f"cluster must be 1 or 2, got {cluster!r}")
-    if worker_warps not in (None, 4, 8):
-        raise ValueError(f"worker_warps must be None, 4 or 8, got {worker_warps!r}")
+    check_levers(cluster=cluster, worker_warps=worker_warps)
     return ct.kernel(flash_attention_fwd, occupancy=occupancy, num_ctas=cluster,
                      num_worker_warps=worker_warps)
 
@@ -471,6 +468,7 @@ def partials_dtype_for(launch: Launch) -> str:
 
 
 @dataclass(frozen=True)
+@with_lever_fields
 class KernelVariant:
     """One compiled binary of the attention kernel. The schedule is not part of it: every
     static CTA schedule and K/V direction runs the same binary, with its own work table.
@@ -489,16 +487,9 @@ class KernelVariant:
     partials: bool = False  # the tiled K/V schedule: write chunk partial states
     write_lse: bool = False
     record_order: bool = False  # work-item tickets (measured order); off in every timed run
-    cluster: int = 1  # CTAs per cluster
-    worker_warps: int | None = None  # consumer warps (None: the compiler's choice)
-    kv_latency: int = 0  # the K/V loads' DRAM latency hint, 1-10 (0: the kernel's default)
-    # FlashAttention-4's softmax levers: rescale only when a row maximum grew by more than
-    # 2^threshold (0: always), and the last `exp2_poly` quarters of each tile's columns
-    # exponentiated on the FMA units (0: none, 4: all).
-    rescale_threshold: int = 0
-    exp2_poly: int = 0
     partials_dtype: str = "float32"  # the partial outputs' dtype (tiled_fit_bf16: bfloat16)
     varlen: bool = False  # packed variable-length sequences, sliced per work item
+    # then one field per kernel lever (`point.LEVERS`), added by `with_lever_fields`
 
     def __post_init__(self):
         if self.dtype not in DTYPES:
@@ -513,25 +504,24 @@ class KernelVariant:
         if self.partials and self.write_lse:
             raise ValueError("the tiled schedule writes partial states; its combine kernel "
                              "writes the LSE")
-        if not 0 <= self.kv_latency <= 10:
-            raise ValueError(f"kv_latency must be in [0, 10], got {self.kv_latency!r}")
-        check_softmax_levers(self.rescale_threshold, self.exp2_poly)
+        check_levers(**self.levers)
         if self.partials_dtype not in PARTIAL_DTYPES:
             raise ValueError(f"partials_dtype must be one of {PARTIAL_DTYPES}, got "
                              f"{self.partials_dtype!r}")
 
+    @property
+    def levers(self) -> dict:
+        return {lever.name: getattr(self, lever.name) for lever in LEVERS}
+
     @classmethod
     def for_launch(cls, launch: Launch, dtype: str, *, write_lse: bool = False,
-                   record_order: bool = False, worker_warps: int | None = None,
-                   cluster: int = 1, kv_latency: int = 0, rescale_threshold: int = 0,
-                   exp2_poly: int = 0) -> "KernelVariant":
-        """The binary that runs `launch` (with these kernel levers)."""
+                   record_order: bool = False, **levers) -> "KernelVariant":
+        """The binary that runs `launch` (with these kernel levers, by name)."""
         p = launch.problem
         partials = launch.kv.writes_partials
         return cls(dtype, p.head_dim, p.tile_m, p.tile_n, p.causal, launch.ctas_per_sm,
                    launch.cta.dynamic, partials, write_lse and not partials, record_order,
-                   cluster, worker_warps, kv_latency, rescale_threshold, exp2_poly,
-                   partials_dtype_for(launch), launch.varlen)
+                   partials_dtype=partials_dtype_for(launch), varlen=launch.varlen, **levers)
 
     @property
     def constants(self) -> dict:
@@ -552,12 +542,9 @@ class KernelVariant:
                 f"{'_bf16' if self.partials_dtype != 'float32' else ''}"
                 f"_occ{self.occupancy}{'_lse' if self.write_lse else ''}"
                 f"{'_order' if self.record_order else ''}"
-                f"{f'_cluster{self.cluster}' if self.cluster != 1 else ''}"
-                f"{f'_ww{self.worker_warps}' if self.worker_warps else ''}"
-                f"{f'_lat{self.kv_latency}' if self.kv_latency else ''}"
-                f"{f'_resc{self.rescale_threshold}' if self.rescale_threshold else ''}"
-                f"{f'_poly{self.exp2_poly}' if self.exp2_poly else ''}"
-                f"{'_varlen' if self.varlen else ''}")
+                + "".join(f"_{lever.label}{getattr(self, lever.name)}" for lever in LEVERS
+                          if getattr(self, lever.name) != lever.default)
+                + f"{'_varlen' if self.varlen else ''}")
 
     def kernel(self):
         return kernel_for(self.occupancy, self.cluster, self.worker_warps)

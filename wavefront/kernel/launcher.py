@@ -25,7 +25,8 @@ from wavefront.kernel.attention import (
     combine_partials,
     launch_args,
 )
-from wavefront.point import DTYPES, HEAD_DIMS, KERNEL_LEVERS, check_levers, plan, plan_varlen
+from wavefront.point import (DTYPES, HEAD_DIMS, KERNEL_LEVERS, check_levers, lever_values, plan,
+                             plan_varlen)
 from wavefront.schedules import Launch
 
 @dataclass(frozen=True)
@@ -128,12 +129,8 @@ class AttentionLauncher:
         self.tiled = launch.kv.writes_partials
         self.return_lse = bool(return_lse)
         self.record_order = bool(record_order)
-        unknown = set(levers) - set(KERNEL_LEVERS)
-        if unknown:
-            raise TypeError(f"unknown kernel levers {sorted(unknown)}; known: "
-                            f"{list(KERNEL_LEVERS)}")
-        levers = {**KERNEL_LEVERS, **levers}
         check_levers(**levers)
+        levers = {**KERNEL_LEVERS, **levers}
         cluster = levers["cluster"]
         self.variant = KernelVariant.for_launch(launch, q_view.dtype, write_lse=self.return_lse,
                                                 record_order=self.record_order, **levers)
@@ -204,6 +201,23 @@ def launcher_for(q, k, v, *, causal=False, schedule="persistent+linear", tiles=N
                          occupancy=occupancy, scale=scale, return_lse=return_lse,
                          l2_bytes=l2_bytes, ctas=ctas, chunk_tiles=chunk_tiles,
                          record_order=record_order, **levers), arrays
+
+
+def launcher_for_launch(launch: Launch, q, k, v, *, scale=None, return_lse=False,
+                        record_order=False, **levers) -> tuple[AttentionLauncher, tuple]:
+    """-> (launcher of a `Launch` the caller built, for these arrays; the arrays as cuTile
+    takes them): a measured point builds its launch once and binds it here."""
+    vq, arrays = _check_inputs(q, k, v)
+    if tuple(vq.shape) != (launch.problem.batch, launch.problem.heads,
+                           launch.problem.seqlen_q, launch.problem.head_dim):
+        raise ValueError(f"q shape {tuple(vq.shape)} is not the launch's problem")
+    return AttentionLauncher(launch, vq, scale=scale, return_lse=return_lse,
+                             record_order=record_order, **levers), arrays
+
+
+def kernel_arrays(q, k, v) -> tuple:
+    """q, k, v as cuTile takes them (checked as a launcher checks them)."""
+    return _check_inputs(q, k, v)[1]
 
 
 def _new_launcher(vq: _ArrayView, k_shape, *, causal, schedule, tiles, occupancy, scale,
@@ -294,28 +308,22 @@ def attention(q, k, v, *, causal: bool = False, schedule: str | None = None,
     schedules' counter is reset by the kernel), so a call can be captured in a CUDA graph once
     its launcher exists. Calls of one shape on two streams at once would share the tiled
     schedules' workspace: use one stream per shape, or `launcher_for` per stream."""
-    unknown = set(levers) - set(KERNEL_LEVERS)
-    if unknown:
-        raise TypeError(f"unknown kernel levers {sorted(unknown)}; known: "
-                        f"{list(KERNEL_LEVERS)}")
     return attention_positional(q, k, v, causal, schedule, tiles, occupancy, scale, return_lse,
-                                out, stream, l2_bytes, ctas, chunk_tiles,
-                                *(levers.get(name) for name in KERNEL_LEVERS))
+                                out, stream, l2_bytes, ctas, chunk_tiles, *lever_values(levers))
 
 
 def attention_positional(q, k, v, causal, schedule, tiles, occupancy, scale, return_lse, out,
-                         stream, l2_bytes, ctas, chunk_tiles, worker_warps, cluster, kv_latency,
-                         rescale_threshold, exp2_poly):
-    """`attention` with every option in order (levers in `KERNEL_LEVERS` order, None: not
-    chosen): the public call's hot path, one tuple and one dictionary read before the launch.
-    Keyword arguments cost microseconds per call here, which is what a short launch costs."""
+                         stream, l2_bytes, ctas, chunk_tiles, *levers):
+    """`attention` with every option in order, then the kernel levers' values in declaration
+    order (`point.LEVERS`; None: not chosen): the public call's hot path, one tuple and one
+    dictionary read before the launch. Keyword arguments cost microseconds per call here,
+    which is what a short launch costs."""
     options = (causal, schedule, tiles, occupancy, scale, return_lse, l2_bytes, ctas,
-               chunk_tiles, worker_warps, cluster, kv_latency, rescale_threshold, exp2_poly)
+               chunk_tiles, *levers)
     key = _call_key(q, k, v, options)
     launcher = _launchers.get(key) if key is not None else None
     if launcher is None:
-        levers = {"worker_warps": worker_warps, "cluster": cluster, "kv_latency": kv_latency,
-                  "rescale_threshold": rescale_threshold, "exp2_poly": exp2_poly}
+        levers = dict(zip(KERNEL_LEVERS, levers))
 
         def build(vq, k_shape):
             config = resolve_config(vq.shape, tuple(k_shape), causal, schedule, tiles,

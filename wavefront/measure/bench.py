@@ -8,7 +8,8 @@ from __future__ import annotations
 import math
 
 from wavefront.device import current_device
-from wavefront.kernel.launcher import current_stream, launcher_for
+from wavefront.kernel.launcher import (current_stream, kernel_arrays, launcher_for,
+                                       launcher_for_launch)
 from wavefront.measure.reference import reference_attention
 from wavefront.measure.timing import input_sets_needed, time_gpu
 from wavefront.model.counting import launch_counts
@@ -55,22 +56,28 @@ def check_tickets(start, end) -> None:
 
 
 def relative_error(cfg: Point, seed: int = 0, check_lse: bool = False,
-                   record_order: bool = False) -> float:
+                   record_order: bool = False, launcher=None) -> float:
     """||out - ref|| / ||ref|| on fresh random inputs; the output is poisoned with NaN first, so
     an unwritten element fails the check instead of passing as a stale value. With
-    `record_order` the tickets are checked too (IncorrectResult if they are not one per event)."""
+    `record_order` the tickets are checked too (IncorrectResult if they are not one per event).
+    `launcher`: the point's own (bound once by the caller, the one it then times)."""
     import cupy
     q, k, v = random_inputs(cfg, seed)
     out = cupy.full(q.shape, cupy.nan, dtype=q.dtype)
-    launcher, (q, k, v) = launcher_for(q, k, v, return_lse=check_lse, record_order=record_order,
-                                       **cfg.attention_kwargs())
+    if launcher is None:
+        launcher, (q, k, v) = launcher_for(q, k, v, return_lse=check_lse,
+                                           record_order=record_order, **cfg.attention_kwargs())
+    else:
+        if check_lse and not launcher.return_lse:
+            raise ValueError("check_lse needs a launcher made with return_lse=True")
+        q, k, v = kernel_arrays(q, k, v)
     result = launcher(q, k, v, out, current_stream("cupy"))
     cupy.cuda.get_current_stream().synchronize()
     if record_order:
         check_tickets(*launcher.tickets())
     if not bool(cupy.isfinite(out).all()):  # every element written, even where not compared
         return math.inf
-    rows = check_rows(cfg.seqlen, cfg.launch(current_device()).problem.tile_m)
+    rows = check_rows(cfg.seqlen, launcher.launch.problem.tile_m)
     # Check at most a few heads at long lengths: the reference is seqlen x rows per head.
     heads = slice(None) if cfg.seqlen * cfg.heads <= 1 << 17 else slice(0, 2)
     kv_heads = slice(None) if heads == slice(None) else slice(0, 1 if cfg.kv_heads_ < cfg.heads
@@ -98,16 +105,17 @@ def measure(cfg: Point, *, warmup: int = 5, reps: int = 30, check: bool = True,
     timed, and a sweep records the point as failed with the error."""
     import cupy
     dev = current_device()
-    launch = cfg.launch(dev)
+    launch = cfg.launch(dev)  # once: the check and the timing run this launcher
     counts = launch_counts(launch.problem, launch.n_chunks, launch.partial_row_bytes)
-    err = relative_error(cfg, seed, record_order=record_order) if check else float("nan")
-    if check and not err < CORRECTNESS_TOLERANCE:
-        raise IncorrectResult(f"relative error {err:.3g} against float32 is not below "
-                              f"{CORRECTNESS_TOLERANCE:g}")
     sets = [random_inputs(cfg, seed + 100 + i)
             for i in range(input_sets_needed(2 * counts.compulsory_read_bytes, dev.l2_bytes))]
     outs = [cupy.empty_like(s[0]) for s in sets]
-    launcher, _ = launcher_for(*sets[0], record_order=record_order, **cfg.attention_kwargs())
+    launcher, _ = launcher_for_launch(launch, *sets[0], record_order=record_order, **cfg.levers)
+    err = (relative_error(cfg, seed, record_order=record_order, launcher=launcher) if check
+           else float("nan"))
+    if check and not err < CORRECTNESS_TOLERANCE:
+        raise IncorrectResult(f"relative error {err:.3g} against float32 is not below "
+                              f"{CORRECTNESS_TOLERANCE:g}")
     stream = current_stream("cupy")
 
     def run(i):

@@ -133,7 +133,7 @@ def shape_contenders(points, *, peers: bool = True, seed: int = 1,
     import cupy
 
     from wavefront.device import current_device
-    from wavefront.kernel.launcher import current_stream, launcher_for
+    from wavefront.kernel.launcher import current_stream, launcher_for_launch
     from wavefront.measure.bench import (
         IncorrectResult,
         peer_runners,
@@ -152,10 +152,11 @@ def shape_contenders(points, *, peers: bool = True, seed: int = 1,
     stream = current_stream("cupy")
     contenders = []
     for point in points:
-        err = relative_error(point, seed)
+        # one launch per contender: the launcher checked is the launcher timed
+        launcher, _ = launcher_for_launch(point.launch(dev), *sets[0], **point.levers)
+        err = relative_error(point, seed, launcher=launcher)
         if not err < CORRECTNESS_TOLERANCE:
             raise IncorrectResult(f"{point.schedule}: relative error {err:.3g}")
-        launcher, _ = launcher_for(*sets[0], **point.attention_kwargs())
 
         def run(i, launcher=launcher):
             q, k, v = sets[i % n_sets]

@@ -24,6 +24,7 @@ import itertools
 import os
 from concurrent.futures import ProcessPoolExecutor
 
+from wavefront.point import LEVERS as KERNEL_LEVER_DECLARATIONS
 from wavefront.point import Point
 from wavefront.results.records import LEVER_RECORDS, TUNE_RECORDS
 
@@ -35,20 +36,17 @@ from wavefront.results.records import LEVER_RECORDS, TUNE_RECORDS
 LEVERS = {
     "tiles": ("128x64", "128x128"),
     "occupancy": (1, 2),
-    "worker_warps": (None, 8),
-    "cluster": (1, 2),
-    "kv_latency": (0, 8),
+    **{lever.name: lever.searched for lever in KERNEL_LEVER_DECLARATIONS
+       if lever.stage == "levers"},
     "schedule": ("persistent+linear", "grouped_dynamic+linear"),
 }
 
 
 # Searched on the first stage's winner (coordinate search: they change the softmax, not the
-# pipeline shape, and the product with LEVERS would be 6x the candidates). FA4 rescales when a
-# maximum grew by more than 2^8; the polynomial takes a quarter or half of the columns.
-SOFTMAX_LEVERS = {
-    "rescale_threshold": (0, 8),
-    "exp2_poly": (0, 1, 2),
-}
+# pipeline shape, and the product with LEVERS would be 6x the candidates).
+SOFTMAX_LEVERS = {lever.name: lever.searched for lever in KERNEL_LEVER_DECLARATIONS
+                  if lever.stage == "softmax"}
+ALL_LEVERS = (*LEVERS, *SOFTMAX_LEVERS)
 
 
 def lever_space(shape: Point, levers: dict = LEVERS) -> list[Point]:
@@ -120,8 +118,6 @@ def warm(points: list[Point], jobs: int | None = None) -> dict[Point, str | None
                 out[p] = None
     return out
 
-
-ALL_LEVERS = (*LEVERS, *SOFTMAX_LEVERS)
 
 
 def search(candidates: list[Point], gpu, gpu_name: str, dtype: str, *, rounds: int,
@@ -201,8 +197,6 @@ def lever_record(rows: list[dict], levers: dict | None = None) -> list[dict]:
                         "best_label": top["label"] if top else None})
     return out
 
-
-ALL_LEVERS = (*LEVERS, *SOFTMAX_LEVERS)
 
 
 def candidate_records(rows: list[dict], stage: str) -> list[dict]:

@@ -25,6 +25,7 @@ from wavefront.point import (
     LAUNCH_COLUMNS,
     OPTIONAL_PARAMETER_COLUMNS,
     PARAMETER_COLUMNS,
+    PARAMETER_TYPES,
     point_key,
 )
 from wavefront.results.measurement import (
@@ -39,8 +40,6 @@ SCHEMA_VERSION = 4
 RESULTS_FILE = "results.csv"
 MANIFEST_FILE = "manifest.json"
 
-_PARAMETER_TYPES = {"dtype": "str", "causal": "bool", "cta_schedule": "str",
-                    "kv_schedule": "str"}
 _TYPE_NAMES = {"float": "float", "int": "int", "str": "str", "bool": "bool"}
 
 
@@ -60,9 +59,9 @@ SCHEMA: dict[str, tuple[str, str]] = {
     "gpu": ("str", "device name"),
     "sms": ("int", "SM count"),
     "l2_bytes": ("int", "L2 size reported by the device"),
-    **{c: (_PARAMETER_TYPES.get(c, "int"), "point parameter (wavefront.point.Point)")
+    **{c: (PARAMETER_TYPES[c], "point parameter (wavefront.point.Point)")
        for c in PARAMETER_COLUMNS},
-    **{c: ("int", "point parameter, empty where the point left it at its default (v4)")
+    **{c: (PARAMETER_TYPES[c], "point parameter, empty where the point left it at its default (v4)")
        for c in OPTIONAL_PARAMETER_COLUMNS},
     **{c: ("int", "derived from the launch") for c in LAUNCH_COLUMNS if c not in
        ("gpu", "sms", "l2_bytes")},

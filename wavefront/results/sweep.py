@@ -40,16 +40,9 @@ import time
 import uuid
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Callable
 
-from wavefront.point import (
-    DTYPES,
-    HEAD_DIMS,
-    MAX_POINT_SEQLEN,
-    GpuShape,
-    Point,
-    parse_schedule,
-    parse_tiles,
-)
+from wavefront.point import MAX_POINT_SEQLEN, PARAMS, GpuShape, Point
 from wavefront.results.measurement import METRIC_SETS, Measurement
 from wavefront.results.progress import Progress
 from wavefront.results.store import (
@@ -82,21 +75,12 @@ MAX_REPEATS = 1000
 MAX_REPS = 100_000  # timed repetitions inside one timing measurement
 MAX_BATCH_POINTS = 10_000
 MAX_TIMEOUT_S = 7 * 24 * 3600.0
-# Batch, heads and the CTA and chunk caps: a launch's work items must fit the kernel's int32
-# work table, and a grid's CTAs CUDA's grid limit.
-MAX_BATCH_HEADS = 1 << 16
-MAX_CTAS = (1 << 31) - 1
-MAX_CHUNK_TILES = 1 << 24
 # A spec file: a regular file of at most this many bytes (not a device, a FIFO, a directory).
 MAX_SPEC_BYTES = 1 << 20
 
 
 def _is_int(v) -> bool:
     return isinstance(v, int) and not isinstance(v, bool)
-
-
-def _check_positive(v):
-    return None if _is_int(v) and v > 0 else "a positive integer"
 
 
 def _check_at_most(limit, zero_ok=False):
@@ -108,46 +92,21 @@ def _check_at_most(limit, zero_ok=False):
     return check
 
 
-def _check_seqlen(v):
-    return (None if _is_int(v) and 0 < v <= MAX_SEQLEN
-            else f"a positive integer up to {MAX_SEQLEN}")
+def _grid_check(p) -> Callable[[object], str | None]:
+    """A grid value's check, from the parameter's declaration on Point: None if it is fine,
+    else what was expected. A grid writes 0 for a parameter's default."""
+    expected = f"{p.expected}, or 0 for the default" if p.zero_default else p.expected
 
-
-def _check_choice(choices):
-    return lambda v: None if v in choices and not isinstance(v, bool) else f"one of {list(choices)}"
-
-
-def _check_bool(v):
-    return None if isinstance(v, bool) else "true or false (a TOML boolean, not a string)"
-
-
-def _check_with(parse, what):
     def check(v):
-        try:
-            parse(v)
+        if p.zero_default and _is_int(v) and v == 0:
             return None
-        except (ValueError, TypeError):
-            return what
+        return None if p.valid(v) else expected
     return check
 
 
-def _check_occupancy(v):
-    return None if _is_int(v) and 1 <= v <= 32 else "an integer in [1, 32]"
-
-
-GRID_KEYS = {
-    "batch": _check_at_most(MAX_BATCH_HEADS), "heads": _check_at_most(MAX_BATCH_HEADS),
-    "kv_heads": _check_at_most(MAX_BATCH_HEADS),
-    "seqlen": _check_seqlen, "head_dim": _check_choice(HEAD_DIMS),
-    "dtype": _check_choice(DTYPES), "causal": _check_bool,
-    # a string: a TOML array ([128, 64]) would parse but cannot key a point
-    "tiles": _check_with(lambda v: parse_tiles(v if isinstance(v, str) else None),
-                         "a tile shape like '128x64' (64x64, 128x64, 128x128)"),
-    "occupancy": _check_occupancy, "ctas": _check_at_most(MAX_CTAS, zero_ok=True),
-    "chunk_tiles": _check_at_most(MAX_CHUNK_TILES, zero_ok=True),
-    "schedule": _check_with(parse_schedule, "a schedule like 'persistent+sawtooth'"),
-}
-REQUIRED_GRID_KEYS = ("seqlen", "head_dim", "schedule")
+# The keys a grid may list, each checked as Point checks it: Point's parameter fields.
+GRID_KEYS = {name: _grid_check(p) for name, p in PARAMS.items()}
+REQUIRED_GRID_KEYS = tuple(name for name, p in PARAMS.items() if p.grid_required)
 TOP_KEYS = {"name", "measure", "repeats", "timeout_s", "reps", "peers", "batch_points",
             "metric_set", "record_order", "grid"}
 
@@ -348,24 +307,32 @@ def experiment_spec_texts(path) -> dict[str, str]:
 
 
 def expand_points(spec: SweepSpec, source: str = "spec") -> list[Point]:
-    """Every distinct point of the spec (grid order), each checked as a `Point`."""
+    """Every distinct point of the spec (grid order: Point's parameter fields, the last
+    varying fastest), each checked as a `Point`. A key a grid leaves out is the Point's
+    default, but for heads: a grid that names none measures one head."""
+    defaults = {**{name: getattr(Point(), name) for name in PARAMS}, "heads": 1,
+                "kv_heads": None}
+    names = list(PARAMS)
     points, seen = [], set()
     for n, g in enumerate(spec.grid):
-        axes = [g.get("batch", [1]), g.get("heads", [1]), g.get("kv_heads", [None]),
-                g["seqlen"], g["head_dim"], g.get("dtype", ["bfloat16"]),
-                g.get("causal", [False]), g.get("tiles", [None]), g.get("occupancy", [None]),
-                g.get("ctas", [0]), g.get("chunk_tiles", [0]), g["schedule"]]
-        for (batch, heads, kv_heads, seqlen, head_dim, dtype, causal, tiles, occupancy, ctas,
-             chunk_tiles, schedule) in itertools.product(*axes):
+        axes = [g.get(name, [defaults[name]]) for name in names]
+        for values in itertools.product(*axes):
+            chosen = {name: (None if PARAMS[name].zero_default and value == 0 else value)
+                      for name, value in zip(names, values)}
             try:
-                point = Point(batch, heads, kv_heads, seqlen, head_dim, dtype, causal, schedule,
-                              tiles, occupancy, ctas or None, chunk_tiles or None)
+                point = Point(**chosen)
             except ValueError as exc:
-                raise ValueError(f"{source}: grid[{n}] point {schedule} S={seqlen}: {exc}") from None
+                raise ValueError(f"{source}: grid[{n}] point {chosen['schedule']} "
+                                 f"S={chosen['seqlen']}: {exc}") from None
             if point not in seen:
                 seen.add(point)
                 points.append(point)
     return points
+
+
+def grid_of(point: Point) -> dict:
+    """A grid with one point: each parameter the point sets, as a one-value list."""
+    return {name: [getattr(point, name)] for name in PARAMS if getattr(point, name) is not None}
 
 
 def expand(spec: SweepSpec, *, gpu: str, sms: int, l2_bytes: int,
