@@ -15,6 +15,7 @@ from wavefront.results.measurement import ONE_BINARY
 from wavefront.results.records import BENCH_RECORDS, shape_name
 
 DATASETS = ()
+RECORDS = ("bench_rounds",)
 PEERS = ("cudnn", "fa2")
 
 

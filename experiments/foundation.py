@@ -13,6 +13,7 @@ from wavefront.report.figures import short_gpu
 from wavefront.results.records import BENCH_ONCE_RECORDS
 
 DATASETS = ()
+RECORDS = ("foundation_bench",)
 
 
 def table(study) -> pd.DataFrame:

@@ -15,6 +15,7 @@ from wavefront.report.figures import short_gpu
 from wavefront.results.records import LEVER_RECORDS, TUNE_RECORDS, shape_name
 
 DATASETS = ()
+RECORDS = ("tune",)
 
 
 def searches(study) -> dict[str, list[dict]]:

@@ -25,6 +25,7 @@ LAUNCH = ["--batch", "8", "--heads", "1", "--seqlen", "131072", "--head-dim", "6
           "--tile", "64x64", "--occupancy", "1", "--ctas", "48"]
 SCHEDULES = "persistent+linear,persistent+sawtooth"
 
+RECORDS = ("paper_launch",)  # its bench rounds
 SPEC = """
 name = "paper_launch"
 measure = ["timing", "counters"]

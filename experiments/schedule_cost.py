@@ -21,6 +21,7 @@ SCHEDULES = ("grid+linear,grid+sawtooth,persistent+linear,persistent+sawtooth,gr
              "grouped+sawtooth,longest_first+linear,longest_first+sawtooth,dynamic+linear,"
              "dynamic+sawtooth,grouped_dynamic+linear,grouped_dynamic+sawtooth")
 DATASETS = ()  # it reads bench rounds (data/schedule_cost/*.jsonl), not a results table
+RECORDS = ("schedule_cost",)
 PEERS = ("cudnn", "fa2", "tilegym")
 # `run` appends each of these `wavefront bench` runs to data/schedule_cost/bench.jsonl.
 BENCH = [

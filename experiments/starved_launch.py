@@ -27,6 +27,7 @@ from wavefront.results.measurement import paired_ratio
 from wavefront.results.records import STARVED_RECORDS
 
 DATASETS = ()  # its own rounds (data/starved_launch/rounds.jsonl), not a results table
+RECORDS = ("starved_launch",)
 ATTENTION_CTAS = 48
 ROUNDS = 6
 

@@ -20,6 +20,7 @@ from wavefront.results.records import BENCH_RECORDS, by_shape
 
 PEERS = ("cudnn", "fa2", "tilegym")
 
+RECORDS = ("tiled_fit",)  # its bench rounds
 SPEC = """
 name = "tiled_fit"
 measure = ["counters"]

@@ -54,7 +54,7 @@ def test_a_new_field_is_one_version_and_one_upgrade(tmp_path):
 
 @pytest.mark.parametrize("line, message", [
     ('{"gpu": "G"}', "b.jsonl:2: a bench record without"),
-    ('{"gpu": "G", "shape": 3}', "b.jsonl:2: a bench record without what version 1 had"),
+    ('{"gpu": "G", "shape": 3}', "b.jsonl:2: a bench record without"),
     ('{"contender": "x", "record_version": 99}', "b.jsonl:2: bench record version 99"),
     ("not json", "b.jsonl:2: not a JSON line"),
     ("[1, 2]", "b.jsonl:2: a record is a JSON object"),
@@ -89,3 +89,35 @@ def test_shapes_and_kinds():
     assert set(by_shape(rows)["B1 H8 KV2 S1k D64 causal"]) == {"a", "b"}
     assert set(by_shape(rows, per_gpu=True)) == {("G", "B1 H8 KV2 S1k D64 causal")}
     assert all(k.name == name for name, k in KINDS.items())
+
+
+def test_a_new_metric_upgrades_every_committed_results_file(tmp_path):
+    """The metric change-trace: one METRICS entry and its METRIC_SINCE version, and committed
+    results files read (new column empty) and are rewritten before a row is appended. Run in a
+    fresh process: the schema is built when the store is imported."""
+    import shutil
+    import subprocess
+    import sys
+    from pathlib import Path
+    root = Path(__file__).parent.parent
+    shutil.copytree(root / "data" / "tiled_fit", tmp_path / "tiled_fit")
+    code = f"""
+import wavefront.results.measurement as m
+m.METRICS["lts__t_sectors_new_metric.sum"] = "new_metric"
+m.METRIC_SINCE["new_metric"] = 5
+from wavefront.results import store
+assert store.SCHEMA_VERSION == 5 and store.COLUMNS[-len(store.DERIVED) - 1] == "new_metric"
+path = {str(tmp_path / "tiled_fit" / "results.csv")!r}
+rows = open(path).read().count("\\n") - 1
+df = store.load_results(path)
+assert len(df) == rows and df["new_metric"].isna().all(), df.shape
+store.upgrade_in_place(__import__("pathlib").Path(path))
+assert store.read_header(path) == store.COLUMNS
+assert len(store.load_results(path)) == rows
+print("ok")
+"""
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=120)
+    assert res.returncode == 0 and "ok" in res.stdout, res.stderr[-2000:]
+    log = (tmp_path / "tiled_fit" / "repairs.log").read_text()
+    assert "-> v5" in log and "new_metric" in log  # the committed file is v3: both steps at once

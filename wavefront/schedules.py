@@ -350,7 +350,7 @@ class GroupedSchedule:
 
     Group size (in (batch, K/V head) units) is the largest power of two whose K/V bytes fit the
     budget, at least 1 and at most all units. The default budget is half the L2: data read by
-    every SM falls out of Hopper's L2 well before its nominal size (BRIEF section 3).
+    every SM falls out of Hopper's L2 well before its nominal size (the knee experiment).
     """
 
     l2_fraction: float = 0.5
@@ -542,7 +542,7 @@ class TiledScan:
 class TiledFitScan(TiledScan):
     """Tiled, with chunks fitted to Hopper's two L2 partitions and the round's stream.
 
-    A chunk is read by SMs of both partitions, so it holds a copy in each (BRIEF section 3: the
+    A chunk is read by SMs of both partitions, so it holds a copy in each (the
     partition model, which predicts the fabric counters); the Q tiles read and partial states
     written by one round of the CTAs in flight pass through once. The chunk is therefore
     (l2_fraction x L2 - stream) / 2. `tiled` sized the chunk at 40% of the L2 and, at D=128,

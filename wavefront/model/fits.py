@@ -35,8 +35,8 @@ from wavefront.model.simulation import (
 from wavefront.point import SECTOR_BYTES, GpuShape, Point
 from wavefront.schedules import Launch
 
-# Data that every SM reads (K/V) falls out of Hopper's L2 from about half its size (BRIEF
-# section 3: ~30 MiB of 60 on the H200). The default until a fit says otherwise.
+# Data that every SM reads (K/V) falls out of Hopper's L2 from about half its size (the knee
+# experiment: ~30 MiB of 60 on the H200). The default until a fit says otherwise.
 DEFAULT_EFFECTIVE_FRACTION = 0.5
 
 

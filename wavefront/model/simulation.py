@@ -6,7 +6,8 @@
    grid: the next CTA in dispatch order). Optional jitter stalls a slot for a round with some
    probability. `access_trace` holds the whole stream in memory, for small launches.
 2. `LruL2`: a fully associative LRU, or two partitions (a line lives in its home partition
-   and gets a copy in each partition whose SMs read it; BRIEF section 3), fed block by block
+   and gets a copy in each partition whose SMs read it: what the fabric counters show,
+   paper/draft.md, the knee section), fed block by block
    in O(1) per access, predicting what the counters report: SM-side read lookups and hits,
    fabric lookups and hits, DRAM read sectors. This is how one capacity is answered.
 3. `reuse_distances`: exact byte-weighted LRU stack distances, Bennett-Kruskal with a Fenwick
@@ -636,7 +637,7 @@ class LruL2:
 
     With two partitions a slot runs on SM (slot mod SMs), SMs alternate between partitions, a
     tile's home partition is a hash of its address, and a read from the far partition leaves a
-    copy near the reader (BRIEF section 3).
+    copy near the reader (the fabric counters agree: paper/draft.md, the knee section).
     """
 
     def __init__(self, capacity_bytes: float, n_ids: int, *, partitions: int = 1,

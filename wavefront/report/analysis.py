@@ -374,16 +374,21 @@ MODEL_CACHE = "model_cache"
 
 
 def _inputs_key(paths) -> str:
+    """The data files' bytes and the model's source files' bytes (fits, simulation,
+    schedules): byte hashes are the same on every platform and Python version, so a clone
+    finds the committed cache valid."""
     import hashlib
 
     import wavefront.model.fits as fits_module
     import wavefront.model.simulation as simulation_module
     import wavefront.schedules as schedules_module
     h = hashlib.sha256()
-    for path in [*paths, *(Path(m.__file__) for m in (fits_module, simulation_module,
-                                                     schedules_module))]:
+    for path in paths:
         h.update(Path(path).name.encode())
         h.update(Path(path).read_bytes())
+    for module in (fits_module, simulation_module, schedules_module):
+        h.update(Path(module.__file__).name.encode())
+        h.update(Path(module.__file__).read_bytes())
     return h.hexdigest()[:16]
 
 

@@ -6,6 +6,7 @@ An experiment module defines
   set name; or none;
 - `DATASETS`: the results tables it reads (default: its own);
 - `BENCH`: optionally, `wavefront bench` argument lists it runs into `data/<name>/`;
+- `RECORDS`: the data sets of records (`results.records`: bench, tune, its own) it reads;
 - `measure(out_dir)`: optionally, a measurement of its own (neither a sweep nor a bench);
 - `figure(study)`: optionally, the figure the paper uses, from a `report.analysis.Study`;
 - `table(study)`: optionally, a DataFrame;
@@ -72,6 +73,11 @@ class Experiment:
     def bench_runs(self) -> list[list[str]]:
         """`wavefront bench` argument lists whose rounds it owns (data/<name>/bench.jsonl)."""
         return [list(args) for args in getattr(self.module, "BENCH", [])]
+
+    @property
+    def records(self) -> tuple[str, ...]:
+        """The data sets of records (not results tables) it reads."""
+        return tuple(getattr(self.module, "RECORDS", ()))
 
     @property
     def has_figure(self) -> bool:
@@ -186,7 +192,9 @@ def readme_table(experiments: dict[str, Experiment]) -> str:
     """The README's experiment table, generated from the files."""
     lines = ["| experiment | question | data |", "|---|---|---|"]
     for name, exp in experiments.items():
-        data = list(exp.datasets) + ([f"{name} (bench rounds)"] if exp.bench_runs else [])
+        data = (list(exp.datasets) + [f"{d} (records)" for d in exp.records
+                                      if not (exp.bench_runs and d == name)]
+                + ([f"{name} (bench rounds)"] if exp.bench_runs else []))
         lines.append(f"| `{name}` | {exp.question} | {', '.join(data) or '-'} |")
     return "\n".join(lines)
 

@@ -10,8 +10,8 @@ from dataclasses import asdict, dataclass, fields, make_dataclass
 
 from wavefront.point import SECTOR_BYTES
 
-# ||out - ref|| / ||ref|| against float32 that bf16/fp16 operands must stay under (METHOD.md:
-# bf16 lands between 1e-3 and 1e-2). The one copy: the measurement, the tests and the draft.
+# ||out - ref|| / ||ref|| against float32 that bf16/fp16 operands must stay under (bf16
+# against a float32 reference lands between 1e-3 and 1e-2). The one copy: the measurement, the tests and the draft.
 CORRECTNESS_TOLERANCE = 1e-2
 
 # Nsight Compute metric -> column. The only list of metrics: ncu is asked for these, the schema
@@ -33,6 +33,10 @@ METRICS = {
     "sm__throughput.avg.pct_of_peak_sustained_elapsed": "sm_throughput_pct",
     "sm__inst_executed_pipe_tensor_op_gmma.avg.pct_of_peak_sustained_active": "tensor_active_pct",
 }
+# A metric added after schema v4 names here the schema version that added its column (the
+# current version + 1); the store then upgrades every older results file, on load and before
+# a row is appended, the new column empty. Adding a metric: one METRICS entry, one entry here.
+METRIC_SINCE: dict[str, int] = {}
 # Which metrics a counters measurement collects. "full" needs several replay passes of the
 # launch; "dram" fits in one pass, so its numbers all come from the same execution.
 METRIC_SETS = {
@@ -188,7 +192,7 @@ def field_names(cls) -> tuple[str, ...]:
 
 def derive(metrics: dict, closed_form_read_sectors: float | None,
            compulsory_read_bytes: float | None) -> dict:
-    """Derived columns from raw metrics (BRIEF section 3).
+    """Derived columns from raw metrics (the metrics `measure.profiling` collects).
 
     The primary miss metric is DRAM read sectors: from one cold launch, the bytes that really
     left L2. The L2-side metric `tex read misses - fabric read hits` stays as a secondary: a

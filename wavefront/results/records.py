@@ -29,6 +29,9 @@ class RecordKind:
     upgrades: dict[int, Callable[[dict], dict]] = field(default_factory=dict)
     # lines that are no measurement (a failed shape's error row) are kept out unless asked for
     measured: Callable[[dict], bool] = lambda row: True
+    # applied to every line after its upgrade: what any line may lack and means a default of
+    # (a kernel lever declared after the line was written ran at its default)
+    complete: Callable[[dict], dict] = lambda row: row
 
     def stamp(self, row: dict) -> dict:
         """A row as a writer appends it: with this kind's current version."""
@@ -49,7 +52,11 @@ class RecordKind:
         missing = [f for f in self.required if f not in row]
         if missing:
             raise SchemaError(f"{where}: a {self.name} record without {missing}")
-        return row
+        try:
+            return self.complete(row)
+        except (KeyError, TypeError, AttributeError) as exc:
+            raise SchemaError(f"{where}: a {self.name} record without "
+                              f"({type(exc).__name__}: {exc})") from None
 
     def read(self, path, *, failed: bool = False) -> list[dict]:
         """Every measured line of one file, upgraded to the current version (with `failed`,
@@ -77,30 +84,29 @@ class RecordKind:
 
 
 def _shape_with_default_levers(row: dict) -> dict:
-    # Shapes written before a kernel lever existed ran it at its default.
+    # A shape written before a kernel lever (or chunk_tiles) existed ran it at its default.
     return {**row, "shape": {**KERNEL_LEVERS, "chunk_tiles": None, **row["shape"]}}
 
 
-# `wavefront bench`: one line per contender per shape, from interleaved rounds. Version 2: the
-# shape names every kernel lever (version 1 named those that existed when it was written).
+# `wavefront bench`: one line per contender per shape, from interleaved rounds. Version 2 stamps
+# the version; a line of either names the levers that existed when it was written.
 BENCH_RECORDS = RecordKind(
     "bench", 2,
     ("gpu", "shape", "contender", "samples_ms", "median_ms", "tflops", "tflops_ci95", "rounds",
      "throttled_rounds"),
-    upgrades={1: _shape_with_default_levers},
-    measured=lambda row: "contender" in row)
+    upgrades={1: lambda row: row}, measured=lambda row: "contender" in row,
+    complete=_shape_with_default_levers)
 
 # `wavefront tune`: one line per candidate (timed or refused on its SASS; `levers`) or peer
 # (`peer`).
-TUNE_RECORDS = RecordKind(
-    "tune", 2, ("gpu", "shape"),
-    upgrades={1: _shape_with_default_levers})
+TUNE_RECORDS = RecordKind("tune", 2, ("gpu", "shape"), upgrades={1: lambda row: row},
+                          complete=_shape_with_default_levers)
 
 # `wavefront tune`: per shape, lever and value, the best candidate with that value.
 LEVER_RECORDS = RecordKind(
     "levers", 2, ("gpu", "shape", "lever", "value", "timed", "best_tflops", "of_best",
                   "best_label"),
-    upgrades={1: _shape_with_default_levers})
+    upgrades={1: lambda row: row}, complete=_shape_with_default_levers)
 
 # The first kernel's one-shot bench (`data/foundation_bench`): a point timed once, the peers
 # beside it. Written by no command today.

@@ -31,12 +31,17 @@ from wavefront.point import (
 from wavefront.results.measurement import (
     DERIVED,
     METRIC_NOTES,
+    METRIC_SINCE,
     METRICS,
     Conditions,
     Timing,
 )
 
-SCHEMA_VERSION = 4
+# The schema version that added each column after v3: the optional parameters v4, later
+# metrics theirs. A file of any earlier version is upgraded on load and rewritten before a row
+# is appended, the new columns empty (what the rows meant: defaults, not measured).
+COLUMN_SINCE = {**{c: 4 for c in OPTIONAL_PARAMETER_COLUMNS}, **METRIC_SINCE}
+SCHEMA_VERSION = max(4, *COLUMN_SINCE.values())
 RESULTS_FILE = "results.csv"
 MANIFEST_FILE = "manifest.json"
 
@@ -75,9 +80,14 @@ SCHEMA: dict[str, tuple[str, str]] = {
     **{column: ("float", meaning) for column, meaning in DERIVED.items()},
 }
 COLUMNS = list(SCHEMA)
-# Schema v3 (before the optional parameters): upgraded on load, and rewritten as v4 before the
-# next row is appended, the new columns empty (what the rows meant: defaults).
-V3_COLUMNS = [c for c in COLUMNS if c not in OPTIONAL_PARAMETER_COLUMNS]
+
+
+def columns_of(version: int) -> list[str]:
+    """The header of results schema `version` (3 or later)."""
+    return [c for c in COLUMNS if COLUMN_SINCE.get(c, 3) <= version]
+
+
+V3_COLUMNS = columns_of(3)
 
 # Schema v2 (before repeats and conditions): upgraded on load, the new columns empty.
 V2_COLUMNS = ["point", "measurement", "status", "error", "gpu", "sms", "l2_bytes", "batch",
@@ -193,8 +203,8 @@ def append_row(path, row: dict) -> None:
 
 
 def upgrade_in_place(path: Path) -> None:
-    """A results file of an older schema (v3) rewritten as the current one before a row of
-    the current one is appended to it: the new columns inserted empty, through a temporary
+    """A results file of an older schema (v3 or later) rewritten as the current one before a
+    row of the current one is appended to it: the new columns inserted empty, through a temporary
     file and an atomic rename, and logged in repairs.log. A v2 file is refused (upgrade it by
     loading and saving it); a current or new file is left alone."""
     if not path.exists() or path.stat().st_size == 0:
@@ -202,12 +212,13 @@ def upgrade_in_place(path: Path) -> None:
     header = read_header(path)
     if header == COLUMNS:
         return
-    if header != V3_COLUMNS:
+    older = [v for v in range(3, SCHEMA_VERSION) if header == columns_of(v)]
+    if not older:
         raise SchemaError(f"{path}: rows of schema v{SCHEMA_VERSION} cannot be appended to a "
                           f"file of another schema (header {header[:4]}...)")
     if path.is_symlink():
         raise UnsafePath(f"{path}: is a symbolic link; the store writes only files of its own")
-    at = [COLUMNS.index(c) for c in COLUMNS if c not in V3_COLUMNS]
+    at = [COLUMNS.index(c) for c in COLUMNS if c not in header]
     with open(path, newline="") as f:
         rows = list(csv.reader(f))
     for row in rows[1:]:
@@ -224,7 +235,7 @@ def upgrade_in_place(path: Path) -> None:
     log_fd = _open_no_follow(path.parent / "repairs.log", os.O_WRONLY | os.O_APPEND | os.O_CREAT)
     try:
         _write_all(log_fd, (json.dumps({"date": _now(), "file": path.name,
-                                        "upgraded": f"schema v3 -> v{SCHEMA_VERSION}",
+                                        "upgraded": f"schema v{older[0]} -> v{SCHEMA_VERSION}",
                                         "added_columns": [COLUMNS[i] for i in at],
                                         "rows": len(rows) - 1}) + "\n").encode())
         os.fsync(log_fd)
@@ -275,13 +286,9 @@ def load_results(path, *, require_manifest: bool = True, strict: bool = False):
         header = read_header(path)
     except (OSError, UnicodeDecodeError, csv.Error) as exc:
         raise SchemaError(f"{path}: not a readable CSV: {exc}") from None
-    if header == V2_COLUMNS:
-        version = 2
-    elif header == V3_COLUMNS:
-        version = 3
-    elif header == COLUMNS:
-        version = 4
-    else:
+    version = 2 if header == V2_COLUMNS else next(
+        (v for v in range(3, SCHEMA_VERSION + 1) if header == columns_of(v)), None)
+    if version is None:
         missing = [c for c in COLUMNS if c not in header]
         extra = [c for c in header if c not in COLUMNS]
         raise SchemaError(f"{path}: header does not match the wavefront results schema "
