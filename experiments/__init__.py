@@ -14,6 +14,7 @@ DRAFT = (
     "knee",
     "tiled",
     "tiled_fit",
+    "kernel_drift",
     "measured_order",
     "throughput_vs_misses",
     "dram_bound",
