@@ -33,7 +33,7 @@ metric_set = "dram"
 
 [[grid]]
 batch = [1]
-heads = [1, 8, 32, 64, 128, 256]
+heads = [1, 8, 32, 64, 128, 256, 512]
 seqlen = [8192]
 head_dim = [64]
 causal = [false]
