@@ -108,8 +108,9 @@ def figure(study):
     fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
     for ax, y, label in ((axes[0], "x compulsory", "DRAM reads / compulsory bytes (log)"),
                          (axes[1], "ncu ms", "launch duration under ncu (ms)")):
+        # no random jitter: `plot` and `wavefront paper` draw the same bytes
         sns.stripplot(data=d, x="schedule", y=y, hue="kernel", dodge=True, ax=ax, size=6,
-                      jitter=0.15)
+                      jitter=False, alpha=0.8)
         ax.set_xlabel("schedule")
         ax.set_ylabel(label)
     axes[0].set_yscale("log")

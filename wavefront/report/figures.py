@@ -363,44 +363,6 @@ def measured_order(table: pd.DataFrame):
     return fig
 
 
-def dram_bound(table: pd.DataFrame, dram_rate=None, dram_interval=None):
-    """Left: TFLOP/s per head count and schedule (range over repeats; dashed: the fitted
-    throughput model). Right: DRAM read rate reached, with the fitted DRAM rate and its 95%
-    interval."""
-    gpus = ", ".join(sorted(set(table["GPU"])))
-    with style():
-        fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4))
-        palette = dict(zip(sorted(table["schedule"].unique()), sns.color_palette("deep")))
-        for sched, sub in table.groupby("schedule"):
-            sub = sub.sort_values("heads")
-            color = palette[sched]
-            ax1.errorbar(sub["heads"], sub["TFLOP/s"],
-                         yerr=[sub["TFLOP/s"] - sub["lo"], sub["hi"] - sub["TFLOP/s"]],
-                         marker="o", color=color, label=sched, capsize=3)
-            ax1.plot(sub["heads"], sub["model TFLOP/s"], ls="--", color=color, lw=1)
-            ax2.plot(sub["heads"], sub["DRAM TB/s"], marker="o", color=color, label=sched)
-        if dram_rate:
-            ax2.axhline(dram_rate / 1e12, color="k", lw=1, label="fitted DRAM rate")
-        if dram_interval:
-            ax2.axhspan(dram_interval[0] / 1e12, dram_interval[1] / 1e12, color="k",
-                        alpha=0.1, label="95% interval")
-        from matplotlib.ticker import FixedLocator, NullLocator, ScalarFormatter
-        for ax in (ax1, ax2):
-            ax.set_xscale("log", base=2)
-            ax.xaxis.set_major_locator(FixedLocator(sorted(table["heads"].unique())))
-            ax.xaxis.set_minor_locator(NullLocator())
-            ax.xaxis.set_major_formatter(ScalarFormatter())
-            ax.set_xlabel("heads, B=1 (longest-first spreads its CTAs over all of them)")
-        ax1.set_ylabel("TFLOP/s (useful FLOPs; dashed: model)")
-        ax2.set_ylabel("DRAM read rate reached (TB/s)")
-        ax1.legend(fontsize=8)
-        ax2.legend(fontsize=8)
-        fig.suptitle(f"{gpus}: a DRAM-bound regime built on purpose (S=8k, D=64, 64x64 tiles, "
-                     "bf16, non-causal; 3 repeats)")
-        fig.tight_layout()
-    return fig
-
-
 def schedule_cost(d: pd.DataFrame):
     """Every schedule's speed against grid+linear of the same rounds (paired by round, 95%
     interval) at B=1 H=32 S=8k, per shape (columns) and bench run (rows); dashed: cuDNN."""
