@@ -31,7 +31,9 @@ def section(study) -> Section:
          "in-sample MAPE": f"{f.errors['mape']:.0%}"} for g, f in tfits.items()]))
     held_out = md_table(pd.DataFrame(
         [{"GPU": r["GPU"], "held out": r["held out"], **errors_row(r),
-          "R_dram of that fit (TB/s)": f"{r['R_dram of the fit (TB/s)']:.3g}"}
+          "R_dram of that fit (TB/s)": (
+              f"{r['R_dram of the fit (TB/s)']:.3g}" if r["DRAM-bound points in the fit"]
+              else "unidentified (no DRAM-bound point)")}
          for _, r in study.throughput_validation.iterrows()]))
     return Section(f"""## Throughput: compute, DRAM and occupancy terms
 
