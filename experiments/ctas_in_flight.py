@@ -1,5 +1,8 @@
 """Hit rate vs CTAs in flight: a persistent grid from a few CTAs to every slot.
 
+Today's kernel, 3 repeats, counters and timing (the first kernel's single sweep is kept in
+data/ctas_in_flight_first/).
+
     python experiments/ctas_in_flight.py run            # on a GPU: measure what the figure needs
     python experiments/ctas_in_flight.py plot --out DIR # anywhere: the paper's figure, from data/
 """
@@ -8,8 +11,10 @@ from wavefront.report import figures
 
 SPEC = """
 name = "ctas_in_flight"
-measure = ["counters"]
-timeout_s = 180
+measure = ["timing", "counters"]
+repeats = 3
+reps = 10
+timeout_s = 240
 batch_points = 12
 
 [grid]
