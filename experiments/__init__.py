@@ -18,6 +18,7 @@ DRAFT = (
     "measured_order",
     "throughput_vs_misses",
     "dram_bound",
+    "ctas_in_flight",
     "predictions",
     "scaling",
 )
