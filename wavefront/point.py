@@ -2,8 +2,10 @@
 
 `Point` is the one type for a configuration. A sweep expands a spec into Points, the worker
 measures a Point, a results row is `Point.to_record(gpu)` plus its measurement, the model
-rebuilds the launch with `Point.from_record(row).launch(gpu)`. The parameter columns of a
-record are listed once, in `PARAMETER_COLUMNS`.
+rebuilds the launch with `Point.from_record(row).launch(gpu)`. Each parameter field declares
+itself (`Param`: check, help, results columns); the results columns (`PARAMETER_COLUMNS`), the
+point key, sweep grid keys and CLI options derive from those declarations. The kernel levers
+are declared once each in `LEVERS`.
 
 The parameter space (dtypes, head dims, tile shapes, their default occupancy) lives here too:
 the kernel compiles it, the model and the CLI validate against it without importing cuTile.
