@@ -11,12 +11,11 @@ import pandas as pd
 from wavefront.report.draft import Section, md_table, wrap
 from wavefront.report.experiments import run_as_script
 from wavefront.report.figures import short_gpu
-from wavefront.results.measurement import ONE_BINARY
+from wavefront.results.measurement import ONE_BINARY, PEER_NAMES
 from wavefront.results.records import BENCH_RECORDS, shape_name
 
 DATASETS = ()
 RECORDS = ("bench_rounds",)
-PEERS = ("cudnn", "fa2")
 
 
 def rows(records: list[dict], run: str) -> pd.DataFrame:
@@ -58,7 +57,7 @@ def one_binary_table(frames: dict[str, pd.DataFrame]) -> pd.DataFrame:
     takes the schedule at run time (same rounds), each schedule against persistent+linear of
     its own kind, and the one binary against the best specialisation of the shape."""
     d = frames["one_binary"]
-    ours = d[~d["contender"].isin(PEERS)].copy()
+    ours = d[~d["contender"].isin(PEER_NAMES)].copy()
     ours["binary"] = np.where(ours["contender"].str.endswith(ONE_BINARY), "one binary",
                               "specialised")
     ours["schedule"] = ours["contender"].str.replace(ONE_BINARY, "", regex=False)
@@ -83,7 +82,7 @@ def section(study) -> Section:
     frames = runs(study)
     agree = agreement(frames)
     worst = float(agree["difference"].max())
-    ours = float(agree[~agree["contender"].isin(PEERS)]["difference"].max())
+    ours = float(agree[~agree["contender"].isin(PEER_NAMES)]["difference"].max())
     rounds_text = wrap(
         "`wavefront bench` times every schedule of a shape and the peers (cuDNN and FA2 through "
         "torch SDPA) in interleaved rounds, in a fresh random order each round, 5 launches per "

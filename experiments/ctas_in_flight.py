@@ -9,8 +9,8 @@ data/ctas_in_flight_first/).
 import pandas as pd
 
 from wavefront.report import figures
-from wavefront.report.analysis import timing
-from wavefront.report.draft import Section, md_table
+from wavefront.report.analysis import sawtooth_vs_linear_by_repeat, timing
+from wavefront.report.draft import Section, change_with_range, md_table
 from wavefront.report.experiments import run_as_script
 from wavefront.report.figures import short_gpu
 
@@ -46,18 +46,17 @@ def table(study) -> pd.DataFrame:
     c = study.counters("ctas_in_flight")
     dram = c.groupby(["gpu", "resident_ctas", "kv_schedule"]).apply(
         lambda g: g["dram_read_bytes"].median() / g["compulsory_read_bytes"].iloc[0])
-    t = timing(study.load("ctas_in_flight"))
-    per = t.pivot_table(index=["gpu", "resident_ctas", "repeat"], columns="kv_schedule",
-                        values="tflops")
-    ratio = (per["sawtooth"] / per["linear"]).groupby(["gpu", "resident_ctas"])
+    df = study.load("ctas_in_flight")
+    t = timing(df)
+    linear = t[t["kv_schedule"] == "linear"].groupby(["gpu", "resident_ctas"])["tflops"].median()
     rows = []
-    for (gpu, ctas), r in ratio:
+    for (gpu, ctas), r in sawtooth_vs_linear_by_repeat(df, ["gpu", "resident_ctas"]).iterrows():
         rows.append({"GPU": short_gpu(gpu), "CTAs": int(ctas),
                      "linear DRAM / min": dram[(gpu, ctas, "linear")],
                      "sawtooth DRAM / min": dram[(gpu, ctas, "sawtooth")],
-                     "linear TFLOP/s": per.loc[(gpu, ctas)]["linear"].median(),
-                     "TFLOP/s, sawtooth vs linear": r.median() - 1,
-                     "lo": r.min() - 1, "hi": r.max() - 1, "repeats": len(r)})
+                     "linear TFLOP/s": linear[(gpu, ctas)],
+                     "TFLOP/s, sawtooth vs linear": r["median"] - 1,
+                     "lo": r["min"] - 1, "hi": r["max"] - 1, "repeats": int(r["count"])})
     return pd.DataFrame(rows)
 
 
@@ -73,9 +72,8 @@ def section(study) -> Section:
         "DRAM / min, linear": t["linear DRAM / min"].map(lambda x: f"{x:.1f}"),
         "DRAM / min, sawtooth": t["sawtooth DRAM / min"].map(lambda x: f"{x:.1f}"),
         "linear TFLOP/s": t["linear TFLOP/s"].map(lambda x: f"{x:.0f}"),
-        "TFLOP/s, sawtooth vs linear [range]": [
-            f"{m:+.1%} [{lo:+.1%}, {hi:+.1%}]" for m, lo, hi in
-            zip(t["TFLOP/s, sawtooth vs linear"], t["lo"], t["hi"])]})
+        "TFLOP/s, sawtooth vs linear [range]": list(map(
+            change_with_range, t["TFLOP/s, sawtooth vs linear"], t["lo"], t["hi"]))})
     s.claim(f"With few CTAs in flight sawtooth's saving is largest: at 8-16 CTAs it reads "
             f"{few_cut.min():.0%}-{few_cut.max():.0%} less DRAM than linear on both GPUs "
             f"({cut.min():.0%}-{cut.max():.0%} over every CTA count), and runs at linear's "

@@ -18,8 +18,8 @@ import seaborn as sns
 
 from wavefront.model.fits import occupancy_fraction
 from wavefront.model.presets import gpu_preset, preset_for_device
-from wavefront.report.analysis import timing
-from wavefront.report.draft import Section, interval, md_table
+from wavefront.report.analysis import sawtooth_vs_linear_by_repeat, timing
+from wavefront.report.draft import Section, change_with_range, interval, md_table
 from wavefront.report.experiments import run_as_script
 from wavefront.report.figures import short_gpu
 from wavefront.results.store import with_timing
@@ -81,25 +81,22 @@ def sawtooth_vs_linear(study, table: pd.DataFrame) -> pd.DataFrame:
     (medians over repeats), the rate linear's reads reached, sawtooth's TFLOP/s against
     linear's paired by repeat (a repeat times every point once, in one pass: median, min and
     max of the per-repeat ratios), and the throughput model's change (fitted in sample)."""
-    t = timing(study.load("dram_bound"))
-    t = t[t["cta_schedule"] == "longest_first"]
-    per = t.pivot_table(index=["gpu", "heads", "repeat"], columns="kv_schedule",
-                        values="tflops")
-    ratio = (per["sawtooth"] / per["linear"]).groupby(["gpu", "heads"])
+    df = study.load("dram_bound")
+    ratio = sawtooth_vs_linear_by_repeat(df[df["cta_schedule"] == "longest_first"],
+                                         ["gpu", "heads"])
     lf = table[table["schedule"].str.startswith("longest_first")]
     out = []
-    for (gpu, heads), sub in lf.groupby(["GPU", "heads"]):
+    for (gpu, heads), r in ratio.iterrows():
+        sub = lf[(lf["GPU"] == short_gpu(gpu)) & (lf["heads"] == heads)]
         by = sub.set_index("schedule")
         lin, saw = by.loc["longest_first+linear"], by.loc["longest_first+sawtooth"]
-        full = next(g for g in ratio.groups if short_gpu(g[0]) == gpu and g[1] == heads)
-        r = ratio.get_group(full)
-        out.append({"GPU": gpu, "heads": heads,
+        out.append({"GPU": short_gpu(gpu), "heads": heads,
                     "linear DRAM TB/s": lin["DRAM TB/s"],
                     "of DRAM bandwidth": lin["DRAM TB/s"] * 1e12 / preset_for_device(
-                        full[0]).dram_bytes_per_s,
+                        gpu).dram_bytes_per_s,
                     "DRAM, sawtooth vs linear": saw["DRAM / min"] / lin["DRAM / min"] - 1,
-                    "TFLOP/s, sawtooth vs linear": float(r.median()) - 1,
-                    "lo": float(r.min()) - 1, "hi": float(r.max()) - 1, "repeats": len(r),
+                    "TFLOP/s, sawtooth vs linear": r["median"] - 1,
+                    "lo": r["min"] - 1, "hi": r["max"] - 1, "repeats": int(r["count"]),
                     "model (in sample)": saw["model TFLOP/s"] / lin["model TFLOP/s"] - 1})
     return pd.DataFrame(out)
 
@@ -158,9 +155,8 @@ def section(study) -> Section:
         "linear DRAM TB/s": gain["linear DRAM TB/s"].map(lambda x: f"{x:.2f}"),
         "of bandwidth": gain["of DRAM bandwidth"].map(lambda x: f"{x:.0%}"),
         "DRAM, sawtooth vs linear": gain["DRAM, sawtooth vs linear"].map(lambda x: f"{x:+.1%}"),
-        "TFLOP/s, sawtooth vs linear [range]": [
-            f"{m:+.1%} [{lo:+.1%}, {hi:+.1%}]" for m, lo, hi in
-            zip(gain["TFLOP/s, sawtooth vs linear"], gain["lo"], gain["hi"])],
+        "TFLOP/s, sawtooth vs linear [range]": list(map(
+            change_with_range, gain["TFLOP/s, sawtooth vs linear"], gain["lo"], gain["hi"])),
         "model, in sample": gain["model (in sample)"].map(lambda x: f"{x:+.1%}")})
     rates = {g: f"{f.dram_rate / 1e12:.2f} TB/s {interval(f.intervals['dram_rate'], 1e12)}"
              for g, f in tfits.items()}

@@ -132,8 +132,8 @@ def section(study) -> Section:
              today["DRAM GB"].max() / first["DRAM GB"].min())
     t = ticket_rounds(study)
     item_ms = float(plain["ncu ms"].median()) / int(t["rounds"].iloc[0])
-    tiles = int(study.counters("kernel_drift")["seqlen"].iloc[0]
-                // study.counters("kernel_drift")["tile_n"].iloc[0])
+    shape = study.counters("kernel_drift").iloc[0]
+    tiles = int(shape["seqlen"] // shape["tile_n"])
     b = sass(study)
     old, new = b[next(k for k in b if k.startswith("first"))], b[next(k for k in b if k.startswith("today"))]
     alike = [k for k in ("UTMALDG", "HGMMA", "WARPGROUP.DEPBAR", "registers", "shared_bytes",

@@ -14,7 +14,7 @@ from wavefront.report import figures
 from wavefront.report.draft import Section, md_table, wrap
 from wavefront.report.experiments import run_as_script
 from wavefront.report.figures import short_gpu
-from wavefront.results.measurement import paired_ratio, paired_references
+from wavefront.results.measurement import PEER_NAMES, paired_ratio, paired_references
 from wavefront.results.records import BENCH_RECORDS, PRINTOUT_RECORDS, by_shape
 
 SCHEDULES = ("grid+linear,grid+sawtooth,persistent+linear,persistent+sawtooth,grouped+linear,"
@@ -22,7 +22,6 @@ SCHEDULES = ("grid+linear,grid+sawtooth,persistent+linear,persistent+sawtooth,gr
              "dynamic+sawtooth,grouped_dynamic+linear,grouped_dynamic+sawtooth")
 DATASETS = ()  # it reads bench rounds (data/schedule_cost/*.jsonl), not a results table
 RECORDS = ("schedule_cost",)
-PEERS = ("cudnn", "fa2", "tilegym")
 # `run` appends each of these `wavefront bench` runs to data/schedule_cost/bench.jsonl.
 BENCH = [
     ["--seqlen", "8192", "--head-dim", "64,128", "--schedule", SCHEDULES, "--rounds", "15"],
@@ -40,7 +39,7 @@ def rows(runs: dict[str, list[dict]]) -> pd.DataFrame:
     for run, records in runs.items():
         for shape, by in by_shape(records).items():
             for name, r in by.items():
-                if name in PEERS:
+                if name in PEER_NAMES:
                     continue
                 row = {"run": run, "GPU": short_gpu(r["gpu"]), "shape": shape,
                        "schedule": name, "TFLOP/s": r["tflops"],
@@ -68,7 +67,7 @@ def agreement(first: list[dict], second: list[dict]) -> pd.DataFrame:
                          "causal": r["shape"]["causal"], "TFLOP/s": r["tflops"]} for r in second])
     m = one.merge(two, on=["contender", "D", "causal"], suffixes=(" 1", " 2"))
     m["difference"] = (m["TFLOP/s 2"] / m["TFLOP/s 1"] - 1).abs()
-    m["peer"] = m["contender"].isin(PEERS)
+    m["peer"] = m["contender"].isin(PEER_NAMES)
     return m
 
 

@@ -15,10 +15,9 @@ from wavefront.report import figures
 from wavefront.report.draft import Section, md_table, wrap
 from wavefront.report.experiments import run_as_script
 from wavefront.report.figures import short_gpu
-from wavefront.results.measurement import paired_ratio
+from wavefront.results.measurement import PEER_NAMES, paired_ratio
 from wavefront.results.records import BENCH_RECORDS, by_shape
 
-PEERS = ("cudnn", "fa2", "tilegym")
 
 RECORDS = ("tiled_fit",)  # its bench rounds
 SPEC = """
@@ -69,7 +68,7 @@ def bench_timing(study) -> pd.DataFrame:
         for shape, by in by_shape(records).items():
             ref = by.get("persistent+linear")
             for name, r in by.items():
-                if name in PEERS or ref is None:
+                if name in PEER_NAMES or ref is None:
                     continue
                 med, lo, hi = paired_ratio(ref["samples_ms"], r["samples_ms"])
                 rows.append({"run": run, "GPU": short_gpu(r["gpu"]), "shape": shape,

@@ -128,9 +128,8 @@ def measure(cfg: Point, *, warmup: int = 5, reps: int = 30, check: bool = True,
                   useful_flops=counts.useful_flops, executed_flops=counts.executed_flops)
 
 
+# The torch SDPA backend of each SDPA peer (results.measurement.PEER_NAMES adds TileGym).
 PEERS = {"fa2": "FLASH_ATTENTION", "cudnn": "CUDNN_ATTENTION"}
-# Every peer a bench may time: torch SDPA's two backends and NVIDIA's cuTile attention.
-PEER_NAMES = (*PEERS, "tilegym")
 # TileGym's autotuner drops every configuration whose compile takes over 5 s (cuTile's
 # compiler_timeout), which on a cold compile cache can be all of its large tiles. Its one
 # autotuning call runs with this limit instead, so it chooses among all its configurations.

@@ -17,7 +17,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Callable
 
 from wavefront.point import KERNEL_LEVERS
-from wavefront.results.measurement import median_ci95, paired_ratio
+from wavefront.results.measurement import PEER_NAMES, median_ci95, paired_ratio
 
 L2_STATE = "cold by rotation (>= 4x L2 of other inputs between reuses)"
 # What may differ between the contenders of one shape besides the schedule.
@@ -145,15 +145,15 @@ def shape_contenders(points, *, peers: bool = True, seed: int = 1,
     from wavefront.model.counting import launch_counts
     dev = current_device()
     first = points[0]
-    counts = launch_counts(first.launch(dev).problem)
+    launches = [point.launch(dev) for point in points]  # once each: checked, then timed
+    counts = launch_counts(launches[0].problem)  # one problem: the shape's
     n_sets = input_sets_needed(2 * counts.compulsory_read_bytes, dev.l2_bytes)
     sets = [random_inputs(first, seed + 100 + i) for i in range(n_sets)]
     outs = [cupy.empty_like(s[0]) for s in sets]
     stream = current_stream("cupy")
     contenders = []
-    for point in points:
-        # one launch per contender: the launcher checked is the launcher timed
-        launcher, _ = launcher_for_launch(point.launch(dev), *sets[0], **point.levers)
+    for point, launch in zip(points, launches):
+        launcher, _ = launcher_for_launch(launch, *sets[0], **point.levers)
         err = relative_error(point, seed, launcher=launcher)
         if not err < CORRECTNESS_TOLERANCE:
             raise IncorrectResult(f"{point.schedule}: relative error {err:.3g}")
@@ -268,7 +268,6 @@ def bench_records(gpu_name: str, shape, results: list[RoundsResult],
     """The bench records of one shape's rounds: each contender with its ratios to the peers of
     the same rounds and, paired by round, to its references (its own linear scan, grid+linear;
     the public call: the bound launcher it resolves to)."""
-    from wavefront.measure.bench import PEER_NAMES
     from wavefront.results.measurement import paired_references
     from wavefront.results.records import BENCH_RECORDS
     by = {r.name: r for r in results}

@@ -55,6 +55,16 @@ def medians(rows: pd.DataFrame) -> pd.DataFrame:
     return first.drop(columns=numeric).join(med).reset_index()
 
 
+def sawtooth_vs_linear_by_repeat(df: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
+    """Sawtooth's TFLOP/s over linear's per `keys` (say GPU and heads), paired by repeat: a
+    sweep's repeat times every point once, in one pass, so the two scans of one repeat ran side
+    by side. -> per `keys`: the median, min and max of the per-repeat ratios, and how many."""
+    t = timing(df)
+    per = t.pivot_table(index=[*keys, "repeat"], columns="kv_schedule", values="tflops")
+    ratio = per["sawtooth"] / per["linear"]
+    return ratio.groupby(keys).agg(["median", "min", "max", "count"])
+
+
 def timing(df):
     return df[df["measurement"] == "timing"].copy()
 

@@ -90,16 +90,20 @@ class Section:
 
 
 @dataclass
-class DraftNumbers:
-    values: dict = field(default_factory=dict)  # template field -> text
-    claims: list[Claim] = field(default_factory=list)
+class DraftNumbers(Section):
+    """The whole draft: the template's fields (front matter, sections, closing lists) and
+    every claim, the sections' included."""
 
-    def claim(self, text: str, holds, evidence: str, listed: bool = True) -> None:
-        self.claims.append(Claim(text, bool(holds), evidence, listed))
+    values: dict = field(default_factory=dict)  # template field -> text
 
 
 def pct(x) -> str:
     return "n/a" if x is None or x != x else f"{x:+.0%}"
+
+
+def change_with_range(median: float, lo: float, hi: float) -> str:
+    """'+7.8% [+1.7%, +9.1%]': a relative change and its range."""
+    return f"{median:+.1%} [{lo:+.1%}, {hi:+.1%}]"
 
 
 def interval(values, scale=1.0, fmt=".2f") -> str:

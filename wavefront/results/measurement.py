@@ -220,3 +220,6 @@ def derive(metrics: dict, closed_form_read_sectors: float | None,
 
 # A bench contender timed from the SCHEDULE_AT_RUN_TIME binary is named '<schedule>' + this.
 ONE_BINARY = " (one binary)"
+# The peers a bench may time beside our schedules, by contender name: torch SDPA's FlashAttention-2
+# and cuDNN backends, and NVIDIA's cuTile attention (TileGym).
+PEER_NAMES = ("fa2", "cudnn", "tilegym")

@@ -25,7 +25,8 @@ class RecordKind:
     name: str
     version: int
     required: tuple[str, ...]
-    # version v -> the function that turns a version-v line into version v + 1
+    # version v -> the function that turns a version-v line into version v + 1 (none: the
+    # version only stamps the line, whose fields did not change)
     upgrades: dict[int, Callable[[dict], dict]] = field(default_factory=dict)
     # lines that are no measurement (a failed shape's error row) are kept out unless asked for
     measured: Callable[[dict], bool] = lambda row: True
@@ -44,7 +45,8 @@ class RecordKind:
                               f"wavefront reads versions 1 to {self.version}")
         while version < self.version:
             try:
-                row = {**self.upgrades[version](row), "record_version": version + 1}
+                step = self.upgrades.get(version, dict)
+                row = {**step(row), "record_version": version + 1}
             except (KeyError, TypeError, AttributeError) as exc:
                 raise SchemaError(f"{where}: a {self.name} record without what version "
                                   f"{version} had ({type(exc).__name__}: {exc})") from None
@@ -94,19 +96,17 @@ BENCH_RECORDS = RecordKind(
     "bench", 2,
     ("gpu", "shape", "contender", "samples_ms", "median_ms", "tflops", "tflops_ci95", "rounds",
      "throttled_rounds"),
-    upgrades={1: lambda row: row}, measured=lambda row: "contender" in row,
-    complete=_shape_with_default_levers)
+    measured=lambda row: "contender" in row, complete=_shape_with_default_levers)
 
 # `wavefront tune`: one line per candidate (timed or refused on its SASS; `levers`) or peer
 # (`peer`).
-TUNE_RECORDS = RecordKind("tune", 2, ("gpu", "shape"), upgrades={1: lambda row: row},
-                          complete=_shape_with_default_levers)
+TUNE_RECORDS = RecordKind("tune", 2, ("gpu", "shape"), complete=_shape_with_default_levers)
 
 # `wavefront tune`: per shape, lever and value, the best candidate with that value.
 LEVER_RECORDS = RecordKind(
     "levers", 2, ("gpu", "shape", "lever", "value", "timed", "best_tflops", "of_best",
                   "best_label"),
-    upgrades={1: lambda row: row}, complete=_shape_with_default_levers)
+    complete=_shape_with_default_levers)
 
 # The first kernel's one-shot bench (`data/foundation_bench`): a point timed once, the peers
 # beside it. Written by no command today.
