@@ -104,11 +104,15 @@ def grouped_order(item, q_tiles, heads, kv_heads, kv_units, group_units):
     within = item - group * items_per_group
     # The last group may hold fewer units; its items still start at group * items_per_group.
     heads_here = _minimum(group_units, kv_units - group * group_units) * qheads_per_kv
-    head_in_group = within % heads_here
-    unit = group * group_units + head_in_group // qheads_per_kv
+    # Remainders as a - (a // b) * b, reusing the quotients (see linear_order).
+    q_tile = within // heads_here
+    head_in_group = within - q_tile * heads_here
+    unit_in_group = head_in_group // qheads_per_kv
+    unit = group * group_units + unit_in_group
     batch = unit // kv_heads
-    head = (unit % kv_heads) * qheads_per_kv + head_in_group % qheads_per_kv
-    return batch, head, within // heads_here
+    head = ((unit - batch * kv_heads) * qheads_per_kv
+            + head_in_group - unit_in_group * qheads_per_kv)
+    return batch, head, q_tile
 
 
 def grouped_longest_first_order(item, q_tiles, heads, kv_heads, kv_units, group_units):
@@ -126,7 +130,8 @@ def longest_first_order(item, q_tiles, heads, batch_heads):
     order FlashAttention-3 uses for causal). GQA siblings stay adjacent (heads fastest)."""
     rank = item // batch_heads
     batch_head = item - rank * batch_heads
-    return batch_head // heads, batch_head % heads, q_tiles - 1 - rank
+    batch = batch_head // heads
+    return batch, batch_head - batch * heads, q_tiles - 1 - rank
 
 
 def decode_work_item(item, q_tiles, heads, kv_heads, kv_units, group_units, cta_order):
@@ -220,6 +225,41 @@ def scans_backward(local_iter, kv_order):
     if kv_order == KV_SAWTOOTH:
         backward = local_iter % 2
     return backward
+
+
+def table_of_columns(n_rows: int, columns) -> np.ndarray:
+    """An int32 work table (`WORK_COLUMNS` wide, padding zeroed) from its first columns, each
+    an array of `n_rows` or one int for every row. NumPy writes a column of a row-major table
+    one strided element at a time, which took most of a 100k-item table's build: the columns
+    are stacked (contiguous writes) and transposed in one compiled pass instead."""
+    columns = list(columns)
+    stacked = np.empty((len(columns), n_rows), dtype=np.int32)
+    for column, values in enumerate(columns):
+        stacked[column] = values  # a scalar (the same for every item) broadcasts
+    rows = np.empty((n_rows, WORK_COLUMNS), dtype=np.int32)
+    _compiled_transpose()(stacked, rows)
+    return rows
+
+
+def _transpose_into(columns, rows):
+    """rows[i, j] = columns[j, i], and the padding columns 0."""
+    for i in range(rows.shape[0]):
+        for j in range(columns.shape[0]):
+            rows[i, j] = columns[j, i]
+        for j in range(columns.shape[0], rows.shape[1]):
+            rows[i, j] = 0
+
+
+_COMPILED = {}
+
+
+def _compiled_transpose():
+    """`_transpose_into`, compiled once per process (numba is imported on the first table, not
+    with the vocabulary; its machine code is cached on disk)."""
+    if "transpose" not in _COMPILED:
+        import numba
+        _COMPILED["transpose"] = numba.njit(cache=True, nogil=True)(_transpose_into)
+    return _COMPILED["transpose"]
 
 
 # --------------------------------------------------------------------------------------------
@@ -718,9 +758,10 @@ class Launch:
             return range(cta, cta + 1)
         return range(cta, self.num_items, self.num_ctas)
 
-    def _plan(self, item):
+    def _plan(self, item, backward=None):
         """-> (batch, head, q_tile, chunk, local iteration, lo, mid, hi, backward) of `item`
-        (an int, or an array of item numbers: every column is then an array)."""
+        (an int, or an array of item numbers: every column is then an array); `backward`
+        given is passed through, else the item's own direction."""
         p = self.problem
         inner, chunk = split_chunk(item, p.q_tiles, p.heads, p.kv_heads, self.n_chunks)
         batch, head, q_tile = decode_work_item(inner, p.q_tiles, p.heads, p.kv_heads,
@@ -728,12 +769,14 @@ class Launch:
         it = local_iteration(item, self.num_ctas, self.resident_ctas, self.cta.code)
         if isinstance(q_tile, np.ndarray):
             # Spans depend on the Q tile alone: work them out once per Q tile, then look up.
-            visited, first_masked = (x if np.ndim(x) == 0 else x[q_tile]
+            visited, first_masked = (x if np.ndim(x) == 0 else np.take(x, q_tile)
                                      for x in p.kv_span(np.arange(p.q_tiles, dtype=np.int32)))
         else:
             visited, first_masked = p.kv_span(q_tile)
         lo, mid, hi = chunk_tile_range(chunk, self.chunk_tiles, visited, first_masked)
-        return batch, head, q_tile, chunk, it, lo, mid, hi, scans_backward(it, self.kv.code)
+        if backward is None:
+            backward = scans_backward(it, self.kv.code)
+        return batch, head, q_tile, chunk, it, lo, mid, hi, backward
 
     def item_plan(self, item: int) -> tuple[int, ...]:
         """-> (batch, head, q_tile, chunk, local iteration, first tile, tiles, 1 if backward);
@@ -744,9 +787,7 @@ class Launch:
     def _row(self, item: int, backward: int | None = None) -> tuple[int, ...]:
         """Item `item`'s work-table row (`backward`: the unmasked scan's direction; default:
         the item's own, lock-step for a dynamic schedule). `item` may be an array of items."""
-        batch, head, q_tile, chunk, _, lo, mid, hi, own = self._plan(item)
-        if backward is None:
-            backward = own
+        batch, head, q_tile, chunk, _, lo, mid, hi, backward = self._plan(item, backward)
         start, step, count, masked_lo, masked_hi = scan_plan(lo, mid, hi, backward)
         return (batch, head, head // self.problem.qheads_per_kv, q_tile, start, step, count,
                 masked_lo, masked_hi, chunk)
@@ -763,10 +804,8 @@ class Launch:
             raise ValueError(f"a launch of {self.num_items} work items does not fit the int32 "
                              "work table (at most 2^31 - 1)")
         items = np.arange(self.num_items, dtype=np.int32)
-        columns = self._row(items, 0 if self.cta.dynamic else None)
-        rows = np.zeros((self.num_items, WORK_COLUMNS), dtype=np.int32)
-        for column, values in enumerate(columns):
-            rows[:, column] = values  # a scalar (the same for every item) broadcasts
+        rows = table_of_columns(self.num_items,
+                                self._row(items, 0 if self.cta.dynamic else None))
         rows.setflags(write=False)
         return rows
 
@@ -950,8 +989,6 @@ class VarlenLaunch:
         if max(self.problem.seqlen_q, self.problem.seqlen_kv) >= 1 << 31:
             raise ValueError("packed sequences of 2^31 rows or more do not fit the int32 work "
                              "table")
-        rows = np.zeros((seq.size, WORK_COLUMNS), dtype=np.int32)
-        for column, values in columns.items():
-            rows[:, column] = values
+        rows = table_of_columns(seq.size, [columns[c] for c in range(len(columns))])
         rows.setflags(write=False)
         return rows
