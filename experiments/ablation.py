@@ -10,6 +10,7 @@ from wavefront.results.store import with_timing
 SPEC = """
 name = "ablation"
 measure = ["timing", "counters"]
+repeats = 3
 timeout_s = 180
 reps = 10
 batch_points = 12

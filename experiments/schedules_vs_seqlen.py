@@ -9,6 +9,7 @@ from wavefront.report import figures
 SPEC = """
 name = "schedules_vs_seqlen"
 measure = ["timing", "counters"]
+repeats = 3
 timeout_s = 120
 reps = 20
 batch_points = 16
