@@ -32,7 +32,9 @@ schedule = ["persistent+linear", "persistent+sawtooth"]
 
 def figure(study):
     c = study.knee_counters
-    return figures.misses_vs_seqlen(c, predicted_curve(c, study.knee_fits))
+    return figures.misses_vs_seqlen(
+        c, predicted_curve(c, study.knee_fits),
+        model_note="LRU with a capacity fitted on these points (in sample)")
 
 
 def table(study):

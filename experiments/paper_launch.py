@@ -159,7 +159,7 @@ The reason is in the rates: even linear's traffic, spread over its launch, is
 bandwidth (datasheet), so the bytes sawtooth saves were never what the 48 CTAs waited for.
 GB10 has {gb10.dram_bytes_per_s / 1e9:.0f} GB/s, {h100.dram_bytes_per_s / gb10.dram_bytes_per_s:.0f}x less than the H100; whether that is where the
 paper's +60% comes from is the starvation experiment's question (DRAM bandwidth per SM cut to
-GB10's while the attention runs), not measured yet.
+GB10's while the attention runs), the next section.
 
 {md_table(shown)}
 

@@ -1,6 +1,7 @@
 """`wavefront paper` regenerates every figure and the draft from the committed data (CPU), each
 experiment's `plot` draws the same bytes, and the draft refuses claims the data contradicts."""
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -128,3 +129,62 @@ def test_a_section_without_its_data_fails_naming_it(tmp_path, name):
     with pytest.raises((SchemaError, ValueError, KeyError, OSError)) as info:
         discover(EXPERIMENTS)[name].section(Study(empty))
     assert str(empty) in str(info.value), (name, info.value)
+
+
+def test_first_kernel_commits_match_git_ancestry():
+    """Every commit named in a committed manifest is labelled first kernel exactly when it is
+    not a descendant of the table-driven kernel's commit (skipped without git history)."""
+    import glob
+
+    from wavefront.report.draft import FIRST_KERNEL_COMMITS, TABLE_KERNEL_COMMIT
+    root = Path(__file__).resolve().parents[1]
+    probe = subprocess.run(["git", "-C", str(root), "cat-file", "-e", TABLE_KERNEL_COMMIT],
+                           capture_output=True)
+    if probe.returncode != 0:
+        pytest.skip("no git history here")
+    commits = set()
+    for path in glob.glob(str(root / "data" / "**" / "manifest.json"), recursive=True):
+        for run in json.loads(Path(path).read_text()).values():
+            if isinstance(run, dict) and run.get("git_commit"):
+                commits.add(str(run["git_commit"])[:7])
+    checked = 0
+    for commit in sorted(commits):
+        rc = subprocess.run(["git", "-C", str(root), "merge-base", "--is-ancestor",
+                             TABLE_KERNEL_COMMIT, commit], capture_output=True).returncode
+        if rc not in (0, 1):
+            continue  # a commit this clone does not have
+        checked += 1
+        assert (rc == 1) == (commit in FIRST_KERNEL_COMMITS), commit
+    assert checked >= len(FIRST_KERNEL_COMMITS)
+
+
+def test_the_paper_regenerates_byte_for_byte(built, tmp_path):
+    """The committed paper is what the committed data builds, and a build in a fresh process
+    (another interpreter, its own hash seed) writes the same bytes: the draft, fits.json and
+    every figure."""
+    out, _ = built
+    fresh = tmp_path / "fresh"
+    subprocess.run([sys.executable, "-m", "wavefront.cli", "paper", "--data", str(ROOT / "data"),
+                    "--experiments", str(EXPERIMENTS), "--out", str(fresh)], check=True,
+                   cwd=tmp_path, capture_output=True, env={**os.environ,
+                                                           "PYTHONHASHSEED": "12345"})
+    names = ["draft.md", "fits.json"] + [f"figures/{p.name}"
+                                         for p in sorted((out / "figures").glob("*.png"))]
+    for name in names:
+        built_bytes = (out / name).read_bytes()
+        assert (fresh / name).read_bytes() == built_bytes, f"{name}: a fresh process differs"
+        assert (ROOT / "paper" / name).read_bytes() == built_bytes, \
+            f"paper/{name}: the committed file is not what the committed data builds"
+
+
+def test_current_fits_and_scores_use_only_todays_kernel():
+    """The throughput model and the capacity scores are fitted and scored on data measured
+    with the table-driven kernel only: no first-kernel run in any of their data sets."""
+    from wavefront.report.analysis import TIMED_EXPERIMENTS, VALIDATION_FAMILIES
+    from wavefront.report.draft import kernel_generation
+    study = Study(ROOT / "data")
+    for name in sorted(set(TIMED_EXPERIMENTS) | set(VALIDATION_FAMILIES)):
+        runs = study.manifest(name)
+        assert runs, name
+        first = [r for r, run in runs.items() if kernel_generation(run) == "first"]
+        assert not first, f"{name}: runs {first} used the first kernel"

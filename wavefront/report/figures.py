@@ -91,9 +91,11 @@ def _flagged(d: pd.DataFrame, y: str) -> pd.DataFrame:
     return med[s > SPREAD_FLAG].reset_index()
 
 
-def misses_vs_seqlen(df: pd.DataFrame, predicted: pd.DataFrame | None = None):
+def misses_vs_seqlen(df: pd.DataFrame, predicted: pd.DataFrame | None = None,
+                     model_note: str = "model"):
     """DRAM read bytes / compulsory reads against S, per schedule: the median of the repeats,
-    the band their range; points whose repeats disagree by more than 10% ringed in red."""
+    the band their range; points whose repeats disagree by more than 10% ringed in red;
+    `predicted` dotted, `model_note` saying what it is (fitted in sample or not)."""
     d = df.copy()
     d["schedule"] = schedule_label(d)
     d["x compulsory"] = d["dram_read_sectors"] * SECTOR_BYTES / d["compulsory_read_bytes"]
@@ -121,7 +123,8 @@ def misses_vs_seqlen(df: pd.DataFrame, predicted: pd.DataFrame | None = None):
     n = f"{reps.min()}" if reps.min() == reps.max() else f"{reps.min()}-{reps.max()}"
     g.figure.suptitle(f"DRAM reads vs S, B=1 H=1 bf16, {_tiles(d)} tiles, "
                       f"{' and '.join(sorted(d['GPU'].unique()))}\n{n} repeats per point: median "
-                      "and range; red ring: repeats disagree > 10%; dotted: model", y=1.07)
+                      "and range; red ring: repeats disagree > 10%"
+                      + (f"; dotted: {model_note}" if predicted is not None else ""), y=1.07)
     return g.figure
 
 
@@ -209,15 +212,20 @@ def ablation(joined: pd.DataFrame):
     long = pd.concat([d.assign(metric="DRAM reads / compulsory", value=d["DRAM reads / compulsory"]),
                       d.assign(metric="TFLOP/s", value=d["tflops"])], ignore_index=True)
     g = sns.catplot(data=long, y="shape", x="value", hue="schedule", col="metric", row="GPU",
-                    kind="bar", height=5.0, aspect=0.9, sharex=False, errorbar=None)
+                    kind="bar", height=5.0, aspect=1.1, sharex=False, estimator="median",
+                    errorbar=("pi", 100))
+    g.set_titles("{row_name}: {col_name}")
     for (gpu, metric), ax in g.axes_dict.items():
         if metric.startswith("DRAM"):
             ax.set_xscale("log")
             ax.set_xlabel("DRAM reads / compulsory (log)")
         else:
             ax.set_xlabel("TFLOP/s (useful FLOPs)")
-    g.figure.suptitle("Schedule ablation, bf16 (H100 and H200, counters and timing from the same "
-                      "sweep)", y=1.01)
+    reps = d.groupby(["GPU", "point"]).size()
+    g.figure.suptitle("Schedule ablation, bf16, "
+                      f"{' and '.join(sorted(d['GPU'].unique()))}: counters and timing from the "
+                      f"same sweep, {reps.min()}-{reps.max()} repeats, bars median, whiskers range",
+                      y=1.03)
     return g.figure
 
 
@@ -225,19 +233,30 @@ def tile_size(joined: pd.DataFrame):
     """`joined`: counter rows with their timing (`records.with_timing`)."""
     d = joined.copy()
     d["GPU"] = d["gpu"].map(short_gpu)
-    d["tiles"] = d["tile_m"].astype(str) + "x" + d["tile_n"].astype(str)
+    # Each tile shape runs at its own default occupancy: the label says which, so a reader
+    # does not take an occupancy effect for a tile effect.
+    d["tiles"] = (d["tile_m"].astype(str) + "x" + d["tile_n"].astype(str) + "\n"
+                  + d["occupancy"].astype(str) + " CTA/SM")
     d["x compulsory"] = d["dram_read_bytes"] / d["compulsory_read_bytes"]
-    fig, axes = plt.subplots(1, 2, figsize=(10, 3.6))
-    for ax, y, label in ((axes[0], "x compulsory", "DRAM reads / compulsory"),
-                         (axes[1], "tflops", "TFLOP/s")):
-        sns.barplot(data=d, x="tiles", y=y, hue="kv_schedule", ax=ax, errorbar=None,
-                    palette="deep")
-        ax.set(xlabel="tile (Q rows x K/V rows)", ylabel=label)
-    axes[0].set_yscale("log")
-    fig.suptitle("Tile size, persistent grid, S=128k B=1 H=1 bf16, D=64 and 128 pooled per bar "
-                 f"({', '.join(sorted(d['GPU'].unique()))})")
-    fig.tight_layout()
-    return fig
+    d["D"] = "D=" + d["head_dim"].astype(str)
+    d["GPU, K/V scan"] = d["GPU"] + ", " + d["kv_schedule"]
+    long = pd.concat([d.assign(metric="DRAM reads / compulsory", value=d["x compulsory"]),
+                      d.assign(metric="TFLOP/s (useful FLOPs)", value=d["tflops"])],
+                     ignore_index=True)
+    g = sns.catplot(data=long, x="tiles", y="value", hue="GPU, K/V scan", col="D",
+                    row="metric", kind="bar", height=2.8, aspect=1.4,
+                    sharey="row", estimator="median", errorbar=("pi", 100), palette="deep",
+                    dodge=True)
+    for (metric, _), ax in g.axes_dict.items():
+        ax.set_ylabel(metric)
+        if metric.startswith("DRAM"):
+            ax.set_yscale("log")
+    g.set_titles("{col_name}")
+    g.set_xlabels("tile (Q rows x K/V rows), CTAs per SM")
+    g.figure.suptitle("Tile size, persistent grid, S=128k B=1 H=1 bf16, "
+                      f"{' and '.join(sorted(d['GPU'].unique()))}; bars median, whiskers range "
+                      "over repeats", y=1.04)
+    return g.figure
 
 
 def throughput_vs_misses(d: pd.DataFrame, fits: dict):
