@@ -19,7 +19,6 @@ DRAFT = (
     "throughput_vs_misses",
     "dram_bound",
     "ctas_in_flight",
-    "causal_gqa",
     "predictions",
     "scaling",
 )
