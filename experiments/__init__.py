@@ -8,6 +8,7 @@ DRAFT = (
     "schedule_cost",
     "lever_search",
     "headline",
+    "ablation",
     "paper_launch",
     "starved_launch",
     "counter_variance",

