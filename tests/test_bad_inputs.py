@@ -9,6 +9,7 @@ import pytest
 from click.testing import CliRunner
 
 from wavefront.cli import main
+from wavefront.results.store import read_results_bytes, results_path
 
 ROOT = Path(__file__).parent.parent
 
@@ -215,7 +216,7 @@ def test_bad_flags(argv, code, expected):
 def _results(tmp_path, mutate=None, manifest=True):
     """A copy of a committed results file (knee, S <= 24k) and its manifest, mutated."""
     src = ROOT / "data" / "knee"
-    lines = (src / "results.csv").read_text().splitlines()
+    lines = read_results_bytes(results_path(src)).decode().splitlines()
     keep = [lines[0]] + [ln for ln in lines[1:] if "seqlen=16384," in ln or "seqlen=24576," in ln]
     if mutate:
         keep = mutate(keep)

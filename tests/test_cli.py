@@ -8,6 +8,7 @@ from click.testing import CliRunner
 from wavefront.cli import main
 from wavefront.device import has_gpu
 from wavefront.point import Point
+from wavefront.results.store import read_results_bytes, results_path
 
 ROOT = Path(__file__).parent.parent
 no_gpu = pytest.mark.skipif(has_gpu(), reason="checks the CPU-only messages")
@@ -100,7 +101,7 @@ def test_fit_writes_only_where_told(tmp_path):
     # The knee data up to S=48k (a few seconds of simulation), with its manifest.
     src = ROOT / "data" / "knee"
     (tmp_path / "knee").mkdir()
-    lines = (src / "results.csv").read_text().splitlines()
+    lines = read_results_bytes(results_path(src)).decode().splitlines()
     keep = [lines[0]] + [ln for ln in lines[1:] if any(f"seqlen={s}," in ln
                                                        for s in (16384, 24576, 32768, 49152))]
     data = tmp_path / "knee" / "results.csv"
@@ -289,3 +290,19 @@ def test_an_experiments_own_section_and_claims_join_the_draft():
         if not ok:
             with _pytest.raises(draft.ClaimFailed, match="b: contradicted"):
                 draft.render(numbers)
+
+
+def test_simulate_defaults_to_the_partition_model():
+    """The default is the model the draft validates: on Hopper two partitions, each an LRU of
+    half the L2, the DRAM column from the partitioned cache; --partitions 1 is one LRU."""
+    args = ["simulate", "--schedule", "persistent+linear", "--seqlen", "65536", "--head-dim",
+            "64", "--tile", "64x64", "--json"]
+    default = json.loads(CliRunner().invoke(main, args).stdout)
+    one = json.loads(CliRunner().invoke(main, args + ["--partitions", "1"]).stdout)
+    assert default["partitions"] == 2 and one["partitions"] == 1
+    assert default["capacity_bytes"] == 25 * 2**20
+    assert default["results"][0]["partitioned"] is not None
+    assert one["results"][0]["partitioned"] is None
+    assert default["results"][0]["model"].startswith("2 partitions")
+    gb10 = json.loads(CliRunner().invoke(main, args + ["--gpu", "gb10"]).stdout)
+    assert gb10["partitions"] == 1 and gb10["capacity_bytes"] == 24 * 2**20

@@ -107,8 +107,8 @@ m.METRICS["lts__t_sectors_new_metric.sum"] = "new_metric"
 m.METRIC_SINCE["new_metric"] = 5
 from wavefront.results import store
 assert store.SCHEMA_VERSION == 5 and store.COLUMNS[-len(store.DERIVED) - 1] == "new_metric"
-path = {str(tmp_path / "tiled_fit" / "results.csv")!r}
-rows = open(path).read().count("\\n") - 1
+path = {str(tmp_path / "tiled_fit" / "results.csv.gz")!r}  # compressed, as committed
+rows = store.read_results_bytes(path).count(b"\\n") - 1
 df = store.load_results(path)
 assert len(df) == rows and df["new_metric"].isna().all(), df.shape
 store.upgrade_in_place(__import__("pathlib").Path(path))

@@ -8,6 +8,7 @@ import sys
 import time
 from pathlib import Path
 
+import pandas as pd
 import pytest
 
 from wavefront.measure.runner import SubprocessRunner
@@ -18,6 +19,7 @@ from wavefront.results.store import (
     DirectoryLock,
     append_row,
     load_results,
+    read_results_bytes,
     repair_tail,
     write_manifest,
 )
@@ -175,7 +177,7 @@ def test_rows_with_unknown_columns_are_refused(tmp_path):
 
 def test_committed_data_loads_with_the_schema():
     root = Path(__file__).parent.parent / "data"
-    files = sorted(root.glob("*/results.csv"))
+    files = sorted(root.glob("*/results.csv*"))
     assert files, "data/ holds measured results"
     for f in files:
         df = load_results(f, strict=True)
@@ -306,3 +308,34 @@ def test_a_v3_results_file_is_upgraded_before_a_v4_row_is_appended(tmp_path):
     after = load_results(path)
     assert len(after) == 16 and not after.duplicated(["point", "measurement", "repeat"]).any()
     assert "schema v3 -> v4" in (tmp_path / "repairs.log").read_text()
+
+
+def test_a_compressed_table_loads_appends_and_repairs_like_a_plain_one(tmp_path):
+    """The committed tables are gzip-compressed: the store loads them as the plain ones, appends
+    a row as one more gzip member, ignores a member cut mid-append on read and cuts it (logged)
+    before the next append; the model cache keys a table by its rows, not by its packing."""
+    import gzip
+
+    from wavefront.report.analysis import _inputs_key
+    from wavefront.results.store import compress_results, results_path
+    d = tmp_path / "headline"
+    d.mkdir()
+    src = Path(__file__).parent.parent / "data" / "headline"
+    (d / "results.csv").write_bytes(read_results_bytes(results_path(src)))
+    (d / "manifest.json").write_bytes((src / "manifest.json").read_bytes())
+    plain = load_results(d / "results.csv", strict=True)
+    key = _inputs_key([d / "results.csv"])
+    packed = compress_results(d)
+    assert results_path(d) == packed and not (d / "results.csv").exists()
+    assert packed.stat().st_size * 4 < len(read_results_bytes(packed))
+    assert _inputs_key([packed]) == key
+    pd.testing.assert_frame_equal(load_results(packed, strict=True), plain)
+    row = {k: (None if pd.isna(v) else v) for k, v in plain.iloc[-1].to_dict().items()}
+    append_row(packed, {**row, "repeat": 99})
+    grown = load_results(packed)
+    assert len(grown) == len(plain) + 1 and int(grown["repeat"].iloc[-1]) == 99
+    with open(packed, "ab") as f:
+        f.write(gzip.compress(b"a torn row\n")[:10])
+    assert len(load_results(packed)) == len(plain) + 1
+    assert repair_tail(packed) == 10
+    assert "cut_bytes" in (d / "repairs.log").read_text()

@@ -17,6 +17,7 @@ from click.testing import CliRunner
 
 import wavefront.cli as cli
 from wavefront.cli import main
+from wavefront.results.store import read_results_bytes, results_path
 
 ROOT = Path(__file__).parent.parent
 KNEE = str(ROOT / "experiments" / "knee.py")
@@ -309,7 +310,7 @@ def test_unfriendly_api_calls(call, expected):
 def _knee_copy(tmp_path):
     d = tmp_path / "r"
     d.mkdir()
-    shutil.copy(ROOT / "data" / "knee" / "results.csv", d / "results.csv")
+    (d / "results.csv").write_bytes(read_results_bytes(results_path(ROOT / "data" / "knee")))
     shutil.copy(ROOT / "data" / "knee" / "manifest.json", d / "manifest.json")
     return d
 

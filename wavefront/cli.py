@@ -830,12 +830,12 @@ def profile(points, repeats, out_dir, timeout_s, as_json):
                      timeout_s=timeout_s)
     target = out_dir or tempfile.mkdtemp(prefix="wavefront-profile-")
     summary = _run_sweep(spec, target, dev, retry_failed=True)
-    from wavefront.results.store import load_results
-    df = load_results(Path(target) / "results.csv")
+    from wavefront.results.store import load_results, results_path
+    df = load_results(results_path(target))
     df = df[df["run_id"] == df["run_id"].iloc[-1]]
     if as_json:
         _echo_json({"gpu": dev.name, "inputs": [p.as_dict() for p in points],
-                    "results": str(Path(target) / "results.csv"), "summary": summary,
+                    "results": str(results_path(target)), "summary": summary,
                     "rows": json.loads(df.to_json(orient="records"))})
     else:
         rows = []
@@ -855,7 +855,7 @@ def profile(points, repeats, out_dir, timeout_s, as_json):
                            ("l2", "L2 reads", ".4g"), ("ratio", "/closed", ".3f"),
                            ("fabric", "fabric rd", ".4g"), ("status", "status", "")],
                     title=f"\n{dev.name}: ncu, cold L2, kernel replay")
-        click.echo(f"rows appended to {Path(target) / 'results.csv'}")
+        click.echo(f"rows appended to {results_path(target)}")
     if summary["failed"]:
         sys.exit(1)
 
@@ -999,9 +999,10 @@ def sweep(spec_path, out_dir, retry_failed, dry_run, preset, gpus, scheduler, as
     if as_json:
         _echo_json({"spec": spec.as_dict(), "out": out_dir, **summary})
     else:
+        from wavefront.results.store import results_path
         click.echo(f"{spec.name}: {summary['points']} tasks, {summary['skipped']} already done, "
                    f"{summary['ok']} measured, {summary['failed']} failed -> "
-                   f"{out_dir}/results.csv")
+                   f"{results_path(out_dir)}")
     if summary["failed"]:
         sys.exit(1)
 
@@ -1017,9 +1018,11 @@ def sweep(spec_path, out_dir, retry_failed, dry_run, preset, gpus, scheduler, as
 @click.option("--l2-mib", type=FiniteFloatRange(min=0.1), default=None,
               help="Override the preset's L2 size.")
 @click.option("--capacity-mib", type=FiniteFloatRange(min=0.01), default=None,
-              help="Effective LRU capacity (default: half the L2).")
-@click.option("--partitions", type=click.IntRange(1, 2), default=1, show_default=True,
-              help="2: also run the two-partition model (home + requester copies).")
+              help="LRU capacity per partition (default: the L2 over its partitions, the "
+                   "partition model the draft validates).")
+@click.option("--partitions", type=click.IntRange(1, 2), default=None,
+              help="L2 partitions modelled (default: the preset's, 2 on Hopper: per-partition "
+                   "LRU, far reads leave a copy near the reader; 1: one LRU of --capacity-mib).")
 @point_options(default_schedule="persistent+linear,persistent+sawtooth",
                default_seqlen="131072", default_head_dim="64", causal_default=False,
                default_heads=1)
@@ -1032,15 +1035,22 @@ def sweep(spec_path, out_dir, retry_failed, dry_run, preset, gpus, scheduler, as
 def simulate(points, gpu_name, sms, l2_mib, capacity_mib, partitions, jitter, trace_dir,
              as_json):
     """Predict L2 accesses, misses and DRAM reads per schedule on a GPU preset (CPU only)."""
-    from wavefront.model.fits import DEFAULT_EFFECTIVE_FRACTION, analytic_misses, predict
+    from wavefront.model.fits import analytic_misses, predict
     from wavefront.model.presets import gpu_preset
     from wavefront.model.simulation import check_simulable
+    from wavefront.point import SECTOR_BYTES
     try:
         gpu = gpu_preset(gpu_name).with_overrides(
             sms=sms, l2_bytes=int(l2_mib * 2**20) if l2_mib else None)
     except ValueError as exc:
         raise click.BadParameter(str(exc), param_hint="--gpu") from None
-    capacity = capacity_mib * 2**20 if capacity_mib else DEFAULT_EFFECTIVE_FRACTION * gpu.l2_bytes
+    # The default is the partition model, the one the draft validates out of sample: the L2's
+    # own size over its partitions. With one partition the whole stream meets one LRU of that
+    # capacity; with two, `predict` runs the partitioned cache (per partition `capacity`) and
+    # its DRAM reads are the ones reported.
+    if partitions is None:
+        partitions = gpu.l2_partitions
+    capacity = capacity_mib * 2**20 if capacity_mib else gpu.l2_bytes / partitions
     launches = []
     for point in points:
         try:
@@ -1067,6 +1077,8 @@ def simulate(points, gpu_name, sms, l2_mib, capacity_mib, partitions, jitter, tr
             write_oracle_general(access_trace(launch, jitter=jitter), Path(trace_dir) / name)
             click.echo(f"trace -> {Path(trace_dir) / name}", err=True)
         row = {"inputs": point.as_dict(), **pred.as_dict(),
+               "model": (f"{partitions} partitions x LRU {capacity / 2**20:.1f} MiB"
+                         if partitions > 1 else f"one LRU of {capacity / 2**20:.1f} MiB"),
                "analytic_read_miss_bytes": analytic_misses(launch, capacity),
                "ctas_in_flight": min(launch.resident_ctas, launch.problem.num_items)}
         results.append(row)
@@ -1084,11 +1096,14 @@ def simulate(points, gpu_name, sms, l2_mib, capacity_mib, partitions, jitter, tr
     rows = []
     for r in results:
         reuse = r["reuse"]
+        # DRAM reads of the model asked for: the partitioned cache's where it ran
+        dram_bytes = (r["partitioned"]["dram_read_sectors"] * SECTOR_BYTES if r["partitioned"]
+                      else r["dram_read_bytes"])
         rows.append({"schedule": r["schedule"], "S": r["inputs"]["seqlen"],
                      "D": r["inputs"]["head_dim"], "causal": r["inputs"]["causal"],
                      "l2": r["l2_read_sectors"], "miss": r["read_miss_sectors"],
-                     "dram_mb": r["dram_read_bytes"] / 1e6,
-                     "x_min": r["dram_read_bytes"] / r["compulsory_read_bytes"],
+                     "dram_mb": dram_bytes / 1e6,
+                     "x_min": dram_bytes / r["compulsory_read_bytes"],
                      "analytic_mb": r["analytic_read_miss_bytes"] / 1e6,
                      "p99": reuse.get("p99_mib"),
                      "beyond": 1 - reuse["within_capacity"] if "within_capacity" in reuse
@@ -1098,8 +1113,9 @@ def simulate(points, gpu_name, sms, l2_mib, capacity_mib, partitions, jitter, tr
                        ("miss", "miss sect", ".4g"), ("dram_mb", "DRAM rd MB", ".1f"),
                        ("x_min", "x compulsory", ".2f"), ("analytic_mb", "analytic MB", ".1f"),
                        ("p99", "reuse p99 MiB", ".2f"), ("beyond", "> capacity", ".2%")],
-                title=f"{gpu.name} preset ({gpu.sms} SMs, L2 {gpu.l2_bytes / 2**20:.0f} MiB, "
-                      f"effective LRU {capacity / 2**20:.1f} MiB), B={points[0].batch} H={points[0].heads}")
+                title=f"{gpu.name} preset ({gpu.sms} SMs, L2 {gpu.l2_bytes / 2**20:.0f} MiB), "
+                      f"model: {results[0]['model']} (DRAM columns; 'miss sect': one LRU of "
+                      f"{capacity / 2**20:.1f} MiB), B={points[0].batch} H={points[0].heads}")
     for r in results:
         if r["partitioned"]:
             pt = r["partitioned"]

@@ -36,7 +36,8 @@ from wavefront.point import SECTOR_BYTES
 from wavefront.report.figures import short_gpu
 from wavefront.results.measurement import SPREAD_FLAG, SPREAD_FLAG_TEXT, spread
 from wavefront.results.records import RecordKind
-from wavefront.results.store import SchemaError, load_results, read_manifest, with_timing
+from wavefront.results.store import (SchemaError, load_results, read_manifest,
+                                     read_results_bytes, results_path, with_timing)
 
 # Experiments with counters and timing for the same points: the throughput model's data. Only
 # data measured with today's (table-driven) kernel: tiled and measured_order_plain predate it
@@ -255,7 +256,7 @@ class Study:
     def load(self, experiment: str) -> pd.DataFrame:
         """A data set's `ok` rows (all repeats)."""
         if experiment not in self._frames:
-            df = load_results(self.data_dir / experiment / "results.csv", strict=True)
+            df = load_results(results_path(self.data_dir / experiment), strict=True)
             self._frames[experiment] = df[df["status"] == "ok"].copy()
         return self._frames[experiment].copy()
 
@@ -283,7 +284,7 @@ class Study:
     @cached_property
     def knee_fits(self) -> dict[str, GpuCapacity]:
         # Simulating every knee point takes a minute: the fits are kept in the model cache.
-        table = cached_table(self, "knee_fits", [self.data_dir / "knee" / "results.csv"],
+        table = cached_table(self, "knee_fits", [results_path(self.data_dir / "knee")],
                              lambda: capacity_fits_table(capacity_fits(self.knee_counters)))
         return capacity_fits_from_table(table)
 
@@ -396,8 +397,10 @@ def _inputs_key(paths) -> str:
     import wavefront.schedules as schedules_module
     h = hashlib.sha256()
     for path in paths:
-        h.update(Path(path).name.encode())
-        h.update(Path(path).read_bytes())
+        # A results table counts by its rows, compressed or not (`read_results_bytes`).
+        h.update(Path(path).name.removesuffix(".gz").encode())
+        h.update(read_results_bytes(path) if str(path).endswith(".csv.gz")
+                 else Path(path).read_bytes())
     for module in (fits_module, simulation_module, schedules_module):
         h.update(Path(module.__file__).name.encode())
         h.update(Path(module.__file__).read_bytes())
@@ -421,7 +424,7 @@ def cached_table(study, name: str, inputs, compute) -> pd.DataFrame:
 def measured_order_rows(study) -> pd.DataFrame:
     """Per measured launch of `measured_order`: its DRAM reads beside every prediction."""
     directory = study.data_dir / "measured_order"
-    inputs = [directory / "results.csv", *sorted((directory / "orders").glob("*.npz"))]
+    inputs = [results_path(directory), *sorted((directory / "orders").glob("*.npz"))]
     return cached_table(study, "measured_order", inputs, lambda: _measured_order_rows(study))
 
 
@@ -528,7 +531,7 @@ def fabric_check(study) -> pd.DataFrame:
 def validation_rows(study) -> pd.DataFrame:
     """Per measured point of every family: its median DRAM reads and each capacity model's
     prediction (cached, see `cached_table`)."""
-    inputs = [study.data_dir / f / "results.csv" for f in VALIDATION_FAMILIES]
+    inputs = [results_path(study.data_dir / f) for f in VALIDATION_FAMILIES]
     return cached_table(study, "capacity_validation", inputs, lambda: _validation_rows(study))
 
 

@@ -62,7 +62,7 @@ class Experiment:
 
     @property
     def datasets(self) -> tuple[str, ...]:
-        """The results tables (data/<name>/results.csv) it reads; an experiment that reads
+        """The results tables (data/<name>/results.csv[.gz]) it reads; an experiment that reads
         only bench or other records says DATASETS = ()."""
         declared = getattr(self.module, "DATASETS", None)
         if declared is not None:

@@ -43,6 +43,62 @@ from wavefront.results.measurement import (
 COLUMN_SINCE = {**{c: 4 for c in OPTIONAL_PARAMETER_COLUMNS}, **METRIC_SINCE}
 SCHEMA_VERSION = max(4, *COLUMN_SINCE.values())
 RESULTS_FILE = "results.csv"
+# A committed results table is kept gzip-compressed (about 8x smaller: the repository travels
+# to the GPU hosts under a size cap). The store reads it and appends to it: each append is one
+# more gzip member (a multi-member file is one gzip stream to every reader), so a sweep
+# resumed on a compressed table still writes one fsync'd row at a time.
+COMPRESSED_RESULTS_FILE = RESULTS_FILE + ".gz"
+
+
+def results_path(directory) -> Path:
+    """The results table of a directory: the compressed one where it exists, else the plain."""
+    directory = Path(directory)
+    compressed = directory / COMPRESSED_RESULTS_FILE
+    return compressed if compressed.exists() else directory / RESULTS_FILE
+
+
+def _is_compressed(path) -> bool:
+    return str(path).endswith(".gz")
+
+
+def _gzip_members(data: bytes) -> tuple[bytes, int]:
+    """-> (the text of every complete gzip member, bytes those members take). A member cut
+    by a crash mid-append is left out, as a torn last line is for a plain table."""
+    import zlib
+    out, used = [], 0
+    while used < len(data):
+        member = zlib.decompressobj(wbits=31)
+        try:
+            text = member.decompress(data[used:])
+        except zlib.error:
+            break
+        if not member.eof:
+            break
+        out.append(text)
+        used = len(data) - len(member.unused_data)
+    return b"".join(out), used
+
+
+def read_results_bytes(path) -> bytes:
+    """A results table's text (as bytes), compressed or not."""
+    data = Path(path).read_bytes()
+    return _gzip_members(data)[0] if _is_compressed(path) else data
+
+
+def compress_results(directory) -> Path:
+    """Replace a directory's plain results table by its compressed form (one gzip member, no
+    timestamp, so the same rows always give the same bytes); the rows are unchanged."""
+    import gzip
+    plain = Path(directory) / RESULTS_FILE
+    target = plain.with_name(COMPRESSED_RESULTS_FILE)
+    fd, tmp = tempfile.mkstemp(dir=plain.parent, prefix=".results-", suffix=".tmp")
+    with os.fdopen(fd, "wb") as f:
+        f.write(gzip.compress(plain.read_bytes(), compresslevel=9, mtime=0))
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, target)
+    plain.unlink()
+    return target
 MANIFEST_FILE = "manifest.json"
 
 _TYPE_NAMES = {"float": "float", "int": "int", "str": "str", "bool": "bool"}
@@ -161,12 +217,19 @@ def repair_tail(path) -> int:
         size = f.tell()
         if size == 0:
             return 0
-        f.seek(size - 1)
-        if f.read(1) == b"\n":
-            return 0
-        f.seek(0)
-        data = f.read()
-        keep = data.rfind(b"\n") + 1
+        if _is_compressed(path):
+            f.seek(0)
+            data = f.read()
+            keep = _gzip_members(data)[1]  # a member cut mid-append goes
+            if keep == size:
+                return 0
+        else:
+            f.seek(size - 1)
+            if f.read(1) == b"\n":
+                return 0
+            f.seek(0)
+            data = f.read()
+            keep = data.rfind(b"\n") + 1
         cut = data[keep:]
         # The log is opened (and refused if it is a link) before anything is cut, so a cut is
         # never left unlogged.
@@ -190,9 +253,13 @@ def append_row(path, row: dict) -> None:
     upgrade_in_place(path)
     if not path.exists() or path.stat().st_size == 0:
         text = _header_text() + text
+    data = text.encode()
+    if _is_compressed(path):
+        import gzip
+        data = gzip.compress(data, mtime=0)  # one more member: see COMPRESSED_RESULTS_FILE
     fd = _open_no_follow(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
     try:
-        _write_all(fd, text.encode())
+        _write_all(fd, data)
         os.fsync(fd)
     except OSError as exc:  # a full disk, say: named by the file it was writing
         if exc.filename is None:
@@ -219,17 +286,20 @@ def upgrade_in_place(path: Path) -> None:
     if path.is_symlink():
         raise UnsafePath(f"{path}: is a symbolic link; the store writes only files of its own")
     at = [COLUMNS.index(c) for c in COLUMNS if c not in header]
-    with open(path, newline="") as f:
-        rows = list(csv.reader(f))
+    rows = list(csv.reader(io.StringIO(read_results_bytes(path).decode(), newline="")))
     for row in rows[1:]:
         for i in at:
             row.insert(i, "")
     rows[0] = COLUMNS
     buf = io.StringIO()
     csv.writer(buf, lineterminator="\n").writerows(rows)
+    data = buf.getvalue().encode()
+    if _is_compressed(path):
+        import gzip
+        data = gzip.compress(data, compresslevel=9, mtime=0)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".results-", suffix=".tmp")
-    with os.fdopen(fd, "w") as f:
-        f.write(buf.getvalue())
+    with os.fdopen(fd, "wb") as f:
+        f.write(data)
         f.flush()
         os.fsync(f.fileno())
     log_fd = _open_no_follow(path.parent / "repairs.log", os.O_WRONLY | os.O_APPEND | os.O_CREAT)
@@ -253,6 +323,9 @@ def _cell(value):
 
 
 def read_header(path) -> list[str]:
+    if _is_compressed(path):
+        first = read_results_bytes(path).split(b"\n", 1)[0].decode()
+        return next(csv.reader([first]), [])
     with open(path, newline="") as f:
         return next(csv.reader(f), [])
 
@@ -293,7 +366,7 @@ def load_results(path, *, require_manifest: bool = True, strict: bool = False):
         extra = [c for c in header if c not in COLUMNS]
         raise SchemaError(f"{path}: header does not match the wavefront results schema "
                           f"v{SCHEMA_VERSION} (missing {missing}, unexpected {extra})")
-    text = path.read_text(errors="replace")
+    text = read_results_bytes(path).decode(errors="replace")
     if text and not text.endswith("\n"):
         text = text[:text.rfind("\n") + 1]  # a line cut by a crash mid-write
     try:

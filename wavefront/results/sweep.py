@@ -46,7 +46,6 @@ from wavefront.point import MAX_POINT_SEQLEN, PARAMS, GpuShape, Point
 from wavefront.results.measurement import METRIC_SETS, Measurement
 from wavefront.results.progress import Progress
 from wavefront.results.store import (
-    RESULTS_FILE,
     SCHEMA,
     DirectoryLock,
     SchemaError,
@@ -56,6 +55,7 @@ from wavefront.results.store import (
     read_manifest,
     write_manifest,
 )
+from wavefront.results.store import results_path as results_table
 
 try:
     import tomllib
@@ -408,7 +408,7 @@ def run_sweep(spec: SweepSpec, out_dir, *, gpu: str, sms: int, l2_bytes: int, ru
     (`runner.run(tasks, spec, on_result, on_artifact)`). Returns a summary."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    results_path = out_dir / RESULTS_FILE
+    results_path = results_table(out_dir)
     tasks = expand(spec, gpu=gpu, sms=sms, l2_bytes=l2_bytes)
     with DirectoryLock(out_dir):
         if results_path.exists():
