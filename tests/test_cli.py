@@ -306,3 +306,16 @@ def test_simulate_defaults_to_the_partition_model():
     assert default["results"][0]["model"].startswith("2 partitions")
     gb10 = json.loads(CliRunner().invoke(main, args + ["--gpu", "gb10"]).stdout)
     assert gb10["partitions"] == 1 and gb10["capacity_bytes"] == 24 * 2**20
+
+
+def test_compress_packs_a_sweeps_table_and_refuses_a_directory_without_one(tmp_path):
+    d = tmp_path / "knee"
+    d.mkdir()
+    text = read_results_bytes(results_path(ROOT / "data" / "knee"))
+    (d / "results.csv").write_bytes(text)
+    result = CliRunner().invoke(main, ["compress", str(d)])
+    assert result.exit_code == 0, result.output
+    assert not (d / "results.csv").exists()
+    assert read_results_bytes(d / "results.csv.gz") == text
+    again = CliRunner().invoke(main, ["compress", str(d)])
+    assert again.exit_code == 2 and "no results.csv to compress" in again.output

@@ -179,6 +179,8 @@ def test_committed_data_loads_with_the_schema():
     root = Path(__file__).parent.parent / "data"
     files = sorted(root.glob("*/results.csv*"))
     assert files, "data/ holds measured results"
+    # committed tables travel compressed (`wavefront compress DIR`): a plain one is a slip
+    assert not [f for f in files if f.suffix == ".csv"], "commit results as results.csv.gz"
     for f in files:
         df = load_results(f, strict=True)
         assert len(df) > 0
