@@ -7,7 +7,7 @@ import pandas as pd
 
 from wavefront.report import figures
 from wavefront.report.analysis import sawtooth_vs_linear_by_repeat
-from wavefront.report.draft import Section, change_with_range, md_table
+from wavefront.report.draft import Section, changes_with_range, md_table
 from wavefront.report.experiments import run_as_script
 from wavefront.report.figures import short_gpu
 from wavefront.results.store import with_timing
@@ -80,8 +80,7 @@ def section(study) -> Section:
     shown = pd.DataFrame({
         "GPU": shown["GPU"], "configuration": shown["configuration"],
         "DRAM, sawtooth vs linear": shown["DRAM, sawtooth vs linear"].map(lambda x: f"{x:+.0%}"),
-        "TFLOP/s, sawtooth vs linear [range]": list(map(
-            change_with_range, shown["TFLOP/s, sawtooth vs linear"], shown["lo"], shown["hi"]))})
+        "TFLOP/s, sawtooth vs linear [range]": changes_with_range(shown)})
     big = faster[faster["lo"] > 0.02]
     same_bytes = faster["DRAM, sawtooth vs linear"].abs() < 0.05
     fastest = t.loc[t["TFLOP/s, sawtooth vs linear"].idxmax()]

@@ -10,7 +10,7 @@ import pandas as pd
 
 from wavefront.report import figures
 from wavefront.report.analysis import sawtooth_vs_linear_by_repeat, timing
-from wavefront.report.draft import Section, change_with_range, md_table
+from wavefront.report.draft import Section, changes_with_range, md_table
 from wavefront.report.experiments import run_as_script
 from wavefront.report.figures import short_gpu
 
@@ -72,8 +72,7 @@ def section(study) -> Section:
         "DRAM / min, linear": t["linear DRAM / min"].map(lambda x: f"{x:.1f}"),
         "DRAM / min, sawtooth": t["sawtooth DRAM / min"].map(lambda x: f"{x:.1f}"),
         "linear TFLOP/s": t["linear TFLOP/s"].map(lambda x: f"{x:.0f}"),
-        "TFLOP/s, sawtooth vs linear [range]": list(map(
-            change_with_range, t["TFLOP/s, sawtooth vs linear"], t["lo"], t["hi"]))})
+        "TFLOP/s, sawtooth vs linear [range]": changes_with_range(t)})
     s.claim(f"With few CTAs in flight sawtooth's saving is largest: at 8-16 CTAs it reads "
             f"{few_cut.min():.0%}-{few_cut.max():.0%} less DRAM than linear on both GPUs "
             f"({cut.min():.0%}-{cut.max():.0%} over every CTA count), and runs at linear's "

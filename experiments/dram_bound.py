@@ -19,7 +19,7 @@ import seaborn as sns
 from wavefront.model.fits import occupancy_fraction
 from wavefront.model.presets import gpu_preset, preset_for_device
 from wavefront.report.analysis import sawtooth_vs_linear_by_repeat, timing
-from wavefront.report.draft import Section, change_with_range, interval, md_table
+from wavefront.report.draft import Section, changes_with_range, interval, md_table
 from wavefront.report.experiments import run_as_script
 from wavefront.report.figures import short_gpu
 from wavefront.results.store import with_timing
@@ -155,8 +155,7 @@ def section(study) -> Section:
         "linear DRAM TB/s": gain["linear DRAM TB/s"].map(lambda x: f"{x:.2f}"),
         "of bandwidth": gain["of DRAM bandwidth"].map(lambda x: f"{x:.0%}"),
         "DRAM, sawtooth vs linear": gain["DRAM, sawtooth vs linear"].map(lambda x: f"{x:+.1%}"),
-        "TFLOP/s, sawtooth vs linear [range]": list(map(
-            change_with_range, gain["TFLOP/s, sawtooth vs linear"], gain["lo"], gain["hi"])),
+        "TFLOP/s, sawtooth vs linear [range]": changes_with_range(gain),
         "model, in sample": gain["model (in sample)"].map(lambda x: f"{x:+.1%}")})
     rates = {g: f"{f.dram_rate / 1e12:.2f} TB/s {interval(f.intervals['dram_rate'], 1e12)}"
              for g, f in tfits.items()}

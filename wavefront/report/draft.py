@@ -163,6 +163,12 @@ def change_with_range(median: float, lo: float, hi: float) -> str:
     return f"{median:+.1%} [{lo:+.1%}, {hi:+.1%}]"
 
 
+def changes_with_range(table: pd.DataFrame, column: str = "TFLOP/s, sawtooth vs linear",
+                       lo: str = "lo", hi: str = "hi") -> list[str]:
+    """`change_with_range` of every row of a table of paired changes (median in `column`)."""
+    return list(map(change_with_range, table[column], table[lo], table[hi]))
+
+
 def interval(values, scale=1.0, fmt=".2f") -> str:
     lo, hi = values
     return f"[{lo / scale:{fmt}}, {hi / scale:{fmt}}]"

@@ -322,10 +322,13 @@ def _cell(value):
     return value
 
 
+def _header_of(data: bytes) -> list[str]:
+    return next(csv.reader([data.split(b"\n", 1)[0].decode()]), [])
+
+
 def read_header(path) -> list[str]:
     if _is_compressed(path):
-        first = read_results_bytes(path).split(b"\n", 1)[0].decode()
-        return next(csv.reader([first]), [])
+        return _header_of(read_results_bytes(path))
     with open(path, newline="") as f:
         return next(csv.reader(f), [])
 
@@ -356,7 +359,8 @@ def load_results(path, *, require_manifest: bool = True, strict: bool = False):
         raise SchemaError(f"{path}: no such results file")
     require_regular_file(path, "a results file")
     try:
-        header = read_header(path)
+        data = read_results_bytes(path)  # once: a compressed table is decompressed once
+        header = _header_of(data)
     except (OSError, UnicodeDecodeError, csv.Error) as exc:
         raise SchemaError(f"{path}: not a readable CSV: {exc}") from None
     version = 2 if header == V2_COLUMNS else next(
@@ -366,7 +370,7 @@ def load_results(path, *, require_manifest: bool = True, strict: bool = False):
         extra = [c for c in header if c not in COLUMNS]
         raise SchemaError(f"{path}: header does not match the wavefront results schema "
                           f"v{SCHEMA_VERSION} (missing {missing}, unexpected {extra})")
-    text = read_results_bytes(path).decode(errors="replace")
+    text = data.decode(errors="replace")
     if text and not text.endswith("\n"):
         text = text[:text.rfind("\n") + 1]  # a line cut by a crash mid-write
     try:
