@@ -14,6 +14,7 @@ from wavefront.results.store import with_timing
 SPEC = """
 name = "tiled"
 measure = ["timing", "counters"]
+repeats = 3
 timeout_s = 180
 reps = 10
 batch_points = 12

@@ -544,6 +544,47 @@ def microbench(out_dir, as_json):
         click.echo(f"{dev.name}: {summary_line(m)}")
 
 
+@main.command()
+@click.option("--label", required=True, help="Names this launch in the records and figures.")
+@click.option("--batch", type=click.IntRange(1), default=1, show_default=True)
+@click.option("--heads", type=click.IntRange(1), default=1, show_default=True)
+@click.option("--kv-heads", type=click.IntRange(1), default=None, help="Default: --heads.")
+@click.option("--seqlen", type=click.IntRange(1), default=262144, show_default=True)
+@click.option("--head-dim", type=click.Choice([str(d) for d in HEAD_DIMS]), default="128",
+              show_default=True)
+@click.option("--causal/--no-causal", default=False, show_default=True)
+@click.option("--schedule", default="persistent+linear", show_default=True)
+@click.option("--tiles", default="128x64", show_default=True)
+@click.option("--ctas", type=click.IntRange(1), default=None, help="Cap the persistent grid.")
+@click.option("--occupancy", type=click.IntRange(1, 4), default=None,
+              help="CTAs per SM (default: the kernel's own choice).")
+@click.option("--package-dir", type=click.Path(exists=True, file_okay=False), default=None,
+              help="A directory holding another version of the wavefront package (a git "
+                   "archive of an older commit) to launch instead of this one.")
+@click.option("--out", "out_dir", type=click.Path(file_okay=False), required=True,
+              help="Appends the record to <out>/timeline.jsonl (with a manifest).")
+def timeline(label, batch, heads, kv_heads, seqlen, head_dim, causal, schedule, tiles, ctas,
+             occupancy, package_dir, out_dir):
+    """One launch of wavefront.attention under Nsight Compute's PM sampling: DRAM throughput,
+    L2 and warp states over the launch's duration (cold L2), with the launch's totals."""
+    _require_gpu()
+    from wavefront.measure.timeline import TimelineLaunch, sample_launch
+    try:
+        launch = TimelineLaunch(label=label, batch=batch, heads=heads,
+                                kv_heads=kv_heads or heads, seqlen=seqlen,
+                                head_dim=int(head_dim), causal=causal, schedule=schedule,
+                                tiles=tiles, ctas=ctas, occupancy=occupancy)
+    except ValueError as e:
+        raise click.BadParameter(str(e)) from e
+    with tempfile.TemporaryDirectory() as tmp:
+        record = sample_launch(launch, tmp, package_dir, keep_failed_in=out_dir)
+    with JsonlSink(out_dir, "timeline.jsonl") as sink:
+        sink.write(record)
+    lengths = [len(s["values"]) for s in record["series"].values()]
+    click.echo(f"{label}: {len(lengths)} sampled series, up to {max(lengths, default=0)} "
+               f"samples; totals {record['totals']}")
+
+
 @main.command("bench-varlen")
 @click.option("--sequences", type=click.IntRange(1, 4096), default=16, show_default=True,
               help="Sequences in the packed batch (lengths drawn long-tailed).")
