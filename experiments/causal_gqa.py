@@ -14,7 +14,7 @@ return with the data (an experiment with a section and no data stops the paper b
 """
 from wavefront.report.experiments import run_as_script
 
-DATASETS = ()  # nothing read yet: the analysis returns with data/causal_gqa/
+DATASETS = ("causal_gqa",)
 
 SPEC = """
 name = "causal_gqa"
