@@ -558,13 +558,18 @@ def microbench(out_dir, as_json):
 @click.option("--ctas", type=click.IntRange(1), default=None, help="Cap the persistent grid.")
 @click.option("--occupancy", type=click.IntRange(1, 4), default=None,
               help="CTAs per SM (default: the kernel's own choice).")
+@click.option("--inputs", type=click.Choice(["torch", "cupy"]), default="torch",
+              show_default=True,
+              help="How the random inputs are made: torch.randn in bf16, or as the sweeps' "
+                   "workers make them (CuPy float32 N(0, 1) cast to bf16, `out` given).")
+@click.option("--seed", type=click.IntRange(min=0), default=0, show_default=True)
 @click.option("--package-dir", type=click.Path(exists=True, file_okay=False), default=None,
               help="A directory holding another version of the wavefront package (a git "
                    "archive of an older commit) to launch instead of this one.")
 @click.option("--out", "out_dir", type=click.Path(file_okay=False), required=True,
               help="Appends the record to <out>/timeline.jsonl (with a manifest).")
 def timeline(label, batch, heads, kv_heads, seqlen, head_dim, causal, schedule, tiles, ctas,
-             occupancy, package_dir, out_dir):
+             occupancy, inputs, seed, package_dir, out_dir):
     """One launch of wavefront.attention under Nsight Compute's PM sampling: DRAM throughput,
     L2 and warp states over the launch's duration (cold L2), with the launch's totals."""
     _require_gpu()
@@ -573,7 +578,8 @@ def timeline(label, batch, heads, kv_heads, seqlen, head_dim, causal, schedule, 
         launch = TimelineLaunch(label=label, batch=batch, heads=heads,
                                 kv_heads=kv_heads or heads, seqlen=seqlen,
                                 head_dim=int(head_dim), causal=causal, schedule=schedule,
-                                tiles=tiles, ctas=ctas, occupancy=occupancy)
+                                tiles=tiles, ctas=ctas, occupancy=occupancy,
+                                inputs=inputs, seed=seed)
     except ValueError as e:
         raise click.BadParameter(str(e)) from e
     with tempfile.TemporaryDirectory() as tmp:

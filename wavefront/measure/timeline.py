@@ -28,7 +28,9 @@ SECTIONS = ("PmSampling", "PmSampling_WarpStates")
 # Launch totals beside the series: what the series should add up to.
 TOTALS = ("dram__bytes_read.sum", "gpu__time_duration.sum", "lts__t_sector_hit_rate.pct",
           "lts__t_sectors_srcunit_tex_op_read.sum",
-          "lts__t_sectors_srcunit_tex_op_read_lookup_miss.sum")
+          "lts__t_sectors_srcunit_tex_op_read_lookup_miss.sum",
+          "lts__t_sectors_srcunit_tex_op_write.sum", "launch__grid_size",
+          "sm__cycles_elapsed.avg.per_second")
 # Sampled metrics asked for by name where `ncu --query-metrics-collection pmsampling` lists
 # them (the sections' own choice varies with the ncu version): DRAM reads and L2 lookups.
 WISHED_SAMPLED = ("dram__bytes_read.sum", "lts__t_sectors_srcunit_tex_op_read.sum",
@@ -40,12 +42,18 @@ KERNEL_FILTER = "regex:flash_attention_fwd"
 LAUNCH_PROGRAM = r"""
 import json, os, torch, wavefront
 spec = json.loads(os.environ["WF_TIMELINE_LAUNCH"])
-g = torch.Generator(device="cuda").manual_seed(spec.get("seed", 0))
-def rand(heads):
-    return torch.randn(spec["batch"], heads, spec["seqlen"], spec["head_dim"], device="cuda",
-                       dtype=torch.bfloat16, generator=g)
-q, k, v = rand(spec["heads"]), rand(spec["kv_heads"]), rand(spec["kv_heads"])
+shapes = [(spec["batch"], h, spec["seqlen"], spec["head_dim"])
+          for h in (spec["heads"], spec["kv_heads"], spec["kv_heads"])]
 kwargs = dict(causal=spec["causal"], schedule=spec["schedule"], tiles=spec["tiles"])
+if spec.get("inputs", "torch") == "torch":
+    g = torch.Generator(device="cuda").manual_seed(spec.get("seed", 0))
+    q, k, v = (torch.randn(s, device="cuda", dtype=torch.bfloat16, generator=g) for s in shapes)
+else:  # as the sweeps' workers make them: CuPy N(0, 1) in float32, cast to bf16, `out` given
+    import cupy, ml_dtypes
+    rng = cupy.random.default_rng(spec.get("seed", 0))
+    q, k, v = (rng.standard_normal(s, dtype=cupy.float32).astype(ml_dtypes.bfloat16)
+               for s in shapes)
+    kwargs["out"] = cupy.empty_like(q)
 if spec.get("ctas"):
     kwargs["ctas"] = spec["ctas"]
 if spec.get("occupancy"):
@@ -57,7 +65,9 @@ torch.cuda.cudart().cudaProfilerStart()
 out = wavefront.attention(q, k, v, **kwargs)
 torch.cuda.synchronize()
 torch.cuda.cudart().cudaProfilerStop()
-print("@@timeline", json.dumps({"finite": bool(torch.isfinite(out).all().item()),
+finite = (bool(torch.isfinite(out).all().item()) if isinstance(out, torch.Tensor) else
+          bool(torch.isfinite(torch.from_dlpack(out)).all().item()))
+print("@@timeline", json.dumps({"finite": finite,
                                 "package": os.path.dirname(wavefront.__file__)}))
 """
 
@@ -78,6 +88,7 @@ class TimelineLaunch:
     ctas: int | None = None
     occupancy: int | None = None
     seed: int = 0
+    inputs: str = "torch"
 
     def __post_init__(self):
         for name in ("batch", "heads", "kv_heads", "seqlen", "head_dim"):
@@ -87,6 +98,8 @@ class TimelineLaunch:
         if self.heads % self.kv_heads:
             raise ValueError(f"heads ({self.heads}) must be a multiple of kv_heads "
                              f"({self.kv_heads})")
+        if self.inputs not in ("torch", "cupy"):
+            raise ValueError(f"inputs must be 'torch' or 'cupy', got {self.inputs!r}")
         if "+" not in self.schedule:
             raise ValueError(f"schedule must be '<cta>+<kv>', got {self.schedule!r}")
 
