@@ -16,10 +16,10 @@ DRAFT = (
     "tiled",
     "tiled_fit",
     "kernel_drift",
-    "measured_order",
     "throughput_vs_misses",
     "dram_bound",
     "ctas_in_flight",
+    "causal_gqa",
     "predictions",
     "scaling",
 )

@@ -116,8 +116,8 @@ def section(study) -> Section:
             listed=False)
     s.claim("durations under ncu vary little", dur.max() < 0.05, f"max {dur.max():.3f}",
             listed=False)
-    s.claim("non-causal persistent launches agree", noncausal.max() < 0.05,
-            f"max {noncausal.max():.3f}", listed=False)
+    s.claim("non-causal persistent launches vary too", noncausal.max() > 0.10,
+            f"spreads {noncausal.to_dict()}", listed=False)
     s.claim("longest-first cuts causal DRAM reads", balanced.max() < 0.5,
             f"ratios {balanced.to_dict()}", listed=False)
     text = paragraphs(
@@ -133,13 +133,15 @@ def section(study) -> Section:
         "repeats, far less than the DRAM reads.\n"
         "- *The fabric arithmetic*: the DRAM bytes are read directly; no difference of counters "
         "is involved.\n"
-        f"- *CTA timing*: non-causal persistent launches, whose work items are all equally long, "
-        f"agree within {noncausal.max():.1%}; causal work items differ in length, the CTAs drift "
-        "apart, and how much of the K/V stream is still in L2 when a CTA reaches it depends on "
-        "the interleaving of that launch. Handing the items out longest first, so that every "
-        f"round's items are about equally long, reads {balanced.min():.2f}-{balanced.max():.2f}x "
-        "the DRAM bytes of the persistent order.\n\n"
-        "The cause is CTA timing under unequal work: the counters are right, the launches differ."
+        f"- *CTA timing*: even non-causal persistent launches, whose work items are all equally "
+        f"long, spread by {noncausal.min():.0%}-{noncausal.max():.0%} (the first kernel's agreed "
+        "within 2.3%, measured in its own profile harness, which kept its CTAs together: see the "
+        "S=256k section): the CTAs drift apart inside their work items, and how much of the K/V "
+        "stream is still in L2 when a CTA reaches it depends on the interleaving of that launch."
+        " Causal work items also differ in length. Handing them out longest first, so that "
+        f"every round's items are about equally long, reads {balanced.min():.2f}-"
+        f"{balanced.max():.2f}x the DRAM bytes of the persistent order.\n\n"
+        "The cause is CTA timing: the counters are right, the launches differ."
         " The paper therefore reports medians over repeats, with their range, and flags points "
         "whose repeats disagree by more than 10%.")
     s.text = f"""## Why counters vary between runs

@@ -572,7 +572,7 @@ def timeline(label, batch, heads, kv_heads, seqlen, head_dim, causal, schedule, 
              occupancy, inputs, seed, package_dir, out_dir):
     """One launch of wavefront.attention under Nsight Compute's PM sampling: DRAM throughput,
     L2 and warp states over the launch's duration (cold L2), with the launch's totals."""
-    _require_gpu()
+    dev = _require_gpu()
     from wavefront.measure.timeline import TimelineLaunch, sample_launch
     try:
         launch = TimelineLaunch(label=label, batch=batch, heads=heads,
@@ -582,10 +582,11 @@ def timeline(label, batch, heads, kv_heads, seqlen, head_dim, causal, schedule, 
                                 inputs=inputs, seed=seed)
     except ValueError as e:
         raise click.BadParameter(str(e)) from e
+    from wavefront.results.records import TIMELINE_RECORDS
     with tempfile.TemporaryDirectory() as tmp:
         record = sample_launch(launch, tmp, package_dir, keep_failed_in=out_dir)
     with JsonlSink(out_dir, "timeline.jsonl") as sink:
-        sink.write(record)
+        sink.write(TIMELINE_RECORDS.stamp({"gpu": dev.name, **record}))
     lengths = [len(s["values"]) for s in record["series"].values()]
     click.echo(f"{label}: {len(lengths)} sampled series, up to {max(lengths, default=0)} "
                f"samples; totals {record['totals']}")

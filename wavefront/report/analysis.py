@@ -20,7 +20,6 @@ from wavefront.model.fits import (
     above_knee,
     l2_predictions_by_model,
     validation_errors,
-    order_predictions,
     MissCurves,
     ThroughputFit,
     error_table,
@@ -40,8 +39,8 @@ from wavefront.results.store import (SchemaError, load_results, read_manifest,
                                      read_results_bytes, results_path, with_timing)
 
 # Experiments with counters and timing for the same points: the throughput model's data. Only
-# data measured with today's (table-driven) kernel: tiled and measured_order_plain predate it
-# and stay out of every current fit and score (a test checks the manifests).
+# data measured with today's (table-driven) kernel: the first kernel's data sets
+# stay out of every current fit and score (a test checks the manifests).
 TIMED_EXPERIMENTS = ("schedules_vs_seqlen", "knee", "ablation", "tile_size", "dram_bound",
                      "headline")
 
@@ -331,10 +330,6 @@ class Study:
         return h.assign(**{"model: sawtooth vs linear": predicted})
 
     @cached_property
-    def measured_order_rows(self) -> pd.DataFrame:
-        return measured_order_rows(self)
-
-    @cached_property
     def capacity_validation(self) -> pd.DataFrame:
         return capacity_validation(self)
 
@@ -366,18 +361,6 @@ class Study:
                          "flag": SPREAD_FLAG_TEXT if s > SPREAD_FLAG else "",
                          "throttled": bool(reps["throttled"].fillna(False).any())})
         return pd.DataFrame(rows)
-
-
-# RECORD_ORDER changed code generation in these specialisations (causal, one CTA per SM; the
-# flag costs more than half the throughput there), so their tickets are not the plain kernel's
-# order. Measured; experiments/measured_order.py prints the slowdown.
-ORDER_PERTURBED = "flag changed code generation"
-
-
-def order_configuration(r) -> str:
-    return (f"{r['cta_schedule']}+{r['kv_schedule']} {r['resident_ctas']} CTAs "
-            f"B{r['batch']} H{r['heads']} S{r['seqlen'] // 1024}k"
-            + (" causal" if r["causal"] else ""))
 
 
 # Simulating every measured point takes minutes on two cores. Such tables are kept in
@@ -419,31 +402,6 @@ def cached_table(study, name: str, inputs, compute) -> pd.DataFrame:
     cache.parent.mkdir(parents=True, exist_ok=True)
     table.assign(inputs_key=key).to_csv(cache, index=False)
     return table
-
-
-def measured_order_rows(study) -> pd.DataFrame:
-    """Per measured launch of `measured_order`: its DRAM reads beside every prediction."""
-    directory = study.data_dir / "measured_order"
-    inputs = [results_path(directory), *sorted((directory / "orders").glob("*.npz"))]
-    return cached_table(study, "measured_order", inputs, lambda: _measured_order_rows(study))
-
-
-def _measured_order_rows(study) -> pd.DataFrame:
-    from wavefront.results.orders import ORDERS_DIR, load_order
-    c = study.counters("measured_order")
-    rows = []
-    for point, reps in c.groupby("point", sort=False):
-        first = reps.iloc[0]
-        gpu = preset_for_device(first["gpu"])
-        orders = {int(r): load_order(study.data_dir / "measured_order" / ORDERS_DIR, point,
-                                     int(r)) for r in reps["repeat"]}
-        orders = {r: o for r, o in orders.items() if o is not None}
-        measured = dict(zip(reps["repeat"].astype(int), reps["dram_read_bytes"]))
-        for pred in order_predictions(launch_of_row(first), gpu, orders):
-            rows.append({"gpu": first["gpu"], "point": point,
-                         "configuration": order_configuration(first),
-                         "measured": float(measured[pred["repeat"]]), **pred})
-    return pd.DataFrame(rows)
 
 
 # ---------------------------------------------------------------------------------------------

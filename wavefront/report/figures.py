@@ -290,16 +290,17 @@ def tiled_vs_scans(joined: pd.DataFrame):
     for col, gpu in enumerate(sorted(d["GPU"].unique())):
         sub = d[d["GPU"] == gpu]
         sns.barplot(data=sub, x="config", y="x min", hue="kv_schedule", ax=axes[0, col],
-                    errorbar=None)
+                    estimator="median", errorbar=("pi", 100))
         axes[0, col].set(yscale="log", ylabel="DRAM reads / minimum (log)", xlabel="",
                          title=f"{gpu}: DRAM reads / (Q, K, V once + partial states)")
         sns.barplot(data=sub, x="config", y="tflops", hue="kv_schedule", ax=axes[1, col],
-                    errorbar=None, legend=False)
+                    estimator="median", errorbar=("pi", 100), legend=False)
         axes[1, col].set(ylabel="TFLOP/s", xlabel="configuration (B=1 H=1 bf16, persistent)")
         for ax in axes[:, col]:
             plt.setp(ax.get_xticklabels(), rotation=40, ha="right", rotation_mode="anchor")
+    repeats = int(d.groupby("point")["repeat"].nunique().min()) if "repeat" in d else 1
     fig.suptitle("Tiled K/V vs linear and sawtooth at long lengths (64x64 tiles at D=64, "
-                 "128x64 at D=128)")
+                 f"128x64 at D=128); bars median, whiskers range over {repeats} repeats")
     fig.tight_layout()
     return fig
 
@@ -362,26 +363,6 @@ def scaling(p: pd.DataFrame, wall_one: float, wall_two: float):
     fig.tight_layout()
     return fig
 
-
-def measured_order(table: pd.DataFrame):
-    """Predicted / measured DRAM reads per configuration (rows) and predictor (columns), as a
-    heat map on a log2 scale; configurations whose order the flag perturbed are marked."""
-    errs = [c for c in table.columns if c.endswith(" err")]
-    labels = table["configuration"] + np.where(table["note"] != "", " (flag perturbs)", "")
-    ratio = pd.DataFrame({c[:-4].replace(" ", "\n"): 1 + table[c].to_numpy() for c in errs})
-    ratio.index = labels
-    with style():
-        fig, ax = plt.subplots(figsize=(12, 0.45 * len(ratio) + 2.6))
-        sns.heatmap(np.log2(ratio), annot=ratio.map(lambda v: f"{v:.2g}x"), fmt="",
-                    cmap="RdBu_r", center=0, vmin=-3, vmax=3, ax=ax,
-                    cbar_kws={"label": "log2(predicted / measured DRAM reads)"})
-        ax.set_xlabel("order the simulator replays, L2 capacity model")
-        ax.set_ylabel("")
-        gpus = ", ".join(sorted(set(table["GPU"])))
-        ax.set_title(f"{gpus}: predicted / measured DRAM reads of the same launch\n(medians of "
-                     "3 repeats, bf16, D=128, 128x64 tiles)")
-        fig.tight_layout()
-    return fig
 
 
 def schedule_cost(d: pd.DataFrame):

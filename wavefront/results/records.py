@@ -120,9 +120,15 @@ PRINTOUT_RECORDS = RecordKind("bench_printout", 1, ("contender", "seqlen", "head
 # `experiments/starved_launch.py`: the stream's bandwidth alone, and the attention's rounds
 # beside a stream on the spare SMs.
 STARVED_RECORDS = RecordKind("starved", 1, ("kind", "gpu"))
+# `wavefront timeline`: one launch's PM-sampling series and totals
+TIMELINE_RECORDS = RecordKind("timeline", 1, ("launch", "gpu", "series", "totals"))
+# one `profile` row of a launch as another harness measured it (kernel_drift's harness check)
+HARNESS_RECORDS = RecordKind("harness", 1, ("kernel", "gpu", "dram_read_bytes",
+                                            "l2_tex_write_sectors", "ncu_duration_ns"))
 
 KINDS = {k.name: k for k in (BENCH_RECORDS, TUNE_RECORDS, LEVER_RECORDS, BENCH_ONCE_RECORDS,
-                              PRINTOUT_RECORDS, STARVED_RECORDS)}
+                              PRINTOUT_RECORDS, STARVED_RECORDS, TIMELINE_RECORDS,
+                              HARNESS_RECORDS)}
 
 
 def shape_name(shape: dict) -> str:
