@@ -110,7 +110,7 @@ Out of sample, above the knee only (measured DRAM reads > 1.5x compulsory: below
 model is right). "fitted LRU" is fitted on the knee sweep up to S=64k of the same GPU; "other
 GPU's fraction" applies the other GPU's fitted fraction of its L2; "half L2" and "partitions"
 have no fitted parameter. Held out: the knee sweep past the fitted lengths, and every other
-data set (per set in `paper/summary/capacity_validation.csv`). Signed errors (predicted /
+data set (per set in `paper/summary/capacity_validation.csv.gz`). Signed errors (predicted /
 measured - 1) as 10th, 50th and 90th percentiles:
 
 {validation}

@@ -318,4 +318,21 @@ def test_compress_packs_a_sweeps_table_and_refuses_a_directory_without_one(tmp_p
     assert not (d / "results.csv").exists()
     assert read_results_bytes(d / "results.csv.gz") == text
     again = CliRunner().invoke(main, ["compress", str(d)])
-    assert again.exit_code == 2 and "no results.csv to compress" in again.output
+    assert again.exit_code == 2 and "no results.csv and no *.jsonl" in again.output
+
+
+def test_compress_packs_record_files_the_report_still_reads(tmp_path):
+    """A record data set packed by `compress` reads back the same records through the
+    report's Study (which matches `*.jsonl` patterns to their .gz form)."""
+    from wavefront.report.analysis import Study
+    from wavefront.results.records import STARVED_RECORDS
+    d = tmp_path / "starved_launch" / "sub"
+    d.mkdir(parents=True)
+    rows = [STARVED_RECORDS.stamp({"kind": "round", "gpu": "G", "value": i}) for i in range(3)]
+    (d / "rounds.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    before = Study(tmp_path).records(STARVED_RECORDS, "starved_launch", "sub/rounds.jsonl")
+    result = CliRunner().invoke(main, ["compress", str(tmp_path / "starved_launch")])
+    assert result.exit_code == 0, result.output
+    assert not (d / "rounds.jsonl").exists() and (d / "rounds.jsonl.gz").exists()
+    after = Study(tmp_path).records(STARVED_RECORDS, "starved_launch", "sub/rounds.jsonl")
+    assert after == before and len(after["sub/rounds"]) == 3

@@ -1229,16 +1229,29 @@ def fit(results_path, out_dir, as_json):
 @click.argument("directories", nargs=-1, required=True,
                 type=click.Path(exists=True, file_okay=False))
 def compress(directories):
-    """Pack each results directory's plain results.csv as results.csv.gz, the form committed
-    data takes (about 8x smaller); the store reads and appends to either. The rows are checked
-    to load the same before the plain file goes."""
+    """Pack each data directory's plain results.csv as results.csv.gz and its record files
+    (*.jsonl, in subdirectories too) as *.jsonl.gz, the form committed data takes (about 8x
+    smaller); the store and the report read either. Each packed file is checked to hold what
+    it was made from before the plain file goes."""
+    import gzip
+
     from wavefront.results.store import (
-        RESULTS_FILE, SchemaError, compress_results, load_results, read_results_bytes)
+        RESULTS_FILE, SchemaError, compress_results, gzip_file, load_results,
+        read_results_bytes)
     for directory in directories:
         plain = Path(directory) / RESULTS_FILE
+        records = sorted(Path(directory).rglob("*.jsonl"))
+        if not plain.is_file() and not records:
+            raise click.BadParameter(f"{directory}: no {RESULTS_FILE} and no *.jsonl record "
+                                     "file to compress", param_hint="DIRECTORIES")
+        for record in records:
+            text = record.read_bytes()
+            packed = gzip_file(record)
+            if gzip.decompress(packed.read_bytes()) != text:
+                raise click.ClickException(f"{packed}: does not hold the lines it was made from")
+            click.echo(f"{packed}: {len(text)} -> {packed.stat().st_size} bytes")
         if not plain.is_file():
-            raise click.BadParameter(f"{directory}: no {RESULTS_FILE} to compress",
-                                     param_hint="DIRECTORIES")
+            continue
         try:
             rows = len(load_results(plain, require_manifest=False))
         except SchemaError as exc:

@@ -36,7 +36,8 @@ from wavefront.report.figures import short_gpu
 from wavefront.results.measurement import SPREAD_FLAG, SPREAD_FLAG_TEXT, spread
 from wavefront.results.records import RecordKind
 from wavefront.results.store import (SchemaError, load_results, read_manifest,
-                                     read_results_bytes, results_path, with_timing)
+                                     read_results_bytes, results_path, with_timing,
+                                     write_csv_gz)
 
 # Experiments with counters and timing for the same points: the throughput model's data. Only
 # data measured with today's (table-driven) kernel: the first kernel's data sets
@@ -269,9 +270,10 @@ class Study:
     def records(self, kind: RecordKind, dataset: str, pattern: str = "*.jsonl") -> dict:
         """Every `kind` record file of data/<dataset>/ matching `pattern`, read and upgraded,
         by its path there without the suffix (`run1`, `h100_run1/tune`), in name order; a
-        data set with none fails with its name."""
+        data set with none fails with its name. A gzip-compressed file (`run1.jsonl.gz`)
+        matches its plain name's pattern."""
         directory = self.data_dir / dataset
-        paths = sorted(directory.glob(pattern))
+        paths = sorted(set(directory.glob(pattern)) | set(directory.glob(pattern + ".gz")))
         if not paths:
             raise SchemaError(f"{directory}: no {kind.name} records ({pattern})")
         return {str(p.relative_to(directory)).split(".")[0]: kind.read(p) for p in paths}
@@ -391,16 +393,17 @@ def _inputs_key(paths) -> str:
 
 
 def cached_table(study, name: str, inputs, compute) -> pd.DataFrame:
-    """`compute()` once per distinct `inputs` (files), kept in data/model_cache/<name>.csv."""
+    """`compute()` once per distinct `inputs` (files), kept in data/model_cache/<name>.csv.gz
+    (compressed: the cache travels with every GPU call)."""
     key = _inputs_key(inputs)
-    cache = study.data_dir / MODEL_CACHE / f"{name}.csv"
+    cache = study.data_dir / MODEL_CACHE / f"{name}.csv.gz"
     if cache.exists():
         cached = pd.read_csv(cache)
         if len(cached) and (cached["inputs_key"] == key).all():
             return cached.drop(columns="inputs_key")
     table = compute()
     cache.parent.mkdir(parents=True, exist_ok=True)
-    table.assign(inputs_key=key).to_csv(cache, index=False)
+    write_csv_gz(table.assign(inputs_key=key), cache)
     return table
 
 

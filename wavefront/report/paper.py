@@ -16,6 +16,7 @@ from wavefront.report import draft
 from wavefront.report.analysis import Study
 from wavefront.report.experiments import discover, draw
 from wavefront.results.progress import peak_rss_mib
+from wavefront.results.store import write_csv_gz
 
 
 def build(data_dir, paper_dir, experiments_dir, log=print) -> dict:
@@ -63,16 +64,18 @@ def _build_into(data_dir, paper_dir: Path, experiments_dir, log) -> dict:
     # Per-point medians, ranges and flags of every repeated data set: what the figures
     # summarise (single-shot data sets have nothing to summarise).
     (paper_dir / "summary").mkdir(parents=True, exist_ok=True)
+    # Compressed (without timestamps: the same rows give the same bytes) to keep the
+    # repository small enough to travel with every GPU call.
     for dataset in sorted({d for e in experiments.values() for d in e.datasets}):
         summary = study.summary(dataset)
-        target = paper_dir / "summary" / f"{dataset}.csv"
+        target = paper_dir / "summary" / f"{dataset}.csv.gz"
         if (summary["repeats"] > 1).any():
-            summary.to_csv(target, index=False, float_format="%.6g")
+            write_csv_gz(summary, target, float_format="%.6g")
         elif target.exists():
             target.unlink()
     tfits, _ = study.throughput
-    study.capacity_validation.to_csv(paper_dir / "summary" / "capacity_validation.csv",
-                                            index=False, float_format="%.6g")
+    write_csv_gz(study.capacity_validation, paper_dir / "summary" / "capacity_validation.csv.gz",
+                 float_format="%.6g")
     study.predictions.to_csv(paper_dir / "predictions.csv", index=False, float_format="%.6g")
     drop = ("points", "predicted_ms", "measured_ms")
     summary = {

@@ -85,13 +85,14 @@ def read_results_bytes(path) -> bytes:
     return _gzip_members(data)[0] if _is_compressed(path) else data
 
 
-def compress_results(directory) -> Path:
-    """Replace a directory's plain results table by its compressed form (one gzip member, no
-    timestamp, so the same rows always give the same bytes); the rows are unchanged."""
+def gzip_file(plain, target=None) -> Path:
+    """`plain` packed as `target` (default: plain + .gz) in one gzip member without a
+    timestamp, so the same bytes always pack alike; written to a temporary file first, then
+    the plain file removed."""
     import gzip
-    plain = Path(directory) / RESULTS_FILE
-    target = plain.with_name(COMPRESSED_RESULTS_FILE)
-    fd, tmp = tempfile.mkstemp(dir=plain.parent, prefix=".results-", suffix=".tmp")
+    plain = Path(plain)
+    target = Path(target) if target else plain.with_name(plain.name + ".gz")
+    fd, tmp = tempfile.mkstemp(dir=plain.parent, prefix=".pack-", suffix=".tmp")
     with os.fdopen(fd, "wb") as f:
         f.write(gzip.compress(plain.read_bytes(), compresslevel=9, mtime=0))
         f.flush()
@@ -99,6 +100,22 @@ def compress_results(directory) -> Path:
     os.replace(tmp, target)
     plain.unlink()
     return target
+
+
+def write_csv_gz(frame, path, **to_csv) -> Path:
+    """A DataFrame as a gzip-compressed CSV whose bytes depend only on its rows."""
+    import gzip
+    path = Path(path)
+    text = frame.to_csv(index=False, **to_csv).encode()
+    path.write_bytes(gzip.compress(text, compresslevel=9, mtime=0))
+    return path
+
+
+def compress_results(directory) -> Path:
+    """Replace a directory's plain results table by its compressed form (one gzip member, no
+    timestamp, so the same rows always give the same bytes); the rows are unchanged."""
+    plain = Path(directory) / RESULTS_FILE
+    return gzip_file(plain, plain.with_name(COMPRESSED_RESULTS_FILE))
 MANIFEST_FILE = "manifest.json"
 
 _TYPE_NAMES = {"float": "float", "int": "int", "str": "str", "bool": "bool"}
