@@ -20,6 +20,7 @@ DRAFT = (
     "dram_bound",
     "ctas_in_flight",
     "causal_gqa",
+    "regimes",
     "predictions",
     "scaling",
 )

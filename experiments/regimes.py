@@ -1,0 +1,134 @@
+"""Where, if anywhere, does sawtooth's L2 saving become speed on Hopper? The five regimes side by side.
+
+No measurement of its own: it reads the regimes' experiments (a: paper_launch, b:
+starved_launch, c: dram_bound, d: causal_gqa, e: ctas_in_flight), puts sawtooth's TFLOP/s
+against linear's for every configuration of each (paired by round or repeat, with the range
+over them), and counts the configurations whose whole range lies above no change.
+
+    python experiments/regimes.py plot --out DIR # anywhere: the figure, from data/
+"""
+import matplotlib.pyplot as plt
+import pandas as pd
+import seaborn as sns
+
+from wavefront.report.analysis import sawtooth_vs_linear_by_repeat
+from wavefront.report.draft import Section, md_table
+from wavefront.report.experiments import run_as_script
+from wavefront.report.figures import short_gpu
+
+DATASETS = ("paper_launch", "dram_bound", "causal_gqa", "ctas_in_flight")
+RECORDS = ("paper_launch", "starved_launch")
+REGIMES = {"a": "the paper's launch (48 CTAs)", "b": "beside a DRAM stream",
+           "c": "DRAM-bound head counts", "d": "causal GQA, CTA orders",
+           "e": "few CTAs in flight"}
+
+
+def _regime_modules():
+    """The regimes' experiment modules, from the package this one was loaded with (imported
+    when asked: `python experiments/regimes.py` first hands over to the CLI)."""
+    import importlib
+    package = __package__ or "experiments"
+    return [importlib.import_module(f"{package}.{name}")
+            for name in ("causal_gqa", "ctas_in_flight", "paper_launch", "starved_launch")]
+
+
+def configurations(study) -> pd.DataFrame:
+    """One row per regime, GPU and configuration: sawtooth's TFLOP/s over linear's (median,
+    lowest and highest of the paired ratios), and the pairing."""
+    causal_gqa, ctas_in_flight, paper_launch, starved_launch = _regime_modules()
+    frames = []
+    t = paper_launch.table(study)
+    frames.append(pd.DataFrame({
+        "regime": "a", "GPU": t["GPU"], "configuration": t["causal"].map(
+            lambda c: "causal" if c else "non-causal"),
+        "ratio": t["sawtooth vs linear"], "lo": t["lo"], "hi": t["hi"],
+        "paired by": t["rounds"].map(lambda n: f"{n} bench rounds")}))
+    t = starved_launch.table(study)
+    frames.append(pd.DataFrame({
+        "regime": "b", "GPU": t["GPU"],
+        "configuration": [f"{'causal' if c else 'non-causal'}, {n} stream CTAs"
+                          for c, n in zip(t["causal"], t["stream CTAs"])],
+        "ratio": t["sawtooth vs linear"], "lo": t["lo"], "hi": t["hi"],
+        "paired by": t["rounds"].map(lambda n: f"{n} rounds")}))
+    d = sawtooth_vs_linear_by_repeat(study.load("dram_bound"), ["gpu", "heads", "cta_schedule"])
+    d = d.reset_index()
+    frames.append(pd.DataFrame({
+        "regime": "c", "GPU": d["gpu"].map(short_gpu),
+        "configuration": [f"H{h}, {c}" for h, c in zip(d["heads"], d["cta_schedule"])],
+        "ratio": d["median"], "lo": d["min"], "hi": d["max"],
+        "paired by": d["count"].map(lambda n: f"{n} repeats")}))
+    for regime, module, name in (("d", causal_gqa, "CTA order"), ("e", ctas_in_flight, "CTAs")):
+        t = module.table(study)
+        frames.append(pd.DataFrame({
+            "regime": regime, "GPU": t["GPU"],
+            "configuration": t[name].astype(str) + ("" if name != "CTAs" else " CTAs"),
+            "ratio": 1 + t["TFLOP/s, sawtooth vs linear"], "lo": 1 + t["lo"],
+            "hi": 1 + t["hi"], "paired by": t["repeats"].map(lambda n: f"{n} repeats")}))
+    out = pd.concat(frames, ignore_index=True)
+    out["regime name"] = out["regime"].map(lambda r: f"{r}: {REGIMES[r]}")
+    return out
+
+
+def table(study) -> pd.DataFrame:
+    c = configurations(study)
+    rows = []
+    for (regime, gpu), sub in c.groupby(["regime name", "GPU"], sort=True):
+        best = sub.loc[sub["ratio"].idxmax()]
+        faster = sub[sub["lo"] > 1]
+        rows.append({"regime": regime, "GPU": gpu, "configurations": len(sub),
+                     "best: sawtooth / linear TFLOP/s [range]":
+                         f"{best['ratio']:.3f} [{best['lo']:.3f}, {best['hi']:.3f}]",
+                     "best configuration": best["configuration"],
+                     "every pairing faster": len(faster),
+                     "every pairing slower": int((sub["hi"] < 1).sum()),
+                     "paired by": best["paired by"]})
+    return pd.DataFrame(rows)
+
+
+def figure(study):
+    c = configurations(study)
+    c["sawtooth / linear TFLOP/s"] = c["ratio"]
+    fig, ax = plt.subplots(figsize=(9, 4.2))
+    sns.stripplot(data=c, y="regime name", x="sawtooth / linear TFLOP/s", hue="GPU",
+                  dodge=True, jitter=False, size=5, alpha=0.8, ax=ax)
+    ax.axvline(1.0, color="grey", lw=0.8, ls="--")
+    ax.set(ylabel="regime", xlabel="sawtooth / linear TFLOP/s per configuration (median of "
+                                   "paired ratios)")
+    fig.suptitle("Sawtooth against linear in the five regimes, today's kernel, H100 and H200: "
+                 "one dot per configuration", fontsize=10)
+    fig.tight_layout()
+    return fig
+
+
+def section(study) -> Section:
+    s = Section()
+    t = table(study)
+    c = configurations(study)
+    faster = c[c["lo"] > 1]
+    best = c.loc[c["ratio"].idxmax()]
+    s.claim(f"Over {len(c)} configurations of the five regimes on the two GPUs, sawtooth beats "
+            f"linear in every pairing in {len(faster)}"
+            + (f" ({', '.join(faster['regime'] + ' ' + faster['GPU'] + ' ' + faster['configuration'])},"
+               f" by {(faster['ratio'] - 1).min():+.1%} to {(faster['ratio'] - 1).max():+.1%})"
+               if len(faster) else "")
+            + f" and loses in every pairing in {int((c['hi'] < 1).sum())}; its best median "
+            f"change is {best['ratio'] - 1:+.1%} ({best['regime']}, {best['GPU']}, "
+            f"{best['configuration']}).",
+            len(c) > 20 and c["regime"].nunique() == 5, c.to_dict("records"))
+    s.text = f"""## The five regimes side by side: where sawtooth's saving becomes speed
+
+Per regime and GPU, sawtooth's TFLOP/s over linear's in the configuration where it does best
+(the median of the paired ratios and, in brackets, their range), and how many configurations
+have every pairing faster or every pairing slower (`experiments/regimes.py`, from the five
+regimes' own data):
+
+{md_table(t)}
+
+{s.claims[0].text}
+
+![regimes](figures/regimes.png)"""
+    return s
+
+
+if __name__ == "__main__":  # the same as `wavefront experiment ACTION NAME`
+    run_as_script(__file__)
