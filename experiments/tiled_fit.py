@@ -23,7 +23,7 @@ RECORDS = ("tiled_fit",)  # its bench rounds
 SPEC = """
 name = "tiled_fit"
 measure = ["counters"]
-repeats = 2
+repeats = 3
 timeout_s = 300
 batch_points = 8
 
