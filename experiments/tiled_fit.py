@@ -104,13 +104,14 @@ def section(study) -> Section:
                           for s in (131072, 262144))
     first = timing[(timing["run"] == "bench") & (timing["schedule"] == "persistent+tiled_fit")]
     slower = bool(len(first)) and float(first["vs linear"].iloc[0]) < 1.0
+    repeats = int(study.counters("tiled_fit").groupby(["gpu", "point"])["repeat"].nunique().min())
     text = wrap(
         "`tiled_fit` sizes the chunk for Hopper's partitions: read by SMs of both partitions, "
         "a chunk keeps a copy in each, and each round of the CTAs in flight streams its Q "
         "tiles and fp32 partial states through once, so the chunk is (0.8 x L2 - stream) / 2. "
         "`tiled` took 40% of the L2 and, at D=128, ignored a stream larger than the chunk "
-        "(264 CTAs x 128 rows x 776 B = 26 MB). H100, B=1 H=1 D=128, 128x64 tiles, ncu, cold "
-        "L2, medians of 2 repeats (`experiments/tiled_fit.py`). 'x minimum' counts the partial "
+        "(264 CTAs x 128 rows x 776 B = 26 MB). H100 and H200, B=1 H=1 D=128, 128x64 tiles, "
+        f"ncu, cold L2, medians of {repeats} repeats (`experiments/tiled_fit.py`). 'x minimum' counts the partial "
         "states once in the minimum, as the tiled rows above do; 'x Q+K+V' does not:")
     worst_fit = float(fit["x minimum"].max())
     s.claim(f"tiled_fit reads {float(fit['x minimum'].min()):.2f}-{worst_fit:.2f}x its minimum "
