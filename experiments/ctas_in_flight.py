@@ -17,7 +17,7 @@ from wavefront.report.figures import short_gpu
 SPEC = """
 name = "ctas_in_flight"
 measure = ["timing", "counters"]
-repeats = 3
+repeats = 6
 reps = 10
 timeout_s = 240
 batch_points = 12

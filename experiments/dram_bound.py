@@ -27,7 +27,7 @@ from wavefront.results.store import with_timing
 SPEC = """
 name = "dram_bound"
 measure = ["timing", "counters"]
-repeats = 3
+repeats = 6
 timeout_s = 240
 reps = 10
 batch_points = 24
