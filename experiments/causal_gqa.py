@@ -6,7 +6,7 @@ order, or of sawtooth's scan) become speed?
 B=1, 32 query heads over 8 K/V heads, S=32k, D=128, causal (K/V of all heads: 134 MB, 2.7x
 the H100's L2). Persistent grid-stride runs one head's Q tiles at a time; longest_first runs
 every head's longest tiles together (heads fastest); grouped_dynamic runs L2-sized groups of
-heads, longest first inside a group. Each with linear and sawtooth scans, 3 repeats, counters
+heads, longest first inside a group. Each with linear and sawtooth scans, 6 repeats, counters
 and timing; sawtooth against linear paired by repeat.
 
     python experiments/causal_gqa.py run            # on a GPU: measure into data/causal_gqa/
@@ -83,8 +83,9 @@ def figure(study):
                     estimator="median", errorbar=("pi", 100), palette="deep")
         ax.set(xlabel="CTA order", ylabel=label)
     gpus = " and ".join(sorted(c["GPU"].unique()))
+    reps = int(t.groupby(["gpu", "point"])["repeat"].nunique().min())
     fig.suptitle(f"Causal GQA, B=1 H=32 KV=8 S=32k D=128, 128x64 tiles, {gpus}, today's "
-                 "kernel: bars median, whiskers range over 3 repeats")
+                 f"kernel: bars median, whiskers range over {reps} repeats")
     fig.tight_layout()
     return fig
 
@@ -127,7 +128,7 @@ def section(study) -> Section:
     s.text = f"""### Causal GQA at long S: the CTA order decides the heads in flight
 
 B=1, 32 query heads over 8 K/V heads, S=32k, D=128, causal, 128x64 tiles: the K/V of every head
-is 2.7x the H100's L2 (`experiments/causal_gqa.py`; today's kernel, 3 repeats, counters and
+is 2.7x the H100's L2 (`experiments/causal_gqa.py`; today's kernel, {int(t["repeats"].min())} repeats, counters and
 timing; sawtooth against linear paired by repeat, in brackets the range over repeats).
 Persistent grid-stride works through one head's Q tiles at a time, longest_first puts every
 head's longest tiles in flight together, grouped_dynamic runs L2-sized groups of heads:

@@ -1,6 +1,6 @@
 """Hit rate vs CTAs in flight: a persistent grid from a few CTAs to every slot.
 
-Today's kernel, 3 repeats, counters and timing (the first kernel's single sweep is kept in
+Today's kernel, 6 repeats, counters and timing (the first kernel's single sweep is kept in
 data/ctas_in_flight_first/).
 
     python experiments/ctas_in_flight.py run            # on a GPU: measure what the figure needs
@@ -80,10 +80,11 @@ def section(study) -> Section:
             "A launch of a few CTAs is bound by the SMs it uses, not by DRAM: the bytes it "
             "saves were never what it waited for.",
             bool((few_cut > 0.5).all() and (speed.abs() <= 0.02).all()), t.to_dict())
+    reps = int(t["repeats"].min())
     s.text = f"""### Few CTAs in flight (today's kernel)
 
 A persistent grid of 8 to 264 CTAs at B=1 H=1 S=128k D=64, 128x64 tiles
-(`experiments/ctas_in_flight.py`; today's kernel, H100 and H200, 3 repeats, counters and
+(`experiments/ctas_in_flight.py`; today's kernel, H100 and H200, {reps} repeats, counters and
 timing; the first kernel's single sweep is kept in `data/ctas_in_flight_first/`):
 
 {md_table(shown)}

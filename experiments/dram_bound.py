@@ -195,10 +195,11 @@ def section(study) -> Section:
             len(big) > 0 and bool((np.sign(big["TFLOP/s, sawtooth vs linear"])
                                    == -np.sign(big["DRAM, sawtooth vs linear"])).all()),
             f"{big.to_dict()}")
+    reps = int(study.load("dram_bound").groupby(["gpu", "point", "measurement"])["repeat"].nunique().min())
     s.text = f"""### Where DRAM binds (today's kernel)
 
 A DRAM-bound regime built on purpose (`experiments/dram_bound.py`; today's kernel, H100 and
-H200, 3 repeats; the first kernel's sweep is kept in `data/dram_bound_first/`): longest-first
+H200, {reps} repeats; the first kernel's sweep is kept in `data/dram_bound_first/`): longest-first
 order runs heads fastest, so with many heads every CTA streams its own head's K/V. Sawtooth
 against linear under longest-first; TFLOP/s paired by repeat (a repeat times every point once,
 in one pass); the model column is the throughput model fitted on these points among others

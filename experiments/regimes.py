@@ -3,18 +3,21 @@
 No measurement of its own: it reads the regimes' experiments (a: paper_launch, b:
 starved_launch, c: dram_bound, d: causal_gqa, e: ctas_in_flight), puts sawtooth's TFLOP/s
 against linear's for every configuration of each (paired by round or repeat, with the range
-over them), and counts the configurations whose whole interval lies above no change.
+over them; the median's 95% interval), and counts the configurations whose whole interval
+lies above no change.
 
     python experiments/regimes.py plot --out DIR # anywhere: the figure, from data/
 """
 import matplotlib.pyplot as plt
+import numpy as np
 import pandas as pd
 import seaborn as sns
 
-from wavefront.report.analysis import sawtooth_vs_linear_by_repeat
+from wavefront.report.analysis import timing
 from wavefront.report.draft import Section, md_table
 from wavefront.report.experiments import run_as_script
 from wavefront.report.figures import short_gpu
+from wavefront.results.measurement import median_ci95
 
 DATASETS = ("paper_launch", "dram_bound", "causal_gqa", "ctas_in_flight")
 RECORDS = ("paper_launch", "starved_launch")
@@ -29,13 +32,22 @@ def _regime_modules():
     import importlib
     package = __package__ or "experiments"
     return [importlib.import_module(f"{package}.{name}")
-            for name in ("causal_gqa", "ctas_in_flight", "paper_launch", "starved_launch")]
+            for name in ("paper_launch", "starved_launch")]
+
+
+def paired_ratios(df: pd.DataFrame, keys: list[str]) -> dict:
+    """Sawtooth's TFLOP/s over linear's per `keys`, one ratio per sweep repeat (a repeat
+    times every point once, in one pass, so the two scans of one repeat ran side by side)."""
+    per = timing(df).pivot_table(index=[*keys, "repeat"], columns="kv_schedule",
+                                 values="tflops")
+    ratio = (per["sawtooth"] / per["linear"]).dropna()
+    return {k: g.to_list() for k, g in ratio.groupby(level=list(range(len(keys))))}
 
 
 def configurations(study) -> pd.DataFrame:
     """One row per regime, GPU and configuration: sawtooth's TFLOP/s over linear's (median,
     lowest and highest of the paired ratios), and the pairing."""
-    causal_gqa, ctas_in_flight, paper_launch, starved_launch = _regime_modules()
+    paper_launch, starved_launch = _regime_modules()
     frames = []
     t = paper_launch.table(study)
     frames.append(pd.DataFrame({
@@ -50,20 +62,18 @@ def configurations(study) -> pd.DataFrame:
                           for c, n in zip(t["causal"], t["stream CTAs"])],
         "ratio": t["sawtooth vs linear"], "lo": t["lo"], "hi": t["hi"],
         "paired by": t["rounds"].map(lambda n: f"{n} rounds")}))
-    d = sawtooth_vs_linear_by_repeat(study.load("dram_bound"), ["gpu", "heads", "cta_schedule"])
-    d = d.reset_index()
-    frames.append(pd.DataFrame({
-        "regime": "c", "GPU": d["gpu"].map(short_gpu),
-        "configuration": [f"H{h}, {c}" for h, c in zip(d["heads"], d["cta_schedule"])],
-        "ratio": d["median"], "lo": d["min"], "hi": d["max"],
-        "paired by": d["count"].map(lambda n: f"{n} repeats")}))
-    for regime, module, name in (("d", causal_gqa, "CTA order"), ("e", ctas_in_flight, "CTAs")):
-        t = module.table(study)
-        frames.append(pd.DataFrame({
-            "regime": regime, "GPU": t["GPU"],
-            "configuration": t[name].astype(str) + ("" if name != "CTAs" else " CTAs"),
-            "ratio": 1 + t["TFLOP/s, sawtooth vs linear"], "lo": 1 + t["lo"],
-            "hi": 1 + t["hi"], "paired by": t["repeats"].map(lambda n: f"{n} repeats")}))
+    for regime, dataset, keys, name in (
+            ("c", "dram_bound", ["gpu", "heads", "cta_schedule"],
+             lambda k: f"H{k[1]}, {k[2]}"),
+            ("d", "causal_gqa", ["gpu", "cta_schedule"], lambda k: k[1]),
+            ("e", "ctas_in_flight", ["gpu", "resident_ctas"], lambda k: f"{k[1]} CTAs")):
+        rows = []
+        for k, ratios in paired_ratios(study.load(dataset), keys).items():
+            lo, hi = median_ci95(ratios)
+            rows.append({"regime": regime, "GPU": short_gpu(k[0]), "configuration": name(k),
+                         "ratio": float(np.median(ratios)), "lo": lo, "hi": hi,
+                         "paired by": f"{len(ratios)} repeats"})
+        frames.append(pd.DataFrame(rows))
     out = pd.concat(frames, ignore_index=True)
     out["regime name"] = out["regime"].map(lambda r: f"{r}: {REGIMES[r]}")
     return out
@@ -76,7 +86,7 @@ def table(study) -> pd.DataFrame:
         best = sub.loc[sub["ratio"].idxmax()]
         faster = sub[sub["lo"] > 1]
         rows.append({"regime": regime, "GPU": gpu, "configurations": len(sub),
-                     "best: sawtooth / linear TFLOP/s [interval]":
+                     "best: sawtooth / linear TFLOP/s [95%]":
                          f"{best['ratio']:.3f} [{best['lo']:.3f}, {best['hi']:.3f}]",
                      "best configuration": best["configuration"],
                      "interval above 1": len(faster),
@@ -106,6 +116,7 @@ def section(study) -> Section:
     c = configurations(study)
     faster = c[c["lo"] > 1]
     best = c.loc[c["ratio"].idxmax()]
+    pairs = c["paired by"].str.split().str[0].astype(int)
     s.claim(f"Over {len(c)} configurations of the five regimes on the two GPUs, sawtooth's "
             f"interval lies above no change in {len(faster)}"
             + (f" ({', '.join(faster['regime'] + ' ' + faster['GPU'] + ' ' + faster['configuration'])},"
@@ -114,16 +125,15 @@ def section(study) -> Section:
             + f" and below it in {int((c['hi'] < 1).sum())}; its best median "
             f"change is {best['ratio'] - 1:+.1%} ({best['regime']}, {best['GPU']}, "
             f"{best['configuration']}).",
-            len(c) > 20 and c["regime"].nunique() == 5, c.to_dict("records"))
+            len(c) > 20 and c["regime"].nunique() == 5 and bool((pairs >= 6).all()),
+            c.to_dict("records"))
     s.text = f"""## The five regimes side by side: where sawtooth's saving becomes speed
 
 Per regime and GPU, sawtooth's TFLOP/s over linear's in the configuration where it does best
-(the median of the paired ratios and an interval in brackets), and how many configurations have
-their whole interval above or below no change (`experiments/regimes.py`, from the five regimes'
-own data). The intervals differ by regime. For a and b (6-12 bench rounds) the interval is the
-median's 95% interval over the rounds. For c-e (3 sweep repeats, paired by repeat) it is the
-range of the 3 ratios. That range covers the median with only 75% probability: 3 repeats are
-too few for a distribution-free 95% interval.
+(the median of the paired ratios and, in brackets, its distribution-free 95% interval), and how
+many configurations have their whole interval above or below no change (`experiments/regimes.py`,
+from the five regimes' own data). The pairs are bench rounds in a and b and sweep repeats in c-e
+(a repeat times every point once, so its two scans ran side by side).
 
 {md_table(t)}
 

@@ -26,7 +26,7 @@ from wavefront.report.figures import short_gpu
 from wavefront.results.measurement import paired_ratio
 from wavefront.results.records import STARVED_RECORDS
 
-DATASETS = ()  # its own rounds (data/starved_launch/rounds.jsonl), not a results table
+DATASETS = ()  # its own rounds (data/starved_launch/rounds.jsonl.gz), not a results table
 RECORDS = ("starved_launch",)
 ATTENTION_CTAS = 48
 ROUNDS = 6
