@@ -8,8 +8,10 @@ B=1 H=1 S=256k D=128, 128x64 tiles, 264 persistent CTAs (two per SM), non-causal
 item scans the same 4096 K/V tiles, so the DRAM traffic says how closely the CTAs travel
 together through them. Measured on one lent H100 within the hour, ncu, cold L2: the first
 kernel (commit 36a0e28, run from `git archive` with its own `profile`) and today's
-(`kernel_drift`), today's once more with the work-item tickets of RECORD_ORDER
-(`kernel_drift_order`, one-pass counters). The two binaries' SASS is in
+(`kernel_drift`; later also on an H200), today's once more with the work-item tickets of
+RECORD_ORDER (`kernel_drift_order`, one-pass counters). Then both kernels in one harness under
+PM sampling, and the first kernel's own harness once more beside them, on an H100 and an H200
+(`kernel_drift_timeline`, the commands in TIMELINE_COMMANDS). The two binaries' SASS is in
 data/kernel_drift/sass.json with the commands that read it.
 
     python experiments/kernel_drift.py run            # on a GPU: today's kernel, both sets
@@ -50,7 +52,7 @@ SPECS = {
 # The first kernel's data set has no sweep here: its code is not today's (see the docstring).
 DATASETS = ("kernel_drift", "kernel_drift_first", "kernel_drift_order")
 # PM-sampling timelines (`wavefront timeline`) and the harness check, from the commands in
-# TIMELINE_COMMANDS, run on one lent H100 and one H200 (2026-11-24)
+# TIMELINE_COMMANDS, run on lent H100s and H200s (2026-11-24)
 RECORDS = ("kernel_drift_timeline",)
 S256K = "--seqlen 262144 --head-dim 128 --tiles 128x64"
 TIMELINE_COMMANDS = (
