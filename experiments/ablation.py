@@ -6,7 +6,7 @@
 import pandas as pd
 
 from wavefront.report import figures
-from wavefront.report.analysis import sawtooth_vs_linear_by_repeat
+from wavefront.report.analysis import sawtooth_vs_linear_by_repeat, speed_change
 from wavefront.report.draft import Section, changes_with_range, md_table
 from wavefront.report.experiments import run_as_script
 from wavefront.report.figures import short_gpu
@@ -66,9 +66,7 @@ def table(study) -> pd.DataFrame:
                      "configuration": f"B{k['batch']} H{k['heads']} S{k['seqlen'] // 1024}k "
                                       f"D{k['head_dim']} {k['tile_m']}x{k['tile_n']} "
                                       f"{'causal ' if k['causal'] else ''}{k['cta_schedule']}",
-                     "DRAM, sawtooth vs linear": dram[key] - 1,
-                     "TFLOP/s, sawtooth vs linear": r["median"] - 1,
-                     "lo": r["min"] - 1, "hi": r["max"] - 1, "repeats": int(r["count"])})
+                     "DRAM, sawtooth vs linear": dram[key] - 1, **speed_change(r)})
     return pd.DataFrame(rows)
 
 

@@ -16,7 +16,7 @@ import matplotlib.pyplot as plt
 import pandas as pd
 import seaborn as sns
 
-from wavefront.report.analysis import sawtooth_vs_linear_by_repeat, timing
+from wavefront.report.analysis import sawtooth_vs_linear_by_repeat, speed_change, timing
 from wavefront.report.draft import Section, change_with_range, md_table
 from wavefront.report.experiments import run_as_script
 from wavefront.report.figures import short_gpu
@@ -66,8 +66,7 @@ def table(study) -> pd.DataFrame:
                      / compulsory[(gpu, cta)],
                      "DRAM, sawtooth vs linear": b["median"] - 1, "DRAM lo": b["min"] - 1,
                      "DRAM hi": b["max"] - 1, "linear TFLOP/s": lin_tf[(gpu, cta)],
-                     "TFLOP/s, sawtooth vs linear": r["median"] - 1, "lo": r["min"] - 1,
-                     "hi": r["max"] - 1, "repeats": int(r["count"])})
+                     **speed_change(r)})
     return pd.DataFrame(rows)
 
 

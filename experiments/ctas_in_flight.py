@@ -9,7 +9,7 @@ data/ctas_in_flight_first/).
 import pandas as pd
 
 from wavefront.report import figures
-from wavefront.report.analysis import sawtooth_vs_linear_by_repeat, timing
+from wavefront.report.analysis import sawtooth_vs_linear_by_repeat, speed_change, timing
 from wavefront.report.draft import Section, changes_with_range, md_table
 from wavefront.report.experiments import run_as_script
 from wavefront.report.figures import short_gpu
@@ -54,9 +54,7 @@ def table(study) -> pd.DataFrame:
         rows.append({"GPU": short_gpu(gpu), "CTAs": int(ctas),
                      "linear DRAM / min": dram[(gpu, ctas, "linear")],
                      "sawtooth DRAM / min": dram[(gpu, ctas, "sawtooth")],
-                     "linear TFLOP/s": linear[(gpu, ctas)],
-                     "TFLOP/s, sawtooth vs linear": r["median"] - 1,
-                     "lo": r["min"] - 1, "hi": r["max"] - 1, "repeats": int(r["count"])})
+                     "linear TFLOP/s": linear[(gpu, ctas)], **speed_change(r)})
     return pd.DataFrame(rows)
 
 

@@ -18,7 +18,7 @@ import seaborn as sns
 
 from wavefront.model.fits import occupancy_fraction
 from wavefront.model.presets import gpu_preset, preset_for_device
-from wavefront.report.analysis import sawtooth_vs_linear_by_repeat, timing
+from wavefront.report.analysis import sawtooth_vs_linear_by_repeat, speed_change, timing
 from wavefront.report.draft import Section, changes_with_range, interval, md_table
 from wavefront.report.experiments import run_as_script
 from wavefront.report.figures import short_gpu
@@ -95,8 +95,7 @@ def sawtooth_vs_linear(study, table: pd.DataFrame) -> pd.DataFrame:
                     "of DRAM bandwidth": lin["DRAM TB/s"] * 1e12 / preset_for_device(
                         gpu).dram_bytes_per_s,
                     "DRAM, sawtooth vs linear": saw["DRAM / min"] / lin["DRAM / min"] - 1,
-                    "TFLOP/s, sawtooth vs linear": r["median"] - 1,
-                    "lo": r["min"] - 1, "hi": r["max"] - 1, "repeats": int(r["count"]),
+                    **speed_change(r),
                     "model (in sample)": saw["model TFLOP/s"] / lin["model TFLOP/s"] - 1})
     return pd.DataFrame(out)
 

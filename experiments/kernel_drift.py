@@ -11,7 +11,7 @@ kernel (commit 36a0e28, run from `git archive` with its own `profile`) and today
 (`kernel_drift`; later also on an H200), today's once more with the work-item tickets of
 RECORD_ORDER (`kernel_drift_order`, one-pass counters). Then both kernels in one harness under
 PM sampling, and the first kernel's own harness once more beside them, on an H100 and an H200
-(`kernel_drift_timeline`, the commands in TIMELINE_COMMANDS). The two binaries' SASS is in
+(`kernel_drift_timeline`, the commands below). The two binaries' SASS is in
 data/kernel_drift/sass.json with the commands that read it.
 
     python experiments/kernel_drift.py run            # on a GPU: today's kernel, both sets
@@ -19,6 +19,12 @@ data/kernel_drift/sass.json with the commands that read it.
     # the first kernel: git archive 36a0e28 wavefront | tar -x -C old_kernel; cd old_kernel;
     # python -m wavefront.cli profile --heads 1 --seqlen 262144 --head-dim 128 --tile 128x64 \
     #     --schedule persistent+linear,persistent+sawtooth --out DIR        (once per repeat)
+    # the timelines (FIRST: git archive 36a0e28 wavefront | tar -x -C FIRST), once per repeat:
+    wavefront timeline --label today-linear-rN --seqlen 262144 --head-dim 128 --tiles 128x64 \
+        --schedule persistent+linear --out DIR
+    wavefront timeline --label first-linear-rN ... --package-dir FIRST
+    wavefront timeline --label first-cupy-rN ... --occupancy 2 --inputs cupy --seed 7 \
+        --package-dir FIRST                                   # the sweeps' inputs
 """
 import json
 
@@ -33,14 +39,15 @@ from wavefront.report.figures import short_gpu
 from wavefront.results.orders import ORDERS_DIR, load_order
 from wavefront.results.records import HARNESS_RECORDS, TIMELINE_RECORDS
 
+SEQLEN = 262144  # the launch this experiment is about; timelines of other shapes are left out
 GRID = """
 [grid]
 batch = [1]
 heads = [1]
-seqlen = [262144]
+seqlen = [%d]
 head_dim = [128]
 tiles = ["128x64"]
-"""
+""" % SEQLEN
 SPECS = {
     "kernel_drift": 'name = "kernel_drift"\nmeasure = ["counters"]\nrepeats = 4\n'
                     'timeout_s = 200\n' + GRID
@@ -52,18 +59,8 @@ SPECS = {
 # The first kernel's data set has no sweep here: its code is not today's (see the docstring).
 DATASETS = ("kernel_drift", "kernel_drift_first", "kernel_drift_order")
 # PM-sampling timelines (`wavefront timeline`) and the harness check, from the commands in
-# TIMELINE_COMMANDS, run on lent H100s and H200s (2026-11-24)
+# the docstring, run on lent H100s and H200s (2026-11-24)
 RECORDS = ("kernel_drift_timeline",)
-S256K = "--seqlen 262144 --head-dim 128 --tiles 128x64"
-TIMELINE_COMMANDS = (
-    f"wavefront timeline --label today-linear-rN {S256K} --schedule persistent+linear --out DIR",
-    f"wavefront timeline --label first-linear-r0 {S256K} --schedule persistent+linear "
-    "--package-dir FIRST   # FIRST: git archive 36a0e28 wavefront | tar -x -C FIRST",
-    f"wavefront timeline --label first-cupy-rN {S256K} --schedule persistent+linear "
-    "--occupancy 2 --inputs cupy --seed 7 --package-dir FIRST   # the sweeps' inputs",
-    "cd FIRST && python -m wavefront.cli profile --heads 1 --seqlen 262144 --head-dim 128 "
-    "--tile 128x64 --schedule persistent+linear   # the first kernel's own harness",
-)
 DRAM_SERIES = "pmsampling:dram__bytes_read.sum"
 FIRST = "first kernel (36a0e28)"
 TODAY = "today's kernel"
@@ -122,31 +119,35 @@ def kernel_of(record) -> str:
     return FIRST if "first" in str(record["launch"]["label"]) else TODAY
 
 
-def timelines(study) -> pd.DataFrame:
-    """Every PM-sampled launch at S=256k: DRAM read rate over its duration (samples binned as
-    recorded), one row per sample."""
+def sampled_launches(study) -> list[tuple[int, dict]]:
+    """The PM-sampled launches of this launch's shape: (position in its file, record)."""
+    return [(i, r) for rows in study.records(TIMELINE_RECORDS, "kernel_drift_timeline",
+                                             "timeline.jsonl.gz").values()
+            for i, r in enumerate(rows) if r["launch"]["seqlen"] == SEQLEN]
+
+
+def timelines(launches) -> pd.DataFrame:
+    """DRAM read rate over each sampled launch's duration (samples binned as recorded), one
+    row per sample; `launches` from `sampled_launches`."""
     frames = []
-    for rows in study.records(TIMELINE_RECORDS, "kernel_drift_timeline",
-                              "timeline.jsonl.gz").values():
-        for i, r in enumerate(rows):
-            if r["launch"]["seqlen"] != 262144:
-                continue
-            series = r["series"][DRAM_SERIES]
-            t = np.asarray(series["t"], float)
-            step = float(np.median(np.diff(t)))
-            frames.append(pd.DataFrame({
-                "GPU": short_gpu(r["gpu"]), "launch": f"{r['launch']['label']} ({i})",
-                "kernel": kernel_of(r), "schedule": r["launch"]["schedule"],
-                "inputs": r["launch"].get("inputs", "torch"), "ms": t / 1e6,
-                "GB": np.asarray(series["values"], float) / 1e9,
-                "DRAM read TB/s": np.asarray(series["values"], float) / step / 1e3}))
+    for i, r in launches:
+        series = r["series"][DRAM_SERIES]
+        t = np.asarray(series["t"], float)
+        step = float(np.median(np.diff(t)))
+        frames.append(pd.DataFrame({
+            "GPU": short_gpu(r["gpu"]), "launch": f"{r['launch']['label']} ({i})",
+            "kernel": kernel_of(r), "schedule": r["launch"]["schedule"],
+            "inputs": r["launch"].get("inputs", "torch"), "ms": t / 1e6,
+            "GB": np.asarray(series["values"], float) / 1e9,
+            "DRAM read TB/s": np.asarray(series["values"], float) / step / 1e3}))
     return pd.concat(frames, ignore_index=True)
 
 
-def quarters(study) -> pd.DataFrame:
-    """Per sampled launch: its DRAM reads in each quarter of its duration."""
+def quarters(series: pd.DataFrame) -> pd.DataFrame:
+    """Per sampled launch (`series` from `timelines`): its DRAM reads in each quarter of its
+    duration."""
     rows = []
-    for (gpu, launch), d in timelines(study).groupby(["GPU", "launch"], sort=False):
+    for (gpu, launch), d in series.groupby(["GPU", "launch"], sort=False):
         q = np.minimum((d["ms"] / d["ms"].max() * 4).astype(int), 3)
         per = d.groupby(q)["GB"].sum()
         rows.append({"GPU": gpu, "launch": launch, "kernel": d["kernel"].iloc[0],
@@ -176,7 +177,7 @@ def sass(study) -> dict:
 
 def figure(study):
     d = launches(study)
-    t = timelines(study)
+    t = timelines(sampled_launches(study))
     t = t[t["schedule"] == "persistent+linear"]
     gpus = sorted(t["GPU"].unique())
     fig = plt.figure(figsize=(12, 8.4))
@@ -210,23 +211,19 @@ def figure(study):
     return fig
 
 
-def sampled_totals(study) -> pd.DataFrame:
-    """Every PM-sampled S=256k launch's totals (their own ncu pass): DRAM GB, L2 write GB,
-    ms under ncu."""
+def sampled_totals(launches) -> pd.DataFrame:
+    """Each sampled launch's totals (their own ncu pass; `launches` from `sampled_launches`):
+    DRAM GB, L2 write GB, ms under ncu."""
     rows = []
-    for recs in study.records(TIMELINE_RECORDS, "kernel_drift_timeline",
-                              "timeline.jsonl.gz").values():
-        for r in recs:
-            if r["launch"]["seqlen"] != 262144:
-                continue
-            t = r["totals"]
-            rows.append({"GPU": short_gpu(r["gpu"]), "kernel": kernel_of(r),
-                         "schedule": r["launch"]["schedule"],
-                         "inputs": r["launch"].get("inputs", "torch"),
-                         "DRAM GB": t["dram__bytes_read.sum"] / 1e9,
-                         "L2 write GB": t.get("lts__t_sectors_srcunit_tex_op_write.sum",
-                                              np.nan) * 32 / 1e9,
-                         "ms under ncu": t["gpu__time_duration.sum"] / 1e6})
+    for _, r in launches:
+        t = r["totals"]
+        rows.append({"GPU": short_gpu(r["gpu"]), "kernel": kernel_of(r),
+                     "schedule": r["launch"]["schedule"],
+                     "inputs": r["launch"].get("inputs", "torch"),
+                     "DRAM GB": t["dram__bytes_read.sum"] / 1e9,
+                     "L2 write GB": t.get("lts__t_sectors_srcunit_tex_op_write.sum",
+                                          np.nan) * 32 / 1e9,
+                     "ms under ncu": t["gpu__time_duration.sum"] / 1e6})
     return pd.DataFrame(rows)
 
 
@@ -250,7 +247,8 @@ def section(study) -> Section:
     own = h[h["kernel and harness"].str.startswith("first")].set_index("GPU")
     output_gb = float(shape["batch"] * shape["heads"] * shape["seqlen"] * shape["head_dim"]
                       * 2 / 1e9)
-    st = sampled_totals(study)
+    sampled = sampled_launches(study)
+    st = sampled_totals(sampled)
     lin = st[st["schedule"] == "persistent+linear"]
     first_n, today_n = lin[lin["kernel"] == FIRST], lin[lin["kernel"] == TODAY]
     s.claim(f"In each kernel's own profile harness, on one H100 within the hour, the first "
@@ -284,7 +282,7 @@ def section(study) -> Section:
             "bytes is not identified; it slowed the launch and kept its CTAs together.",
             all(checks) and len(checks) == 2 and bool((writes < 1.5 * output_gb).all()),
             f"harness {h.to_dict('records')}, sampled {lin.to_dict('records')}")
-    q = quarters(study)
+    q = quarters(timelines(sampled))
     rounds = int(t["rounds"].iloc[0])
     kv_gb = float(shape["compulsory_read_bytes"]) * 2 / 3 / 1e9  # Q, K and V are alike
     passes = q["Q1 GB"].median() / (rounds / 4) / kv_gb

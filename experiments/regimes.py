@@ -13,7 +13,7 @@ import numpy as np
 import pandas as pd
 import seaborn as sns
 
-from wavefront.report.analysis import timing
+from wavefront.report.analysis import paired_repeat_ratios
 from wavefront.report.draft import Section, md_table
 from wavefront.report.experiments import run_as_script
 from wavefront.report.figures import short_gpu
@@ -33,15 +33,6 @@ def _regime_modules():
     package = __package__ or "experiments"
     return [importlib.import_module(f"{package}.{name}")
             for name in ("paper_launch", "starved_launch")]
-
-
-def paired_ratios(df: pd.DataFrame, keys: list[str]) -> dict:
-    """Sawtooth's TFLOP/s over linear's per `keys`, one ratio per sweep repeat (a repeat
-    times every point once, in one pass, so the two scans of one repeat ran side by side)."""
-    per = timing(df).pivot_table(index=[*keys, "repeat"], columns="kv_schedule",
-                                 values="tflops")
-    ratio = (per["sawtooth"] / per["linear"]).dropna()
-    return {k: g.to_list() for k, g in ratio.groupby(level=list(range(len(keys))))}
 
 
 def configurations(study) -> pd.DataFrame:
@@ -68,7 +59,9 @@ def configurations(study) -> pd.DataFrame:
             ("d", "causal_gqa", ["gpu", "cta_schedule"], lambda k: k[1]),
             ("e", "ctas_in_flight", ["gpu", "resident_ctas"], lambda k: f"{k[1]} CTAs")):
         rows = []
-        for k, ratios in paired_ratios(study.load(dataset), keys).items():
+        per_repeat = paired_repeat_ratios(study.load(dataset), keys).dropna()
+        for k, group in per_repeat.groupby(level=list(range(len(keys)))):
+            ratios = group.to_list()
             lo, hi = median_ci95(ratios)
             rows.append({"regime": regime, "GPU": short_gpu(k[0]), "configuration": name(k),
                          "ratio": float(np.median(ratios)), "lo": lo, "hi": hi,

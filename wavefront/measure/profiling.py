@@ -55,11 +55,15 @@ def tag_for(index: int) -> str:
     return f"{TAG_PREFIX}{index}"
 
 
+# How every launch is profiled: only between cudaProfilerStart/Stop, kernel replay from a cold
+# L2 (caches flushed before each pass), clocks left as the GPU runs them.
+COLD_REPLAY = ("--target-processes", "all", "--profile-from-start", "off",
+               "--replay-mode", "kernel", "--cache-control", "all", "--clock-control", "none")
+
+
 def ncu_command(ncu: str, report_path: str, program: list[str],
                 metric_set: str = "full") -> list[str]:
-    return [ncu, "--target-processes", "all", "--profile-from-start", "off",
-            "--replay-mode", "kernel", "--cache-control", "all", "--clock-control", "none",
-            "--nvtx", "--kernel-name", KERNEL_FILTER,
+    return [ncu, *COLD_REPLAY, "--nvtx", "--kernel-name", KERNEL_FILTER,
             "--metrics", ",".join(METRIC_SETS[metric_set]),
             "--export", report_path, "--force-overwrite", *program]
 

@@ -13,6 +13,7 @@ Kernel replay from a cold L2 (`--cache-control all`), clocks left alone.
 """
 from __future__ import annotations
 
+import functools
 import json
 import os
 import re
@@ -22,7 +23,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from wavefront.device import find_ncu
-from wavefront.measure.profiling import find_ncu_report
+from wavefront.measure.profiling import COLD_REPLAY, find_ncu_report
 
 SECTIONS = ("PmSampling", "PmSampling_WarpStates")
 # Launch totals beside the series: what the series should add up to.
@@ -104,23 +105,23 @@ class TimelineLaunch:
             raise ValueError(f"schedule must be '<cta>+<kv>', got {self.schedule!r}")
 
 
-def sampled_metric_names(ncu: str) -> list[str]:
+@functools.cache
+def sampled_metric_names(ncu: str) -> tuple[str, ...]:
     """The metrics of `WISHED_SAMPLED` that this ncu can sample on this GPU (by their base
-    names in `--query-metrics-collection pmsampling`); [] where the query fails."""
+    names in `--query-metrics-collection pmsampling`, asked once per process); () where the
+    query fails."""
     try:
         out = subprocess.run([ncu, "--query-metrics-collection", "pmsampling"],
                              capture_output=True, text=True, timeout=120)
     except (OSError, subprocess.TimeoutExpired):
-        return []
+        return ()
     listed = set(re.findall(r"\b([a-z0-9]+__[a-z0-9_]+)\b", out.stdout))
-    return [m for m in WISHED_SAMPLED if m.rsplit(".", 1)[0] in listed]
+    return tuple(m for m in WISHED_SAMPLED if m.rsplit(".", 1)[0] in listed)
 
 
 def ncu_command(ncu: str, report: str, sampled: list[str]) -> list[str]:
     metrics = list(TOTALS) + [f"pmsampling:{m}" for m in sampled]
-    cmd = [ncu, "--target-processes", "all", "--profile-from-start", "off",
-           "--replay-mode", "kernel", "--cache-control", "all", "--clock-control", "none",
-           "--kernel-name", KERNEL_FILTER, "--launch-count", "1"]
+    cmd = [ncu, *COLD_REPLAY, "--kernel-name", KERNEL_FILTER, "--launch-count", "1"]
     for section in SECTIONS:
         cmd += ["--section", section]
     return cmd + ["--metrics", ",".join(metrics), "--export", report, "--force-overwrite",
@@ -182,7 +183,7 @@ def sample_launch(launch: TimelineLaunch, work_dir: str, package_dir: str | None
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [package_dir,
                                                           env.get("PYTHONPATH")]))
     sampled = sampled_metric_names(ncu)
-    attempts = [sampled, []] if sampled else [[]]
+    attempts = [list(sampled), []] if sampled else [[]]
     last = None
     for wished in attempts:  # the named metrics are extras: without them if ncu refuses them
         last = subprocess.run(ncu_command(ncu, report, wished), env=env, capture_output=True,

@@ -58,14 +58,27 @@ def medians(rows: pd.DataFrame) -> pd.DataFrame:
     return first.drop(columns=numeric).join(med).reset_index()
 
 
-def sawtooth_vs_linear_by_repeat(df: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
-    """Sawtooth's TFLOP/s over linear's per `keys` (say GPU and heads), paired by repeat: a
-    sweep's repeat times every point once, in one pass, so the two scans of one repeat ran side
-    by side. -> per `keys`: the median, min and max of the per-repeat ratios, and how many."""
+def paired_repeat_ratios(df: pd.DataFrame, keys: list[str]) -> pd.Series:
+    """Sawtooth's TFLOP/s over linear's per `keys` and sweep repeat: a sweep's repeat times
+    every point once, in one pass, so the two scans of one repeat ran side by side (NaN where
+    a configuration has only one of the scans)."""
     t = timing(df)
     per = t.pivot_table(index=[*keys, "repeat"], columns="kv_schedule", values="tflops")
-    ratio = per["sawtooth"] / per["linear"]
-    return ratio.groupby(keys).agg(["median", "min", "max", "count"])
+    return per["sawtooth"] / per["linear"]
+
+
+def sawtooth_vs_linear_by_repeat(df: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
+    """Sawtooth's TFLOP/s over linear's per `keys` (say GPU and heads), paired by repeat
+    (`paired_repeat_ratios`). -> per `keys`: the median, min and max of the per-repeat
+    ratios, and how many."""
+    return paired_repeat_ratios(df, keys).groupby(keys).agg(["median", "min", "max", "count"])
+
+
+def speed_change(r) -> dict:
+    """One row of `sawtooth_vs_linear_by_repeat` as a table's columns: the median change
+    (ratio - 1), its range over the repeats, and how many repeats."""
+    return {"TFLOP/s, sawtooth vs linear": r["median"] - 1, "lo": r["min"] - 1,
+            "hi": r["max"] - 1, "repeats": int(r["count"])}
 
 
 def timing(df):
