@@ -3,7 +3,7 @@
 `wavefront tune` compiles every candidate (tile shape, CTAs per SM, consumer warps, clusters,
 the K/V latency hint, static or dynamic assignment), reads its SASS, times the rest and the
 peers in interleaved rounds, then searches FlashAttention-4's softmax levers around the
-winner. Each search lies in data/tune/<search>/ (tune.jsonl.gz: every candidate; levers.jsonl:
+winner. Each search lies in data/tune/<search>/ (tune.jsonl.gz: every candidate; levers.jsonl.gz:
 the best per lever value), with the command in its manifest. No figure: the draft prints the
 tables.
 """

@@ -597,6 +597,14 @@ def check_manifest(directory, run_ids: set[str]) -> dict:
     return runs
 
 
+def manifest_text(runs: dict) -> str:
+    """A manifest file's text: one line per run, runs in id order. (Indenting each run's ncu
+    report list, as pretty-printing did, made manifests a quarter of the repository.)"""
+    lines = [f"{json.dumps(run_id)}: {json.dumps(runs[run_id], sort_keys=True)}"
+             for run_id in sorted(runs)]
+    return "{\n" + ",\n".join(lines) + "\n}\n"
+
+
 def write_manifest(directory, run_id: str, data: dict) -> Path:
     """Manifests accumulate per run: manifest.json maps run_id -> manifest. Written through a
     unique temporary file and an atomic rename."""
@@ -607,7 +615,7 @@ def write_manifest(directory, run_id: str, data: dict) -> Path:
     runs[run_id] = data
     fd, tmp = tempfile.mkstemp(dir=directory, prefix=".manifest-", suffix=".tmp")
     with os.fdopen(fd, "w") as f:
-        f.write(json.dumps(runs, indent=2, sort_keys=True) + "\n")
+        f.write(manifest_text(runs))
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, path)
