@@ -1,0 +1,53 @@
+"""What does one K/V step cost a CTA when nothing waits on DRAM? The timed model's compute time.
+
+The timed cache model (`wavefront.model.timed`) gives every CTA a clock; a K/V step's compute
+time is the one parameter it cannot take from a microbenchmark of the memory system. It is
+measured here, per GPU and kernel variant (head dim, tile shape, mask, CTAs per SM), on
+launches whose K/V in flight fits in the L2 (the counters check it: DRAM reads near the
+compulsory bytes), at two sequence lengths so that a step's cost and a work item's fixed cost
+separate. These launches are the model's named training set; every other data set is held out.
+Today's kernel measured every number.
+
+    python experiments/step_time.py run            # on a GPU: the sweep (timing and counters)
+    python experiments/step_time.py plot --out DIR # anywhere: table from data/
+"""
+SPEC = """
+name = "step_time"
+measure = ["timing", "counters"]
+metric_set = "dram"
+repeats = 3
+reps = 20
+timeout_s = 300
+batch_points = 8
+
+[[grid]]
+batch = [1]
+heads = [32]
+seqlen = [2048, 8192]
+head_dim = [64, 128]
+causal = [false, true]
+tiles = ["64x64", "128x64"]
+occupancy = [1, 2]
+schedule = ["persistent+linear"]
+
+[[grid]]
+batch = [1]
+heads = [32]
+seqlen = [2048, 8192]
+head_dim = [64, 128]
+causal = [false, true]
+tiles = ["128x128"]
+occupancy = [1]
+schedule = ["persistent+linear"]
+
+[[grid]]
+batch = [1]
+heads = [32]
+seqlen = [2048, 8192]
+head_dim = [64, 128]
+causal = [false, true]
+tiles = ["64x64", "128x64", "128x128"]
+occupancy = [1]
+ctas = [48]
+schedule = ["persistent+linear"]
+"""
