@@ -336,3 +336,12 @@ def test_compress_packs_record_files_the_report_still_reads(tmp_path):
     assert not (d / "rounds.jsonl").exists() and (d / "rounds.jsonl.gz").exists()
     after = Study(tmp_path).records(STARVED_RECORDS, "starved_launch", "sub/rounds.jsonl")
     assert after == before and len(after["sub/rounds"]) == 3
+
+
+def test_every_experiments_sweeps_parse():
+    """`experiment run NAME` reads every experiment's sweeps (a data set may be measured by
+    another's spec): one spec that cannot be read as data stops them all."""
+    from wavefront.report.experiments import discover
+    experiments = discover(Path(__file__).parent.parent / "experiments")
+    owned = {name: e.specs for name, e in experiments.items()}
+    assert owned["kernel_drift"]["kernel_drift"].grid and owned["step_time"]["step_time"].grid
