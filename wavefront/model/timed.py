@@ -1,0 +1,490 @@
+"""A cache model with a clock: DRAM reads, L2 hits and kernel time from one simulation.
+
+The lock-step rounds of `simulation.trace_blocks` assume the order in which tiles reach the L2;
+here the order comes out of time. Every resident CTA (a slot, on SM slot mod SMs) has a clock:
+
+- a work item begins by loading its Q tile and the K/V tiles of its first `loads_ahead` steps;
+- a K/V step computes for `step_ns` once its K and V tiles have arrived and the previous step
+  is done; when it ends, the buffer it used takes the load of the step `loads_ahead` further on
+  (the kernel's multi-buffered TMA pipeline);
+- a load that hits in the reader's L2 partition returns after the L2 latency; one that hits
+  only in the home partition after the far latency (the line is then copied near the reader,
+  the partition model of `simulation.LruL2`); a miss goes to a DRAM that serves bytes at its
+  measured bandwidth in arrival order, then returns after the DRAM latency;
+- a load of a line whose fill is still under way waits for that fill (concurrent misses to one
+  line are served once);
+- the item ends with its output write and `item_ns` of fixed cost; a persistent CTA then takes
+  its next row, a dynamic schedule (and a grid launch's next CTA) the next row of the work table
+  in simulated time.
+
+Events are processed in global time order (a heap over the slots), so the L2's LRU state sees
+accesses in the order the clocks produce them: convoys, drift and imbalance come out of the
+simulation. Each work item's tiles and scan order come from `Launch.work_table`, the rows the
+kernel reads.
+
+Parameters: the memory system's from `wavefront microbench` (data/microbench), the compute
+time per K/V step from launches that fit in the L2 (experiments/step_time.py, the model's
+training set; `calibrate`). Nothing is fitted to the data the model is scored on.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numba
+import numpy as np
+
+from wavefront.model.simulation import (
+    KIND_O, KIND_PARTIAL_READ, _combine_pass, _hash64, _item_table)
+from wavefront.point import SECTOR_BYTES
+from wavefront.schedules import (
+    WORK_BATCH, WORK_CHUNK, WORK_HEAD, WORK_MASKED_HI, WORK_MASKED_LO, WORK_Q_TILE,
+    WORK_SCAN_COUNT, WORK_SCAN_START, WORK_SCAN_STEP, Launch)
+
+
+@dataclass(frozen=True)
+class MemoryTiming:
+    """The memory system as the pointer chase and the stream measured it."""
+
+    l2_ns: float  # a hit in the reader's partition
+    far_ns: float  # a hit served by the other partition (the fabric)
+    dram_ns: float  # a miss, unloaded
+    dram_bytes_per_s: float  # sustained read bandwidth
+    source: str = ""
+
+
+@dataclass(frozen=True)
+class ComputeTiming:
+    """What a CTA spends computing, for one kernel variant (head dim, tiles, mask, CTAs per SM)."""
+
+    step_ns: float  # one K/V step of one CTA, its SM shared with its co-resident CTAs
+    item_ns: float  # a work item's fixed cost beyond its loads (prologue, epilogue)
+    launch_ns: float  # launch and drain, once per launch
+    source: str = ""
+
+
+# The kernel's K/V pipeline: tileiras multi-buffers the K and V tiles of a loop; two steps in
+# flight ahead of the one computing is what its SASS shows for the tuned binaries (two TMA
+# barriers per buffer ring). A parameter, not fitted.
+LOADS_AHEAD = 2
+# The DRAM series is kept in this many bins over the launch (rebinned for comparisons).
+SERIES_BINS = 4096
+
+
+@dataclass
+class TimedPrediction:
+    """One launch, simulated with clocks."""
+
+    kernel_ns: float
+    dram_read_bytes: float
+    tex_read_bytes: float  # reads the SMs send to the L2
+    near_hit_bytes: float  # hits in the reader's partition
+    far_hit_bytes: float  # hits served by the home partition over the fabric
+    fill_waits: int  # loads that found their line's fill under way and waited for it
+    bin_ns: float  # the DRAM series' bin width
+    dram_series: np.ndarray = field(repr=False)  # DRAM read bytes per bin
+    item_start_ns: np.ndarray = field(repr=False)
+    item_end_ns: np.ndarray = field(repr=False)
+    item_slot: np.ndarray = field(repr=False)
+
+    @property
+    def dram_read_sectors(self) -> float:
+        return self.dram_read_bytes / SECTOR_BYTES
+
+    def dram_rate_series(self, interval_ns: float) -> tuple[np.ndarray, np.ndarray]:
+        """(bin start in ns, DRAM read rate in bytes/s) over bins of `interval_ns`."""
+        per = max(1, int(round(interval_ns / self.bin_ns)))
+        used = int(np.ceil(self.kernel_ns / self.bin_ns))
+        series = self.dram_series[:max(used, 1)]
+        n = int(np.ceil(len(series) / per))
+        padded = np.zeros(n * per)
+        padded[:len(series)] = series
+        width = per * self.bin_ns
+        return np.arange(n) * width, padded.reshape(n, per).sum(axis=1) / (width * 1e-9)
+
+    def summary(self) -> dict:
+        return {"kernel_ms": self.kernel_ns * 1e-6, "dram_read_bytes": self.dram_read_bytes,
+                "tex_read_bytes": self.tex_read_bytes, "near_hit_bytes": self.near_hit_bytes,
+                "far_hit_bytes": self.far_hit_bytes, "fill_waits": self.fill_waits}
+
+
+# ---------------------------------------------------------------------------------------------
+# The event loop
+# ---------------------------------------------------------------------------------------------
+
+# counts: tex read bytes, near hits, fabric lookups, far hits, DRAM read bytes, fill waits
+_TEX, _NEAR, _FABRIC, _FAR, _DRAM, _WAITS = range(6)
+
+
+@numba.njit(cache=True, inline="always")
+def _serve(n_acc, acc_id, acc_bytes, acc_read, acc_ready, p, now, home_of, timing, capacity,
+           prev, nxt, present, size, head, tail, used, fill, dram_free, series, counts):
+    """Serve the accesses one event issues at time `now` from a CTA in partition p; each
+    one's data arrival time goes to acc_ready (a write's is `now`: it is not waited for).
+
+    One body for every access (hit, far hit, miss, write) keeps the hot loop small: per
+    partition LRU lists over tile ids as in `simulation._lru_feed`, plus each line's fill time.
+    timing = (L2 ns, far L2 ns, DRAM ns, DRAM bytes per ns, series bin ns)."""
+    targets = np.empty(2, np.int64)
+    for i in range(n_acc):
+        a = acc_id[i]
+        w = acc_bytes[i]
+        size[a] = w
+        home = home_of[a]
+        n_targets = 1
+        if not acc_read[i]:  # a write allocates at home
+            targets[0] = home
+            ready = now
+        elif present[p, a]:
+            counts[_TEX] += w
+            counts[_NEAR] += w
+            ready = now + timing[0]
+            if fill[p, a] > ready:
+                ready = fill[p, a]
+                counts[_WAITS] += 1
+            targets[0] = p
+        else:
+            counts[_TEX] += w
+            far = False
+            if home != p:
+                counts[_FABRIC] += w
+                if present[home, a]:
+                    far = True
+            if far:
+                counts[_FAR] += w
+                ready = now + timing[1]
+                if fill[home, a] > ready:
+                    ready = fill[home, a]
+                    counts[_WAITS] += 1
+            else:  # the DRAM serves requests in arrival order at its bandwidth
+                start = max(now, dram_free[0])
+                dram_free[0] = start + w / timing[3]
+                ready = dram_free[0] + timing[2]
+                counts[_DRAM] += w
+                series[min(int(start / timing[4]), len(series) - 1)] += w
+            targets[0] = home
+            if home != p:
+                targets[1] = p
+                n_targets = 2
+        acc_ready[i] = ready
+        for k in range(n_targets):
+            q = targets[k]
+            if present[q, a]:  # unlink, then relink at the head
+                if prev[q, a] >= 0:
+                    nxt[q, prev[q, a]] = nxt[q, a]
+                else:
+                    head[q] = nxt[q, a]
+                if nxt[q, a] >= 0:
+                    prev[q, nxt[q, a]] = prev[q, a]
+                else:
+                    tail[q] = prev[q, a]
+                if ready > fill[q, a] and not acc_read[i]:
+                    fill[q, a] = ready
+            else:
+                present[q, a] = True
+                used[q] += w
+                fill[q, a] = ready
+            prev[q, a] = -1
+            nxt[q, a] = head[q]
+            if head[q] >= 0:
+                prev[q, head[q]] = a
+            head[q] = a
+            if tail[q] < 0:
+                tail[q] = a
+            while used[q] > capacity and tail[q] >= 0 and tail[q] != a:
+                victim = tail[q]
+                tail[q] = prev[q, victim]
+                if tail[q] >= 0:
+                    nxt[q, tail[q]] = -1
+                else:
+                    head[q] = -1
+                present[q, victim] = False
+                used[q] -= size[victim]
+
+
+@numba.njit(cache=True, inline="always")
+def _heap_push(ht, hs, n, t, s):
+    i = n
+    ht[i] = t
+    hs[i] = s
+    while i > 0:
+        parent = (i - 1) >> 1
+        if ht[parent] <= ht[i]:
+            break
+        ht[parent], ht[i] = ht[i], ht[parent]
+        hs[parent], hs[i] = hs[i], hs[parent]
+        i = parent
+    return n + 1
+
+
+@numba.njit(cache=True, inline="always")
+def _heap_sift_down(ht, hs, n):
+    """Restore the heap after its root changed (a pop, or the root slot's next event)."""
+    i = 0
+    while True:
+        left = 2 * i + 1
+        if left >= n:
+            break
+        child = left
+        if left + 1 < n and ht[left + 1] < ht[left]:
+            child = left + 1
+        if ht[i] <= ht[child]:
+            break
+        ht[child], ht[i] = ht[i], ht[child]
+        hs[child], hs[i] = hs[i], hs[child]
+        i = child
+
+
+@numba.njit(cache=True, inline="always")
+def _q_rows(q_index, q_tiles, tile_m, seqlen_q):
+    """Rows of a Q tile (the last one of a sequence may be short)."""
+    return min(tile_m, seqlen_q - (q_index % q_tiles) * tile_m)
+
+
+@numba.njit(cache=True, error_model="numpy")
+def _run(table, n_slots, dynamic, stride, alternate, heads, kv_heads, q_tiles, kv_tiles, tile_m,
+         tile_n, seqlen_q, seqlen_kv, row_bytes, partial_row_bytes, tiled, batch_heads,
+         q_base, o_base, partial_base, step_ns, item_ns, loads_ahead, part_of_slot, home_of, timing, capacity, prev, nxt,
+         present, size, head, tail, used, fill, dram_free, series, counts, item_start, item_end,
+         item_slot):
+    """Simulate the launch; returns the time the last CTA finished (ns, from launch)."""
+    n_items = table.shape[0]
+    qpk = heads // kv_heads
+    depth = loads_ahead
+    cur = np.full(n_slots, -1, np.int64)
+    step = np.zeros(n_slots, np.int64)  # the step whose compute ends at the pending event
+    steps = np.zeros(n_slots, np.int64)  # K/V steps of the item in hand
+    begin = np.zeros(n_slots, np.bool_)  # the pending event begins an item
+    taken = np.zeros(n_slots, np.int64)
+    # per slot, the item in hand's scan (start, step, length, first masked tile), its K/V
+    # unit's first tile id and its Q tile's index, worked out once per item
+    scan_start = np.zeros(n_slots, np.int64)
+    scan_sign = np.zeros(n_slots, np.int64)
+    scan_count = np.zeros(n_slots, np.int64)
+    masked_lo = np.zeros(n_slots, np.int64)
+    kv_base = np.zeros(n_slots, np.int64)
+    q_of = np.zeros(n_slots, np.int64)
+    ready = np.zeros((n_slots, depth), np.float64)  # the K/V buffer ring: data arrival times
+    ring = np.zeros(n_slots, np.int64)  # the ring entry of the step computing now
+    ht = np.empty(n_slots, np.float64)
+    hs = np.empty(n_slots, np.int64)
+    # the accesses of one event: Q, the K/V of up to `depth` steps, the output
+    acc_id = np.empty(depth + 2, np.int64)
+    acc_bytes = np.empty(depth + 2, np.int64)
+    acc_read = np.empty(depth + 2, np.bool_)
+    acc_ready = np.empty(depth + 2, np.float64)
+    n = 0
+    next_item = min(n_slots, n_items)
+    for s in range(min(n_slots, n_items)):
+        cur[s] = s
+        begin[s] = True
+        n = _heap_push(ht, hs, n, 0.0, s)
+    finish = 0.0
+    while n > 0:
+        # the root is the slot whose clock is earliest; its next event replaces it in place
+        # (one sift instead of a pop and a push), or it leaves the heap when it is done
+        now = ht[0]
+        s = hs[0]
+        it = cur[s]
+        starting = begin[s]
+        n_acc = 0
+        if starting:
+            begin[s] = False
+            item_start[it] = now
+            item_slot[it] = s
+            b = table[it, WORK_BATCH]
+            h = table[it, WORK_HEAD]
+            kv_base[s] = (b * kv_heads + h // qpk) * kv_tiles
+            q_of[s] = (b * heads + h) * q_tiles + table[it, WORK_Q_TILE]
+            scan = table[it, WORK_SCAN_COUNT]
+            start = table[it, WORK_SCAN_START]
+            sign = table[it, WORK_SCAN_STEP]
+            if alternate and taken[s] % 2 == 1:  # the kernel reverses this row's scan
+                start = start + sign * (scan - 1)
+                sign = -sign
+            scan_start[s], scan_sign[s], scan_count[s] = start, sign, scan
+            masked_lo[s] = table[it, WORK_MASKED_LO]
+            steps[s] = scan + table[it, WORK_MASKED_HI] - masked_lo[s]
+            step[s] = 0
+            ring[s] = 0
+            acc_id[0] = q_base + q_of[s]
+            acc_bytes[0] = _q_rows(q_of[s], q_tiles, tile_m, seqlen_q) * row_bytes
+            acc_read[0] = True
+            n_acc = 1
+            first, last = 0, min(depth, steps[s])
+        else:  # step t ends: its buffer takes the load of step t + depth
+            first = step[s] + depth
+            last = min(first + 1, steps[s])
+            step[s] += 1
+        for t in range(first, last):
+            # K and V of a step travel together (one reader, one time, equal sizes), so the
+            # LRU keeps them as one line of both sizes: half the work, the same bytes
+            if t < scan_count[s]:
+                j = scan_start[s] + scan_sign[s] * t
+            else:
+                j = masked_lo[s] + t - scan_count[s]
+            acc_id[n_acc] = kv_base[s] + j
+            acc_bytes[n_acc] = 2 * min(tile_n, seqlen_kv - j * tile_n) * row_bytes
+            acc_read[n_acc] = True
+            n_acc += 1
+        done_item = step[s] >= steps[s]
+        if done_item:  # the item's epilogue writes its output (or its partial state)
+            q_rows = _q_rows(q_of[s], q_tiles, tile_m, seqlen_q)
+            if tiled:
+                acc_id[n_acc] = (partial_base + table[it, WORK_CHUNK] * batch_heads * q_tiles
+                                 + q_of[s])
+                acc_bytes[n_acc] = q_rows * partial_row_bytes
+            else:
+                acc_id[n_acc] = o_base + q_of[s]
+                acc_bytes[n_acc] = q_rows * row_bytes
+            acc_read[n_acc] = False
+            n_acc += 1
+        _serve(n_acc, acc_id, acc_bytes, acc_read, acc_ready, part_of_slot[s], now, home_of,
+               timing, capacity, prev, nxt, present, size, head, tail, used, fill, dram_free,
+               series, counts)
+        arrival = now
+        if starting:  # the first step waits for the Q tile too; the loads fill the ring
+            arrival = acc_ready[0]
+            for t in range(last):
+                ready[s, t] = acc_ready[1 + t]
+        else:
+            if last > first:  # (t + depth) shares step t's ring entry
+                ready[s, ring[s]] = acc_ready[0]
+            ring[s] = ring[s] + 1 if ring[s] + 1 < depth else 0
+        if not done_item:
+            ht[0] = max(arrival, ready[s, ring[s]]) + step_ns[s]
+            _heap_sift_down(ht, hs, n)
+            continue
+        done = arrival + item_ns
+        item_end[it] = done
+        taken[s] += 1
+        if dynamic:
+            nxt_item = next_item
+            next_item += 1
+        else:
+            nxt_item = it + stride
+        if nxt_item < n_items:
+            cur[s] = nxt_item
+            begin[s] = True
+            ht[0] = done
+        else:
+            cur[s] = -1
+            finish = max(finish, done)
+            n -= 1
+            ht[0] = ht[n]
+            hs[0] = hs[n]
+        _heap_sift_down(ht, hs, n)
+    return max(finish, dram_free[0])
+
+
+@numba.njit(cache=True)
+def _combine(address, nbytes, kind, slot, start, sms, partitions, home_of, timing, capacity,
+             prev, nxt, present, size, head, tail, used, fill, series, counts):
+    """The tiled schedule's combine kernel, after the main one: its accesses in order, each
+    CTA's clock advancing with its loads (a CTA per output tile); returns when the last is
+    done."""
+    clock = np.full(sms, start)
+    dram_free = np.full(1, start)
+    acc_id = np.empty(1, np.int64)
+    acc_bytes = np.empty(1, np.int64)
+    acc_read = np.empty(1, np.bool_)
+    acc_ready = np.empty(1, np.float64)
+    for i in range(len(address)):
+        c = slot[i] % sms
+        acc_id[0] = address[i]
+        acc_bytes[0] = nbytes[i]
+        acc_read[0] = kind[i] == KIND_PARTIAL_READ
+        _serve(1, acc_id, acc_bytes, acc_read, acc_ready, (c % 2) if partitions == 2 else 0,
+               clock[c], home_of, timing, capacity, prev, nxt, present, size, head, tail, used,
+               fill, dram_free, series, counts)
+        clock[c] = max(clock[c], acc_ready[0])
+    return max(clock.max(), dram_free[0])
+
+
+# ---------------------------------------------------------------------------------------------
+# The host side
+# ---------------------------------------------------------------------------------------------
+
+def slots_of(launch: Launch) -> tuple[int, bool]:
+    """(CTAs in flight, whether the next row goes to the first CTA that frees up): a grid
+    launch is dynamic too, the hardware giving the next CTA to the first free slot."""
+    dynamic = bool(launch.cta.dynamic or not launch.cta.persistent)
+    n_slots = min(launch.resident_ctas, launch.num_items) if dynamic else launch.num_ctas
+    return max(1, int(n_slots)), dynamic
+
+
+def ctas_per_sm(launch: Launch) -> int:
+    """CTAs sharing an SM in this launch (what a step's compute time depends on)."""
+    n_slots, _ = slots_of(launch)
+    return max(1, -(-n_slots // launch.sms))
+
+
+def simulate_timed(launch: Launch, memory: MemoryTiming, compute: ComputeTiming, *,
+                   l2_bytes: int, partitions: int = 2, loads_ahead: int = LOADS_AHEAD,
+                   horizon_ns: float | None = None) -> TimedPrediction:
+    """Simulate one launch with clocks (see the module docstring). `l2_bytes` is the whole
+    L2, split over `partitions` (1 or 2) as in `simulation.LruL2`'s partition model."""
+    if partitions not in (1, 2):
+        raise ValueError(f"partitions must be 1 or 2, got {partitions!r}")
+    if loads_ahead < 1:
+        raise ValueError(f"loads_ahead must be at least 1, got {loads_ahead!r}")
+    for name in ("step_ns", "item_ns", "launch_ns"):
+        if not np.isfinite(getattr(compute, name)) or getattr(compute, name) < 0:
+            raise ValueError(f"compute.{name} must be a finite number >= 0, got "
+                             f"{getattr(compute, name)!r}")
+    p = launch.problem
+    table = _item_table(launch)
+    n_slots, dynamic = slots_of(launch)
+    # Tile ids, dense per kind so that the LRU's arrays stay small and K/V tiles neighbours:
+    # K/V (a step's K and V as one line) per unit, then Q, outputs, partial states
+    n_kv = p.kv_units * p.kv_tiles
+    n_q = p.batch * p.heads * p.q_tiles
+    q_base, o_base, partial_base = n_kv, n_kv + n_q, n_kv + 2 * n_q
+    n_ids = partial_base + (n_q * launch.n_chunks if launch.kv.writes_partials else 0)
+    capacity = int(l2_bytes // partitions)
+    prev = np.full((partitions, n_ids), -1, np.int64)
+    nxt = np.full((partitions, n_ids), -1, np.int64)
+    present = np.zeros((partitions, n_ids), np.bool_)
+    fill = np.zeros((partitions, n_ids), np.float64)
+    size = np.zeros(n_ids, np.int64)
+    head = np.full(partitions, -1, np.int64)
+    tail = np.full(partitions, -1, np.int64)
+    used = np.zeros(partitions, np.int64)
+    home_of = (np.zeros(n_ids, np.int64) if partitions == 1 else
+               (_hash64(np.arange(n_ids)) % np.uint64(2)).astype(np.int64))
+    part_of_slot = ((np.arange(n_slots) % launch.sms) % partitions).astype(np.int64)
+    counts = np.zeros(6, np.float64)
+    if horizon_ns is None:  # every byte from DRAM, plus every step's compute, is an upper end
+        steps = float(np.sum(table[:, WORK_SCAN_COUNT] + table[:, WORK_MASKED_HI]
+                             - table[:, WORK_MASKED_LO]))
+        horizon_ns = (2 * steps * p.tile_n * p.head_dim * p.element_bytes
+                      / (memory.dram_bytes_per_s * 1e-9)
+                      + (steps / n_slots + 1) * compute.step_ns
+                      + (len(table) / n_slots + 1) * (compute.item_ns + memory.dram_ns) + 1e4)
+    bin_ns = max(1.0, horizon_ns / SERIES_BINS)
+    series = np.zeros(SERIES_BINS, np.float64)
+    item_start = np.zeros(len(table), np.float64)
+    item_end = np.zeros(len(table), np.float64)
+    item_slot = np.zeros(len(table), np.int64)
+    step_ns = np.full(n_slots, float(compute.step_ns))
+    timing = np.array([memory.l2_ns, memory.far_ns, memory.dram_ns,
+                       memory.dram_bytes_per_s * 1e-9, bin_ns], np.float64)
+    lru = (capacity, prev, nxt, present, size, head, tail, used, fill)
+    end = _run(table, n_slots, dynamic, launch.num_ctas, bool(launch.alternate), p.heads,
+               p.kv_heads, p.q_tiles, p.kv_tiles, p.tile_m, p.tile_n, p.seqlen_q, p.seqlen_kv,
+               p.head_dim * p.element_bytes, launch.partial_row_bytes,
+               bool(launch.kv.writes_partials), p.batch * p.heads, q_base, o_base, partial_base,
+               step_ns,
+               float(compute.item_ns), int(loads_ahead), part_of_slot, home_of, timing, *lru,
+               np.zeros(1), series, counts, item_start, item_end, item_slot)
+    if launch.kv.writes_partials:  # the combine kernel, a second launch
+        address, nbytes, kind, slot = _combine_pass(launch, launch.sms)
+        address = np.where(kind == KIND_O, o_base + (address - KIND_O) // 8,
+                           partial_base + (address - 4) // 8)
+        end = _combine(address, nbytes.astype(np.int64), kind, slot, end + compute.launch_ns,
+                       launch.sms, partitions, home_of, timing, *lru, series, counts)
+    return TimedPrediction(
+        kernel_ns=end + compute.launch_ns, dram_read_bytes=counts[_DRAM],
+        tex_read_bytes=counts[_TEX], near_hit_bytes=counts[_NEAR], far_hit_bytes=counts[_FAR],
+        fill_waits=int(counts[_WAITS]), bin_ns=bin_ns, dram_series=series,
+        item_start_ns=item_start, item_end_ns=item_end, item_slot=item_slot)
+
