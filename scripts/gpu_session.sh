@@ -30,7 +30,7 @@ for step in "$@"; do
         for ds in $(python3 -c "from wavefront.report.experiments import load_experiment as l
 print(' '.join(l('experiments/$step.py').datasets))"); do
             mkdir -p "$work/$ds"
-            cp "data/$ds/results.csv" "data/$ds/manifest.json" "$work/$ds/" 2>/dev/null
+            cp data/$ds/results.csv* data/$ds/manifest.json* "$work/$ds/" 2>/dev/null
             cp -r "data/$ds/orders" "$work/$ds/" 2>/dev/null
         done
         timeout "$(( $(left) - 15 ))" python3 "experiments/$step.py" run --data "$work" 2>&1 \

@@ -309,16 +309,23 @@ def test_simulate_defaults_to_the_partition_model():
 
 
 def test_compress_packs_a_sweeps_table_and_refuses_a_directory_without_one(tmp_path):
+    from wavefront.results.store import load_results, read_manifest, write_manifest
     d = tmp_path / "knee"
     d.mkdir()
     text = read_results_bytes(results_path(ROOT / "data" / "knee"))
     (d / "results.csv").write_bytes(text)
+    (d / "manifest.json").write_bytes((ROOT / "data" / "knee" / "manifest.json").read_bytes())
+    runs = read_manifest(d)
     result = CliRunner().invoke(main, ["compress", str(d)])
     assert result.exit_code == 0, result.output
-    assert not (d / "results.csv").exists()
+    assert not (d / "results.csv").exists() and not (d / "manifest.json").exists()
     assert read_results_bytes(d / "results.csv.gz") == text
+    assert read_manifest(d) == runs and len(load_results(d / "results.csv.gz")) > 0
+    # a later run's manifest entry goes into the packed manifest, which stays packed
+    write_manifest(d, "later", {**next(iter(runs.values())), "date": "2026-11-24"})
+    assert not (d / "manifest.json").exists() and set(read_manifest(d)) == {*runs, "later"}
     again = CliRunner().invoke(main, ["compress", str(d)])
-    assert again.exit_code == 2 and "no results.csv and no *.jsonl" in again.output
+    assert again.exit_code == 2 and "no results.csv, manifest.json or *.jsonl" in again.output
 
 
 def test_compress_packs_record_files_the_report_still_reads(tmp_path):

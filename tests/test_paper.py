@@ -146,6 +146,7 @@ def test_first_kernel_commits_match_git_ancestry():
     """Every commit named in a committed manifest is labelled first kernel exactly when it is
     not a descendant of the table-driven kernel's commit (skipped without git history)."""
     import glob
+    import gzip
 
     from wavefront.report.draft import FIRST_KERNEL_COMMITS, TABLE_KERNEL_COMMIT
     root = Path(__file__).resolve().parents[1]
@@ -154,8 +155,9 @@ def test_first_kernel_commits_match_git_ancestry():
     if probe.returncode != 0:
         pytest.skip("no git history here")
     commits = set()
-    for path in glob.glob(str(root / "data" / "**" / "manifest.json"), recursive=True):
-        for run in json.loads(Path(path).read_text()).values():
+    for path in glob.glob(str(root / "data" / "**" / "manifest.json*"), recursive=True):
+        data = Path(path).read_bytes()
+        for run in json.loads(gzip.decompress(data) if path.endswith(".gz") else data).values():
             if isinstance(run, dict) and run.get("git_commit"):
                 commits.add(str(run["git_commit"])[:7])
     checked = 0

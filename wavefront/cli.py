@@ -1229,21 +1229,33 @@ def fit(results_path, out_dir, as_json):
 @click.argument("directories", nargs=-1, required=True,
                 type=click.Path(exists=True, file_okay=False))
 def compress(directories):
-    """Pack each data directory's plain results.csv as results.csv.gz and its record files
-    (*.jsonl, in subdirectories too) as *.jsonl.gz, the form committed data takes (about 8x
-    smaller); the store and the report read either. Each packed file is checked to hold what
-    it was made from before the plain file goes."""
+    """Pack each data directory's plain results.csv as results.csv.gz, its manifest.json as
+    manifest.json.gz and its record files (*.jsonl, in subdirectories too) as *.jsonl.gz, the
+    form committed data takes (about 8x smaller); the store and the report read either. Each
+    packed file is checked to hold what it was made from before the plain file goes."""
     import gzip
 
     from wavefront.results.store import (
-        RESULTS_FILE, SchemaError, compress_results, gzip_file, load_results,
-        read_results_bytes)
+        MANIFEST_FILE, RESULTS_FILE, SchemaError, compress_manifest, compress_results,
+        gzip_file, load_results, read_manifest, read_results_bytes)
     for directory in directories:
         plain = Path(directory) / RESULTS_FILE
         records = sorted(Path(directory).rglob("*.jsonl"))
-        if not plain.is_file() and not records:
-            raise click.BadParameter(f"{directory}: no {RESULTS_FILE} and no *.jsonl record "
-                                     "file to compress", param_hint="DIRECTORIES")
+        manifests = sorted(Path(directory).rglob(MANIFEST_FILE))
+        if not plain.is_file() and not records and not manifests:
+            raise click.BadParameter(f"{directory}: no {RESULTS_FILE}, {MANIFEST_FILE} or "
+                                     "*.jsonl record file to compress",
+                                     param_hint="DIRECTORIES")
+        for manifest in manifests:
+            try:
+                runs = read_manifest(manifest.parent)
+            except SchemaError as exc:
+                raise click.ClickException(str(exc)) from None
+            size = manifest.stat().st_size
+            packed = compress_manifest(manifest.parent)
+            if read_manifest(manifest.parent) != runs:
+                raise click.ClickException(f"{packed}: does not hold the runs it was made from")
+            click.echo(f"{packed}: {len(runs)} runs, {size} -> {packed.stat().st_size} bytes")
         for record in records:
             text = record.read_bytes()
             packed = gzip_file(record)

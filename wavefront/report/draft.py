@@ -99,7 +99,7 @@ def measured_with(study: Study, datasets, records=()) -> str:
     today's."""
     parts, first = [], []
     for name in dict.fromkeys(list(datasets) + list(records)):
-        runs = [run for path in sorted((study.data_dir / name).glob("**/manifest.json"))
+        runs = [run for path in sorted((study.data_dir / name).glob("**/manifest.json*"))
                 for run in _runs_of(path)]
         if not runs:
             continue

@@ -111,12 +111,19 @@ def write_csv_gz(frame, path, **to_csv) -> Path:
     return path
 
 
+def compress_manifest(directory) -> Path:
+    """Replace a directory's plain manifest by its compressed form (runs unchanged)."""
+    plain = Path(directory) / MANIFEST_FILE
+    return gzip_file(plain, plain.with_name(COMPRESSED_MANIFEST_FILE))
+
+
 def compress_results(directory) -> Path:
     """Replace a directory's plain results table by its compressed form (one gzip member, no
     timestamp, so the same rows always give the same bytes); the rows are unchanged."""
     plain = Path(directory) / RESULTS_FILE
     return gzip_file(plain, plain.with_name(COMPRESSED_RESULTS_FILE))
 MANIFEST_FILE = "manifest.json"
+COMPRESSED_MANIFEST_FILE = MANIFEST_FILE + ".gz"  # what `wavefront compress` leaves
 
 _TYPE_NAMES = {"float": "float", "int": "int", "str": "str", "bool": "bool"}
 
@@ -498,13 +505,26 @@ def manifest(environment: dict, command: list[str] | None = None,
     }
 
 
+def manifest_path(directory) -> Path:
+    """A directory's manifest: the compressed one where it exists, else the plain."""
+    directory = Path(directory)
+    compressed = directory / COMPRESSED_MANIFEST_FILE
+    return compressed if compressed.exists() else directory / MANIFEST_FILE
+
+
+def _manifest_bytes(path: Path) -> bytes:
+    import gzip
+    data = path.read_bytes()
+    return gzip.decompress(data) if _is_compressed(path) else data
+
+
 def read_manifest(directory) -> dict:
-    path = Path(directory) / MANIFEST_FILE
+    path = manifest_path(directory)
     if not path.exists():
         raise SchemaError(f"{path}: missing; results without a manifest are not accepted")
     require_regular_file(path, "a manifest")
     try:
-        runs = json.loads(path.read_text())
+        runs = json.loads(_manifest_bytes(path))
     except (OSError, ValueError) as exc:
         raise SchemaError(f"{path}: not valid JSON: {exc}") from None
     except RecursionError:
@@ -593,7 +613,7 @@ def check_manifest(directory, run_ids: set[str]) -> dict:
     runs = read_manifest(directory)
     unknown = sorted(r for r in run_ids if r not in runs)
     if unknown:
-        raise SchemaError(f"{Path(directory) / MANIFEST_FILE}: no entry for runs {unknown[:3]}")
+        raise SchemaError(f"{manifest_path(directory)}: no entry for runs {unknown[:3]}")
     return runs
 
 
@@ -606,16 +626,19 @@ def manifest_text(runs: dict) -> str:
 
 
 def write_manifest(directory, run_id: str, data: dict) -> Path:
-    """Manifests accumulate per run: manifest.json maps run_id -> manifest. Written through a
-    unique temporary file and an atomic rename."""
-    path = Path(directory) / MANIFEST_FILE
+    """Manifests accumulate per run: manifest.json maps run_id -> manifest (kept compressed
+    where `wavefront compress` packed it). Written through a unique temporary file and an
+    atomic rename."""
+    import gzip
+    path = manifest_path(directory)
     if path.is_symlink():  # the rename below would not follow it, but reading it would
         raise UnsafePath(f"{path}: is a symbolic link; the store writes only files of its own")
     runs = read_manifest(directory) if path.exists() else {}
     runs[run_id] = data
+    text = manifest_text(runs).encode()
     fd, tmp = tempfile.mkstemp(dir=directory, prefix=".manifest-", suffix=".tmp")
-    with os.fdopen(fd, "w") as f:
-        f.write(manifest_text(runs))
+    with os.fdopen(fd, "wb") as f:
+        f.write(gzip.compress(text, compresslevel=9, mtime=0) if _is_compressed(path) else text)
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, path)
