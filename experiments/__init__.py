@@ -21,6 +21,7 @@ DRAFT = (
     "ctas_in_flight",
     "causal_gqa",
     "regimes",
+    "timed_model",
     "predictions",
     "scaling",
 )

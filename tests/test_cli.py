@@ -2,6 +2,7 @@
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
 from click.testing import CliRunner
 
@@ -292,11 +293,53 @@ def test_an_experiments_own_section_and_claims_join_the_draft():
                 draft.render(numbers)
 
 
-def test_simulate_defaults_to_the_partition_model():
-    """The default is the model the draft validates: on Hopper two partitions, each an LRU of
-    half the L2, the DRAM column from the partitioned cache; --partitions 1 is one LRU."""
+def test_simulate_defaults_to_the_timed_model():
+    """The default is the model the draft validates out of sample: the timed one, with the
+    H100's calibration from paper/fits.json; it answers time as well as DRAM reads, and says
+    what the lock-step model's options need."""
+    args = ["simulate", "--schedule", "persistent+linear,grid+linear", "--seqlen", "16384",
+            "--head-dim", "128", "--json"]
+    res = CliRunner().invoke(main, args)
+    assert res.exit_code == 0, res.output
+    data = json.loads(res.stdout)
+    assert data["model"] == "timed" and data["partitions"] == 2
+    for row in data["results"]:
+        assert row["kernel_ms"] > 0 and row["dram_read_bytes"] >= row["compulsory_read_bytes"]
+        assert "step_time" in row["compute"] and "microbench" in row["memory"]
+    bad = CliRunner().invoke(main, args + ["--jitter", "0.1"])
+    assert bad.exit_code == 2 and "--no-clock" in bad.output
+    missing = CliRunner().invoke(main, args + ["--fits", str(ROOT / "README.md")])
+    assert missing.exit_code == 2 and "no timed-model calibration" in missing.output
+
+
+def test_simulate_writes_per_cta_timelines(tmp_path):
+    res = CliRunner().invoke(main, ["simulate", "--schedule", "dynamic+linear", "--seqlen",
+                                    "8192", "--causal", "--timeline-out", str(tmp_path)])
+    assert res.exit_code == 0, res.output
+    (path,) = tmp_path.iterdir()
+    rows = np.loadtxt(path, delimiter=",", skiprows=1)
+    assert len(rows) == 64  # 8192 / 128-row Q tiles (the default), one row per work item
+    assert (rows[:, 3] > rows[:, 2]).all() and len(set(rows[:, 1])) > 1
+
+
+def test_advise_ranks_configurations_by_predicted_time():
+    res = CliRunner().invoke(main, ["advise", "--seqlen", "16384", "--head-dim", "64",
+                                    "--schedule", "persistent+linear,grid+linear", "--json"])
+    assert res.exit_code == 0, res.output
+    ranking = json.loads(res.stdout)["ranking"]
+    assert len(ranking) == 4  # two schedules x two tile shapes
+    times = [r["time_ms"] for r in ranking]
+    assert times == sorted(times) and ranking[0]["vs_best"] == 1.0
+    two = CliRunner().invoke(main, ["advise", "--seqlen", "1024,2048"])
+    assert two.exit_code == 2 and "one shape" in two.output
+
+
+def test_simulate_lock_step_uses_the_partition_model():
+    """--no-clock: the lock-step rounds with the partition model the draft validates: on
+    Hopper two partitions, each an LRU of half the L2, the DRAM column from the partitioned
+    cache; --partitions 1 is one LRU."""
     args = ["simulate", "--schedule", "persistent+linear", "--seqlen", "65536", "--head-dim",
-            "64", "--tile", "64x64", "--json"]
+            "64", "--tile", "64x64", "--no-clock", "--json"]
     default = json.loads(CliRunner().invoke(main, args).stdout)
     one = json.loads(CliRunner().invoke(main, args + ["--partitions", "1"]).stdout)
     assert default["partitions"] == 2 and one["partitions"] == 1

@@ -129,7 +129,8 @@ def test_throughput_fit_identifies_the_dram_term_only_where_it_binds():
 
 
 def test_every_preset_names_a_source_for_every_field():
-    fields = {"sms", "l2_bytes", "l2_partitions", "dram_bytes_per_s", "peak_bf16_flops"}
+    fields = {"sms", "l2_bytes", "l2_partitions", "dram_bytes_per_s", "peak_bf16_flops",
+              "l2_latency_ns", "dram_latency_ns", "dram_read_bytes_per_s"}
     for key, gpu in PRESETS.items():
         named = dict(gpu.sources)
         assert set(named) == fields, key

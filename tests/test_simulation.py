@@ -223,7 +223,7 @@ def test_paper_sized_launch_streams_in_bounded_memory():
     is streamed. Seconds and accesses/s are printed for the CI log, not asserted."""
     out = subprocess.run([sys.executable, "-m", "wavefront.cli", "simulate", "--gpu", "gb10",
                           "--batch", "8", "--heads", "1", "--seqlen", "131072", "--head-dim",
-                          "64", "--tile", "64x64",
+                          "64", "--tile", "64x64", "--no-clock",
                           "--schedule", "persistent+linear,persistent+sawtooth", "--json"],
                          capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr
@@ -235,6 +235,25 @@ def test_paper_sized_launch_streams_in_bounded_memory():
     assert sawtooth["dram_read_bytes"] < linear["dram_read_bytes"]
     print(f"paper-sized simulate: {res['seconds']:.1f} s, "
           f"{res['accesses_per_s'] / 1e6:.1f} M accesses/s, peak {res['peak_rss_mib']:.0f} MiB")
+
+
+def test_paper_sized_launch_with_the_clock_stays_under_2_gb():
+    """The paper's launch as the paper ran it (48 persistent CTAs, one per SM) through the
+    timed model, on the GB10 preset: memory under 2 GB; seconds printed for the CI log (the
+    issue's 10 s is a target for this 2-core machine, not asserted in a unit test)."""
+    out = subprocess.run([sys.executable, "-m", "wavefront.cli", "simulate", "--gpu", "gb10",
+                          "--batch", "8", "--heads", "1", "--seqlen", "131072", "--head-dim",
+                          "64", "--tile", "64x64", "--occupancy", "1", "--ctas", "48",
+                          "--schedule", "persistent+linear,persistent+sawtooth", "--json"],
+                         capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr
+    res = json.loads(out.stdout)
+    assert res["model"] == "timed" and res["peak_rss_mib"] < 2048
+    linear, sawtooth = res["results"]
+    assert sawtooth["dram_read_bytes"] < linear["dram_read_bytes"]
+    print("paper-sized simulate with the clock: "
+          + ", ".join(f"{r['schedule']} {r['seconds']:.1f} s" for r in res["results"])
+          + f", peak {res['peak_rss_mib']:.0f} MiB")
 
 
 @pytest.mark.parametrize("schedule", ["grid+sawtooth", "persistent+tiled", "grouped+linear"])
@@ -328,7 +347,7 @@ def test_simulate_writes_traces(tmp_path):
 
     from wavefront.cli import main
     res = CliRunner().invoke(main, ["simulate", "--seqlen", "4096", "--trace-out",
-                                    str(tmp_path), "--json"])
+                                    str(tmp_path), "--no-clock", "--json"])
     assert res.exit_code == 0, res.output
     files = sorted(p.name for p in tmp_path.iterdir())
     assert files == ["persistent+linear_s4096_d64.oracleGeneral.bin",

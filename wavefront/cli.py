@@ -1059,6 +1059,116 @@ def sweep(spec_path, out_dir, retry_failed, dry_run, preset, gpus, scheduler, as
 # The model and the report: simulate, fit, paper
 # --------------------------------------------------------------------------------------------
 
+def _default_fits() -> Path:
+    return Path(__file__).resolve().parent.parent / "paper" / "fits.json"
+
+
+def _fits_option(f):
+    return click.option(
+        "--fits", "fits_path", type=click.Path(dir_okay=False), default=None,
+        help="The fits the timed model's compute times come from (its calibration on "
+             "experiments/step_time.py) [default: the checkout's paper/fits.json].")(f)
+
+
+def _timed_setup(gpu, gpu_name: str, fits_path):
+    """(memory timing, a function launch -> compute timing) for a preset: its own calibration
+    where fits.json has one, else projected from the H100's."""
+    from wavefront.model.presets import gpu_preset
+    from wavefront.model.timed import Calibration, memory_timing, projected_compute
+    path = Path(fits_path) if fits_path else _default_fits()
+    try:
+        cals = json.loads(path.read_text())["timed_model"]["calibrations"]
+    except (OSError, ValueError, KeyError) as exc:
+        raise click.UsageError(f"{path}: no timed-model calibration ({exc.__class__.__name__}"
+                               f": {exc}); run `wavefront paper` or pass --fits") from None
+    cals = {name: Calibration.from_dict(c) for name, c in cals.items()}
+    try:
+        memory = memory_timing(gpu)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="--gpu") from None
+    own = next((c for name, c in cals.items() if gpu_preset(gpu_name).name.split()[0]
+                in name), None)
+    h100 = next((c for name, c in cals.items() if "H100" in name), None)
+
+    def compute(launch):
+        timing = own.compute(launch) if own else None
+        if timing is None and h100 is not None:
+            timing = projected_compute(h100, gpu_preset("h100"), gpu, launch)
+        if timing is None:
+            raise click.UsageError(f"{path}: no calibration for this kernel variant")
+        return timing
+    return memory, compute
+
+
+def _simulable_launches(points, gpu) -> list:
+    """(point, launch) of every point on the preset, each refused before anything is
+    allocated if it cannot be simulated here."""
+    from wavefront.model.simulation import check_simulable
+    launches = []
+    for point in points:
+        try:
+            launch = point.launch(gpu)
+            check_simulable(launch)
+        except ValueError as exc:
+            raise click.UsageError(str(exc)) from None
+        launches.append((point, launch))
+    return launches
+
+
+def _simulate_timed(points, gpu, gpu_name, partitions, fits_path, timeline_dir, as_json):
+    from wavefront.model.counting import launch_counts
+    from wavefront.model.timed import simulate_timed
+    from wavefront.results.progress import peak_rss_mib
+    memory, compute_of = _timed_setup(gpu, gpu_name, fits_path)
+    partitions = partitions or gpu.l2_partitions
+    rows, start = [], time.perf_counter()
+    for point, launch in _simulable_launches(points, gpu):
+        t0 = time.perf_counter()
+        click.echo(f"simulating {launch.name} S={point.seqlen} D={point.head_dim} "
+                   f"{'causal' if point.causal else 'non-causal'} with the clock ...", err=True,
+                   nl=False)
+        compute = compute_of(launch)
+        pred = simulate_timed(launch, memory, compute, l2_bytes=gpu.l2_bytes,
+                              partitions=partitions)
+        click.echo(f" {time.perf_counter() - t0:.1f} s", err=True)
+        if timeline_dir:
+            import numpy as np
+            Path(timeline_dir).mkdir(parents=True, exist_ok=True)
+            name = (f"{launch.name}_s{point.seqlen}_d{point.head_dim}"
+                    f"{'_causal' if point.causal else ''}.timeline.csv")
+            np.savetxt(Path(timeline_dir) / name, np.column_stack(
+                [np.arange(launch.num_items), pred.item_slot, pred.item_start_ns,
+                 pred.item_end_ns]), fmt=["%d", "%d", "%.1f", "%.1f"], delimiter=",",
+                header="work_item,cta,start_ns,end_ns", comments="")
+            click.echo(f"timeline -> {Path(timeline_dir) / name}", err=True)
+        counts = launch_counts(launch.problem, launch.n_chunks, launch.partial_row_bytes)
+        rows.append({"inputs": point.as_dict(), "schedule": launch.name, **pred.summary(),
+                     "compulsory_read_bytes": counts.compulsory_read_bytes,
+                     "tflops": counts.useful_flops / pred.kernel_ns * 1e-3,
+                     "step_ns": compute.step_ns, "compute": compute.source,
+                     "memory": memory.source, "seconds": time.perf_counter() - t0})
+    elapsed = time.perf_counter() - start
+    if as_json:
+        _echo_json({"gpu": gpu.name, "preset": gpu_name, "sms": gpu.sms,
+                    "l2_bytes": gpu.l2_bytes, "partitions": partitions, "model": "timed",
+                    "seconds": elapsed, "peak_rss_mib": peak_rss_mib(), "results": rows})
+        return
+    print_table([{**r, "S": r["inputs"]["seqlen"], "D": r["inputs"]["head_dim"],
+                  "causal": r["inputs"]["causal"], "dram_mb": r["dram_read_bytes"] / 1e6,
+                  "x_min": r["dram_read_bytes"] / r["compulsory_read_bytes"]} for r in rows],
+                [("schedule", "schedule", ""), ("S", "S", "d"), ("D", "D", "d"),
+                 ("causal", "causal", ""), ("dram_mb", "DRAM rd MB", ".1f"),
+                 ("x_min", "x compulsory", ".2f"), ("kernel_ms", "time ms", ".3f"),
+                 ("tflops", "TFLOP/s", ".0f"), ("step_ns", "step ns", ".0f"),
+                 ("seconds", "sim s", ".1f")],
+                title=f"{gpu.name} preset ({gpu.sms} SMs, L2 {gpu.l2_bytes / 2**20:.0f} MiB "
+                      f"in {partitions} partition(s)), timed model, B={points[0].batch} "
+                      f"H={points[0].heads}")
+    click.echo(f"compute: {rows[0]['compute']}\nmemory: {rows[0]['memory']}")
+    click.echo(f"({len(rows)} launches simulated in {elapsed:.1f} s, peak memory "
+               f"{peak_rss_mib():.0f} MiB)")
+
+
 @main.command()
 @click.option("--gpu", "gpu_name", default="h100", show_default=True,
               help="GPU preset: h100, h200, b200, gb10.")
@@ -1078,20 +1188,35 @@ def sweep(spec_path, out_dir, retry_failed, dry_run, preset, gpus, scheduler, as
               help="Probability that a CTA stalls for a round.")
 @click.option("--trace-out", "trace_dir", type=click.Path(file_okay=False), default=None,
               help="Also write each launch's read trace here in libCacheSim's oracleGeneral "
-                   "binary format.")
+                   "binary format (lock-step model).")
+@click.option("--clock/--no-clock", default=True, show_default=True,
+              help="The timed model (CTAs with clocks: DRAM reads and kernel time, the model "
+                   "the draft validates) or the lock-step rounds (DRAM reads, reuse distances).")
+@_fits_option
+@click.option("--timeline-out", "timeline_dir", type=click.Path(file_okay=False), default=None,
+              help="With the clock: write each launch's per-CTA timeline (every work item's "
+                   "CTA, start and end in ns) here as CSV.")
 @click.option("--json", "as_json", is_flag=True)
-def simulate(points, gpu_name, sms, l2_mib, capacity_mib, partitions, jitter, trace_dir,
-             as_json):
-    """Predict L2 accesses, misses and DRAM reads per schedule on a GPU preset (CPU only)."""
+def simulate(points, gpu_name, sms, l2_mib, capacity_mib, partitions, jitter, trace_dir, clock,
+             fits_path, timeline_dir, as_json):
+    """Predict DRAM reads (and, with the clock, kernel time) per schedule on a GPU preset
+    (CPU only)."""
     from wavefront.model.fits import analytic_misses, predict
     from wavefront.model.presets import gpu_preset
-    from wavefront.model.simulation import check_simulable
     from wavefront.point import SECTOR_BYTES
     try:
         gpu = gpu_preset(gpu_name).with_overrides(
             sms=sms, l2_bytes=int(l2_mib * 2**20) if l2_mib else None)
     except ValueError as exc:
         raise click.BadParameter(str(exc), param_hint="--gpu") from None
+    if clock:
+        if jitter or trace_dir or capacity_mib:
+            raise click.UsageError("--jitter, --trace-out and --capacity-mib belong to the "
+                                   "lock-step model: add --no-clock")
+        _simulate_timed(points, gpu, gpu_name, partitions, fits_path, timeline_dir, as_json)
+        return
+    if timeline_dir:
+        raise click.UsageError("--timeline-out needs the clock (drop --no-clock)")
     # The default is the partition model, the one the draft validates out of sample: the L2's
     # own size over its partitions. With one partition the whole stream meets one LRU of that
     # capacity; with two, `predict` runs the partitioned cache (per partition `capacity`) and
@@ -1099,14 +1224,7 @@ def simulate(points, gpu_name, sms, l2_mib, capacity_mib, partitions, jitter, tr
     if partitions is None:
         partitions = gpu.l2_partitions
     capacity = capacity_mib * 2**20 if capacity_mib else gpu.l2_bytes / partitions
-    launches = []
-    for point in points:
-        try:
-            launch = point.launch(gpu)
-            check_simulable(launch)
-        except ValueError as exc:
-            raise click.UsageError(str(exc)) from None
-        launches.append((point, launch))
+    launches = _simulable_launches(points, gpu)
     results = []
     start = time.perf_counter()
     for point, launch in launches:
@@ -1173,6 +1291,68 @@ def simulate(points, gpu_name, sms, l2_mib, capacity_mib, partitions, jitter, tr
                        f"{pt['dram_read_sectors']:.4g} sectors")
     click.echo(f"({accesses / 1e6:.1f} M tile accesses simulated in {elapsed:.1f} s, "
                f"{accesses / max(elapsed, 1e-9) / 1e6:.1f} M/s, peak memory {peak_mib:.0f} MiB)")
+
+
+ADVISE_SCHEDULES = ("grid+linear,persistent+linear,persistent+sawtooth,grouped+linear,"
+                    "grouped+sawtooth,longest_first+linear,dynamic+linear,"
+                    "grouped_dynamic+linear")
+
+
+@main.command()
+@click.option("--gpu", "gpu_name", default="h100", show_default=True,
+              help="GPU preset: h100, h200, b200, gb10.")
+@point_options(default_schedule=ADVISE_SCHEDULES, default_seqlen="131072",
+               default_head_dim="64", causal_default=False, default_heads=1)
+@click.option("--tiles-to-try", "tile_list", default="64x64,128x64", show_default=True,
+              help="Tile shapes to rank (each with every schedule).")
+@click.option("--top", type=click.IntRange(min=1), default=10, show_default=True)
+@_fits_option
+@click.option("--json", "as_json", is_flag=True)
+def advise(gpu_name, points, tile_list, top, fits_path, as_json):
+    """Rank schedules and tile shapes for one shape on a GPU preset by the timed model's
+    predicted kernel time (CPU only; nothing is measured)."""
+    from dataclasses import replace
+    from wavefront.model.presets import gpu_preset
+    from wavefront.model.timed import simulate_timed
+    try:
+        gpu = gpu_preset(gpu_name)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="--gpu") from None
+    shapes = {(p.batch, p.heads, p.kv_heads, p.seqlen, p.head_dim, p.causal) for p in points}
+    if len(shapes) > 1:
+        raise click.UsageError("advise ranks configurations of one shape: give one --seqlen, "
+                               "--head-dim and mask")
+    tiles = _list(str, tile_list, "--tiles-to-try")
+    memory, compute_of = _timed_setup(gpu, gpu_name, fits_path)
+    rows = []
+    candidates = [replace(p, tiles=t, occupancy=None) for p in points for t in tiles]
+    with click.progressbar(candidates, label="simulating", file=sys.stderr) as bar:
+        for point in bar:
+            try:
+                launch = point.launch(gpu)
+            except ValueError:
+                continue  # a tile shape this schedule or head dim does not take
+            pred = simulate_timed(launch, memory, compute_of(launch), l2_bytes=gpu.l2_bytes,
+                                  partitions=gpu.l2_partitions)
+            rows.append({"schedule": launch.name, "tiles": point.tiles,
+                         "time_ms": pred.kernel_ns * 1e-6,
+                         "dram_mb": pred.dram_read_bytes / 1e6})
+    rows.sort(key=lambda r: r["time_ms"])
+    for r in rows:
+        r["vs_best"] = r["time_ms"] / rows[0]["time_ms"]
+    p = points[0]
+    if as_json:
+        _echo_json({"gpu": gpu.name, "shape": {"batch": p.batch, "heads": p.heads,
+                                               "kv_heads": p.kv_heads, "seqlen": p.seqlen,
+                                               "head_dim": p.head_dim, "causal": p.causal},
+                    "ranking": rows})
+        return
+    print_table(rows[:top], [("schedule", "schedule", ""), ("tiles", "tiles", ""),
+                             ("time_ms", "predicted ms", ".3f"),
+                             ("vs_best", "x best", ".3f"), ("dram_mb", "DRAM rd MB", ".1f")],
+                title=f"{gpu.name}: B{p.batch} H{p.heads}/{p.kv_heads} S{p.seqlen} "
+                      f"D{p.head_dim} {'causal' if p.causal else 'non-causal'}, ranked by the "
+                      "timed model's predicted time")
 
 
 @main.command()

@@ -20,6 +20,11 @@ class GPUSpec:
     dram_bytes_per_s: float
     peak_bf16_flops: float  # dense tensor-core rate
     sources: tuple[tuple[str, str], ...] = ()  # (field, where the value comes from)
+    # The timed model's memory system (`model.timed.MemoryTiming`): an L2 hit, a DRAM miss
+    # (unloaded) and the sustained DRAM read rate, as `wavefront microbench` measured them
+    l2_latency_ns: float = 0.0
+    dram_latency_ns: float = 0.0
+    dram_read_bytes_per_s: float = 0.0
 
     def with_overrides(self, **kw) -> "GPUSpec":
         kw = {k: v for k, v in kw.items() if v is not None}
@@ -27,6 +32,8 @@ class GPUSpec:
 
 
 _MEASURED = "reported by the device (cudaGetDeviceProperties) on the lent hosts"
+# medians of data/microbench (3 runs per GPU, commit 676e75e); a test checks they still are
+_MICROBENCH = "wavefront microbench, data/microbench (median of 3 runs)"
 _HOPPER_WP = "NVIDIA H100 Tensor Core GPU Architecture whitepaper (two L2 partitions)"
 
 PRESETS: dict[str, GPUSpec] = {
@@ -36,13 +43,19 @@ PRESETS: dict[str, GPUSpec] = {
                         ("l2_partitions", _HOPPER_WP),
                         ("dram_bytes_per_s", "NVIDIA H100 SXM datasheet (3.35 TB/s HBM3)"),
                         ("peak_bf16_flops", "NVIDIA H100 SXM datasheet (989 TFLOPS BF16 "
-                                            "dense)"))),
+                                            "dense)"),
+                        ("l2_latency_ns", _MICROBENCH), ("dram_latency_ns", _MICROBENCH),
+                        ("dram_read_bytes_per_s", _MICROBENCH)),
+                    l2_latency_ns=143.4, dram_latency_ns=367.2, dram_read_bytes_per_s=3.092e12),
     "h200": GPUSpec("H200", sms=132, l2_bytes=60 * MiB, l2_partitions=2,
                     dram_bytes_per_s=4.8e12, peak_bf16_flops=989e12, sources=(
                         ("sms", _MEASURED), ("l2_bytes", _MEASURED),
                         ("l2_partitions", _HOPPER_WP + "; the H200 is the same die"),
                         ("dram_bytes_per_s", "NVIDIA H200 datasheet (4.8 TB/s HBM3e)"),
-                        ("peak_bf16_flops", "NVIDIA H200 datasheet (989 TFLOPS BF16 dense)"))),
+                        ("peak_bf16_flops", "NVIDIA H200 datasheet (989 TFLOPS BF16 dense)"),
+                        ("l2_latency_ns", _MICROBENCH), ("dram_latency_ns", _MICROBENCH),
+                        ("dram_read_bytes_per_s", _MICROBENCH)),
+                    l2_latency_ns=147.0, dram_latency_ns=363.4, dram_read_bytes_per_s=4.637e12),
     "b200": GPUSpec("B200", sms=148, l2_bytes=126 * MiB, l2_partitions=2,
                     dram_bytes_per_s=8.0e12, peak_bf16_flops=2250e12, sources=(
                         ("sms", "guess: 148 SMs as widely reported for B200; not checked"),
@@ -51,15 +64,28 @@ PRESETS: dict[str, GPUSpec] = {
                         ("dram_bytes_per_s", "NVIDIA DGX B200 datasheet (8 TB/s HBM3e per "
                                              "GPU)"),
                         ("peak_bf16_flops", "NVIDIA B200 datasheet (2.25 PFLOPS BF16 dense, "
-                                            "half the sparse figure)"))),
+                                            "half the sparse figure)"),
+                        ("l2_latency_ns", "guess: the H200's measured 147 ns"),
+                        ("dram_latency_ns", "guess: the H200's measured 363 ns (HBM3e too)"),
+                        ("dram_read_bytes_per_s", "guess: 0.97 of the datasheet rate, the "
+                                                  "H200's measured fraction")),
+                    l2_latency_ns=147.0, dram_latency_ns=363.4, dram_read_bytes_per_s=7.76e12),
     "gb10": GPUSpec("GB10", sms=48, l2_bytes=24 * MiB, l2_partitions=1,
-                    dram_bytes_per_s=273e9, peak_bf16_flops=100e12, sources=(
+                    dram_bytes_per_s=273e9, peak_bf16_flops=125e12, sources=(
                         ("sms", "Zhu et al., arXiv 2601.16032 (48 SMs)"),
                         ("l2_bytes", "Zhu et al., arXiv 2601.16032 (24 MiB L2)"),
                         ("l2_partitions", "guess: one L2 partition on a single die"),
                         ("dram_bytes_per_s", "NVIDIA DGX Spark datasheet (273 GB/s LPDDR5X)"),
-                        ("peak_bf16_flops", "guess: ~100 TFLOPS BF16 dense, scaled from the "
-                                            "1 PFLOP sparse FP4 figure of the DGX Spark"))),
+                        ("peak_bf16_flops", "NVIDIA cudnn-frontend's benchmark: 1024 dense "
+                                            "BF16 FLOP/clk/SM for compute capability 12.x, "
+                                            "x 48 SMs x 2.55 GHz (DGX Spark boost clock) = "
+                                            "125 TFLOP/s; FA2 measured 93-95 TFLOP/s there "
+                                            "(FlashInfer PR 3897)"),
+                        ("l2_latency_ns", "guess: the H100's measured 143 ns"),
+                        ("dram_latency_ns", "guess: 600 ns, LPDDR5X behind a CPU-shared "
+                                            "memory controller; no published figure"),
+                        ("dram_read_bytes_per_s", "guess: 0.9 of the 273 GB/s datasheet rate")),
+                    l2_latency_ns=143.4, dram_latency_ns=600.0, dram_read_bytes_per_s=246e9),
 }
 
 

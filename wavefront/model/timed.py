@@ -488,3 +488,155 @@ def simulate_timed(launch: Launch, memory: MemoryTiming, compute: ComputeTiming,
         fill_waits=int(counts[_WAITS]), bin_ns=bin_ns, dram_series=series,
         item_start_ns=item_start, item_end_ns=item_end, item_slot=item_slot)
 
+
+
+# ---------------------------------------------------------------------------------------------
+# Calibration: a K/V step's compute time from launches that fit in the L2
+# ---------------------------------------------------------------------------------------------
+
+def variant_of(launch: Launch) -> tuple:
+    """What a step's compute time depends on: head dim, tile shape, mask, CTAs per SM. (The
+    kernel is schedule-neutral in the interleaved bench, so the CTA and K/V orders are not.)"""
+    p = launch.problem
+    return (p.head_dim, p.tile_m, p.tile_n, bool(p.causal), ctas_per_sm(launch))
+
+
+def variant_label(variant: tuple) -> str:
+    d, tm, tn, causal, per_sm = variant
+    return f"D{d} {tm}x{tn} {'causal' if causal else 'non-causal'}, {per_sm} CTA/SM"
+
+
+# Probe values for the linearisation (ns): large enough to dominate the memory latencies.
+_PROBE_STEP_NS, _PROBE_ITEM_NS = 1000.0, 10000.0
+
+
+def _time_terms(launch: Launch, memory: MemoryTiming, l2_bytes: int, partitions: int,
+                step_ns: float, item_ns: float) -> tuple[float, float, float]:
+    """The simulated kernel time about (step_ns, item_ns) as T0 + A*step_ns + B*item_ns: the
+    time is nearly linear in the two compute costs once memory waits are small, which is what
+    a training launch (its K/V in flight fits in the L2) is chosen for."""
+    def at(step, item):
+        return simulate_timed(launch, memory, ComputeTiming(step, item, 0.0),
+                              l2_bytes=l2_bytes, partitions=partitions).kernel_ns
+    base = at(step_ns, item_ns)
+    a = (at(step_ns + _PROBE_STEP_NS, item_ns) - base) / _PROBE_STEP_NS
+    b = (at(step_ns, item_ns + _PROBE_ITEM_NS) - base) / _PROBE_ITEM_NS
+    return base - a * step_ns - b * item_ns, a, b
+
+
+@dataclass
+class Calibration:
+    """Compute timings of one GPU per kernel variant, fitted on named training launches."""
+
+    gpu: str
+    launch_ns: float
+    item_ns: float
+    step_ns: dict  # variant -> ns
+    training: str  # what it was fitted on
+    points: int
+    errors: dict  # in-sample relative error of the fitted times (median, max)
+
+    def compute(self, launch: Launch) -> ComputeTiming | None:
+        """The variant's timing; a variant not trained falls back to the same tiles and mask
+        at another CTAs-per-SM count, scaled by the CTAs sharing an SM; None if none."""
+        v = variant_of(launch)
+        step = self.step_ns.get(v)
+        source = f"fitted on {self.training} ({variant_label(v)})"
+        if step is None:
+            near = [(k, s) for k, s in self.step_ns.items() if k[:4] == v[:4]]
+            if not near:
+                return None
+            k, s = min(near, key=lambda ks: abs(ks[0][4] - v[4]))
+            step = s * v[4] / k[4]
+            source = (f"fitted on {self.training} for {variant_label(k)}, scaled to "
+                      f"{v[4]} CTA/SM")
+        return ComputeTiming(step, self.item_ns, self.launch_ns, source)
+
+    def as_dict(self) -> dict:
+        """JSON-ready (paper/fits.json carries it; `from_dict` reads it back)."""
+        return {"gpu": self.gpu, "launch_ns": self.launch_ns, "item_ns": self.item_ns,
+                "step_ns": [{"variant": variant_label(k), "head_dim": k[0], "tile_m": k[1],
+                             "tile_n": k[2], "causal": k[3], "ctas_per_sm": k[4], "ns": v}
+                            for k, v in sorted(self.step_ns.items())],
+                "training": self.training, "points": self.points, "errors": self.errors}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "Calibration":
+        step = {(int(r["head_dim"]), int(r["tile_m"]), int(r["tile_n"]), bool(r["causal"]),
+                 int(r["ctas_per_sm"])): float(r["ns"]) for r in d["step_ns"]}
+        return cls(d["gpu"], float(d["launch_ns"]), float(d["item_ns"]), step, d["training"],
+                   int(d["points"]), dict(d["errors"]))
+
+
+def calibrate(gpu: str, launches: list[Launch], measured_ns, memory: MemoryTiming, *,
+              l2_bytes: int, partitions: int, training: str, rounds: int = 2) -> Calibration:
+    """Per-variant step time, one item cost and one launch cost for the GPU, by non-negative
+    least squares on relative error over the training launches (their measured kernel times,
+    `measured_ns`), the simulation linearised about the current estimate and refitted."""
+    from scipy.optimize import nnls
+    measured = np.asarray(measured_ns, np.float64)
+    if len(launches) != len(measured) or len(measured) < 3:
+        raise ValueError("calibrate needs at least 3 training launches, each with a time")
+    variants = sorted({variant_of(l) for l in launches})
+    column = {v: i for i, v in enumerate(variants)}
+    step = {v: 100.0 for v in variants}
+    item, launch_ns = 1000.0, 0.0
+    for _ in range(rounds):
+        rows, rhs = [], []
+        for launch, t in zip(launches, measured):
+            v = variant_of(launch)
+            t0, a, b = _time_terms(launch, memory, l2_bytes, partitions, step[v], item)
+            row = np.zeros(len(variants) + 2)
+            row[column[v]], row[-2], row[-1] = a, b, 1.0  # step, item, launch
+            rows.append(row / t)
+            rhs.append((t - t0) / t)
+        x, _ = nnls(np.array(rows), np.array(rhs))
+        step = {v: float(x[column[v]]) for v in variants}
+        item, launch_ns = float(x[-2]), float(x[-1])
+    fitted = np.array([simulate_timed(l, memory, ComputeTiming(step[variant_of(l)], item,
+                                                              launch_ns),
+                                      l2_bytes=l2_bytes, partitions=partitions).kernel_ns
+                       for l in launches])
+    err = np.abs(fitted - measured) / measured
+    return Calibration(gpu, launch_ns, item, step, training, len(launches),
+                       {"median": float(np.median(err)), "max": float(err.max())})
+
+
+def memory_timing(gpu) -> MemoryTiming:
+    """A GPU preset's memory system for the timed model (`presets.GPUSpec`; one latency for
+    near and far L2 hits: the pointer chase saw no second mode on Hopper)."""
+    if not gpu.l2_latency_ns or not gpu.dram_read_bytes_per_s:
+        raise ValueError(f"the {gpu.name} preset has no memory timings for the timed model")
+    sources = dict(gpu.sources)
+    return MemoryTiming(gpu.l2_latency_ns, gpu.l2_latency_ns, gpu.dram_latency_ns,
+                        gpu.dram_read_bytes_per_s,
+                        "; ".join(f"{k}: {sources.get(k, '?')}" for k in
+                                  ("l2_latency_ns", "dram_latency_ns", "dram_read_bytes_per_s")))
+
+
+def projected_compute(calibration: Calibration, measured_on, gpu, launch: Launch,
+                      fraction_of_peak: float | None = None) -> ComputeTiming:
+    """A compute timing for a GPU nobody calibrated (`gpu`), from a calibrated one's
+    (`calibration`, measured on preset `measured_on`): the same variant's step at the same
+    fraction of each GPU's peak per SM, or at `fraction_of_peak` of `gpu`'s where given (the
+    bounds of a prediction's interval)."""
+    on_ref = replace_launch_sms(launch, measured_on.sms)
+    ref = calibration.compute(on_ref)
+    if ref is None:
+        raise ValueError(f"no calibrated variant near {variant_label(variant_of(launch))}")
+    p = launch.problem
+    step_flops = 4.0 * p.tile_m * p.tile_n * p.head_dim
+    per_sm = gpu.peak_bf16_flops / gpu.sms
+    ref_fraction = step_flops * ctas_per_sm(on_ref) / (ref.step_ns * 1e-9) / (
+        measured_on.peak_bf16_flops / measured_on.sms)
+    fraction = fraction_of_peak or ref_fraction
+    step = step_flops * ctas_per_sm(launch) / (fraction * per_sm) * 1e9
+    return ComputeTiming(step, ref.item_ns, ref.launch_ns,
+                         f"{fraction:.0%} of {gpu.name}'s peak per SM "
+                         f"({'as calibrated on ' + measured_on.name if not fraction_of_peak else 'assumed'})")
+
+
+def replace_launch_sms(launch: Launch, sms: int) -> Launch:
+    """The same launch on a GPU of `sms` SMs (the CTAs it runs are kept)."""
+    from dataclasses import replace
+    return replace(launch, sms=sms)

@@ -12,7 +12,7 @@ import shutil
 import time
 from pathlib import Path
 
-from wavefront.report import draft
+from wavefront.report import draft, timed
 from wavefront.report.analysis import Study
 from wavefront.report.experiments import discover, draw
 from wavefront.results.progress import peak_rss_mib
@@ -86,6 +86,14 @@ def _build_into(data_dir, paper_dir: Path, experiments_dir, log) -> dict:
         "throughput_fits": {g: {k: v for k, v in f.as_dict().items() if k not in drop}
                             for g, f in tfits.items()},
         "in_sample": {"capacity_fits": {g: e.summary() for g, e in study.knee_fits.items()}},
+        # the timed model: its calibration (what `wavefront simulate` and `advise` read), its
+        # training set, and its held-out scores per family and GPU
+        "timed_model": {
+            "training": timed.TRAINING,
+            "calibrations": {g: c.as_dict() for g, c in timed.calibrations(study).items()},
+            "out_of_sample": timed.validation_table(study).to_dict(orient="records"),
+            "advisor_on_held_out_shapes": timed.advisor_check(study).to_dict(orient="records"),
+            "predictions": timed.predictions(study).to_dict(orient="records")},
         "claims": [{"text": c.text, "holds": c.holds, "evidence": c.evidence}
                    for c in numbers.claims],
     }

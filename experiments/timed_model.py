@@ -1,0 +1,259 @@
+"""Can one simulation with clocks predict DRAM reads and kernel time, out of sample?
+
+The timed model (`wavefront.model.timed`) gives every resident CTA a clock over the work table
+the kernel reads: a K/V pipeline two steps deep, a partitioned LRU L2 whose lines carry their
+fill times (a load of a line still being filled waits for that fill), a DRAM that serves misses
+in arrival order at its measured bandwidth, dynamic schedules handing out rows in simulated
+time. Its memory parameters come from `wavefront microbench` (data/microbench), its compute
+time per K/V step from the training set `step_time` (launches whose K/V in flight fits in the
+L2; experiments/step_time.py). Every other data set of today's kernel is held out and scored
+here, with the time-resolved DRAM series of four PM-sampled launches, the advisor's picks on
+the ablation's shapes and predictions for GB10 and B200. Nothing is measured by this file.
+
+    python experiments/timed_model.py plot --out DIR # anywhere: figure and table from data/
+"""
+import matplotlib.pyplot as plt
+import numpy as np
+import pandas as pd
+import seaborn as sns
+
+from wavefront.model.fits import PAPER_LAUNCH
+from wavefront.model.presets import PRESETS
+from wavefront.report import timed
+from wavefront.report.draft import Claim, Section, md_table, paragraphs
+from wavefront.report.experiments import run_as_script
+from wavefront.report.figures import short_gpu
+
+DATASETS = (timed.TRAINING, *timed.TIMED_FAMILIES)
+RECORDS = ("kernel_drift_timeline",)
+
+
+def table(study) -> pd.DataFrame:
+    return timed.validation_table(study)
+
+
+def figure(study):
+    rows = timed.validation_rows(study)
+    rows = rows.assign(GPU=rows["gpu"].map(short_gpu),
+                       **{"DRAM reads, measured (GB)": rows["measured_dram_bytes"] / 1e9,
+                          "DRAM reads, predicted (GB)": rows["predicted_dram_bytes"] / 1e9,
+                          "kernel time, measured (ms)": rows["measured_ms"],
+                          "kernel time, predicted (ms)": rows["predicted_ms"]})
+    series = timed.series_comparison(study)
+    fig, axes = plt.subplots(2, 2, figsize=(12, 9.5))
+    for ax, what in ((axes[0, 0], "DRAM reads"), (axes[0, 1], "kernel time")):
+        unit = "(GB)" if what == "DRAM reads" else "(ms)"
+        x, y = f"{what}, measured {unit}", f"{what}, predicted {unit}"
+        sns.scatterplot(data=rows, x=x, y=y, hue="family", style="GPU", s=22, ax=ax,
+                        legend=what == "DRAM reads")
+        lo = float(min(rows[x].min(), rows[y].min())) * 0.8
+        hi = float(max(rows[x].max(), rows[y].max())) * 1.25
+        ax.plot([lo, hi], [lo, hi], color="k", lw=0.8)
+        band = 1.25 if what == "DRAM reads" else 1.10
+        ax.plot([lo, hi], [lo * band, hi * band], color="k", lw=0.5, ls=":")
+        ax.plot([lo, hi], [lo / band, hi / band], color="k", lw=0.5, ls=":")
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        ax.set_title(f"{what}: held-out points (dotted: +-{band - 1:.0%})")
+    axes[0, 0].legend(fontsize=7, ncol=2)
+    for ax, (gpu, g) in zip(axes[1], series.groupby("gpu")):
+        for i, (launch, s) in enumerate(g.groupby("launch")):
+            ax.plot(s["fraction of launch"], s["measured"], color=f"C{i}",
+                    label=f"{launch}: measured {s['measured_total_bytes'].iloc[0] / 1e9:.2f} GB")
+            ax.plot(s["fraction of launch"], s["predicted"], color=f"C{i}", ls="--",
+                    label=f"{launch}: predicted {s['predicted_total_bytes'].iloc[0] / 1e9:.2f} GB")
+        ax.plot([0, 1], [0, 1], color="k", lw=0.5, ls=":")
+        ax.set_xlabel("fraction of the launch's duration")
+        ax.set_ylabel("fraction of its DRAM reads done")
+        ax.set_title(f"{short_gpu(gpu)}: PM sampling (solid) vs timed model (dashed)")
+        ax.legend(fontsize=6.5)
+    fig.suptitle("Timed cache model, today's kernel, bf16, H100 80GB HBM3 and H200.\nTop: every "
+                 "held-out point of the timed data sets (compute time fitted on step_time "
+                 "only). Bottom: four PM-sampled launches (cold L2, ncu's locked clocks)")
+    fig.tight_layout()
+    return fig
+
+
+def _fmt(x, spec=".0%"):
+    return "-" if pd.isna(x) else format(x, spec)
+
+
+def section(study) -> Section:
+    v = timed.validation_table(study)
+    cals = timed.calibrations(study)
+    adv = timed.advisor_check(study)
+    series = timed.series_comparison(study)
+    pred = timed.predictions(study)
+    rows = timed.validation_rows(study)
+
+    shown = pd.DataFrame({
+        "GPU": v["GPU"], "held out": v["family"], "n": v["n"],
+        "DRAM |err| median": v["DRAM median"].map(_fmt),
+        "DRAM |err| p90": v["DRAM p90"].map(_fmt),
+        "time |err| median": v["time median"].map(_fmt),
+        "time |err| p90": v["time p90"].map(_fmt),
+        "time bias": v["time bias"].map(lambda x: f"{x:+.0%}"),
+        "n above knee": v["n above knee"],
+        "DRAM median / p90 above knee": [f"{_fmt(a)} / {_fmt(b)}" for a, b in
+                                         zip(v["DRAM median above knee"],
+                                             v["DRAM p90 above knee"])],
+        "all three targets": v["meets targets"].map({True: "yes", False: "no"})})
+    cal_rows = []
+    for gpu, c in cals.items():
+        cal_rows.append({"GPU": short_gpu(gpu), "training points": c.points,
+                         "launch (us)": f"{c.launch_ns / 1e3:.1f}",
+                         "per work item (us)": f"{c.item_ns / 1e3:.2f}",
+                         "step, D128 128x64 non-causal 2/SM (ns)":
+                         f"{c.step_ns.get((128, 128, 64, False, 2), np.nan):.0f}",
+                         "step, D64 64x64 non-causal 1/SM (ns)":
+                         f"{c.step_ns.get((64, 64, 64, False, 1), np.nan):.0f}",
+                         "in-sample |err| median / max":
+                         f"{c.errors['median']:.1%} / {c.errors['max']:.1%}"})
+    totals = series.drop_duplicates(["gpu", "launch"])
+    totals = totals.assign(ratio=totals["predicted_total_bytes"] / totals["measured_total_bytes"])
+    shape_gap = series.assign(gap=(series["predicted"] - series["measured"]).abs()).groupby(
+        ["gpu", "launch"])["gap"].max()
+    series_shown = pd.DataFrame({
+        "GPU": totals["gpu"].map(short_gpu), "launch": totals["launch"],
+        "DRAM measured (GB)": (totals["measured_total_bytes"] / 1e9).map(lambda x: f"{x:.2f}"),
+        "predicted (GB)": (totals["predicted_total_bytes"] / 1e9).map(lambda x: f"{x:.2f}"),
+        "predicted / measured": totals["ratio"].map(lambda x: f"{x:.2f}"),
+        "largest gap of the cumulative curves": [f"{shape_gap[(g, l)]:.2f}" for g, l in
+                                                 zip(totals["gpu"], totals["launch"])]})
+    within = adv["advised / best, measured time"] <= 1.03
+    adv_shown = adv.assign(**{"advised / best, measured time":
+                              adv["advised / best, measured time"].map(lambda x: f"{x:.3f}")})
+    pshow = pd.DataFrame({
+        "GPU (preset)": pred["gpu"], "causal": pred["causal"], "schedule": pred["schedule"],
+        "CTAs": pred["ctas"],
+        "DRAM reads (GB) [at FA2's rate]": [f"{a:.2f} [{b:.2f}]" for a, b in
+                                            zip(pred["dram_read_gb"], pred["dram_read_gb_fast"])],
+        "TFLOP/s [at FA2's rate]": [f"{a:.0f} [{b:.0f}]" for a, b in
+                                    zip(pred["tflops"], pred["tflops_fast"])],
+        "step (ns)": pred["step_ns"].map(lambda x: f"{x:.0f}")})
+    gb10 = pred[(pred["preset"] == "gb10") & ~pred["causal"]].set_index("schedule")
+    lin, saw = gb10.loc["persistent+linear"], gb10.loc["persistent+sawtooth"]
+    gain_mid = saw["tflops"] / lin["tflops"] - 1
+    gain_fast = saw["tflops_fast"] / lin["tflops_fast"] - 1
+    dram_cut = 1 - saw["dram_read_gb"] / lin["dram_read_gb"]
+
+    met = v[v["meets targets"]]
+    time_ok = v[v["time median"] <= timed.TIME_MEDIAN_TARGET]
+    dram_med_ok = v[v["DRAM median"] <= timed.DRAM_MEDIAN_TARGET]
+    p90_ok = v[v["DRAM p90"] <= timed.DRAM_P90_TARGET]
+    causal_long = rows[rows["causal"] & (rows["seqlen"] >= 131072)
+                       & (rows["measured_dram_bytes"] > 1.5 * rows["compulsory_bytes"])]
+    over = causal_long["predicted_dram_bytes"] / causal_long["measured_dram_bytes"]
+    s256 = totals[totals["launch"] == "today-linear-r0"]["ratio"]
+    gqa = v[v["family"] == "causal_gqa"]
+
+    text = f"""## A cache model with a clock
+
+{paragraphs(
+    "The lock-step model above assumes the order in which tiles reach the L2. The timed model "
+    "derives it: every resident CTA has a clock and walks the work table the kernel reads; a "
+    "K/V step computes for a calibrated time once its K and V have arrived, the buffer it "
+    "frees takes the load two steps further on; a hit returns after the L2 latency, a miss "
+    "after the DRAM latency plus its wait in a queue served at the measured bandwidth; a load "
+    "of a line whose fill is under way waits for that fill; dynamic schedules hand out rows "
+    "when a CTA frees up in simulated time. Order, convoys, drift and imbalance come out of "
+    "the simulation. Memory parameters: `wavefront microbench` (H100 L2 "
+    f"{PRESETS['h100'].l2_latency_ns:.0f} ns, DRAM {PRESETS['h100'].dram_latency_ns:.0f} ns, "
+    f"{PRESETS['h100'].dram_read_bytes_per_s / 1e12:.2f} TB/s; H200 "
+    f"{PRESETS['h200'].l2_latency_ns:.0f} ns, {PRESETS['h200'].dram_latency_ns:.0f} ns, "
+    f"{PRESETS['h200'].dram_read_bytes_per_s / 1e12:.2f} TB/s). Compute: per kernel variant "
+    "(head dim, tiles, mask, CTAs per SM) one step time, plus one cost per work item and one "
+    "per launch, fitted by non-negative least squares on the training set `step_time` only: "
+    "B1 H32 S2k and S8k launches of every variant whose DRAM reads stay within 1.5x the "
+    "compulsory bytes (experiments/step_time.py, both GPUs, 3 repeats). Every point below is "
+    "held out.")}
+
+{md_table(pd.DataFrame(cal_rows))}
+
+Held out, per family and GPU: |relative error| of the median DRAM reads and kernel time
+(CUDA-event median) of each point. The issue's targets: DRAM within 10% (median) and 25%
+(p90), time within 10% (median). "Above knee": points reading more than 1.5x the compulsory
+bytes, where the L2 matters.
+
+{md_table(shown)}
+
+{paragraphs(
+    f"Time: within 10% (median) in {len(time_ok)} of {len(v)} family-GPU pairs; DRAM within "
+    f"10% (median) in {len(dram_med_ok)}; DRAM p90 within 25% in {len(p90_ok)}; all three in "
+    f"{len(met)}. The misses have two directions. Causal launches at S >= 128k with one head "
+    f"are over-predicted, by {over.median():.1f}x (median) and up to {over.max():.1f}x over "
+    f"{len(over)} points above the knee: in the simulation the CTAs of a causal wave, whose "
+    "items grow by a step each, spread along K/V and lose each other's tiles; on the GPU they "
+    "do not spread as far. The non-causal persistent launch at S=256k (one of the four below) "
+    f"is under-predicted ({s256.min():.2f}-{s256.max():.2f}x of the measured bytes): with "
+    "every CTA at the same step time the simulated convoy never breaks, while the measured "
+    "launch's reads pile up in its second half as its CTAs drift apart (the figure; the "
+    "kernel-drift section). Both point at "
+    "the one thing the clock does not have: CTA-to-CTA variation in speed (SM clocks, L2 "
+    "slice distance, co-resident CTAs), which neither the microbenchmarks nor the training "
+    "launches measure. Causal GQA's time is under-predicted by "
+    f"{-gqa['time bias'].max():.0%}-{-gqa['time bias'].min():.0%}: its variant (D128 128x64 "
+    "causal, 4 query heads per K/V head) is calibrated on one head per K/V head.")}
+
+Time-resolved (the figure's lower panels): PM sampling's DRAM read series of four launches
+against the simulated series, as the cumulative fraction of the launch's reads over its
+duration (ncu locks clocks, so the time axis is normalised; ncu 2025.3.1 offers no L2
+hit-rate series to compare).
+
+{md_table(series_shown)}
+
+![timed_model](figures/timed_model.png)
+
+**The schedule advisor** (`wavefront advise`): on each held-out ablation shape it ranks the
+measured configurations (schedules x 64x64/128x64 tiles) by predicted time; the table puts
+its pick's measured time against the measured best's. Within 3% on {int(within.sum())} of
+{len(adv)} shapes. On Hopper the configurations differ by a few percent at most (the kernel is
+schedule-neutral), so a pick within 3% says little about the ranking below it.
+
+{md_table(adv_shown)}
+
+**Predictions before measurements, with the clock.** The paper's launch
+({", ".join(f"{k}={v}" for k, v in PAPER_LAUNCH.items())}, one persistent CTA per SM) on GB10
+and B200. Compute is projected from the H100's calibration at the same fraction of each
+GPU's peak per SM (the point prediction) and, in brackets, at FA2's fraction of GB10's peak
+({timed.FA2_FRACTION_OF_PEAK:.0%}, the fast end); memory from the presets (GB10's and B200's latencies are guesses: see
+the preset sources in the next section). Written before any GB10 or B200 measurement.
+
+{md_table(pshow)}
+
+{paragraphs(
+    f"On GB10 the model predicts sawtooth cuts the non-causal launch's DRAM reads by "
+    f"{dram_cut:.0%} and changes its speed by {gain_mid:+.1%} at the calibrated compute rate and "
+    f"{gain_fast:+.1%} at FA2's: the clock turns part of the saving into time only when compute "
+    "is fast enough for the "
+    f"{PRESETS['gb10'].dram_read_bytes_per_s / 1e9:.0f} GB/s DRAM to matter. The paper's +60% "
+    "is not reproduced by this model at either rate.")}
+"""
+    claims = [
+        Claim("The timed model's kernel time is within 10% (median) of the measured time in "
+              "every held-out family except causal GQA, on both GPUs",
+              bool((v[v["family"] != "causal_gqa"]["time median"]
+                    <= timed.TIME_MEDIAN_TARGET).all()
+                   and (gqa["time median"] > timed.TIME_MEDIAN_TARGET).all()),
+              v[["GPU", "family", "time median"]].to_dict("records")),
+        Claim("The DRAM targets (10% median, 25% p90) are not met in every family: the p90 "
+              "target fails in most, from causal long-sequence launches over-predicted and "
+              "long non-causal launches under-predicted",
+              bool(len(p90_ok) < len(v) and over.max() > 2 and (s256 < 0.5).all()),
+              {"p90_ok": len(p90_ok), "pairs": len(v), "over_max": float(over.max()),
+               "s256_ratio": s256.tolist()}),
+        Claim("The advisor's pick is within 3% of the measured best on most held-out ablation "
+              "shapes", bool(within.sum() >= 0.75 * len(adv)),
+              adv[["GPU", "shape", "advised / best, measured time"]].to_dict("records")),
+        Claim("The in-sample calibration error is under 3% on the training launches",
+              bool(all(c.errors["max"] < 0.03 for c in cals.values())),
+              {g: c.errors for g, c in cals.items()}),
+        Claim("On GB10 the timed model predicts a sawtooth speed-up far below the paper's +60%",
+              bool(max(gain_mid, gain_fast) < 0.3),
+              {"gain_mid": float(gain_mid), "gain_fast": float(gain_fast)}),
+    ]
+    return Section(text, claims)
+
+
+if __name__ == "__main__":  # the same as `wavefront experiment ACTION NAME`
+    run_as_script(__file__)

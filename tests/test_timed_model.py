@@ -1,0 +1,154 @@
+"""The timed cache model: clocks, fills, the DRAM queue, calibration (CPU only)."""
+import gzip
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from wavefront.model.presets import PRESETS
+from wavefront.model.timed import (
+    Calibration, ComputeTiming, MemoryTiming, calibrate, memory_timing, projected_compute,
+    simulate_timed, variant_of)
+from wavefront.point import plan
+
+ROOT = Path(__file__).resolve().parents[1]
+MEMORY = MemoryTiming(l2_ns=150.0, far_ns=150.0, dram_ns=400.0, dram_bytes_per_s=3e12)
+L2 = 50 << 20
+
+
+def _launch(seqlen=4096, heads=1, batch=1, causal=False, schedule="persistent+linear",
+            tiles="64x64", ctas=None, sms=132, occupancy=None):
+    return plan((batch, heads, seqlen, 64), (batch, heads, seqlen, 64), sms=sms, l2_bytes=L2,
+                causal=causal, schedule=schedule, tiles=tiles, ctas=ctas,
+                occupancy=occupancy)
+
+
+def test_one_cta_in_the_l2_costs_its_steps_and_reads_each_tile_once():
+    """One CTA, K/V far smaller than the L2: every byte comes from DRAM exactly once, and with
+    steps much longer than any latency the time is the compute (plus the first loads)."""
+    launch = _launch(seqlen=2048, ctas=1, sms=1, occupancy=1)
+    compute = ComputeTiming(step_ns=5000.0, item_ns=700.0, launch_ns=3000.0)
+    pred = simulate_timed(launch, MEMORY, compute, l2_bytes=L2, partitions=1)
+    kv_bytes = 2 * 2048 * 64 * 2
+    q_bytes = 2048 * 64 * 2
+    assert pred.dram_read_bytes == kv_bytes + q_bytes
+    items, steps = launch.num_items, launch.problem.kv_tiles
+    compute_ns = items * (steps * 5000.0 + 700.0)
+    # each item waits once for its Q and first K/V (the pipeline drains between items)
+    assert compute_ns < pred.kernel_ns - 3000.0 < compute_ns + items * (400 + 150)
+    assert pred.dram_series.sum() == pred.dram_read_bytes
+    assert (np.diff(pred.item_start_ns) > 0).all()  # one CTA takes its items in order
+
+
+def test_concurrent_misses_to_one_line_are_served_once():
+    """Two CTAs on one head start together: each K/V tile is read from DRAM once, the second
+    reader waits on the first one's fill instead of missing again."""
+    launch = _launch(seqlen=128 * 64, ctas=2, sms=2, occupancy=1)
+    pred = simulate_timed(launch, MEMORY, ComputeTiming(100.0, 0.0, 0.0), l2_bytes=L2,
+                          partitions=1)
+    kv_bytes = 2 * 128 * 64 * 64 * 2
+    assert pred.dram_read_bytes == kv_bytes + 128 * 64 * 64 * 2  # K, V and every Q once
+    assert pred.fill_waits > 0
+
+
+def test_a_narrow_dram_sets_the_time():
+    """At 1 GB/s the launch cannot end before its DRAM bytes have crossed."""
+    slow = MemoryTiming(150.0, 150.0, 400.0, 1e9)
+    launch = _launch(seqlen=8192, heads=4)
+    pred = simulate_timed(launch, slow, ComputeTiming(10.0, 0.0, 0.0), l2_bytes=L2,
+                          partitions=1)
+    assert pred.kernel_ns >= pred.dram_read_bytes / 1.0  # bytes at 1 byte/ns
+    fast = simulate_timed(launch, MEMORY, ComputeTiming(10.0, 0.0, 0.0), l2_bytes=L2,
+                          partitions=1)
+    assert fast.kernel_ns < pred.kernel_ns / 10
+
+
+def test_a_dynamic_schedule_hands_out_rows_in_simulated_time():
+    """grouped_dynamic: every item after the first wave starts when some CTA's previous item
+    ended (the row counter is taken in time order)."""
+    launch = _launch(seqlen=16384, causal=True, schedule="dynamic+linear", ctas=8, sms=8,
+                     occupancy=1)
+    pred = simulate_timed(launch, MEMORY, ComputeTiming(300.0, 100.0, 0.0), l2_bytes=L2,
+                          partitions=1)
+    first_wave = np.argsort(pred.item_start_ns)[:8]
+    ends = set(np.round(pred.item_end_ns, 6))
+    later = [i for i in range(launch.num_items) if i not in set(first_wave)]
+    assert all(round(pred.item_start_ns[i], 6) in ends for i in later)
+    order = np.argsort(pred.item_start_ns, kind="stable")
+    assert (np.diff(order[8:]) > 0).mean() > 0.9  # rows leave the counter in table order
+
+
+def test_sawtooth_reads_less_than_linear_when_the_kv_does_not_fit():
+    """The effect the toolkit studies, from the clocked simulation: with K/V larger than the
+    L2, the alternating scan reuses the previous wave's tail."""
+    kw = dict(seqlen=65536, tiles="128x64", ctas=16, sms=16, occupancy=1)
+    small_l2 = 8 << 20
+    lin = simulate_timed(_launch(**kw), MEMORY, ComputeTiming(500.0, 0.0, 0.0),
+                         l2_bytes=small_l2, partitions=1)
+    saw = simulate_timed(_launch(schedule="persistent+sawtooth", **kw), MEMORY,
+                         ComputeTiming(500.0, 0.0, 0.0), l2_bytes=small_l2, partitions=1)
+    assert saw.dram_read_bytes < 0.8 * lin.dram_read_bytes
+
+
+def test_calibration_recovers_the_costs_it_was_made_with():
+    truth = ComputeTiming(step_ns=640.0, item_ns=900.0, launch_ns=5000.0)
+    launches = [_launch(seqlen=s, heads=h, tiles=t) for s in (2048, 8192) for h in (2, 8)
+                for t in ("64x64", "128x64")]
+    measured = [simulate_timed(l, MEMORY, truth, l2_bytes=L2, partitions=2).kernel_ns
+                for l in launches]
+    cal = calibrate("G", launches, measured, MEMORY, l2_bytes=L2, partitions=2,
+                    training="synthetic")
+    assert cal.errors["max"] < 0.01
+    for v, step in cal.step_ns.items():
+        assert step == pytest.approx(640.0, rel=0.03), v
+    again = Calibration.from_dict(json.loads(json.dumps(cal.as_dict())))
+    assert again.step_ns == cal.step_ns and again.item_ns == cal.item_ns
+    # an untrained CTAs-per-SM count is scaled from the trained one, and says so
+    two_only = Calibration("G", 0.0, 0.0, {(64, 64, 64, False, 2): 640.0}, "t", 3, {})
+    one_per_sm = _launch(seqlen=8192, ctas=132, occupancy=1)
+    timing = two_only.compute(one_per_sm)
+    assert timing.step_ns == pytest.approx(320.0) and "scaled" in timing.source
+    assert two_only.compute(_launch(causal=True)) is None
+
+
+def test_projected_compute_keeps_the_fraction_of_peak():
+    cal = Calibration("H100", 5000.0, 900.0, {(64, 64, 64, False, 1): 540.0}, "t", 3,
+                      {"median": 0, "max": 0})
+    gb10 = PRESETS["gb10"]
+    launch = plan((8, 1, 131072, 64), (8, 1, 131072, 64), sms=gb10.sms,
+                  l2_bytes=gb10.l2_bytes, tiles="64x64", occupancy=1, ctas=gb10.sms)
+    mid = projected_compute(cal, PRESETS["h100"], gb10, launch)
+    ratio = (PRESETS["h100"].peak_bf16_flops / 132) / (gb10.peak_bf16_flops / 48)
+    assert mid.step_ns == pytest.approx(540.0 * ratio)
+    fast = projected_compute(cal, PRESETS["h100"], gb10, launch, 0.75)
+    assert fast.step_ns < mid.step_ns and "75%" in fast.source
+
+
+def test_bad_arguments_name_themselves():
+    launch = _launch()
+    with pytest.raises(ValueError, match="partitions"):
+        simulate_timed(launch, MEMORY, ComputeTiming(1, 1, 1), l2_bytes=L2, partitions=3)
+    with pytest.raises(ValueError, match="step_ns"):
+        simulate_timed(launch, MEMORY, ComputeTiming(-1, 1, 1), l2_bytes=L2)
+    with pytest.raises(ValueError, match="loads_ahead"):
+        simulate_timed(launch, MEMORY, ComputeTiming(1, 1, 1), l2_bytes=L2, loads_ahead=0)
+    with pytest.raises(ValueError, match="at least 3"):
+        calibrate("G", [launch], [1.0], MEMORY, l2_bytes=L2, partitions=1, training="t")
+
+
+def test_the_presets_memory_timings_are_the_microbenchmarks_medians():
+    """H100 and H200 presets carry what `wavefront microbench` measured (data/microbench):
+    one copy of each number, checked against its source."""
+    lines = (ROOT / "data" / "microbench" / "microbench.jsonl").read_text().splitlines()
+    records = [json.loads(line) for line in lines if line.strip()]
+    for key, name in (("h100", "H100"), ("h200", "H200")):
+        mine = [r for r in records if name in r["gpu"]]
+        timing = memory_timing(PRESETS[key])
+        assert timing.l2_ns == pytest.approx(np.median([r["l2_near_ns"] for r in mine]),
+                                             rel=0.01)
+        assert timing.dram_ns == pytest.approx(np.median([r["dram_ns"] for r in mine]),
+                                               rel=0.01)
+        assert timing.dram_bytes_per_s == pytest.approx(
+            np.median([r["dram_read_gbps"] for r in mine]) * 1e9, rel=0.01)
+    assert "guess" in memory_timing(PRESETS["gb10"]).source

@@ -1,0 +1,298 @@
+"""The timed cache model against the data: its calibration on the named training set, its
+out-of-sample scores on every timed family, its time-resolved DRAM series against PM sampling,
+its predictions for unmeasured GPUs and the schedule advisor's picks on held-out shapes.
+
+Every table here is cached in data/model_cache (keyed by the data and the model's source):
+a cold build simulates each measured point once (minutes on two cores).
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from wavefront.model import presets as presets_module
+from wavefront.model import timed as timed_module
+from wavefront.model.counting import launch_counts
+from wavefront.model.fits import ABOVE_KNEE, PAPER_LAUNCH, launch_of_row
+from wavefront.model.presets import PRESETS, preset_for_device
+from wavefront.model.timed import (
+    Calibration, calibrate, memory_timing, projected_compute, simulate_timed, variant_of)
+from wavefront.point import plan
+from wavefront.report.analysis import VALIDATION_FAMILIES, cached_table, medians, short_gpu
+from wavefront.results.store import results_path, with_timing
+
+TRAINING = "step_time"  # the timed model's training set: launches whose K/V fits in the L2
+# Every data set of today's kernel with DRAM counters and timing: all held out
+TIMED_FAMILIES = (*VALIDATION_FAMILIES, "causal_gqa", "paper_launch")
+# The issue's targets: DRAM reads within 10% (median) and 25% (p90), time within 10% (median)
+DRAM_MEDIAN_TARGET, DRAM_P90_TARGET, TIME_MEDIAN_TARGET = 0.10, 0.25, 0.10
+
+
+def _model_files() -> list[Path]:
+    return [Path(timed_module.__file__), Path(presets_module.__file__)]
+
+
+def _points(study, family: str) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """(per point: median DRAM reads and time over repeats, the point's first row)."""
+    df = with_timing(study.load(family))
+    df = df[df["status"] == "ok"]
+    return medians(df), df.drop_duplicates(["gpu", "point"]).set_index(["gpu", "point"])
+
+
+def _memory(gpu_name: str):
+    preset = preset_for_device(gpu_name)
+    if preset is None:
+        raise ValueError(f"no GPU preset for {gpu_name!r}")
+    return preset, memory_timing(preset)
+
+
+def _calibration_table(study) -> pd.DataFrame:
+    points, first = _points(study, TRAINING)
+    rows = []
+    for gpu, g in points.groupby("gpu"):
+        g = g[g["dram_read_bytes"] <= ABOVE_KNEE * g["compulsory_read_bytes"]]
+        launches = [launch_of_row(first.loc[(gpu, p)]) for p in g["point"]]
+        preset, memory = _memory(gpu)
+        cal = calibrate(gpu, launches, g["median_ms"].to_numpy(float) * 1e6, memory,
+                        l2_bytes=int(first.loc[(gpu, g["point"].iloc[0])]["l2_bytes"]),
+                        partitions=preset.l2_partitions, training=TRAINING)
+        for (d, tm, tn, causal, per_sm), step in sorted(cal.step_ns.items()):
+            rows.append({"gpu": gpu, "head_dim": d, "tile_m": tm, "tile_n": tn,
+                         "causal": causal, "ctas_per_sm": per_sm, "step_ns": step,
+                         "item_ns": cal.item_ns, "launch_ns": cal.launch_ns,
+                         "points": cal.points, "in_sample_median_error": cal.errors["median"],
+                         "in_sample_max_error": cal.errors["max"]})
+    return pd.DataFrame(rows)
+
+
+def calibrations(study) -> dict[str, Calibration]:
+    """Per GPU: the compute timings fitted on the training set's launches that fit in the L2
+    (DRAM reads within ABOVE_KNEE x compulsory), cached."""
+    table = cached_table(study, "timed_calibration",
+                         [results_path(study.data_dir / TRAINING), *_model_files()],
+                         lambda: _calibration_table(study))
+    out = {}
+    for gpu, g in table.groupby("gpu"):
+        first = g.iloc[0]
+        step = {(int(r.head_dim), int(r.tile_m), int(r.tile_n), bool(r.causal),
+                 int(r.ctas_per_sm)): float(r.step_ns) for r in g.itertuples()}
+        out[gpu] = Calibration(gpu, float(first["launch_ns"]), float(first["item_ns"]), step,
+                               TRAINING, int(first["points"]),
+                               {"median": float(first["in_sample_median_error"]),
+                                "max": float(first["in_sample_max_error"])})
+    return out
+
+
+def _validation_rows(study) -> pd.DataFrame:
+    cals = calibrations(study)
+    rows = []
+    for family in TIMED_FAMILIES:
+        points, first = _points(study, family)
+        for _, r in points.iterrows():
+            row = first.loc[(r["gpu"], r["point"])]
+            launch = launch_of_row(row)
+            preset, memory = _memory(r["gpu"])
+            compute = cals[r["gpu"]].compute(launch)
+            if compute is None:
+                continue
+            pred = simulate_timed(launch, memory, compute, l2_bytes=int(row["l2_bytes"]),
+                                  partitions=preset.l2_partitions)
+            rows.append({
+                "gpu": r["gpu"], "family": family, "point": r["point"],
+                "causal": bool(row["causal"]), "schedule": f"{row['cta_schedule']}+"
+                                                           f"{row['kv_schedule']}",
+                "seqlen": int(row["seqlen"]), "compute": compute.source,
+                "measured_dram_bytes": float(r["dram_read_bytes"]),
+                "predicted_dram_bytes": pred.dram_read_bytes,
+                "compulsory_bytes": float(r["compulsory_read_bytes"]),
+                "measured_ms": float(r["median_ms"]), "predicted_ms": pred.kernel_ns * 1e-6,
+                "predicted_far_hit_bytes": pred.far_hit_bytes,
+                "predicted_fill_waits": pred.fill_waits})
+    return pd.DataFrame(rows)
+
+
+def validation_rows(study) -> pd.DataFrame:
+    """Per measured point of every timed family: measured and predicted DRAM reads and
+    kernel time (medians over repeats), cached."""
+    inputs = [results_path(study.data_dir / f) for f in (TRAINING, *TIMED_FAMILIES)]
+    return cached_table(study, "timed_validation", inputs + _model_files(),
+                        lambda: _validation_rows(study))
+
+
+def _errors(predicted, measured) -> tuple[float, float]:
+    e = np.abs(np.asarray(predicted, float) - np.asarray(measured, float)) / np.asarray(
+        measured, float)
+    return (float(np.median(e)), float(np.percentile(e, 90))) if len(e) else (np.nan, np.nan)
+
+
+def validation_table(study) -> pd.DataFrame:
+    """Per GPU and held-out family: |relative error| of DRAM reads and of kernel time (median
+    and 90th percentile) over every point, and of DRAM reads over the points above the knee
+    (measured reads > ABOVE_KNEE x compulsory), against the issue's targets."""
+    rows = validation_rows(study)
+    out = []
+    for (gpu, family), g in rows.groupby(["gpu", "family"], sort=False):
+        dram = _errors(g["predicted_dram_bytes"], g["measured_dram_bytes"])
+        time = _errors(g["predicted_ms"], g["measured_ms"])
+        above = g[g["measured_dram_bytes"] > ABOVE_KNEE * g["compulsory_bytes"]]
+        dram_above = _errors(above["predicted_dram_bytes"], above["measured_dram_bytes"])
+        out.append({"GPU": short_gpu(gpu), "family": family, "n": len(g),
+                    "DRAM median": dram[0], "DRAM p90": dram[1],
+                    "time median": time[0], "time p90": time[1],
+                    "time bias": float(np.median(g["predicted_ms"] / g["measured_ms"] - 1)),
+                    "n above knee": len(above), "DRAM median above knee": dram_above[0],
+                    "DRAM p90 above knee": dram_above[1],
+                    "meets targets": bool(dram[0] <= DRAM_MEDIAN_TARGET
+                                          and dram[1] <= DRAM_P90_TARGET
+                                          and time[0] <= TIME_MEDIAN_TARGET)})
+    return pd.DataFrame(out)
+
+
+# ---------------------------------------------------------------------------------------------
+# Time-resolved: PM sampling's DRAM series against the simulated one
+# ---------------------------------------------------------------------------------------------
+
+# The four launches of the issue, as `wavefront timeline` labelled them
+SAMPLED_LAUNCHES = ("today-linear-r0", "causal-longest-first", "grouped-dynamic",
+                    "paper-launch-48ctas")
+SAMPLED_SERIES = "pmsampling:dram__bytes_read.sum"
+SERIES_POINTS = 50  # both series resampled to this many points of the launch's duration
+
+
+def _sampled_records(study) -> list[dict]:
+    from wavefront.results.records import TIMELINE_RECORDS
+    records = [r for rs in study.records(TIMELINE_RECORDS, "kernel_drift_timeline",
+                                         "timeline.jsonl").values() for r in rs]
+    return [r for r in records if r["launch"].get("label") in SAMPLED_LAUNCHES
+            and SAMPLED_SERIES in r["series"] and r["package"].endswith("/wavefront")]
+
+
+def _cumulative(t, values, points: int) -> np.ndarray:
+    """The fraction of the launch's DRAM reads done by each of `points` equal fractions of
+    its duration."""
+    t = np.asarray(t, float)
+    c = np.cumsum(np.asarray(values, float))
+    if c[-1] <= 0:
+        return np.zeros(points)
+    grid = np.linspace(0, 1, points + 1)[1:] * (t[-1] if t[-1] > 0 else 1)
+    return np.interp(grid, t, c / c[-1])
+
+
+def _series_table(study) -> pd.DataFrame:
+    cals = calibrations(study)
+    rows = []
+    for rec in _sampled_records(study):
+        L = rec["launch"]
+        preset, memory = _memory(rec["gpu"])
+        cal = cals.get(rec["gpu"])
+        if cal is None:
+            continue
+        sms = preset.sms
+        launch = plan((L["batch"], L["heads"], L["seqlen"], L["head_dim"]),
+                      (L["batch"], L["kv_heads"], L["seqlen"], L["head_dim"]), sms=sms,
+                      l2_bytes=preset.l2_bytes, causal=L["causal"], schedule=L["schedule"],
+                      tiles=L["tiles"], occupancy=L["occupancy"], ctas=L["ctas"])
+        compute = cal.compute(launch)
+        pred = simulate_timed(launch, memory, compute, l2_bytes=preset.l2_bytes,
+                              partitions=preset.l2_partitions)
+        s = rec["series"][SAMPLED_SERIES]
+        start, rate = pred.dram_rate_series(pred.bin_ns)
+        measured = _cumulative(s["t"], s["values"], SERIES_POINTS)
+        predicted = _cumulative(start + pred.bin_ns, rate * pred.bin_ns, SERIES_POINTS)
+        for k in range(SERIES_POINTS):
+            rows.append({"gpu": rec["gpu"], "launch": L["label"],
+                         "fraction of launch": (k + 1) / SERIES_POINTS,
+                         "measured": measured[k], "predicted": predicted[k],
+                         "measured_total_bytes": float(rec["totals"]["dram__bytes_read.sum"]),
+                         "predicted_total_bytes": pred.dram_read_bytes})
+    return pd.DataFrame(rows)
+
+
+def series_comparison(study) -> pd.DataFrame:
+    """For the four sampled launches on each GPU: the cumulative fraction of DRAM reads over
+    the launch's duration, measured (PM sampling, cold L2, ncu's locked clocks) and
+    simulated, at SERIES_POINTS fractions of the duration, with both totals (cached)."""
+    inputs = [study.data_dir / "kernel_drift_timeline" / "timeline.jsonl.gz",
+              results_path(study.data_dir / TRAINING), *_model_files()]
+    return cached_table(study, "timed_series", inputs, lambda: _series_table(study))
+
+
+# ---------------------------------------------------------------------------------------------
+# Predictions for unmeasured GPUs, and the advisor on held-out shapes
+# ---------------------------------------------------------------------------------------------
+
+# The fast end of a projected step time's interval: the fraction of peak FA2 reaches on GB10
+# (93-95 of 125 TFLOP/s, FlashInfer PR 3897). The slow end (the point prediction) is the
+# fraction our kernel reaches on the H100 at the same variant.
+FA2_FRACTION_OF_PEAK = 0.75
+
+
+def _prediction_rows(study) -> pd.DataFrame:
+    cals = calibrations(study)
+    h100 = next(c for g, c in cals.items() if "H100" in g)
+    rows = []
+    for key in ("gb10", "b200"):
+        gpu = PRESETS[key]
+        memory = memory_timing(gpu)
+        for causal in (False, True):
+            for schedule in ("persistent+linear", "persistent+sawtooth"):
+                shape = (PAPER_LAUNCH["batch"], PAPER_LAUNCH["heads"], PAPER_LAUNCH["seqlen"],
+                         PAPER_LAUNCH["head_dim"])
+                launch = plan(shape, shape, sms=gpu.sms, l2_bytes=gpu.l2_bytes, causal=causal,
+                              schedule=schedule, tiles=PAPER_LAUNCH["tiles"], occupancy=1,
+                              ctas=gpu.sms)
+                flops = launch_counts(launch.problem).useful_flops
+                out = {}
+                for name, fraction in (("mid", None), ("fast", FA2_FRACTION_OF_PEAK)):
+                    compute = projected_compute(h100, PRESETS["h100"], gpu, launch, fraction)
+                    pred = simulate_timed(launch, memory, compute, l2_bytes=gpu.l2_bytes,
+                                          partitions=gpu.l2_partitions)
+                    out[name] = (pred, compute)
+                mid = out["mid"][0]
+                rows.append({"preset": key, "gpu": gpu.name, "causal": causal,
+                             "schedule": schedule, "ctas": gpu.sms,
+                             "dram_read_gb": mid.dram_read_bytes / 1e9,
+                             "dram_read_gb_fast": out["fast"][0].dram_read_bytes / 1e9,
+                             "tflops": flops / mid.kernel_ns * 1e-3,
+                             "tflops_fast": flops / out["fast"][0].kernel_ns * 1e-3,
+                             "step_ns": out["mid"][1].step_ns, "compute": out["mid"][1].source})
+    return pd.DataFrame(rows)
+
+
+def predictions(study) -> pd.DataFrame:
+    """The paper's launch (B8 H1 S128k D64, 64x64 tiles, one persistent CTA per SM) on GB10
+    and B200, causal and not, linear and sawtooth: DRAM reads and TFLOP/s from the timed
+    model, the compute projected from the H100's calibration at its own fraction of peak (the
+    point prediction), and at FA2_FRACTION_OF_PEAK (the interval's fast end) (cached)."""
+    inputs = [results_path(study.data_dir / TRAINING), *_model_files(), Path(__file__)]
+    return cached_table(study, "timed_predictions", inputs, lambda: _prediction_rows(study))
+
+
+ADVISED_FAMILY = "ablation"  # its shapes each ran every schedule and tile shape: held out
+
+
+def advisor_check(study) -> pd.DataFrame:
+    """Per GPU and ablation shape (held out: not in the training set): the configuration the
+    timed model ranks fastest, the measured fastest, and the pick's measured time against the
+    best's (1.0: the model picked the best)."""
+    rows = validation_rows(study)
+    rows = rows[rows["family"] == ADVISED_FAMILY]
+    _, first = _points(study, ADVISED_FAMILY)
+    out = []
+    for gpu, g in rows.groupby("gpu"):
+        keys = [first.loc[(gpu, p)] for p in g["point"]]
+        shape = [f"B{int(r['batch'])} H{int(r['heads'])} S{int(r['seqlen']) // 1024}k "
+                 f"D{int(r['head_dim'])} {'causal' if r['causal'] else 'non-causal'}"
+                 for r in keys]
+        tiles = [f"{int(r['tile_m'])}x{int(r['tile_n'])}" for r in keys]
+        g = g.assign(shape=shape, config=[f"{s} {t}" for s, t in zip(g["schedule"], tiles)])
+        for sh, s in g.groupby("shape", sort=False):
+            pick = s.loc[s["predicted_ms"].idxmin()]
+            best = s.loc[s["measured_ms"].idxmin()]
+            out.append({"GPU": short_gpu(gpu), "shape": sh, "configurations": len(s),
+                        "advised": pick["config"], "measured best": best["config"],
+                        "advised / best, measured time": pick["measured_ms"]
+                        / best["measured_ms"]})
+    return pd.DataFrame(out)
