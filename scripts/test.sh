@@ -10,6 +10,8 @@ source scripts/venv.sh
 "$VENV/bin/lint-imports"
 "$VENV/bin/python" -m pytest -q -p no:cacheprovider "$@"
 # The simulator's speed on this machine, for the log (a benchmark, not a test): the paper's
-# launch, GB10 preset, B=8 H=1 S=131072 D=64, 64x64 tiles, linear and sawtooth.
+# launch as the paper ran it, GB10 preset, B=8 H=1 S=131072 D=64, 64x64 tiles, 48 persistent
+# CTAs, linear and sawtooth, with the clock (the default model).
 "$VENV/bin/wavefront" simulate --gpu gb10 --batch 8 --heads 1 --seqlen 131072 --head-dim 64 \
-    --tile 64x64 --schedule persistent+linear,persistent+sawtooth 2>/dev/null | tail -1
+    --tile 64x64 --occupancy 1 --ctas 48 --schedule persistent+linear,persistent+sawtooth \
+    2>/dev/null | tail -1

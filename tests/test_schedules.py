@@ -323,3 +323,22 @@ def test_varlen_refuses_what_it_cannot_run():
         plan_varlen((30, 4, 64), (10, 4, 64), [0, 10, 30], [0, 10, 10], sms=4, l2_bytes=1 << 20)
     with pytest.raises(ValueError, match="^cu_seqlens_q must be a sequence of integers"):
         plan_varlen((30, 4, 64), (30, 4, 64), [0, 1.5, 30], [0, 10, 30], sms=4, l2_bytes=1 << 20)
+
+
+@pytest.mark.parametrize("schedule", ["persistent+sawtooth", "grouped_dynamic+linear",
+                                      "persistent+tiled", "longest_first+linear"])
+def test_a_table_built_in_slices_on_threads_is_the_table_built_whole(monkeypatch, schedule):
+    """Long tables are built in slices on a thread pool; the rows must not depend on it."""
+    import wavefront.schedules as schedules
+    from wavefront.point import plan
+    shape = (2, 8, 16384, 64)
+
+    def table(per_slice):
+        monkeypatch.setattr(schedules, "TABLE_SLICE_ITEMS", per_slice)
+        monkeypatch.setattr(schedules.table_chunks, "__defaults__", (per_slice,))
+        return plan(shape, (2, 4, 16384, 64), sms=132, l2_bytes=50 << 20, causal=True,
+                    schedule=schedule).work_table
+    whole = table(1 << 30)
+    sliced = table(97)  # an odd slice length: slices end mid-head and mid-group
+    assert len(schedules.table_chunks(len(whole), 97)) > 1
+    assert np.array_equal(whole, sliced) and not sliced.flags.writeable

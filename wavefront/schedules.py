@@ -19,6 +19,7 @@ the next row from an atomic counter for the dynamic schedules).
 """
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Iterator, Protocol
@@ -232,13 +233,19 @@ def table_of_columns(n_rows: int, columns) -> np.ndarray:
     an array of `n_rows` or one int for every row. NumPy writes a column of a row-major table
     one strided element at a time, which took most of a 100k-item table's build: the columns
     are stacked (contiguous writes) and transposed in one compiled pass instead."""
+    rows = np.empty((n_rows, WORK_COLUMNS), dtype=np.int32)
+    fill_rows(rows, columns)
+    return rows
+
+
+def fill_rows(rows: np.ndarray, columns) -> None:
+    """Write the first columns of `rows` (a work table or a slice of one) and zero its
+    padding; see `table_of_columns`."""
     columns = list(columns)
-    stacked = np.empty((len(columns), n_rows), dtype=np.int32)
+    stacked = np.empty((len(columns), len(rows)), dtype=np.int32)
     for column, values in enumerate(columns):
         stacked[column] = values  # a scalar (the same for every item) broadcasts
-    rows = np.empty((n_rows, WORK_COLUMNS), dtype=np.int32)
     _compiled_transpose()(stacked, rows)
-    return rows
 
 
 def _transpose_into(columns, rows):
@@ -251,6 +258,32 @@ def _transpose_into(columns, rows):
 
 
 _COMPILED = {}
+
+# Items per slice of a work table built on several threads (below twice this: one slice).
+TABLE_SLICE_ITEMS = 16384
+
+
+def table_chunks(n_items: int, per_slice: int = TABLE_SLICE_ITEMS) -> list[tuple[int, int]]:
+    """[lo, hi) slices of a table of `n_items` rows: one, or as many as the table-building
+    threads, each at least `per_slice` rows."""
+    workers = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (
+        os.cpu_count() or 1)
+    threads = int(os.environ.get("WAVEFRONT_TABLE_THREADS", TABLE_THREADS))
+    n = max(1, min(workers, threads, n_items // per_slice))
+    bounds = [n_items * k // n for k in range(n + 1)]
+    return list(zip(bounds[:-1], bounds[1:]))
+
+
+TABLE_THREADS = 8  # WAVEFRONT_TABLE_THREADS=1 builds every table in one slice
+
+
+def _table_threads():
+    """The thread pool work tables are built on, made on first use."""
+    if "threads" not in _COMPILED:
+        from concurrent.futures import ThreadPoolExecutor
+        _COMPILED["threads"] = ThreadPoolExecutor(TABLE_THREADS,
+                                                  thread_name_prefix="work-table")
+    return _COMPILED["threads"]
 
 
 def _compiled_transpose():
@@ -804,8 +837,21 @@ class Launch:
             raise ValueError(f"a launch of {self.num_items} work items does not fit the int32 "
                              "work table (at most 2^31 - 1)")
         items = np.arange(self.num_items, dtype=np.int32)
-        rows = table_of_columns(self.num_items,
-                                self._row(items, 0 if self.cta.dynamic else None))
+        backward = 0 if self.cta.dynamic else None
+        rows = np.empty((self.num_items, WORK_COLUMNS), dtype=np.int32)
+        spans = table_chunks(self.num_items)
+        if len(spans) == 1:
+            fill_rows(rows, self._row(items, backward))
+        else:
+            # A long table is built in slices on a few threads: NumPy's integer arithmetic
+            # and the compiled transpose run without the GIL, and a new shape's first call
+            # waits for this table. The first slice goes alone, so every cached property
+            # the mapping reads is settled before the threads share the launch.
+            def build(span):
+                lo, hi = span
+                fill_rows(rows[lo:hi], self._row(items[lo:hi], backward))
+            build(spans[0])
+            list(_table_threads().map(build, spans[1:]))
         rows.setflags(write=False)
         return rows
 
