@@ -9,8 +9,12 @@ separate. These launches are the model's named training set; every other data se
 Today's kernel measured every number.
 
     python experiments/step_time.py run            # on a GPU: the sweep (timing and counters)
-    python experiments/step_time.py plot --out DIR # anywhere: table from data/
+
+No figure or section of its own: the calibration it yields is the first table of the timed
+model's section (experiments/timed_model.py), and `table` here.
 """
+from wavefront.report.experiments import run_as_script
+
 SPEC = """
 name = "step_time"
 measure = ["timing", "counters"]
@@ -51,3 +55,19 @@ occupancy = [1]
 ctas = [48]
 schedule = ["persistent+linear"]
 """
+
+
+def table(study):
+    """The compute timings fitted on this data set, per GPU and kernel variant."""
+    import pandas as pd
+
+    from wavefront.model.timed import variant_label
+    from wavefront.report.timed import calibrations
+    return pd.DataFrame([{"gpu": gpu, "variant": variant_label(v), "step_ns": ns,
+                          "item_ns": c.item_ns, "launch_ns": c.launch_ns}
+                         for gpu, c in calibrations(study).items()
+                         for v, ns in sorted(c.step_ns.items())])
+
+
+if __name__ == "__main__":  # the same as `wavefront experiment ACTION NAME`
+    run_as_script(__file__)
