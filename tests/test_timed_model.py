@@ -1,5 +1,4 @@
 """The timed cache model: clocks, fills, the DRAM queue, calibration (CPU only)."""
-import gzip
 import json
 from pathlib import Path
 
@@ -9,7 +8,7 @@ import pytest
 from wavefront.model.presets import PRESETS
 from wavefront.model.timed import (
     Calibration, ComputeTiming, MemoryTiming, calibrate, memory_timing, projected_compute,
-    simulate_timed, variant_of)
+    simulate_timed)
 from wavefront.point import plan
 
 ROOT = Path(__file__).resolve().parents[1]

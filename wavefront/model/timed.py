@@ -62,9 +62,9 @@ class ComputeTiming:
     source: str = ""
 
 
-# The kernel's K/V pipeline: tileiras multi-buffers the K and V tiles of a loop; two steps in
-# flight ahead of the one computing is what its SASS shows for the tuned binaries (two TMA
-# barriers per buffer ring). A parameter, not fitted.
+# The kernel's K/V pipeline: tileiras multi-buffers the K and V tiles of a loop. How many steps
+# it loads ahead was not read from the SASS: two (double buffering) is an assumption, a
+# parameter of `simulate_timed`, not fitted.
 LOADS_AHEAD = 2
 # The DRAM series is kept in this many bins over the launch (rebinned for comparisons).
 SERIES_BINS = 4096

@@ -18,7 +18,7 @@ from wavefront.model.counting import launch_counts
 from wavefront.model.fits import ABOVE_KNEE, PAPER_LAUNCH, launch_of_row
 from wavefront.model.presets import PRESETS, preset_for_device
 from wavefront.model.timed import (
-    Calibration, calibrate, memory_timing, projected_compute, simulate_timed, variant_of)
+    Calibration, calibrate, memory_timing, projected_compute, simulate_timed)
 from wavefront.point import plan
 from wavefront.report.analysis import VALIDATION_FAMILIES, cached_table, medians, short_gpu
 from wavefront.results.store import results_path, with_timing
