@@ -15,6 +15,17 @@ model's section (experiments/timed_model.py), and `table` here.
 """
 from wavefront.report.experiments import run_as_script
 
+# Every grid: the same launches (B1 H32, two lengths, both head dims and masks, persistent);
+# they differ in tiles, CTAs per SM and CTAs in flight.
+LAUNCHES = """
+[[grid]]
+batch = [1]
+heads = [32]
+seqlen = [2048, 8192]
+head_dim = [64, 128]
+causal = [false, true]
+schedule = ["persistent+linear"]
+"""
 SPEC = """
 name = "step_time"
 measure = ["timing", "counters"]
@@ -23,37 +34,13 @@ repeats = 3
 reps = 20
 timeout_s = 300
 batch_points = 8
-
-[[grid]]
-batch = [1]
-heads = [32]
-seqlen = [2048, 8192]
-head_dim = [64, 128]
-causal = [false, true]
-tiles = ["64x64", "128x64"]
+""" + LAUNCHES + """tiles = ["64x64", "128x64"]
 occupancy = [1, 2]
-schedule = ["persistent+linear"]
-
-[[grid]]
-batch = [1]
-heads = [32]
-seqlen = [2048, 8192]
-head_dim = [64, 128]
-causal = [false, true]
-tiles = ["128x128"]
+""" + LAUNCHES + """tiles = ["128x128"]
 occupancy = [1]
-schedule = ["persistent+linear"]
-
-[[grid]]
-batch = [1]
-heads = [32]
-seqlen = [2048, 8192]
-head_dim = [64, 128]
-causal = [false, true]
-tiles = ["64x64", "128x64", "128x128"]
+""" + LAUNCHES + """tiles = ["64x64", "128x64", "128x128"]
 occupancy = [1]
 ctas = [48]
-schedule = ["persistent+linear"]
 """
 
 

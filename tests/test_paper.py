@@ -146,7 +146,8 @@ def test_first_kernel_commits_match_git_ancestry():
     """Every commit named in a committed manifest is labelled first kernel exactly when it is
     not a descendant of the table-driven kernel's commit (skipped without git history)."""
     import glob
-    import gzip
+
+    from wavefront.results.store import read_results_bytes
 
     from wavefront.report.draft import FIRST_KERNEL_COMMITS, TABLE_KERNEL_COMMIT
     root = Path(__file__).resolve().parents[1]
@@ -156,8 +157,7 @@ def test_first_kernel_commits_match_git_ancestry():
         pytest.skip("no git history here")
     commits = set()
     for path in glob.glob(str(root / "data" / "**" / "manifest.json*"), recursive=True):
-        data = Path(path).read_bytes()
-        for run in json.loads(gzip.decompress(data) if path.endswith(".gz") else data).values():
+        for run in json.loads(read_results_bytes(path)).values():
             if isinstance(run, dict) and run.get("git_commit"):
                 commits.add(str(run["git_commit"])[:7])
     checked = 0

@@ -1073,7 +1073,7 @@ def _fits_option(f):
 def _timed_setup(gpu, gpu_name: str, fits_path):
     """(memory timing, a function launch -> compute timing) for a preset: its own calibration
     where fits.json has one, else projected from the H100's."""
-    from wavefront.model.presets import gpu_preset
+    from wavefront.model.presets import gpu_preset, preset_for_device
     from wavefront.model.timed import Calibration, memory_timing, projected_compute
     path = Path(fits_path) if fits_path else _default_fits()
     try:
@@ -1086,9 +1086,11 @@ def _timed_setup(gpu, gpu_name: str, fits_path):
         memory = memory_timing(gpu)
     except ValueError as exc:
         raise click.BadParameter(str(exc), param_hint="--gpu") from None
-    own = next((c for name, c in cals.items() if gpu_preset(gpu_name).name.split()[0]
-                in name), None)
-    h100 = next((c for name, c in cals.items() if "H100" in name), None)
+    # a calibration belongs to the preset its measured GPU's name maps to
+    own = next((c for name, c in cals.items()
+                if preset_for_device(name) == gpu_preset(gpu_name)), None)
+    h100 = next((c for name, c in cals.items() if preset_for_device(name) == gpu_preset("h100")),
+                None)
 
     def compute(launch):
         timing = own.compute(launch) if own else None

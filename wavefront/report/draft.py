@@ -20,7 +20,7 @@ from wavefront.point import SECTOR_BYTES
 from wavefront.report.analysis import GpuCapacity, Study, dram_bound_share, timing
 from wavefront.report.figures import short_gpu
 from wavefront.results.measurement import CORRECTNESS_TOLERANCE
-from wavefront.results.store import SchemaError, read_manifest
+from wavefront.results.store import SchemaError, read_manifest, read_results_bytes
 from wavefront.schedules import CTA_SCHEDULES, KV_SCHEDULES
 
 
@@ -83,7 +83,7 @@ def _runs_of(path) -> list[dict]:
     try:
         return list(read_manifest(path.parent).values())
     except SchemaError:
-        raw = json.loads(path.read_text())
+        raw = json.loads(read_results_bytes(path))
         return [r for r in raw.values() if isinstance(r, dict) and "date" in r]
 
 

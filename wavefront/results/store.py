@@ -80,7 +80,7 @@ def _gzip_members(data: bytes) -> tuple[bytes, int]:
 
 
 def read_results_bytes(path) -> bytes:
-    """A results table's text (as bytes), compressed or not."""
+    """A stored file's text (as bytes), compressed or not: a results table, a manifest."""
     data = Path(path).read_bytes()
     return _gzip_members(data)[0] if _is_compressed(path) else data
 
@@ -512,19 +512,13 @@ def manifest_path(directory) -> Path:
     return compressed if compressed.exists() else directory / MANIFEST_FILE
 
 
-def _manifest_bytes(path: Path) -> bytes:
-    import gzip
-    data = path.read_bytes()
-    return gzip.decompress(data) if _is_compressed(path) else data
-
-
 def read_manifest(directory) -> dict:
     path = manifest_path(directory)
     if not path.exists():
         raise SchemaError(f"{path}: missing; results without a manifest are not accepted")
     require_regular_file(path, "a manifest")
     try:
-        runs = json.loads(_manifest_bytes(path))
+        runs = json.loads(read_results_bytes(path))
     except (OSError, ValueError) as exc:
         raise SchemaError(f"{path}: not valid JSON: {exc}") from None
     except RecursionError:
