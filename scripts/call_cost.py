@@ -1,5 +1,6 @@
-"""Host cost of the public call's first use of a shape: the work table alone, and the whole
-first call (launcher, table, upload; the kernel compiled beforehand), on this machine.
+"""Host cost of the public call's first use of a shape: the work table alone (built on the host
+by NumPy, and on the GPU by CuPy as the public call builds it), and the whole first call
+(launcher and table; the kernel compiled beforehand) on an idle GPU and behind queued work.
 
     python scripts/call_cost.py [--json PATH]
 
@@ -38,8 +39,40 @@ def table_rows():
                     return plan(q, k, sms=132, l2_bytes=50 << 20, causal=causal,
                                 schedule=schedule).work_table
                 items = len(build())
-                rows.append({"what": "work table", "shape": shape, "schedule": schedule,
-                             "causal": causal, "items": items, "ms": median_ms(build)})
+                rows.append({"what": "work table (host, NumPy)", "shape": shape,
+                             "schedule": schedule, "causal": causal, "items": items,
+                             "ms": median_ms(build)})
+    return rows
+
+
+def gpu_table_rows():
+    """The same tables built by CuPy on the GPU: the host's time to issue the build, and the
+    time until the table is there (issue + GPU)."""
+    import cupy
+    rows = []
+    stream = cupy.cuda.Stream(non_blocking=True)
+    for shape, (q, k) in SHAPES.items():
+        for schedule in SCHEDULES:
+            for causal in (False, True):
+                launch = plan(q, k, sms=132, l2_bytes=50 << 20, causal=causal,
+                              schedule=schedule)
+                with stream:
+                    launch.work_table_on(cupy)  # loads CuPy's kernels for this schedule
+                stream.synchronize()
+
+                def issue():
+                    with stream:
+                        return launch.work_table_on(cupy)
+
+                def ready():
+                    issue()
+                    stream.synchronize()
+                for what, fn in (("work table (GPU, CuPy): host issue", issue),
+                                 ("work table (GPU, CuPy): until ready", ready)):
+                    rows.append({"what": what, "shape": shape, "schedule": schedule,
+                                 "causal": causal, "items": launch.num_items,
+                                 "ms": median_ms(fn)})
+                    stream.synchronize()
     return rows
 
 
@@ -69,6 +102,21 @@ def first_call_rows():
             rows.append({"what": "first call (host, kernel compiled)", "shape": shape,
                          "schedule": "tuned", "causal": causal,
                          "ms": statistics.median(times)})
+            # Behind queued work: a model's first call finds the GPU busy with earlier layers.
+            times = []
+            busy = torch.randn(8192, 8192, device="cuda")
+            for _ in range(7):
+                clear_launcher_cache()
+                torch.cuda.synchronize()
+                for _ in range(8):
+                    busy @ busy  # about 10 ms of GPU work queued
+                began = time.perf_counter()
+                wavefront.attention(q, k, v, causal=causal)
+                times.append((time.perf_counter() - began) * 1e3)
+                torch.cuda.synchronize()
+            rows.append({"what": "first call (host, GPU busy)", "shape": shape,
+                         "schedule": "tuned", "causal": causal,
+                         "ms": statistics.median(times)})
             torch.cuda.synchronize()
     return rows
 
@@ -76,9 +124,9 @@ def first_call_rows():
 if __name__ == "__main__":
     rows = table_rows()
     if "--no-gpu" not in sys.argv:
-        rows += first_call_rows()
+        rows += gpu_table_rows() + first_call_rows()
     for r in rows:
-        print(f"{r['what']:38s} {r['shape']:22s} {r['schedule']:26s} causal={r['causal']!s:5s} "
+        print(f"{r['what']:40s} {r['shape']:22s} {r['schedule']:26s} causal={r['causal']!s:5s} "
               f"{r.get('items', ''):>7} {r['ms']:8.2f} ms")
     if "--json" in sys.argv:
         with open(sys.argv[sys.argv.index("--json") + 1], "w") as f:

@@ -94,3 +94,48 @@ print(f"{'bound launcher, torch, raw stream':40s} "
       f"{per_call_us(lambda: launcher(q, k, v, out, raw)):7.1f} us")
 print(f"{'torch._C._to_dlpack x5':40s} "
       f"{per_call_us(lambda: [torch._C._to_dlpack(x) for x in (q, k, v, out, out)]):7.1f} us")
+
+# What ct.launch costs by the kind of object each argument is. The launcher's own buffers (the
+# work table, the counters, the stand-ins) are the same on every call: made by CuPy, by torch,
+# or wrapped in an object whose CUDA Array Interface is a plain attribute (nothing built per
+# call).
+
+
+class _Described:
+    """An array as its CUDA Array Interface dict, computed once."""
+
+    def __init__(self, array):
+        self.__cuda_array_interface__ = dict(array.__cuda_array_interface__)
+        self.owner = array
+
+
+def own_buffers_as(bound, wrap):
+    """A copy of `bound`'s argument list with every array other than q, k, v, out, lse
+    wrapped."""
+    args = list(bound._args)
+    for i, value in enumerate(args):
+        if i not in bound._slots and hasattr(value, "__cuda_array_interface__"):
+            args[i] = wrap(value)
+    return args
+
+
+launcher_cupy_built, _ = L.launcher_for(cq, ck, cv)
+launcher_cupy_built(cq, ck, cv, cout, cstream.ptr)
+torch.cuda.synchronize()
+variants = {
+    "own buffers torch, q/k/v torch": (launcher, (q, k, v, out, launcher.lse)),
+    "own buffers cupy, q/k/v torch": (launcher_cupy_built, (q, k, v, out, launcher.lse)),
+    "own buffers cupy, q/k/v cupy": (launcher_cupy_built,
+                                     (cq, ck, cv, cout, launcher_cupy_built.lse)),
+}
+import cuda.tile as ct  # noqa: E402
+
+for name, (bound, per_call) in variants.items():
+    for label, args in (("", list(bound._args)),
+                        (" (own wrapped)", own_buffers_as(bound, _Described))):
+        for slot, array in zip(bound._slots, per_call):
+            args[slot] = array
+        frozen = tuple(args)
+        fn = lambda: ct.launch(raw, bound.grid, bound.kernel, frozen)  # noqa: E731
+        fn()
+        print(f"{'ct.launch, ' + name + label:58s} {per_call_us(fn):7.1f} us")

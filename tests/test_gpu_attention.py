@@ -88,6 +88,46 @@ def test_torch_tensors_in_and_out():
     assert float((out.float() - ref).norm() / ref.norm()) < TOLERANCE
 
 
+@pytest.mark.parametrize("causal", [False, True])
+def test_the_table_built_on_the_gpu_is_the_host_table(causal):
+    """The public call builds its work table with CuPy on the GPU (`Launch.work_table_on`):
+    row for row the host table, for every schedule, GQA and ragged."""
+    import cupy
+    import numpy as np
+
+    from wavefront.point import plan
+    for schedule in SCHEDULES:
+        launch = plan((3, 8, 4133, 128), (3, 2, 4133, 128), sms=132, l2_bytes=50 << 20,
+                      causal=causal, schedule=schedule)
+        with cupy.cuda.Stream(non_blocking=True) as stream:
+            built = launch.work_table_on(cupy)
+            stream.synchronize()
+        assert np.array_equal(built.get(), launch.work_table), schedule
+
+
+def test_a_first_call_on_another_stream_waits_for_its_table():
+    """The table is built on a stream of its own and the host does not wait: the first launch,
+    here on a fresh non-blocking stream with a long kernel queued before the build on the
+    default stream, must still read a finished table."""
+    torch = pytest.importorskip("torch")
+    from wavefront import attention
+    from wavefront.kernel.launcher import clear_launcher_cache
+    clear_launcher_cache()
+    gen = torch.Generator(device="cuda").manual_seed(21)
+    q, k, v = (torch.randn(2, 16, 8192, 64, device="cuda", dtype=torch.bfloat16,
+                           generator=gen) for _ in range(3))
+    side = torch.cuda.Stream()
+    busy = torch.randn(8192, 8192, device="cuda")
+    for _ in range(4):
+        busy = busy @ busy / 100  # keeps the GPU busy while the table is built
+    with torch.cuda.stream(side):
+        out = attention(q, k, v, causal=True, schedule="grouped_dynamic+sawtooth")
+    side.synchronize()
+    ref = torch.nn.functional.scaled_dot_product_attention(q.float(), k.float(), v.float(),
+                                                           is_causal=True)
+    assert float((out.float() - ref).norm() / ref.norm()) < TOLERANCE
+
+
 def test_long_sequence_spot_check():
     cfg = Config(batch=1, heads=2, seqlen=20000, head_dim=128, causal=True,
                  schedule="persistent+sawtooth")

@@ -20,6 +20,7 @@ the next row from an atomic counter for the dynamic schedules).
 from __future__ import annotations
 
 import os
+import sys
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Iterator, Protocol
@@ -56,28 +57,40 @@ WORK_COLUMNS = 16  # padded: 64-byte rows, a stride the ahead-of-time signature 
 
 # --------------------------------------------------------------------------------------------
 # The mapping: plain integer functions, from which `Launch.work_table` builds the rows. Each
-# takes Python ints (one item, for people and tests) or NumPy integer arrays (every item at
-# once: the table of a 100k-item launch is built in about a millisecond), by the same code.
+# takes Python ints (one item, for people and tests) or integer arrays of NumPy (every item at
+# once, on the host) or CuPy (every item at once, on the GPU: what the public call does), by
+# the same code.
 # --------------------------------------------------------------------------------------------
+
+def _array_module(*values):
+    """The array library of the first array among `values` (NumPy, or CuPy: a work table is
+    built on the host or on the GPU by the same formulas), None when all are plain ints. The
+    vocabulary imports no GPU library: an array's own library is already loaded."""
+    for value in values:
+        if isinstance(value, np.ndarray):
+            return np
+        if type(value).__module__.startswith("cupy"):
+            return sys.modules["cupy"]
+    return None
+
 
 def _minimum(a, b):
     """min() for ints, elementwise for arrays: one spelling for both uses of the mapping."""
-    if isinstance(a, np.ndarray) or isinstance(b, np.ndarray):
-        return np.minimum(a, b)
-    return min(a, b)
+    xp = _array_module(a, b)
+    return min(a, b) if xp is None else xp.minimum(a, b)
 
 
 def _maximum(a, b):
-    if isinstance(a, np.ndarray) or isinstance(b, np.ndarray):
-        return np.maximum(a, b)
-    return max(a, b)
+    xp = _array_module(a, b)
+    return max(a, b) if xp is None else xp.maximum(a, b)
 
 
 def _choose(condition, if_true, if_false):
     """`if_true if condition else if_false`, elementwise where `condition` is an array."""
-    if isinstance(condition, np.ndarray):
-        return np.where(condition, if_true, if_false)
-    return if_true if condition else if_false
+    xp = _array_module(condition)
+    if xp is None:
+        return if_true if condition else if_false
+    return xp.where(condition, if_true, if_false)
 
 
 def linear_order(item, q_tiles, heads):
@@ -800,10 +813,12 @@ class Launch:
         batch, head, q_tile = decode_work_item(inner, p.q_tiles, p.heads, p.kv_heads,
                                                p.kv_units, self.group_units, self.cta.code)
         it = local_iteration(item, self.num_ctas, self.resident_ctas, self.cta.code)
-        if isinstance(q_tile, np.ndarray):
+        xp = _array_module(q_tile)
+        if xp is not None:
             # Spans depend on the Q tile alone: work them out once per Q tile, then look up.
-            visited, first_masked = (x if np.ndim(x) == 0 else np.take(x, q_tile)
-                                     for x in p.kv_span(np.arange(p.q_tiles, dtype=np.int32)))
+            visited, first_masked = (
+                x if _array_module(x) is None else xp.take(x, q_tile)
+                for x in p.kv_span(xp.arange(p.q_tiles, dtype=xp.int32)))
         else:
             visited, first_masked = p.kv_span(q_tile)
         lo, mid, hi = chunk_tile_range(chunk, self.chunk_tiles, visited, first_masked)
@@ -825,6 +840,11 @@ class Launch:
         return (batch, head, head // self.problem.qheads_per_kv, q_tile, start, step, count,
                 masked_lo, masked_hi, chunk)
 
+    def _check_table_size(self):
+        if self.num_items >= 1 << 31:
+            raise ValueError(f"a launch of {self.num_items} work items does not fit the int32 "
+                             "work table (at most 2^31 - 1)")
+
     @cached_property
     def work_table(self) -> np.ndarray:
         """The kernel's input: one int32 row (`WORK_*` columns) per work item, in the order
@@ -832,10 +852,8 @@ class Launch:
         rows scan forward and the kernel reverses a CTA's odd-numbered items (`alternate`).
 
         Built for all items at once: `_row` on an array of item numbers is the same mapping
-        as on one item (the public call builds a table per new shape, on its hot path)."""
-        if self.num_items >= 1 << 31:
-            raise ValueError(f"a launch of {self.num_items} work items does not fit the int32 "
-                             "work table (at most 2^31 - 1)")
+        as on one item. The public call builds the same rows on the GPU (`work_table_on`)."""
+        self._check_table_size()
         items = np.arange(self.num_items, dtype=np.int32)
         backward = 0 if self.cta.dynamic else None
         rows = np.empty((self.num_items, WORK_COLUMNS), dtype=np.int32)
@@ -844,15 +862,29 @@ class Launch:
             fill_rows(rows, self._row(items, backward))
         else:
             # A long table is built in slices on a few threads: NumPy's integer arithmetic
-            # and the compiled transpose run without the GIL, and a new shape's first call
-            # waits for this table. The first slice goes alone, so every cached property
-            # the mapping reads is settled before the threads share the launch.
+            # and the compiled transpose run without the GIL. The first slice goes alone, so
+            # every cached property the mapping reads is settled before the threads share
+            # the launch.
             def build(span):
                 lo, hi = span
                 fill_rows(rows[lo:hi], self._row(items[lo:hi], backward))
             build(spans[0])
             list(_table_threads().map(build, spans[1:]))
         rows.setflags(write=False)
+        return rows
+
+    def work_table_on(self, xp):
+        """`work_table` built by the array library `xp` (CuPy: on the GPU, in its current
+        stream, asynchronously; NumPy: on the host, in one piece), by the same `_row`. A new
+        shape's first call does this: about thirty small kernels, where a host table of 100k
+        items takes milliseconds to build and one more to copy."""
+        self._check_table_size()
+        items = xp.arange(self.num_items, dtype=xp.int32)
+        columns = self._row(items, 0 if self.cta.dynamic else None)
+        rows = xp.empty((self.num_items, WORK_COLUMNS), dtype=xp.int32)
+        rows[:, len(columns):] = 0
+        for column, values in enumerate(columns):
+            rows[:, column] = values  # a scalar (the same for every item) broadcasts
         return rows
 
     def kv_order(self, item: int, backward: int | None = None) -> tuple[int, ...]:

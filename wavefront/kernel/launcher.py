@@ -140,7 +140,7 @@ class AttentionLauncher:
                           "float32")
         self.partials = _workspace(q_view, launch.n_chunks if self.tiled else 0,
                                    self.variant.partials_dtype)
-        self.work = _upload(q_view, launch.work_table)
+        self.work, self._table_built = _device_work_table(q_view, launch)
         # The dynamic schedules' [item counter, CTAs finished]: zero before every launch (the
         # kernel's last CTA resets it), so nothing on the host changes between launches.
         self.next_item = _zeros(q_view, 2, "int32")
@@ -165,6 +165,8 @@ class AttentionLauncher:
         """Launch on `stream`; `lse`: where to write the LSE (default: the launcher's own
         buffer, which the next launch overwrites)."""
         lse = self.lse if lse is None else lse
+        if self._table_built is not None:
+            self._wait_for_table(stream)
         args = self._args.copy()
         for slot, array in zip(self._slots, (q, k, v, out, lse)):
             args[slot] = array
@@ -177,6 +179,17 @@ class AttentionLauncher:
                 "n_chunks": self.launch.n_chunks, "HEAD_DIM": p.head_dim,
                 "TILE_M": COMBINE_TILE_M, "WRITE_LSE": self.return_lse}))
         return (out, lse) if self.return_lse else out
+
+    def _wait_for_table(self, stream):
+        """Order this launch after the work table's build (on its own stream): until the build
+        is known to be done, every launch's stream waits for it on the GPU, not the host."""
+        if self._table_built.done:
+            self._table_built = None
+            return
+        import cupy
+        with cupy.cuda.Device(self.view.device):
+            cupy.cuda.ExternalStream(_stream_handle(stream), self.view.device).wait_event(
+                self._table_built)
 
     def tickets(self):
         """(start, end) ticket of every work item of the last launch, as NumPy int64 arrays
@@ -287,12 +300,17 @@ def _call_key(q, k, v, options: tuple):
     if None in keys:
         return None
     # The options' types too: True == 1 == 1.0 hash alike, and must not share a launcher.
-    key = (keys, options, tuple(map(type, options)))
+    return (keys, options, tuple(map(type, options)))
+
+
+def _cached(key):
+    """-> (key, the launcher cached under it or None); the key becomes None where it cannot
+    be hashed (a list of tiles, say: no caching, same result). The hash is taken once, by the
+    look-up itself: hashing a key of shapes and dtypes costs about a microsecond."""
     try:
-        hash(key)
-    except TypeError:  # an unhashable option (a list of tiles, say): no caching, same result
-        return None
-    return key
+        return key, _launchers.get(key)
+    except TypeError:
+        return None, None
 
 
 def attention(q, k, v, *, causal: bool = False, schedule: str | None = None,
@@ -320,8 +338,7 @@ def attention_positional(q, k, v, causal, schedule, tiles, occupancy, scale, ret
     which is what a short launch costs."""
     options = (causal, schedule, tiles, occupancy, scale, return_lse, l2_bytes, ctas,
                chunk_tiles, *levers)
-    key = _call_key(q, k, v, options)
-    launcher = _launchers.get(key) if key is not None else None
+    key, launcher = _cached(_call_key(q, k, v, options))
     if launcher is None:
         levers = dict(zip(KERNEL_LEVERS, levers))
 
@@ -353,7 +370,7 @@ def _cached_launcher(key, build) -> AttentionLauncher:
 
     A hit is one dictionary read (atomic under the interpreter lock, so no lock of ours on
     the hot path); inserting and evicting take the lock. The oldest entry goes first."""
-    launcher = _launchers.get(key) if key is not None else None
+    key, launcher = _cached(key)
     if launcher is not None:
         return launcher
     launcher = build()
@@ -483,6 +500,43 @@ def _upload(vq: _ArrayView, host):
     import cupy
     with cupy.cuda.Device(vq.device):
         return cupy.asarray(host)
+
+
+_table_streams: dict = {}
+
+
+def _device_work_table(vq: _ArrayView, launch):
+    """-> (the launch's work table on q's device, the CuPy event its build ends with; None
+    where it is ready).
+
+    A dense launch's table is built on the GPU by CuPy from the schedule's own formulas
+    (`Launch.work_table_on`), on a stream of its own: the host only issues about thirty small
+    kernels and never waits, where building 100k rows on the host and copying them cost
+    milliseconds. The table is a CuPy array for torch callers too (cuTile takes either).
+    Packed variable-length batches build theirs on the host (their rows come from the host's
+    sequence lengths) and copy it."""
+    if launch.varlen:
+        return _upload(vq, launch.work_table), None
+    import cupy
+    with cupy.cuda.Device(vq.device):
+        stream = _table_streams.get(vq.device)
+        if stream is None:
+            stream = _table_streams.setdefault(vq.device, cupy.cuda.Stream(non_blocking=True))
+        with stream:
+            table = launch.work_table_on(cupy)
+            built = stream.record()
+    return table, built
+
+
+def _stream_handle(stream) -> int:
+    """A raw stream handle from a handle, a torch stream or a CuPy stream."""
+    if isinstance(stream, int):
+        return stream
+    for attribute in ("cuda_stream", "ptr"):  # torch, CuPy
+        if hasattr(stream, attribute):
+            return int(getattr(stream, attribute))
+    raise ValueError(f"stream must be a raw CUDA stream handle, a torch stream or a CuPy "
+                     f"stream, got {type(stream).__name__}")
 
 
 def _workspace(vq, n_chunks, output_dtype="float32"):
