@@ -85,6 +85,13 @@ def _maximum(a, b):
     return max(a, b) if xp is None else xp.maximum(a, b)
 
 
+def _divmod(a, b):
+    """(a // b, a % b) in one pass: a table built on the GPU pays per operation (a kernel
+    launch each), not per element."""
+    xp = _array_module(a, b)
+    return divmod(a, b) if xp is None else xp.divmod(a, b)
+
+
 def _choose(condition, if_true, if_false):
     """`if_true if condition else if_false`, elementwise where `condition` is an array."""
     xp = _array_module(condition)
@@ -96,10 +103,9 @@ def _choose(condition, if_true, if_false):
 def linear_order(item, q_tiles, heads):
     """Grid and persistent: Q tiles fastest, then heads, then batch, so the CTAs of one wave
     share the K/V of as few heads as possible."""
-    batch_head = item // q_tiles
-    batch = batch_head // heads
-    # a - (a // b) * b: the remainder of non-negative ints, cheaper than % on NumPy arrays
-    return batch, batch_head - batch * heads, item - batch_head * q_tiles
+    batch_head, q_tile = _divmod(item, q_tiles)
+    batch, head = _divmod(batch_head, heads)
+    return batch, head, q_tile
 
 
 def grouped_order(item, q_tiles, heads, kv_heads, kv_units, group_units):
@@ -114,19 +120,15 @@ def grouped_order(item, q_tiles, heads, kv_heads, kv_units, group_units):
     """
     qheads_per_kv = heads // kv_heads
     items_per_group = group_units * qheads_per_kv * q_tiles
-    group = item // items_per_group
-    within = item - group * items_per_group
+    group, within = _divmod(item, items_per_group)
     # The last group may hold fewer units; its items still start at group * items_per_group.
-    heads_here = _minimum(group_units, kv_units - group * group_units) * qheads_per_kv
-    # Remainders as a - (a // b) * b, reusing the quotients (see linear_order).
-    q_tile = within // heads_here
-    head_in_group = within - q_tile * heads_here
-    unit_in_group = head_in_group // qheads_per_kv
-    unit = group * group_units + unit_in_group
-    batch = unit // kv_heads
-    head = ((unit - batch * kv_heads) * qheads_per_kv
-            + head_in_group - unit_in_group * qheads_per_kv)
-    return batch, head, q_tile
+    heads_here = group_units * qheads_per_kv
+    if kv_units % group_units:
+        heads_here = _minimum(group_units, kv_units - group * group_units) * qheads_per_kv
+    q_tile, head_in_group = _divmod(within, heads_here)
+    unit_in_group, head_in_unit = _divmod(head_in_group, qheads_per_kv)
+    batch, kv_head = _divmod(group * group_units + unit_in_group, kv_heads)
+    return batch, kv_head * qheads_per_kv + head_in_unit, q_tile
 
 
 def grouped_longest_first_order(item, q_tiles, heads, kv_heads, kv_units, group_units):
@@ -134,7 +136,7 @@ def grouped_longest_first_order(item, q_tiles, heads, kv_heads, kv_units, group_
     the L2 head groups of `grouped_order`, and inside each group the longest items first, so
     that CTAs taking items dynamically finish a group together."""
     batch, head, q_tile = grouped_order(item, q_tiles, heads, kv_heads, kv_units, group_units)
-    return batch, head, q_tiles - 1 - q_tile
+    return batch, head, (q_tiles - 1) - q_tile
 
 
 def longest_first_order(item, q_tiles, heads, batch_heads):
@@ -142,10 +144,9 @@ def longest_first_order(item, q_tiles, heads, batch_heads):
     next. Under a causal mask a Q tile's work grows with its index, so the persistent CTAs take
     the longest items in their first round and the shortest last, and finish together (the
     order FlashAttention-3 uses for causal). GQA siblings stay adjacent (heads fastest)."""
-    rank = item // batch_heads
-    batch_head = item - rank * batch_heads
-    batch = batch_head // heads
-    return batch, batch_head - batch * heads, q_tiles - 1 - rank
+    rank, batch_head = _divmod(item, batch_heads)
+    batch, head = _divmod(batch_head, heads)
+    return batch, head, (q_tiles - 1) - rank
 
 
 def decode_work_item(item, q_tiles, heads, kv_heads, kv_units, group_units, cta_order):
@@ -804,21 +805,25 @@ class Launch:
             return range(cta, cta + 1)
         return range(cta, self.num_items, self.num_ctas)
 
-    def _plan(self, item, backward=None):
+    def _plan(self, item, backward=None, iteration_unused=False):
         """-> (batch, head, q_tile, chunk, local iteration, lo, mid, hi, backward) of `item`
         (an int, or an array of item numbers: every column is then an array); `backward`
-        given is passed through, else the item's own direction."""
+        given is passed through, else the item's own direction. `iteration_unused`: the
+        caller does not read the local iteration (None then, where `backward` is given)."""
         p = self.problem
         inner, chunk = split_chunk(item, p.q_tiles, p.heads, p.kv_heads, self.n_chunks)
         batch, head, q_tile = decode_work_item(inner, p.q_tiles, p.heads, p.kv_heads,
                                                p.kv_units, self.group_units, self.cta.code)
-        it = local_iteration(item, self.num_ctas, self.resident_ctas, self.cta.code)
+        it = None
+        if backward is None or not iteration_unused:
+            it = local_iteration(item, self.num_ctas, self.resident_ctas, self.cta.code)
         xp = _array_module(q_tile)
         if xp is not None:
-            # Spans depend on the Q tile alone: work them out once per Q tile, then look up.
+            # Spans depend on the Q tile alone: worked out once per Q tile on the host (a few
+            # hundred values), then looked up for every item.
             visited, first_masked = (
-                x if _array_module(x) is None else xp.take(x, q_tile)
-                for x in p.kv_span(xp.arange(p.q_tiles, dtype=xp.int32)))
+                x if _array_module(x) is None else xp.take(xp.asarray(x), q_tile)
+                for x in p.kv_span(np.arange(p.q_tiles, dtype=np.int32)))
         else:
             visited, first_masked = p.kv_span(q_tile)
         lo, mid, hi = chunk_tile_range(chunk, self.chunk_tiles, visited, first_masked)
@@ -835,10 +840,12 @@ class Launch:
     def _row(self, item: int, backward: int | None = None) -> tuple[int, ...]:
         """Item `item`'s work-table row (`backward`: the unmasked scan's direction; default:
         the item's own, lock-step for a dynamic schedule). `item` may be an array of items."""
-        batch, head, q_tile, chunk, _, lo, mid, hi, backward = self._plan(item, backward)
+        batch, head, q_tile, chunk, _, lo, mid, hi, backward = self._plan(
+            item, backward, iteration_unused=True)
         start, step, count, masked_lo, masked_hi = scan_plan(lo, mid, hi, backward)
-        return (batch, head, head // self.problem.qheads_per_kv, q_tile, start, step, count,
-                masked_lo, masked_hi, chunk)
+        per_kv = self.problem.qheads_per_kv
+        kv_head = head if per_kv == 1 else head // per_kv
+        return (batch, head, kv_head, q_tile, start, step, count, masked_lo, masked_hi, chunk)
 
     def _check_table_size(self):
         if self.num_items >= 1 << 31:
@@ -881,10 +888,17 @@ class Launch:
         self._check_table_size()
         items = xp.arange(self.num_items, dtype=xp.int32)
         columns = self._row(items, 0 if self.cta.dynamic else None)
-        rows = xp.empty((self.num_items, WORK_COLUMNS), dtype=xp.int32)
-        rows[:, len(columns):] = 0
+        # Zeros first (a memset), then one write per column that varies, and the nonzero
+        # columns that do not (a grid's scan step, say) in one scatter.
+        rows = xp.zeros((self.num_items, WORK_COLUMNS), dtype=xp.int32)
+        constant = {}
         for column, values in enumerate(columns):
-            rows[:, column] = values  # a scalar (the same for every item) broadcasts
+            if _array_module(values) is not None:
+                rows[:, column] = values
+            elif values:
+                constant[column] = values
+        if constant:
+            rows[:, list(constant)] = xp.asarray(np.array(list(constant.values()), np.int32))
         return rows
 
     def kv_order(self, item: int, backward: int | None = None) -> tuple[int, ...]:

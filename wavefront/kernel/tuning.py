@@ -10,8 +10,11 @@ occupancy), as do calls that name any schedule, tile shape, occupancy or lever t
 """
 from __future__ import annotations
 
+import copy
+import functools
 import json
 import math
+import os
 import re
 from pathlib import Path
 
@@ -60,12 +63,26 @@ def shape_distance(a, b) -> float:
 
 
 def load_table(path: Path = TUNED_TABLE) -> dict:
-    if not Path(path).exists():
-        return {}
+    """The tuned table (a fresh copy: callers may edit it), read again only when the file
+    changed: a new shape's first call looks it up, and parsing it costs a millisecond."""
+    return copy.deepcopy(_table_for(path))
+
+
+@functools.lru_cache(maxsize=8)
+def _parsed_table(path: str, stamp: tuple) -> dict:
     table = json.loads(Path(path).read_text())
     if not isinstance(table, dict):
         raise ValueError(f"{path}: expected a JSON object of GPUs, got {type(table).__name__}")
     return table
+
+
+def _table_for(path) -> dict:
+    """The tuned table to read, not to edit (no copy)."""
+    try:
+        stat = os.stat(path)
+    except FileNotFoundError:
+        return {}
+    return _parsed_table(str(path), (stat.st_mtime_ns, stat.st_size))
 
 
 def _problem_shape(q_shape, k_shape) -> tuple[int, int, int, int] | None:
@@ -77,7 +94,7 @@ def _problem_shape(q_shape, k_shape) -> tuple[int, int, int, int] | None:
 def tuned_entry(gpu_name: str, head_dim: int, causal: bool, shape=DEFAULT_TUNE_SHAPE,
                 path: Path = TUNED_TABLE) -> tuple[str, dict] | None:
     """(key, entry) of the tuned shape nearest to `shape` for this GPU, head dim and mask."""
-    entries = load_table(path).get(gpu_name, {})
+    entries = _table_for(path).get(gpu_name, {})
     base = entry_key(head_dim, causal)
     mine = {k: e for k, e in entries.items() if k == base or k.startswith(base + "_")}
     if not mine:
@@ -114,4 +131,5 @@ def write_entry(gpu_name: str, head_dim: int, causal: bool, entry: dict,
     table = load_table(path)
     table.setdefault(gpu_name, {})[key] = entry
     Path(path).write_text(json.dumps(table, indent=1, sort_keys=True) + "\n")
+    _parsed_table.cache_clear()  # a rewrite within the file system's clock tick keeps its stamp
     return key
