@@ -820,10 +820,11 @@ class Launch:
         xp = _array_module(q_tile)
         if xp is not None:
             # Spans depend on the Q tile alone: worked out once per Q tile on the host (a few
-            # hundred values), then looked up for every item.
-            visited, first_masked = (
-                x if _array_module(x) is None else xp.take(xp.asarray(x), q_tile)
-                for x in p.kv_span(np.arange(p.q_tiles, dtype=np.int32)))
+            # hundred values), then looked up for every item (one copy and one look-up).
+            visited, first_masked = p.kv_span(np.arange(p.q_tiles, dtype=np.int32))
+            if _array_module(visited, first_masked) is not None:
+                spans = np.stack(np.broadcast_arrays(visited, first_masked)).astype(np.int32)
+                visited, first_masked = xp.take(xp.asarray(spans), q_tile, axis=1)
         else:
             visited, first_masked = p.kv_span(q_tile)
         lo, mid, hi = chunk_tile_range(chunk, self.chunk_tiles, visited, first_masked)
@@ -888,17 +889,12 @@ class Launch:
         self._check_table_size()
         items = xp.arange(self.num_items, dtype=xp.int32)
         columns = self._row(items, 0 if self.cta.dynamic else None)
-        # Zeros first (a memset), then one write per column that varies, and the nonzero
-        # columns that do not (a grid's scan step, say) in one scatter.
+        # Zeros first (a memset), then one write per column but the zero ones. (A scatter
+        # of all constant columns at once costs more than writing them one by one.)
         rows = xp.zeros((self.num_items, WORK_COLUMNS), dtype=xp.int32)
-        constant = {}
         for column, values in enumerate(columns):
-            if _array_module(values) is not None:
+            if _array_module(values) is not None or values:
                 rows[:, column] = values
-            elif values:
-                constant[column] = values
-        if constant:
-            rows[:, list(constant)] = xp.asarray(np.array(list(constant.values()), np.int32))
         return rows
 
     def kv_order(self, item: int, backward: int | None = None) -> tuple[int, ...]:

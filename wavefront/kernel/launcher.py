@@ -220,8 +220,7 @@ class AttentionLauncher:
             return
         import cupy
         with cupy.cuda.Device(self.view.device):
-            cupy.cuda.ExternalStream(_stream_handle(stream), self.view.device).wait_event(
-                self._table_built)
+            cupy.cuda.runtime.streamWaitEvent(_stream_handle(stream), self._table_built.ptr, 0)
 
     def tickets(self):
         """(start, end) ticket of every work item of the last launch, as NumPy int64 arrays
