@@ -815,7 +815,7 @@ class Launch:
         batch, head, q_tile = decode_work_item(inner, p.q_tiles, p.heads, p.kv_heads,
                                                p.kv_units, self.group_units, self.cta.code)
         it = None
-        if backward is None or not iteration_unused:
+        if not iteration_unused or (backward is None and self.kv.code == KV_SAWTOOTH):
             it = local_iteration(item, self.num_ctas, self.resident_ctas, self.cta.code)
         xp = _array_module(q_tile)
         if xp is not None:
@@ -881,13 +881,19 @@ class Launch:
         rows.setflags(write=False)
         return rows
 
-    def work_table_on(self, xp):
+    def work_table_on(self, xp, items=None):
         """`work_table` built by the array library `xp` (CuPy: on the GPU, in its current
         stream, asynchronously; NumPy: on the host, in one piece), by the same `_row`. A new
-        shape's first call does this: about thirty small kernels, where a host table of 100k
-        items takes milliseconds to build and one more to copy."""
+        shape's first call does this: ten to twenty small kernels, where a host table of 100k
+        items takes milliseconds to build and one more to copy. `items`: the item numbers
+        0 .. num_items - 1 in `xp`, where the caller keeps them (CuPy's arange costs more
+        than the rest of a small table)."""
         self._check_table_size()
-        items = xp.arange(self.num_items, dtype=xp.int32)
+        if items is None:
+            items = xp.arange(self.num_items, dtype=xp.int32)
+        elif len(items) != self.num_items:
+            raise ValueError(f"items must number the launch's {self.num_items} work items "
+                             f"(0, 1, ...), got {len(items)}")
         columns = self._row(items, 0 if self.cta.dynamic else None)
         # Zeros first (a memset), then one write per column but the zero ones. (A scatter
         # of all constant columns at once costs more than writing them one by one.)

@@ -121,22 +121,46 @@ class _Described:
         self.array = array
 
 
-# Element types whose interface type string says everything (bfloat16 has none of its own)
-DESCRIBABLE_TYPES = ("<f4", "<i4")
+# The interface's type strings of the launcher's own arrays (bfloat16 has none of its own:
+# partial states in bfloat16 go to ct.launch as they are).
+TYPESTRINGS = {"float32": "<f4", "int32": "<i4"}
 
 
-def _described(array):
-    """`array` as a `_Described`, where its interface says all cuTile needs; else `array`."""
-    try:
-        description = dict(array.__cuda_array_interface__)
-    except (AttributeError, TypeError, ValueError):
+def _described(array, dtype: str):
+    """A contiguous array made here, of `dtype`, as a `_Described` (else as it is), its
+    description written from what we know rather than asked of the array (torch builds its
+    interface in Python: about 13 us per array on the H100 host, on a new shape's first call)."""
+    typestr = TYPESTRINGS.get(dtype)
+    if typestr is None:
         return array
-    if description.get("typestr") not in DESCRIBABLE_TYPES or description.get("mask"):
-        return array
-    # The producer's stream (CuPy's interface names one): the launcher orders its own
-    # buffers' writes itself, so the consumer need not synchronise with it.
-    description.pop("stream", None)
-    return _Described(array, description)
+    ptr = array.data_ptr() if type(array).__module__ == "torch" else array.data.ptr
+    shape = tuple(array.shape)
+    strides, stride = [], 4
+    for size in reversed(shape):
+        strides.append(stride)
+        stride *= size
+    return _Described(array, {"shape": shape, "typestr": typestr, "data": (ptr, False),
+                              "strides": tuple(reversed(strides)), "version": 2})
+
+
+_stand_ins: dict = {}
+
+
+def _stand_in(vq: _ArrayView, name: str, shape: tuple, dtype: str):
+    """A one-element array for kernel parameter `name` where this launch does not use it
+    (cuTile needs an array for every parameter), described once and shared by every launcher
+    of q's library and device: a launch that does not use a parameter neither reads nor
+    writes it. One per parameter, so no two parameters of a launch alias."""
+    key = (vq.library, vq.device, name, shape, dtype)
+    found = _stand_ins.get(key)
+    if found is None:
+        found = _stand_ins.setdefault(key, _described(_empty(vq, shape, dtype), dtype))
+    return found
+
+
+def _array_of(argument):
+    """The array behind a launch argument (a `_Described` or the array itself)."""
+    return argument.array if isinstance(argument, _Described) else argument
 
 
 class AttentionLauncher:
@@ -166,29 +190,39 @@ class AttentionLauncher:
         self.variant = KernelVariant.for_launch(launch, q_view.dtype, write_lse=self.return_lse,
                                                 record_order=self.record_order, **levers)
         self.kernel = self.variant.kernel()
-        # cuTile needs an array for every parameter: a 1-element stand-in when LSE is not asked.
-        self.lse = _empty(q_view, (p.batch, p.heads, p.seqlen_q) if return_lse else (1, 1, 1),
-                          "float32")
-        self.partials = _workspace(q_view, launch.n_chunks if self.tiled else 0,
-                                   self.variant.partials_dtype)
+        # cuTile needs an array for every parameter: shared 1-element stand-ins for those this
+        # launch does not use (the LSE when not asked, the partial states when not tiled).
+        if return_lse:
+            self._lse_argument = _empty(q_view, (p.batch, p.heads, p.seqlen_q), "float32")
+        else:
+            self._lse_argument = _stand_in(q_view, "Lse", (1, 1, 1), "float32")
+        self.lse = _array_of(self._lse_argument)
+        partial_args = (_workspace(q_view, launch.n_chunks, self.variant.partials_dtype)
+                        if self.tiled else
+                        tuple(_stand_in(q_view, name, shape, dtype) for name, shape, dtype in (
+                            ("PartO", (1, 1, 1, 1), self.variant.partials_dtype),
+                            ("PartM", (1, 1, 1), "float32"), ("PartL", (1, 1, 1), "float32"))))
+        self.partials = tuple(map(_array_of, partial_args))
         self.work, self._table_built = _device_work_table(q_view, launch)
         # The dynamic schedules' [item counter, CTAs finished]: zero before every launch (the
         # kernel's last CTA resets it), so nothing on the host changes between launches.
         self.next_item = _zeros(q_view, 2, "int32")
         # [counter, (start, end) ticket per work item]; zeroed once, never reset (see tickets).
-        self.order = _zeros(q_view, 1 + 2 * launch.num_items if record_order else 1, "int32")
+        order = (_described(_zeros(q_view, 1 + 2 * launch.num_items, "int32"), "int32")
+                 if record_order else _stand_in(q_view, "Order", (1,), "int32"))
+        self.order = _array_of(order)
         self.scalars = {"qk_scale_log2": float(scale * LOG2_E), "num_items": launch.num_items,
                         "alternate": launch.alternate}
         # A cluster launch needs a whole number of clusters; a spare CTA finds no item.
         self.grid = (-(-launch.num_ctas // cluster) * cluster, 1, 1)
         self.combine_grid = (-(-p.seqlen_q // COMBINE_TILE_M), p.batch * p.heads, 1)
         # The argument tuple, bound by name once; a launch fills in the per-call arrays.
-        part_o, part_m, part_l = self.partials
+        part_o, part_m, part_l = partial_args
         per_call = ("Q", "K", "V", "Out", "Lse")
-        own = {"PartO": part_o, "PartM": part_m, "PartL": part_l, "Work": self.work,
-               "NextItem": self.next_item, "Order": self.order}
         self._args = list(launch_args(ATTENTION_PARAMS, {
-            **dict.fromkeys(per_call), **{name: _described(a) for name, a in own.items()},
+            **dict.fromkeys(per_call), "PartO": part_o, "PartM": part_m, "PartL": part_l,
+            "Work": _described(self.work, "int32"),
+            "NextItem": _described(self.next_item, "int32"), "Order": order,
             **self.scalars, **self.variant.constants}))
         names = [prm.name for prm in ATTENTION_PARAMS]
         self._slots = tuple(names.index(n) for n in per_call)
@@ -196,7 +230,7 @@ class AttentionLauncher:
     def __call__(self, q, k, v, out, stream, lse=None):
         """Launch on `stream`; `lse`: where to write the LSE (default: the launcher's own
         buffer, which the next launch overwrites)."""
-        lse = self.lse if lse is None else lse
+        lse = self._lse_argument if lse is None else lse
         if self._table_built is not None:
             self._wait_for_table(stream)
         args = self._args.copy()
@@ -511,9 +545,13 @@ def _torch_device(index: int):
 
 
 def _zeros(vq: _ArrayView, shape, dtype: str):
-    out = _empty(vq, shape, dtype)
-    out[...] = 0
-    return out
+    """A zeroed array of q's library on q's device (each library's own zeros: a memset)."""
+    if vq.library == "torch":
+        import torch
+        return torch.zeros(shape, dtype=getattr(torch, dtype), device=_torch_device(vq.device))
+    import cupy
+    with cupy.cuda.Device(vq.device):
+        return cupy.zeros(shape, dtype=dtype)
 
 
 def _upload(vq: _ArrayView, host):
@@ -554,9 +592,28 @@ def _device_work_table(vq: _ArrayView, launch):
         if stream is None:
             stream = _table_streams.setdefault(vq.device, cupy.cuda.Stream(non_blocking=True))
         with stream:
-            table = launch.work_table_on(cupy)
+            table = launch.work_table_on(cupy, _item_numbers(vq.device, launch.num_items))
             built = stream.record()
     return table, built
+
+
+_items: dict = {}
+ITEM_NUMBERS_KEPT = 1 << 22  # 16 MB of int32 per device at most
+
+
+def _item_numbers(device: int, n: int):
+    """0 .. n - 1 as int32 on `device` (CuPy, current stream: the table stream), sliced from
+    numbers kept per device: CuPy's arange costs 150-190 us of host time, more than
+    the rest of a small table."""
+    import cupy
+    kept = _items.get(device)
+    if kept is None or len(kept) < n:
+        if n > ITEM_NUMBERS_KEPT:
+            return cupy.arange(n, dtype=cupy.int32)
+        kept = cupy.arange(min(max(n, 2 * (0 if kept is None else len(kept))),
+                               ITEM_NUMBERS_KEPT), dtype=cupy.int32)
+        _items[device] = kept
+    return kept[:n]
 
 
 def _stream_handle(stream) -> int:
@@ -571,15 +628,13 @@ def _stream_handle(stream) -> int:
 
 
 def _workspace(vq, n_chunks, output_dtype="float32"):
-    """Partial states of the tiled schedule: output (chunks x batch, heads, seqlen, head_dim)
-    in `output_dtype`, fp32 row max and row sum (chunks x batch, heads, seqlen).
-
-    Other schedules get one-element stand-ins: cuTile needs an array for every parameter."""
+    """Partial states of the tiled schedule, as launch arguments: output (chunks x batch,
+    heads, seqlen, head_dim) in `output_dtype`, fp32 row max and row sum (chunks x batch,
+    heads, seqlen)."""
     b, h, s, d = vq.shape
-    shapes = ([(n_chunks * b, h, s, d), (n_chunks * b, h, s), (n_chunks * b, h, s)] if n_chunks
-              else [(1, 1, 1, 1), (1, 1, 1), (1, 1, 1)])
+    shapes = [(n_chunks * b, h, s, d), (n_chunks * b, h, s), (n_chunks * b, h, s)]
     dtypes = (output_dtype, "float32", "float32")
-    return tuple(_empty(vq, sh, dt) for sh, dt in zip(shapes, dtypes))
+    return tuple(_described(_empty(vq, sh, dt), dt) for sh, dt in zip(shapes, dtypes))
 
 
 def current_stream(library, device=None):
