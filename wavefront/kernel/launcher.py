@@ -203,10 +203,9 @@ class AttentionLauncher:
                             ("PartO", (1, 1, 1, 1), self.variant.partials_dtype),
                             ("PartM", (1, 1, 1), "float32"), ("PartL", (1, 1, 1), "float32"))))
         self.partials = tuple(map(_array_of, partial_args))
-        self.work, self._table_built = _device_work_table(q_view, launch)
         # The dynamic schedules' [item counter, CTAs finished]: zero before every launch (the
         # kernel's last CTA resets it), so nothing on the host changes between launches.
-        self.next_item = _zeros(q_view, 2, "int32")
+        self.work, self.next_item, self._table_built = _device_work_table(q_view, launch)
         # [counter, (start, end) ticket per work item]; zeroed once, never reset (see tickets).
         order = (_described(_zeros(q_view, 1 + 2 * launch.num_items, "int32"), "int32")
                  if record_order else _stand_in(q_view, "Order", (1,), "int32"))
@@ -575,17 +574,18 @@ _table_streams: dict = {}
 
 
 def _device_work_table(vq: _ArrayView, launch):
-    """-> (the launch's work table on q's device, the CuPy event its build ends with; None
-    where it is ready).
+    """-> (the launch's work table on q's device, its zeroed item counter [2], the CuPy event
+    both are ready at; None where they are ready now).
 
     A dense launch's table is built on the GPU by CuPy from the schedule's own formulas
     (`Launch.work_table_on`), on a stream of its own: the host only issues about thirty small
     kernels and never waits, where building 100k rows on the host and copying them cost
-    milliseconds. The table is a CuPy array for torch callers too (cuTile takes either).
-    Packed variable-length batches build theirs on the host (their rows come from the host's
-    sequence lengths) and copy it."""
+    milliseconds. The table and counter are CuPy arrays for torch callers too (cuTile takes
+    either; the counter's memset then joins the table's stream). Packed variable-length batches
+    build their table on the host (their rows come from the host's sequence lengths) and copy
+    it."""
     if launch.varlen:
-        return _upload(vq, launch.work_table), None
+        return _upload(vq, launch.work_table), _zeros(vq, 2, "int32"), None
     import cupy
     with cupy.cuda.Device(vq.device):
         stream = _table_streams.get(vq.device)
@@ -593,8 +593,9 @@ def _device_work_table(vq: _ArrayView, launch):
             stream = _table_streams.setdefault(vq.device, cupy.cuda.Stream(non_blocking=True))
         with stream:
             table = launch.work_table_on(cupy, _item_numbers(vq.device, launch.num_items))
+            next_item = cupy.zeros(2, dtype=cupy.int32)
             built = stream.record()
-    return table, built
+    return table, next_item, built
 
 
 _items: dict = {}
