@@ -121,10 +121,62 @@ def first_call_rows():
     return rows
 
 
+def first_call_parts_rows():
+    """Where a first call's host time goes, by part (medians of 7 first calls, each part timed
+    by a wrapper around it; parts nest: the launcher's construction holds the table's)."""
+    import torch
+
+    import wavefront
+    from wavefront.kernel import launcher as L
+    parts = {}
+
+    def wrap(owner, name, label):
+        original = getattr(owner, name)
+
+        def timed(*args, **kwargs):
+            began = time.perf_counter()
+            try:
+                return original(*args, **kwargs)
+            finally:
+                parts.setdefault(label, 0.0)
+                parts[label] += time.perf_counter() - began
+        setattr(owner, name, timed)
+    for owner, name, label in (
+            (L, "_check_inputs", "check inputs"), (L, "resolve_config", "tuned config"),
+            (L, "plan", "plan (Launch)"), (L.AttentionLauncher, "__init__", "launcher"),
+            (L, "_device_work_table", "  work table (GPU)"), (L, "_stand_in", "  stand-ins"),
+            (L, "_zeros", "  zeros"), (L, "_described", "  descriptions"),
+            (L.KernelVariant, "kernel", "  kernel object"),
+            (L.AttentionLauncher, "__call__", "first launch")):
+        wrap(owner, name, label)
+    rows = []
+    for shape, (qs, ks) in SHAPES.items():
+        q = torch.randn(qs, device="cuda", dtype=torch.bfloat16)
+        k = torch.randn(ks, device="cuda", dtype=torch.bfloat16)
+        v = torch.randn(ks, device="cuda", dtype=torch.bfloat16)
+        for causal in (False, True):
+            wavefront.attention(q, k, v, causal=causal)
+            torch.cuda.synchronize()
+            samples = []
+            for _ in range(7):
+                L.clear_launcher_cache()
+                torch.cuda.synchronize()
+                parts.clear()
+                began = time.perf_counter()
+                wavefront.attention(q, k, v, causal=causal)
+                parts["whole call"] = time.perf_counter() - began
+                samples.append(dict(parts))
+            for label in samples[0]:
+                rows.append({"what": f"first call part: {label}", "shape": shape,
+                             "schedule": "tuned", "causal": causal,
+                             "ms": statistics.median(x.get(label, 0.0) for x in samples) * 1e3})
+    return rows
+
+
 if __name__ == "__main__":
     rows = table_rows()
     if "--no-gpu" not in sys.argv:
-        rows += gpu_table_rows() + first_call_rows()
+        rows += gpu_table_rows() + first_call_rows() + first_call_parts_rows()
     for r in rows:
         print(f"{r['what']:40s} {r['shape']:22s} {r['schedule']:26s} causal={r['causal']!s:5s} "
               f"{r.get('items', ''):>7} {r['ms']:8.2f} ms")
