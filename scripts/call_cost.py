@@ -67,8 +67,20 @@ def gpu_table_rows():
                 def ready():
                     issue()
                     stream.synchronize()
+                from wavefront.kernel import launcher as L
+                view = L._ArrayView("cupy", q, "bfloat16", 0, ())
+
+                def as_launcher_builds():
+                    return L._device_work_table(view, launch)
+
+                def items_kept():
+                    with stream:
+                        return launch.work_table_on(cupy, L._item_numbers(0, launch.num_items))
                 for what, fn in (("work table (GPU, CuPy): host issue", issue),
-                                 ("work table (GPU, CuPy): until ready", ready)):
+                                 ("work table (GPU, CuPy): until ready", ready),
+                                 ("work table (GPU): items kept", items_kept),
+                                 ("work table (GPU): as the launcher builds it",
+                                  as_launcher_builds)):
                     rows.append({"what": what, "shape": shape, "schedule": schedule,
                                  "causal": causal, "items": launch.num_items,
                                  "ms": median_ms(fn)})
