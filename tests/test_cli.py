@@ -150,6 +150,25 @@ def test_tuned_table_round_trip_and_bad_entries(tmp_path):
         tuned_config("GPU A", Q_B1, Q_B1, True, path)
 
 
+def test_the_tuned_table_is_parsed_once_and_handed_out_as_copies(tmp_path):
+    """A new shape's first call reads the tuned table: parsed once per version of the file,
+    and `load_table` hands out copies, so a caller's edit never reaches the next call."""
+    from wavefront.kernel.tuning import _parsed_table, load_table, tuned_config, write_entry
+    path = tmp_path / "tuned.json"
+    entry = {"schedule": "dynamic+linear", "tiles": "128x128", "occupancy": 1,
+             "worker_warps": 8, "cluster": 1, "kv_latency": 0, "rescale_threshold": 0,
+             "exp2_poly": 0, "shape": "B=1 H=32 KV=32 S=8192 bfloat16"}
+    write_entry("GPU A", 128, True, entry, path)
+    load_table(path)["GPU A"]["d128_causal"]["tiles"] = "64x64"
+    assert tuned_config("GPU A", Q_B1, Q_B1, True, path)["tiles"] == "128x128"
+    misses = _parsed_table.cache_info().misses
+    for _ in range(3):
+        tuned_config("GPU A", Q_B1, Q_B1, True, path)
+    assert _parsed_table.cache_info().misses == misses
+    write_entry("GPU A", 128, True, {**entry, "tiles": "128x64"}, path)
+    assert tuned_config("GPU A", Q_B1, Q_B1, True, path)["tiles"] == "128x64"
+
+
 def test_tuned_table_takes_the_nearest_tuned_shape(tmp_path):
     """A second shape's entry sits beside the default one; each call takes the entry whose
     shape is nearest to its own, and an entry written before the softmax levers existed

@@ -809,7 +809,7 @@ class Launch:
         """-> (batch, head, q_tile, chunk, local iteration, lo, mid, hi, backward) of `item`
         (an int, or an array of item numbers: every column is then an array); `backward`
         given is passed through, else the item's own direction. `iteration_unused`: the
-        caller does not read the local iteration (None then, where `backward` is given)."""
+        caller does not read the local iteration (None then, unless the direction needs it)."""
         p = self.problem
         inner, chunk = split_chunk(item, p.q_tiles, p.heads, p.kv_heads, self.n_chunks)
         batch, head, q_tile = decode_work_item(inner, p.q_tiles, p.heads, p.kv_heads,

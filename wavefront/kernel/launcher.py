@@ -110,8 +110,8 @@ def validate_views(vq: _ArrayView, vk: _ArrayView, vv: _ArrayView) -> None:
 
 class _Described:
     """One of a launcher's own arrays as `ct.launch` takes it: its CUDA Array Interface,
-    worked out once. A torch tensor or CuPy array describes itself anew on every launch,
-    which cost about 4 µs of a 17 µs launch over the six own arrays (H100 host,
+    worked out once, where a torch tensor or CuPy array would describe itself anew on every
+    launch (the six own arrays: 0-4 us of a 12-17 us launch in two runs on the H100 host,
     scripts/profile_call.py). Holds the array, so the memory lives as long as the launcher."""
 
     __slots__ = ("__cuda_array_interface__", "array")
@@ -129,7 +129,8 @@ TYPESTRINGS = {"float32": "<f4", "int32": "<i4"}
 def _described(array, dtype: str):
     """A contiguous array made here, of `dtype`, as a `_Described` (else as it is), its
     description written from what we know rather than asked of the array (torch builds its
-    interface in Python: about 13 us per array on the H100 host, on a new shape's first call)."""
+    interface in Python: about 14 us per array under cProfile on the H100 host, on a new
+    shape's first call)."""
     typestr = TYPESTRINGS.get(dtype)
     if typestr is None:
         return array
@@ -578,7 +579,7 @@ def _device_work_table(vq: _ArrayView, launch):
     both are ready at; None where they are ready now).
 
     A dense launch's table is built on the GPU by CuPy from the schedule's own formulas
-    (`Launch.work_table_on`), on a stream of its own: the host only issues about thirty small
+    (`Launch.work_table_on`), on a stream of its own: the host only issues ten to twenty small
     kernels and never waits, where building 100k rows on the host and copying them cost
     milliseconds. The table and counter are CuPy arrays for torch callers too (cuTile takes
     either; the counter's memset then joins the table's stream). Packed variable-length batches
