@@ -88,12 +88,11 @@ def gpu_table_rows():
     return rows
 
 
-def first_call_rows():
+def compiled_shapes():
+    """(shape name, q, k, v, causal) of every shape and mask, the kernel compiled for it."""
     import torch
 
     import wavefront
-    from wavefront.kernel.launcher import clear_launcher_cache
-    rows = []
     for shape, (qs, ks) in SHAPES.items():
         q = torch.randn(qs, device="cuda", dtype=torch.bfloat16)
         k = torch.randn(ks, device="cuda", dtype=torch.bfloat16)
@@ -101,44 +100,49 @@ def first_call_rows():
         for causal in (False, True):
             wavefront.attention(q, k, v, causal=causal)  # compiles the kernel once
             torch.cuda.synchronize()
+            yield shape, q, k, v, causal
 
-            times = []
-            for _ in range(7):
-                clear_launcher_cache()
-                # An idle GPU first: building a launcher uploads its work table with a
-                # synchronous copy, which would otherwise wait for the previous call's kernel.
-                torch.cuda.synchronize()
-                began = time.perf_counter()
-                wavefront.attention(q, k, v, causal=causal)
-                times.append((time.perf_counter() - began) * 1e3)
-            rows.append({"what": "first call (host, kernel compiled)", "shape": shape,
-                         "schedule": "tuned", "causal": causal,
-                         "ms": statistics.median(times)})
-            # Behind queued work: a model's first call finds the GPU busy with earlier layers.
-            times = []
-            busy = torch.randn(8192, 8192, device="cuda")
-            for _ in range(7):
-                clear_launcher_cache()
-                torch.cuda.synchronize()
-                for _ in range(8):
-                    busy @ busy  # about 10 ms of GPU work queued
-                began = time.perf_counter()
-                wavefront.attention(q, k, v, causal=causal)
-                times.append((time.perf_counter() - began) * 1e3)
-                torch.cuda.synchronize()
-            rows.append({"what": "first call (host, GPU busy)", "shape": shape,
-                         "schedule": "tuned", "causal": causal,
-                         "ms": statistics.median(times)})
-            torch.cuda.synchronize()
+
+def first_call_ms(q, k, v, causal, queue_work=None):
+    """Host time of one first call (launcher cache cleared, the GPU idle, then `queue_work()`
+    if given), in ms."""
+    import torch
+
+    import wavefront
+    from wavefront.kernel.launcher import clear_launcher_cache
+    clear_launcher_cache()
+    torch.cuda.synchronize()
+    if queue_work is not None:
+        queue_work()
+    began = time.perf_counter()
+    wavefront.attention(q, k, v, causal=causal)
+    elapsed = (time.perf_counter() - began) * 1e3
+    torch.cuda.synchronize()
+    return elapsed
+
+
+def first_call_rows():
+    import torch
+    busy = torch.randn(8192, 8192, device="cuda")
+
+    def queue_matmuls():
+        for _ in range(8):
+            busy @ busy  # about 10 ms of GPU work queued
+    rows = []
+    for shape, q, k, v, causal in compiled_shapes():
+        # On an idle GPU, and behind queued work: a model's first call finds the GPU busy with
+        # earlier layers.
+        for what, queue_work in (("first call (host, kernel compiled)", None),
+                                 ("first call (host, GPU busy)", queue_matmuls)):
+            rows.append({"what": what, "shape": shape, "schedule": "tuned", "causal": causal,
+                         "ms": statistics.median(first_call_ms(q, k, v, causal, queue_work)
+                                                 for _ in range(7))})
     return rows
 
 
 def first_call_parts_rows():
     """Where a first call's host time goes, by part (medians of 7 first calls, each part timed
     by a wrapper around it; parts nest: the launcher's construction holds the table's)."""
-    import torch
-
-    import wavefront
     from wavefront.kernel import launcher as L
     parts = {}
 
@@ -162,26 +166,17 @@ def first_call_parts_rows():
             (L.AttentionLauncher, "__call__", "first launch")):
         wrap(owner, name, label)
     rows = []
-    for shape, (qs, ks) in SHAPES.items():
-        q = torch.randn(qs, device="cuda", dtype=torch.bfloat16)
-        k = torch.randn(ks, device="cuda", dtype=torch.bfloat16)
-        v = torch.randn(ks, device="cuda", dtype=torch.bfloat16)
-        for causal in (False, True):
-            wavefront.attention(q, k, v, causal=causal)
-            torch.cuda.synchronize()
-            samples = []
-            for _ in range(7):
-                L.clear_launcher_cache()
-                torch.cuda.synchronize()
-                parts.clear()
-                began = time.perf_counter()
-                wavefront.attention(q, k, v, causal=causal)
-                parts["whole call"] = time.perf_counter() - began
-                samples.append(dict(parts))
-            for label in samples[0]:
-                rows.append({"what": f"first call part: {label}", "shape": shape,
-                             "schedule": "tuned", "causal": causal,
-                             "ms": statistics.median(x.get(label, 0.0) for x in samples) * 1e3})
+    for shape, q, k, v, causal in compiled_shapes():
+        samples = []
+        for _ in range(7):
+            parts.clear()
+            whole_ms = first_call_ms(q, k, v, causal)
+            samples.append({**{label: t * 1e3 for label, t in parts.items()},
+                            "whole call": whole_ms})
+        for label in samples[0]:
+            rows.append({"what": f"first call part: {label}", "shape": shape,
+                         "schedule": "tuned", "causal": causal,
+                         "ms": statistics.median(x.get(label, 0.0) for x in samples)})
     return rows
 
 

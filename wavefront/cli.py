@@ -26,6 +26,11 @@ from wavefront.schedules import schedule_names
 # Shared pieces
 # --------------------------------------------------------------------------------------------
 
+# The leading columns of every table of measured or simulated points.
+POINT_COLUMNS = [("schedule", "schedule", ""), ("S", "S", "d"), ("D", "D", "d"),
+                 ("causal", "causal", "")]
+
+
 def print_table(rows: list[dict], columns: list[tuple[str, str, str]], *, title: str = "",
                 echo=click.echo) -> None:
     """One table printer: `columns` are (key, header, format spec); widths fit the content.
@@ -458,8 +463,7 @@ def run(points, warmup, reps, as_json):
         print_table([{"schedule": r["point"]["schedule"], "S": r["point"]["seqlen"],
                       "D": r["point"]["head_dim"], "causal": r["point"]["causal"],
                       **r.get("timing", {}), "status": r.get("error", "ok")} for r in rows],
-                    [("schedule", "schedule", ""), ("S", "S", "d"), ("D", "D", "d"),
-                     ("causal", "causal", ""), ("tflops", "TFLOP/s", ".1f"),
+                    [*POINT_COLUMNS, ("tflops", "TFLOP/s", ".1f"),
                      ("median_ms", "median ms", ".3f"), ("p10_ms", "p10", ".3f"),
                      ("p90_ms", "p90", ".3f"), ("rel_error", "rel. error", ".1e"),
                      ("status", "status", "")],
@@ -897,8 +901,7 @@ def profile(points, repeats, out_dir, timeout_s, as_json):
                          "l2": r["l2_tex_read_sectors"], "ratio": r["read_sectors_ratio"],
                          "fabric": r["l2_fabric_read_sectors"],
                          "status": "ok" if r["status"] == "ok" else str(r["error"])[:50]})
-        print_table(rows, [("schedule", "schedule", ""), ("S", "S", "d"), ("D", "D", "d"),
-                           ("causal", "causal", ""), ("repeat", "rep", "d"),
+        print_table(rows, [*POINT_COLUMNS, ("repeat", "rep", "d"),
                            ("dram_mb", "DRAM rd MB", ".1f"), ("x_min", "x compulsory", ".2f"),
                            ("l2", "L2 reads", ".4g"), ("ratio", "/closed", ".3f"),
                            ("fabric", "fabric rd", ".4g"), ("status", "status", "")],
@@ -1158,8 +1161,7 @@ def _simulate_timed(points, gpu, gpu_name, partitions, fits_path, timeline_dir, 
     print_table([{**r, "S": r["inputs"]["seqlen"], "D": r["inputs"]["head_dim"],
                   "causal": r["inputs"]["causal"], "dram_mb": r["dram_read_bytes"] / 1e6,
                   "x_min": r["dram_read_bytes"] / r["compulsory_read_bytes"]} for r in rows],
-                [("schedule", "schedule", ""), ("S", "S", "d"), ("D", "D", "d"),
-                 ("causal", "causal", ""), ("dram_mb", "DRAM rd MB", ".1f"),
+                [*POINT_COLUMNS, ("dram_mb", "DRAM rd MB", ".1f"),
                  ("x_min", "x compulsory", ".2f"), ("kernel_ms", "time ms", ".3f"),
                  ("tflops", "TFLOP/s", ".0f"), ("step_ns", "step ns", ".0f"),
                  ("seconds", "sim s", ".1f")],
@@ -1276,8 +1278,7 @@ def simulate(points, gpu_name, sms, l2_mib, capacity_mib, partitions, jitter, tr
                      "p99": reuse.get("p99_mib"),
                      "beyond": 1 - reuse["within_capacity"] if "within_capacity" in reuse
                      else None})
-    print_table(rows, [("schedule", "schedule", ""), ("S", "S", "d"), ("D", "D", "d"),
-                       ("causal", "causal", ""), ("l2", "L2 reads", ".4g"),
+    print_table(rows, [*POINT_COLUMNS, ("l2", "L2 reads", ".4g"),
                        ("miss", "miss sect", ".4g"), ("dram_mb", "DRAM rd MB", ".1f"),
                        ("x_min", "x compulsory", ".2f"), ("analytic_mb", "analytic MB", ".1f"),
                        ("p99", "reuse p99 MiB", ".2f"), ("beyond", "> capacity", ".2%")],

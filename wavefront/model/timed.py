@@ -34,7 +34,7 @@ import numba
 import numpy as np
 
 from wavefront.model.simulation import (
-    KIND_O, KIND_PARTIAL_READ, _combine_pass, _hash64, _item_table)
+    KIND_O, KIND_PARTIAL_READ, _combine_pass, _hash64, _item_table, slots_of)
 from wavefront.point import SECTOR_BYTES
 from wavefront.schedules import (
     WORK_BATCH, WORK_CHUNK, WORK_HEAD, WORK_MASKED_HI, WORK_MASKED_LO, WORK_Q_TILE,
@@ -168,6 +168,7 @@ def _serve(n_acc, acc_id, acc_bytes, acc_read, acc_ready, p, now, home_of, timin
         acc_ready[i] = ready
         for k in range(n_targets):
             q = targets[k]
+            # `simulation._lru_feed`'s list operations, with fill times (kept inline: see there)
             if present[q, a]:  # unlink, then relink at the head
                 if prev[q, a] >= 0:
                     nxt[q, prev[q, a]] = nxt[q, a]
@@ -403,14 +404,6 @@ def _combine(address, nbytes, kind, slot, start, sms, partitions, home_of, timin
 # ---------------------------------------------------------------------------------------------
 # The host side
 # ---------------------------------------------------------------------------------------------
-
-def slots_of(launch: Launch) -> tuple[int, bool]:
-    """(CTAs in flight, whether the next row goes to the first CTA that frees up): a grid
-    launch is dynamic too, the hardware giving the next CTA to the first free slot."""
-    dynamic = bool(launch.cta.dynamic or not launch.cta.persistent)
-    n_slots = min(launch.resident_ctas, launch.num_items) if dynamic else launch.num_ctas
-    return max(1, int(n_slots)), dynamic
-
 
 def ctas_per_sm(launch: Launch) -> int:
     """CTAs sharing an SM in this launch (what a step's compute time depends on)."""
