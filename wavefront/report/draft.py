@@ -20,7 +20,8 @@ from wavefront.point import SECTOR_BYTES
 from wavefront.report.analysis import GpuCapacity, Study, dram_bound_share, timing
 from wavefront.report.figures import short_gpu
 from wavefront.results.measurement import CORRECTNESS_TOLERANCE
-from wavefront.results.store import SchemaError, read_manifest, read_results_bytes
+from wavefront.results.store import (MANIFEST_FILE, SchemaError, manifest_path, read_manifest,
+                                     read_results_bytes)
 from wavefront.schedules import CTA_SCHEDULES, KV_SCHEDULES
 
 
@@ -99,8 +100,10 @@ def measured_with(study: Study, datasets, records=()) -> str:
     today's."""
     parts, first = [], []
     for name in dict.fromkeys(list(datasets) + list(records)):
-        runs = [run for path in sorted((study.data_dir / name).glob("**/manifest.json*"))
-                for run in _runs_of(path)]
+        # one manifest per directory, packed or plain (the store's choice when both exist)
+        folders = sorted({path.parent for path in (study.data_dir / name).glob(
+            f"**/{MANIFEST_FILE}*")})
+        runs = [run for folder in folders for run in _runs_of(manifest_path(folder))]
         if not runs:
             continue
         by_gpu: dict[str, set] = {}

@@ -231,7 +231,7 @@ FA2_FRACTION_OF_PEAK = 0.75
 
 def _prediction_rows(study) -> pd.DataFrame:
     cals = calibrations(study)
-    h100 = next(c for g, c in cals.items() if "H100" in g)
+    h100 = next(c for g, c in cals.items() if preset_for_device(g) == PRESETS["h100"])
     rows = []
     for key in ("gb10", "b200"):
         gpu = PRESETS[key]
