@@ -344,17 +344,3 @@ def test_a_table_built_in_slices_on_threads_is_the_table_built_whole(monkeypatch
     assert len(schedules.table_chunks(len(whole), 97)) > 1
     assert np.array_equal(whole, sliced) and not sliced.flags.writeable
 
-
-@pytest.mark.parametrize("causal", [False, True])
-def test_the_table_built_by_an_array_library_is_the_host_table(causal):
-    """The public call builds its table with CuPy on the GPU through `work_table_on`; run by
-    NumPy, that path must give the host table row for row, for every schedule (the GPU test
-    runs it with CuPy)."""
-    from wavefront.point import plan
-    for schedule in schedule_names():
-        for q, k in (((2, 6, 333, 64), (2, 3, 333, 64)), ((1, 4, 1000, 128), (1, 1, 1000, 128))):
-            launch = plan(q, k, sms=5, l2_bytes=1 << 20, causal=causal, schedule=schedule,
-                          chunk_tiles=3 if "tiled" in schedule else None)
-            built = launch.work_table_on(np)
-            assert built.dtype == np.int32, schedule
-            assert np.array_equal(built, launch.work_table), (schedule, q)

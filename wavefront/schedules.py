@@ -20,7 +20,6 @@ the next row from an atomic counter for the dynamic schedules).
 from __future__ import annotations
 
 import os
-import sys
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Iterator, Protocol
@@ -57,20 +56,21 @@ WORK_COLUMNS = 16  # padded: 64-byte rows, a stride the ahead-of-time signature 
 
 # --------------------------------------------------------------------------------------------
 # The mapping: plain integer functions, from which `Launch.work_table` builds the rows. Each
-# takes Python ints (one item, for people and tests) or integer arrays of NumPy (every item at
-# once, on the host) or CuPy (every item at once, on the GPU: what the public call does), by
-# the same code.
+# takes Python ints (one item, for people and tests), integer arrays of NumPy (every item at
+# once, on the host) or traced values (printed as one kernel that builds the table on the GPU:
+# what the public call does), by the same code.
 # --------------------------------------------------------------------------------------------
 
 def _array_module(*values):
-    """The array library of the first array among `values` (NumPy, or CuPy: a work table is
-    built on the host or on the GPU by the same formulas), None when all are plain ints. The
-    vocabulary imports no GPU library: an array's own library is already loaded."""
+    """The array library of the first array among `values`: NumPy (every item at once, on the
+    host), or the trace that prints the formulas as one GPU kernel
+    (`wavefront.kernel.table_kernel`), or None when all are plain ints."""
     for value in values:
         if isinstance(value, np.ndarray):
             return np
-        if type(value).__module__.startswith("cupy"):
-            return sys.modules["cupy"]
+        module = getattr(value, "array_module", None)  # a traced value names its trace
+        if module is not None:
+            return module
     return None
 
 
@@ -86,8 +86,7 @@ def _maximum(a, b):
 
 
 def _divmod(a, b):
-    """(a // b, a % b) in one pass: a table built on the GPU pays per operation (a kernel
-    launch each), not per element."""
+    """(a // b, a % b) in one pass."""
     xp = _array_module(a, b)
     return divmod(a, b) if xp is None else xp.divmod(a, b)
 
@@ -718,6 +717,27 @@ def check_placement(launch) -> None:
 
 
 @dataclass(frozen=True)
+class TableShape:
+    """The integers a launch's work table depends on, besides its schedules and its mask. The
+    formulas read them from here, so that a table built on the GPU can take them as a
+    kernel's arguments: one compiled kernel then serves every shape of a schedule."""
+
+    q_tiles: int
+    heads: int
+    kv_heads: int
+    kv_units: int
+    group_units: int
+    n_chunks: int
+    chunk_tiles: int
+    num_ctas: int
+    resident_ctas: int
+    tile_m: int
+    tile_n: int
+    seqlen_q: int
+    seqlen_kv: int
+
+
+@dataclass(frozen=True)
 class WorkItem:
     cta: int
     local_iter: int
@@ -805,29 +825,40 @@ class Launch:
             return range(cta, cta + 1)
         return range(cta, self.num_items, self.num_ctas)
 
-    def _plan(self, item, backward=None, iteration_unused=False):
+    @cached_property
+    def table_shape(self) -> TableShape:
+        p = self.problem
+        return TableShape(p.q_tiles, p.heads, p.kv_heads, p.kv_units, self.group_units,
+                          self.n_chunks, self.chunk_tiles, self.num_ctas, self.resident_ctas,
+                          p.tile_m, p.tile_n, p.seqlen_q, p.seqlen_kv)
+
+    def _plan(self, item, backward=None, iteration_unused=False, shape=None):
         """-> (batch, head, q_tile, chunk, local iteration, lo, mid, hi, backward) of `item`
         (an int, or an array of item numbers: every column is then an array); `backward`
         given is passed through, else the item's own direction. `iteration_unused`: the
-        caller does not read the local iteration (None then, unless the direction needs it)."""
-        p = self.problem
-        inner, chunk = split_chunk(item, p.q_tiles, p.heads, p.kv_heads, self.n_chunks)
-        batch, head, q_tile = decode_work_item(inner, p.q_tiles, p.heads, p.kv_heads,
-                                               p.kv_units, self.group_units, self.cta.code)
+        caller does not read the local iteration (None then, unless the direction needs it).
+        `shape`: the launch's integers (default: `table_shape`; traced values, to write the
+        formulas out as a kernel that takes them as arguments)."""
+        s = self.table_shape if shape is None else shape
+        inner, chunk = split_chunk(item, s.q_tiles, s.heads, s.kv_heads, s.n_chunks)
+        batch, head, q_tile = decode_work_item(inner, s.q_tiles, s.heads, s.kv_heads,
+                                               s.kv_units, s.group_units, self.cta.code)
         it = None
         if not iteration_unused or (backward is None and self.kv.code == KV_SAWTOOTH):
-            it = local_iteration(item, self.num_ctas, self.resident_ctas, self.cta.code)
+            it = local_iteration(item, s.num_ctas, s.resident_ctas, self.cta.code)
         xp = _array_module(q_tile)
-        if xp is not None:
-            # Spans depend on the Q tile alone: worked out once per Q tile on the host (a few
-            # hundred values), then looked up for every item (one copy and one look-up).
-            visited, first_masked = p.kv_span(np.arange(p.q_tiles, dtype=np.int32))
+        if xp is not None and not getattr(xp, "fused", False):
+            # Each NumPy operation is a pass over all items, and spans depend on the Q tile
+            # alone: worked out once per Q tile (a few hundred values), then looked up for
+            # every item. (The GPU kernel works each item's span out where it stands.)
+            visited, first_masked = self.problem.kv_span(np.arange(s.q_tiles, dtype=np.int32))
             if _array_module(visited, first_masked) is not None:
                 spans = np.stack(np.broadcast_arrays(visited, first_masked)).astype(np.int32)
-                visited, first_masked = xp.take(xp.asarray(spans), q_tile, axis=1)
+                visited, first_masked = spans[:, q_tile]
         else:
-            visited, first_masked = p.kv_span(q_tile)
-        lo, mid, hi = chunk_tile_range(chunk, self.chunk_tiles, visited, first_masked)
+            visited, first_masked = kv_tile_span(q_tile, s.tile_m, s.tile_n, s.seqlen_q,
+                                                 s.seqlen_kv, self.problem.causal)
+        lo, mid, hi = chunk_tile_range(chunk, s.chunk_tiles, visited, first_masked)
         if backward is None:
             backward = scans_backward(it, self.kv.code)
         return batch, head, q_tile, chunk, it, lo, mid, hi, backward
@@ -838,15 +869,24 @@ class Launch:
         batch, head, q_tile, chunk, it, lo, _, hi, backward = self._plan(item)
         return batch, head, q_tile, chunk, it, lo, hi - lo, backward
 
-    def _row(self, item: int, backward: int | None = None) -> tuple[int, ...]:
+    def _row(self, item: int, backward: int | None = None, shape=None) -> tuple[int, ...]:
         """Item `item`'s work-table row (`backward`: the unmasked scan's direction; default:
-        the item's own, lock-step for a dynamic schedule). `item` may be an array of items."""
+        the item's own, lock-step for a dynamic schedule). `item` may be an array of items;
+        `shape`: as for `_plan`."""
         batch, head, q_tile, chunk, _, lo, mid, hi, backward = self._plan(
-            item, backward, iteration_unused=True)
+            item, backward, iteration_unused=True, shape=shape)
         start, step, count, masked_lo, masked_hi = scan_plan(lo, mid, hi, backward)
-        per_kv = self.problem.qheads_per_kv
+        s = self.table_shape if shape is None else shape
+        per_kv = s.heads // s.kv_heads
         kv_head = head if per_kv == 1 else head // per_kv
         return (batch, head, kv_head, q_tile, start, step, count, masked_lo, masked_hi, chunk)
+
+    def table_columns(self, items, shape=None) -> tuple:
+        """The work table's columns (WORK_BATCH .. WORK_CHUNK) for item numbers `items`, as
+        the table holds them: static schedules carry each item's direction, a dynamic one's
+        rows scan forward (the kernel reverses a CTA's odd-numbered items, `alternate`).
+        `shape`: as for `_plan`. A column the schedule fixes is a plain int."""
+        return self._row(items, 0 if self.cta.dynamic else None, shape)
 
     def _check_table_size(self):
         if self.num_items >= 1 << 31:
@@ -860,14 +900,14 @@ class Launch:
         rows scan forward and the kernel reverses a CTA's odd-numbered items (`alternate`).
 
         Built for all items at once: `_row` on an array of item numbers is the same mapping
-        as on one item. The public call builds the same rows on the GPU (`work_table_on`)."""
+        as on one item. The public call builds the same rows on the GPU, by one kernel
+        printed from these formulas (`wavefront.kernel.table_kernel`)."""
         self._check_table_size()
         items = np.arange(self.num_items, dtype=np.int32)
-        backward = 0 if self.cta.dynamic else None
         rows = np.empty((self.num_items, WORK_COLUMNS), dtype=np.int32)
         spans = table_chunks(self.num_items)
         if len(spans) == 1:
-            fill_rows(rows, self._row(items, backward))
+            fill_rows(rows, self.table_columns(items))
         else:
             # A long table is built in slices on a few threads: NumPy's integer arithmetic
             # and the compiled transpose run without the GIL. The first slice goes alone, so
@@ -875,32 +915,10 @@ class Launch:
             # the launch.
             def build(span):
                 lo, hi = span
-                fill_rows(rows[lo:hi], self._row(items[lo:hi], backward))
+                fill_rows(rows[lo:hi], self.table_columns(items[lo:hi]))
             build(spans[0])
             list(_table_threads().map(build, spans[1:]))
         rows.setflags(write=False)
-        return rows
-
-    def work_table_on(self, xp, items=None):
-        """`work_table` built by the array library `xp` (CuPy: on the GPU, in its current
-        stream, asynchronously; NumPy: on the host, in one piece), by the same `_row`. A new
-        shape's first call does this: ten to twenty small kernels, where a host table of 100k
-        items takes milliseconds to build and one more to copy. `items`: the item numbers
-        0 .. num_items - 1 in `xp`, where the caller keeps them (CuPy's arange costs more
-        than the rest of a small table)."""
-        self._check_table_size()
-        if items is None:
-            items = xp.arange(self.num_items, dtype=xp.int32)
-        elif len(items) != self.num_items:
-            raise ValueError(f"items must number the launch's {self.num_items} work items "
-                             f"(0, 1, ...), got {len(items)}")
-        columns = self._row(items, 0 if self.cta.dynamic else None)
-        # Zeros first (a memset), then one write per column but the zero ones. (A scatter
-        # of all constant columns at once costs more than writing them one by one.)
-        rows = xp.zeros((self.num_items, WORK_COLUMNS), dtype=xp.int32)
-        for column, values in enumerate(columns):
-            if _array_module(values) is not None or values:
-                rows[:, column] = values
         return rows
 
     def kv_order(self, item: int, backward: int | None = None) -> tuple[int, ...]:

@@ -25,6 +25,7 @@ from wavefront.kernel.attention import (
     combine_partials,
     launch_args,
 )
+from wavefront.kernel.table_kernel import build_on_gpu
 from wavefront.point import (DTYPES, HEAD_DIMS, KERNEL_LEVERS, check_levers, lever_values, plan,
                              plan_varlen)
 from wavefront.schedules import Launch
@@ -578,13 +579,13 @@ def _device_work_table(vq: _ArrayView, launch):
     """-> (the launch's work table on q's device, its zeroed item counter [2], the CuPy event
     both are ready at; None where they are ready now).
 
-    A dense launch's table is built on the GPU by CuPy from the schedule's own formulas
-    (`Launch.work_table_on`), on a stream of its own: the host only issues ten to twenty small
-    kernels and never waits, where building 100k rows on the host and copying them cost
-    milliseconds. The table and counter are CuPy arrays for torch callers too (cuTile takes
-    either; the counter's memset then joins the table's stream). Packed variable-length batches
-    build their table on the host (their rows come from the host's sequence lengths) and copy
-    it."""
+    A dense launch's table is written on the GPU by one kernel printed from the schedule's own
+    formulas (`table_kernel`), on a stream of its own: the host issues a launch and a memset
+    and never waits, where building 100k rows on the host and copying them cost milliseconds
+    (and building them with CuPy, operation by operation, ten to twenty launches). The table
+    and counter are CuPy arrays for torch callers too (cuTile takes either). Packed
+    variable-length batches build their table on the host (their rows come from the host's
+    sequence lengths) and copy it."""
     if launch.varlen:
         return _upload(vq, launch.work_table), _zeros(vq, 2, "int32"), None
     import cupy
@@ -593,29 +594,10 @@ def _device_work_table(vq: _ArrayView, launch):
         if stream is None:
             stream = _table_streams.setdefault(vq.device, cupy.cuda.Stream(non_blocking=True))
         with stream:
-            table = launch.work_table_on(cupy, _item_numbers(vq.device, launch.num_items))
+            table = build_on_gpu(launch, vq.device)
             next_item = cupy.zeros(2, dtype=cupy.int32)
             built = stream.record()
     return table, next_item, built
-
-
-_items: dict = {}
-ITEM_NUMBERS_KEPT = 1 << 22  # 16 MB of int32 per device at most
-
-
-def _item_numbers(device: int, n: int):
-    """0 .. n - 1 as int32 on `device` (CuPy, current stream: the table stream), sliced from
-    numbers kept per device: CuPy's arange costs 150-190 us of host time, more than
-    the rest of a small table."""
-    import cupy
-    kept = _items.get(device)
-    if kept is None or len(kept) < n:
-        if n > ITEM_NUMBERS_KEPT:
-            return cupy.arange(n, dtype=cupy.int32)
-        kept = cupy.arange(min(max(n, 2 * (0 if kept is None else len(kept))),
-                               ITEM_NUMBERS_KEPT), dtype=cupy.int32)
-        _items[device] = kept
-    return kept[:n]
 
 
 def _stream_handle(stream) -> int:

@@ -1,0 +1,98 @@
+"""The work table's GPU kernel is printed from the schedule's own formulas run on traced values.
+On the CPU: the trace, worked out by NumPy, is the host table row for row; one printed kernel
+serves every shape that branches alike and none that does not. (The GPU tests compile and run
+the printed source.)"""
+import random
+
+import numpy as np
+import pytest
+
+from wavefront.kernel import table_kernel as tk
+from wavefront.point import plan
+from wavefront.schedules import schedule_names
+
+SHAPES = [  # (q, k): GQA and not, ragged Q tiles, head groups that do not divide the units
+    ((2, 6, 333, 64), (2, 3, 333, 64)),
+    ((1, 4, 1000, 128), (1, 1, 1000, 128)),
+    ((3, 8, 4133, 128), (3, 2, 4133, 128)),
+    ((5, 3, 257, 64), (5, 3, 200, 64)),
+]
+
+
+def launch_of(q, k, schedule, causal, sms=5, l2_bytes=1 << 20):
+    return plan(q, k, sms=sms, l2_bytes=l2_bytes, causal=causal, schedule=schedule,
+                chunk_tiles=3 if "tiled" in schedule else None)
+
+
+def traced_rows(launch):
+    table = tk.table_kernel(launch)
+    return table.evaluate(launch.table_shape, np.arange(launch.num_items))
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("schedule", schedule_names())
+def test_the_traced_table_is_the_host_table(schedule, causal):
+    for q, k in SHAPES:
+        launch = launch_of(q, k, schedule, causal)
+        rows = traced_rows(launch)
+        assert rows.dtype == np.int32
+        assert np.array_equal(rows, launch.work_table), (schedule, q, k)
+
+
+def test_one_kernel_serves_every_shape_that_branches_alike():
+    """The launch's integers are the kernel's arguments, not constants in its source: shapes
+    that take the formulas' branches alike share one source; here, random shapes of each
+    schedule, each checked row for row through the kernel it was given."""
+    rng = random.Random(5)
+    tk._tables.clear()
+    launches = 0
+    for schedule in schedule_names():
+        for _ in range(12):
+            kv_heads = rng.choice([1, 2, 3])
+            heads = kv_heads * rng.choice([1, 2, 4])
+            batch, seqlen = rng.randint(1, 4), rng.randint(1, 3000)
+            launch = launch_of((batch, heads, seqlen, 64), (batch, kv_heads, seqlen, 64),
+                               schedule, rng.random() < 0.5, sms=rng.randint(1, 9),
+                               l2_bytes=rng.choice([1 << 18, 1 << 20, 50 << 20]))
+            assert np.array_equal(traced_rows(launch), launch.work_table), (schedule, launch)
+            launches += 1
+    sources = {k.source for kernels in tk._tables.values() for k in kernels}
+    # Each (schedule, mask) prints a few variants (branches on the launch's integers), far
+    # fewer than the shapes it served.
+    assert len(sources) < launches / 2
+    assert all(len(kernels) <= 8 for kernels in tk._tables.values())
+
+
+def test_a_kernel_is_not_reused_where_a_branch_goes_the_other_way():
+    """`n_chunks == 1` is a Python branch of the tiled schedule's formulas: a launch with one
+    chunk and one with several print different kernels, each correct."""
+    tk._tables.clear()
+    one = plan((1, 4, 1000, 64), (1, 4, 1000, 64), sms=5, l2_bytes=1 << 20,
+               schedule="persistent+tiled", chunk_tiles=1000)
+    several = plan((1, 4, 1000, 64), (1, 4, 1000, 64), sms=5, l2_bytes=1 << 20,
+                   schedule="persistent+tiled", chunk_tiles=3)
+    assert one.n_chunks == 1 and several.n_chunks > 1
+    assert tk.table_kernel(one) is not tk.table_kernel(several)
+    assert not tk.table_kernel(one).serves(several.table_shape)
+    for launch in (one, several):
+        assert np.array_equal(traced_rows(launch), launch.work_table)
+
+
+def test_the_printed_source_takes_the_launch_integers_as_arguments():
+    launch = launch_of((2, 6, 333, 64), (2, 3, 333, 64), "grouped+sawtooth", True)
+    table = tk.table_kernel(launch)
+    assert f"__global__ void {tk.KERNEL_NAME}(" in table.source
+    for name in table.parameters:
+        assert f"const long long {name}" in table.source
+    assert "333" not in table.source and table.arguments(launch.table_shape)
+    assert set(table.parameters) <= set(vars(launch.table_shape))
+
+
+def test_a_branch_on_the_work_item_cannot_be_traced():
+    """A formula that branched in Python on an item-dependent value would print one branch for
+    all items: the trace refuses it (formulas must use `_choose`)."""
+    launch = launch_of((1, 2, 256, 64), (1, 2, 256, 64), "persistent+linear", False)
+    trace = tk.Trace(launch.table_shape)
+    with pytest.raises(TypeError, match="_choose"):
+        bool(trace.item % 2)
+    assert bool(trace.shape.heads == 2)  # a launch integer has its value: its branch is taken

@@ -1,0 +1,302 @@
+"""The work table built on the GPU by one kernel written out from the schedule's own formulas.
+
+A new shape's first call needs its work table on the GPU. Building it with CuPy, operation by
+operation, costs ten to twenty kernel launches at 20-80 us of host time each. Here the same
+Python formulas (`Launch.table_columns`) run once on *traced* values instead of arrays: every
+operation records itself, and the record is printed as the body of one CUDA kernel, one thread
+per work item. The schedule is still written once, in `wavefront.schedules`; this module only
+knows integer arithmetic.
+
+The launch's integers (`TableShape`: Q tiles, heads, group size, ...) are traced as the kernel's
+arguments, so one compiled kernel serves every shape of a schedule. Where the formulas branch on
+one of them in Python (`if n_chunks == 1`), the trace takes the branch its value picks and the
+printed kernel holds only that branch; the printed source is the compiled kernel's key, so a
+shape that branches the other way gets a kernel of its own.
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+import threading
+
+import numpy as np
+
+from wavefront.schedules import WORK_COLUMNS, Launch, TableShape
+
+# Python's floor division and modulo (C's round toward zero): the formulas are Python's.
+_PREAMBLE = r"""
+__device__ __forceinline__ long long wf_div(long long a, long long b) {
+    long long q = a / b;
+    return q - ((a % b != 0) && ((a < 0) != (b < 0)));
+}
+__device__ __forceinline__ long long wf_mod(long long a, long long b) {
+    long long r = a % b;
+    return r + (((r != 0) && ((r < 0) != (b < 0))) ? b : 0);
+}
+"""
+KERNEL_NAME = "wavefront_work_table"
+THREADS_PER_BLOCK = 256
+
+
+class Traced:
+    """One value of the traced formulas: an operation on earlier values, the item number or a
+    launch integer. `value`: the number it stands for where it does not depend on the item
+    (a Python branch on it reads it), else None."""
+
+    __slots__ = ("array_module", "op", "args", "value")
+
+    def __init__(self, trace: "Trace", op: str, args: tuple, value):
+        # `array_module`: where the formulas find this trace's operations
+        # (`schedules._array_module`), as they find NumPy's for an array.
+        self.array_module, self.op, self.args, self.value = trace, op, args, value
+
+    def _apply(self, op, other):
+        return self.array_module.node(op, (self, other))
+
+    def _applied_to(self, op, other):
+        return self.array_module.node(op, (other, self))
+
+    def __add__(self, other): return self._apply("+", other)
+    def __radd__(self, other): return self._applied_to("+", other)
+    def __sub__(self, other): return self._apply("-", other)
+    def __rsub__(self, other): return self._applied_to("-", other)
+    def __mul__(self, other): return self._apply("*", other)
+    def __rmul__(self, other): return self._applied_to("*", other)
+    def __floordiv__(self, other): return self._apply("//", other)
+    def __rfloordiv__(self, other): return self._applied_to("//", other)
+    def __mod__(self, other): return self._apply("%", other)
+    def __rmod__(self, other): return self._applied_to("%", other)
+    def __divmod__(self, other): return self // other, self % other
+    def __rdivmod__(self, other): return other // self, other % self
+    def __neg__(self): return self.array_module.node("neg", (self,))
+    def __eq__(self, other): return self._apply("==", other)
+    def __ne__(self, other): return self._apply("!=", other)
+    def __lt__(self, other): return self._apply("<", other)
+    def __le__(self, other): return self._apply("<=", other)
+    def __gt__(self, other): return self._apply(">", other)
+    def __ge__(self, other): return self._apply(">=", other)
+    __hash__ = object.__hash__
+
+    def __bool__(self):
+        # A branch on a launch integer is taken as its value says; the printed source then
+        # holds that branch only, and is the compiled kernel's key.
+        if self.value is None:
+            raise TypeError("a schedule formula branches in Python on a value that depends on "
+                            "the work item; write it with _choose so that it can be traced")
+        self.array_module.branches.append((self, bool(self.value)))
+        return bool(self.value)
+
+
+_COMPARISONS = {"==": np.equal, "!=": np.not_equal, "<": np.less, "<=": np.less_equal,
+                ">": np.greater, ">=": np.greater_equal}
+_ON_INTS = {
+    "+": lambda a, b: a + b, "-": lambda a, b: a - b, "*": lambda a, b: a * b,
+    "//": lambda a, b: a // b, "%": lambda a, b: a % b, "neg": lambda a: -a,
+    "min": min, "max": max, "where": lambda c, a, b: a if c else b,
+    **{op: (lambda compare: lambda a, b: int(compare(a, b)))(compare)
+       for op, compare in _COMPARISONS.items()},
+}
+_ON_ARRAYS = {**_ON_INTS, "min": np.minimum, "max": np.maximum, "where": np.where,
+              **{op: (lambda compare: lambda a, b: compare(a, b).astype(np.int64))(compare)
+                 for op, compare in _COMPARISONS.items()}}
+_INFIX = {"+", "-", "*", *_COMPARISONS}
+_CALLS = {"//": "wf_div", "%": "wf_mod", "min": "min", "max": "max"}
+
+
+class Trace:
+    """The operations recorded while the formulas run on traced values, and the array library
+    those values name (`minimum`, `maximum`, `divmod`, `where`). `fused`: each item's K/V span
+    is worked out where it stands, not looked up (`Launch._plan`)."""
+
+    fused = True
+
+    def __init__(self, shape: TableShape):
+        self.nodes: list[Traced] = []
+        self.branches: list[tuple[Traced, bool]] = []  # (condition, the way it went)
+        self._known: dict = {}
+        self.item = self._leaf("item", None)
+        self.parameters = tuple(f.name for f in dataclasses.fields(shape))
+        self.shape = TableShape(**{name: self._leaf(name, getattr(shape, name))
+                                   for name in self.parameters})
+
+    def _leaf(self, name, value):
+        node = Traced(self, "leaf", (name,), value)
+        self.nodes.append(node)
+        return node
+
+    def node(self, op: str, args: tuple):
+        """The value `op(*args)`: a plain int where every argument is one, else recorded once
+        (the same operation on the same values is the same node)."""
+        if not any(isinstance(a, Traced) for a in args):
+            return _ON_INTS[op](*args)
+        key = (op, *((id(a),) if isinstance(a, Traced) else int(a) for a in args))
+        known = self._known.get(key)
+        if known is None:
+            values = [a.value if isinstance(a, Traced) else int(a) for a in args]
+            known = Traced(self, op, args, None if None in values else _ON_INTS[op](*values))
+            self.nodes.append(known)
+            self._known[key] = known
+        return known
+
+    # What `_minimum`, `_maximum`, `_divmod` and `_choose` call on an array's library.
+    def minimum(self, a, b): return self.node("min", (a, b))
+    def maximum(self, a, b): return self.node("max", (a, b))
+    def divmod(self, a, b): return self.node("//", (a, b)), self.node("%", (a, b))
+    def where(self, condition, if_true, if_false):
+        return self.node("where", (condition, if_true, if_false))
+
+
+def _value_of(x, values: dict, done: dict, on=_ON_INTS):
+    """What traced value `x` comes to for the item number(s) and launch integers in `values`
+    (ints, or NumPy arrays with `on=_ON_ARRAYS`)."""
+    if not isinstance(x, Traced):
+        return x
+    if id(x) not in done:
+        done[id(x)] = (values[x.args[0]] if x.op == "leaf" else
+                       on[x.op](*(_value_of(a, values, done, on) for a in x.args)))
+    return done[id(x)]
+
+
+@dataclasses.dataclass(frozen=True)
+class TableKernel:
+    """The table kernel of the launches whose formulas branch as `branches` record: its CUDA
+    source, and the launch integers it takes, in order."""
+
+    source: str
+    parameters: tuple[str, ...]
+    branches: tuple  # (traced condition on launch integers, the way it went)
+    columns: tuple  # the traced columns (WORK_BATCH .. WORK_CHUNK), for `evaluate`
+
+    def serves(self, shape: TableShape) -> bool:
+        """Whether the formulas, run for `shape`, take the branches this source was printed
+        from."""
+        done: dict = {}
+        values = vars(shape)
+        return all(bool(_value_of(condition, values, done)) == went
+                   for condition, went in self.branches)
+
+    def arguments(self, shape: TableShape) -> tuple[int, ...]:
+        return tuple(getattr(shape, name) for name in self.parameters)
+
+    def evaluate(self, shape: TableShape, items: np.ndarray) -> np.ndarray:
+        """The rows the kernel writes for `shape` and item numbers `items`, worked out by NumPy
+        from the record the source was printed from (the CPU tests compare them with the host
+        table)."""
+        values = {"item": np.asarray(items, dtype=np.int64), **vars(shape)}
+        done: dict = {}
+        rows = np.zeros((len(items), WORK_COLUMNS), dtype=np.int64)
+        for column, traced in enumerate(self.columns):
+            rows[:, column] = _value_of(traced, values, done, _ON_ARRAYS)
+        return rows.astype(np.int32)
+
+
+def _needed(columns) -> set[int]:
+    """ids of the nodes the columns are computed from (a comparison made only for a Python
+    branch is not printed)."""
+    needed: set[int] = set()
+    stack = [c for c in columns if isinstance(c, Traced)]
+    while stack:
+        x = stack.pop()
+        if id(x) not in needed:
+            needed.add(id(x))
+            stack.extend(a for a in x.args if isinstance(a, Traced))
+    return needed
+
+
+def trace_table(launch: Launch) -> TableKernel:
+    """Run the launch's table formulas on traced values and print them as one kernel (about
+    0.2 ms of host time: `table_kernel` keeps what it printed)."""
+    trace = Trace(launch.table_shape)
+    columns = launch.table_columns(trace.item, trace.shape)
+    needed = _needed(columns)
+    names: dict[int, str] = {}
+    lines = []
+
+    def spelled(x):
+        return names[id(x)] if isinstance(x, Traced) else f"{int(x)}LL"
+    # Nodes are recorded as they are made: every argument before its use.
+    for node in trace.nodes:
+        if id(node) not in needed:
+            continue
+        if node.op == "leaf":
+            names[id(node)] = node.args[0]
+            continue
+        args = [spelled(a) for a in node.args]
+        if node.op in _INFIX:
+            expression = f"(long long)({args[0]} {node.op} {args[1]})"
+        elif node.op == "neg":
+            expression = f"-{args[0]}"
+        elif node.op == "where":
+            expression = f"({args[0]} != 0 ? {args[1]} : {args[2]})"
+        else:
+            expression = f"{_CALLS[node.op]}({args[0]}, {args[1]})"
+        names[id(node)] = f"v{len(lines)}"
+        lines.append(f"        const long long {names[id(node)]} = {expression};")
+    values = [spelled(c) for c in columns] + ["0LL"] * (WORK_COLUMNS - len(columns))
+    stores = [f"        row[{i}] = make_int4(" + ", ".join(
+        f"(int){v}" for v in values[4 * i:4 * i + 4]) + ");" for i in range(WORK_COLUMNS // 4)]
+    used = tuple(name for name in trace.parameters
+                 if id(getattr(trace.shape, name)) in needed)
+    signature = "".join(f", const long long {name}" for name in used)
+    source = (_PREAMBLE
+              + f'extern "C" __global__ void {KERNEL_NAME}(int4* __restrict__ rows, '
+              f"const long long num_items{signature}) {{\n"
+              "    for (long long item = blockIdx.x * (long long)blockDim.x + threadIdx.x;\n"
+              "         item < num_items; item += (long long)gridDim.x * blockDim.x) {\n"
+              + "".join(line + "\n" for line in lines)
+              + f"        int4* row = rows + item * {WORK_COLUMNS // 4};\n"
+              + "".join(line + "\n" for line in stores) + "    }\n}\n")
+    return TableKernel(source, used, tuple(trace.branches), tuple(columns))
+
+
+_tables: dict = {}
+
+
+def table_kernel(launch: Launch) -> TableKernel:
+    """The table kernel that serves `launch`: one traced before for the same schedules and
+    mask whose branches the launch's integers take alike, else a new trace. (Besides
+    `table_shape`, the formulas read only the schedules and the mask.)"""
+    key = (launch.cta, launch.kv, launch.problem.causal)
+    for kernel in _tables.get(key, ()):
+        if kernel.serves(launch.table_shape):
+            return kernel
+    kernel = trace_table(launch)
+    _tables.setdefault(key, []).append(kernel)  # a list's append holds under the GIL
+    return kernel
+
+
+_compiled: dict = {}
+_compiled_lock = threading.Lock()
+
+
+def _kernel(source: str):
+    """The compiled kernel of `source` (CuPy's RawKernel: compiled by NVRTC on its first
+    launch, kept on disk by CuPy across processes, and here for this one)."""
+    kernel = _compiled.get(source)
+    if kernel is None:
+        import cupy
+        with _compiled_lock:
+            kernel = _compiled.setdefault(source, cupy.RawKernel(source, KERNEL_NAME))
+    return kernel
+
+
+@functools.lru_cache(maxsize=None)
+def _blocks_for(device: int) -> int:
+    """Enough blocks to fill the GPU a few times over; more items loop (grid-stride)."""
+    import cupy
+    return 8 * cupy.cuda.Device(device).attributes["MultiProcessorCount"]
+
+
+def build_on_gpu(launch: Launch, device: int):
+    """The launch's work table as a new CuPy array on `device` (the current one), written by
+    one kernel on CuPy's current stream; the host does not wait."""
+    import cupy
+    launch._check_table_size()
+    table = table_kernel(launch)
+    rows = cupy.empty((launch.num_items, WORK_COLUMNS), dtype=cupy.int32)
+    if launch.num_items:
+        blocks = min(-(-launch.num_items // THREADS_PER_BLOCK), _blocks_for(device))
+        _kernel(table.source)((blocks,), (THREADS_PER_BLOCK,),
+                              (rows, np.int64(launch.num_items),
+                               *map(np.int64, table.arguments(launch.table_shape))))
+    return rows
