@@ -76,8 +76,9 @@ def gpu_table_rows():
                 first_use()
                 first_ms = (time.perf_counter() - began) * 1e3
                 with stream:
-                    built = tk.build_on_gpu(launch, 0)
+                    built, counter = tk.build_on_gpu(launch, 0)
                 stream.synchronize()
+                assert counter.get().tolist() == [0, 0]
                 assert np.array_equal(built.get(), launch.work_table), (shape, schedule)
 
                 def issue():

@@ -103,12 +103,13 @@ def test_the_table_built_on_the_gpu_is_the_host_table(causal):
                      ((8, 32, 65536, 64), (8, 8, 65536, 64))):
             launch = plan(q, k, sms=132, l2_bytes=50 << 20, causal=causal, schedule=schedule)
             with cupy.cuda.Stream(non_blocking=True) as stream:
-                # Freed into the pool, whose block the table then reuses: a row the kernel
-                # misses shows as -7, not as zeros.
-                cupy.full((launch.num_items, 16), -7, dtype=cupy.int32)
-                built = build_on_gpu(launch, 0)
+                # Freed into the pool, whose block the table then reuses: a row (or counter)
+                # the kernel misses shows as -7, not as zeros.
+                cupy.full((launch.num_items + 1, 16), -7, dtype=cupy.int32)
+                built, counter = build_on_gpu(launch, 0)
                 stream.synchronize()
             assert np.array_equal(built.get(), launch.work_table), (schedule, q)
+            assert counter.get().tolist() == [0, 0]
 
 
 def test_a_first_call_on_another_stream_waits_for_its_table():

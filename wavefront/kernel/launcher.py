@@ -580,10 +580,11 @@ def _device_work_table(vq: _ArrayView, launch):
     both are ready at; None where they are ready now).
 
     A dense launch's table is written on the GPU by one kernel printed from the schedule's own
-    formulas (`table_kernel`), on a stream of its own: the host issues a launch and a memset
-    and never waits, where building 100k rows on the host and copying them cost milliseconds
-    (and building them with CuPy, operation by operation, ten to twenty launches). The table
-    and counter are CuPy arrays for torch callers too (cuTile takes either). Packed
+    formulas (`table_kernel`), on a stream of its own: the host issues one allocation and one
+    launch and never waits, where building 100k rows on the host and copying them cost
+    milliseconds (and building them with CuPy, operation by operation, ten to twenty
+    launches). The kernel zeroes the counter too, which shares the table's allocation. Both
+    are CuPy arrays for torch callers too (cuTile takes either). Packed
     variable-length batches build their table on the host (their rows come from the host's
     sequence lengths) and copy it."""
     if launch.varlen:
@@ -594,8 +595,7 @@ def _device_work_table(vq: _ArrayView, launch):
         if stream is None:
             stream = _table_streams.setdefault(vq.device, cupy.cuda.Stream(non_blocking=True))
         with stream:
-            table = build_on_gpu(launch, vq.device)
-            next_item = cupy.zeros(2, dtype=cupy.int32)
+            table, next_item = build_on_gpu(launch, vq.device)
             built = stream.record()
     return table, next_item, built
 

@@ -245,7 +245,11 @@ def trace_table(launch: Launch) -> TableKernel:
               "         item < num_items; item += (long long)gridDim.x * blockDim.x) {\n"
               + "".join(line + "\n" for line in lines)
               + f"        int4* row = rows + item * {WORK_COLUMNS // 4};\n"
-              + "".join(line + "\n" for line in stores) + "    }\n}\n")
+              + "".join(line + "\n" for line in stores) + "    }\n"
+              # The row after the table: the dynamic schedules' counter, zeroed here.
+              "    if (blockIdx.x == 0 && threadIdx.x == 0) {\n"
+              f"        rows[num_items * {WORK_COLUMNS // 4}] = make_int4(0, 0, 0, 0);\n"
+              "    }\n}\n")
     return TableKernel(source, used, tuple(trace.branches), tuple(columns))
 
 
@@ -288,15 +292,17 @@ def _blocks_for(device: int) -> int:
 
 
 def build_on_gpu(launch: Launch, device: int):
-    """The launch's work table as a new CuPy array on `device` (the current one), written by
-    one kernel on CuPy's current stream; the host does not wait."""
+    """-> (the launch's work table, the dynamic schedules' item counter [2] zeroed): new CuPy
+    arrays on `device` (the current one), one allocation written by one kernel on CuPy's
+    current stream; the host does not wait."""
     import cupy
     launch._check_table_size()
     table = table_kernel(launch)
-    rows = cupy.empty((launch.num_items, WORK_COLUMNS), dtype=cupy.int32)
-    if launch.num_items:
-        blocks = min(-(-launch.num_items // THREADS_PER_BLOCK), _blocks_for(device))
-        _kernel(table.source)((blocks,), (THREADS_PER_BLOCK,),
-                              (rows, np.int64(launch.num_items),
-                               *map(np.int64, table.arguments(launch.table_shape))))
-    return rows
+    n = launch.num_items
+    # One row more than the table: its first two numbers are the counter (one allocation and
+    # one launch, where a separate zeroed counter cost a second allocation and a memset).
+    rows = cupy.empty((n + 1, WORK_COLUMNS), dtype=cupy.int32)
+    blocks = max(1, min(-(-n // THREADS_PER_BLOCK), _blocks_for(device)))
+    _kernel(table.source)((blocks,), (THREADS_PER_BLOCK,),
+                          (rows, np.int64(n), *map(np.int64, table.arguments(launch.table_shape))))
+    return rows[:n], rows[n, :2]
