@@ -7,6 +7,7 @@ a launch depends on, so a repeated call costs a dictionary look-up and the launc
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import math
 import threading
@@ -14,6 +15,7 @@ from collections import OrderedDict
 from dataclasses import dataclass
 
 import cuda.tile as ct
+import numpy as np
 
 from wavefront.device import current_device
 from wavefront.kernel.attention import (
@@ -28,7 +30,7 @@ from wavefront.kernel.attention import (
 from wavefront.kernel.table_kernel import build_on_gpu
 from wavefront.point import (DTYPES, HEAD_DIMS, KERNEL_LEVERS, check_levers, lever_values, plan,
                              plan_varlen)
-from wavefront.schedules import Launch
+from wavefront.schedules import WORK_COLUMNS, Launch
 
 @dataclass(frozen=True)
 class _ArrayView:
@@ -127,16 +129,17 @@ class _Described:
 TYPESTRINGS = {"float32": "<f4", "int32": "<i4"}
 
 
-def _described(array, dtype: str):
+def _described(array, dtype: str, shape: tuple | None = None, offset: int = 0):
     """A contiguous array made here, of `dtype`, as a `_Described` (else as it is), its
     description written from what we know rather than asked of the array (torch builds its
     interface in Python: about 14 us per array under cProfile on the H100 host, on a new
-    shape's first call)."""
+    shape's first call). `shape` and `offset` (bytes) describe a contiguous part of it
+    instead, without slicing (a CuPy slice costs microseconds)."""
     typestr = TYPESTRINGS.get(dtype)
     if typestr is None:
         return array
-    ptr = array.data_ptr() if type(array).__module__ == "torch" else array.data.ptr
-    shape = tuple(array.shape)
+    ptr = offset + (array.data_ptr() if type(array).__module__ == "torch" else array.data.ptr)
+    shape = tuple(array.shape) if shape is None else shape
     strides, stride = [], 4
     for size in reversed(shape):
         strides.append(stride)
@@ -205,9 +208,11 @@ class AttentionLauncher:
                             ("PartO", (1, 1, 1, 1), self.variant.partials_dtype),
                             ("PartM", (1, 1, 1), "float32"), ("PartL", (1, 1, 1), "float32"))))
         self.partials = tuple(map(_array_of, partial_args))
-        # The dynamic schedules' [item counter, CTAs finished]: zero before every launch (the
-        # kernel's last CTA resets it), so nothing on the host changes between launches.
-        self.work, self.next_item, self._table_built = _device_work_table(q_view, launch)
+        # The work table, then one row whose first two numbers are the dynamic schedules'
+        # [item counter, CTAs finished]: zero before every launch (the kernel's last CTA
+        # resets it), so nothing on the host changes between launches.
+        self._table, self._table_built = _device_work_table(q_view, launch)
+        items = launch.num_items
         # [counter, (start, end) ticket per work item]; zeroed once, never reset (see tickets).
         order = (_described(_zeros(q_view, 1 + 2 * launch.num_items, "int32"), "int32")
                  if record_order else _stand_in(q_view, "Order", (1,), "int32"))
@@ -222,8 +227,9 @@ class AttentionLauncher:
         per_call = ("Q", "K", "V", "Out", "Lse")
         self._args = list(launch_args(ATTENTION_PARAMS, {
             **dict.fromkeys(per_call), "PartO": part_o, "PartM": part_m, "PartL": part_l,
-            "Work": _described(self.work, "int32"),
-            "NextItem": _described(self.next_item, "int32"), "Order": order,
+            "Work": _described(self._table, "int32", (items, WORK_COLUMNS)),
+            "NextItem": _described(self._table, "int32", (2,), items * WORK_COLUMNS * 4),
+            "Order": order,
             **self.scalars, **self.variant.constants}))
         names = [prm.name for prm in ATTENTION_PARAMS]
         self._slots = tuple(names.index(n) for n in per_call)
@@ -247,6 +253,16 @@ class AttentionLauncher:
                 "TILE_M": COMBINE_TILE_M, "WRITE_LSE": self.return_lse}))
         return (out, lse) if self.return_lse else out
 
+    @property
+    def work(self):
+        """The work table on the GPU, one row per item (`schedules.WORK_*` columns)."""
+        return self._table[:self.launch.num_items]
+
+    @property
+    def next_item(self):
+        """The dynamic schedules' [item counter, CTAs finished] on the GPU."""
+        return self._table[self.launch.num_items, :2]
+
     def _wait_for_table(self, stream):
         """Order this launch after the work table's build (on its own stream): until the build
         is known to be done, every launch's stream waits for it on the GPU, not the host."""
@@ -262,7 +278,6 @@ class AttentionLauncher:
         counted from the launch's first event (0 .. 2 x items - 1). Synchronise first."""
         if not self.record_order:
             raise ValueError("tickets need a launcher made with record_order=True")
-        import numpy as np
         order = self.order[1:]
         host = np.asarray(order.get() if hasattr(order, "get") else order.cpu().numpy(),
                           dtype=np.int64)
@@ -576,28 +591,32 @@ _table_streams: dict = {}
 
 
 def _device_work_table(vq: _ArrayView, launch):
-    """-> (the launch's work table on q's device, its zeroed item counter [2], the CuPy event
-    both are ready at; None where they are ready now).
+    """-> (the launch's work table on q's device followed by one row whose first two numbers
+    are the dynamic schedules' item counter, zeroed; the CuPy event it is ready at, None
+    where it is ready now).
 
     A dense launch's table is written on the GPU by one kernel printed from the schedule's own
     formulas (`table_kernel`), on a stream of its own: the host issues one allocation and one
     launch and never waits, where building 100k rows on the host and copying them cost
     milliseconds (and building them with CuPy, operation by operation, ten to twenty
-    launches). The kernel zeroes the counter too, which shares the table's allocation. Both
-    are CuPy arrays for torch callers too (cuTile takes either). Packed
+    launches). It is a CuPy array for torch callers too (cuTile takes either). Packed
     variable-length batches build their table on the host (their rows come from the host's
     sequence lengths) and copy it."""
     if launch.varlen:
-        return _upload(vq, launch.work_table), _zeros(vq, 2, "int32"), None
+        table = launch.work_table
+        return _upload(vq, np.concatenate([table, np.zeros_like(table[:1])])), None
     import cupy
-    with cupy.cuda.Device(vq.device):
+    # Entering a device costs microseconds on a first call; only another device needs it.
+    on_device = (contextlib.nullcontext() if cupy.cuda.runtime.getDevice() == vq.device
+                 else cupy.cuda.Device(vq.device))
+    with on_device:
         stream = _table_streams.get(vq.device)
         if stream is None:
             stream = _table_streams.setdefault(vq.device, cupy.cuda.Stream(non_blocking=True))
         with stream:
-            table, next_item = build_on_gpu(launch, vq.device)
+            table = build_on_gpu(launch, vq.device)
             built = stream.record()
-    return table, next_item, built
+    return table, built
 
 
 def _stream_handle(stream) -> int:

@@ -292,17 +292,16 @@ def _blocks_for(device: int) -> int:
 
 
 def build_on_gpu(launch: Launch, device: int):
-    """-> (the launch's work table, the dynamic schedules' item counter [2] zeroed): new CuPy
-    arrays on `device` (the current one), one allocation written by one kernel on CuPy's
-    current stream; the host does not wait."""
+    """The launch's work table, then one row whose first two numbers are the dynamic
+    schedules' item counter, zeroed: a new CuPy array on `device` (the current one), written
+    by one kernel on CuPy's current stream; the host does not wait. (One allocation and one
+    launch, where a counter of its own cost a second allocation and a memset.)"""
     import cupy
     launch._check_table_size()
     table = table_kernel(launch)
     n = launch.num_items
-    # One row more than the table: its first two numbers are the counter (one allocation and
-    # one launch, where a separate zeroed counter cost a second allocation and a memset).
     rows = cupy.empty((n + 1, WORK_COLUMNS), dtype=cupy.int32)
     blocks = max(1, min(-(-n // THREADS_PER_BLOCK), _blocks_for(device)))
     _kernel(table.source)((blocks,), (THREADS_PER_BLOCK,),
                           (rows, np.int64(n), *map(np.int64, table.arguments(launch.table_shape))))
-    return rows[:n], rows[n, :2]
+    return rows

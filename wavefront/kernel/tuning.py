@@ -77,13 +77,28 @@ def _parsed_table(path: str, stamp: tuple) -> dict:
     return table
 
 
-def _table_for(path) -> dict:
-    """The tuned table to read, not to edit (no copy)."""
+def _stamp(path) -> tuple | None:
+    """What tells one version of the table file from the next; None: no file."""
     try:
         stat = os.stat(path)
     except FileNotFoundError:
-        return {}
-    return _parsed_table(str(path), (stat.st_mtime_ns, stat.st_size))
+        return None
+    return stat.st_mtime_ns, stat.st_size
+
+
+def _table_for(path) -> dict:
+    """The tuned table to read, not to edit (no copy)."""
+    stamp = _stamp(path)
+    return {} if stamp is None else _parsed_table(str(path), stamp)
+
+
+@functools.lru_cache(maxsize=64)
+def _candidates(path: str, stamp: tuple | None, gpu_name: str, base: str) -> tuple:
+    """((key, shape, entry), ...) of one GPU, head dim and mask, in one version of the table:
+    a new shape's first call compares its shape with these, parsed once."""
+    entries = {} if stamp is None else _parsed_table(path, stamp).get(gpu_name, {})
+    return tuple((k, _entry_shape(e, f"{path}: {k}"), e) for k, e in sorted(entries.items())
+                 if k == base or k.startswith(base + "_"))
 
 
 def _problem_shape(q_shape, k_shape) -> tuple[int, int, int, int] | None:
@@ -95,14 +110,11 @@ def _problem_shape(q_shape, k_shape) -> tuple[int, int, int, int] | None:
 def tuned_entry(gpu_name: str, head_dim: int, causal: bool, shape=DEFAULT_TUNE_SHAPE,
                 path: Path = TUNED_TABLE) -> tuple[str, dict] | None:
     """(key, entry) of the tuned shape nearest to `shape` for this GPU, head dim and mask."""
-    entries = _table_for(path).get(gpu_name, {})
-    base = entry_key(head_dim, causal)
-    mine = {k: e for k, e in entries.items() if k == base or k.startswith(base + "_")}
+    mine = _candidates(str(path), _stamp(path), gpu_name, entry_key(head_dim, causal))
     if not mine:
         return None
-    key = min(mine, key=lambda k: (shape_distance(shape, _entry_shape(mine[k], f"{path}: {k}")),
-                                   k))
-    return key, mine[key]
+    key, _, entry = min(mine, key=lambda c: (shape_distance(shape, c[1]), c[0]))
+    return key, entry
 
 
 def tuned_config(gpu_name: str, q_shape, k_shape, causal: bool, path: Path = TUNED_TABLE):
@@ -133,4 +145,5 @@ def write_entry(gpu_name: str, head_dim: int, causal: bool, entry: dict,
     table.setdefault(gpu_name, {})[key] = entry
     Path(path).write_text(json.dumps(table, indent=1, sort_keys=True) + "\n")
     _parsed_table.cache_clear()  # a rewrite within the file system's clock tick keeps its stamp
+    _candidates.cache_clear()
     return key
