@@ -5,10 +5,11 @@ One vocabulary serves the kernel, the cache simulator and the docs. A *work item
 each item's K/V into chunks, each chunk its own work item). A CTA schedule orders the items and
 says how CTAs take them; a K/V schedule says in which order an item visits its K/V tiles.
 
-Everything a launch does is written down once, on the host, in `Launch.work_table()`: one
-int32 row per work item, in the order items are handed out, holding the item's coordinates and
-its K/V scan (`WORK_*` columns). The kernel reads those rows and has no schedule code of its
-own; the simulator replays the same rows; `Launch.work_item` describes them for people and
+Everything a launch does is written down once, in `Launch.work_table()`: one int32 row per work
+item, in the order items are handed out, holding the item's coordinates and its K/V scan
+(`WORK_*` columns). The kernel reads those rows and has no schedule code of its own (the public
+call writes them on the GPU, by one kernel printed from the same formulas); the simulator
+replays the same rows; `Launch.work_item` describes them for people and
 tests. The small integer functions below (`decode_work_item`, `split_chunk`, `kv_tile_span`,
 `chunk_tile_range`, `local_iteration`, `scans_backward`, `scan_plan`) build the rows.
 
@@ -719,8 +720,9 @@ def check_placement(launch) -> None:
 @dataclass(frozen=True)
 class TableShape:
     """The integers a launch's work table depends on, besides its schedules and its mask. The
-    formulas read them from here, so that a table built on the GPU can take them as a
-    kernel's arguments: one compiled kernel then serves every shape of a schedule."""
+    formulas read them from here, so that a table built on the GPU takes them as a kernel's
+    arguments: one compiled kernel then serves every shape of a schedule that takes the
+    formulas' branches alike."""
 
     q_tiles: int
     heads: int
@@ -847,17 +849,16 @@ class Launch:
         if not iteration_unused or (backward is None and self.kv.code == KV_SAWTOOTH):
             it = local_iteration(item, s.num_ctas, s.resident_ctas, self.cta.code)
         xp = _array_module(q_tile)
-        if xp is not None and not getattr(xp, "fused", False):
-            # Each NumPy operation is a pass over all items, and spans depend on the Q tile
-            # alone: worked out once per Q tile (a few hundred values), then looked up for
-            # every item. (The GPU kernel works each item's span out where it stands.)
-            visited, first_masked = self.problem.kv_span(np.arange(s.q_tiles, dtype=np.int32))
-            if _array_module(visited, first_masked) is not None:
-                spans = np.stack(np.broadcast_arrays(visited, first_masked)).astype(np.int32)
-                visited, first_masked = spans[:, q_tile]
-        else:
-            visited, first_masked = kv_tile_span(q_tile, s.tile_m, s.tile_n, s.seqlen_q,
-                                                 s.seqlen_kv, self.problem.causal)
+        # Each NumPy operation is a pass over all items, and spans depend on the Q tile alone:
+        # worked out once per Q tile (a few hundred values), then looked up for every item.
+        # (The GPU kernel works each item's span out where it stands.)
+        look_up = xp is not None and not getattr(xp, "fused", False)
+        visited, first_masked = kv_tile_span(
+            np.arange(s.q_tiles, dtype=np.int32) if look_up else q_tile, s.tile_m, s.tile_n,
+            s.seqlen_q, s.seqlen_kv, self.problem.causal)
+        if look_up and _array_module(visited, first_masked) is not None:
+            spans = np.stack(np.broadcast_arrays(visited, first_masked)).astype(np.int32)
+            visited, first_masked = spans[:, q_tile]
         lo, mid, hi = chunk_tile_range(chunk, s.chunk_tiles, visited, first_masked)
         if backward is None:
             backward = scans_backward(it, self.kv.code)
