@@ -8,10 +8,12 @@ per work item. The schedule is still written once, in `wavefront.schedules`; thi
 knows integer arithmetic.
 
 The launch's integers (`TableShape`: Q tiles, heads, group size, ...) are traced as the kernel's
-arguments, so one compiled kernel serves every shape of a schedule. Where the formulas branch on
-one of them in Python (`if n_chunks == 1`), the trace takes the branch its value picks and the
-printed kernel holds only that branch; the printed source is the compiled kernel's key, so a
-shape that branches the other way gets a kernel of its own.
+arguments, so one compiled kernel serves many shapes. Where the formulas branch on one of them
+in Python (`if n_chunks == 1`), the trace takes the branch its value picks and records it; the
+printed kernel holds only that branch. `table_kernel` keeps each printed kernel with the
+branches it took: a later launch of the same schedules and mask reuses it where its integers
+take every branch alike, and is traced anew where one goes the other way. The printed source
+is the compiled kernel's key.
 """
 from __future__ import annotations
 
