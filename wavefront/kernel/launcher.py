@@ -603,8 +603,8 @@ def _device_work_table(vq: _ArrayView, launch):
     variable-length batches build their table on the host (their rows come from the host's
     sequence lengths) and copy it."""
     if launch.varlen:
-        table = launch.work_table
-        return _upload(vq, np.concatenate([table, np.zeros_like(table[:1])])), None
+        counter_row = np.zeros((1, WORK_COLUMNS), dtype=np.int32)
+        return _upload(vq, np.concatenate([launch.work_table, counter_row])), None
     import cupy
     # Entering a device costs microseconds on a first call; only another device needs it.
     on_device = (contextlib.nullcontext() if cupy.cuda.runtime.getDevice() == vq.device
