@@ -1,8 +1,11 @@
 """The work table's GPU kernel is printed from the schedule's own formulas run on traced values.
 On the CPU: the trace, worked out by NumPy, is the host table row for row; one printed kernel
-serves every shape that branches alike and none that does not. (The GPU tests compile and run
-the printed source.)"""
+serves every shape that branches alike and none that does not; the printed source, compiled by
+the host's C++ compiler, writes the host table. (The GPU tests compile it with NVRTC and run
+it on the GPU.)"""
 import random
+import shutil
+import subprocess
 
 import numpy as np
 import pytest
@@ -96,3 +99,55 @@ def test_a_branch_on_the_work_item_cannot_be_traced():
     with pytest.raises(TypeError, match="_choose"):
         bool(trace.item % 2)
     assert bool(trace.shape.heads == 2)  # a launch integer has its value: its branch is taken
+
+
+# The printed source compiled by the host's C++ compiler, CUDA's few names standing in: one
+# block of one thread then walks every item (the kernel's grid-stride loop), so the source
+# itself, not only its record, is checked against the host table without a GPU.
+_HOST_SHIMS = r"""
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#define __global__
+#define __device__
+#define __forceinline__ inline
+#define __restrict__
+struct int4 { int x, y, z, w; };
+static inline int4 make_int4(int x, int y, int z, int w) { return {x, y, z, w}; }
+struct Index { long long x; };
+static const Index blockIdx{0}, threadIdx{0}, blockDim{1}, gridDim{1};
+using std::max;
+using std::min;
+"""
+
+
+def _run_on_host(table, shape, num_items, workdir):
+    arguments = table.arguments(shape)
+    call = ", ".join(["rows", "n", *(f"atoll(argv[{2 + i}])" for i in range(len(arguments)))])
+    main = (f"int main(int argc, char** argv) {{\n"
+            f"    long long n = atoll(argv[1]);\n"
+            f"    int4* rows = (int4*)malloc(sizeof(int4) * {tk.WORK_COLUMNS // 4} * (n + 1));\n"
+            f"    memset(rows, 0xf9, sizeof(int4) * {tk.WORK_COLUMNS // 4} * (n + 1));\n"
+            f"    {tk.KERNEL_NAME}({call});\n"
+            f"    fwrite(rows, sizeof(int4), {tk.WORK_COLUMNS // 4} * (n + 1), stdout);\n"
+            f"    return 0;\n}}\n")
+    source = workdir / "table.cpp"
+    source.write_text(_HOST_SHIMS + table.source + main)
+    binary = workdir / "table"
+    subprocess.run(["c++", "-std=c++17", "-O1", "-o", str(binary), str(source)], check=True,
+                   capture_output=True)
+    out = subprocess.run([str(binary), str(num_items), *map(str, arguments)], check=True,
+                         capture_output=True).stdout
+    return np.frombuffer(out, dtype=np.int32).reshape(num_items + 1, tk.WORK_COLUMNS)
+
+
+@pytest.mark.skipif(shutil.which("c++") is None, reason="no host C++ compiler")
+@pytest.mark.parametrize("causal", [False, True])
+def test_the_printed_source_compiled_on_the_host_writes_the_host_table(causal, tmp_path):
+    for schedule in schedule_names():
+        launch = launch_of((2, 6, 333, 64), (2, 3, 333, 64), schedule, causal)
+        rows = _run_on_host(tk.table_kernel(launch), launch.table_shape, launch.num_items,
+                            tmp_path)
+        assert np.array_equal(rows[:-1], launch.work_table), schedule
+        assert rows[-1, :2].tolist() == [0, 0], schedule  # the dynamic schedules' counter
