@@ -96,11 +96,12 @@ def test_the_table_built_on_the_gpu_is_the_host_table(causal):
     import cupy
     import numpy as np
 
+    from wavefront.kernel import table_kernel as tk
     from wavefront.kernel.table_kernel import build_on_gpu
     from wavefront.point import plan
     for schedule in SCHEDULES:
         for q, k in (((3, 8, 4133, 128), (3, 2, 4133, 128)), ((2, 6, 333, 64), (2, 6, 333, 64)),
-                     ((8, 32, 65536, 64), (8, 8, 65536, 64))):
+                     ((8, 32, 163840, 64), (8, 8, 163840, 64))):
             launch = plan(q, k, sms=132, l2_bytes=50 << 20, causal=causal, schedule=schedule)
             with cupy.cuda.Stream(non_blocking=True) as stream:
                 # Freed into the pool, whose block the table then reuses: a row (or counter)
@@ -110,6 +111,8 @@ def test_the_table_built_on_the_gpu_is_the_host_table(causal):
                 stream.synchronize()
             assert np.array_equal(built[:-1], launch.work_table), (schedule, q)
             assert built[-1, :2].tolist() == [0, 0]  # the dynamic schedules' counter
+    # The last shape has more items than the kernel's grid has threads.
+    assert launch.num_items > tk._blocks_for(0) * tk.THREADS_PER_BLOCK
 
 
 def test_a_first_call_on_another_stream_waits_for_its_table():
