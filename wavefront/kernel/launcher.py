@@ -254,11 +254,6 @@ class AttentionLauncher:
         return (out, lse) if self.return_lse else out
 
     @property
-    def work(self):
-        """The work table on the GPU, one row per item (`schedules.WORK_*` columns)."""
-        return self._table[:self.launch.num_items]
-
-    @property
     def next_item(self):
         """The dynamic schedules' [item counter, CTAs finished] on the GPU."""
         return self._table[self.launch.num_items, :2]

@@ -19,7 +19,9 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import operator
 import threading
+from typing import Callable
 
 import numpy as np
 
@@ -52,31 +54,9 @@ class Traced:
         # (`schedules._array_module`), as they find NumPy's for an array.
         self.array_module, self.op, self.args, self.value = trace, op, args, value
 
-    def _apply(self, op, other):
-        return self.array_module.node(op, (self, other))
-
-    def _applied_to(self, op, other):
-        return self.array_module.node(op, (other, self))
-
-    def __add__(self, other): return self._apply("+", other)
-    def __radd__(self, other): return self._applied_to("+", other)
-    def __sub__(self, other): return self._apply("-", other)
-    def __rsub__(self, other): return self._applied_to("-", other)
-    def __mul__(self, other): return self._apply("*", other)
-    def __rmul__(self, other): return self._applied_to("*", other)
-    def __floordiv__(self, other): return self._apply("//", other)
-    def __rfloordiv__(self, other): return self._applied_to("//", other)
-    def __mod__(self, other): return self._apply("%", other)
-    def __rmod__(self, other): return self._applied_to("%", other)
     def __divmod__(self, other): return self // other, self % other
     def __rdivmod__(self, other): return other // self, other % self
     def __neg__(self): return self.array_module.node("neg", (self,))
-    def __eq__(self, other): return self._apply("==", other)
-    def __ne__(self, other): return self._apply("!=", other)
-    def __lt__(self, other): return self._apply("<", other)
-    def __le__(self, other): return self._apply("<=", other)
-    def __gt__(self, other): return self._apply(">", other)
-    def __ge__(self, other): return self._apply(">=", other)
     __hash__ = object.__hash__
 
     def __bool__(self):
@@ -89,20 +69,39 @@ class Traced:
         return bool(self.value)
 
 
-_COMPARISONS = {"==": np.equal, "!=": np.not_equal, "<": np.less, "<=": np.less_equal,
-                ">": np.greater, ">=": np.greater_equal}
-_ON_INTS = {
-    "+": lambda a, b: a + b, "-": lambda a, b: a - b, "*": lambda a, b: a * b,
-    "//": lambda a, b: a // b, "%": lambda a, b: a % b, "neg": lambda a: -a,
-    "min": min, "max": max, "where": lambda c, a, b: a if c else b,
-    **{op: (lambda compare: lambda a, b: int(compare(a, b)))(compare)
-       for op, compare in _COMPARISONS.items()},
+def _operator(op: str, reflected: bool = False):
+    if reflected:
+        return lambda self, other: self.array_module.node(op, (other, self))
+    return lambda self, other: self.array_module.node(op, (self, other))
+
+
+# Python's operators on traced values record themselves (reflected too: `2 * heads`).
+for _name, _op in (("add", "+"), ("sub", "-"), ("mul", "*"), ("floordiv", "//"), ("mod", "%")):
+    setattr(Traced, f"__{_name}__", _operator(_op))
+    setattr(Traced, f"__r{_name}__", _operator(_op, reflected=True))
+for _name, _op in (("eq", "=="), ("ne", "!="), ("lt", "<"), ("le", "<="), ("gt", ">"),
+                   ("ge", ">=")):
+    setattr(Traced, f"__{_name}__", _operator(_op))
+
+
+@dataclasses.dataclass(frozen=True)
+class _Op:
+    apply: Callable  # on ints and on NumPy arrays alike
+    spelling: str  # in C, `{0}`, `{1}`, `{2}` standing for the arguments (long long each)
+
+
+# Every operation a trace records: how it is worked out, and how it is printed.
+_OPS = {
+    "+": _Op(operator.add, "{0} + {1}"), "-": _Op(operator.sub, "{0} - {1}"),
+    "*": _Op(operator.mul, "{0} * {1}"), "neg": _Op(operator.neg, "-{0}"),
+    "//": _Op(operator.floordiv, "wf_div({0}, {1})"),
+    "%": _Op(operator.mod, "wf_mod({0}, {1})"),
+    "min": _Op(np.minimum, "min({0}, {1})"), "max": _Op(np.maximum, "max({0}, {1})"),
+    "where": _Op(np.where, "({0} != 0 ? {1} : {2})"),
+    **{op: _Op(compare, f"(long long)({{0}} {op} {{1}})") for op, compare in (
+        ("==", np.equal), ("!=", np.not_equal), ("<", np.less), ("<=", np.less_equal),
+        (">", np.greater), (">=", np.greater_equal))},
 }
-_ON_ARRAYS = {**_ON_INTS, "min": np.minimum, "max": np.maximum, "where": np.where,
-              **{op: (lambda compare: lambda a, b: compare(a, b).astype(np.int64))(compare)
-                 for op, compare in _COMPARISONS.items()}}
-_INFIX = {"+", "-", "*", *_COMPARISONS}
-_CALLS = {"//": "wf_div", "%": "wf_mod", "min": "min", "max": "max"}
 
 
 class Trace:
@@ -130,12 +129,12 @@ class Trace:
         """The value `op(*args)`: a plain int where every argument is one, else recorded once
         (the same operation on the same values is the same node)."""
         if not any(isinstance(a, Traced) for a in args):
-            return _ON_INTS[op](*args)
+            return _OPS[op].apply(*args)
         key = (op, *((id(a),) if isinstance(a, Traced) else int(a) for a in args))
         known = self._known.get(key)
         if known is None:
             values = [a.value if isinstance(a, Traced) else int(a) for a in args]
-            known = Traced(self, op, args, None if None in values else _ON_INTS[op](*values))
+            known = Traced(self, op, args, None if None in values else _OPS[op].apply(*values))
             self.nodes.append(known)
             self._known[key] = known
         return known
@@ -148,14 +147,14 @@ class Trace:
         return self.node("where", (condition, if_true, if_false))
 
 
-def _value_of(x, values: dict, done: dict, on=_ON_INTS):
+def _value_of(x, values: dict, done: dict):
     """What traced value `x` comes to for the item number(s) and launch integers in `values`
-    (ints, or NumPy arrays with `on=_ON_ARRAYS`)."""
+    (ints or NumPy arrays)."""
     if not isinstance(x, Traced):
         return x
     if id(x) not in done:
         done[id(x)] = (values[x.args[0]] if x.op == "leaf" else
-                       on[x.op](*(_value_of(a, values, done, on) for a in x.args)))
+                       _OPS[x.op].apply(*(_value_of(a, values, done) for a in x.args)))
     return done[id(x)]
 
 
@@ -188,7 +187,7 @@ class TableKernel:
         done: dict = {}
         rows = np.zeros((len(items), WORK_COLUMNS), dtype=np.int64)
         for column, traced in enumerate(self.columns):
-            rows[:, column] = _value_of(traced, values, done, _ON_ARRAYS)
+            rows[:, column] = _value_of(traced, values, done)
         return rows.astype(np.int32)
 
 
@@ -223,15 +222,7 @@ def trace_table(launch: Launch) -> TableKernel:
         if node.op == "leaf":
             names[id(node)] = node.args[0]
             continue
-        args = [spelled(a) for a in node.args]
-        if node.op in _INFIX:
-            expression = f"(long long)({args[0]} {node.op} {args[1]})"
-        elif node.op == "neg":
-            expression = f"-{args[0]}"
-        elif node.op == "where":
-            expression = f"({args[0]} != 0 ? {args[1]} : {args[2]})"
-        else:
-            expression = f"{_CALLS[node.op]}({args[0]}, {args[1]})"
+        expression = _OPS[node.op].spelling.format(*map(spelled, node.args))
         names[id(node)] = f"v{len(lines)}"
         lines.append(f"        const long long {names[id(node)]} = {expression};")
     values = [spelled(c) for c in columns] + ["0LL"] * (WORK_COLUMNS - len(columns))
