@@ -85,7 +85,7 @@ def test_simulate_json_carries_its_inputs():
                              "schedule": "persistent+sawtooth", "tiles": None,
                              "occupancy": None, "ctas": None, "chunk_tiles": None,
                              "worker_warps": None, "cluster": 1, "kv_latency": 0,
-                             "rescale_threshold": 0, "exp2_poly": 0}
+                             "rescale_threshold": 0, "exp2_poly": 0, "qk_ahead": 0}
     assert data["sms"] == 132 and row["schedule"] == "persistent+sawtooth"
     assert "simulating persistent+sawtooth" in result.stderr  # progress on stderr
 
@@ -134,7 +134,7 @@ def test_tuned_table_round_trip_and_bad_entries(tmp_path):
     assert tuned_config("GPU A", Q_B1, Q_B1, True, path) is None
     entry = {"schedule": "dynamic+linear", "tiles": "128x128", "occupancy": 1,
              "worker_warps": 8, "cluster": 1, "kv_latency": 0, "rescale_threshold": 0,
-             "exp2_poly": 0, "tflops": 600.0, "shape": "B=1 H=32 KV=32 S=8192 bfloat16"}
+             "exp2_poly": 0, "qk_ahead": 0, "tflops": 600.0, "shape": "B=1 H=32 KV=32 S=8192 bfloat16"}
     assert write_entry("GPU A", 128, True, entry, path) == "d128_causal"
     write_entry("GPU B", 64, False, {**entry, "tiles": "128x64"}, path)
     got = tuned_config("GPU A", Q_B1, Q_B1, True, path)
@@ -157,7 +157,7 @@ def test_the_tuned_table_is_parsed_once_and_handed_out_as_copies(tmp_path):
     path = tmp_path / "tuned.json"
     entry = {"schedule": "dynamic+linear", "tiles": "128x128", "occupancy": 1,
              "worker_warps": 8, "cluster": 1, "kv_latency": 0, "rescale_threshold": 0,
-             "exp2_poly": 0, "shape": "B=1 H=32 KV=32 S=8192 bfloat16"}
+             "exp2_poly": 0, "qk_ahead": 0, "shape": "B=1 H=32 KV=32 S=8192 bfloat16"}
     write_entry("GPU A", 128, True, entry, path)
     load_table(path)["GPU A"]["d128_causal"]["tiles"] = "64x64"
     assert tuned_config("GPU A", Q_B1, Q_B1, True, path)["tiles"] == "128x128"
@@ -180,7 +180,7 @@ def test_tuned_table_takes_the_nearest_tuned_shape(tmp_path):
            "shape": "B=1 H=32 KV=32 S=8192 bfloat16"}
     path.write_text(json.dumps({"GPU A": {"d128_full": old}}))
     assert tuned_config("GPU A", Q_B1, Q_B1, False, path)["rescale_threshold"] == 0
-    gqa = {**old, "rescale_threshold": 0, "exp2_poly": 0, "tiles": "128x64",
+    gqa = {**old, "rescale_threshold": 0, "exp2_poly": 0, "qk_ahead": 0, "tiles": "128x64",
            "shape": "B=4 H=32 KV=8 S=4096 bfloat16"}
     assert write_entry("GPU A", 128, False, gqa, path) == "d128_full_b4_h32_kv8_s4096"
     assert tuned_config("GPU A", Q_B1, Q_B1, False, path)["tiles"] == "128x128"

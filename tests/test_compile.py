@@ -182,6 +182,26 @@ def test_flashattention4_softmax_levers_build_pipelined_and_without_spills():
         seen.add(cubin)
 
 
+def test_the_qk_ahead_lever_peels_the_loop_and_keeps_registers():
+    """qk_ahead peels the K/V loop (one QK^T before it, one fold after it), so the binary has
+    one more set of score MMAs and one more of P V than the plain loop's; with two consumer warpgroups at D=128 the
+    second score tile fits in registers and the MMAs stay pipelined. Without them it spills,
+    which the tune's screen records instead of timing."""
+    from wavefront.kernel.sass import find_cuobjdump, sass_summary
+    if find_cuobjdump() is None:
+        pytest.skip("cuobjdump not found")
+    base = KernelVariant("bfloat16", 128, 128, 128, False, 1, worker_warps=8, kv_latency=8)
+    plain = sass_summary(compile_variant(base, "sm_90"))
+    ahead = sass_summary(compile_variant(replace(base, qk_ahead=1), "sm_90"))
+    per_set = 128 // 16  # 64x128x16 HGMMAs per warpgroup: K = D (QK^T) or N (P V) = 128
+    assert ahead.hgmma == plain.hgmma + 2 * per_set, (plain, ahead)
+    assert ahead.local_loads == ahead.local_stores == 0, ahead
+    assert ahead.wgmma_pipelined, ahead
+    one_warpgroup = sass_summary(compile_variant(
+        replace(base, worker_warps=None, occupancy=2, qk_ahead=1), "sm_90"))
+    assert one_warpgroup.local_stores > 0, one_warpgroup
+
+
 def test_the_polynomial_exp2_is_accurate_beyond_bfloat16():
     """The kernel's 2^x on the FMA units, evaluated in float32 exactly as the kernel does it
     (clamp, floor, Horner, exponent bits), against float64: relative error far below the

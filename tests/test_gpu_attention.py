@@ -218,7 +218,11 @@ def test_dynamic_schedules_stay_correct_launch_after_launch(schedule, levers, ca
                                          rescale_threshold=8),
                                     dict(tiles="128x64", occupancy=2, exp2_poly=1),
                                     dict(tiles="128x128", occupancy=2, exp2_poly=4,
-                                         rescale_threshold=8)])
+                                         rescale_threshold=8),
+                                    dict(tiles="128x128", occupancy=2, worker_warps=8,
+                                         qk_ahead=1),
+                                    dict(tiles="128x64", occupancy=2, qk_ahead=1,
+                                         exp2_poly=1)])
 @pytest.mark.parametrize("schedule", ["persistent+sawtooth", "dynamic+sawtooth", "grid+linear"])
 @pytest.mark.parametrize("causal", [False, True])
 def test_kernel_levers_keep_the_result(levers, schedule, causal):

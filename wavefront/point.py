@@ -204,6 +204,11 @@ LEVERS = (
           "an integer in [0, 4] (quarters of the columns exponentiated on the FMA units)",
           "Quarters of the score columns exponentiated by a polynomial on the FMA units "
           "(FlashAttention-4; 0: none).", searched=(0, 1, 2), label="poly", stage="softmax"),
+    # Searched with the pipeline levers, not around their winner: it needs a second score
+    # tile of registers, so it pays at one CTA per SM where it loses at two (H100, D=128).
+    Lever("qk_ahead", 0, (0, 1), "0 or 1",
+          "Issue the next K/V tile's QK^T before this tile's softmax (FlashAttention-3's "
+          "intra-warpgroup overlap; 0: off).", searched=(0, 1), label="ahead"),
 )
 LEVER_BY_NAME = {lever.name: lever for lever in LEVERS}
 # The levers' defaults by name, in declaration order (the public call's positional order).

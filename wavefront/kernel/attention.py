@@ -110,16 +110,32 @@ def _exp2_split(x, TILE_M: ConstInt, TILE_N: ConstInt, EXP2_POLY: ConstInt):
     return y
 
 
+def _scores(q, K, batch, kv_head, j, HEAD_DIM: ConstInt, TILE_M: ConstInt, TILE_N: ConstInt,
+            K_LATENCY: ConstInt):
+    """S = Q K^T for K/V tile j, unscaled, in float32."""
+    k = ct.load(K, index=(batch, kv_head, 0, j), shape=(1, 1, HEAD_DIM, TILE_N),
+                order=(0, 1, 3, 2), padding_mode=ct.PaddingMode.ZERO, latency=K_LATENCY)
+    k = k.reshape((HEAD_DIM, TILE_N))  # [HEAD_DIM, TILE_N]: K^T, transposed by the load
+    return ct.mma(q, k, ct.full((TILE_M, TILE_N), 0.0, dtype=ct.float32))  # [TILE_M, TILE_N]
+
+
 def _online_softmax_step(q, K, V, batch, kv_head, j, m_i, l_i, acc, qk_scale_log2, rows,
                          seqlen_kv, HEAD_DIM: ConstInt, TILE_M: ConstInt, TILE_N: ConstInt,
                          MASKED: ConstBool, CAUSAL: ConstBool, K_LATENCY: ConstInt,
                          V_LATENCY: ConstInt, RESCALE_THRESHOLD: ConstInt,
                          EXP2_POLY: ConstInt):
     """Fold K/V tile j into the running (row max, row sum, output) of one Q tile."""
-    k = ct.load(K, index=(batch, kv_head, 0, j), shape=(1, 1, HEAD_DIM, TILE_N),
-                order=(0, 1, 3, 2), padding_mode=ct.PaddingMode.ZERO, latency=K_LATENCY)
-    k = k.reshape((HEAD_DIM, TILE_N))  # [HEAD_DIM, TILE_N]: K^T, transposed by the load
-    qk = ct.mma(q, k, ct.full((TILE_M, TILE_N), 0.0, dtype=ct.float32))  # [TILE_M, TILE_N]
+    qk = _scores(q, K, batch, kv_head, j, HEAD_DIM, TILE_M, TILE_N, K_LATENCY)
+    return _fold_scores(qk, q, V, batch, kv_head, j, m_i, l_i, acc, qk_scale_log2, rows,
+                        seqlen_kv, HEAD_DIM, TILE_M, TILE_N, MASKED, CAUSAL, V_LATENCY,
+                        RESCALE_THRESHOLD, EXP2_POLY)
+
+
+def _fold_scores(qk, q, V, batch, kv_head, j, m_i, l_i, acc, qk_scale_log2, rows, seqlen_kv,
+                 HEAD_DIM: ConstInt, TILE_M: ConstInt, TILE_N: ConstInt, MASKED: ConstBool,
+                 CAUSAL: ConstBool, V_LATENCY: ConstInt, RESCALE_THRESHOLD: ConstInt,
+                 EXP2_POLY: ConstInt):
+    """The online softmax of K/V tile j's scores `qk`, then P V into the output."""
     if MASKED:
         cols = j * TILE_N + ct.arange(TILE_N, dtype=ct.int32)[None, :]  # [1, TILE_N]
         keep = cols < seqlen_kv
@@ -189,7 +205,8 @@ def _attend_work_item(Q, K, V, Out, Lse, PartO, PartM, PartL, Work, Order, item,
                       qk_scale_log2, HEAD_DIM: ConstInt, TILE_M: ConstInt, TILE_N: ConstInt,
                       CAUSAL: ConstBool, PARTIALS: ConstBool, WRITE_LSE: ConstBool,
                       RECORD_ORDER: ConstBool, K_LATENCY: ConstInt, V_LATENCY: ConstInt,
-                      RESCALE_THRESHOLD: ConstInt, EXP2_POLY: ConstInt, VARLEN: ConstBool):
+                      RESCALE_THRESHOLD: ConstInt, EXP2_POLY: ConstInt, VARLEN: ConstBool,
+                      QK_AHEAD: ConstInt):
     """Attend one work item as its table row says. `reverse` (0 or 1, dynamic sawtooth only)
     flips the row's unmasked scan.
 
@@ -230,12 +247,31 @@ def _attend_work_item(Q, K, V, Out, Lse, PartO, PartM, PartL, Work, Order, item,
 
     # One loop for both directions: the tile index is affine in the loop counter, so forward
     # and backward scans are the same instructions with a different start and sign.
-    for t in range(count):
-        m_i, l_i, acc = _online_softmax_step(q, K, V, batch, kv_head, start + step * t, m_i,
-                                             l_i, acc, qk_scale_log2, 0, seqlen_kv,
-                                             HEAD_DIM, TILE_M, TILE_N, False, CAUSAL,
-                                             K_LATENCY, V_LATENCY, RESCALE_THRESHOLD,
-                                             EXP2_POLY)
+    if QK_AHEAD == 0:
+        for t in range(count):
+            m_i, l_i, acc = _online_softmax_step(q, K, V, batch, kv_head, start + step * t, m_i,
+                                                 l_i, acc, qk_scale_log2, 0, seqlen_kv,
+                                                 HEAD_DIM, TILE_M, TILE_N, False, CAUSAL,
+                                                 K_LATENCY, V_LATENCY, RESCALE_THRESHOLD,
+                                                 EXP2_POLY)
+    elif count > 0:
+        # FlashAttention-3's intra-warpgroup overlap: tile t + 1's QK^T is issued before tile
+        # t's softmax, so that the tensor cores have work while this warpgroup exponentiates
+        # (the plain loop waits for each QK^T, then leaves the tensor cores to the other
+        # warpgroups during its softmax). Costs one more score tile of registers.
+        qk = _scores(q, K, batch, kv_head, start, HEAD_DIM, TILE_M, TILE_N, K_LATENCY)
+        for t in range(count - 1):
+            qk_next = _scores(q, K, batch, kv_head, start + step * (t + 1), HEAD_DIM, TILE_M,
+                              TILE_N, K_LATENCY)
+            m_i, l_i, acc = _fold_scores(qk, q, V, batch, kv_head, start + step * t, m_i, l_i,
+                                         acc, qk_scale_log2, 0, seqlen_kv, HEAD_DIM, TILE_M,
+                                         TILE_N, False, CAUSAL, V_LATENCY, RESCALE_THRESHOLD,
+                                         EXP2_POLY)
+            qk = qk_next
+        m_i, l_i, acc = _fold_scores(qk, q, V, batch, kv_head, start + step * (count - 1), m_i,
+                                     l_i, acc, qk_scale_log2, 0, seqlen_kv, HEAD_DIM, TILE_M,
+                                     TILE_N, False, CAUSAL, V_LATENCY, RESCALE_THRESHOLD,
+                                     EXP2_POLY)
     # The tiles that need a mask (the causal diagonal, a ragged last tile) come last in every
     # direction, so the masked step is compiled once. Its row indices are made here, not
     # before the unmasked loop, so that they do not occupy registers across it.
@@ -286,7 +322,7 @@ def flash_attention_fwd(Q, K, V, Out, Lse, PartO, PartM, PartL, Work, NextItem, 
                         TILE_N: ConstInt, CAUSAL: ConstBool, DYNAMIC: ConstBool,
                         PARTIALS: ConstBool, WRITE_LSE: ConstBool, RECORD_ORDER: ConstBool,
                         K_LATENCY: ConstInt, V_LATENCY: ConstInt, RESCALE_THRESHOLD: ConstInt,
-                        EXP2_POLY: ConstInt, VARLEN: ConstBool):
+                        EXP2_POLY: ConstInt, VARLEN: ConstBool, QK_AHEAD: ConstInt):
     """One CTA: take work items (table rows) and attend each.
 
     Static (DYNAMIC off): CTA c takes rows c, c + P, c + 2P, ... (grid-stride; a grid launch
@@ -305,7 +341,7 @@ def flash_attention_fwd(Q, K, V, Out, Lse, PartO, PartM, PartL, Work, NextItem, 
             _attend_work_item(Q, K, V, Out, Lse, PartO, PartM, PartL, Work, Order, item,
                               alternate * (taken % 2), qk_scale_log2, HEAD_DIM, TILE_M, TILE_N,
                               CAUSAL, PARTIALS, WRITE_LSE, RECORD_ORDER, K_LATENCY, V_LATENCY,
-                              RESCALE_THRESHOLD, EXP2_POLY, VARLEN)
+                              RESCALE_THRESHOLD, EXP2_POLY, VARLEN, QK_AHEAD)
             taken += 1
             item = ct.atomic_add(NextItem, 0, 1, memory_order=ct.MemoryOrder.RELAXED)
         _reset_when_last(NextItem, num_items)
@@ -314,7 +350,7 @@ def flash_attention_fwd(Q, K, V, Out, Lse, PartO, PartM, PartL, Work, NextItem, 
             _attend_work_item(Q, K, V, Out, Lse, PartO, PartM, PartL, Work, Order, item, 0,
                               qk_scale_log2, HEAD_DIM, TILE_M, TILE_N, CAUSAL, PARTIALS,
                               WRITE_LSE, RECORD_ORDER, K_LATENCY, V_LATENCY,
-                              RESCALE_THRESHOLD, EXP2_POLY, VARLEN)
+                              RESCALE_THRESHOLD, EXP2_POLY, VARLEN, QK_AHEAD)
 
 
 @ct.kernel
@@ -532,7 +568,7 @@ class KernelVariant:
                 "K_LATENCY": self.kv_latency or DEFAULT_K_LATENCY,
                 "V_LATENCY": self.kv_latency or DEFAULT_V_LATENCY,
                 "RESCALE_THRESHOLD": self.rescale_threshold, "EXP2_POLY": self.exp2_poly,
-                "VARLEN": self.varlen}
+                "VARLEN": self.varlen, "QK_AHEAD": self.qk_ahead}
 
     @property
     def label(self) -> str:

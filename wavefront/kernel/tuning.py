@@ -22,9 +22,9 @@ from wavefront.point import KERNEL_LEVERS
 
 TUNED_TABLE = Path(__file__).with_name("tuned.json")
 # The fields of an entry that become `attention` arguments; the rest is its evidence. Entries
-# written before the softmax levers existed lack them and mean their defaults.
+# written before a lever existed lack it and mean its default.
 CONFIG_FIELDS = ("schedule", "tiles", "occupancy", *KERNEL_LEVERS)
-LATER_FIELDS = ("rescale_threshold", "exp2_poly")
+LATER_FIELDS = ("rescale_threshold", "exp2_poly", "qk_ahead")
 REQUIRED_FIELDS = tuple(f for f in CONFIG_FIELDS if f not in LATER_FIELDS)
 # The shape the first searches used; its entries keep the short key.
 DEFAULT_TUNE_SHAPE = (1, 32, 32, 8192)  # batch, heads, kv_heads, seqlen

@@ -2,10 +2,11 @@
 
 The levers (cuTile's and ours): tile shape, CTAs per SM (`occupancy`), consumer warps
 (`worker_warps`: 8 gives two consumer warpgroups, FlashAttention-3's layout), CTAs per cluster
-(`cluster`), the K/V loads' latency hint (`kv_latency`), and the CTA schedule (static
-grid-stride or dynamic); then, on the winner, FlashAttention-4's two softmax levers
-(`rescale_threshold`, `exp2_poly`) in a second set of rounds against the winner itself. Each
-search has three steps:
+(`cluster`), the K/V loads' latency hint (`kv_latency`), the next tile's QK^T issued before
+this tile's softmax (`qk_ahead`, FlashAttention-3's intra-warpgroup overlap) and the CTA
+schedule (static grid-stride or dynamic); then, on the winner, FlashAttention-4's two softmax
+levers (`rescale_threshold`, `exp2_poly`) in a second set of rounds against the winner itself.
+Each search has three steps:
 
 1. Screen on the CPU side: compile every candidate ahead of time (parallel processes) and read
    its SASS. A candidate that fails to compile, spills registers to local memory or serialises
