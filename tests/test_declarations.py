@@ -2,6 +2,7 @@
 lists them is derived, so a new parameter is one field and a new lever one declaration plus its
 use in the kernel. These tests hold the derivations to the declarations."""
 import dataclasses
+import os
 
 import pytest
 
@@ -86,3 +87,22 @@ def test_a_chunk_tiles_sweep_expands_to_two_points():
     spec = parse_spec('[grid]\nseqlen = [65536]\nhead_dim = [64]\n'
                       'schedule = ["persistent+tiled"]\nchunk_tiles = [16, 64]\n')
     assert [p.chunk_tiles for p in expand_points(spec)] == [16, 64]
+
+
+def test_tune_warms_in_as_many_processes_as_the_gpu_memory_holds(monkeypatch):
+    """The warming processes are capped by the GPU's free memory, not by the host's CPUs (a
+    128-CPU host once started 94 processes on an 80 GB H100 and lost candidates to
+    out-of-memory errors); never fewer than one."""
+    cupy = pytest.importorskip("cupy")
+    from wavefront.device import usable_cpus
+    from wavefront.measure.tune import WARM_PROCESS_BYTES, _processes_the_gpu_holds
+    assert 1 <= usable_cpus() <= (os.cpu_count() or 1)
+    gib = 1 << 30
+    monkeypatch.setattr(cupy.cuda.runtime, "memGetInfo", lambda: (80 * gib, 80 * gib))
+    gqa = Point(batch=4, heads=32, kv_heads=8, seqlen=4096, head_dim=128)
+    small = Point(batch=1, heads=2, seqlen=256, head_dim=64)
+    assert 1 < _processes_the_gpu_holds(gqa) < _processes_the_gpu_holds(small)
+    assert _processes_the_gpu_holds(small) <= 80 * gib // WARM_PROCESS_BYTES
+    assert _processes_the_gpu_holds(gqa) * 1.5 * gib < 80 * gib
+    monkeypatch.setattr(cupy.cuda.runtime, "memGetInfo", lambda: (gib // 2, 80 * gib))
+    assert _processes_the_gpu_holds(gqa) == 1

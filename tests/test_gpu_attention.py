@@ -285,3 +285,13 @@ def test_bfloat16_partials_stay_within_their_error_bound(causal, dtype):
     # fp32 partials: the kernel's own roundings; bf16 partials add at most one more u term
     assert worst["persistent+tiled_fit"] <= 2.0, worst
     assert worst["persistent+tiled_fit_bf16"] <= worst["persistent+tiled_fit"] + 1.0, worst
+
+
+def test_tune_warms_candidates_in_checked_processes():
+    """`wavefront tune`'s warming step: each candidate compiled, launched and checked against
+    float32 in a process of its own pool, a verdict per candidate (None: ready to time)."""
+    from wavefront.measure.tune import warm
+    points = [Config(batch=1, heads=4, kv_heads=2, seqlen=300, head_dim=128, causal=causal,
+                     tiles="128x128", occupancy=1, worker_warps=8, qk_ahead=ahead)
+              for causal in (False, True) for ahead in (0, 1)]
+    assert warm(points, jobs=2) == dict.fromkeys(points)

@@ -10,7 +10,6 @@ import dataclasses
 import functools
 import itertools
 import json
-import os
 import sys
 import tempfile
 import time
@@ -18,6 +17,7 @@ from pathlib import Path
 
 import click
 
+from wavefront.device import usable_cpus
 from wavefront.measure.sink import JsonlSink, environment
 from wavefront.point import DTYPES, HEAD_DIMS, LEVERS, PARAMS, Point
 from wavefront.schedules import schedule_names
@@ -398,7 +398,7 @@ def compile_cmd(arch, all_variants, name_filter, list_only, out_dir, jobs, as_js
         return
     if out_dir:
         Path(out_dir).mkdir(parents=True, exist_ok=True)
-    jobs = min(jobs or os.cpu_count() or 1, len(variants))
+    jobs = min(jobs or usable_cpus(), len(variants))
     failures, rows = 0, []
     start = time.perf_counter()
     click.echo(f"compiling {len(variants)} variants for {arch} with {jobs} processes", err=True)

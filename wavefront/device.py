@@ -10,6 +10,14 @@ from dataclasses import asdict, dataclass
 from importlib import metadata
 
 
+def usable_cpus() -> int:
+    """The CPUs this process may run on: a container's share, where `os.cpu_count()` answers
+    the whole host's (128 on a GPU host lent 16)."""
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1
+
+
 @dataclass(frozen=True)
 class DeviceInfo:
     name: str

@@ -22,9 +22,9 @@ peers of the same rounds) goes to the record; the fastest goes to the tuned tabl
 from __future__ import annotations
 
 import itertools
-import os
 from concurrent.futures import ProcessPoolExecutor
 
+from wavefront.device import usable_cpus
 from wavefront.point import LEVERS as KERNEL_LEVER_DECLARATIONS
 from wavefront.point import Point
 from wavefront.results.records import LEVER_RECORDS, TUNE_RECORDS
@@ -87,7 +87,7 @@ def screen(points: list[Point], gpu, dtype: str = "bfloat16", arch: str = "sm_90
     {point: (label, facts, reason not to time or None)}."""
     variants = {p: _variant(p, gpu, dtype) for p in points}
     unique = list(dict.fromkeys(variants.values()))
-    with ProcessPoolExecutor(max_workers=min(jobs or os.cpu_count() or 1, len(unique))) as pool:
+    with ProcessPoolExecutor(max_workers=min(jobs or usable_cpus(), len(unique))) as pool:
         results = dict(zip(unique, pool.map(_screen_one, [(v, arch) for v in unique])))
     return {p: results[v] for p, v in variants.items()}
 
@@ -103,22 +103,46 @@ def _warm_one(point: Point):
 
 def warm(points: list[Point], jobs: int | None = None) -> dict[Point, str | None]:
     """Fill the JIT compile cache in parallel processes (each compiles, launches and checks its
-    candidates once): {point: error or None}."""
-    import multiprocessing as mp
-    from wavefront.results.measurement import CORRECTNESS_TOLERANCE
-    ctx = mp.get_context("spawn")  # CUDA does not survive fork
-    with ProcessPoolExecutor(max_workers=min(jobs or os.cpu_count() or 1, len(points)),
-                             mp_context=ctx) as pool:
-        out = {}
-        for p, (err, exc) in zip(points, pool.map(_warm_one, points)):
-            if exc is not None:
-                out[p] = exc
-            elif not err < CORRECTNESS_TOLERANCE:
-                out[p] = f"relative error {err:.3g} against float32"
-            else:
-                out[p] = None
-    return out
+    candidates once): {point: error or None}.
 
+    Each process holds a CUDA context and a candidate's arrays, so the processes are as many as
+    the GPU's free memory holds (a search once started one per host CPU, 128, and lost 47 of its
+    candidates to out-of-memory errors). A candidate that still runs out of memory is warmed
+    again here, alone, before it is recorded as failed."""
+    import multiprocessing as mp
+    ctx = mp.get_context("spawn")  # CUDA does not survive fork
+    workers = min(jobs or usable_cpus(), len(points), _processes_the_gpu_holds(points[0]))
+    with ProcessPoolExecutor(max_workers=workers, mp_context=ctx) as pool:
+        outcomes = dict(zip(points, pool.map(_warm_one, points)))
+    for p, (_, exc) in outcomes.items():
+        if exc is not None and exc.startswith("OutOfMemoryError"):
+            outcomes[p] = _warm_one(p)
+    return {p: _warm_verdict(*outcome) for p, outcome in outcomes.items()}
+
+
+def _warm_verdict(err, exc) -> str | None:
+    from wavefront.results.measurement import CORRECTNESS_TOLERANCE
+    if exc is not None:
+        return exc
+    if not err < CORRECTNESS_TOLERANCE:
+        return f"relative error {err:.3g} against float32"
+    return None
+
+
+# What one warming process holds beside its arrays: a CUDA context, cuTile's and CuPy's
+# modules (about 0.6 GB on the H100), with room to spare.
+WARM_PROCESS_BYTES = 1 << 30
+
+
+def _processes_the_gpu_holds(point: Point) -> int:
+    """How many warming processes the GPU's free memory holds: each a context and a check's
+    arrays (inputs, output and their float32 copies, bounded by 4x the inputs)."""
+    import cupy
+    free, _ = cupy.cuda.runtime.memGetInfo()
+    elements = point.batch * point.seqlen * point.head_dim * (point.heads * 2
+                                                              + point.kv_heads_ * 2)
+    need = WARM_PROCESS_BYTES + 4 * elements * 2
+    return max(1, int(0.8 * free) // need)
 
 
 def search(candidates: list[Point], gpu, gpu_name: str, dtype: str, *, rounds: int,
