@@ -90,9 +90,8 @@ def test_a_chunk_tiles_sweep_expands_to_two_points():
 
 
 def test_tune_warms_in_as_many_processes_as_the_gpu_memory_holds(monkeypatch):
-    """The warming processes are capped by the GPU's free memory, not by the host's CPUs (a
-    128-CPU host once started 94 processes on an 80 GB H100 and lost candidates to
-    out-of-memory errors); never fewer than one."""
+    """The warming processes are capped by the GPU's free memory as well as the CPUs this
+    process may use; never fewer than one."""
     cupy = pytest.importorskip("cupy")
     from wavefront.device import usable_cpus
     from wavefront.measure.tune import WARM_PROCESS_BYTES, _processes_the_gpu_holds

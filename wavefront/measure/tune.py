@@ -105,10 +105,12 @@ def warm(points: list[Point], jobs: int | None = None) -> dict[Point, str | None
     """Fill the JIT compile cache in parallel processes (each compiles, launches and checks its
     candidates once): {point: error or None}.
 
-    Each process holds a CUDA context and a candidate's arrays, so the processes are as many as
-    the GPU's free memory holds (a search once started one per host CPU, 128, and lost 47 of its
-    candidates to out-of-memory errors). A candidate that still runs out of memory is warmed
-    again here, alone, before it is recorded as failed."""
+    Each process holds a CUDA context and a candidate's arrays, so the processes are at most as
+    many as the GPU's free memory holds by `_processes_the_gpu_holds`'s estimate. That estimate
+    did not explain the searches that lost 47 (B4 H32 KV8 S4k, 64 candidates) and 115 (128
+    candidates) to out-of-memory errors with 16 processes on an 80 GB H100; the retry did: a
+    candidate that runs out of memory is warmed again here, alone, before it is recorded as
+    failed (the same search then lost none)."""
     import multiprocessing as mp
     ctx = mp.get_context("spawn")  # CUDA does not survive fork
     workers = min(jobs or usable_cpus(), len(points), _processes_the_gpu_holds(points[0]))
