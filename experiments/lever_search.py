@@ -55,7 +55,7 @@ def best(study) -> pd.DataFrame:
                         "schedule": lv["schedule"], "tiles": lv["tiles"],
                         "occupancy": lv["occupancy"], "worker warps": lv["worker_warps"],
                         "cluster": lv["cluster"], "K/V latency": lv["kv_latency"],
-                        "TFLOP/s": r["tflops"], "lo": r["tflops_ci95"][0],
+                        "QK ahead": lv.get("qk_ahead", 0), "TFLOP/s": r["tflops"], "lo": r["tflops_ci95"][0],
                         "hi": r["tflops_ci95"][1], "x cuDNN": r.get("x_cudnn"),
                         "x FA2": r.get("x_fa2")})
     return pd.DataFrame(out)
@@ -86,6 +86,28 @@ def softmax_levers(study) -> pd.DataFrame:
     return pd.DataFrame(out)
 
 
+def qk_ahead_effect(study) -> pd.DataFrame:
+    """Per search that tried `qk_ahead` and shape: the best timed candidate with it off and on,
+    in the same rounds."""
+    rec = lever_record(study)
+    rec = rec[rec["lever"] == "qk_ahead"]
+    out = []
+    for (search, gpu, shape), g in rec.groupby(["search", "GPU", "shape"], sort=False):
+        by = {int(v): row for v, row in zip(g["value"], g.to_dict("records"))}
+        if {0, 1} <= set(by):
+            out.append({"search": search, "GPU": gpu, "shape": shape,
+                        "best off TFLOP/s": by[0]["best TFLOP/s"],
+                        "best on TFLOP/s": by[1]["best TFLOP/s"],
+                        "on / off": by[1]["best TFLOP/s"] / by[0]["best TFLOP/s"]})
+    return pd.DataFrame(out)
+
+
+def lost_to_memory(study) -> dict[str, int]:
+    """Per search, the candidates its warming step lost to out-of-memory errors."""
+    return {name: sum("OutOfMemoryError" in (r.get("not_timed") or "") for r in rows)
+            for name, rows in searches(study).items()}
+
+
 def table(study) -> pd.DataFrame:
     return best(study)
 
@@ -111,8 +133,9 @@ def section(study) -> Section:
     tune_text = wrap(
         "`wavefront tune` searches cuTile's levers per GPU, head dim, mask and shape: tile "
         "shape, CTAs per SM, `num_worker_warps` (8: two consumer warpgroups, FlashAttention-3's "
-        "layout), `num_ctas` (2-CTA clusters), the K/V loads' latency hint, and static or "
-        "dynamic assignment. Each candidate is compiled and its SASS read first (spilling or "
+        "layout), `num_ctas` (2-CTA clusters), the K/V loads' latency hint, whether the next "
+        "K/V tile's QK^T is issued before this tile's softmax (`qk_ahead`, from the fifth H100 "
+        "search on), and static or dynamic assignment. Each candidate is compiled and its SASS read first (spilling or "
         "serialised candidates are recorded, not timed), then the rest and cuDNN / FA2 are "
         "timed in interleaved rounds after a float32 check. The fastest per shape goes to "
         "`wavefront/kernel/tuned.json`, which `wavefront.attention` uses by default, taking "
@@ -130,6 +153,42 @@ def section(study) -> Section:
             f"cuDNN, and {int((other['tiles'] != '128x128').sum())} of {len(other)} winners "
             f"there do not use the B=1 winners' 128x128 tiles: hence a table keyed by shape.",
             len(other) > 0 and float(other["x cuDNN"].min()) >= 0.9, other["x cuDNN"].tolist())
+
+    ahead = qk_ahead_effect(study)
+    lost = lost_to_memory(study)
+    ahead_shown = ahead.copy()
+    for col in ("best off TFLOP/s", "best on TFLOP/s"):
+        ahead_shown[col] = ahead_shown[col].map(lambda x: f"{x:.0f}")
+    ahead_shown["on / off"] = ahead_shown["on / off"].map(lambda x: f"{x:.3f}")
+    ahead_best = top[top["search"].isin(ahead["search"])]
+    s.claim(f"Issuing the next tile's QK^T before this tile's softmax (`qk_ahead`) raised the "
+            f"best D=128 candidate by {100 * (float(ahead['on / off'].min()) - 1):.1f}-"
+            f"{100 * (float(ahead['on / off'].max()) - 1):.1f}% on each of the "
+            f"{len(ahead)} shapes searched with it, and every one of their winners uses it.",
+            len(ahead) > 0 and bool((ahead["on / off"] > 1.0).all())
+            and bool((ahead_best["QK ahead"] == 1).all()), ahead["on / off"].tolist())
+    lossy = {k: v for k, v in lost.items() if v}
+    lost_text = wrap(
+        "Searches whose warming step lost candidates to out-of-memory errors (16 processes on "
+        "the 80 GB H100; their winners are the best of the candidates timed): "
+        + ", ".join(f"{k}: {v}" for k, v in lossy.items())
+        + ". Since then a candidate that runs out of memory is warmed again alone; the "
+        "searches after the fix lost none.") if lossy else ""
+    s.claim(f"The searches that tried `qk_ahead` lost no candidate to out-of-memory errors "
+            f"({', '.join(ahead['search'].unique())}).",
+            all(lost.get(k, 0) == 0 for k in ahead["search"].unique()),
+            {k: lost.get(k) for k in ahead["search"].unique()})
+    ahead_text = wrap(
+        "`qk_ahead` is FlashAttention-3's intra-warpgroup overlap written in the kernel's "
+        "source: the scan is peeled so that tile t + 1's QK^T is issued before tile t's "
+        "softmax. In the plain loop's SASS each consumer warpgroup waits for its QK^T "
+        "(`WARPGROUP.DEPBAR`) before its first exponential and for its P V before the next "
+        "QK^T, so a warpgroup's tensor-core work and its softmax never overlap; the other "
+        "warpgroups fill the gap, which two CTAs per SM did best. With `qk_ahead` tileiras "
+        "places the next tile's HGMMAs among the current tile's last MUFU.EX2s. It needs a "
+        "second score tile of registers: with one consumer warpgroup it spills (not timed), "
+        "with two it pays most at one CTA per SM. Best candidate with the lever off and on, "
+        "same rounds:")
 
     t = softmax_levers(study)
     soft = t.copy()
@@ -165,6 +224,12 @@ the best of the shape; the first search also had 64x64 tiles and the heads-faste
 order):
 
 {md_table(piv)}
+
+{ahead_text}
+
+{md_table(ahead_shown)}
+
+{lost_text}
 
 {softmax_text}
 
