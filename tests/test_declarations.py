@@ -102,6 +102,6 @@ def test_tune_warms_in_as_many_processes_as_the_gpu_memory_holds(monkeypatch):
     small = Point(batch=1, heads=2, seqlen=256, head_dim=64)
     assert 1 < _processes_the_gpu_holds(gqa) < _processes_the_gpu_holds(small)
     assert _processes_the_gpu_holds(small) <= 80 * gib // WARM_PROCESS_BYTES
-    assert _processes_the_gpu_holds(gqa) * 1.5 * gib < 80 * gib
+    assert _processes_the_gpu_holds(gqa) * 8 * gib < 80 * gib  # its check took 7.4 GB
     monkeypatch.setattr(cupy.cuda.runtime, "memGetInfo", lambda: (gib // 2, 80 * gib))
     assert _processes_the_gpu_holds(gqa) == 1

@@ -33,7 +33,10 @@ def random_inputs(cfg: Point, seed: int):
                  for s in (shape_q, shape_kv, shape_kv))
 
 
-def check_rows(seqlen: int, tile_m: int, limit: int = 1024):
+CHECK_ROW_LIMIT = 1024
+
+
+def check_rows(seqlen: int, tile_m: int, limit: int = CHECK_ROW_LIMIT):
     """Query rows to check: all of them when small, else a spread including both ends."""
     import cupy
     if seqlen <= limit:
@@ -53,6 +56,25 @@ def check_tickets(start, end) -> None:
         raise IncorrectResult(f"work-item tickets are not one per event: {len(tickets)} events, "
                               f"tickets {tickets.min()}..{tickets.max()}, "
                               f"{int((start >= end).sum())} items end before they start")
+
+
+def _checked_heads(cfg: Point) -> tuple[slice, slice]:
+    """The query and K/V heads `relative_error` checks: at most a few at long lengths, where
+    the reference is seqlen x rows per head."""
+    if cfg.seqlen * cfg.heads <= 1 << 17:
+        return slice(None), slice(None)
+    return slice(0, 2), slice(0, 1 if cfg.kv_heads_ < cfg.heads else 2)
+
+
+def check_bytes(cfg: Point) -> int:
+    """About the GPU memory `relative_error` holds at its peak: the bf16 inputs and output,
+    and the float32 reference's score matrices (scores, shifted, exponentials and their
+    quotient alive together: four of rows x keys per checked head). Measured on the H100:
+    7.4 GB of CuPy pool for B4 H32 KV8 S4k D128, estimated here 8.9 GB."""
+    heads = cfg.heads if _checked_heads(cfg)[0] == slice(None) else 2
+    rows = min(cfg.seqlen, CHECK_ROW_LIMIT)
+    arrays = 2 * cfg.batch * cfg.seqlen * cfg.head_dim * (2 * cfg.heads + 2 * cfg.kv_heads_)
+    return arrays + 4 * 4 * cfg.batch * heads * rows * cfg.seqlen
 
 
 def relative_error(cfg: Point, seed: int = 0, check_lse: bool = False,
@@ -78,10 +100,7 @@ def relative_error(cfg: Point, seed: int = 0, check_lse: bool = False,
     if not bool(cupy.isfinite(out).all()):  # every element written, even where not compared
         return math.inf
     rows = check_rows(cfg.seqlen, launcher.launch.problem.tile_m)
-    # Check at most a few heads at long lengths: the reference is seqlen x rows per head.
-    heads = slice(None) if cfg.seqlen * cfg.heads <= 1 << 17 else slice(0, 2)
-    kv_heads = slice(None) if heads == slice(None) else slice(0, 1 if cfg.kv_heads_ < cfg.heads
-                                                              else 2)
+    heads, kv_heads = _checked_heads(cfg)
     ref, ref_lse = reference_attention(q[:, heads], k[:, kv_heads], v[:, kv_heads],
                                        causal=cfg.causal, rows=rows)
     got = out[:, heads] if rows is None else out[:, heads][:, :, rows]

@@ -105,12 +105,11 @@ def warm(points: list[Point], jobs: int | None = None) -> dict[Point, str | None
     """Fill the JIT compile cache in parallel processes (each compiles, launches and checks its
     candidates once): {point: error or None}.
 
-    Each process holds a CUDA context and a candidate's arrays, so the processes are at most as
-    many as the GPU's free memory holds by `_processes_the_gpu_holds`'s estimate. That estimate
-    did not explain the searches that lost 47 (B4 H32 KV8 S4k, 64 candidates) and 115 (128
-    candidates) to out-of-memory errors with 16 processes on an 80 GB H100; the retry did: a
-    candidate that runs out of memory is warmed again here, alone, before it is recorded as
-    failed (the same search then lost none)."""
+    Each process holds a CUDA context and its check's arrays, so the processes are at most as
+    many as the GPU's free memory holds: the check of B4 H32 KV8 S4k D128 took 7.4 GB, and 16
+    processes on an 80 GB H100 lost 47 of 64 candidates, then 115 of 128, to out-of-memory
+    errors. A candidate that still runs out of memory is warmed again here, alone, before it is
+    recorded as failed."""
     import multiprocessing as mp
     ctx = mp.get_context("spawn")  # CUDA does not survive fork
     workers = min(jobs or usable_cpus(), len(points), _processes_the_gpu_holds(points[0]))
@@ -131,20 +130,19 @@ def _warm_verdict(err, exc) -> str | None:
     return None
 
 
-# What one warming process holds beside its arrays: a CUDA context, cuTile's and CuPy's
-# modules (about 0.6 GB on the H100), with room to spare.
+# What one warming process holds beside its check's arrays: a CUDA context, cuTile's and
+# CuPy's modules (about 0.6 GB on the H100), with room to spare.
 WARM_PROCESS_BYTES = 1 << 30
 
 
 def _processes_the_gpu_holds(point: Point) -> int:
     """How many warming processes the GPU's free memory holds: each a context and a check's
-    arrays (inputs, output and their float32 copies, bounded by 4x the inputs)."""
+    arrays (`check_bytes`)."""
     import cupy
+
+    from wavefront.measure.bench import check_bytes
     free, _ = cupy.cuda.runtime.memGetInfo()
-    elements = point.batch * point.seqlen * point.head_dim * (point.heads * 2
-                                                              + point.kv_heads_ * 2)
-    need = WARM_PROCESS_BYTES + 4 * elements * 2
-    return max(1, int(0.8 * free) // need)
+    return max(1, int(0.8 * free) // (WARM_PROCESS_BYTES + check_bytes(point)))
 
 
 def search(candidates: list[Point], gpu, gpu_name: str, dtype: str, *, rounds: int,
