@@ -55,7 +55,8 @@ def best(study) -> pd.DataFrame:
                         "schedule": lv["schedule"], "tiles": lv["tiles"],
                         "occupancy": lv["occupancy"], "worker warps": lv["worker_warps"],
                         "cluster": lv["cluster"], "K/V latency": lv["kv_latency"],
-                        "QK ahead": lv.get("qk_ahead", 0), "TFLOP/s": r["tflops"], "lo": r["tflops_ci95"][0],
+                        # None: a search from before the lever, which did not try it
+                        "QK ahead": lv.get("qk_ahead"), "TFLOP/s": r["tflops"], "lo": r["tflops_ci95"][0],
                         "hi": r["tflops_ci95"][1], "x cuDNN": r.get("x_cudnn"),
                         "x FA2": r.get("x_fa2")})
     return pd.DataFrame(out)
@@ -119,6 +120,7 @@ def section(study) -> Section:
     shown["TFLOP/s [95%]"] = [f"{t:.0f} [{lo:.0f}, {hi:.0f}]"
                               for t, lo, hi in zip(top["TFLOP/s"], top["lo"], top["hi"])]
     shown["worker warps"] = shown["worker warps"].map(lambda x: "auto" if pd.isna(x) else int(x))
+    shown["QK ahead"] = shown["QK ahead"].map(lambda x: "not searched" if pd.isna(x) else int(x))
     shown["x cuDNN"] = shown["x cuDNN"].map(lambda x: f"{x:.3f}")
     shown["x FA2"] = shown["x FA2"].map(lambda x: f"{x:.2f}")
     rec = lever_record(study)
