@@ -121,3 +121,22 @@ print("ok")
     assert res.returncode == 0 and "ok" in res.stdout, res.stderr[-2000:]
     log = (tmp_path / "tiled_fit" / "repairs.log").read_text()
     assert "-> v5" in log and "new_metric" in log  # the committed file is v3: both steps at once
+
+
+def test_bench_records_name_what_the_public_call_resolved_to():
+    from wavefront.measure.rounds import API_CONTENDER, RoundsResult, bench_records
+    from wavefront.point import Point
+
+    def result(name, ms):
+        return RoundsResult(name, ms, sorted(ms)[len(ms) // 2], (min(ms), max(ms)), 1.0,
+                            (1.0, 1.0), 0, len(ms))
+    bound = "persistent+linear [tiles=128x128]"
+    shape = Point(schedule="persistent+linear", seqlen=1024, head_dim=64, batch=1, heads=2)
+    rows = bench_records("GPU", shape, [
+        result(bound, [1.0] * 7), result(API_CONTENDER, [1.25] * 7),
+        result("cudnn", [1.1] * 7)], bound_reference=bound)
+    api = next(r for r in rows if r["contender"] == API_CONTENDER)
+    assert api["bound"] == bound
+    assert api["x_bound"] == pytest.approx(0.8)  # 1.0 ms bound / 1.25 ms call
+    assert api["x_cudnn"] == pytest.approx(1.1 / 1.25)
+    assert all("bound" not in r for r in rows if r["contender"] != API_CONTENDER)

@@ -280,6 +280,8 @@ def bench_records(gpu_name: str, shape, results: list[RoundsResult],
                     row[f"x_{peer}"] = by[peer].median_ms / r.median_ms
             references = ({"bound": bound_reference} if r.name == API_CONTENDER
                           else paired_references(r.name))
+            if r.name == API_CONTENDER and bound_reference is not None:
+                row["bound"] = bound_reference  # which configuration the call resolved to
             for key, ref in references.items():
                 if ref in by:
                     row[f"x_{key}"], *row[f"x_{key}_ci95"] = paired_speedup(by[ref], r)
