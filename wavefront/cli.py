@@ -776,11 +776,14 @@ def bench(points, levers, rounds, per_round, warmup, peers, tuned, api, out_dir,
 @click.option("--write/--no-write", default=False, show_default=True,
               help="Write each shape's fastest configuration into wavefront/kernel/tuned.json "
                    "(keyed by GPU, head dim, mask and this batch/heads/K/V heads/length).")
+@click.option("--only", "only", multiple=True, metavar="LEVER=V[,V]",
+              help="Hold a lever of the first stage to these of its searched values "
+                   "(repeatable; e.g. --only tiles=128x128): a search around known winners.")
 @click.option("--out", "out_dir", type=click.Path(file_okay=False), default=None,
               help="Write every candidate's row to <out>/tune.jsonl and the lever record to "
                    "<out>/levers.jsonl.")
 def tune(batch, heads, kv_heads, seqlen, head_dims, dtype, causal, rounds, per_round, jobs,
-         softmax_levers, write, out_dir):
+         softmax_levers, only, write, out_dir):
     """Search the kernel's levers on this GPU, per head dim and mask; keep the fastest.
 
     Candidates: every combination of tile shape, occupancy, worker warps, cluster, K/V latency
@@ -790,9 +793,19 @@ def tune(batch, heads, kv_heads, seqlen, head_dims, dtype, causal, rounds, per_r
     softmax levers are searched on the winner in rounds of their own. Prints what each lever
     did; with --write, the fastest per shape becomes `wavefront.attention`'s default here for
     this shape and those nearest to it."""
+    from wavefront.measure import tune as tuning
+    held = {}
+    for item in only:
+        name, sep, values = item.partition("=")
+        if not sep:
+            raise click.BadParameter(f"expected LEVER=V[,V], got {item!r}", param_hint="--only")
+        held[name.strip().replace("-", "_")] = values
+    try:
+        first_levers = tuning.restricted(held)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="--only") from None
     dev = _require_gpu()
     from wavefront.kernel.tuning import write_entry
-    from wavefront.measure import tune as tuning
     causals = (False, True) if causal is None else (causal,)
     try:
         shape_points = [Point(batch, heads, kv_heads, seqlen, d, dtype, c)
@@ -807,7 +820,7 @@ def tune(batch, heads, kv_heads, seqlen, head_dims, dtype, causal, rounds, per_r
                ("of_best", "of the best", ".3f"), ("best_label", "binary", "")]
     for shape in shape_points:
         what = f"D={shape.head_dim} {'causal' if shape.causal else 'non-causal'}"
-        stages = [("levers", tuning.lever_space(shape), tuning.LEVERS)]
+        stages = [("levers", tuning.lever_space(shape, first_levers), first_levers)]
         if softmax_levers:
             stages.append(("softmax", None, tuning.SOFTMAX_LEVERS))
         best = None
@@ -844,7 +857,8 @@ def tune(batch, heads, kv_heads, seqlen, head_dims, dtype, causal, rounds, per_r
             failed += 1
             continue
         if write:
-            entry = tuning.tuned_entry(best, (batch, heads, kv_heads or heads, seqlen), dtype)
+            entry = tuning.tuned_entry(best, (batch, heads, kv_heads or heads, seqlen), dtype,
+                                       held)
             key = write_entry(dev.name, shape.head_dim, shape.causal, entry)
             click.echo(f"{what}: wrote {dev.name} {key}", err=True)
     sink.close()

@@ -50,6 +50,25 @@ SOFTMAX_LEVERS = {lever.name: lever.searched for lever in KERNEL_LEVER_DECLARATI
 ALL_LEVERS = (*LEVERS, *SOFTMAX_LEVERS)
 
 
+def restricted(only: dict[str, str], levers: dict = LEVERS) -> dict:
+    """`levers` with some levers held to a subset of their searched values (`--only
+    tiles=128x128 --only qk_ahead=1`: a search around known winners, a fraction of the
+    candidates). Values are matched as text against the searched ones."""
+    out = dict(levers)
+    for name, text in only.items():
+        if name not in levers:
+            raise ValueError(f"no searched lever {name!r}; expected one of "
+                             f"{', '.join(levers)}")
+        by_text = {str(v).lower(): v for v in levers[name]}
+        wanted = [t.strip().lower() for t in text.split(",") if t.strip()]
+        unknown = [t for t in wanted if t not in by_text]
+        if not wanted or unknown:
+            raise ValueError(f"{name}: expected values among "
+                             f"{', '.join(map(str, levers[name]))}, got {text!r}")
+        out[name] = tuple(by_text[t] for t in wanted)
+    return out
+
+
 def lever_space(shape: Point, levers: dict = LEVERS) -> list[Point]:
     """Every combination of the lever values on `shape` (batch, heads, length, D, mask)."""
     names = list(levers)
@@ -235,9 +254,11 @@ def lever_records(gpu_name: str, shape: Point, stage: str, record: list[dict]) -
                                  **row}) for row in record]
 
 
-def tuned_entry(best: dict, dims: tuple[int, int, int, int], dtype: str) -> dict:
+def tuned_entry(best: dict, dims: tuple[int, int, int, int], dtype: str,
+                only: dict[str, str] | None = None) -> dict:
     """The tuned table's entry for a shape's winner (`wavefront tune --write`): its
-    configuration, speed, when, and the shape it was measured on."""
+    configuration, speed, when, the shape it was measured on and, for a search held to some
+    values (`--only`), which."""
     import datetime
 
     from wavefront.kernel.tuning import CONFIG_FIELDS, shape_text
@@ -246,4 +267,6 @@ def tuned_entry(best: dict, dims: tuple[int, int, int, int], dtype: str) -> dict
             "x_cudnn": round(best.get("x_cudnn", float("nan")), 3),
             "measured": datetime.datetime.now(datetime.timezone.utc).isoformat(
                 timespec="seconds"),
-            "shape": f"{shape_text(dims)} {dtype}"}
+            "shape": f"{shape_text(dims)} {dtype}",
+            **({"search held to": " ".join(f"{k}={v}" for k, v in sorted(only.items()))}
+               if only else {})}
