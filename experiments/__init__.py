@@ -7,6 +7,7 @@ DRAFT = (
     "bench_rounds",
     "schedule_cost",
     "lever_search",
+    "untuned_shapes",
     "headline",
     "ablation",
     "paper_launch",

@@ -1,0 +1,219 @@
+"""Does the tuned table carry over to shapes nobody tuned? The public call against cuDNN there.
+
+`wavefront.attention` called with no configuration takes the tuned entry (GPU, head dim,
+mask) whose shape is nearest to the call's (`wavefront.kernel.tuning.shape_distance`). The
+shapes here are held out: none is a tuned shape, so what they show is what a user who hands
+the call a shape of their own gets. Each shape's contenders ran in the same interleaved rounds
+(`wavefront bench --tuned --api`): the plain default (persistent+linear, default tiles, no
+lever: what an untuned call ran before the table), the bound launcher of the configuration
+the call resolved to, the public call itself on torch tensors, cuDNN and FA2 through torch
+SDPA. Ratios are paired by round, with 95% intervals.
+
+    wavefront experiment run untuned_shapes     # GPU: the bench runs below, into data/untuned_shapes
+    python experiments/untuned_shapes.py plot --out DIR
+"""
+import pandas as pd
+
+from wavefront.kernel.tuning import entry_key, tuned_entry
+from wavefront.report import figures
+from wavefront.report.draft import Section, md_table, wrap
+from wavefront.report.experiments import run_as_script
+from wavefront.report.figures import short_gpu
+from wavefront.results.measurement import paired_ratio
+from wavefront.results.records import BENCH_RECORDS, by_shape
+
+DATASETS = ()
+RECORDS = ("untuned_shapes",)
+
+_CALL = ["--schedule", "persistent+linear", "--tuned", "--api"]
+BENCH = [
+    _CALL + ["--head-dim", "128", "--batch", "4", "--heads", "16", "--seqlen", "4096"],
+    _CALL + ["--head-dim", "128", "--batch", "1", "--heads", "16", "--seqlen", "2048,16384"],
+    _CALL + ["--head-dim", "128", "--batch", "2", "--heads", "32", "--kv-heads", "4",
+             "--seqlen", "8192"],
+    _CALL + ["--head-dim", "64", "--batch", "1", "--heads", "32", "--seqlen", "4096,16384"],
+    _CALL + ["--head-dim", "64", "--batch", "4", "--heads", "8", "--seqlen", "8192"],
+]
+DEFAULT = "persistent+linear"  # the bench's plain point: default tiles, no lever
+API = "api"
+
+
+def _tuple(shape: dict) -> tuple[int, int, int, int]:
+    return (shape["batch"], shape["heads"], shape["kv_heads"] or shape["heads"], shape["seqlen"])
+
+
+def rows(study) -> pd.DataFrame:
+    """Per GPU, shape and contender (the plain default, the resolved configuration's bound
+    launcher, the public call): speed against cuDNN and FA2 paired by round, and the call
+    against its bound launcher."""
+    out = []
+    for records in study.records(BENCH_RECORDS, "untuned_shapes").values():
+        for (gpu, shape), by in by_shape(records, per_gpu=True).items():
+            api = by.get(API)
+            if api is None or "cudnn" not in by:
+                continue
+            bound = api.get("bound")
+            first = api["shape"]
+            for role, name in (("plain default", DEFAULT), ("resolved, bound", bound),
+                               ("public call", API)):
+                r = by.get(name)
+                if r is None:
+                    continue
+                row = {"GPU": short_gpu(gpu), "gpu_name": gpu, "shape": shape, "D": first["head_dim"],
+                       "causal": first["causal"], "problem": _tuple(first),
+                       "contender": role, "configuration": bound, "TFLOP/s": r["tflops"], "ms": r["median_ms"],
+                       "throttled": r["throttled_rounds"], "rounds": r["rounds"]}
+                for peer in ("cudnn", "fa2"):
+                    if peer in by:
+                        row[f"x {peer}"], row[f"x {peer} lo"], row[f"x {peer} hi"] = \
+                            paired_ratio(by[peer]["samples_ms"], r["samples_ms"])
+                if role == "public call":
+                    row["x bound"], row["x bound lo"], row["x bound hi"] = (
+                        r["x_bound"], *r["x_bound_ci95"])
+                out.append(row)
+    return pd.DataFrame(out)
+
+
+def held_out(d: pd.DataFrame) -> pd.Series:
+    """Whether each row's shape is absent from today's tuned table: held out only while
+    nobody tunes it (an entry of that exact shape would be its own nearest)."""
+    def absent(r) -> bool:
+        found = tuned_entry(r["gpu_name"], int(r["D"]), bool(r["causal"]), r["problem"])
+        return found is None or found[0] != entry_key(int(r["D"]), bool(r["causal"]),
+                                                      r["problem"])
+    return d.apply(absent, axis=1)
+
+
+def figure(study):
+    return figures.untuned_shapes(rows(study))
+
+
+def table(study) -> pd.DataFrame:
+    d = rows(study)
+    fmt = lambda m, lo, hi: f"{m:.3f} [{lo:.3f}, {hi:.3f}]"  # noqa: E731
+    out = []
+    for (gpu, shape), sub in d.groupby(["GPU", "shape"], sort=False):
+        by = sub.set_index("contender")
+        call = by.loc["public call"]
+        row = {"GPU": gpu, "shape": shape, "configuration the call resolved to":
+               call["configuration"].replace("persistent+linear ", "persistent ")
+               .replace("grouped_dynamic+linear ", "grouped_dynamic ")}
+        for role in ("plain default", "public call"):
+            if role in by.index:
+                r = by.loc[role]
+                row[f"{role} x cuDNN [95%]"] = fmt(r["x cudnn"], r["x cudnn lo"],
+                                                   r["x cudnn hi"])
+        row["call x FA2"] = f"{call['x fa2']:.2f}"
+        row["call vs bound [95%]"] = fmt(call["x bound"], call["x bound lo"],
+                                         call["x bound hi"])
+        row["throttled rounds"] = f"{int(call['throttled'])}/{int(call['rounds'])}"
+        out.append(row)
+    return pd.DataFrame(out)
+
+
+def other_gpus_configuration(study) -> pd.DataFrame:
+    """The H200 bench of the H100's D=128 configuration against the H200's own tuned entries
+    (h200_h100_config): per mask, the H100 configuration's speed against the H200 entry's,
+    paired by round, and each against cuDNN."""
+    runs = study.records(BENCH_RECORDS, "untuned_shapes")
+    out = []
+    for shape, by in by_shape(runs.get("h200_h100_config", [])).items():
+        own = next(n for n in by if "qk_ahead=0" in n)  # the H200 entry (no qk_ahead)
+        causal = by[own]["shape"]["causal"]
+        carried = "grouped_dynamic+linear" if causal else "persistent+linear"
+        ratio, lo, hi = paired_ratio(by[own]["samples_ms"], by[carried]["samples_ms"])
+        out.append({"GPU": short_gpu(by[own]["gpu"]), "shape": shape,
+                    "H200 entry": own, "H100 configuration": carried,
+                    "H100 configuration vs H200 entry": ratio, "lo": lo, "hi": hi,
+                    "H200 entry x cuDNN": by[own]["x_cudnn"],
+                    "H100 configuration x cuDNN": by[carried]["x_cudnn"]})
+    return pd.DataFrame(out)
+
+
+def section(study) -> Section:
+    s = Section()
+    d = rows(study)
+    call = d[d["contender"] == "public call"].set_index(["GPU", "shape"])
+    plain = d[d["contender"] == "plain default"].set_index(["GPU", "shape"])["x cudnn"]
+    gain = (call["x cudnn"] / plain).dropna()
+    held = held_out(call.reset_index())
+    s.claim(f"All {len(call)} shape-masks of this section are held out: none is a shape of the "
+            "tuned table the call read.", len(call) > 0 and bool(held.all()),
+            dict(zip(call.index.map(" ".join), held)), listed=False)
+    per_gpu = []
+    for gpu, sub in call.groupby(level="GPU"):
+        long = sub[~sub.index.get_level_values("shape").str.contains("S2k")]
+        per_gpu.append(f"{gpu} {sub['x cudnn'].min():.2f}-{sub['x cudnn'].max():.2f}x "
+                       f"({int((sub['x cudnn'] >= 1.0).sum())} of {len(sub)} at or above "
+                       f"1.0x; {long['x cudnn'].min():.2f}-{long['x cudnn'].max():.2f}x without "
+                       "the S=2k shape, where cuDNN is slow)")
+    s.claim("On shapes nobody tuned the public call ran at " + "; ".join(per_gpu)
+            + " cuDNN, medians of paired rounds.", len(call) >= 10 and bool(held.all()),
+            dict(zip(call.index.map(" ".join), call["x cudnn"].round(3))))
+    s.claim(f"The configuration the table carries over beats the plain default on "
+            f"{int((gain > 1).sum())} of {len(gain)} held-out shape-masks "
+            f"({gain.min():.2f}-{gain.max():.2f}x; the losses are at S=2k, where the call "
+            "costs more host time than the launch).",
+            len(gain) == len(call) and bool((gain[gain <= 1].index.get_level_values("shape")
+                                              .str.contains("S2k")).all()),
+            dict(zip(gain.index.map(" ".join), gain.round(3))))
+    long = call[~call.index.get_level_values("shape").str.contains("S2k")]
+    misses = long[long["x cudnn"] < 1.0]
+    for gpu, sub in misses.groupby(level="GPU"):
+        listed = ", ".join(f"{shape} {x:.2f}x" for shape, x in
+                           zip(sub.index.get_level_values("shape"), sub["x cudnn"]))
+        d128_full = sub["D"].eq(128) & ~sub["causal"].astype(bool)
+        s.claim(f"Below cuDNN on the {gpu} (S >= 4k): {listed}; "
+                f"{int(d128_full.sum())} of the {len(sub)} are D=128 non-causal, the gap the "
+                "tuned shapes show too.", bool((sub["x cudnn"] < 1.0).all()),
+                sub["x cudnn"].round(3).tolist())
+    s2k = call[call.index.get_level_values("shape").str.contains("S2k")]
+    s2k_bound = d[(d["contender"] == "resolved, bound") & d["shape"].str.contains("S2k")]
+    s.claim(f"At S=2k (B1 H16) the call runs at {s2k['x bound'].min():.2f}-"
+            f"{s2k['x bound'].max():.2f}x its own bound launcher: the launch "
+            f"({1e3 * s2k_bound['ms'].min():.0f}-{1e3 * s2k_bound['ms'].max():.0f} us) is "
+            "about as short as the call's host work; cuDNN through SDPA is slower still there.",
+            len(s2k) > 0 and bool((s2k["x bound"] < 0.9).all()), s2k["x bound"].tolist())
+    cross = other_gpus_configuration(study)
+    cross_text = ""
+    if len(cross):
+        s.claim(f"The H200's tuned entries predate `qk_ahead`: on the H200 the H100's D=128 "
+                f"configuration ran {cross['H100 configuration vs H200 entry'].min():.3f}-"
+                f"{cross['H100 configuration vs H200 entry'].max():.3f}x the H200's own "
+                f"entries at B1 H32 S8k (same rounds), {cross['H100 configuration x cuDNN'].min():.2f}-"
+                f"{cross['H100 configuration x cuDNN'].max():.2f}x cuDNN: the H200 table "
+                "needs a search with the lever.",
+                bool((cross["lo"] > 1.0).all()), cross.to_dict("records"))
+        shown = cross.copy()
+        shown["H100 configuration vs H200 entry [95%]"] = [
+            f"{r:.3f} [{lo:.3f}, {hi:.3f}]" for r, lo, hi in zip(cross["H100 configuration vs H200 entry"],
+                                                             cross["lo"], cross["hi"])]
+        for c in ("H200 entry x cuDNN", "H100 configuration x cuDNN"):
+            shown[c] = shown[c].map(lambda x: f"{x:.3f}")
+        cross_text = ("The H200 rows resolve to the H200's entries, searched before `qk_ahead` "
+                      "existed. The H100's D=128 configuration on the H200, same rounds:\n\n"
+                      + md_table(shown.drop(columns=["H100 configuration vs H200 entry", "lo",
+                                                     "hi"])))
+    gpus = ", ".join(sorted(set(d["GPU"])))
+    intro = wrap(
+        "A tuned table is only as good as what it does for shapes nobody tuned. "
+        "`experiments/untuned_shapes.py` hands the public call shapes absent from "
+        "`wavefront/kernel/tuned.json` (checked against today's table when the draft is "
+        "built) and times it as a user calls it, beside the configuration it resolved to "
+        "(bound), the plain default and the peers, in the same interleaved rounds "
+        f"({gpus}, bf16, 15 rounds x 5 launches; ratios paired by round, 95% intervals; "
+        "the H100's table has entries at four shapes, the H200's at B1 H32 S8k only):")
+    s.text = f"""## Shapes nobody tuned
+
+{intro}
+
+{md_table(table(study))}
+
+![untuned shapes](figures/untuned_shapes.png)
+
+{cross_text}"""
+    return s
+
+
+if __name__ == "__main__":  # the same as `wavefront experiment ACTION NAME`
+    run_as_script(__file__)
