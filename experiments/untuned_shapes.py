@@ -9,7 +9,8 @@ lever: what an untuned call ran before the table), the bound launcher of the con
 the call resolved to, the public call itself on torch tensors, cuDNN and FA2 through torch
 SDPA. Ratios are paired by round, with 95% intervals.
 
-    wavefront experiment run untuned_shapes     # GPU: the bench runs below, into data/untuned_shapes
+    wavefront experiment run untuned_shapes     # GPU: the runs below, into data/untuned_shapes
+    mv data/untuned_shapes/bench.jsonl data/untuned_shapes/h100.jsonl   # replace that GPU's rounds
     python experiments/untuned_shapes.py plot --out DIR
 """
 import pandas as pd
@@ -47,11 +48,16 @@ def rows(study) -> pd.DataFrame:
     launcher, the public call): speed against cuDNN and FA2 paired by round, and the call
     against its bound launcher."""
     out = []
-    for records in study.records(BENCH_RECORDS, "untuned_shapes").values():
+    seen: dict = {}
+    for run, records in study.records(BENCH_RECORDS, "untuned_shapes").items():
         for (gpu, shape), by in by_shape(records, per_gpu=True).items():
             api = by.get(API)
             if api is None or "cudnn" not in by:
                 continue
+            if (gpu, shape) in seen:  # two runs of one shape would be mixed in every ratio
+                raise ValueError(f"data/untuned_shapes: {gpu} {shape} is in both "
+                                 f"{seen[gpu, shape]} and {run}; keep one run per GPU")
+            seen[gpu, shape] = run
             bound = api.get("bound")
             first = api["shape"]
             for role, name in (("plain default", DEFAULT), ("resolved, bound", bound),
@@ -59,9 +65,10 @@ def rows(study) -> pd.DataFrame:
                 r = by.get(name)
                 if r is None:
                     continue
-                row = {"GPU": short_gpu(gpu), "gpu_name": gpu, "shape": shape, "D": first["head_dim"],
-                       "causal": first["causal"], "problem": _tuple(first),
-                       "contender": role, "configuration": bound, "TFLOP/s": r["tflops"], "ms": r["median_ms"],
+                row = {"GPU": short_gpu(gpu), "gpu_name": gpu, "shape": shape,
+                       "D": first["head_dim"], "causal": first["causal"],
+                       "problem": _tuple(first), "contender": role, "configuration": bound,
+                       "TFLOP/s": r["tflops"], "ms": r["median_ms"],
                        "throttled": r["throttled_rounds"], "rounds": r["rounds"]}
                 for peer in ("cudnn", "fa2"):
                     if peer in by:
@@ -177,17 +184,17 @@ def section(study) -> Section:
     cross = other_gpus_configuration(study)
     cross_text = ""
     if len(cross):
+        carried, carried_x = (cross["H100 configuration vs H200 entry"],
+                              cross["H100 configuration x cuDNN"])
         s.claim(f"The H200's tuned entries predate `qk_ahead`: on the H200 the H100's D=128 "
-                f"configuration ran {cross['H100 configuration vs H200 entry'].min():.3f}-"
-                f"{cross['H100 configuration vs H200 entry'].max():.3f}x the H200's own "
-                f"entries at B1 H32 S8k (same rounds), {cross['H100 configuration x cuDNN'].min():.2f}-"
-                f"{cross['H100 configuration x cuDNN'].max():.2f}x cuDNN: the H200 table "
-                "needs a search with the lever.",
+                f"configuration ran {carried.min():.3f}-{carried.max():.3f}x the H200's own "
+                f"entries at B1 H32 S8k (same rounds), {carried_x.min():.2f}-"
+                f"{carried_x.max():.2f}x cuDNN: the H200 table needs a search with the lever.",
                 bool((cross["lo"] > 1.0).all()), cross.to_dict("records"))
         shown = cross.copy()
         shown["H100 configuration vs H200 entry [95%]"] = [
-            f"{r:.3f} [{lo:.3f}, {hi:.3f}]" for r, lo, hi in zip(cross["H100 configuration vs H200 entry"],
-                                                             cross["lo"], cross["hi"])]
+            f"{r:.3f} [{lo:.3f}, {hi:.3f}]" for r, lo, hi in zip(carried, cross["lo"],
+                                                             cross["hi"])]
         for c in ("H200 entry x cuDNN", "H100 configuration x cuDNN"):
             shown[c] = shown[c].map(lambda x: f"{x:.3f}")
         cross_text = ("The H200 rows resolve to the H200's entries, searched before `qk_ahead` "
