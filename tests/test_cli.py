@@ -232,7 +232,7 @@ def test_tune_lever_space_and_record():
 
 def test_tune_only_holds_levers_to_some_of_their_values():
     from wavefront.measure.tune import LEVERS, lever_space, restricted, tuned_entry
-    held = restricted({"tiles": "128x128", "worker_warps": "8", "qk_ahead": "0,1"})
+    held = restricted(["tiles=128x128", "worker-warps=8", "qk_ahead=0,1"])
     assert held["tiles"] == ("128x128",) and held["worker_warps"] == (8,)
     assert held["qk_ahead"] == LEVERS["qk_ahead"] and held["occupancy"] == LEVERS["occupancy"]
     space = lever_space(Point(head_dim=128), held)
@@ -240,11 +240,12 @@ def test_tune_only_holds_levers_to_some_of_their_values():
     assert {p.tiles for p in space} == {"128x128"} and {p.worker_warps for p in space} == {8}
     entry = tuned_entry({"levers": {k: getattr(space[0], k) for k in (*LEVERS, "exp2_poly",
                                                                        "rescale_threshold")},
-                         "tflops": 1.0}, (1, 32, 32, 8192), "bfloat16", {"tiles": "128x128"})
+                         "tflops": 1.0}, (1, 32, 32, 8192), "bfloat16",
+                        restricted(["tiles=128x128"]))
     assert entry["search held to"] == "tiles=128x128"
-    for only, message in (({"tile": "128x128"}, "no searched lever 'tile'"),
-                          ({"tiles": "64x64"}, "tiles: expected values among 128x64, 128x128"),
-                          ({"occupancy": ""}, "occupancy: expected values")):
+    for only, message in ((["tile=128x128"], "no searched lever 'tile'"),
+                          (["tiles=64x64"], "tiles: expected values among 128x64, 128x128"),
+                          (["occupancy="], "occupancy: expected values")):
         with pytest.raises(ValueError, match=message):
             restricted(only)
     # refused before any GPU is looked for

@@ -794,14 +794,8 @@ def tune(batch, heads, kv_heads, seqlen, head_dims, dtype, causal, rounds, per_r
     did; with --write, the fastest per shape becomes `wavefront.attention`'s default here for
     this shape and those nearest to it."""
     from wavefront.measure import tune as tuning
-    held = {}
-    for item in only:
-        name, sep, values = item.partition("=")
-        if not sep:
-            raise click.BadParameter(f"expected LEVER=V[,V], got {item!r}", param_hint="--only")
-        held[name.strip().replace("-", "_")] = values
     try:
-        first_levers = tuning.restricted(held)
+        first_levers = tuning.restricted(only)
     except ValueError as exc:
         raise click.BadParameter(str(exc), param_hint="--only") from None
     dev = _require_gpu()
@@ -858,7 +852,7 @@ def tune(batch, heads, kv_heads, seqlen, head_dims, dtype, causal, rounds, per_r
             continue
         if write:
             entry = tuning.tuned_entry(best, (batch, heads, kv_heads or heads, seqlen), dtype,
-                                       held)
+                                       first_levers)
             key = write_entry(dev.name, shape.head_dim, shape.causal, entry)
             click.echo(f"{what}: wrote {dev.name} {key}", err=True)
     sink.close()

@@ -50,12 +50,17 @@ SOFTMAX_LEVERS = {lever.name: lever.searched for lever in KERNEL_LEVER_DECLARATI
 ALL_LEVERS = (*LEVERS, *SOFTMAX_LEVERS)
 
 
-def restricted(only: dict[str, str], levers: dict = LEVERS) -> dict:
-    """`levers` with some levers held to a subset of their searched values (`--only
-    tiles=128x128 --only qk_ahead=1`: a search around known winners, a fraction of the
-    candidates). Values are matched as text against the searched ones."""
+def restricted(only, levers: dict = LEVERS) -> dict:
+    """`levers` with some levers held to a subset of their searched values. `only`: texts
+    "LEVER=V[,V]" (`tune --only tiles=128x128 --only qk_ahead=1`: a search around known
+    winners, a fraction of the candidates); values are matched as text against the searched
+    ones."""
     out = dict(levers)
-    for name, text in only.items():
+    for item in only:
+        name, sep, text = item.partition("=")
+        name = name.strip().replace("-", "_")
+        if not sep:
+            raise ValueError(f"expected LEVER=V[,V], got {item!r}")
         if name not in levers:
             raise ValueError(f"no searched lever {name!r}; expected one of "
                              f"{', '.join(levers)}")
@@ -67,6 +72,13 @@ def restricted(only: dict[str, str], levers: dict = LEVERS) -> dict:
                              f"{', '.join(map(str, levers[name]))}, got {text!r}")
         out[name] = tuple(by_text[t] for t in wanted)
     return out
+
+
+def held_to(levers: dict) -> str:
+    """What a `restricted` search held its levers to ("tiles=128x128 worker_warps=8"), "" for
+    the whole space."""
+    return " ".join(f"{name}={','.join(map(str, values))}"
+                    for name, values in levers.items() if tuple(values) != LEVERS[name])
 
 
 def lever_space(shape: Point, levers: dict = LEVERS) -> list[Point]:
@@ -255,18 +267,18 @@ def lever_records(gpu_name: str, shape: Point, stage: str, record: list[dict]) -
 
 
 def tuned_entry(best: dict, dims: tuple[int, int, int, int], dtype: str,
-                only: dict[str, str] | None = None) -> dict:
+                searched: dict = LEVERS) -> dict:
     """The tuned table's entry for a shape's winner (`wavefront tune --write`): its
     configuration, speed, when, the shape it was measured on and, for a search held to some
-    values (`--only`), which."""
+    values (`searched`, from `restricted`), which."""
     import datetime
 
     from wavefront.kernel.tuning import CONFIG_FIELDS, shape_text
+    held = held_to(searched)
     return {**{k: best["levers"][k] for k in CONFIG_FIELDS},
             "tflops": round(best["tflops"], 1),
             "x_cudnn": round(best.get("x_cudnn", float("nan")), 3),
             "measured": datetime.datetime.now(datetime.timezone.utc).isoformat(
                 timespec="seconds"),
             "shape": f"{shape_text(dims)} {dtype}",
-            **({"search held to": " ".join(f"{k}={v}" for k, v in sorted(only.items()))}
-               if only else {})}
+            **({"search held to": held} if held else {})}

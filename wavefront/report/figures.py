@@ -39,11 +39,14 @@ def seqlen_axis(ax, seqlens) -> None:
     ax.xaxis.set_major_formatter(FuncFormatter(lambda x, _: f"{x / 1024:g}k"))
 
 
-def plain_log_y(ax) -> None:
-    from matplotlib.ticker import FuncFormatter, LogLocator
-    ax.yaxis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
-    ax.yaxis.set_major_formatter(FuncFormatter(lambda y, _: f"{y:g}"))
-    ax.yaxis.set_minor_formatter(FuncFormatter(lambda y, _: ""))
+def plain_log(axis, ticks=None) -> None:
+    """A log-scale axis (`ax.xaxis` or `ax.yaxis`) labelled in plain numbers: ticks at 1, 2, 5
+    per decade, or at `ticks`."""
+    from matplotlib.ticker import FixedLocator, FuncFormatter, LogLocator
+    axis.set_major_locator(FixedLocator(ticks) if ticks is not None
+                           else LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
+    axis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+    axis.set_minor_formatter(FuncFormatter(lambda v, _: ""))
 
 
 def short_gpu(name: str) -> str:
@@ -118,7 +121,7 @@ def misses_vs_seqlen(df: pd.DataFrame, predicted: pd.DataFrame | None = None,
     g.set(xscale="log", yscale="log")
     for ax in g.axes.flat:
         seqlen_axis(ax, d["seqlen"])
-        plain_log_y(ax)
+        plain_log(ax.yaxis)
     g.set_axis_labels("sequence length S (tokens)", "DRAM read bytes / compulsory")
     reps = d.groupby(["GPU", "point"]).size()
     n = f"{reps.min()}" if reps.min() == reps.max() else f"{reps.min()}-{reps.max()}"
@@ -444,9 +447,7 @@ def untuned_shapes(d: pd.DataFrame):
                             fmt="o", ms=4, capsize=2, color=colors[role], label=role)
             ax.axvline(1.0, color="k", ls="--", lw=1)
             ax.set_xscale("log")
-            ax.xaxis.set_major_formatter(plt.FuncFormatter(lambda x, _: f"{x:g}"))
-            ax.xaxis.set_minor_formatter(plt.FuncFormatter(lambda x, _: ""))
-            ax.set_xticks([0.6, 0.8, 1.0, 1.5, 2.0, 3.0])
+            plain_log(ax.xaxis, ticks=[0.6, 0.8, 1.0, 1.5, 2.0, 3.0])
             ax.set_yticks(range(len(shapes)))
             ax.set_yticklabels(shapes, fontsize=8)
             ax.set_title(gpu, fontsize=9)
