@@ -13,6 +13,7 @@ import torch
 
 import wavefront
 from wavefront.kernel import launcher as L
+from wavefront.point import LEVERS
 
 
 def per_call_us(fn, n=200, batches=9):
@@ -29,7 +30,8 @@ def per_call_us(fn, n=200, batches=9):
 q = torch.randn(1, 8, 1024, 64, device="cuda", dtype=torch.bfloat16)
 k, v = torch.randn_like(q), torch.randn_like(q)
 wavefront.attention(q, k, v)
-key = L._call_key(q, k, v, (False, None, None, None, None, False, None, None, None))
+# the options tuple the public call keys on: its 9 options, then every lever unset
+OPTIONS = (False, None, None, None, None, False, None, None, None) + (None,) * len(LEVERS)
 launcher = next(iter(L._launchers.values()))
 out = torch.empty_like(q)
 stream = torch.cuda.current_stream()
@@ -38,9 +40,12 @@ cstream = cupy.cuda.get_current_stream()
 rows = {
     "wavefront.attention (public call)": lambda: wavefront.attention(q, k, v),
     "kernel.launcher.attention": lambda: L.attention(q, k, v),
-    "_call_key": lambda: L._call_key(q, k, v, (False, None, None, None, None, False, None,
-                                                None, None)),
+    "_call_key": lambda: L._call_key(q, k, v, OPTIONS),
+    "_call_key + cache read": lambda: L._launchers.get(L._call_key(q, k, v, OPTIONS)),
     "torch.empty": lambda: torch.empty(q.shape, dtype=q.dtype, device=q.device),
+    "q.new_empty(tuple)": lambda: q.new_empty(launcher.view.shape),
+    "torch.empty_like(q)": lambda: torch.empty_like(q),
+    "launcher.current_stream()": launcher.current_stream,
     "torch.cuda.current_stream(device)": lambda: torch.cuda.current_stream(q.device),
     "bound launcher, torch arrays": lambda: launcher(q, k, v, out, stream),
     "bound launcher, cupy arrays": lambda: launcher(cq, ck, cv, cout, cstream),
@@ -115,13 +120,9 @@ class _Described:
 
 
 def own_buffers_as(bound, wrap):
-    """A copy of `bound`'s argument list with every array other than q, k, v, out, lse
-    wrapped."""
-    args = list(bound._args)
-    for i, value in enumerate(args):
-        if i not in bound._slots and hasattr(value, "__cuda_array_interface__"):
-            args[i] = wrap(value)
-    return args
+    """`bound`'s own arguments (those after q, k, v, out, lse), every array wrapped."""
+    return tuple(wrap(value) if hasattr(value, "__cuda_array_interface__") else value
+                 for value in bound._bound_args)
 
 
 launcher_cupy_built, _ = L.launcher_for(cq, ck, cv)
@@ -136,11 +137,9 @@ variants = {
 import cuda.tile as ct  # noqa: E402
 
 for name, (bound, per_call) in variants.items():
-    for label, args in (("", list(bound._args)),
-                        (" (own wrapped)", own_buffers_as(bound, _Described))):
-        for slot, array in zip(bound._slots, per_call):
-            args[slot] = array
-        frozen = tuple(args)
+    for label, own in (("", bound._bound_args),
+                       (" (own wrapped)", own_buffers_as(bound, _Described))):
+        frozen = tuple(per_call) + own
         fn = lambda: ct.launch(raw, bound.grid, bound.kernel, frozen)  # noqa: E731
         fn()
         print(f"{'ct.launch, ' + name + label:58s} {per_call_us(fn):7.1f} us")

@@ -75,3 +75,28 @@ def test_transformers_hook_refuses_masks_and_dropout():
         wft.hf_attention_forward(object(), q, q, q, torch.ones(1, 1, 16, 16, dtype=bool))
     with pytest.raises(ValueError, match="^dropout must be 0"):
         wft.hf_attention_forward(object(), q, q, q, None, dropout=0.1)
+
+
+def test_the_launcher_cache_key_separates_what_a_launch_depends_on():
+    """The public call's cache key (computed on CPU tensors: the key reads metadata only):
+    equal for a new tensor of the same shape, strides, dtype and device, different wherever a
+    launch would differ, including an option given as 1 rather than True."""
+    from wavefront.kernel.launcher import _call_key
+    options = (False, None, None, None, None, False, None, None, None)
+    q = torch.randn(1, 8, 64, 64, dtype=torch.bfloat16)
+    k = torch.randn(1, 2, 64, 64, dtype=torch.bfloat16)
+    key = _call_key(q, k, k, options)
+    assert _call_key(q.clone(), k.clone(), k.clone(), options) == key
+    hash(key)
+    others = [
+        _call_key(q, k, k, (True,) + options[1:]),
+        _call_key(q, k, k, (1,) + options[1:]),
+        _call_key(q.half(), k.half(), k.half(), options),
+        _call_key(q[:, :, :32], k, k, options),
+        _call_key(q.transpose(1, 2).contiguous().transpose(1, 2), k, k, options),
+        _call_key(q, k[:, :1], k[:, :1], options),
+        _call_key(q, k, k.half(), options),
+    ]
+    assert key not in others and len(set(others)) == len(others)
+    # a tensor subclass or a foreign array is not keyed (converted and checked every call)
+    assert _call_key(torch.nn.Parameter(q), k, k, options) is None

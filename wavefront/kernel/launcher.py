@@ -32,6 +32,12 @@ from wavefront.point import (DTYPES, HEAD_DIMS, KERNEL_LEVERS, check_levers, lev
                              plan_varlen)
 from wavefront.schedules import WORK_COLUMNS, Launch
 
+# The kernel's parameters that change from call to call lead its parameter list, so a launch
+# is the per-call arrays followed by the launcher's bound arguments.
+PER_CALL_PARAMS = ("Q", "K", "V", "Out", "Lse")
+assert tuple(prm.name for prm in ATTENTION_PARAMS[:len(PER_CALL_PARAMS)]) == PER_CALL_PARAMS
+
+
 @dataclass(frozen=True)
 class _ArrayView:
     """What validation needs to know about an array, whatever library holds it."""
@@ -222,28 +228,25 @@ class AttentionLauncher:
         # A cluster launch needs a whole number of clusters; a spare CTA finds no item.
         self.grid = (-(-launch.num_ctas // cluster) * cluster, 1, 1)
         self.combine_grid = (-(-p.seqlen_q // COMBINE_TILE_M), p.batch * p.heads, 1)
-        # The argument tuple, bound by name once; a launch fills in the per-call arrays.
+        # The argument tuple, bound by name once, less the per-call arrays that lead it: a
+        # launch prepends them (one tuple concatenation, not a list filled slot by slot).
         part_o, part_m, part_l = partial_args
-        per_call = ("Q", "K", "V", "Out", "Lse")
-        self._args = list(launch_args(ATTENTION_PARAMS, {
-            **dict.fromkeys(per_call), "PartO": part_o, "PartM": part_m, "PartL": part_l,
-            "Work": _described(self._table, "int32", (items, WORK_COLUMNS)),
+        self._bound_args = launch_args(ATTENTION_PARAMS, {
+            **dict.fromkeys(PER_CALL_PARAMS), "PartO": part_o, "PartM": part_m,
+            "PartL": part_l, "Work": _described(self._table, "int32", (items, WORK_COLUMNS)),
             "NextItem": _described(self._table, "int32", (2,), items * WORK_COLUMNS * 4),
             "Order": order,
-            **self.scalars, **self.variant.constants}))
-        names = [prm.name for prm in ATTENTION_PARAMS]
-        self._slots = tuple(names.index(n) for n in per_call)
+            **self.scalars, **self.variant.constants})[len(PER_CALL_PARAMS):]
+        self.current_stream = _stream_getter(q_view.library, q_view.device)
 
     def __call__(self, q, k, v, out, stream, lse=None):
         """Launch on `stream`; `lse`: where to write the LSE (default: the launcher's own
         buffer, which the next launch overwrites)."""
-        lse = self._lse_argument if lse is None else lse
+        if lse is None:
+            lse = self._lse_argument
         if self._table_built is not None:
             self._wait_for_table(stream)
-        args = self._args.copy()
-        for slot, array in zip(self._slots, (q, k, v, out, lse)):
-            args[slot] = array
-        ct.launch(stream, self.grid, self.kernel, tuple(args))
+        ct.launch(stream, self.grid, self.kernel, (q, k, v, out, lse) + self._bound_args)
         if self.tiled:
             part_o, part_m, part_l = self.partials
             p = self.launch.problem
@@ -372,10 +375,17 @@ def _array_key(x):
 
 
 def _call_key(q, k, v, options: tuple):
+    # The options' types too: True == 1 == 1.0 hash alike, and must not share a launcher.
+    kind = type(q)
+    if kind.__module__ == "torch" and type(k) is kind and type(v) is kind:
+        # Three torch tensors, the common call: one flat tuple, no helper calls (the key is a
+        # tenth of a short launch's host time, on the H100 hosts' CPUs).
+        return (q.shape, q.stride(), q.dtype, q.get_device(), k.shape, k.stride(), k.dtype,
+                k.get_device(), v.shape, v.stride(), v.dtype, v.get_device(), options,
+                tuple(map(type, options)))
     keys = (_array_key(q), _array_key(k), _array_key(v))
     if None in keys:
         return None
-    # The options' types too: True == 1 == 1.0 hash alike, and must not share a launcher.
     return (keys, options, tuple(map(type, options)))
 
 
@@ -414,7 +424,11 @@ def attention_positional(q, k, v, causal, schedule, tiles, occupancy, scale, ret
     which is what a short launch costs."""
     options = (causal, schedule, tiles, occupancy, scale, return_lse, l2_bytes, ctas,
                chunk_tiles, *levers)
-    key, launcher = _cached(_call_key(q, k, v, options))
+    key = _call_key(q, k, v, options)
+    try:  # `_cached`, inlined: a function call is a microsecond on the hot path
+        launcher = _launchers.get(key)
+    except TypeError:
+        key = launcher = None
     if launcher is None:
         levers = dict(zip(KERNEL_LEVERS, levers))
 
@@ -436,7 +450,7 @@ def attention_positional(q, k, v, causal, schedule, tiles, occupancy, scale, ret
     else:
         out = _output(view, out)
     if stream is None:
-        stream = _current_stream_handle(view.library, view.device)
+        stream = launcher.current_stream()
     lse = _empty(view, view.shape[:3], "float32") if launcher.return_lse else None
     return launcher(q, k, v, out, stream, lse)
 
@@ -647,11 +661,17 @@ def current_stream(library, device=None):
 def _current_stream_handle(library, device: int) -> int:
     """The raw handle of the caller's current stream: what `ct.launch` needs, without building
     a stream object (torch's costs microseconds per call)."""
+    return _stream_getter(library, device)()
+
+
+def _stream_getter(library, device: int):
+    """A function of no arguments that returns the raw handle of the caller's current stream
+    on `device`, made once per launcher: the per-call path neither imports nor branches."""
     if library == "torch":
         import torch
-        return torch._C._cuda_getCurrentRawStream(device)
+        return functools.partial(torch._C._cuda_getCurrentRawStream, device)
     import cupy
-    return cupy.cuda.get_current_stream().ptr
+    return lambda: cupy.cuda.get_current_stream().ptr
 
 
 def _output(vq, out):
