@@ -100,3 +100,15 @@ def test_the_launcher_cache_key_separates_what_a_launch_depends_on():
     assert key not in others and len(set(others)) == len(others)
     # a tensor subclass or a foreign array is not keyed (converted and checked every call)
     assert _call_key(torch.nn.Parameter(q), k, k, options) is None
+
+
+def test_the_public_call_allocates_a_contiguous_output_whatever_q_strides():
+    """What the fake implementation promises torch.compile: a contiguous output of q's shape
+    and dtype, also for a q whose heads and sequence are transposed in memory."""
+    from wavefront.kernel.launcher import _ArrayView, _output_maker
+    for q in (torch.randn(2, 4, 48, 64, dtype=torch.bfloat16),
+              torch.randn(2, 48, 4, 64, dtype=torch.bfloat16).transpose(1, 2)):
+        # the view `_view` takes of a CUDA q (CPU tensors here: only metadata is read)
+        view = _ArrayView("torch", tuple(q.shape), "bfloat16", 0, tuple(q.stride()))
+        out = _output_maker(view)(q)
+        assert out.is_contiguous() and out.shape == q.shape and out.dtype == q.dtype
