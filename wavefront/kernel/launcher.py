@@ -146,12 +146,19 @@ def _described(array, dtype: str, shape: tuple | None = None, offset: int = 0):
         return array
     ptr = offset + (array.data_ptr() if type(array).__module__ == "torch" else array.data.ptr)
     shape = tuple(array.shape) if shape is None else shape
-    strides, stride = [], 4
+    strides = tuple(4 * stride for stride in _contiguous_strides(shape))
+    return _Described(array, {"shape": shape, "typestr": typestr, "data": (ptr, False),
+                              "strides": strides, "version": 2})
+
+
+def _contiguous_strides(shape: tuple) -> tuple:
+    """Row-major strides of `shape`, in elements (a loop: NumPy costs tens of microseconds on
+    a first call, for four numbers)."""
+    strides, stride = [], 1
     for size in reversed(shape):
         strides.append(stride)
         stride *= size
-    return _Described(array, {"shape": shape, "typestr": typestr, "data": (ptr, False),
-                              "strides": tuple(reversed(strides)), "version": 2})
+    return tuple(reversed(strides))
 
 
 _stand_ins: dict = {}
@@ -667,8 +674,7 @@ def _output_maker(vq: _ArrayView):
     made once per launcher: for a contiguous torch q, `torch.empty_like` (3.3 us a call on the
     H100 host against 4.7 us for `new_empty` of a shape and 8.4 us for `torch.empty`,
     scripts/profile_call.py)."""
-    contiguous = tuple(np.cumprod((1,) + vq.shape[:0:-1])[::-1].tolist())
-    if vq.library == "torch" and vq.strides == contiguous:
+    if vq.library == "torch" and vq.strides == _contiguous_strides(vq.shape):
         import torch
         return torch.empty_like
     if vq.library == "torch":
