@@ -671,9 +671,9 @@ def _current_stream_handle(library, device: int) -> int:
 
 def _output_maker(vq: _ArrayView):
     """A function of q that returns a new contiguous output of q's shape, dtype and device,
-    made once per launcher: for a contiguous torch q, `torch.empty_like` (3.3 us a call on the
-    H100 host against 4.7 us for `new_empty` of a shape and 8.4 us for `torch.empty`,
-    scripts/profile_call.py)."""
+    made once per launcher: for a contiguous torch q, `torch.empty_like` (2.1-3.3 us a call on
+    the H100 hosts against 4.7-5.4 us for `new_empty` of a shape and 8.4-8.9 us for
+    `torch.empty`: scripts/profile_call.py, data/public_call/4448846/)."""
     if vq.library == "torch" and vq.strides == _contiguous_strides(vq.shape):
         import torch
         return torch.empty_like
