@@ -10,6 +10,7 @@ the launcher module only.
 
     git archive 519b952 wavefront | tar -x -C /tmp/old
     python scripts/ab_call.py /tmp/old [--shape 1,8,1024,64] [--rounds 25] [--causal]
+    python scripts/ab_call.py /tmp/old --first --shape 4,32,24576,128   # a new shape's first call
 """
 import argparse
 import importlib.util
@@ -43,6 +44,11 @@ def main():
     parser.add_argument("--causal", action="store_true")
     parser.add_argument("--rounds", type=int, default=25)
     parser.add_argument("--calls", type=int, default=200, help="calls per timed batch")
+    parser.add_argument("--first", action="store_true",
+                        help="time a new shape's first call instead: one call per version and "
+                             "round, each version's launcher cache cleared before it (the "
+                             "kernel compiled, the table kernel traced: what a model's new "
+                             "shape costs)")
     args = parser.parse_args()
     other = load_other(args.other)
     shape = tuple(int(x) for x in args.shape.split(","))
@@ -54,6 +60,8 @@ def main():
     no_levers = (None,) * len(LEVERS)
     for module in (other, this):
         module.attention_positional(q, k, v, *options, *no_levers)
+    if args.first:
+        return first_calls(other, args.other.name, q, k, v, options + no_levers, args)
     bound = next(iter(this._launchers.values()))
     out = torch.empty_like(q)
     raw = torch._C._cuda_getCurrentRawStream(q.device.index)
@@ -76,10 +84,32 @@ def main():
                 fn()
             samples[name].append((time.perf_counter() - began) / args.calls * 1e6)
             torch.cuda.synchronize()
-    reference = samples[next(iter(variants))]
+    report(samples, args, f"host us per call ({args.calls} calls a round)", shape)
+
+
+def first_calls(other, other_name, q, k, v, arguments, args):
+    """Host milliseconds of one first call per version and round, in random order."""
+    versions = {f"other ({other_name})": other, "this tree": this}
+    samples = {name: [] for name in versions}
+    for _ in range(args.rounds):
+        order = list(versions)
+        random.shuffle(order)
+        for name in order:
+            module = versions[name]
+            module.clear_launcher_cache()
+            torch.cuda.synchronize()
+            began = time.perf_counter()
+            module.attention_positional(q, k, v, *arguments)
+            samples[name].append((time.perf_counter() - began) * 1e3)
+            torch.cuda.synchronize()
+    report(samples, args, "host ms of a first call", tuple(q.shape))
+
+
+def report(samples: dict, args, what: str, shape: tuple):
+    reference = next(iter(samples.values()))
     lo, hi = args.rounds // 5, args.rounds - 1 - args.rounds // 5
-    print(f"{torch.cuda.get_device_name()}, shape {shape}, causal={args.causal}: host us per "
-          f"call, median [20%, 80%] of {args.rounds} rounds of {args.calls} calls")
+    print(f"{torch.cuda.get_device_name()}, shape {shape}, causal={args.causal}: {what}, "
+          f"median [20%, 80%] of {args.rounds} rounds")
     for name, s in samples.items():
         paired = sorted(a - b for a, b in zip(s, reference))
         ordered = sorted(s)
