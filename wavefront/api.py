@@ -39,9 +39,9 @@ def attention(q, k, v, *, causal: bool = False, schedule: str | None = None,
     {levers}
     """
     # positional: keyword passing costs microseconds, what a short launch costs
-    return (_launch or _launcher_attention())(
-        q, k, v, causal, schedule, tiles, occupancy, scale, return_lse, out, stream, l2_bytes,
-        ctas, chunk_tiles, *(lever_values(levers) if levers else _NO_LEVERS))
+    return _launcher_attention()(q, k, v, causal, schedule, tiles, occupancy, scale, return_lse,
+                                 out, stream, l2_bytes, ctas, chunk_tiles,
+                                 *(lever_values(levers) if levers else _NO_LEVERS))
 
 
 _NO_LEVERS = (None,) * len(LEVERS)

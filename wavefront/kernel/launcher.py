@@ -371,14 +371,11 @@ def clear_launcher_cache() -> None:
         _launchers.clear()
 
 
-def _array_key(x):
-    """What a launch depends on of an array (library, shape, strides, dtype, device), read
-    without building anything; None for arrays that first need converting (DLPack)."""
-    module = type(x).__module__
-    if module == "torch":
-        return ("torch", x.shape, x.stride(), x.dtype, x.get_device())
-    if module.startswith("cupy"):
-        return ("cupy", x.shape, x.strides, x.dtype, x.device.id)
+def _cupy_key(x):
+    """What a launch depends on of a CuPy array (shape, strides, dtype, device), read without
+    building anything; None for any other array (converted and checked on every call)."""
+    if type(x).__module__.startswith("cupy"):
+        return (x.shape, x.strides, x.dtype, x.device.id)
     return None
 
 
@@ -387,11 +384,12 @@ def _call_key(q, k, v, options: tuple):
     kind = type(q)
     if kind.__module__ == "torch" and type(k) is kind and type(v) is kind:
         # Three torch tensors, the common call: one flat tuple, no helper calls (the key is a
-        # tenth of a short launch's host time, on the H100 hosts' CPUs).
+        # tenth of a short launch's host time, on the H100 hosts' CPUs). Torch mixed with
+        # another library, or a tensor subclass, gets no key: it fails or converts anyway.
         return (q.shape, q.stride(), q.dtype, q.get_device(), k.shape, k.stride(), k.dtype,
                 k.get_device(), v.shape, v.stride(), v.dtype, v.get_device(), options,
                 tuple(map(type, options)))
-    keys = (_array_key(q), _array_key(k), _array_key(v))
+    keys = (_cupy_key(q), _cupy_key(k), _cupy_key(v))
     if None in keys:
         return None
     return (keys, options, tuple(map(type, options)))
@@ -432,11 +430,7 @@ def attention_positional(q, k, v, causal, schedule, tiles, occupancy, scale, ret
     which is what a short launch costs."""
     options = (causal, schedule, tiles, occupancy, scale, return_lse, l2_bytes, ctas,
                chunk_tiles, *levers)
-    key = _call_key(q, k, v, options)
-    try:  # `_cached`, inlined: a function call is a microsecond on the hot path
-        launcher = _launchers.get(key)
-    except TypeError:
-        key = launcher = None
+    key, launcher = _cached(_call_key(q, k, v, options))
     if launcher is None:
         levers = dict(zip(KERNEL_LEVERS, levers))
 
@@ -453,7 +447,7 @@ def attention_positional(q, k, v, causal, schedule, tiles, occupancy, scale, ret
             launcher = _cached_launcher(
                 key, lambda: build(_check_inputs(q, k, v)[0], tuple(k.shape)))
     view = launcher.view
-    out = launcher.new_output(q) if out is None else _output(view, out)
+    out = launcher.new_output(q) if out is None else _checked_output(view, out)
     if stream is None:
         stream = launcher.current_stream()
     lse = _empty(view, view.shape[:3], "float32") if launcher.return_lse else None
@@ -550,7 +544,7 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q=None,
             raise ValueError(f"out must have q's shape {(total_q, heads, head_dim)} and dtype "
                              f"{view.dtype}, got {vo.shape} {vo.dtype}")
     if stream is None:
-        stream = _current_stream_handle(view.library, view.device)
+        stream = launcher.current_stream()
     lse = _empty(view, (1, heads, total_q), "float32") if launcher.return_lse else None
     if launcher.launch.num_items:
         launcher(q4, k4, v4, _packed_as_4d("out", out), stream, lse)
@@ -663,12 +657,6 @@ def current_stream(library, device=None):
     return cupy.cuda.get_current_stream()
 
 
-def _current_stream_handle(library, device: int) -> int:
-    """The raw handle of the caller's current stream: what `ct.launch` needs, without building
-    a stream object (torch's costs microseconds per call)."""
-    return _stream_getter(library, device)()
-
-
 def _output_maker(vq: _ArrayView):
     """A function of q that returns a new contiguous output of q's shape, dtype and device,
     made once per launcher: for a contiguous torch q, `torch.empty_like` (2.1-3.3 us a call on
@@ -684,7 +672,8 @@ def _output_maker(vq: _ArrayView):
 
 def _stream_getter(library, device: int):
     """A function of no arguments that returns the raw handle of the caller's current stream
-    on `device`, made once per launcher: the per-call path neither imports nor branches."""
+    on `device` (what `ct.launch` needs, without building a stream object: torch's costs
+    microseconds), made once per launcher: the per-call path neither imports nor branches."""
     if library == "torch":
         import torch
         return functools.partial(torch._C._cuda_getCurrentRawStream, device)
@@ -692,18 +681,16 @@ def _stream_getter(library, device: int):
     return lambda: cupy.cuda.get_current_stream().ptr
 
 
-def _output(vq, out):
-    """The output: the one given (checked against q), or a new one."""
-    if out is None:
-        out = _empty(vq, vq.shape, vq.dtype)
-    else:
-        vo, out = _view("out", out)
-        if (vo.library, vo.device, vo.shape, vo.dtype) != (vq.library, vq.device, vq.shape,
-                                                          vq.dtype) or vo.strides[-1] != 1:
-            raise ValueError(f"out must be a {vq.library} array on q's device with q's shape "
-                             f"{vq.shape} and dtype {vq.dtype}, contiguous in its last "
-                             f"dimension; got {vo.library} {vo.shape} {vo.dtype} on device "
-                             f"{vo.device}")
+def _checked_output(vq, out):
+    """The output the caller gave, checked against q (a new one is the launcher's
+    `new_output`)."""
+    vo, out = _view("out", out)
+    if (vo.library, vo.device, vo.shape, vo.dtype) != (vq.library, vq.device, vq.shape,
+                                                      vq.dtype) or vo.strides[-1] != 1:
+        raise ValueError(f"out must be a {vq.library} array on q's device with q's shape "
+                         f"{vq.shape} and dtype {vq.dtype}, contiguous in its last "
+                         f"dimension; got {vo.library} {vo.shape} {vo.dtype} on device "
+                         f"{vo.device}")
     return out
 
 

@@ -278,10 +278,12 @@ def bench_records(gpu_name: str, shape, results: list[RoundsResult],
             for peer in PEER_NAMES:
                 if peer in by:
                     row[f"x_{peer}"] = by[peer].median_ms / r.median_ms
-            references = ({"bound": bound_reference} if r.name == API_CONTENDER
-                          else paired_references(r.name))
-            if r.name == API_CONTENDER and bound_reference is not None:
-                row["bound"] = bound_reference  # which configuration the call resolved to
+            if r.name == API_CONTENDER:
+                references = {"bound": bound_reference}
+                if bound_reference is not None:
+                    row["bound"] = bound_reference  # which configuration the call resolved to
+            else:
+                references = paired_references(r.name)
             for key, ref in references.items():
                 if ref in by:
                     row[f"x_{key}"], *row[f"x_{key}_ci95"] = paired_speedup(by[ref], r)
