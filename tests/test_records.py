@@ -81,6 +81,23 @@ def test_gzipped_records_and_missing_ones(tmp_path):
         TUNE_RECORDS.read(tmp_path / "absent.jsonl")
 
 
+def test_a_run_into_packed_records_appends_to_them(tmp_path):
+    """A run whose out directory holds committed (packed) records appends to the packed file,
+    a gzip member a line, instead of starting a plain file the readers would confuse with it;
+    a member cut mid-append is left out on read."""
+    from wavefront.measure.sink import JsonlSink
+    gzip_path = tmp_path / "bench.jsonl.gz"
+    gzip_path.write_bytes(gzip.compress((json.dumps(_bench_row("grid+linear")) + "\n").encode()))
+    with JsonlSink(tmp_path, "bench.jsonl", manifest_files=()) as sink:
+        sink.write(_bench_row("persistent+linear"))
+    assert not (tmp_path / "bench.jsonl").exists()
+    assert [r["contender"] for r in BENCH_RECORDS.read(gzip_path)] == ["grid+linear",
+                                                                       "persistent+linear"]
+    whole = gzip_path.read_bytes()
+    gzip_path.write_bytes(whole + gzip.compress(b'{"contender": "torn"}\n')[:-6])
+    assert len(BENCH_RECORDS.read(gzip_path)) == 2
+
+
 def test_shapes_and_kinds():
     rows = [_bench_row("a"), _bench_row("b")]
     for r in rows:

@@ -2,6 +2,7 @@
 manifest beside them (GPU, driver, CUDA, cuda-tile, tileiras, ncu, commit, date, command)."""
 from __future__ import annotations
 
+import gzip
 import json
 import os
 from pathlib import Path
@@ -34,11 +35,19 @@ class JsonlSink:
             files = [name] if manifest_files is None else list(manifest_files)
             if files:
                 write_run_manifest(out_dir, files)
-            self.file = open(Path(out_dir) / name, "a")
+            path = Path(out_dir) / name
+            packed = path.with_name(path.name + ".gz")
+            # Committed data keeps its records packed (`wavefront compress`): a run into it
+            # appends to the packed file, a gzip member a line, as the results store appends
+            # rows; a plain file beside it would be read as the same records, one of the two
+            # shadowing the other, and packing it would overwrite the packed one.
+            self.packed = packed.exists() and not path.exists()
+            self.file = open(packed, "ab") if self.packed else open(path, "a")
 
     def write(self, row) -> None:
         if self.file:
-            self.file.write(json.dumps(row, default=str) + "\n")
+            line = json.dumps(row, default=str) + "\n"
+            self.file.write(gzip.compress(line.encode(), mtime=0) if self.packed else line)
             self.file.flush()
 
     def close(self) -> None:

@@ -10,14 +10,13 @@ line number.
 """
 from __future__ import annotations
 
-import gzip
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
 from wavefront.point import KERNEL_LEVERS
-from wavefront.results.store import SchemaError, require_regular_file
+from wavefront.results.store import SchemaError, read_results_bytes, require_regular_file
 
 
 @dataclass(frozen=True)
@@ -67,21 +66,20 @@ class RecordKind:
         if not path.exists():
             raise SchemaError(f"{path}: no such {self.name} record file")
         require_regular_file(path, f"a {self.name} record file")
-        opener = gzip.open if path.name.endswith(".gz") else open
         rows = []
-        with opener(path, "rt") as f:
-            for number, line in enumerate(f, 1):
-                if not line.strip():
-                    continue
-                where = f"{path}:{number}"
-                try:
-                    row = json.loads(line)
-                except json.JSONDecodeError as exc:
-                    raise SchemaError(f"{where}: not a JSON line ({exc.msg})") from None
-                if not isinstance(row, dict):
-                    raise SchemaError(f"{where}: a record is a JSON object")
-                if self.measured(row) != failed:
-                    rows.append(row if failed else self.upgrade(row, where))
+        # Plain or packed alike; a gzip member cut by a crash mid-append is left out.
+        for number, line in enumerate(read_results_bytes(path).decode().splitlines(), 1):
+            if not line.strip():
+                continue
+            where = f"{path}:{number}"
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise SchemaError(f"{where}: not a JSON line ({exc.msg})") from None
+            if not isinstance(row, dict):
+                raise SchemaError(f"{where}: a record is a JSON object")
+            if self.measured(row) != failed:
+                rows.append(row if failed else self.upgrade(row, where))
         return rows
 
 
