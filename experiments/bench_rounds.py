@@ -109,7 +109,7 @@ def section(study) -> Section:
             float(d128["one binary vs best specialised"].max()))
     grouped_causal = t[t["schedule"].str.startswith("grouped") & t["shape"].str.contains("causal")]
     one_binary_text = wrap(
-        "History (the first kernel, `data/bench_rounds/one_binary.jsonl`): each schedule was "
+        "History (the first kernel, `data/bench_rounds/one_binary.jsonl.gz`): each schedule was "
         "its own specialisation, and a SCHEDULE_AT_RUN_TIME binary took the CTA and K/V "
         "schedule codes as run-time arguments, so every schedule ran the same machine code. "
         "Timed in the same interleaved rounds as the specialised binaries (H100, S=8k, "

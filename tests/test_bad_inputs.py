@@ -9,7 +9,7 @@ import pytest
 from click.testing import CliRunner
 
 from wavefront.cli import main
-from wavefront.results.store import read_results_bytes, results_path
+from wavefront.results.store import manifest_path, read_results_bytes, results_path
 
 ROOT = Path(__file__).parent.parent
 
@@ -224,7 +224,7 @@ def _results(tmp_path, mutate=None, manifest=True):
     d.mkdir(exist_ok=True)
     (d / "results.csv").write_text("\n".join(keep) + "\n" if keep else "")
     if manifest:
-        shutil.copy(src / "manifest.json", d / "manifest.json")
+        (d / "manifest.json").write_bytes(read_results_bytes(manifest_path(src)))
     return d / "results.csv"
 
 

@@ -9,7 +9,7 @@ from click.testing import CliRunner
 from wavefront.cli import main
 from wavefront.device import has_gpu
 from wavefront.point import Point
-from wavefront.results.store import read_results_bytes, results_path
+from wavefront.results.store import manifest_path, read_results_bytes, results_path
 
 ROOT = Path(__file__).parent.parent
 no_gpu = pytest.mark.skipif(has_gpu(), reason="checks the CPU-only messages")
@@ -107,7 +107,7 @@ def test_fit_writes_only_where_told(tmp_path):
                                                        for s in (16384, 24576, 32768, 49152))]
     data = tmp_path / "knee" / "results.csv"
     data.write_text("\n".join(keep) + "\n")
-    (tmp_path / "knee" / "manifest.json").write_text((src / "manifest.json").read_text())
+    (tmp_path / "knee" / "manifest.json").write_bytes(read_results_bytes(manifest_path(src)))
     result = CliRunner().invoke(main, ["fit", str(data), "--json"])
     assert result.exit_code == 0, result.output
     assert not (tmp_path / "knee" / "fits.json").exists()
@@ -400,7 +400,7 @@ def test_compress_packs_a_sweeps_table_and_refuses_a_directory_without_one(tmp_p
     d.mkdir()
     text = read_results_bytes(results_path(ROOT / "data" / "knee"))
     (d / "results.csv").write_bytes(text)
-    (d / "manifest.json").write_bytes((ROOT / "data" / "knee" / "manifest.json").read_bytes())
+    (d / "manifest.json").write_bytes(read_results_bytes(manifest_path(ROOT / "data" / "knee")))
     runs = read_manifest(d)
     result = CliRunner().invoke(main, ["compress", str(d)])
     assert result.exit_code == 0, result.output

@@ -13,6 +13,7 @@ import pytest
 from wavefront.report import draft, paper
 from wavefront.report.analysis import Study
 from wavefront.report.experiments import discover, readme_table
+from wavefront.results.store import read_results_bytes
 
 ROOT = Path(__file__).parent.parent
 EXPERIMENTS = ROOT / "experiments"
@@ -104,11 +105,13 @@ def test_a_claim_the_data_contradicts_stops_the_build(tmp_path):
     touch no input of the model cache, so the copy builds from the cached simulations.)"""
     data = tmp_path / "data"
     shutil.copytree(ROOT / "data", data)
-    path = data / "bench_rounds" / "run2.jsonl"
-    lines = path.read_text().splitlines()
+    packed = data / "bench_rounds" / "run2.jsonl.gz"
+    lines = read_results_bytes(packed).decode().splitlines()
     first = json.loads(lines[0])
     first["median_ms"] *= 1.10  # the second run of the bench no longer agrees with the first
-    path.write_text("\n".join([json.dumps(first), *lines[1:]]) + "\n")
+    packed.unlink()  # the plain file in its place (the study reads either)
+    (data / "bench_rounds" / "run2.jsonl").write_text(
+        "\n".join([json.dumps(first), *lines[1:]]) + "\n")
     numbers = draft.compute(Study(data), discover(EXPERIMENTS))
     with pytest.raises(draft.ClaimFailed, match="interleaved bench repeats"):
         draft.render(numbers)

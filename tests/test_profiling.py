@@ -1,5 +1,6 @@
 """Nsight Compute output: the parser on real captures, derived columns, and counters attributed
 to their point by NVTX tag (a stand-in ncu drops, reorders and untags kernels)."""
+import gzip
 import sys
 from pathlib import Path
 
@@ -27,12 +28,19 @@ FIXTURES = Path(__file__).parent / "fixtures"
 FAKES = Path(__file__).parent / "fakes"
 FAKE_WORKER = [sys.executable, str(FAKES / "fake_worker.py")]
 FAKE_NCU = str(FAKES / "fake_ncu.py")
-H200 = FIXTURES / "ncu_raw_h200_s131072_d64.csv"
-H100 = FIXTURES / "ncu_raw_h100_s131072_d64_tiled.csv"
+
+
+def _fixture(name: str) -> str:
+    """A raw ncu CSV export, kept gzip-compressed: its text."""
+    return gzip.decompress((FIXTURES / name).read_bytes()).decode()
+
+
+H200 = _fixture("ncu_raw_h200_s131072_d64.csv.gz")
+H100 = _fixture("ncu_raw_h100_s131072_d64_tiled.csv.gz")
 
 
 def test_parses_real_capture():
-    rows = parse_ncu_csv(H200.read_text())
+    rows = parse_ncu_csv(H200)
     # persistent+linear then persistent+sawtooth, H=1, S=131072, D=64, 64x64 tiles
     assert len(rows) == 2
     for row in rows:
@@ -48,19 +56,19 @@ def test_parses_real_capture():
 def test_derived_columns_on_real_captures():
     p = AttentionProblem(1, 1, 1, 131072, 131072, 64, tile_m=64, tile_n=64)
     counts = launch_counts(p)
-    for row in parse_ncu_csv(H200.read_text()):
+    for row in parse_ncu_csv(H200):
         d = derive(row.metrics, counts.read_sectors, counts.compulsory_read_bytes)
         assert d["dram_read_sectors"] == row.metrics["dram_read_bytes"] / 32
         # On this capture the L2-side count agrees with DRAM reads (it does not everywhere).
         assert d["l2_read_miss_sectors"] == pytest.approx(d["dram_read_sectors"], rel=0.05)
         assert 0.9 < d["read_sectors_ratio"] < 1.0
-    linear, sawtooth = (derive(r.metrics, None, None) for r in parse_ncu_csv(H200.read_text()))
+    linear, sawtooth = (derive(r.metrics, None, None) for r in parse_ncu_csv(H200))
     assert sawtooth["dram_read_sectors"] < 0.5 * linear["dram_read_sectors"]
 
 
 def test_two_kernel_point_on_the_h100_capture():
     """H100, S=131072 D=64 64x64: persistent linear, sawtooth, tiled (attention + combine)."""
-    rows = parse_ncu_csv(H100.read_text())
+    rows = parse_ncu_csv(H100)
     assert [r.kernel_name.split("_Kt")[0] for r in rows] == [
         "flash_attention_fwd", "flash_attention_fwd", "flash_attention_fwd", "combine_partials"]
     tiled = combine_kernel_metrics([rows[2].metrics, rows[3].metrics])

@@ -319,12 +319,12 @@ def test_a_compressed_table_loads_appends_and_repairs_like_a_plain_one(tmp_path)
     import gzip
 
     from wavefront.report.analysis import _inputs_key
-    from wavefront.results.store import compress_results, results_path
+    from wavefront.results.store import compress_results, manifest_path, results_path
     d = tmp_path / "headline"
     d.mkdir()
     src = Path(__file__).parent.parent / "data" / "headline"
     (d / "results.csv").write_bytes(read_results_bytes(results_path(src)))
-    (d / "manifest.json").write_bytes((src / "manifest.json").read_bytes())
+    (d / "manifest.json").write_bytes(read_results_bytes(manifest_path(src)))
     plain = load_results(d / "results.csv", strict=True)
     key = _inputs_key([d / "results.csv"])
     packed = compress_results(d)

@@ -5,7 +5,6 @@ memory. These are the cases `test_bad_inputs.py` did not have; `test_the_count` 
 outcome classes."""
 import errno
 import os
-import shutil
 import subprocess
 import sys
 import textwrap
@@ -17,7 +16,7 @@ from click.testing import CliRunner
 
 import wavefront.cli as cli
 from wavefront.cli import main
-from wavefront.results.store import read_results_bytes, results_path
+from wavefront.results.store import manifest_path, read_results_bytes, results_path
 
 ROOT = Path(__file__).parent.parent
 KNEE = str(ROOT / "experiments" / "knee.py")
@@ -311,7 +310,7 @@ def _knee_copy(tmp_path):
     d = tmp_path / "r"
     d.mkdir()
     (d / "results.csv").write_bytes(read_results_bytes(results_path(ROOT / "data" / "knee")))
-    shutil.copy(ROOT / "data" / "knee" / "manifest.json", d / "manifest.json")
+    (d / "manifest.json").write_bytes(read_results_bytes(manifest_path(ROOT / "data" / "knee")))
     return d
 
 
