@@ -1,19 +1,20 @@
-"""Host time of the public call's hot path: this tree's launcher module against another
-commit's, in one process (GPU host).
+"""Host time of the public call: this tree's package against another commit's, in one
+process (GPU host).
 
 Processes of one GPU host ran the same code up to 1.6x apart in speed
 (data/public_call/4448846/), so two versions timed in two processes cannot show a change of a
-few microseconds. Here the other commit's `wavefront/kernel/launcher.py` is loaded beside this
-one under another name (its own launcher cache and launcher class; what it imports is this
-tree's), and batches of calls of each version alternate in random order. Compares changes to
-the launcher module only.
+few microseconds. Here the other commit's whole `wavefront` package is imported beside this
+one: each version's modules are put in `sys.modules` before its calls and taken out after (so
+what a version imports lazily, mid-call, is its own), and batches of calls of each version
+alternate in random order.
 
     git archive 519b952 wavefront | tar -x -C /tmp/old
     python scripts/ab_call.py /tmp/old [--shape 1,8,1024,64] [--rounds 25] [--causal]
     python scripts/ab_call.py /tmp/old --first --shape 4,32,24576,128   # a new shape's first call
 """
 import argparse
-import importlib.util
+import contextlib
+import importlib
 import random
 import statistics
 import sys
@@ -22,19 +23,55 @@ from pathlib import Path
 
 import torch
 
-from wavefront.kernel import launcher as this
 from wavefront.point import LEVERS
 
 
-def load_other(tree: Path):
-    path = tree / "wavefront" / "kernel" / "launcher.py"
-    if not path.is_file():
-        raise SystemExit(f"{path}: no launcher module there (extract a commit's wavefront/)")
-    spec = importlib.util.spec_from_file_location("other_launcher", path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # its dataclasses look their module up by name
-    spec.loader.exec_module(module)
-    return module
+def _ours(modules) -> dict:
+    return {name: module for name, module in modules.items()
+            if name == "wavefront" or name.startswith("wavefront.")}
+
+
+class Version:
+    """One version's `wavefront` modules, put in place for its calls."""
+
+    def __init__(self, modules: dict):
+        self.modules = modules
+        self.launcher = modules["wavefront.kernel.launcher"]
+
+    @contextlib.contextmanager
+    def active(self):
+        for name in _ours(sys.modules):
+            del sys.modules[name]
+        sys.modules.update(self.modules)
+        try:
+            yield self.launcher
+        finally:
+            self.modules.update(_ours(sys.modules))  # and what it imported meanwhile
+
+
+def load_versions(tree: Path) -> tuple[Version, Version]:
+    """(the other tree's package, this tree's), each imported once."""
+    if not (tree / "wavefront" / "kernel" / "launcher.py").is_file():
+        raise SystemExit(f"{tree}: no wavefront/kernel/launcher.py there (extract a commit's "
+                         f"wavefront/)")
+    importlib.import_module("wavefront.kernel.launcher")
+    this = Version(_ours(sys.modules))
+    for name in this.modules:
+        del sys.modules[name]
+    sys.path.insert(0, str(tree.resolve()))
+    try:
+        # later imports of its submodules follow its package's own path, not sys.path
+        importlib.import_module("wavefront.kernel.launcher")
+        other = Version(_ours(sys.modules))
+    finally:
+        sys.path.remove(str(tree.resolve()))
+    for name in _ours(sys.modules):
+        del sys.modules[name]
+    sys.modules.update(this.modules)
+    if Path(other.launcher.__file__).resolve().parent == Path(
+            this.launcher.__file__).resolve().parent:
+        raise SystemExit(f"{tree}: imported this tree's package, not the other's")
+    return other, this
 
 
 def main():
@@ -50,7 +87,7 @@ def main():
                              "kernel compiled, the table kernel traced: what a model's new "
                              "shape costs)")
     args = parser.parse_args()
-    other = load_other(args.other)
+    other, this = load_versions(args.other)
     shape = tuple(int(x) for x in args.shape.split(","))
     gen = torch.Generator(device="cuda").manual_seed(0)
     q, k, v = (torch.randn(shape, device="cuda", dtype=torch.bfloat16, generator=gen)
@@ -58,49 +95,48 @@ def main():
     # attention_positional's options in order, then every lever unset: the public call's path
     options = (args.causal, None, None, None, None, False, None, None, None, None, None)
     no_levers = (None,) * len(LEVERS)
-    for module in (other, this):
-        module.attention_positional(q, k, v, *options, *no_levers)
+    for version in (other, this):
+        with version.active() as launcher:
+            launcher.attention_positional(q, k, v, *options, *no_levers)
+    versions = {f"other ({args.other.name})": other, "this tree": this}
     if args.first:
-        return first_calls(other, args.other.name, q, k, v, options + no_levers, args)
-    bound = next(iter(this._launchers.values()))
+        return first_calls(versions, q, k, v, options + no_levers, args)
+    bound = next(iter(this.launcher._launchers.values()))
     out = torch.empty_like(q)
     raw = torch._C._cuda_getCurrentRawStream(q.device.index)
     bound(q, k, v, out, raw)
-    variants = {
-        f"other ({args.other.name})": lambda: other.attention_positional(q, k, v, *options,
-                                                                          *no_levers),
-        "this tree": lambda: this.attention_positional(q, k, v, *options, *no_levers),
-        "bound launch (this tree, same out)": lambda: bound(q, k, v, out, raw),
-    }
-    samples = {name: [] for name in variants}
+    calls = {name: (version, lambda launcher: launcher.attention_positional(
+        q, k, v, *options, *no_levers)) for name, version in versions.items()}
+    calls["bound launch (this tree, same out)"] = (this, lambda _: bound(q, k, v, out, raw))
+    samples = {name: [] for name in calls}
     torch.cuda.synchronize()
     for _ in range(args.rounds):
-        order = list(variants)
+        order = list(calls)
         random.shuffle(order)
         for name in order:
-            fn = variants[name]
-            began = time.perf_counter()
-            for _ in range(args.calls):
-                fn()
-            samples[name].append((time.perf_counter() - began) / args.calls * 1e6)
+            version, fn = calls[name]
+            with version.active() as launcher:
+                began = time.perf_counter()
+                for _ in range(args.calls):
+                    fn(launcher)
+                samples[name].append((time.perf_counter() - began) / args.calls * 1e6)
             torch.cuda.synchronize()
     report(samples, args, f"host us per call ({args.calls} calls a round)", shape)
 
 
-def first_calls(other, other_name, q, k, v, arguments, args):
+def first_calls(versions: dict, q, k, v, arguments, args):
     """Host milliseconds of one first call per version and round, in random order."""
-    versions = {f"other ({other_name})": other, "this tree": this}
     samples = {name: [] for name in versions}
     for _ in range(args.rounds):
         order = list(versions)
         random.shuffle(order)
         for name in order:
-            module = versions[name]
-            module.clear_launcher_cache()
-            torch.cuda.synchronize()
-            began = time.perf_counter()
-            module.attention_positional(q, k, v, *arguments)
-            samples[name].append((time.perf_counter() - began) * 1e3)
+            with versions[name].active() as launcher:
+                launcher.clear_launcher_cache()
+                torch.cuda.synchronize()
+                began = time.perf_counter()
+                launcher.attention_positional(q, k, v, *arguments)
+                samples[name].append((time.perf_counter() - began) * 1e3)
             torch.cuda.synchronize()
     report(samples, args, "host ms of a first call", tuple(q.shape))
 

@@ -66,6 +66,30 @@ def test_one_kernel_serves_every_shape_that_branches_alike():
     assert all(len(kernels) <= 8 for kernels in tk._tables.values())
 
 
+def test_the_printed_branch_test_agrees_with_the_trace():
+    """`serves` calls a Python function printed from the recorded conditions; walking the
+    record itself is the reference. Random shapes against every kernel printed so far, so
+    both answers occur (a kernel that serves none would test nothing)."""
+    rng = random.Random(11)
+    tk._tables.clear()
+    kernels, shapes = [], []
+    for schedule in schedule_names():
+        for causal in (False, True):
+            for _ in range(6):
+                batch, kv_heads = rng.randint(1, 3), rng.choice([1, 2, 3])
+                seqlen = rng.randint(1, 5000)
+                launch = launch_of((batch, kv_heads * rng.choice([1, 2, 4]), seqlen, 128),
+                                   (batch, kv_heads, seqlen, 128), schedule, causal,
+                                   sms=rng.randint(1, 9), l2_bytes=rng.choice([1 << 18, 1 << 20]))
+                kernels.append(tk.table_kernel(launch))
+                shapes.append(launch.table_shape)
+    answers = [(kernel.serves(shape), kernel.serves_by_trace(shape))
+               for kernel in set(kernels) for shape in shapes]
+    assert all(printed == traced for printed, traced in answers)
+    assert {printed for printed, _ in answers} == {True, False}
+    assert any(kernel.branches for kernel in kernels)
+
+
 def test_a_kernel_is_not_reused_where_a_branch_goes_the_other_way():
     """`n_chunks == 1` is a Python branch of the tiled schedule's formulas: a launch with one
     chunk and one with several print different kernels, each correct."""

@@ -104,6 +104,16 @@ _OPS = {
 }
 
 
+# The same operations printed as Python, for `TableKernel.serves` (Python's `//` and `%` are
+# the formulas' own).
+_PYTHON_SPELLING = {
+    "+": "({0} + {1})", "-": "({0} - {1})", "*": "({0} * {1})", "neg": "(-{0})",
+    "//": "({0} // {1})", "%": "({0} % {1})", "min": "min({0}, {1})", "max": "max({0}, {1})",
+    "where": "({1} if {0} else {2})",
+    **{op: f"int({{0}} {op} {{1}})" for op in ("==", "!=", "<", "<=", ">", ">=")},
+}
+
+
 class Trace:
     """The operations recorded while the formulas run on traced values, and the array library
     those values name (`minimum`, `maximum`, `divmod`, `where`). `fused`: each item's K/V span
@@ -167,10 +177,18 @@ class TableKernel:
     parameters: tuple[str, ...]
     branches: tuple  # (traced condition on launch integers, the way it went)
     columns: tuple  # the traced columns (WORK_BATCH .. WORK_CHUNK), for `evaluate`
+    # `branches` printed as one Python function of the launch integers (`_branch_test`)
+    takes_branches: Callable = dataclasses.field(compare=False, repr=False)
 
     def serves(self, shape: TableShape) -> bool:
         """Whether the formulas, run for `shape`, take the branches this source was printed
-        from."""
+        from: one call of a printed function (a new shape's first call asks; walking the
+        recorded conditions cost 7-13 us on the CPU, ten times that on a cold first call)."""
+        return self.takes_branches(**vars(shape))
+
+    def serves_by_trace(self, shape: TableShape) -> bool:
+        """`serves`, worked out by walking the recorded conditions (the CPU tests' reference
+        for the printed function)."""
         done: dict = {}
         values = vars(shape)
         return all(bool(_value_of(condition, values, done)) == went
@@ -202,6 +220,35 @@ def _needed(columns) -> set[int]:
             needed.add(id(x))
             stack.extend(a for a in x.args if isinstance(a, Traced))
     return needed
+
+
+def _branch_test(parameters: tuple[str, ...], nodes: list, branches: tuple) -> Callable:
+    """A Python function of the launch integers (by name) that is True where every recorded
+    branch goes the way it went: the conditions' operations printed in recording order (each
+    argument before its use), compiled once."""
+    conditions = [condition for condition, _ in branches]
+    needed = _needed(conditions)
+    names: dict[int, str] = {}
+    lines = []
+
+    def spelled(x):
+        return names[id(x)] if isinstance(x, Traced) else repr(int(x))
+    for node in nodes:
+        if id(node) not in needed:
+            continue
+        if node.op == "leaf":
+            names[id(node)] = node.args[0]
+            continue
+        names[id(node)] = f"v{len(lines)}"
+        lines.append(f"    v{len(lines)} = "
+                     + _PYTHON_SPELLING[node.op].format(*map(spelled, node.args)))
+    test = " and ".join(f"{'' if went else 'not '}{spelled(condition)}"
+                        for condition, went in branches) or "True"
+    source = (f"def takes_branches({', '.join(parameters)}):\n"
+              + "".join(line + "\n" for line in lines) + f"    return bool({test})\n")
+    namespace: dict = {}
+    exec(compile(source, "<table_kernel branches>", "exec"), namespace)
+    return namespace["takes_branches"]
 
 
 def trace_table(launch: Launch) -> TableKernel:
@@ -243,7 +290,9 @@ def trace_table(launch: Launch) -> TableKernel:
               "    if (blockIdx.x == 0 && threadIdx.x == 0) {\n"
               f"        rows[num_items * {WORK_COLUMNS // 4}] = make_int4(0, 0, 0, 0);\n"
               "    }\n}\n")
-    return TableKernel(source, used, tuple(trace.branches), tuple(columns))
+    branches = tuple(trace.branches)
+    return TableKernel(source, used, branches, tuple(columns),
+                       _branch_test(trace.parameters, trace.nodes, branches))
 
 
 _tables: dict = {}
