@@ -70,7 +70,7 @@ def install_timers():
     L.build_on_gpu = timer("build_on_gpu", T.build_on_gpu)
     wrap(T, "table_kernel", "choose table kernel")
     kernel_of = T._kernel
-    T._kernel = lambda source: _TimedRawKernel(kernel_of(source))
+    T._kernel = lambda *args: _TimedRawKernel(kernel_of(*args))
     cupy_empty = cupy.empty
     cupy.empty = timer("cupy.empty (table)", cupy_empty)
     L.ct = _TimedLaunches(L.ct)

@@ -621,9 +621,10 @@ def _device_work_table(vq: _ArrayView, launch):
         stream = _table_streams.get(vq.device)
         if stream is None:
             stream = _table_streams.setdefault(vq.device, cupy.cuda.Stream(non_blocking=True))
-        with stream:
+        with stream:  # the table's memory too belongs to this stream (CuPy's pool)
             table = build_on_gpu(launch, vq.device)
-            built = stream.record()
+        built = cupy.cuda.Event(disable_timing=True)  # an ordering point, never timed
+        built.record(stream)
     return table, built
 
 

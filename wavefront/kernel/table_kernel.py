@@ -315,14 +315,19 @@ _compiled: dict = {}
 _compiled_lock = threading.Lock()
 
 
-def _kernel(source: str):
-    """The compiled kernel of `source` (CuPy's RawKernel: compiled by NVRTC on its first
-    launch, kept on disk by CuPy across processes, and here for this one)."""
-    kernel = _compiled.get(source)
+def _kernel(source: str, device: int):
+    """The compiled kernel of `source` on `device` (the current one): CuPy's `Function`,
+    compiled by NVRTC once, kept on disk by CuPy across processes and here for this one. The
+    function itself, not its `RawKernel`, so that a launch does not look it up again: on a
+    new shape's first call, every step costs ten times what it costs warm."""
+    kernel = _compiled.get((source, device))
     if kernel is None:
         import cupy
         with _compiled_lock:
-            kernel = _compiled.setdefault(source, cupy.RawKernel(source, KERNEL_NAME))
+            kernel = _compiled.get((source, device))
+            if kernel is None:
+                kernel = _compiled[(source, device)] = cupy.RawKernel(source,
+                                                                      KERNEL_NAME).kernel
     return kernel
 
 
@@ -344,6 +349,7 @@ def build_on_gpu(launch: Launch, device: int):
     n = launch.num_items
     rows = cupy.empty((n + 1, WORK_COLUMNS), dtype=cupy.int32)
     blocks = max(1, min(-(-n // THREADS_PER_BLOCK), _blocks_for(device)))
-    _kernel(table.source)((blocks,), (THREADS_PER_BLOCK,),
-                          (rows, np.int64(n), *map(np.int64, table.arguments(launch.table_shape))))
+    _kernel(table.source, device)(
+        (blocks,), (THREADS_PER_BLOCK,),
+        (rows, np.int64(n), *map(np.int64, table.arguments(launch.table_shape))))
     return rows
