@@ -130,6 +130,37 @@ def test_cuda_graph_replay_equals_eager(schedule):
         assert _error(static_out, _reference(*fresh, True)) < TOLERANCE
 
 
+def test_a_capture_before_the_table_is_known_done():
+    """The work table is built on a stream of its own. Held back here by a sleep queued on
+    that stream, the table is not yet done when the call, its launcher made just before, is
+    captured: the capture must not query the table's event (that invalidates it) but wait on
+    it as an external node, and the replay must still read the finished table."""
+    import wavefront.torch  # noqa: F401  (registers torch.ops.wavefront.attention)
+    from wavefront.kernel.launcher import _table_stream, clear_launcher_cache
+    q, k, v = _inputs(25)
+    schedule = "persistent+sawtooth"  # static: the replay equals the eager call bit for bit
+    torch.ops.wavefront.attention(q, k, v, True, None, schedule, None)  # compiled
+    clear_launcher_cache()
+    torch.cuda.synchronize()
+    static = [x.clone() for x in (q, k, v)]
+    held = torch.cuda.ExternalStream(_table_stream(q.device.index).ptr)
+    with torch.cuda.stream(held):
+        torch.cuda._sleep(300_000_000)  # 0.15-0.2 s of GPU cycles before the table's build
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # the launcher made outside the capture, its table pending
+        eager = torch.ops.wavefront.attention(*static, True, None, schedule, None)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        static_out = torch.ops.wavefront.attention(*static, True, None, schedule, None)
+    static_out.fill_(float("nan"))
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(static_out, eager)
+    assert _error(static_out, _reference(q, k, v, True)) < TOLERANCE
+
+
 def test_the_callers_stream_is_honoured():
     """On a side stream held back by a sleep, the call must wait for the sleep: read before the
     side stream finishes, the output is still the poison; after, it is right."""

@@ -3,6 +3,7 @@ not, GQA, ragged lengths from 1 to 32k with an empty sequence among them, agains
 reference per sequence; outputs poisoned with NaN first; the LSE; the torch op."""
 import itertools
 
+import numpy as np
 import pytest
 
 from wavefront.results.measurement import CORRECTNESS_TOLERANCE as TOLERANCE
@@ -113,3 +114,59 @@ def test_the_torch_op_with_host_cu_seqlens():
     out = torch.ops.wavefront.attention_varlen(tq, tk, tv, cu, cu, max(LENGTHS), max(LENGTHS),
                                                True, None, None, None)
     assert _check(q, k, v, bounds, cupy.from_dlpack(out), True) < TOLERANCE
+
+
+@pytest.mark.parametrize("library", ["cupy", "torch"])
+def test_new_lengths_do_not_wait_for_the_gpu(library):
+    """Each new set of lengths builds its table on the host and copies it to the GPU. The copy
+    is from pinned memory on the tables' own stream, so in a loop of new lengths a call issued
+    while the GPU is busy returns at once (a copy from pageable memory waits for the queued
+    work first), and the launch still reads the finished table. A few calls with other lengths
+    first, as a loop makes them: the first ones may grow CuPy's memory pools, and a new pinned
+    or device allocation may wait for the GPU."""
+    import time
+
+    import cupy
+    if library == "torch":
+        torch = pytest.importorskip("torch")
+    from wavefront import attention_varlen
+    q, k, v, bounds = _packed(LENGTHS, 4, 2, 64, seed=13)
+    args = (q, k, v)
+    if library == "torch":
+        args = tuple(torch.from_dlpack(x) for x in args)
+    rng = np.random.default_rng(7)
+
+    def new_bounds():
+        cuts = np.sort(rng.choice(np.arange(1, q.shape[0]), size=len(LENGTHS) - 1,
+                                  replace=False))
+        return [0, *cuts.tolist(), q.shape[0]]  # same rows, new lengths: a new table
+    for _ in range(4):
+        attention_varlen(*args, new_bounds(), new_bounds(), causal=True)
+        cupy.cuda.Device().synchronize()
+    fresh = new_bounds()
+    out = (torch.full_like(args[0], float("nan")) if library == "torch"
+           else cupy.full(q.shape, cupy.nan, dtype=q.dtype))
+    cupy.cuda.Device().synchronize()
+    if library == "torch":
+        torch.cuda._sleep(400_000_000)  # about 0.2 s of GPU cycles on the caller's stream
+    else:
+        _gpu_sleep(0.2)
+    began = time.perf_counter()
+    attention_varlen(*args, fresh, fresh, causal=True, out=out)
+    host_s = time.perf_counter() - began
+    cupy.cuda.Device().synchronize()
+    assert host_s < 0.05, f"the call waited for the GPU: {host_s * 1e3:.1f} ms"
+    got = cupy.from_dlpack(out) if library == "torch" else out
+    assert _check(q, k, v, fresh, got, True) < TOLERANCE
+
+
+def _gpu_sleep(seconds: float):
+    """Queue a kernel that spins for about `seconds` on CuPy's current stream."""
+    import cupy
+    spin = cupy.RawKernel(r'''
+    extern "C" __global__ void spin(long long cycles) {
+        long long start = clock64();
+        while (clock64() - start < cycles) {}
+    }''', "spin")
+    rate_khz = cupy.cuda.Device().attributes["ClockRate"]
+    spin((1,), (1,), (cupy.int64(seconds * rate_khz * 1e3),))

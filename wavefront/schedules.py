@@ -242,19 +242,12 @@ def scans_backward(local_iter, kv_order):
     return backward
 
 
-def table_of_columns(n_rows: int, columns) -> np.ndarray:
-    """An int32 work table (`WORK_COLUMNS` wide, padding zeroed) from its first columns, each
-    an array of `n_rows` or one int for every row. NumPy writes a column of a row-major table
-    one strided element at a time, which took most of a 100k-item table's build: the columns
-    are stacked (contiguous writes) and transposed in one compiled pass instead."""
-    rows = np.empty((n_rows, WORK_COLUMNS), dtype=np.int32)
-    fill_rows(rows, columns)
-    return rows
-
-
 def fill_rows(rows: np.ndarray, columns) -> None:
-    """Write the first columns of `rows` (a work table or a slice of one) and zero its
-    padding; see `table_of_columns`."""
+    """Write the first columns of `rows` (a work table or a slice of one, `WORK_COLUMNS` wide)
+    from arrays of one value per row or one int for every row, and zero its padding. NumPy
+    writes a column of a row-major table one strided element at a time, which took most of a
+    100k-item table's build: the columns are stacked (contiguous writes) and transposed in one
+    compiled pass instead."""
     columns = list(columns)
     stacked = np.empty((len(columns), len(rows)), dtype=np.int32)
     for column, values in enumerate(columns):
@@ -1028,7 +1021,8 @@ class VarlenLaunch:
 
     @cached_property
     def num_items(self) -> int:
-        return int(self._items()[0].size)
+        # heads x Q tiles of each sequence (what `_items` lists), counted without listing them
+        return self.problem.heads * sum(-(-n // self.problem.tile_m) for n in self.seqlens_q)
 
     @cached_property
     def num_ctas(self) -> int:
@@ -1080,6 +1074,18 @@ class VarlenLaunch:
     def work_table(self) -> np.ndarray:
         """One int32 row per work item in hand-out order (`WORK_*` columns, sequences' starts
         and lengths included); the same scan rules as `Launch.work_table`."""
+        rows = np.empty((self.num_items, WORK_COLUMNS), dtype=np.int32)
+        self.write_work_table(rows)
+        rows.setflags(write=False)
+        return rows
+
+    def write_work_table(self, rows: np.ndarray) -> None:
+        """Write `work_table` into `rows` (num_items x WORK_COLUMNS int32), wherever they
+        live: each new batch of lengths builds its table on the host, and the public call
+        writes it straight into the pinned buffer it copies to the GPU from."""
+        if rows.shape != (self.num_items, WORK_COLUMNS) or rows.dtype != np.int32:
+            raise ValueError(f"rows must be int32 of shape {(self.num_items, WORK_COLUMNS)}, "
+                             f"got {rows.dtype} {rows.shape}")
         seq, head, q_tile, visited, first_masked = self._items()
         order = self._order(seq, head, q_tile, visited)
         seq, head, q_tile = seq[order], head[order], q_tile[order]
@@ -1102,6 +1108,4 @@ class VarlenLaunch:
         if max(self.problem.seqlen_q, self.problem.seqlen_kv) >= 1 << 31:
             raise ValueError("packed sequences of 2^31 rows or more do not fit the int32 work "
                              "table")
-        rows = table_of_columns(seq.size, [columns[c] for c in range(len(columns))])
-        rows.setflags(write=False)
-        return rows
+        fill_rows(rows, [columns[c] for c in range(len(columns))])

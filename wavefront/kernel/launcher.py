@@ -271,13 +271,23 @@ class AttentionLauncher:
 
     def _wait_for_table(self, stream):
         """Order this launch after the work table's build (on its own stream): until the build
-        is known to be done, every launch's stream waits for it on the GPU, not the host."""
-        if self._table_built.done:
+        is known to be done, every launch's stream waits for it on the GPU, not the host.
+
+        A stream being captured into a CUDA graph must not query an event (the query
+        invalidates the capture: seen when the GPU was busy enough that the table was not yet
+        known done at capture); there the wait is put into the graph as an external event
+        node, which every replay honours, and the event is kept for as long as graphs may."""
+        import cupy
+        handle = _stream_handle(stream)
+        capturing = cupy.cuda.runtime.streamIsCapturing(handle)
+        if not capturing and self._table_built.done:
             self._table_built = None
             return
-        import cupy
         with cupy.cuda.Device(self.view.device):
-            cupy.cuda.runtime.streamWaitEvent(_stream_handle(stream), self._table_built.ptr, 0)
+            cupy.cuda.runtime.streamWaitEvent(handle, self._table_built.ptr,
+                                              _EVENT_WAIT_EXTERNAL if capturing else 0)
+        if capturing:
+            _waited_on_in_graphs.append(self._table_built)
 
     def tickets(self):
         """(start, end) ticket of every work item of the last launch, as NumPy int64 arrays
@@ -578,54 +588,79 @@ def _zeros(vq: _ArrayView, shape, dtype: str):
         return cupy.zeros(shape, dtype=dtype)
 
 
-def _upload(vq: _ArrayView, host):
-    """A NumPy array copied to q's device, in q's library."""
-    if vq.library == "torch":
-        import warnings
-
-        import torch
-        with warnings.catch_warnings():
-            # The table is read-only and torch warns about wrapping it; it is only read, by the
-            # copy below (a host copy first would cost a millisecond at 100k work items).
-            warnings.simplefilter("ignore", UserWarning)
-            host_tensor = torch.from_numpy(host)
-        return host_tensor.to(_torch_device(vq.device))
-    import cupy
-    with cupy.cuda.Device(vq.device):
-        return cupy.asarray(host)
-
-
 _table_streams: dict = {}
+# cudaEventWaitExternal: a wait captured into a graph as an external event node.
+_EVENT_WAIT_EXTERNAL = 1
+# Table events that a captured graph waits on: never destroyed, since a graph can be replayed
+# after its launcher is gone (one per launcher captured before its table was known done).
+_waited_on_in_graphs: list = []
+# (event, pinned host buffer) of each varlen table copy: the buffer is kept until its copy is
+# done, whatever happens to the launcher meanwhile (CuPy's pinned pool would hand a freed
+# buffer to the next copy while the GPU still reads it).
+_pending_copies: list = []
+_pending_copies_lock = threading.Lock()
+
+
+def _table_stream(device: int):
+    """The stream work tables are built on, one per device (CuPy's; the current device)."""
+    import cupy
+    stream = _table_streams.get(device)
+    if stream is None:
+        stream = _table_streams.setdefault(device, cupy.cuda.Stream(non_blocking=True))
+    return stream
 
 
 def _device_work_table(vq: _ArrayView, launch):
     """-> (the launch's work table on q's device followed by one row whose first two numbers
-    are the dynamic schedules' item counter, zeroed; the CuPy event it is ready at, None
-    where it is ready now).
+    are the dynamic schedules' item counter, zeroed; the CuPy event it is ready at).
 
-    A dense launch's table is written on the GPU by one kernel printed from the schedule's own
-    formulas (`table_kernel`), on a stream of its own: the host issues one allocation and one
-    launch and never waits, where building 100k rows on the host and copying them cost
-    milliseconds (and building them with CuPy, operation by operation, ten to twenty
-    launches). It is a CuPy array for torch callers too (cuTile takes either). Packed
+    Built on a stream of its own, which every launch waits for on the GPU until the table is
+    known to be ready: the host issues the work and never waits for the GPU. A dense launch's
+    table is written on the GPU by one kernel printed from the schedule's own formulas
+    (`table_kernel`), where building 100k rows on the host and copying them cost milliseconds
+    (and building them with CuPy, operation by operation, ten to twenty launches). Packed
     variable-length batches build their table on the host (their rows come from the host's
-    sequence lengths) and copy it."""
-    if launch.varlen:
-        counter_row = np.zeros((1, WORK_COLUMNS), dtype=np.int32)
-        return _upload(vq, np.concatenate([launch.work_table, counter_row])), None
+    sequence lengths) and copy it from pinned memory: a copy from pageable memory waits for
+    everything queued on the GPU before it, so each new batch of lengths would have stalled the
+    caller's host until the GPU caught up. It is a CuPy array for torch callers too (cuTile
+    takes either)."""
     import cupy
     # Entering a device costs microseconds on a first call; only another device needs it.
     on_device = (contextlib.nullcontext() if cupy.cuda.runtime.getDevice() == vq.device
                  else cupy.cuda.Device(vq.device))
+    if launch.varlen:
+        with _pending_copies_lock:  # first, so that a finished copy's buffer can serve this one
+            _pending_copies[:] = [(e, b) for e, b in _pending_copies if not e.done]
     with on_device:
-        stream = _table_streams.get(vq.device)
-        if stream is None:
-            stream = _table_streams.setdefault(vq.device, cupy.cuda.Stream(non_blocking=True))
-        with stream:  # the table's memory too belongs to this stream (CuPy's pool)
-            table = build_on_gpu(launch, vq.device)
+        stream = _table_stream(vq.device)
+        if launch.varlen:
+            table, pinned = _copy_from_pinned(launch, stream)
+        else:
+            with stream:  # the table's memory too belongs to this stream (CuPy's pool)
+                table = build_on_gpu(launch, vq.device)
         built = cupy.cuda.Event(disable_timing=True)  # an ordering point, never timed
         built.record(stream)
+    if launch.varlen:
+        with _pending_copies_lock:
+            _pending_copies.append((built, pinned))
     return table, built
+
+
+def _copy_from_pinned(launch, stream):
+    """-> (a varlen launch's work table and a zeroed counter row on the GPU, the pinned buffer
+    the copy reads), the table written on the host straight into that buffer and its copy
+    queued on `stream`."""
+    import cupy
+    shape = (launch.num_items + 1, WORK_COLUMNS)
+    pinned = cupy.cuda.alloc_pinned_memory(shape[0] * WORK_COLUMNS * 4)
+    staging = np.frombuffer(pinned, dtype=np.int32, count=shape[0] * WORK_COLUMNS)
+    staging = staging.reshape(shape)
+    launch.write_work_table(staging[:-1])
+    staging[-1] = 0
+    with stream:
+        table = cupy.empty(shape, dtype=cupy.int32)
+        table.set(staging, stream=stream)
+    return table, pinned
 
 
 def _stream_handle(stream) -> int:
