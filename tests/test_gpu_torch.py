@@ -133,8 +133,8 @@ def test_cuda_graph_replay_equals_eager(schedule):
 def test_a_capture_before_the_table_is_known_done():
     """The work table is built on a stream of its own. Held back here by a sleep queued on
     that stream, the table is not yet done when the call, its launcher made just before, is
-    captured: the capture must not query the table's event (that invalidates it) but wait on
-    it as an external node, and the replay must still read the finished table."""
+    captured: the capture must succeed and its replay read the finished table (the launch's
+    wait on the table becomes an external event node of the graph)."""
     import wavefront.torch  # noqa: F401  (registers torch.ops.wavefront.attention)
     from wavefront.kernel.launcher import _table_stream, clear_launcher_cache
     q, k, v = _inputs(25)

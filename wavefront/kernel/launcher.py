@@ -273,10 +273,12 @@ class AttentionLauncher:
         """Order this launch after the work table's build (on its own stream): until the build
         is known to be done, every launch's stream waits for it on the GPU, not the host.
 
-        A stream being captured into a CUDA graph must not query an event (the query
-        invalidates the capture: seen when the GPU was busy enough that the table was not yet
-        known done at capture); there the wait is put into the graph as an external event
-        node, which every replay honours, and the event is kept for as long as graphs may."""
+        On a stream being captured into a CUDA graph the event is not queried, and the wait
+        goes into the graph as an external event node (`cudaEventWaitExternal`), so that every
+        replay waits on the build by name rather than on whatever a plain wait captures; the
+        event is then kept for as long as graphs may live. (`test_gpu_torch` captures while a
+        table is held back; the code before this passed that test too, so this is the
+        documented form of the wait, not a fix of a failure seen.)"""
         import cupy
         handle = _stream_handle(stream)
         capturing = cupy.cuda.runtime.streamIsCapturing(handle)
