@@ -1,0 +1,63 @@
+"""How far the timed model's predictions for the paper's launch move when its H100 calibration
+moves by almost nothing (CPU only, about 3 s a simulation).
+
+The draft's "Predictions before measurements" prints one simulation per GPU, mask and schedule.
+Rebuilding the model cache once moved the H100 calibration's `item_ns` in its 16th digit, and
+the GB10 causal sawtooth prediction at FA2's rate from 3.18 to 3.11 GB: event times that tie
+decide which CTA's request reaches the L2 first. This script scales `item_ns` by (1 + k x eps)
+and prints the range of each prediction, so a reader can see how many digits of it mean
+anything.
+
+    python scripts/timed_sensitivity.py [--eps 1e-15] [--steps 8] [--rate fast|mid]
+"""
+import argparse
+import dataclasses
+from pathlib import Path
+
+from wavefront.model.fits import PAPER_LAUNCH
+from wavefront.model.presets import PRESETS, preset_for_device
+from wavefront.point import plan
+from wavefront.report import timed
+from wavefront.report.analysis import Study
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--eps", type=float, default=1e-15, help="relative step of item_ns")
+    parser.add_argument("--steps", type=int, default=8, help="k = -steps .. steps")
+    parser.add_argument("--rate", choices=("fast", "mid"), default="fast",
+                        help="fast: compute at FA2's fraction of peak; mid: the H100's own")
+    parser.add_argument("--gpus", default="gb10,b200")
+    args = parser.parse_args()
+    study = Study(Path(__file__).resolve().parents[1] / "data")
+    calibration = next(c for g, c in timed.calibrations(study).items()
+                       if preset_for_device(g) == PRESETS["h100"])
+    fraction = timed.FA2_FRACTION_OF_PEAK if args.rate == "fast" else None
+    shape = (PAPER_LAUNCH["batch"], PAPER_LAUNCH["heads"], PAPER_LAUNCH["seqlen"],
+             PAPER_LAUNCH["head_dim"])
+    print(f"item_ns {calibration.item_ns!r} x (1 + k x {args.eps:g}), k = -{args.steps}.."
+          f"{args.steps}; DRAM reads (GB) of the paper's launch at the {args.rate} rate")
+    for key in args.gpus.split(","):
+        gpu = PRESETS[key]
+        memory = timed.memory_timing(gpu)
+        for causal in (False, True):
+            for schedule in ("persistent+linear", "persistent+sawtooth"):
+                launch = plan(shape, shape, sms=gpu.sms, l2_bytes=gpu.l2_bytes, causal=causal,
+                              schedule=schedule, tiles=PAPER_LAUNCH["tiles"], occupancy=1,
+                              ctas=gpu.sms)
+                reads = []
+                for k in range(-args.steps, args.steps + 1):
+                    moved = dataclasses.replace(
+                        calibration, item_ns=calibration.item_ns * (1 + k * args.eps))
+                    compute = timed.projected_compute(moved, PRESETS["h100"], gpu, launch,
+                                                      fraction)
+                    reads.append(timed.simulate_timed(
+                        launch, memory, compute, l2_bytes=gpu.l2_bytes,
+                        partitions=gpu.l2_partitions).dram_read_bytes / 1e9)
+                print(f"  {key:5s} {'causal' if causal else 'full':6s} {schedule:20s} "
+                      f"k=0: {reads[args.steps]:.3f}  range {min(reads):.3f}-{max(reads):.3f}",
+                      flush=True)
+
+
+if __name__ == "__main__":
+    main()
