@@ -26,6 +26,13 @@ import torch
 from wavefront.point import LEVERS
 
 
+def public_call_arguments(causal: bool) -> tuple:
+    """`attention_positional`'s arguments after q, k, v for a call that names only the mask:
+    its options in order, then every kernel lever unset (the public call's path)."""
+    return (causal, None, None, None, None, False, None, None, None, None, None,
+            *(None,) * len(LEVERS))
+
+
 def _ours(modules) -> dict:
     return {name: module for name, module in modules.items()
             if name == "wavefront" or name.startswith("wavefront.")}
@@ -92,21 +99,19 @@ def main():
     gen = torch.Generator(device="cuda").manual_seed(0)
     q, k, v = (torch.randn(shape, device="cuda", dtype=torch.bfloat16, generator=gen)
                for _ in range(3))
-    # attention_positional's options in order, then every lever unset: the public call's path
-    options = (args.causal, None, None, None, None, False, None, None, None, None, None)
-    no_levers = (None,) * len(LEVERS)
+    arguments = public_call_arguments(args.causal)
     for version in (other, this):
         with version.active() as launcher:
-            launcher.attention_positional(q, k, v, *options, *no_levers)
+            launcher.attention_positional(q, k, v, *arguments)
     versions = {f"other ({args.other.name})": other, "this tree": this}
     if args.first:
-        return first_calls(versions, q, k, v, options + no_levers, args)
+        return first_calls(versions, q, k, v, arguments, args)
     bound = next(iter(this.launcher._launchers.values()))
     out = torch.empty_like(q)
     raw = torch._C._cuda_getCurrentRawStream(q.device.index)
     bound(q, k, v, out, raw)
     calls = {name: (version, lambda launcher: launcher.attention_positional(
-        q, k, v, *options, *no_levers)) for name, version in versions.items()}
+        q, k, v, *arguments)) for name, version in versions.items()}
     calls["bound launch (this tree, same out)"] = (this, lambda _: bound(q, k, v, out, raw))
     samples = {name: [] for name in calls}
     torch.cuda.synchronize()

@@ -15,9 +15,9 @@ from collections import defaultdict
 import cupy
 import torch
 
+from ab_call import public_call_arguments
 from wavefront.kernel import launcher as L
 from wavefront.kernel import table_kernel as T
-from wavefront.point import LEVERS
 
 spent: dict = defaultdict(float)
 
@@ -48,7 +48,7 @@ class _TimedLaunches:
         return getattr(self._module, name)
 
 
-class _TimedRawKernel:
+class _TimedKernel:
     def __init__(self, kernel):
         self._kernel = kernel
 
@@ -70,7 +70,7 @@ def install_timers():
     L.build_on_gpu = timer("build_on_gpu", T.build_on_gpu)
     wrap(T, "table_kernel", "choose table kernel")
     kernel_of = T._kernel
-    T._kernel = lambda *args: _TimedRawKernel(kernel_of(*args))
+    T._kernel = lambda *args: _TimedKernel(kernel_of(*args))
     cupy_empty = cupy.empty
     cupy.empty = timer("cupy.empty (table)", cupy_empty)
     L.ct = _TimedLaunches(L.ct)
@@ -86,9 +86,7 @@ def main():
     gen = torch.Generator(device="cuda").manual_seed(0)
     q, k, v = (torch.randn(shape, device="cuda", dtype=torch.bfloat16, generator=gen)
                for _ in range(3))
-    # attention_positional's options in order, then every lever unset: the public call's path
-    arguments = (args.causal, None, None, None, None, False, None, None, None, None, None,
-                 *(None,) * len(LEVERS))
+    arguments = public_call_arguments(args.causal)
     L.attention_positional(q, k, v, *arguments)  # compiles; traces the table kernel
     install_timers()
     per_call = defaultdict(list)

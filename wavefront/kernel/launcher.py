@@ -630,21 +630,17 @@ def _device_work_table(vq: _ArrayView, launch):
     # Entering a device costs microseconds on a first call; only another device needs it.
     on_device = (contextlib.nullcontext() if cupy.cuda.runtime.getDevice() == vq.device
                  else cupy.cuda.Device(vq.device))
-    if launch.varlen:
-        with _pending_copies_lock:  # first, so that a finished copy's buffer can serve this one
-            _pending_copies[:] = [(e, b) for e, b in _pending_copies if not e.done]
     with on_device:
         stream = _table_stream(vq.device)
-        if launch.varlen:
-            table, pinned = _copy_from_pinned(launch, stream)
-        else:
-            with stream:  # the table's memory too belongs to this stream (CuPy's pool)
+        with stream:  # the table's memory too belongs to this stream (CuPy's pool)
+            if launch.varlen:
+                table, pinned = _copy_from_pinned(launch, stream)
+            else:
                 table = build_on_gpu(launch, vq.device)
         built = cupy.cuda.Event(disable_timing=True)  # an ordering point, never timed
         built.record(stream)
     if launch.varlen:
-        with _pending_copies_lock:
-            _pending_copies.append((built, pinned))
+        _keep_until_done(built, pinned)
     return table, built
 
 
@@ -659,10 +655,16 @@ def _copy_from_pinned(launch, stream):
     staging = staging.reshape(shape)
     launch.write_work_table(staging[:-1])
     staging[-1] = 0
-    with stream:
-        table = cupy.empty(shape, dtype=cupy.int32)
-        table.set(staging, stream=stream)
+    table = cupy.empty(shape, dtype=cupy.int32)
+    table.set(staging, stream=stream)
     return table, pinned
+
+
+def _keep_until_done(event, buffer) -> None:
+    """Keep `buffer` until `event` is done, and let go of those whose copies are."""
+    with _pending_copies_lock:
+        _pending_copies[:] = [(e, b) for e, b in _pending_copies if not e.done]
+        _pending_copies.append((event, buffer))
 
 
 def _stream_handle(stream) -> int:
