@@ -20,7 +20,6 @@ from wavefront.schedules import (
     decode_work_item,
     kv_schedule,
     kv_tile_span,
-    schedule_names,
 )
 
 
@@ -314,6 +313,51 @@ def test_varlen_groups_fit_the_budget_and_longest_first_is_by_work():
     units = [int(r[WORK_BATCH]) * 2 + int(r[WORK_KV_HEAD]) for r in launch.work_table]
     first_seen = list(dict.fromkeys(units))
     assert first_seen == sorted(first_seen)
+
+
+def _items_in_order_by_sorting_items(launch):
+    """(sequence, head, Q tile) of every work item in hand-out order, sorted item by item as
+    the CTA schedules' docstrings state the order: the reference for `VarlenLaunch._order`,
+    which sorts tile rows and spreads them over heads."""
+    from wavefront.schedules import group_by_budget, kv_tile_span
+    p = launch.problem
+    items = [(s, h, t) for s, n in enumerate(launch.seqlens_q) for h in range(p.heads)
+             for t in range(-(-n // p.tile_m))]
+    seq, head, q_tile = (np.array([item[i] for item in items], dtype=np.int64)
+                         for i in range(3))
+    visited = np.array([kv_tile_span(t, p.tile_m, p.tile_n, launch.seqlens_q[s],
+                                     launch.seqlens_kv[s], p.causal)[0] for s, _, t in items])
+    name = launch.cta.name
+    if name in ("grid", "persistent"):
+        order = np.arange(len(items))
+    elif name in ("longest_first", "dynamic"):
+        order = np.lexsort((head, seq, -q_tile, -visited))
+    else:
+        unit = seq * p.kv_heads + head // p.qheads_per_kv
+        unit_bytes = (2 * np.repeat(np.array(launch.seqlens_kv, dtype=np.float64), p.kv_heads)
+                      * p.head_dim * p.element_bytes)
+        group = group_by_budget(unit_bytes, launch.cta.l2_fraction * launch.l2_bytes)[unit]
+        order = (np.lexsort((head, unit, q_tile, group)) if name == "grouped" else
+                 np.lexsort((head, unit, -q_tile, -visited, group)))
+    return [items[i] for i in order]
+
+
+@pytest.mark.parametrize("cta_name", CTA_NAMES_FOR_VARLEN)
+def test_varlen_order_is_each_schedules_item_order(cta_name):
+    from wavefront.schedules import WORK_BATCH, WORK_HEAD, WORK_Q_TILE
+    rng = random.Random(cta_name)
+    for _ in range(25):
+        lengths = [rng.choice([0, 1, 64, 129, 300, 1000, rng.randint(1, 3000)])
+                   for _ in range(rng.randint(1, 9))]
+        if not sum(lengths):
+            lengths.append(3)
+        kv_heads = rng.choice([1, 2, 4])
+        launch = _varlen(lengths, cta_name, rng.choice(["linear", "sawtooth"]),
+                         heads=kv_heads * rng.choice([1, 2, 3]), kv_heads=kv_heads,
+                         causal=rng.random() < 0.5, l2_bytes=rng.choice([1 << 16, 1 << 19]))
+        table = launch.work_table
+        got = [tuple(int(x) for x in r) for r in table[:, [WORK_BATCH, WORK_HEAD, WORK_Q_TILE]]]
+        assert got == _items_in_order_by_sorting_items(launch), (lengths, launch.problem)
 
 
 def test_varlen_refuses_what_it_cannot_run():

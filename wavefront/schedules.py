@@ -252,7 +252,7 @@ def fill_rows(rows: np.ndarray, columns) -> None:
     stacked = np.empty((len(columns), len(rows)), dtype=np.int32)
     for column, values in enumerate(columns):
         stacked[column] = values  # a scalar (the same for every item) broadcasts
-    _compiled_transpose()(stacked, rows)
+    _compiled("transpose", _transpose_into)(stacked, rows)
 
 
 def _transpose_into(columns, rows):
@@ -293,13 +293,26 @@ def _table_threads():
     return _COMPILED["threads"]
 
 
-def _compiled_transpose():
-    """`_transpose_into`, compiled once per process (numba is imported on the first table, not
-    with the vocabulary; its machine code is cached on disk)."""
-    if "transpose" not in _COMPILED:
+def _gather_rows(per_row, direction, row, head, kv_head, rows):
+    """rows[i] = per_row[direction[i], row[i]] with the item's head and K/V head, and the
+    padding 0."""
+    for i in range(rows.shape[0]):
+        source = per_row[direction[i], row[i]]
+        for j in range(per_row.shape[2]):
+            rows[i, j] = source[j]
+        for j in range(per_row.shape[2], rows.shape[1]):
+            rows[i, j] = 0
+        rows[i, WORK_HEAD] = head[i]
+        rows[i, WORK_KV_HEAD] = kv_head[i]
+
+
+def _compiled(name, function):
+    """`function`, compiled once per process (numba is imported on the first table, not with
+    the vocabulary; its machine code is cached on disk)."""
+    if name not in _COMPILED:
         import numba
-        _COMPILED["transpose"] = numba.njit(cache=True, nogil=True)(_transpose_into)
-    return _COMPILED["transpose"]
+        _COMPILED[name] = numba.njit(cache=True, nogil=True)(function)
+    return _COMPILED[name]
 
 
 # --------------------------------------------------------------------------------------------
@@ -1036,39 +1049,73 @@ class VarlenLaunch:
     def group_units(self) -> int:
         return 1  # varlen groups are ragged: see `group_by_budget`
 
-    def _items(self):
-        """(sequence, head, Q tile, K/V tiles visited, first masked tile) of every work item,
-        sequence by sequence, heads then Q tiles fastest (the canonical order)."""
+    def _tile_rows(self):
+        """(sequence, Q tile, K/V tiles visited, first masked tile) of every Q tile of every
+        sequence, sequence by sequence: all of a work item's row but its head, which the
+        heads of one Q tile share (so the table's order is worked out on these, a heads-th
+        of the items, and then spread over the heads)."""
         p = self.problem
         sq = np.asarray(self.seqlens_q, dtype=np.int64)
         sk = np.asarray(self.seqlens_kv, dtype=np.int64)
         q_tiles = -(-sq // p.tile_m)
-        per_seq = p.heads * q_tiles
-        seq = np.repeat(np.arange(len(sq)), per_seq)
-        within = np.arange(int(per_seq.sum())) - np.repeat(np.cumsum(per_seq) - per_seq, per_seq)
-        head = within // q_tiles[seq]
-        q_tile = within - head * q_tiles[seq]
+        seq = np.repeat(np.arange(len(sq)), q_tiles)
+        q_tile = np.arange(seq.size) - np.repeat(np.cumsum(q_tiles) - q_tiles, q_tiles)
         visited, first_masked = kv_tile_span(q_tile, p.tile_m, p.tile_n, sq[seq], sk[seq],
                                              p.causal)
-        return seq, head, q_tile, np.asarray(visited), np.asarray(first_masked)
+        return seq, q_tile, np.asarray(visited), np.asarray(first_masked)
 
-    def _order(self, seq, head, q_tile, visited) -> np.ndarray:
-        """Positions of the canonical items in the order the CTA schedule hands them out."""
+    def _order(self, seq, q_tile, visited) -> tuple[np.ndarray, np.ndarray]:
+        """-> (tile row, head) of every work item, in the order the CTA schedule hands the
+        items out (tile rows as `_tile_rows` lists them).
+
+        Grid and persistent: sequence by sequence, heads then Q tiles fastest. The others
+        sort blocks of one tile row and a run of its heads, then list each block's heads:
+        longest_first and dynamic by work, longest first (a block: every head); grouped and
+        grouped_dynamic in groups of (sequence, K/V head) units whose K/V fits the L2 budget,
+        filled in order by bytes, a block being the heads of one sequence's units in one
+        group (grouped: by Q tile inside a group; grouped_dynamic: longest first)."""
         code, p = self.cta.code, self.problem
+        heads = p.heads
+        q_tiles = np.bincount(seq, minlength=self.batch)
+        first_row = np.cumsum(q_tiles) - q_tiles
         if code in (CTA_GRID, CTA_PERSISTENT):
-            return np.arange(seq.size)
+            per_seq = heads * q_tiles
+            item_seq = np.repeat(np.arange(self.batch), per_seq)
+            within = np.arange(item_seq.size) - np.repeat(np.cumsum(per_seq) - per_seq, per_seq)
+            head, tile = np.divmod(within, q_tiles[item_seq])
+            return first_row[item_seq] + tile, head
         if code in (CTA_LONGEST_FIRST, CTA_DYNAMIC):
-            return np.lexsort((head, seq, -q_tile, -visited))
-        unit = seq * p.kv_heads + head // p.qheads_per_kv
+            rows = np.lexsort((seq, -q_tile, -visited))
+            return np.repeat(rows, heads), np.tile(np.arange(heads), rows.size)
+        if code not in (CTA_GROUPED, CTA_GROUPED_DYNAMIC):
+            raise ValueError(f"cta schedule {self.cta.name!r} has no order for "
+                             "variable-length batches (VarlenLaunch._order)")
+        # Segments: the units of one sequence in one group, as a run of K/V heads.
         unit_bytes = (2 * np.asarray(self.seqlens_kv, dtype=np.float64).repeat(p.kv_heads)
                       * p.head_dim * p.element_bytes)
-        group = group_by_budget(unit_bytes, self.cta.l2_fraction * self.l2_bytes)[unit]
+        group = group_by_budget(unit_bytes, self.cta.l2_fraction * self.l2_bytes)
+        starts = np.flatnonzero(np.diff(group, prepend=-1)
+                                | np.diff(np.arange(group.size) // p.kv_heads, prepend=-1))
+        seg_seq, seg_kv_lo = np.divmod(starts, p.kv_heads)
+        seg_group = group[starts]
+        seg_kv_count = np.diff(starts, append=group.size)
+        # Blocks: every Q tile of a segment's sequence.
+        block_seg = np.repeat(np.arange(starts.size), q_tiles[seg_seq])
+        block_row = (first_row[seg_seq][block_seg] + np.arange(block_seg.size)
+                     - np.repeat(np.cumsum(q_tiles[seg_seq]) - q_tiles[seg_seq],
+                                 q_tiles[seg_seq]))
         if code == CTA_GROUPED:
-            return np.lexsort((head, unit, q_tile, group))
-        if code == CTA_GROUPED_DYNAMIC:
-            return np.lexsort((head, unit, -q_tile, -visited, group))
-        raise ValueError(f"cta schedule {self.cta.name!r} has no order for variable-length "
-                         "batches (VarlenLaunch._order)")
+            keys = (seg_seq[block_seg], q_tile[block_row], seg_group[block_seg])
+        else:
+            keys = (seg_seq[block_seg], -q_tile[block_row], -visited[block_row],
+                    seg_group[block_seg])
+        blocks = np.lexsort(keys)
+        block_seg, block_row = block_seg[blocks], block_row[blocks]
+        per_block = seg_kv_count[block_seg] * p.qheads_per_kv
+        head = (np.repeat(seg_kv_lo[block_seg] * p.qheads_per_kv - (np.cumsum(per_block)
+                                                                    - per_block), per_block)
+                + np.arange(int(per_block.sum())))
+        return np.repeat(block_row, per_block), head
 
     @cached_property
     def work_table(self) -> np.ndarray:
@@ -1086,26 +1133,33 @@ class VarlenLaunch:
         if rows.shape != (self.num_items, WORK_COLUMNS) or rows.dtype != np.int32:
             raise ValueError(f"rows must be int32 of shape {(self.num_items, WORK_COLUMNS)}, "
                              f"got {rows.dtype} {rows.shape}")
-        seq, head, q_tile, visited, first_masked = self._items()
-        order = self._order(seq, head, q_tile, visited)
-        seq, head, q_tile = seq[order], head[order], q_tile[order]
-        visited, first_masked = visited[order], first_masked[order]
-        items = np.arange(seq.size)
-        it = local_iteration(items, self.num_ctas, self.resident_ctas, self.cta.code)
+        seq, q_tile, visited, first_masked = self._tile_rows()
+        row, head = self._order(seq, q_tile, visited)
+        it = local_iteration(np.arange(row.size), self.num_ctas, self.resident_ctas,
+                             self.cta.code)
         backward = 0 if self.cta.dynamic else scans_backward(it, self.kv.code)
         lo, mid, hi = chunk_tile_range(0, max(int(visited.max(initial=0)), 1), visited,
                                        first_masked)
-        start, step, count, masked_lo, masked_hi = scan_plan(lo, mid, hi, backward)
         sq = np.asarray(self.seqlens_q, dtype=np.int64)
         sk = np.asarray(self.seqlens_kv, dtype=np.int64)
         q_start, kv_start = np.cumsum(sq) - sq, np.cumsum(sk) - sk
-        columns = {WORK_BATCH: seq, WORK_HEAD: head,
-                   WORK_KV_HEAD: head // self.problem.qheads_per_kv, WORK_Q_TILE: q_tile,
-                   WORK_SCAN_START: start, WORK_SCAN_STEP: step, WORK_SCAN_COUNT: count,
-                   WORK_MASKED_LO: masked_lo, WORK_MASKED_HI: masked_hi, WORK_CHUNK: 0,
-                   WORK_Q_START: q_start[seq], WORK_KV_START: kv_start[seq],
-                   WORK_SEQLEN_Q: sq[seq], WORK_SEQLEN_KV: sk[seq]}
         if max(self.problem.seqlen_q, self.problem.seqlen_kv) >= 1 << 31:
             raise ValueError("packed sequences of 2^31 rows or more do not fit the int32 work "
                              "table")
-        fill_rows(rows, [columns[c] for c in range(len(columns))])
+        # Everything but the item's head and scan direction belongs to its tile row: each
+        # tile row's columns are written for both directions, and the items copy theirs
+        # (one compiled pass, with no item-sized temporaries: a 16k-item table built column
+        # by column spent most of its time in page faults on NumPy's temporaries).
+        per_row = np.empty((2, seq.size, WORK_SEQLEN_KV + 1), dtype=np.int32)  # no padding
+        for direction in (0, 1):
+            start, step, count, masked_lo, masked_hi = scan_plan(lo, mid, hi, direction)
+            columns = {WORK_BATCH: seq, WORK_HEAD: 0, WORK_KV_HEAD: 0, WORK_Q_TILE: q_tile,
+                       WORK_SCAN_START: start, WORK_SCAN_STEP: step, WORK_SCAN_COUNT: count,
+                       WORK_MASKED_LO: masked_lo, WORK_MASKED_HI: masked_hi, WORK_CHUNK: 0,
+                       WORK_Q_START: q_start[seq], WORK_KV_START: kv_start[seq],
+                       WORK_SEQLEN_Q: sq[seq], WORK_SEQLEN_KV: sk[seq]}
+            fill_rows(per_row[direction], [columns[c] for c in range(len(columns))])
+        direction = (np.zeros(row.size, dtype=np.int8) if np.ndim(backward) == 0
+                     else backward.astype(np.int8))
+        _compiled("gather_rows", _gather_rows)(per_row, direction, row, head,
+                                               head // self.problem.qheads_per_kv, rows)
