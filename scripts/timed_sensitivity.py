@@ -1,12 +1,12 @@
 """How far the timed model's predictions for the paper's launch move when its H100 calibration
 moves by almost nothing (CPU only, about 3 s a simulation).
 
-The draft's "Predictions before measurements" prints one simulation per GPU, mask and schedule.
 Rebuilding the model cache once moved the H100 calibration's `item_ns` in its 16th digit, and
 the GB10 causal sawtooth prediction at FA2's rate from 3.18 to 3.11 GB: event times that tie
-decide which CTA's request reaches the L2 first. This script scales `item_ns` by (1 + k x eps)
-and prints the range of each prediction, so a reader can see how many digits of it mean
-anything.
+decide which CTA's request reaches the L2 first. The draft's "Predictions before measurements"
+now prints each prediction's spread under item_ns x (1 + k x 1e-15), k = -2..2
+(`wavefront.report.timed.CALIBRATION_NUDGES`); this script sweeps wider, scaling `item_ns` by
+(1 + k x eps) for k = -steps..steps, to show how many digits of each prediction mean anything.
 
     python scripts/timed_sensitivity.py [--eps 1e-15] [--steps 8] [--rate fast|mid]
 """

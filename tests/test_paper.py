@@ -237,3 +237,15 @@ def test_current_fits_and_scores_use_only_todays_kernel():
         assert runs, name
         first = [r for r, run in runs.items() if kernel_generation(run) == "first"]
         assert not first, f"{name}: runs {first} used the first kernel"
+
+
+def test_each_prediction_lies_in_its_nudged_spread():
+    """The timed model's predictions for unmeasured GPUs carry the range of the simulations
+    with the calibration nudged (the draft prints it where a printed digit moves): the point
+    prediction is one of those simulations, so it lies inside, at both compute rates."""
+    from wavefront.report import timed
+    pred = timed.predictions(Study(ROOT / "data"))
+    assert len(pred) == 8
+    for column in ("dram_read_gb", "dram_read_gb_fast", "tflops", "tflops_fast"):
+        assert (pred[f"{column}_min"] <= pred[column]).all(), column
+        assert (pred[column] <= pred[f"{column}_max"]).all(), column
