@@ -102,6 +102,23 @@ def test_the_launcher_cache_key_separates_what_a_launch_depends_on():
     assert _call_key(torch.nn.Parameter(q), k, k, options) is None
 
 
+def test_packed_batches_do_not_push_the_dense_launchers_out():
+    """Launchers of packed batches, new lengths every call, live in a cache of their own,
+    bounded on its own: a loop of ragged batches leaves the dense shapes' launchers cached
+    (stand-in builds: the cache does not look inside what it keeps)."""
+    from wavefront.kernel import launcher as L
+    L.clear_launcher_cache()
+    dense = L._cached_launcher(("dense",), object)
+    for n in range(L.VARLEN_LAUNCHER_CACHE_SIZE + 5):
+        L._cached_launcher(("varlen", n), object, varlen=True)
+    assert L._cached_launcher(("dense",), object) is dense
+    assert len(L._varlen_launchers) == L.VARLEN_LAUNCHER_CACHE_SIZE
+    assert ("varlen", 0) not in L._varlen_launchers and ("varlen", 20) in L._varlen_launchers
+    assert list(L._launchers) == [("dense",)]
+    L.clear_launcher_cache()
+    assert not L._launchers and not L._varlen_launchers
+
+
 def test_the_public_call_allocates_a_contiguous_output_whatever_q_strides():
     """What the fake implementation promises torch.compile: a contiguous output of q's shape
     and dtype, also for a q whose heads and sequence are transposed in memory."""

@@ -374,6 +374,11 @@ def resolve_config(q_shape, k_shape, causal: bool, schedule, tiles, occupancy,
 LAUNCHER_CACHE_SIZE = 64
 _launchers: OrderedDict = OrderedDict()
 _launchers_lock = threading.Lock()
+# Packed batches are kept apart: a training or serving loop brings new lengths every call, and
+# in one cache with the dense shapes a model calls every step they would push those out (the
+# oldest entry goes first) and keep dozens of stale work tables on the GPU.
+VARLEN_LAUNCHER_CACHE_SIZE = 16
+_varlen_launchers: OrderedDict = OrderedDict()
 
 
 def clear_launcher_cache() -> None:
@@ -381,6 +386,7 @@ def clear_launcher_cache() -> None:
     configuration they were made with)."""
     with _launchers_lock:
         _launchers.clear()
+        _varlen_launchers.clear()
 
 
 def _cupy_key(x):
@@ -407,12 +413,12 @@ def _call_key(q, k, v, options: tuple):
     return (keys, options, tuple(map(type, options)))
 
 
-def _cached(key):
+def _cached(key, cache=_launchers):
     """-> (key, the launcher cached under it or None); the key becomes None where it cannot
     be hashed (a list of tiles, say: no caching, same result). The hash is taken once, by the
     look-up itself: hashing a key of shapes and dtypes costs about a microsecond."""
     try:
-        return key, _launchers.get(key)
+        return key, cache.get(key)
     except TypeError:
         return None, None
 
@@ -466,20 +472,23 @@ def attention_positional(q, k, v, causal, schedule, tiles, occupancy, scale, ret
     return launcher(q, k, v, out, stream, lse)
 
 
-def _cached_launcher(key, build) -> AttentionLauncher:
-    """The launcher cached under `key` (None: not cacheable), else `build()`, then cached.
+def _cached_launcher(key, build, varlen: bool = False) -> AttentionLauncher:
+    """The launcher cached under `key` (None: not cacheable), else `build()`, then cached
+    (packed batches in a cache of their own).
 
     A hit is one dictionary read (atomic under the interpreter lock, so no lock of ours on
     the hot path); inserting and evicting take the lock. The oldest entry goes first."""
-    key, launcher = _cached(key)
+    cache, size = ((_varlen_launchers, VARLEN_LAUNCHER_CACHE_SIZE) if varlen else
+                   (_launchers, LAUNCHER_CACHE_SIZE))
+    key, launcher = _cached(key, cache)
     if launcher is not None:
         return launcher
     launcher = build()
     if key is not None:
         with _launchers_lock:
-            launcher = _launchers.setdefault(key, launcher)  # a racing thread's build wins
-            while len(_launchers) > LAUNCHER_CACHE_SIZE:
-                _launchers.popitem(last=False)
+            launcher = cache.setdefault(key, launcher)  # a racing thread's build wins
+            while len(cache) > size:
+                cache.popitem(last=False)
     return launcher
 
 
@@ -545,7 +554,7 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q=None,
                              tiles=config.pop("tiles"), occupancy=config.pop("occupancy"),
                              sms=dev.sms, l2_bytes=l2_bytes or dev.l2_bytes, ctas=ctas)
         return AttentionLauncher(launch, vq, scale=scale, return_lse=return_lse, **config)
-    launcher = _cached_launcher(key, build)
+    launcher = _cached_launcher(key, build, varlen=True)
     view = launcher.view
     total_q, heads, head_dim = tuple(q.shape)
     if out is None:
