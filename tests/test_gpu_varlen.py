@@ -116,6 +116,31 @@ def test_the_torch_op_with_host_cu_seqlens():
     assert _check(q, k, v, bounds, cupy.from_dlpack(out), True) < TOLERANCE
 
 
+@pytest.mark.parametrize("schedule", ["persistent+sawtooth", "dynamic+linear",
+                                      "grouped_dynamic+sawtooth"])
+def test_new_lengths_reuse_the_problems_launcher(schedule):
+    """New lengths for a packed problem already called (same arrays, options and number of
+    sequences) copy its launcher with a work table of their own: the binary and the bound
+    arguments are shared, the table, item count and grid are not, and every result is right,
+    the first lengths' again after the second's."""
+    import cupy
+
+    from wavefront import attention_varlen
+    from wavefront.kernel import launcher as kernel_launcher
+    kernel_launcher.clear_launcher_cache()
+    q, k, v, first = _packed(LENGTHS, 4, 2, 64, seed=21)
+    second = [0, 5, 900, 901, 1500, 3000, 3001, 5600, q.shape[0]]  # as many sequences
+    for bounds in (first, second, first):
+        out = cupy.full(q.shape, cupy.nan, dtype=q.dtype)
+        attention_varlen(q, k, v, bounds, bounds, causal=True, schedule=schedule, out=out)
+        assert _check(q, k, v, bounds, out, True) < TOLERANCE, bounds
+    made, copied = kernel_launcher._varlen_launchers.values()
+    assert copied.kernel is made.kernel and copied.variant == made.variant
+    assert copied.launch.num_items != made.launch.num_items
+    assert copied._table.data.ptr != made._table.data.ptr
+    assert list(kernel_launcher._varlen_templates.values()) == [made]
+
+
 @pytest.mark.parametrize("library", ["cupy", "torch"])
 def test_new_lengths_do_not_wait_for_the_gpu(library):
     """Each new set of lengths builds its table on the host and copies it to the GPU. The copy

@@ -8,6 +8,7 @@ a launch depends on, so a repeated call costs a dictionary look-up and the launc
 from __future__ import annotations
 
 import contextlib
+import copy
 import functools
 import math
 import threading
@@ -36,6 +37,9 @@ from wavefront.schedules import WORK_COLUMNS, Launch
 # is the per-call arrays followed by the launcher's bound arguments.
 PER_CALL_PARAMS = ("Q", "K", "V", "Out", "Lse")
 assert tuple(prm.name for prm in ATTENTION_PARAMS[:len(PER_CALL_PARAMS)]) == PER_CALL_PARAMS
+# Where a bound argument sits in a launcher's bound tuple (the parameters after the per-call ones).
+BOUND_INDEX = {prm.name: i - len(PER_CALL_PARAMS) for i, prm in enumerate(ATTENTION_PARAMS)
+               if i >= len(PER_CALL_PARAMS)}
 
 
 @dataclass(frozen=True)
@@ -233,6 +237,7 @@ class AttentionLauncher:
         self.scalars = {"qk_scale_log2": float(scale * LOG2_E), "num_items": launch.num_items,
                         "alternate": launch.alternate}
         # A cluster launch needs a whole number of clusters; a spare CTA finds no item.
+        self.cluster = cluster
         self.grid = (-(-launch.num_ctas // cluster) * cluster, 1, 1)
         self.combine_grid = (-(-p.seqlen_q // COMBINE_TILE_M), p.batch * p.heads, 1)
         # The argument tuple, bound by name once, less the per-call arrays that lead it: a
@@ -263,6 +268,31 @@ class AttentionLauncher:
                 "n_chunks": self.launch.n_chunks, "HEAD_DIM": p.head_dim,
                 "TILE_M": COMBINE_TILE_M, "WRITE_LSE": self.return_lse}))
         return (out, lse) if self.return_lse else out
+
+    def for_lengths(self, launch) -> "AttentionLauncher":
+        """This launcher for a packed batch of other lengths (`launch`: the same problem and
+        schedule, new `cu_seqlens`): a copy that shares the binary, the stand-ins and the
+        bound arguments, with a work table, item count and grid of its own. A training or
+        serving loop brings new lengths every call; everything else stays."""
+        mine = self.launch
+        if not (mine.varlen and launch.varlen) or self.record_order or (
+                (launch.problem, launch.cta, launch.kv, launch.ctas_per_sm)
+                != (mine.problem, mine.cta, mine.kv, mine.ctas_per_sm)):
+            raise ValueError("for_lengths takes a packed batch of this launcher's problem and "
+                             "schedule, other lengths only")
+        other = copy.copy(self)
+        other.launch = launch
+        other._table, other._table_built = _device_work_table(self.view, launch)
+        items = launch.num_items
+        other.scalars = {**self.scalars, "num_items": items}
+        other.grid = (-(-launch.num_ctas // self.cluster) * self.cluster, 1, 1)
+        bound = list(self._bound_args)
+        bound[BOUND_INDEX["Work"]] = _described(other._table, "int32", (items, WORK_COLUMNS))
+        bound[BOUND_INDEX["NextItem"]] = _described(other._table, "int32", (2,),
+                                                    items * WORK_COLUMNS * 4)
+        bound[BOUND_INDEX["num_items"]] = items
+        other._bound_args = tuple(bound)
+        return other
 
     @property
     def next_item(self):
@@ -379,6 +409,10 @@ _launchers_lock = threading.Lock()
 # oldest entry goes first) and keep dozens of stale work tables on the GPU.
 VARLEN_LAUNCHER_CACHE_SIZE = 16
 _varlen_launchers: OrderedDict = OrderedDict()
+# Per packed problem (arrays, options, number of sequences; not the lengths): the first
+# launcher built, whose binary, stand-ins and bound arguments a batch of new lengths reuses
+# (`AttentionLauncher.for_lengths`). As bounded as the launchers.
+_varlen_templates: OrderedDict = OrderedDict()
 
 
 def clear_launcher_cache() -> None:
@@ -387,6 +421,7 @@ def clear_launcher_cache() -> None:
     with _launchers_lock:
         _launchers.clear()
         _varlen_launchers.clear()
+        _varlen_templates.clear()
 
 
 def _cupy_key(x):
@@ -524,13 +559,12 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q=None,
     """FlashAttention forward over packed sequences; see `wavefront.api.attention_varlen`."""
     bounds_q = _host_bounds("cu_seqlens_q", cu_seqlens_q)
     bounds_k = _host_bounds("cu_seqlens_k", cu_seqlens_k)
-    options = (causal, schedule, tiles, occupancy, scale, return_lse, l2_bytes, ctas, bounds_q,
-               bounds_k, max_seqlen_q, max_seqlen_k, *(x for item in levers.items() for x in item))
-    key = _call_key(q, k, v, options)
+    problem_options = (causal, schedule, tiles, occupancy, scale, return_lse, l2_bytes, ctas,
+                       len(bounds_q), *(x for item in levers.items() for x in item))
+    key = _call_key(q, k, v, (*problem_options, bounds_q, bounds_k, max_seqlen_q, max_seqlen_k))
     q4, k4, v4 = (_packed_as_4d(n, x) for n, x in (("q", q), ("k", k), ("v", v)))
 
     def build():
-        vq, _ = _check_inputs(q4, k4, v4)
         lengths_q = [b - a for a, b in zip(bounds_q, bounds_q[1:])]
         lengths_k = [b - a for a, b in zip(bounds_k, bounds_k[1:])]
         for name, given, lengths in (("max_seqlen_q", max_seqlen_q, lengths_q),
@@ -538,6 +572,24 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q=None,
             if given is not None and lengths and int(given) < max(lengths):
                 raise ValueError(f"{name} must be at least the longest sequence "
                                  f"({max(lengths)}), got {given}")
+        template_key, template = _cached(
+            None if key is None else _call_key(q, k, v, problem_options), _varlen_templates)
+        if template is not None:  # this problem with other lengths: only the table is new
+            p, done = template.launch.problem, template.launch
+            return template.for_lengths(plan_varlen(
+                tuple(q.shape), tuple(k.shape), bounds_q, bounds_k, causal=causal,
+                schedule=done.name, tiles=(p.tile_m, p.tile_n), occupancy=done.ctas_per_sm,
+                sms=done.sms, l2_bytes=done.l2_bytes, ctas=done.ctas))
+        launcher = _first_varlen_launcher()
+        if template_key is not None:
+            with _launchers_lock:
+                _varlen_templates.setdefault(template_key, launcher)
+                while len(_varlen_templates) > VARLEN_LAUNCHER_CACHE_SIZE:
+                    _varlen_templates.popitem(last=False)
+        return launcher
+
+    def _first_varlen_launcher():
+        vq, _ = _check_inputs(q4, k4, v4)
         dev = current_device()
         if dev is None:
             raise RuntimeError("wavefront.attention_varlen needs a CUDA GPU; none is visible")
