@@ -84,17 +84,21 @@ def _visible_spread(row, column: str, fmt: str) -> bool:
     return format(low, fmt) != format(high, fmt)
 
 
-def _moved_by_nudges(pred) -> list[list[str]]:
-    """Per prediction: 'what [rate] low-high' for each printed number the nudges move."""
+RATES = {"": "", "_fast": " at FA2's rate"}  # column suffix: how the text names the rate
+
+
+def _moved_by_nudges(pred) -> list[dict]:
+    """Per prediction, per rate (column suffix): 'what[ at rate] low-high' for each printed
+    number the nudges move."""
     out = []
     for r in pred.itertuples():
-        moved = []
+        moved = {rate: [] for rate in RATES}
         for column, what, fmt in (("dram_read_gb", "GB", ".2f"), ("tflops", "TFLOP/s", ".0f")):
-            for rate, label in (("", ""), ("_fast", " at FA2's rate")):
+            for rate, label in RATES.items():
                 c = f"{column}{rate}"
                 if _visible_spread(r, c, fmt):
-                    moved.append(f"{what}{label} {getattr(r, c + '_min'):{fmt}}-"
-                                 f"{getattr(r, c + '_max'):{fmt}}")
+                    moved[rate].append(f"{what}{label} {getattr(r, c + '_min'):{fmt}}-"
+                                       f"{getattr(r, c + '_max'):{fmt}}")
         out.append(moved)
     return out
 
@@ -103,9 +107,8 @@ def _nudge_prose(unstable, n_rows: int) -> str:
     if not unstable:
         return (f"None of the {2 * n_rows} predictions ({n_rows} launches at two rates) moved "
                 "under the nudges.")
-    at_rate = {"": "", "_fast": " at FA2's rate"}
     named = ", ".join(f"{r.gpu} {'causal' if r.causal else 'non-causal'} {r.schedule}"
-                      f"{at_rate[rate]}" for r, rate in unstable)
+                      f"{RATES[rate]}" for r, rate in unstable)
     one = len(unstable) == 1
     return (f"{len(unstable)} of the {2 * n_rows} predictions ({n_rows} launches at two rates) "
             f"moved under nudges no fit can resolve ({named}): in "
@@ -122,6 +125,7 @@ def section(study) -> Section:
     pred = timed.predictions(study)
     rows = timed.validation_rows(study)
     nudge_span = max(abs(k) for k in timed.CALIBRATION_NUDGES) * timed.CALIBRATION_NUDGE
+    moved = _moved_by_nudges(pred)
 
     shown = pd.DataFrame({
         "GPU": v["GPU"], "held out": v["family"], "n": v["n"],
@@ -169,10 +173,9 @@ def section(study) -> Section:
                                     zip(pred["tflops"], pred["tflops_fast"])],
         "step (ns)": pred["step_ns"].map(lambda x: f"{x:.0f}"),
         f"moved by nudges of item_ns (x 1 +- {nudge_span:g})": [
-            "; ".join(moved) or "-" for moved in _moved_by_nudges(pred)]})
-    unstable = [(r, rate) for r in pred.itertuples() for rate in ("", "_fast")
-                if _visible_spread(r, f"dram_read_gb{rate}", ".2f")
-                or _visible_spread(r, f"tflops{rate}", ".0f")]
+            "; ".join(t for texts in m.values() for t in texts) or "-" for m in moved]})
+    unstable = [(r, rate) for r, m in zip(pred.itertuples(), moved) for rate, texts in m.items()
+                if texts]
     gb10 = pred[(pred["preset"] == "gb10") & ~pred["causal"]].set_index("schedule")
     gb10_unmoved = not any(r.preset == "gb10" and not r.causal for r, _ in unstable)
     lin, saw = gb10.loc["persistent+linear"], gb10.loc["persistent+sawtooth"]

@@ -518,10 +518,15 @@ def _cached_launcher(key, build, varlen: bool = False) -> AttentionLauncher:
     key, launcher = _cached(key, cache)
     if launcher is not None:
         return launcher
-    launcher = build()
+    return _keep(cache, key, build(), size)
+
+
+def _keep(cache: OrderedDict, key, launcher, size: int) -> AttentionLauncher:
+    """Cache `launcher` under `key` (None: not cacheable), the oldest entries going first past
+    `size`; -> the launcher cached under `key` (a racing thread's build wins)."""
     if key is not None:
         with _launchers_lock:
-            launcher = cache.setdefault(key, launcher)  # a racing thread's build wins
+            launcher = cache.setdefault(key, launcher)
             while len(cache) > size:
                 cache.popitem(last=False)
     return launcher
@@ -575,17 +580,15 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q=None,
         template_key, template = _cached(
             None if key is None else _call_key(q, k, v, problem_options), _varlen_templates)
         if template is not None:  # this problem with other lengths: only the table is new
-            p, done = template.launch.problem, template.launch
+            made = template.launch
             return template.for_lengths(plan_varlen(
                 tuple(q.shape), tuple(k.shape), bounds_q, bounds_k, causal=causal,
-                schedule=done.name, tiles=(p.tile_m, p.tile_n), occupancy=done.ctas_per_sm,
-                sms=done.sms, l2_bytes=done.l2_bytes, ctas=done.ctas))
+                schedule=made.name, tiles=(made.problem.tile_m, made.problem.tile_n),
+                occupancy=made.ctas_per_sm, sms=made.sms, l2_bytes=made.l2_bytes,
+                ctas=made.ctas))
         launcher = _first_varlen_launcher()
-        if template_key is not None:
-            with _launchers_lock:
-                _varlen_templates.setdefault(template_key, launcher)
-                while len(_varlen_templates) > VARLEN_LAUNCHER_CACHE_SIZE:
-                    _varlen_templates.popitem(last=False)
+        # (not what `_keep` hands back: a racing thread's template has other lengths)
+        _keep(_varlen_templates, template_key, launcher, VARLEN_LAUNCHER_CACHE_SIZE)
         return launcher
 
     def _first_varlen_launcher():

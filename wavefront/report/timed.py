@@ -280,7 +280,8 @@ def predictions(study) -> pd.DataFrame:
     """The paper's launch (B8 H1 S128k D64, 64x64 tiles, one persistent CTA per SM) on GB10
     and B200, causal and not, linear and sawtooth: DRAM reads and TFLOP/s from the timed
     model, the compute projected from the H100's calibration at its own fraction of peak (the
-    point prediction), and at FA2_FRACTION_OF_PEAK (the interval's fast end) (cached)."""
+    point prediction), and at FA2_FRACTION_OF_PEAK (the interval's fast end; columns `_fast`),
+    each with its range over the calibration's nudges (`_min`, `_max`) (cached)."""
     inputs = [results_path(study.data_dir / TRAINING), *_model_files(), Path(__file__)]
     return cached_table(study, "timed_predictions", inputs, lambda: _prediction_rows(study))
 
