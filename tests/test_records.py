@@ -157,3 +157,29 @@ def test_bench_records_name_what_the_public_call_resolved_to():
     assert api["x_bound"] == pytest.approx(0.8)  # 1.0 ms bound / 1.25 ms call
     assert api["x_cudnn"] == pytest.approx(1.1 / 1.25)
     assert all("bound" not in r for r in rows if r["contender"] != API_CONTENDER)
+
+
+def test_bench_records_carry_each_contenders_whole_configuration():
+    """A contender's name shows only what differs from the shape's first point, so levers given
+    on the command line (the same for every point) are in no name and not in the problem
+    shape: each of our records carries its point's whole configuration, the public call the
+    configuration it resolved to; the peers none."""
+    from wavefront.measure.rounds import API_CONTENDER, RoundsResult, bench_records
+    from wavefront.point import Point
+
+    def result(name):
+        return RoundsResult(name, [1.0] * 7, 1.0, (1.0, 1.0), 1.0, (1.0, 1.0), 0, 7)
+    asked = Point(schedule="persistent+linear", seqlen=8192, head_dim=128, tiles="128x128",
+                  occupancy=1, worker_warps=8, kv_latency=8, qk_ahead=1)
+    tuned = asked.replace(schedule="grouped_dynamic+linear", occupancy=2)
+    members = [asked, tuned]
+    names = ["persistent+linear", "grouped_dynamic+linear [occupancy=2]"]
+    rows = bench_records("GPU", asked.problem_only(),
+                         [result(n) for n in (*names, API_CONTENDER, "cudnn")],
+                         bound_reference=names[1], members=members)
+    by = {r["contender"]: r for r in rows}
+    assert by[names[0]]["config"] == asked.as_dict()
+    assert by[names[0]]["config"]["qk_ahead"] == 1 and by[names[0]]["shape"]["qk_ahead"] == 0
+    assert by[names[1]]["config"] == tuned.as_dict()
+    assert by[API_CONTENDER]["config"] == tuned.as_dict()
+    assert "config" not in by["cudnn"]

@@ -722,7 +722,8 @@ def bench(points, levers, rounds, per_round, warmup, peers, tuned, api, out_dir,
                 sink.write(rows[-1])
                 failed += 1
                 continue
-            for row in bench_records(dev.name, shape, results, bound_of_api.get(shape)):
+            for row in bench_records(dev.name, shape, results, bound_of_api.get(shape),
+                                     members):
                 rows.append(row)
                 sink.write(row)
     if as_json:

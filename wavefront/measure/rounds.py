@@ -264,16 +264,23 @@ def bench_shapes(points, gpu_name: str, *, tuned: bool, api: bool, log=print):
 
 
 def bench_records(gpu_name: str, shape, results: list[RoundsResult],
-                  bound_reference: str | None = None) -> list[dict]:
+                  bound_reference: str | None = None, members=()) -> list[dict]:
     """The bench records of one shape's rounds: each contender with its ratios to the peers of
     the same rounds and, paired by round, to its references (its own linear scan, grid+linear;
-    the public call: the bound launcher it resolves to)."""
+    the public call: the bound launcher it resolves to). `members`: the shape's points, whose
+    whole configuration each of ours carries as `config` (the public call: the one it resolved
+    to), where `shape` is the problem alone and a name shows only what differs from the first
+    point (levers given on the command line are in neither)."""
     from wavefront.results.measurement import paired_references
     from wavefront.results.records import BENCH_RECORDS
     by = {r.name: r for r in results}
+    config_of = {contender_name(p, members[0]): p.as_dict() for p in members}
     out = []
     for r in results:
         row = {"gpu": gpu_name, "shape": shape.as_dict(), "contender": r.name, **r.as_dict()}
+        config = config_of.get(bound_reference if r.name == API_CONTENDER else r.name)
+        if config is not None:
+            row["config"] = config
         if r.name not in PEER_NAMES:
             for peer in PEER_NAMES:
                 if peer in by:
