@@ -73,14 +73,15 @@ def save(fig, name: str, directory, pdf: bool = False) -> list[Path]:
 
 
 def _save_png(fig, path: Path) -> None:
-    """90 dpi, reduced to a 64-colour palette: plots have few colours (a palette's anti-aliased
+    """80 dpi, reduced to a 64-colour palette: plots have few colours (a palette's anti-aliased
     edges are what the rest of it went to), and the files travel with every GPU call, whose
-    transfers are capped (4-5x smaller, deterministic)."""
+    transfers are capped, in a repository kept under 4 MB (4-5x smaller than full colour,
+    deterministic; 80 dpi rather than 90: 14% less, still 1100 pixels across the widest)."""
     import io
 
     from PIL import Image
     buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=90, bbox_inches="tight")
+    fig.savefig(buf, format="png", dpi=80, bbox_inches="tight")
     image = Image.open(io.BytesIO(buf.getvalue())).convert("RGB")
     image.quantize(colors=64, method=Image.Quantize.MEDIANCUT).save(path, format="PNG",
                                                                      optimize=True)
