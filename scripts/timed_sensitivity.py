@@ -11,12 +11,9 @@ now prints each prediction's spread under item_ns x (1 + k x 1e-15), k = -2..2
     python scripts/timed_sensitivity.py [--eps 1e-15] [--steps 8] [--rate fast|mid]
 """
 import argparse
-import dataclasses
 from pathlib import Path
 
-from wavefront.model.fits import PAPER_LAUNCH
-from wavefront.model.presets import PRESETS, preset_for_device
-from wavefront.point import plan
+from wavefront.model.presets import PRESETS
 from wavefront.report import timed
 from wavefront.report.analysis import Study
 
@@ -27,33 +24,20 @@ def main():
     parser.add_argument("--steps", type=int, default=8, help="k = -steps .. steps")
     parser.add_argument("--rate", choices=("fast", "mid"), default="fast",
                         help="fast: compute at FA2's fraction of peak; mid: the H100's own")
-    parser.add_argument("--gpus", default="gb10,b200")
+    parser.add_argument("--gpus", default=",".join(timed.PREDICTED_PRESETS))
     args = parser.parse_args()
-    study = Study(Path(__file__).resolve().parents[1] / "data")
-    calibration = next(c for g, c in timed.calibrations(study).items()
-                       if preset_for_device(g) == PRESETS["h100"])
+    calibration = timed.h100_calibration(Study(Path(__file__).resolve().parents[1] / "data"))
     fraction = timed.FA2_FRACTION_OF_PEAK if args.rate == "fast" else None
-    shape = (PAPER_LAUNCH["batch"], PAPER_LAUNCH["heads"], PAPER_LAUNCH["seqlen"],
-             PAPER_LAUNCH["head_dim"])
     print(f"item_ns {calibration.item_ns!r} x (1 + k x {args.eps:g}), k = -{args.steps}.."
           f"{args.steps}; DRAM reads (GB) of the paper's launch at the {args.rate} rate")
     for key in args.gpus.split(","):
         gpu = PRESETS[key]
-        memory = timed.memory_timing(gpu)
         for causal in (False, True):
-            for schedule in ("persistent+linear", "persistent+sawtooth"):
-                launch = plan(shape, shape, sms=gpu.sms, l2_bytes=gpu.l2_bytes, causal=causal,
-                              schedule=schedule, tiles=PAPER_LAUNCH["tiles"], occupancy=1,
-                              ctas=gpu.sms)
-                reads = []
-                for k in range(-args.steps, args.steps + 1):
-                    moved = dataclasses.replace(
-                        calibration, item_ns=calibration.item_ns * (1 + k * args.eps))
-                    compute = timed.projected_compute(moved, PRESETS["h100"], gpu, launch,
-                                                      fraction)
-                    reads.append(timed.simulate_timed(
-                        launch, memory, compute, l2_bytes=gpu.l2_bytes,
-                        partitions=gpu.l2_partitions).dram_read_bytes / 1e9)
+            for schedule in timed.PREDICTED_SCHEDULES:
+                launch = timed.paper_launch_on(gpu, causal, schedule)
+                reads = [timed.nudged_prediction(calibration, gpu, launch, fraction, k,
+                                                 args.eps)[0].dram_read_bytes / 1e9
+                         for k in range(-args.steps, args.steps + 1)]
                 print(f"  {key:5s} {'causal' if causal else 'full':6s} {schedule:20s} "
                       f"k=0: {reads[args.steps]:.3f}  range {min(reads):.3f}-{max(reads):.3f}",
                       flush=True)

@@ -21,6 +21,7 @@ from wavefront.model.presets import PRESETS, preset_for_device
 from wavefront.model.timed import (
     Calibration, calibrate, memory_timing, projected_compute, simulate_timed)
 from wavefront.point import plan
+from wavefront.schedules import Launch
 from wavefront.report.analysis import VALIDATION_FAMILIES, cached_table, medians, short_gpu
 from wavefront.results.store import results_path, with_timing
 
@@ -237,32 +238,50 @@ CALIBRATION_NUDGE = 1e-15
 CALIBRATION_NUDGES = (-2, -1, 1, 2)
 
 
+PREDICTED_PRESETS = ("gb10", "b200")
+PREDICTED_SCHEDULES = ("persistent+linear", "persistent+sawtooth")
+
+
+def h100_calibration(study) -> Calibration:
+    """The H100's compute calibration, from which the predictions are projected."""
+    return next(c for g, c in calibrations(study).items()
+                if preset_for_device(g) == PRESETS["h100"])
+
+
+def paper_launch_on(gpu, causal: bool, schedule: str) -> Launch:
+    """The paper's launch (PAPER_LAUNCH, one persistent CTA per SM) on preset `gpu`."""
+    shape = (PAPER_LAUNCH["batch"], PAPER_LAUNCH["heads"], PAPER_LAUNCH["seqlen"],
+             PAPER_LAUNCH["head_dim"])
+    return plan(shape, shape, sms=gpu.sms, l2_bytes=gpu.l2_bytes, causal=causal,
+                schedule=schedule, tiles=PAPER_LAUNCH["tiles"], occupancy=1, ctas=gpu.sms)
+
+
+def nudged_prediction(calibration: Calibration, gpu, launch: Launch, fraction, k: int = 0,
+                      nudge: float = CALIBRATION_NUDGE):
+    """-> (the timed simulation of `launch` on preset `gpu`, its compute timing): compute
+    projected from `calibration` (at `fraction` of `gpu`'s peak, or at the calibration's own
+    fraction where None), its item_ns x (1 + k x nudge)."""
+    nudged = dataclasses.replace(calibration, item_ns=calibration.item_ns * (1 + k * nudge))
+    compute = projected_compute(nudged, PRESETS["h100"], gpu, launch, fraction)
+    return simulate_timed(launch, memory_timing(gpu), compute, l2_bytes=gpu.l2_bytes,
+                          partitions=gpu.l2_partitions), compute
+
+
 def _prediction_rows(study) -> pd.DataFrame:
-    cals = calibrations(study)
-    h100 = next(c for g, c in cals.items() if preset_for_device(g) == PRESETS["h100"])
+    h100 = h100_calibration(study)
     rows = []
-    for key in ("gb10", "b200"):
+    for key in PREDICTED_PRESETS:
         gpu = PRESETS[key]
-        memory = memory_timing(gpu)
         for causal in (False, True):
-            for schedule in ("persistent+linear", "persistent+sawtooth"):
-                shape = (PAPER_LAUNCH["batch"], PAPER_LAUNCH["heads"], PAPER_LAUNCH["seqlen"],
-                         PAPER_LAUNCH["head_dim"])
-                launch = plan(shape, shape, sms=gpu.sms, l2_bytes=gpu.l2_bytes, causal=causal,
-                              schedule=schedule, tiles=PAPER_LAUNCH["tiles"], occupancy=1,
-                              ctas=gpu.sms)
+            for schedule in PREDICTED_SCHEDULES:
+                launch = paper_launch_on(gpu, causal, schedule)
                 flops = launch_counts(launch.problem).useful_flops
                 row = {"preset": key, "gpu": gpu.name, "causal": causal,
                        "schedule": schedule, "ctas": gpu.sms}
                 for suffix, fraction in (("", None), ("_fast", FA2_FRACTION_OF_PEAK)):
                     reads, tflops = [], []
                     for k in (0, *CALIBRATION_NUDGES):
-                        nudged = dataclasses.replace(
-                            h100, item_ns=h100.item_ns * (1 + k * CALIBRATION_NUDGE))
-                        compute = projected_compute(nudged, PRESETS["h100"], gpu, launch,
-                                                    fraction)
-                        pred = simulate_timed(launch, memory, compute, l2_bytes=gpu.l2_bytes,
-                                              partitions=gpu.l2_partitions)
+                        pred, compute = nudged_prediction(h100, gpu, launch, fraction, k)
                         reads.append(pred.dram_read_bytes / 1e9)
                         tflops.append(flops / pred.kernel_ns * 1e-3)
                         if k == 0 and not suffix:
