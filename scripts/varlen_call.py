@@ -8,6 +8,13 @@ the rest of that kernel). Versions alternate in random order, one call each per 
 
     git archive 2e0fd8a wavefront | tar -x -C /tmp/old
     python scripts/varlen_call.py /tmp/old [--sequences 16 --tokens 65536 --rounds 15]
+
+`--first-calls` (this tree alone, run it in several fresh processes): does a process's first
+calls wait for queued GPU work while CuPy's pools grow? One call compiles and builds a first
+table, then five calls bring new lengths (16, 64, 256, 16, 64 sequences of the same tokens),
+each behind 200 ms of sleep queued on the caller's stream; prints each call's host ms.
+
+    python scripts/varlen_call.py --first-calls [--causal]
 """
 import argparse
 import random
@@ -21,9 +28,40 @@ from ab_call import load_versions
 from wavefront.measure.varlen_bench import long_tailed_lengths
 
 
+def sleep_cycles(ms: float) -> int:
+    """The cycles `torch.cuda._sleep` spins for about `ms` on this GPU (it counts cycles)."""
+    start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    torch.cuda._sleep(10_000_000)
+    stop.record()
+    stop.synchronize()
+    return int(ms / start.elapsed_time(stop) * 10_000_000)
+
+
+def first_calls(args, q, k, v, bounds_of):
+    from wavefront.kernel.launcher import attention_varlen
+    attention_varlen(q, k, v, bounds_of(0), bounds_of(0), causal=args.causal)  # compiled
+    torch.cuda.synchronize()
+    cycles = sleep_cycles(200)
+    out = []
+    for i, n in enumerate((16, 64, 256, 16, 64)):
+        batch = bounds_of(100 + i, n)
+        torch.cuda.synchronize()
+        torch.cuda._sleep(cycles)
+        began = time.perf_counter()
+        attention_varlen(q, k, v, batch, batch, causal=args.causal)
+        out.append(f"{n} seqs: {(time.perf_counter() - began) * 1e3:.2f} ms")
+    torch.cuda.synchronize()
+    print(f"fresh process, GPU busy (200 ms queued){', causal' if args.causal else ''}:",
+          "; ".join(out))
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("other", type=Path, help="a tree holding the other commit's wavefront/")
+    parser.add_argument("other", type=Path, nargs="?",
+                        help="a tree holding the other commit's wavefront/")
+    parser.add_argument("--first-calls", action="store_true",
+                        help="this tree alone: a fresh process's first calls, GPU busy")
     parser.add_argument("--sequences", type=int, default=16)
     parser.add_argument("--tokens", type=int, default=65536)
     parser.add_argument("--heads", type=int, default=32)
@@ -33,32 +71,30 @@ def main():
     parser.add_argument("--busy-ms", type=float, default=30.0)
     parser.add_argument("--causal", action="store_true")
     args = parser.parse_args()
-    other, this = load_versions(args.other)
-    versions = {f"other ({args.other.name})": other, "this tree": this}
+    if (args.other is None) != args.first_calls:
+        parser.error("give the other tree, or --first-calls")
     gen = torch.Generator(device="cuda").manual_seed(0)
     q = torch.randn(args.tokens, args.heads, args.head_dim, device="cuda",
                     dtype=torch.bfloat16, generator=gen)
     k, v = (torch.randn(args.tokens, args.kv_heads, args.head_dim, device="cuda",
                         dtype=torch.bfloat16, generator=gen) for _ in range(2))
 
-    def bounds_of(seed):
-        lengths = long_tailed_lengths(args.sequences, args.tokens, seed=seed)
+    def bounds_of(seed, sequences=args.sequences):
+        lengths = long_tailed_lengths(sequences, args.tokens, seed=seed)
         bounds = [0]
         for n in lengths:
-            bounds.append(bounds[-1] + n)
+            bounds.append(bounds[-1] + int(n))
         return bounds
+    if args.first_calls:
+        return first_calls(args, q, k, v, bounds_of)
+    other, this = load_versions(args.other)
+    versions = {f"other ({args.other.name})": other, "this tree": this}
     # One batch of lengths per call, made before any timing; seed 0 warms each version up.
     batches = iter([bounds_of(seed) for seed in range(1, 2 * len(versions) * args.rounds + 1)])
     for version in versions.values():
         with version.active() as launcher:
             launcher.attention_varlen(q, k, v, bounds_of(0), bounds_of(0), causal=args.causal)
-    # The sleep kernel counts cycles: calibrate them to milliseconds on this GPU.
-    start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    torch.cuda._sleep(10_000_000)
-    stop.record()
-    stop.synchronize()
-    cycles = int(args.busy_ms / start.elapsed_time(stop) * 10_000_000)
+    cycles = sleep_cycles(args.busy_ms)
     samples = {(name, busy): [] for name in versions for busy in (False, True)}
     for _ in range(args.rounds):
         for busy in (False, True):
@@ -78,6 +114,7 @@ def main():
     bounds = bounds_of(0)
     with this.active() as launcher:
         launcher.attention_varlen(q, k, v, bounds, bounds, causal=args.causal)
+        start, stop = (torch.cuda.Event(enable_timing=True) for _ in range(2))
         start.record()
         for _ in range(10):
             launcher.attention_varlen(q, k, v, bounds, bounds, causal=args.causal)
