@@ -186,14 +186,6 @@ class TableKernel:
         recorded conditions cost 7-13 us on the CPU, ten times that on a cold first call)."""
         return self.takes_branches(**vars(shape))
 
-    def serves_by_trace(self, shape: TableShape) -> bool:
-        """`serves`, worked out by walking the recorded conditions (the CPU tests' reference
-        for the printed function)."""
-        done: dict = {}
-        values = vars(shape)
-        return all(bool(_value_of(condition, values, done)) == went
-                   for condition, went in self.branches)
-
     def arguments(self, shape: TableShape) -> tuple[int, ...]:
         return tuple(getattr(shape, name) for name in self.parameters)
 
