@@ -190,3 +190,37 @@ def test_ncu_command_profiles_only_the_measured_launch_and_keeps_the_report():
     assert "--kernel-name regex:flash_attention_fwd" in joined
     csv_cmd = " ".join(csv_command("ncu", "/tmp/r.ncu-rep"))
     assert "--import /tmp/r.ncu-rep" in csv_cmd and "--print-units base" in csv_cmd
+
+
+def test_the_stall_summary_groups_instructions_by_how_often_they_ran(tmp_path):
+    """scripts/d128_limits.py --summarise (data/d128_limits/sass/): an ncu source-page export
+    of two kernels, grouped per kernel by execution count, with its named barriers apart from
+    the MMA waits and the most-sampled instruction first."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location(
+        "d128_limits", Path(__file__).parents[1] / "scripts" / "d128_limits.py")
+    limits = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(limits)
+    header = ('"Address","Source","Warp Stall Sampling (All Samples)","Instructions Executed",'
+              '"stall_barrier","stall_long_sb","stall_long_sb (Not Issued)"\n')
+    text = ('"Kernel Name","ours"\n' + header
+            + '"0x0","  HGMMA.64x128x16.F32.BF16 R88","10","800","0","0","0"\n'
+            + '"0x10","  WARPGROUP.DEPBAR.LE gsb0, 0x0","60","800","60","0","0"\n'
+            + '"0x20","  @!P0  BRA 0x40","30","16","0","30","30"\n'
+            + '"0x30","  BAR.SYNC.DEFER_BLOCKING 0x1, 0x120","0","16","0","0","0"\n'
+            + '"Kernel Name","peer"\n' + header
+            + '"0x0","  @P1   BAR.SYNC.DEFER_BLOCKING 0x5, 0x100","5","800","5","0","0"\n'
+            + '"0x10","  EXIT","0","0","0","0","0"\n')
+    path = tmp_path / "sass_full.csv.gz"
+    with gzip.open(path, "wt") as f:
+        f.write(text)
+    ours, peer = limits.summarise(path)
+    assert ours["kernel"] == "ours" and ours["samples"] == 100 and ours["instructions"] == 4
+    loop, item = ours["groups"]
+    assert (loop["executed"], loop["instructions"], loop["samples_pct"]) == (800, 2, 70.0)
+    assert loop["reasons_pct"] == {"barrier": 60.0}
+    assert (item["executed"], item["samples_pct"], item["reasons_pct"]) == (16, 30.0,
+                                                                        {"long_sb": 30.0})
+    assert [t["index"] for t in ours["top"]] == [1, 2, 0, 3]
+    assert [b["index"] for b in ours["named_barriers"]] == [3]  # not the DEPBAR
+    assert [b["executed"] for b in peer["named_barriers"]] == [800]
