@@ -162,13 +162,21 @@ def section(study) -> Section:
     for col in ("best off TFLOP/s", "best on TFLOP/s"):
         ahead_shown[col] = ahead_shown[col].map(lambda x: f"{x:.0f}")
     ahead_shown["on / off"] = ahead_shown["on / off"].map(lambda x: f"{x:.3f}")
-    ahead_best = top[top["search"].isin(ahead["search"])]
+    ahead128 = ahead[ahead["shape"].str.contains("D128")]
+    ahead_best = top[top["search"].isin(ahead128["search"]) & top["shape"].str.contains("D128")]
     s.claim(f"Issuing the next tile's QK^T before this tile's softmax (`qk_ahead`) raised the "
-            f"best D=128 candidate by {100 * (float(ahead['on / off'].min()) - 1):.1f}-"
-            f"{100 * (float(ahead['on / off'].max()) - 1):.1f}% on each of the "
-            f"{len(ahead)} shapes searched with it, and every one of their winners uses it.",
-            len(ahead) > 0 and bool((ahead["on / off"] > 1.0).all())
-            and bool((ahead_best["QK ahead"] == 1).all()), ahead["on / off"].tolist())
+            f"best D=128 candidate by {100 * (float(ahead128['on / off'].min()) - 1):.1f}-"
+            f"{100 * (float(ahead128['on / off'].max()) - 1):.1f}% on each of the "
+            f"{len(ahead128)} shapes searched with it, and every one of their winners uses it.",
+            len(ahead128) > 0 and bool((ahead128["on / off"] > 1.0).all())
+            and bool((ahead_best["QK ahead"] == 1).all()), ahead128["on / off"].tolist())
+    ahead64 = ahead[ahead["shape"].str.contains("D64")]
+    won64 = ahead64[ahead64["on / off"] > 1.0]
+    s.claim(f"At D=64 it rarely pays: the best candidate with it ran "
+            f"{float(ahead64['on / off'].min()):.3f}-{float(ahead64['on / off'].max()):.3f}x the "
+            f"best without it on the {len(ahead64)} shapes searched (H100), ahead on "
+            f"{len(won64)} ({', '.join(won64['shape'])}).",
+            len(ahead64) > 0 and len(won64) <= len(ahead64) // 2, ahead64["on / off"].tolist())
     lossy = {k: v for k, v in lost.items() if v}
     lost_text = wrap(
         "Searches whose warming step lost candidates to out-of-memory errors (16 processes on "
@@ -189,8 +197,9 @@ def section(study) -> Section:
         "warpgroups fill the gap, which two CTAs per SM did best. With `qk_ahead` tileiras "
         "places the next tile's HGMMAs among the current tile's last MUFU.EX2s. It needs a "
         "second score tile of registers: with one consumer warpgroup it spills (not timed), "
-        "with two it pays most at one CTA per SM. Best candidate with the lever off and on, "
-        "same rounds:")
+        "with two it pays most at one CTA per SM. At D=64, where the exponentials rather than "
+        "the MMAs bound the loop, it was searched later (`h100_d64_ahead`). Best candidate "
+        "with the lever off and on, same rounds:")
 
     t = softmax_levers(study)
     soft = t.copy()
