@@ -24,10 +24,19 @@ import collections
 import csv
 import gzip
 import json
+import re
 import sys
 
 SAMPLES = "Warp Stall Sampling (All Samples)"
 EXECUTED = "Instructions Executed"
+# BAR.SYNC / BAR.ARV: warps of a CTA ordering each other (FlashAttention-3's ping-pong of two
+# consumer warpgroups is two of them per K/V step); not WARPGROUP.DEPBAR, the MMA waits.
+NAMED_BARRIER = re.compile(r"\bBAR\.")
+
+
+def _number(row, column) -> float:
+    value = row.get(column)
+    return float(value) if value not in (None, "", "-") else 0.0
 
 
 def summarise(path, groups=8, top=25) -> list[dict]:
@@ -45,8 +54,8 @@ def summarise(path, groups=8, top=25) -> list[dict]:
             elif row and rows is not None:
                 rows.append(dict(zip(header, row)))
     out = []
+    num = _number
     for name, rows in kernels:
-        num = lambda r, c: float(r.get(c) or 0) if r.get(c) not in ("-", "") else 0.0  # noqa
         reasons = [c for c in header if c.startswith("stall_") and "Not Issued" not in c]
         total = sum(num(r, SAMPLES) for r in rows)
         share = lambda x: round(100 * x / total, 2)  # noqa: E731
@@ -59,12 +68,9 @@ def summarise(path, groups=8, top=25) -> list[dict]:
                 g[2][c[6:]] += num(r, c)
         ranked = sorted(by_count.items(), key=lambda kv: -kv[1][1])[:groups]
         hot = sorted(range(len(rows)), key=lambda i: -num(rows[i], SAMPLES))[:top]
-        # Named barriers (BAR.SYNC / BAR.ARV: warps of a CTA ordering each other, such as
-        # FlashAttention-3's ping-pong of two consumer warpgroups), not the MMA waits.
         named = [{"index": i, "sass": r["Source"].strip(), "executed": int(num(r, EXECUTED)),
                   "samples_pct": share(num(r, SAMPLES))} for i, r in enumerate(rows)
-                 if " BAR." in f" {r['Source'].strip()}".replace("@", " ").replace("  ", " ")
-                 and num(r, EXECUTED) > 0]
+                 if NAMED_BARRIER.search(r["Source"]) and num(r, EXECUTED) > 0]
         out.append({
             "kernel": name, "samples": total, "instructions": len(rows), "named_barriers": named,
             "groups": [{"executed": count, "instructions": n, "samples_pct": share(s),

@@ -1,10 +1,11 @@
 """One kernel lever on the tuned configurations: each shape's tuned kernel as the table has it
 ("off") and with `--lever NAME=VALUE` ("on"), against cuDNN, in interleaved rounds.
 
-    python scripts/lever_ab.py --lever direct_store=1 [--rounds 15] [--out results.jsonl]
+    python scripts/lever_ab.py --lever qk_ahead=0 [--rounds 15] [--out results.jsonl]
 
-A lever that a shape's tuned schedule does not take (`q_prefetch` on a dynamic schedule) is
-timed anyway and means nothing there: read the schedule column. Each output is first checked
+Any lever of `wavefront.point.LEVERS`; the two of data/d128_limits/sass/ (`direct_store`,
+`q_prefetch`) ran with their patch applied. A lever that a shape's tuned schedule does not take
+is timed anyway and means nothing there: read the schedule column. Each output is first checked
 against cuDNN's on fresh random inputs, the output poisoned with NaN; then rounds of
 `--per-round` launches per contender in random order, timed with CUDA events. Printed: TFLOP/s
 (median), x cuDNN and on/off as the median of per-round ratios with the 25%-75% spread of
@@ -52,11 +53,17 @@ def _spread(values):
 @click.option("--rounds", default=15, show_default=True)
 @click.option("--per-round", default=5, show_default=True)
 @click.option("--out", type=click.Path(), default=None)
-@click.option("--lever", "lever_text", required=True, help="NAME=VALUE, e.g. direct_store=1")
+@click.option("--lever", "lever_text", required=True, help="NAME=VALUE, e.g. qk_ahead=0")
 @click.option("--warm", nargs=3, type=int, hidden=True)  # shape index, causal, lever on
 def main(rounds, per_round, out, lever_text, warm):
-    name, value = lever_text.split("=")
-    levers = ({}, {name: int(value)})
+    from wavefront.point import check_levers
+    name, _, value = lever_text.partition("=")
+    try:
+        levers = ({}, {name: int(value)})
+        check_levers(**levers[1])
+    except (TypeError, ValueError) as exc:
+        raise click.BadParameter(f"expected NAME=VALUE of a kernel lever: {exc}",
+                                 param_hint="--lever")
     if warm:
         import torch
         i, causal, on = warm
@@ -69,8 +76,7 @@ def main(rounds, per_round, out, lever_text, warm):
     with ThreadPoolExecutor(max_workers=min(12, os.cpu_count() or 2)) as pool:
         codes = list(pool.map(lambda j: subprocess.run(
             [sys.executable, __file__, "--lever", lever_text, "--warm", *map(str, j)],
-            capture_output=True,
-            text=True), jobs))
+            capture_output=True, text=True), jobs))
     for j, r in zip(jobs, codes):
         if r.returncode:
             print("warm failed", j, r.stderr[-400:])
