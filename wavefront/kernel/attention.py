@@ -258,8 +258,9 @@ def _attend_work_item(Q, K, V, Out, Lse, PartO, PartM, PartL, Work, Order, item,
         # FlashAttention-3's intra-warpgroup overlap asks for tile t + 1's QK^T before tile
         # t's softmax. tileiras 13.4 issues it under the softmax's tail only (the rescale
         # factors, P's conversion, the accumulator's rescale), after the scores' exponentials,
-        # and waits for it before P V (data/d128_limits/sass/); still 3-4% faster at D=128 on
-        # the H100. Costs registers: tile t's P is held while tile t + 1's scores arrive.
+        # and waits for it before P V (data/d128_limits/sass/); still 3-4% faster at most
+        # D=128 shapes on the H100. Costs registers: tile t's P is held while tile t + 1's
+        # scores arrive.
         qk = _scores(q, K, batch, kv_head, start, HEAD_DIM, TILE_M, TILE_N, K_LATENCY)
         for t in range(count - 1):
             qk_next = _scores(q, K, batch, kv_head, start + step * (t + 1), HEAD_DIM, TILE_M,
