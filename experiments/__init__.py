@@ -8,6 +8,7 @@ DRAFT = (
     "schedule_cost",
     "lever_search",
     "untuned_shapes",
+    "d128_limits",
     "headline",
     "ablation",
     "paper_launch",
