@@ -1,8 +1,7 @@
-"""Where a new shape's first public call spends its host time (GPU host): each step of
-`wavefront.attention` wrapped in a timer, inclusive (a step's time holds the steps it calls),
-summed per call, median [20%, 80%] over calls. Each call starts as `scripts/ab_call.py --first`
-starts one: the launcher cache cleared, the GPU idle, the kernel compiled and the table kernel
-traced before. The timers add about a microsecond a step.
+"""Where a new shape's first public call spends its host time: each step of
+`wavefront.attention` timed (inclusive), summed per call, median [20%, 80%] over calls. Each
+call starts as `ab_call.py --first`'s: launcher cache cleared, GPU idle, kernels built. The
+timers cost ~1 us a step.
 
     python scripts/first_call_steps.py [--shape 4,32,24576,128] [--calls 15] [--causal]
 """
@@ -48,14 +47,6 @@ class _TimedLaunches:
         return getattr(self._module, name)
 
 
-class _TimedKernel:
-    def __init__(self, kernel):
-        self._kernel = kernel
-
-    def __call__(self, *args, **kwargs):
-        return timer("table kernel launch (CuPy)", self._kernel)(*args, **kwargs)
-
-
 def install_timers():
     for name in ("_call_key", "_cached", "_check_inputs", "resolve_config", "plan",
                  "_new_launcher", "check_levers", "_device_work_table", "_stand_in",
@@ -70,9 +61,8 @@ def install_timers():
     L.build_on_gpu = timer("build_on_gpu", T.build_on_gpu)
     wrap(T, "table_kernel", "choose table kernel")
     kernel_of = T._kernel
-    T._kernel = lambda *args: _TimedKernel(kernel_of(*args))
-    cupy_empty = cupy.empty
-    cupy.empty = timer("cupy.empty (table)", cupy_empty)
+    T._kernel = lambda *args: timer("table kernel launch (CuPy)", kernel_of(*args))
+    cupy.empty = timer("cupy.empty (table)", cupy.empty)
     L.ct = _TimedLaunches(L.ct)
 
 

@@ -236,18 +236,15 @@ class AttentionLauncher:
         self.order = _array_of(order)
         self.scalars = {"qk_scale_log2": float(scale * LOG2_E), "num_items": launch.num_items,
                         "alternate": launch.alternate}
-        # A cluster launch needs a whole number of clusters; a spare CTA finds no item.
         self.cluster = cluster
-        self.grid = (-(-launch.num_ctas // cluster) * cluster, 1, 1)
+        self.grid = _grid(launch, cluster)
         self.combine_grid = (-(-p.seqlen_q // COMBINE_TILE_M), p.batch * p.heads, 1)
         # The argument tuple, bound by name once, less the per-call arrays that lead it: a
         # launch prepends them (one tuple concatenation, not a list filled slot by slot).
         part_o, part_m, part_l = partial_args
         self._bound_args = launch_args(ATTENTION_PARAMS, {
             **dict.fromkeys(PER_CALL_PARAMS), "PartO": part_o, "PartM": part_m,
-            "PartL": part_l, "Work": _described(self._table, "int32", (items, WORK_COLUMNS)),
-            "NextItem": _described(self._table, "int32", (2,), items * WORK_COLUMNS * 4),
-            "Order": order,
+            "PartL": part_l, **_table_arguments(self._table, items), "Order": order,
             **self.scalars, **self.variant.constants})[len(PER_CALL_PARAMS):]
         self.current_stream = _stream_getter(q_view.library, q_view.device)
         self.new_output = _output_maker(q_view)
@@ -285,12 +282,10 @@ class AttentionLauncher:
         other._table, other._table_built = _device_work_table(self.view, launch)
         items = launch.num_items
         other.scalars = {**self.scalars, "num_items": items}
-        other.grid = (-(-launch.num_ctas // self.cluster) * self.cluster, 1, 1)
+        other.grid = _grid(launch, self.cluster)
         bound = list(self._bound_args)
-        bound[BOUND_INDEX["Work"]] = _described(other._table, "int32", (items, WORK_COLUMNS))
-        bound[BOUND_INDEX["NextItem"]] = _described(other._table, "int32", (2,),
-                                                    items * WORK_COLUMNS * 4)
-        bound[BOUND_INDEX["num_items"]] = items
+        for name, value in {**_table_arguments(other._table, items), "num_items": items}.items():
+            bound[BOUND_INDEX[name]] = value
         other._bound_args = tuple(bound)
         return other
 
@@ -331,6 +326,18 @@ class AttentionLauncher:
                           dtype=np.int64)
         host -= host.min()
         return host[0::2], host[1::2]
+
+
+def _grid(launch, cluster: int) -> tuple[int, int, int]:
+    """A cluster launch needs a whole number of clusters; a spare CTA finds no item."""
+    return (-(-launch.num_ctas // cluster) * cluster, 1, 1)
+
+
+def _table_arguments(table, items: int) -> dict:
+    """The kernel's Work and NextItem arguments: views of one device table, `items` rows and
+    then the row whose first two numbers are the dynamic schedules' counter."""
+    return {"Work": _described(table, "int32", (items, WORK_COLUMNS)),
+            "NextItem": _described(table, "int32", (2,), items * WORK_COLUMNS * 4)}
 
 
 def launcher_for(q, k, v, *, causal=False, schedule="persistent+linear", tiles=None,

@@ -1,6 +1,5 @@
-"""The GPU's conditions while a point is measured, from NVML (`nvidia-ml-py`): clocks, the
-reasons the clocks were held down, the GPU's UUID and the host. Read only: nothing here changes
-a clock or a setting."""
+"""The GPU's conditions while a point is measured, from NVML (`nvidia-ml-py`): clocks, why they
+were held down, the GPU's UUID and the host. Read only: nothing here changes a clock or setting."""
 from __future__ import annotations
 
 import socket
@@ -10,8 +9,8 @@ import time
 
 from wavefront.results.measurement import Conditions
 
-# NVML clock-event reasons that mean the GPU ran slower than it could for reasons of its own
-# (power, heat, slowdown), as opposed to idling or application clock settings.
+# NVML clock-event reasons for a GPU slower than it could run (power, heat), not idle or
+# held by application clocks.
 _THROTTLE_REASONS = {
     0x4: "sw_power_cap", 0x8: "hw_slowdown", 0x20: "sw_thermal", 0x40: "hw_thermal",
     0x80: "hw_power_brake", 0x100: "display_clocks",
@@ -26,10 +25,6 @@ def _nvml():
         return pynvml
     except Exception:  # no NVML (CPU machine, no nvidia-ml-py): conditions stay unknown
         return None
-
-
-def _handle(nvml, device_index: int):
-    return nvml.nvmlDeviceGetHandleByIndex(device_index)
 
 
 def _visible_index(device: int) -> int:
@@ -48,7 +43,7 @@ def gpu_uuid(device: int = 0) -> str | None:
     if nvml is None:
         return None
     try:
-        uuid = nvml.nvmlDeviceGetUUID(_handle(nvml, _visible_index(device)))
+        uuid = nvml.nvmlDeviceGetUUID(nvml.nvmlDeviceGetHandleByIndex(_visible_index(device)))
         return uuid.decode() if isinstance(uuid, bytes) else uuid
     except Exception:
         return None
@@ -73,7 +68,7 @@ class ConditionsSampler:
 
     def _run(self):
         try:
-            handle = _handle(self._nvml, _visible_index(self.device))
+            handle = self._nvml.nvmlDeviceGetHandleByIndex(_visible_index(self.device))
             self.max_sm = self._nvml.nvmlDeviceGetMaxClockInfo(handle, self._nvml.NVML_CLOCK_SM)
             while not self._stop.is_set():
                 self._sample(handle)
