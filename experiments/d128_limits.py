@@ -18,8 +18,9 @@ DATASETS = ()
 RECORDS = ("d128_limits",)
 # The profiled launch: 32 heads x 64 Q tiles of 128 rows, two consumer warpgroups (8 warps).
 ITEMS, CONSUMER_WARPS = 32 * 8192 // 128, 8
-ATTEMPTS = {"direct_store.jsonl.gz": "output written without TMA (direct_store)",
-            "item_pairs.jsonl.gz": "two items' Q tiles loaded at once (item_pairs)"}
+# The lever A/B runs (`scripts/lever_ab.py`) of the two changes to the item boundary.
+ATTEMPTS = {"direct_store=1": "output written without TMA (direct_store)",
+            "item_pairs=1": "two items' Q tiles loaded at once (item_pairs)"}
 
 
 def _sass_dir(study):
@@ -57,12 +58,13 @@ def where_warps_wait(study) -> pd.DataFrame:
 def attempts(study) -> pd.DataFrame:
     """Each change against the tuned configuration, per shape and mask: the median of the
     per-round ratios (on / off) with their 25%-75% spread, on the static schedules it acts on."""
+    with gzip.open(_sass_dir(study) / "lever_ab.jsonl.gz", "rt") as f:
+        records = [json.loads(line) for line in f]
     rows = []
-    for name, what in ATTEMPTS.items():
-        with gzip.open(_sass_dir(study) / name, "rt") as f:
-            records = [json.loads(line) for line in f]
+    for lever, what in ATTEMPTS.items():
         for r in records:
-            if r.get("status") != "ok" or r["config"]["schedule"].split("+")[0] != "persistent":
+            if (r["lever"] != lever or r.get("status") != "ok"
+                    or r["config"]["schedule"].split("+")[0] != "persistent"):
                 continue
             # the first form of the script named the sides tma / direct
             ratio = r.get("on_over_off") or r["direct_over_tma"]
