@@ -234,8 +234,8 @@ class AttentionLauncher:
         order = (_described(_zeros(q_view, 1 + 2 * launch.num_items, "int32"), "int32")
                  if record_order else _stand_in(q_view, "Order", (1,), "int32"))
         self.order = _array_of(order)
-        self.scalars = {"qk_scale_log2": float(scale * LOG2_E), "num_items": launch.num_items,
-                        "alternate": launch.alternate}
+        scalars = {"qk_scale_log2": float(scale * LOG2_E), "num_items": launch.num_items,
+                   "alternate": launch.alternate}
         self.cluster = cluster
         self.grid = _grid(launch, cluster)
         self.combine_grid = (-(-p.seqlen_q // COMBINE_TILE_M), p.batch * p.heads, 1)
@@ -245,7 +245,7 @@ class AttentionLauncher:
         self._bound_args = launch_args(ATTENTION_PARAMS, {
             **dict.fromkeys(PER_CALL_PARAMS), "PartO": part_o, "PartM": part_m,
             "PartL": part_l, **_table_arguments(self._table, items), "Order": order,
-            **self.scalars, **self.variant.constants})[len(PER_CALL_PARAMS):]
+            **scalars, **self.variant.constants})[len(PER_CALL_PARAMS):]
         self.current_stream = _stream_getter(q_view.library, q_view.device)
         self.new_output = _output_maker(q_view)
 
@@ -281,7 +281,6 @@ class AttentionLauncher:
         other.launch = launch
         other._table, other._table_built = _device_work_table(self.view, launch)
         items = launch.num_items
-        other.scalars = {**self.scalars, "num_items": items}
         other.grid = _grid(launch, self.cluster)
         bound = list(self._bound_args)
         for name, value in {**_table_arguments(other._table, items), "num_items": items}.items():
