@@ -1,12 +1,11 @@
 """One kernel lever on the tuned configurations: each shape's tuned kernel as the table has it
 ("off") and with `--lever NAME=VALUE` ("on"), with the peers, in `wavefront bench`'s rounds
-(`measure.rounds`: each contender checked first, inputs cold by rotation).
+(each contender checked first, inputs cold by rotation).
 
-    python scripts/lever_ab.py --lever qk_ahead=0 [--rounds 15] [--out results.jsonl]
+    python scripts/lever_ab.py --lever qk_ahead=0 [--rounds 15] [--head-dim 128] [--out F.jsonl]
 
-data/d128_limits/sass/lever_ab.jsonl.gz came from this script's first form, which timed
-rounds of its own (`on_over_off`, 25%-75% spreads; here `on_over_off_ci95`). A lever the
-entry already has is one binary on both sides, timed once. Printed: TFLOP/s and, paired by
+In data/d128_limits/sass/lever_ab.jsonl.gz, `on_over_off` (25%-75%) came from a first form
+with rounds of its own. A lever the entry has is timed once. Printed: TFLOP/s and, paired by
 round, x cuDNN and on / off, medians [95%].
 """
 import json
@@ -49,26 +48,27 @@ def _ab(shape, causal, lever, gpu_name, rounds, per_round) -> dict:
 @click.option("--lever", "lever_text", required=True, help="NAME=VALUE, e.g. qk_ahead=0")
 @click.option("--rounds", default=15, show_default=True)
 @click.option("--per-round", default=5, show_default=True)
+@click.option("--head-dim", type=click.Choice(["64", "128"]), help="Only this head dim.")
 @click.option("--out", type=click.Path(), default=None)
-def main(lever_text, rounds, per_round, out):
+def main(lever_text, rounds, per_round, head_dim, out):
     from wavefront.point import check_levers
     name, _, value = lever_text.partition("=")
     try:
         lever = {name: int(value)}
         check_levers(**lever)
     except (TypeError, ValueError) as exc:
-        raise click.BadParameter(f"expected NAME=VALUE of a kernel lever: {exc}",
-                                 param_hint="--lever")
+        raise click.BadParameter(f"expected NAME=VALUE of a lever: {exc}", param_hint="--lever")
     from wavefront.device import current_device
     gpu = current_device().name
     rows = []
-    cases = [(shape, causal) for shape in SHAPES for causal in (False, True)]
+    cases = [(shape, causal) for shape in SHAPES for causal in (False, True)
+             if shape[-1] == int(head_dim or shape[-1])]
     with click.progressbar(cases, label="shapes") as bar:
         for shape, causal in bar:
             row = {"shape": shape, "causal": causal, "lever": lever_text}
             try:
                 row.update(_ab(shape, causal, lever, gpu, rounds, per_round), status="ok")
-            except Exception as exc:  # recorded, and the other shapes go on
+            except Exception as exc:  # recorded; the rest go on
                 row["status"] = f"failed: {type(exc).__name__}: {exc}"
             rows.append(row)
     if out:
@@ -76,7 +76,7 @@ def main(lever_text, rounds, per_round, out):
             f.writelines(json.dumps(row) + "\n" for row in rows)
 
     def fmt(t):
-        return "-" if t is None else f"{t[0]:.3f} [{t[1]:.3f}, {t[2]:.3f}]"
+        return "-" if t is None else "{:.3f} [{:.3f}, {:.3f}]".format(*t)
     print(f"\n{gpu}, bf16, {lever_text}, {rounds} rounds x {per_round}:"
           " TFLOP/s off, on; x cuDNN off, on; on / off")
     for r in rows:
