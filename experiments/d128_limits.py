@@ -2,9 +2,10 @@
 
 Nsight Compute's warp-state sampler on one launch each of the tuned kernel and cuDNN (B1 H32
 S8k D128 bf16, both masks; `scripts/d128_limits.py`, whose `--summarise` groups each kernel's
-instructions by how many times they ran), then three changes the profile suggested, each timed
-against the tuned configuration on six shapes in interleaved rounds (`scripts/lever_ab.py`,
-the changes applied as patches: data/d128_limits/sass/). No figure: the draft prints tables.
+instructions by how many times they ran), then the changes the profile suggested and a
+hand-made ping-pong, each timed against the tuned configuration in interleaved rounds
+(`scripts/lever_ab.py`, the changes applied as patches: data/d128_limits/sass/). No figure:
+the draft prints tables.
 """
 import gzip
 import json
@@ -21,6 +22,8 @@ ITEMS, CONSUMER_WARPS = 32 * 8192 // 128, 8
 # The lever A/B runs (`scripts/lever_ab.py`) of the two changes to the item boundary.
 ATTEMPTS = {"direct_store=1": "output written without TMA (direct_store)",
             "item_pairs=1": "two items' Q tiles loaded at once (item_pairs)"}
+# The hand-made ping-pong's A/B run (on an H200: data/d128_limits/README.md).
+PING_PONG, PING_PONG_GPU = "q_halves=1", "H200"
 
 
 def _sass_dir(study):
@@ -76,6 +79,26 @@ def attempts(study) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+def ping_pong_probe(study) -> pd.DataFrame:
+    """The hand-made ping-pong (`q_halves`: the Q tile as two halves sharing each K/V tile)
+    against each shape's tuned configuration: on / off, the median of per-round ratios with
+    its 95% interval, and the GPU it ran on."""
+    with gzip.open(_sass_dir(study) / "lever_ab.jsonl.gz", "rt") as f:
+        records = [json.loads(line) for line in f]
+    rows = []
+    for r in records:
+        if r["lever"] != PING_PONG or r.get("status") != "ok":
+            continue
+        b, h, hkv, s, d = r["shape"]
+        ratio = r["on_over_off_ci95"]
+        rows.append({"shape": f"B{b} H{h}" + (f" KV{hkv}" if hkv != h else "")
+                     + f" S{s // 1024}k D{d}", "causal": r["causal"],
+                     "schedule": r["config"]["schedule"], "tuned TFLOP/s": r["tflops_off"],
+                     "halves TFLOP/s": r["tflops_on"], "on / off": ratio[0],
+                     "lo": ratio[1], "hi": ratio[2]})
+    return pd.DataFrame(rows)
+
+
 def table(study) -> pd.DataFrame:
     return where_warps_wait(study)
 
@@ -103,6 +126,18 @@ def section(study) -> Section:
             f"faster: {float(d128['on / off'].min()):.3f}-{float(d128['on / off'].max()):.3f}x "
             f"the tuned kernel over {len(d128)} shape-mask pairs.",
             len(d128) > 0 and float(d128["on / off"].max()) < 1.01, d128["on / off"].tolist())
+    probe = ping_pong_probe(study)
+    s.claim(f"Splitting the Q tile into two halves that share each K/V tile (a hand-made "
+            f"ping-pong) ran at {float(probe['on / off'].min()):.2f}-"
+            f"{float(probe['on / off'].max()):.2f}x the tuned kernel on all {len(probe)} D=128 "
+            f"shape-mask pairs ({PING_PONG_GPU}).",
+            len(probe) > 0 and float(probe["hi"].max()) < 1.0
+            and bool(probe["shape"].str.endswith("D128").all()), probe["on / off"].tolist())
+    probe_shown = probe.copy()
+    probe_shown["tuned TFLOP/s"] = probe["tuned TFLOP/s"].map(lambda x: f"{x:.0f}")
+    probe_shown["halves TFLOP/s"] = probe["halves TFLOP/s"].map(lambda x: f"{x:.0f}")
+    probe_shown["on / off [95%]"] = [f"{x:.3f} [{lo:.3f}, {hi:.3f}]" for x, lo, hi
+                                     in zip(probe["on / off"], probe["lo"], probe["hi"])]
     shown = w.copy()
     for col in ("K/V loop, % of consumer samples", "per-item code, %",
                 "MMA waits, % of all samples"):
@@ -130,6 +165,16 @@ def section(study) -> Section:
         "the tuned configuration on the static schedules it acts on (H100, 15 interleaved "
         "rounds; on / off is the median of per-round ratios; data/d128_limits/sass/ has the "
         "patches and a third attempt):")
+    probe_text = wrap(
+        "Can the ping-pong be written by hand? cuTile has no warpgroups, so the nearest "
+        "thing is two Q half-tiles per item, each with its own softmax state and sharing each "
+        "K/V tile, in one loop: both halves' QK^T, then one half's softmax and P V, then the "
+        "other's, for the compiler to overlap (a probe, `data/d128_limits/sass/"
+        "q_halves.patch.gz`, not kept). tileiras does not hand a half to each warpgroup: in "
+        "its SASS each half's QK^T runs on both warpgroups as narrower MMAs, which then meet "
+        f"at a named barrier at every row reduction (data/d128_limits/README.md). Against "
+        f"the tuned configuration on the {PING_PONG_GPU} (10 interleaved rounds, each output "
+        "checked first; on / off: median of per-round ratios [95%]):")
     s.text = f"""## What holds D=128 back: where the warps wait
 
 {text}
@@ -138,7 +183,11 @@ def section(study) -> Section:
 
 {attempts_text}
 
-{md_table(tried.drop(columns=["on / off", "25%", "75%"]))}"""
+{md_table(tried.drop(columns=["on / off", "25%", "75%"]))}
+
+{probe_text}
+
+{md_table(probe_shown.drop(columns=["on / off", "lo", "hi"]))}"""
     return s
 
 

@@ -150,7 +150,8 @@ def section(study) -> Section:
             float(d128["x cuDNN"].min()) >= 0.9 and float(d64["x cuDNN"].min()) >= 0.95
             and (base["tiles"] == "128x128").all(), base["x cuDNN"].tolist())
     other = top[~top["shape"].str.startswith("B1 H32 S8k")]
-    s.claim(f"On the other tuned shapes (B>1, GQA; H100) the best candidate ran "
+    s.claim(f"On the other tuned shapes (B>1, GQA; {', '.join(other['GPU'].unique())}) the "
+            f"best candidate ran "
             f"{float(other['x cuDNN'].min()):.2f}-{float(other['x cuDNN'].max()):.2f}x "
             f"cuDNN, and {int((other['tiles'] != '128x128').sum())} of {len(other)} winners "
             f"there do not use the B=1 winners' 128x128 tiles: hence a table keyed by shape.",
@@ -179,8 +180,9 @@ def section(study) -> Section:
     won64 = ahead64[ahead64["on / off"] > 1.0]
     s.claim(f"At D=64 it rarely pays: the best candidate with it ran "
             f"{float(ahead64['on / off'].min()):.3f}-{float(ahead64['on / off'].max()):.3f}x the "
-            f"best without it on the {len(ahead64)} shapes searched (H100), ahead on "
-            f"{len(won64)} ({', '.join(won64['shape'])}).",
+            f"best without it on the {len(ahead64)} shapes searched "
+            f"({', '.join(ahead64['GPU'].unique())}), ahead on "
+            f"{len(won64)} ({', '.join(won64['shape'] + ' on the ' + won64['GPU'])}).",
             len(ahead64) > 0 and len(won64) <= len(ahead64) // 2, ahead64["on / off"].tolist())
     lossy = {k: v for k, v in lost.items() if v}
     lost_text = wrap(
