@@ -69,6 +69,13 @@ def load_table(path: Path = TUNED_TABLE) -> dict:
     return copy.deepcopy(_table_for(path))
 
 
+def entry_shapes(gpu_name: str, path: Path = TUNED_TABLE) -> list[tuple[int, int, int, int]]:
+    """The shapes (batch, heads, kv_heads, seqlen) a GPU's entries were tuned at, any head dim
+    or mask."""
+    entries = _table_for(path).get(gpu_name, {})
+    return sorted({_entry_shape(e, f"{path}: {k}") for k, e in entries.items()})
+
+
 @functools.lru_cache(maxsize=8)
 def _parsed_table(path: str, stamp: tuple) -> dict:
     table = json.loads(Path(path).read_text())
