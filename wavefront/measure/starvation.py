@@ -1,16 +1,15 @@
 """Attention under DRAM-bandwidth starvation: a streaming kernel on the SMs the attention does
 not use, running through the whole measurement, takes DRAM bandwidth away from it.
 
-The paper's launch uses 48 of the GPU's SMs. A stream kernel with one CTA per remaining SM (its
-shared-memory request keeps a second CTA, or an attention CTA, off those SMs) reads a buffer
-far larger than the L2 with streaming loads (`__ldcs`: evict-first in L1 and L2, so it takes
-bandwidth, not the attention's L2 lines) until a `%globaltimer` deadline. More stream CTAs leave
-less bandwidth. Each round times the attention's schedules back to back, in a random order,
-on their own stream while the streamer runs. Schedules are compared round by round (paired).
+The paper's launch uses 48 of the GPU's SMs. A stream kernel, one CTA per remaining SM (its
+shared memory keeps other CTAs off those SMs), reads a buffer far larger than the L2 with
+streaming loads (`__ldcs`: evict-first, so it takes bandwidth, not the attention's L2 lines)
+until a `%globaltimer` deadline. More stream CTAs leave less bandwidth. Each round times
+the schedules back to back, in random order, beside the streamer; compared round by round.
 
-The streamer also counts its bytes; over a short run that count equals Nsight Compute's DRAM
-bytes (scripts/stream_check.py), but its rate over longer runs comes out above HBM3's peak and
-is not understood yet: it is recorded, not used.
+The streamer counts its bytes (Nsight Compute's DRAM bytes over a short run:
+scripts/stream_check.py); over longer runs its rate exceeds HBM3's peak (not understood):
+recorded, not used.
 """
 from __future__ import annotations
 
