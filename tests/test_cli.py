@@ -196,6 +196,20 @@ def test_tuned_table_takes_the_nearest_tuned_shape(tmp_path):
     assert tuned_config("GPU A", (1, 32, 8192, 64), (1, 32, 8192, 64), False, path) is None
 
 
+def test_a_causal_launch_of_one_wave_takes_64_row_tiles():
+    """Its longest item bounds such a launch; more items than a wave, or no mask, keep the
+    entry (`launcher._one_wave_causal`)."""
+    launcher = pytest.importorskip("wavefront.kernel.launcher")
+    entry = {"schedule": "grouped_dynamic+linear", "tiles": "128x64", "occupancy": 2,
+             "worker_warps": 8, "kv_latency": 8, "qk_ahead": 1}
+    small, big = (1, 8, 1024, 64), (1, 32, 8192, 64)  # 64 and 2048 items of 128 rows
+    got = launcher._one_wave_causal(entry, small, True, 132)
+    assert got == {**entry, **launcher.ONE_WAVE_CAUSAL} and got["kv_latency"] == 8
+    assert launcher._one_wave_causal(entry, small, False, 132) == entry
+    assert launcher._one_wave_causal(entry, big, True, 132) == entry
+    assert launcher._one_wave_causal(entry, small, True, 31) == entry  # 64 > 31 x 2
+
+
 def test_the_committed_tuned_table_names_valid_configurations():
     """Every committed entry is a valid `attention` configuration (a Point accepts it)."""
     from wavefront.kernel.tuning import _entry_shape, load_table, tuned_config, tuned_entry

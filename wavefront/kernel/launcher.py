@@ -29,8 +29,8 @@ from wavefront.kernel.attention import (
     launch_args,
 )
 from wavefront.kernel.table_kernel import build_on_gpu
-from wavefront.point import (DTYPES, HEAD_DIMS, KERNEL_LEVERS, check_levers, lever_values, plan,
-                             plan_varlen)
+from wavefront.point import (DTYPES, HEAD_DIMS, KERNEL_LEVERS, check_levers, lever_values,
+                             parse_tiles, plan, plan_varlen)
 from wavefront.schedules import WORK_COLUMNS, Launch
 
 # The kernel's parameters that change from call to call lead its parameter list, so a launch
@@ -385,18 +385,36 @@ def _new_launcher(vq: _ArrayView, k_shape, *, causal, schedule, tiles, occupancy
 DEFAULT_SCHEDULE = "persistent+linear"
 
 
+# A causal launch of at most one wave of CTAs lasts as long as its longest work item, the last
+# Q tile, which scans every K/V tile up to the diagonal; 64-row tiles halve that item. Under
+# CUDA-graph replay on the H100 (data/public_call/graph_replay/) they ran 1.42x the nearest
+# entry's 128-row tiles at B1 H8 S1k D64 causal and 1.59x at B1 H16 S2k D128 causal; without
+# the mask, where items are equal, they lost (0.94x, 0.86x).
+ONE_WAVE_CAUSAL = dict(tiles="64x64", occupancy=2, worker_warps=None, cluster=1, qk_ahead=0)
+
+
+def _one_wave_causal(config: dict, q_shape, causal: bool, sms: int) -> dict:
+    """A tuned entry's configuration, or for a causal launch that its tiles would leave at one
+    wave or less, the same with ONE_WAVE_CAUSAL's tiles."""
+    items = q_shape[0] * q_shape[1] * -(-q_shape[2] // parse_tiles(config["tiles"])[0])
+    if not causal or items > sms * config["occupancy"]:
+        return config
+    return {**config, **ONE_WAVE_CAUSAL}
+
+
 def resolve_config(q_shape, k_shape, causal: bool, schedule, tiles, occupancy,
                    levers: dict) -> dict:
     """The caller's choices, or where the caller chose nothing, the tuned table's entry for this
-    GPU and the nearest tuned shape (`wavefront tune`), or the defaults. `levers`: the kernel
-    levers by name, None where not chosen."""
+    GPU and the nearest tuned shape (`wavefront tune`; 64x64 tiles for a causal launch of one
+    wave, `ONE_WAVE_CAUSAL`), or the defaults. `levers`: the kernel levers by name, None where
+    not chosen."""
     chosen = dict(schedule=schedule, tiles=tiles, occupancy=occupancy, **levers)
     if all(v is None for v in chosen.values()):
         from wavefront.kernel.tuning import tuned_config
         dev = current_device()
         tuned = tuned_config(dev.name, q_shape, k_shape, causal) if dev is not None else None
         if tuned is not None:
-            return tuned
+            return _one_wave_causal(tuned, q_shape, causal, dev.sms)
     chosen["schedule"] = schedule or DEFAULT_SCHEDULE
     for name, default in KERNEL_LEVERS.items():
         if chosen.get(name) is None:
