@@ -1,18 +1,16 @@
-"""Does sawtooth buy speed once DRAM bandwidth is starved towards GB10's level?
+"""Does sawtooth pay with DRAM bandwidth starved towards GB10's?
 
-The paper's launch (B=8 H=1 S=128k D=64, 64x64 tiles, 48 persistent CTAs, one per SM) with a
-streaming kernel on the other SMs taking DRAM bandwidth for the whole measurement
-(`wavefront.measure.starvation`: one stream CTA per SM, evict-first loads of a 4 GB buffer,
-0 to all of the spare SMs). Sawtooth against linear, timed back to back in each round in a
-random order, paired by round. GB10 has 273 GB/s for all its 48 SMs; how much bandwidth the
-stream leaves here is not measured (see the section: its own rate is not trustworthy).
+The paper's launch (B8 H1 S128k D64, 64x64 tiles, 48 persistent CTAs, one per SM) with a
+streaming kernel on 0 to all of the other SMs taking DRAM bandwidth throughout
+(`wavefront.measure.starvation`: evict-first loads of a 4 GB buffer). Sawtooth against
+linear, back to back in random order, paired by round. GB10 has 273 GB/s for 48 SMs; what
+the stream leaves here is not measured (its own rate is untrustworthy).
 
-Not checked: the L2 counters of the attention while the stream runs (Nsight Compute replays
-one kernel at a time, so it cannot profile the two together); the loads are evict-first by
-construction, not by measurement.
+Not checked: the attention's L2 counters beside the stream (Nsight Compute profiles one kernel
+at a time); evict-first is by construction, not measured.
 
     python experiments/starved_launch.py run            # on a GPU: data/starved_launch/
-    python experiments/starved_launch.py plot --out DIR # anywhere: figure and table
+    python experiments/starved_launch.py plot --out DIR # anywhere: figure, table
 """
 
 import matplotlib.pyplot as plt

@@ -1,4 +1,4 @@
-"""Bad input gets a ValueError that names the argument (no GPU needed)."""
+"""Bad input: a ValueError naming the argument (no GPU)."""
 import numpy as np
 import pytest
 
@@ -71,14 +71,10 @@ def test_plan_validates_occupancy_and_defaults():
 
 
 def test_the_positional_hot_path_takes_the_levers_in_their_declared_order():
-    """`wavefront.attention` hands its options to the launcher positionally (keyword passing
-    costs microseconds per call): the same options in the same order, then the levers' values
-    in LEVERS' order, so a new lever needs no edit of either signature."""
+    """The options go positionally (keywords cost microseconds per call), levers last."""
     import inspect
-    pytest.importorskip("cuda.tile")
-    from wavefront.kernel.launcher import attention_positional
     from wavefront.point import LEVERS, lever_values
-    ours = inspect.signature(attention_positional).parameters
+    ours = inspect.signature(kernel.attention_positional).parameters
     api = inspect.signature(__import__("wavefront.api").api.attention).parameters
     assert list(ours)[:-1] == list(api)[:-1]
     assert ours[list(ours)[-1]].kind is inspect.Parameter.VAR_POSITIONAL
