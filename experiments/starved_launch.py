@@ -1,13 +1,13 @@
-"""Does sawtooth pay with DRAM bandwidth starved towards GB10's?
+"""Does sawtooth buy speed once DRAM bandwidth is starved towards GB10's level?
 
 The paper's launch (B8 H1 S128k D64, 64x64 tiles, 48 persistent CTAs, one per SM) with a
 streaming kernel on 0 to all of the other SMs taking DRAM bandwidth throughout
 (`wavefront.measure.starvation`: evict-first loads of a 4 GB buffer). Sawtooth against
-linear, back to back in random order, paired by round. GB10 has 273 GB/s for 48 SMs; what
-the stream leaves here is not measured (its own rate is untrustworthy).
+linear, back to back in random order, paired. GB10 has 273 GB/s for 48 SMs; what
+the stream leaves here is not measured (its rate is untrustworthy).
 
 Not checked: the attention's L2 counters beside the stream (Nsight Compute profiles one kernel
-at a time); evict-first is by construction, not measured.
+at a time); evict-first by construction, not measured.
 
     python experiments/starved_launch.py run            # on a GPU: data/starved_launch/
     python experiments/starved_launch.py plot --out DIR # anywhere: figure, table

@@ -188,7 +188,7 @@ def section(study) -> Section:
     long = call[~call.index.get_level_values("shape").str.contains("S2k")]
     misses = long[long["x cudnn"] < 1.0]
     for gpu, sub in misses.groupby(level="GPU"):
-        listed = ", ".join(f"{shape} {x:.2f}x" for shape, x in
+        listed = ", ".join(f"{shape} {x:.3f}x" for shape, x in
                            zip(sub.index.get_level_values("shape"), sub["x cudnn"]))
         d128_full = sub["D"].eq(128) & ~sub["causal"].astype(bool)
         s.claim(f"Below cuDNN on the {gpu} (S >= 4k): {listed}; "
