@@ -58,23 +58,27 @@ def where_warps_wait(study) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+def _lever_ab(study, lever: str) -> list[dict]:
+    """The `scripts/lever_ab.py` records of one lever that ran, each with its shape named."""
+    with gzip.open(_sass_dir(study) / "lever_ab.jsonl.gz", "rt") as f:
+        records = [json.loads(line) for line in f]
+    for r in records:
+        b, h, hkv, s, d = r["shape"]
+        r["shape name"] = f"B{b} H{h}" + (f" KV{hkv}" if hkv != h else "") + f" S{s // 1024}k D{d}"
+    return [r for r in records if r["lever"] == lever and r.get("status") == "ok"]
+
+
 def attempts(study) -> pd.DataFrame:
     """Each change against the tuned configuration, per shape and mask: the median of the
     per-round ratios (on / off) with their 25%-75% spread, on the static schedules it acts on."""
-    with gzip.open(_sass_dir(study) / "lever_ab.jsonl.gz", "rt") as f:
-        records = [json.loads(line) for line in f]
     rows = []
     for lever, what in ATTEMPTS.items():
-        for r in records:
-            if (r["lever"] != lever or r.get("status") != "ok"
-                    or r["config"]["schedule"].split("+")[0] != "persistent"):
+        for r in _lever_ab(study, lever):
+            if r["config"]["schedule"].split("+")[0] != "persistent":
                 continue
             # the first form of the script named the sides tma / direct
             ratio = r.get("on_over_off") or r["direct_over_tma"]
-            b, h, hkv, s, d = r["shape"]
-            rows.append({"change": what,
-                         "shape": f"B{b} H{h}" + (f" KV{hkv}" if hkv != h else "")
-                         + f" S{s // 1024}k D{d}", "causal": r["causal"],
+            rows.append({"change": what, "shape": r["shape name"], "causal": r["causal"],
                          "on / off": ratio[0], "25%": ratio[1], "75%": ratio[2]})
     return pd.DataFrame(rows)
 
@@ -83,20 +87,12 @@ def ping_pong_probe(study) -> pd.DataFrame:
     """The hand-made ping-pong (`q_halves`: the Q tile as two halves sharing each K/V tile)
     against each shape's tuned configuration: on / off, the median of per-round ratios with
     its 95% interval, and the GPU it ran on."""
-    with gzip.open(_sass_dir(study) / "lever_ab.jsonl.gz", "rt") as f:
-        records = [json.loads(line) for line in f]
-    rows = []
-    for r in records:
-        if r["lever"] != PING_PONG or r.get("status") != "ok":
-            continue
-        b, h, hkv, s, d = r["shape"]
-        ratio = r["on_over_off_ci95"]
-        rows.append({"shape": f"B{b} H{h}" + (f" KV{hkv}" if hkv != h else "")
-                     + f" S{s // 1024}k D{d}", "causal": r["causal"],
-                     "schedule": r["config"]["schedule"], "tuned TFLOP/s": r["tflops_off"],
-                     "halves TFLOP/s": r["tflops_on"], "on / off": ratio[0],
-                     "lo": ratio[1], "hi": ratio[2]})
-    return pd.DataFrame(rows)
+    return pd.DataFrame([
+        {"shape": r["shape name"], "causal": r["causal"], "schedule": r["config"]["schedule"],
+         "tuned TFLOP/s": r["tflops_off"], "halves TFLOP/s": r["tflops_on"],
+         "on / off": r["on_over_off_ci95"][0], "lo": r["on_over_off_ci95"][1],
+         "hi": r["on_over_off_ci95"][2]}
+        for r in _lever_ab(study, PING_PONG)])
 
 
 def table(study) -> pd.DataFrame:

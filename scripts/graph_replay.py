@@ -11,13 +11,13 @@ Contenders: `api` (`wavefront.attention(q, k, v, causal=...)` on torch tensors, 
 each call), `bound` (the launcher that call resolves to, on a fixed output), cuDNN and FA2
 through torch SDPA. One fixed input set (L2 warm: the same for all). Every output is checked
 against float32 SDPA first (the bound launcher's output poisoned with NaN), and each replay's
-last output against its eager output. Printed: per-call microseconds, median [95%], and paired
-ratios against `bound` and cuDNN.
+last output against its eager output. Timed in `wavefront bench`'s rounds (`run_rounds`); the
+committed runs of 2026-11-26 (data/public_call/graph_replay/) came from a first form that timed
+rounds of its own, alike but without NVML's clock watch. Printed: per-call microseconds, median
+[95%], paired ratios against `bound` and cuDNN, throttled rounds.
 """
 import argparse
 import json
-import random
-import statistics
 
 import torch
 import torch.nn.functional as F
@@ -26,10 +26,10 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 import wavefront
 from wavefront.device import current_device
 from wavefront.kernel.launcher import launcher_for, resolve_config
-from wavefront.point import KERNEL_LEVERS
-from wavefront.results.measurement import median_ci95, paired_ratio
-
-TOLERANCE = 2e-2  # relative, bf16 against float32
+from wavefront.measure.rounds import Contender, paired_speedup, run_rounds
+from wavefront.model.counting import launch_counts
+from wavefront.point import KERNEL_LEVERS, plan
+from wavefront.results.measurement import CORRECTNESS_TOLERANCE
 
 
 def contenders(q, k, v, causal, variants=()):
@@ -64,11 +64,20 @@ def _value(text):
 
 def check(name, out, reference):
     err = ((out.float() - reference).norm() / reference.norm()).item()
-    if not err < TOLERANCE:  # NaN (an element never written) fails too
+    if not err < CORRECTNESS_TOLERANCE:  # NaN (an element never written) fails too
         raise SystemExit(f"{name}: relative error {err:.3g} against float32 SDPA")
 
 
+def once_per(calls: int, replay):
+    """run(i) for `run_rounds`: the graph of `calls` calls replayed once in every `calls`
+    launch numbers, so a batch of `calls` launches times one replay."""
+    return lambda i: replay() if i % calls == 0 else None
+
+
 def measure(shape, causal, rounds, calls, variants=(), seed=0):
+    """{(contender, mode): RoundsResult} in `wavefront bench`'s rounds (`run_rounds`: the order
+    shuffled per round, NVML's clocks watched), `calls` launches per batch, each mode's
+    samples per call."""
     b, h, s, d = shape
     g = torch.Generator(device="cuda").manual_seed(seed)
     q, k, v = (torch.randn(b, h, s, d, device="cuda", dtype=torch.bfloat16, generator=g)
@@ -77,7 +86,10 @@ def measure(shape, causal, rounds, calls, variants=(), seed=0):
         reference = F.scaled_dot_product_attention(q.float(), k.float(), v.float(),
                                                    is_causal=causal)
     calls_of, config = contenders(q, k, v, causal, variants)
-    graphs = {}
+    dev = current_device()
+    flops = launch_counts(plan(shape, shape, sms=dev.sms, l2_bytes=dev.l2_bytes,
+                               causal=causal).problem)
+    timed = []
     for name, call in calls_of.items():
         check(name, call(), reference)  # eager, and warms every launcher and library
         torch.cuda.synchronize()
@@ -91,27 +103,11 @@ def measure(shape, causal, rounds, calls, variants=(), seed=0):
         torch.cuda.synchronize()
         if not torch.equal(out, eager):
             raise SystemExit(f"{name}: the replayed output differs from the eager one")
-        graphs[name] = graph
-
-    def eager_batch(name):
-        for _ in range(calls):
-            calls_of[name]()
-    runs = {(n, "eager"): (lambda n=n: eager_batch(n)) for n in calls_of}
-    runs.update({(n, "graph"): graphs[n].replay for n in calls_of})
-    samples = {key: [] for key in runs}
-    order = list(runs)
-    rng = random.Random(seed)
-    for _ in range(rounds):
-        rng.shuffle(order)
-        for key in order:
-            start = torch.cuda.Event(enable_timing=True)
-            stop = torch.cuda.Event(enable_timing=True)
-            start.record()
-            runs[key]()
-            stop.record()
-            stop.synchronize()
-            samples[key].append(start.elapsed_time(stop) * 1e3 / calls)  # us per call
-    return samples, config
+        timed += [Contender(f"{name}|eager", lambda i, call=call: call(), flops.useful_flops),
+                  Contender(f"{name}|graph", once_per(calls, graph.replay),
+                            flops.useful_flops)]
+    results = run_rounds(timed, rounds=rounds, per_round=calls, seed=seed)
+    return {tuple(r.name.split("|")): r for r in results}, config
 
 
 def main():
@@ -128,29 +124,31 @@ def main():
                 for text in args.variant]
     shape = tuple(int(x) for x in args.shape.split(","))
     gpu = current_device().name
-    results = []
+    rows = []
     for causal in (False, True):
-        samples, config = measure(shape, causal, args.rounds, args.calls, variants)
+        results, config = measure(shape, causal, args.rounds, args.calls, variants)
         print(f"\n{gpu}, B{shape[0]} H{shape[1]} S{shape[2]} D{shape[3]} bf16 "
               f"{'causal' if causal else 'non-causal'}, {args.rounds} rounds x {args.calls} "
               f"calls, us per call median [95%]; ratios paired by round; config {config}")
         for mode in ("eager", "graph"):
-            for name in dict.fromkeys(n for n, _ in samples):
-                ms = samples[name, mode]
+            for name in dict.fromkeys(n for n, _ in results):
+                r = results[name, mode]
+                us = [1e3 * ms for ms in r.samples_ms]
                 row = {"gpu": gpu, "shape": shape, "causal": causal, "mode": mode,
-                       "contender": name, "us_per_call": ms, "config": config,
-                       "vs_bound_ci95": paired_ratio(samples["bound", mode], ms),
-                       "x_cudnn_ci95": paired_ratio(samples["cudnn", mode], ms)}
-                results.append(row)
-                lo, hi = median_ci95(ms)
-                med = statistics.median(ms)
+                       "contender": name, "us_per_call": us, "config": config,
+                       "throttled_rounds": r.throttled_rounds,
+                       "vs_bound_ci95": paired_speedup(results["bound", mode], r),
+                       "x_cudnn_ci95": paired_speedup(results["cudnn", mode], r)}
+                rows.append(row)
+                lo, hi = (1e3 * x for x in r.ci95_ms)
                 vb, vc = row["vs_bound_ci95"], row["x_cudnn_ci95"]
-                print(f"  {mode:5s} {name:22s} {med:8.2f} [{lo:.2f}, {hi:.2f}]  "
+                print(f"  {mode:5s} {name:22s} {1e3 * r.median_ms:8.2f} [{lo:.2f}, {hi:.2f}]  "
                       f"vs bound {vb[0]:.3f} [{vb[1]:.3f}, {vb[2]:.3f}]  "
-                      f"x cuDNN {vc[0]:.2f} [{vc[1]:.2f}, {vc[2]:.2f}]")
+                      f"x cuDNN {vc[0]:.2f} [{vc[1]:.2f}, {vc[2]:.2f}]  "
+                      f"throttled {r.throttled_rounds}/{r.rounds}")
     if args.json:
         with open(args.json, "w") as f:
-            f.writelines(json.dumps(r) + "\n" for r in results)
+            f.writelines(json.dumps(r) + "\n" for r in rows)
 
 
 if __name__ == "__main__":

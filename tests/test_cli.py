@@ -198,16 +198,18 @@ def test_tuned_table_takes_the_nearest_tuned_shape(tmp_path):
 
 def test_a_causal_launch_of_one_wave_takes_64_row_tiles():
     """Its longest item bounds such a launch; more items than a wave, or no mask, keep the
-    entry (`launcher._one_wave_causal`)."""
+    entry."""
     launcher = pytest.importorskip("wavefront.kernel.launcher")
     entry = {"schedule": "grouped_dynamic+linear", "tiles": "128x64", "occupancy": 2,
              "worker_warps": 8, "kv_latency": 8, "qk_ahead": 1}
     small, big = (1, 8, 1024, 64), (1, 32, 8192, 64)  # 64 and 2048 items of 128 rows
-    got = launcher._one_wave_causal(entry, small, True, 132)
+    gpu = {"sms": 132, "l2_bytes": 50 << 20}
+    got = launcher._one_wave_causal(entry, small, small, True, **gpu)
     assert got == {**entry, **launcher.ONE_WAVE_CAUSAL} and got["kv_latency"] == 8
-    assert launcher._one_wave_causal(entry, small, False, 132) == entry
-    assert launcher._one_wave_causal(entry, big, True, 132) == entry
-    assert launcher._one_wave_causal(entry, small, True, 31) == entry  # 64 > 31 x 2
+    assert launcher._one_wave_causal(entry, small, small, False, **gpu) == entry
+    assert launcher._one_wave_causal(entry, big, big, True, **gpu) == entry
+    # 64 items > 31 SMs x 2
+    assert launcher._one_wave_causal(entry, small, small, True, **{**gpu, "sms": 31}) == entry
 
 
 def test_the_committed_tuned_table_names_valid_configurations():

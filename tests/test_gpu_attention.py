@@ -250,7 +250,9 @@ def test_attention_defaults_to_the_tuned_table_for_this_gpu():
         resolved = resolve_config(q_shape, q_shape, causal, None, None, None,
                                   dict.fromkeys(KERNEL_LEVERS))
         if tuned is not None:  # 16 items: a causal launch of one wave takes 64-row tiles
-            tuned = _one_wave_causal(tuned, q_shape, causal, current_device().sms)
+            dev = current_device()
+            tuned = _one_wave_causal(tuned, q_shape, q_shape, causal, sms=dev.sms,
+                                     l2_bytes=dev.l2_bytes)
         assert resolved == (tuned or resolved) and resolved["schedule"]
         q, k, v = random_inputs(cfg, 17)
         out = cupy.full(q.shape, cupy.nan, dtype=q.dtype)

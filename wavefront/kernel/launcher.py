@@ -29,8 +29,8 @@ from wavefront.kernel.attention import (
     launch_args,
 )
 from wavefront.kernel.table_kernel import build_on_gpu
-from wavefront.point import (DTYPES, HEAD_DIMS, KERNEL_LEVERS, check_levers, lever_values,
-                             parse_tiles, plan, plan_varlen)
+from wavefront.point import (DTYPES, HEAD_DIMS, KERNEL_LEVERS, check_levers, lever_values, plan,
+                             plan_varlen)
 from wavefront.schedules import WORK_COLUMNS, Launch
 
 # The kernel's parameters that change from call to call lead its parameter list, so a launch
@@ -393,13 +393,16 @@ DEFAULT_SCHEDULE = "persistent+linear"
 ONE_WAVE_CAUSAL = dict(tiles="64x64", occupancy=2, worker_warps=None, cluster=1, qk_ahead=0)
 
 
-def _one_wave_causal(config: dict, q_shape, causal: bool, sms: int) -> dict:
-    """A tuned entry's configuration, or for a causal launch that its tiles would leave at one
-    wave or less, the same with ONE_WAVE_CAUSAL's tiles."""
-    items = q_shape[0] * q_shape[1] * -(-q_shape[2] // parse_tiles(config["tiles"])[0])
-    if not causal or items > sms * config["occupancy"]:
+def _one_wave_causal(config: dict, q_shape, k_shape, causal: bool, *, sms: int,
+                     l2_bytes: int) -> dict:
+    """A tuned entry's configuration, or for a causal launch whose work items (as the entry
+    would plan them) fit one wave of resident CTAs, the same with ONE_WAVE_CAUSAL's tiles."""
+    if not causal:
         return config
-    return {**config, **ONE_WAVE_CAUSAL}
+    launch = plan(q_shape, k_shape, sms=sms, l2_bytes=l2_bytes, causal=True,
+                  schedule=config["schedule"], tiles=config["tiles"],
+                  occupancy=config["occupancy"])
+    return config if launch.num_items > launch.resident_ctas else {**config, **ONE_WAVE_CAUSAL}
 
 
 def resolve_config(q_shape, k_shape, causal: bool, schedule, tiles, occupancy,
@@ -414,7 +417,8 @@ def resolve_config(q_shape, k_shape, causal: bool, schedule, tiles, occupancy,
         dev = current_device()
         tuned = tuned_config(dev.name, q_shape, k_shape, causal) if dev is not None else None
         if tuned is not None:
-            return _one_wave_causal(tuned, q_shape, causal, dev.sms)
+            return _one_wave_causal(tuned, q_shape, k_shape, causal, sms=dev.sms,
+                                    l2_bytes=dev.l2_bytes)
     chosen["schedule"] = schedule or DEFAULT_SCHEDULE
     for name, default in KERNEL_LEVERS.items():
         if chosen.get(name) is None:
