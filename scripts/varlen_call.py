@@ -15,6 +15,13 @@ table, then five calls bring new lengths (16, 64, 256, 16, 64 sequences of the s
 each behind 200 ms of sleep queued on the caller's stream; prints each call's host ms.
 
     python scripts/varlen_call.py --first-calls [--causal]
+
+`--gpu-lengths` (this tree alone): the same calls with cu_seqlens as host lists (table built on
+the host, checked) against CUDA int32 tensors (table written on the GPU from them, nothing read
+back), one call of each per round in random order; then the GPU ms per call of each, ten calls
+with one batch (the host path's launcher cached, the GPU path writing its table every call).
+
+    python scripts/varlen_call.py --gpu-lengths [--causal]
 """
 import argparse
 import random
@@ -56,6 +63,58 @@ def first_calls(args, q, k, v, bounds_of):
           "; ".join(out))
 
 
+def gpu_lengths(args, q, k, v, bounds_of):
+    from wavefront.kernel.launcher import attention_varlen
+
+    def as_argument(bounds, path):
+        return bounds if path == "host lists" else torch.tensor(bounds, dtype=torch.int32,
+                                                                 device="cuda")
+    paths = ("host lists", "GPU tensors")
+    for path in paths:  # compiled, launchers built
+        attention_varlen(q, k, v, as_argument(bounds_of(0), path),
+                         as_argument(bounds_of(0), path), causal=args.causal)
+    cycles = sleep_cycles(args.busy_ms)
+    seeds = iter(range(1, 4 * args.rounds + 1))
+    samples = {(path, busy): [] for path in paths for busy in (False, True)}
+    for _ in range(args.rounds):
+        for busy in (False, True):
+            for path in random.sample(paths, len(paths)):
+                cu = as_argument(bounds_of(next(seeds)), path)
+                torch.cuda.synchronize()
+                if busy:
+                    torch.cuda._sleep(cycles)
+                began = time.perf_counter()
+                attention_varlen(q, k, v, cu, cu, causal=args.causal)
+                samples[(path, busy)].append((time.perf_counter() - began) * 1e3)
+                torch.cuda.synchronize()
+    gpu_ms = {}
+    for path in paths:
+        cu = as_argument(bounds_of(0), path)
+        start, stop = (torch.cuda.Event(enable_timing=True) for _ in range(2))
+        runs = []
+        for _ in range(5):
+            start.record()
+            for _ in range(10):
+                attention_varlen(q, k, v, cu, cu, causal=args.causal)
+            stop.record()
+            stop.synchronize()
+            runs.append(start.elapsed_time(stop) / 10)
+        gpu_ms[path] = runs
+    lo, hi = args.rounds // 5, args.rounds - 1 - args.rounds // 5
+    print(f"{torch.cuda.get_device_name()}, {args.sequences} sequences, {args.tokens} tokens, "
+          f"H{args.heads} KV{args.kv_heads} D{args.head_dim} causal={args.causal}: host ms "
+          f"of a call with new lengths, median [20%, 80%] of {args.rounds}; GPU ms per call, "
+          f"median [min, max] of 5 x 10 calls")
+    for (path, busy), s in samples.items():
+        ordered = sorted(s)
+        state = f"GPU busy ({args.busy_ms:g} ms queued)" if busy else "GPU idle"
+        print(f"  cu_seqlens as {path:12s} {state:26s} host {statistics.median(s):7.3f} "
+              f"[{ordered[lo]:.3f}, {ordered[hi]:.3f}]")
+    for path, runs in gpu_ms.items():
+        print(f"  cu_seqlens as {path:12s} GPU ms per call {statistics.median(runs):.3f} "
+              f"[{min(runs):.3f}, {max(runs):.3f}]")
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("other", type=Path, nargs="?",
@@ -70,9 +129,11 @@ def main():
     parser.add_argument("--rounds", type=int, default=15)
     parser.add_argument("--busy-ms", type=float, default=30.0)
     parser.add_argument("--causal", action="store_true")
+    parser.add_argument("--gpu-lengths", action="store_true",
+                        help="this tree alone: cu_seqlens as host lists against CUDA tensors")
     args = parser.parse_args()
-    if (args.other is None) != args.first_calls:
-        parser.error("give the other tree, or --first-calls")
+    if (args.other is None) != (args.first_calls or args.gpu_lengths):
+        parser.error("give the other tree, or --first-calls, or --gpu-lengths")
     gen = torch.Generator(device="cuda").manual_seed(0)
     q = torch.randn(args.tokens, args.heads, args.head_dim, device="cuda",
                     dtype=torch.bfloat16, generator=gen)
@@ -87,6 +148,8 @@ def main():
         return bounds
     if args.first_calls:
         return first_calls(args, q, k, v, bounds_of)
+    if args.gpu_lengths:
+        return gpu_lengths(args, q, k, v, bounds_of)
     other, this = load_versions(args.other)
     versions = {f"other ({args.other.name})": other, "this tree": this}
     # One batch of lengths per call, made before any timing; seed 0 warms each version up.

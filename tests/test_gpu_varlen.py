@@ -195,3 +195,118 @@ def _gpu_sleep(seconds: float):
     }''', "spin")
     rate_khz = cupy.cuda.Device().attributes["ClockRate"]
     spin((1,), (1,), (cupy.int64(seconds * rate_khz * 1e3),))
+
+
+# --- cu_seqlens on the GPU: the table written there from them, nothing read back ------------
+
+GPU_LENGTHS_SCHEDULES = [f"{c}+{k}" for c, k in itertools.product(
+    ("grid", "persistent", "longest_first", "dynamic"), ("linear", "sawtooth"))]
+
+
+def _on_torch(*arrays):
+    torch = pytest.importorskip("torch")
+    return tuple(torch.from_dlpack(x) for x in arrays)
+
+
+def _cu(bounds):
+    import torch
+    return torch.tensor(bounds, dtype=torch.int32, device="cuda")
+
+
+@pytest.mark.parametrize("schedule", GPU_LENGTHS_SCHEDULES + [None])
+@pytest.mark.parametrize("causal", [False, True])
+def test_lengths_on_the_gpu_every_order(schedule, causal):
+    """cu_seqlens as CUDA tensors: every order that needs only the lengths (and the tuned
+    default, None), GQA, an empty sequence and a one-row one among them, the LSE too."""
+    import cupy
+    import torch
+
+    from wavefront import attention_varlen
+    q, k, v, bounds = _packed(LENGTHS, 4, 2, 64, seed=31)
+    tq, tk, tv = _on_torch(q, k, v)
+    out = torch.full_like(tq, float("nan"))
+    _, lse = attention_varlen(tq, tk, tv, _cu(bounds), _cu(bounds), causal=causal,
+                              schedule=schedule, ctas=7 if schedule else None, out=out,
+                              return_lse=True)
+    assert _check(q, k, v, bounds, cupy.from_dlpack(out), causal,
+                  lse=cupy.from_dlpack(lse)) < TOLERANCE
+
+
+def test_lengths_on_the_gpu_change_without_a_new_launcher():
+    """New lengths on the GPU (same number of sequences, other q and k lengths) are read
+    there by the same launcher, one per packed problem: results right for each, the first
+    lengths' again after the others'; and a grouped order, which needs the host's lengths,
+    is refused by name."""
+    import cupy
+    import torch
+
+    from wavefront import attention_varlen
+    from wavefront.kernel import launcher as kernel_launcher
+    kernel_launcher.clear_launcher_cache()
+    q, k, v, first = _packed(LENGTHS, 4, 2, 128, seed=37)
+    tq, tk, tv = _on_torch(q, k, v)
+    second = [0, 5, 900, 901, 1500, 3000, 3001, 5600, q.shape[0]]
+    for bounds in (first, second, first):
+        out = torch.full_like(tq, float("nan"))
+        attention_varlen(tq, tk, tv, _cu(bounds), _cu(bounds), causal=True,
+                         schedule="dynamic+sawtooth", out=out)
+        assert _check(q, k, v, bounds, cupy.from_dlpack(out), True) < TOLERANCE, bounds
+    assert len(kernel_launcher._varlen_launchers) == 1
+    (made,) = kernel_launcher._varlen_launchers.values()
+    assert made.next_item.tolist() == [0, 0]
+    with pytest.raises(ValueError, match="grouped_dynamic.*on the host"):
+        attention_varlen(tq, tk, tv, _cu(first), _cu(first), schedule="grouped_dynamic+linear")
+    with pytest.raises(ValueError, match="^cu_seqlens_k on the GPU must be a 1-D int32"):
+        attention_varlen(tq, tk, tv, _cu(first), _cu(first).float())
+
+
+def test_lengths_on_the_gpu_in_a_cuda_graph():
+    """A call captured in a CUDA graph with its cu_seqlens on the GPU replays for whatever
+    lengths those tensors hold at replay: new lengths copied into them, replayed, are right."""
+    import cupy
+    import torch
+
+    from wavefront import attention_varlen
+    q, k, v, first = _packed(LENGTHS, 4, 4, 64, seed=41)
+    tq, tk, tv = _on_torch(q, k, v)
+    cu_q, cu_k = _cu(first), _cu(first)
+    out = torch.full_like(tq, float("nan"))
+    for causal in (False, True):
+        attention_varlen(tq, tk, tv, cu_q, cu_k, causal=causal, out=out)  # the launcher
+        torch.cuda.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            attention_varlen(tq, tk, tv, cu_q, cu_k, causal=causal, out=out)
+        for bounds in ([0, 5, 900, 901, 1500, 3000, 3001, 5600, q.shape[0]], first):
+            cu_q.copy_(_cu(bounds))
+            cu_k.copy_(_cu(bounds))
+            out.fill_(float("nan"))
+            graph.replay()
+            torch.cuda.synchronize()
+            assert _check(q, k, v, bounds, cupy.from_dlpack(out), causal) < TOLERANCE, bounds
+
+
+def test_lengths_on_the_gpu_do_not_wait_for_the_gpu():
+    """With the GPU busy, a call with new lengths on the GPU returns at once (nothing is read
+    back) and still reads the lengths the GPU holds when its turn comes."""
+    import time
+
+    import cupy
+    import torch
+
+    from wavefront import attention_varlen
+    q, k, v, bounds = _packed(LENGTHS, 4, 2, 64, seed=43)
+    tq, tk, tv = _on_torch(q, k, v)
+    out = torch.full_like(tq, float("nan"))
+    attention_varlen(tq, tk, tv, _cu(bounds), _cu(bounds), causal=True, out=out)
+    fresh = [0, 17, 18, 600, 700, 701, 3000, 5000, q.shape[0]]
+    cu = _cu(fresh)
+    out.fill_(float("nan"))
+    torch.cuda.synchronize()
+    torch.cuda._sleep(400_000_000)  # about 0.2 s of GPU cycles on the caller's stream
+    began = time.perf_counter()
+    attention_varlen(tq, tk, tv, cu, cu, causal=True, out=out)
+    host_s = time.perf_counter() - began
+    torch.cuda.synchronize()
+    assert host_s < 0.05, f"the call waited for the GPU: {host_s * 1e3:.1f} ms"
+    assert _check(q, k, v, fresh, cupy.from_dlpack(out), True) < TOLERANCE

@@ -360,6 +360,69 @@ def test_varlen_order_is_each_schedules_item_order(cta_name):
         assert got == _items_in_order_by_sorting_items(launch), (lengths, launch.problem)
 
 
+@pytest.mark.parametrize("library", ["numpy", "torch"])
+@pytest.mark.parametrize("cta_name", ["grid", "persistent", "longest_first", "dynamic"])
+def test_a_table_from_lengths_on_the_device_is_the_hosts_table_then_padding(cta_name, library):
+    """`DeviceVarlenLaunch` writes a packed batch's table from cu_seqlens arrays without
+    reading them: its first rows, as many as it counts, are `VarlenLaunch`'s table for the
+    same lengths, in as many rows as the packed rows could need; the rest are padding,
+    whatever the lengths. On NumPy arrays and on (CPU) torch tensors: the GPU runs the torch
+    code on CUDA tensors."""
+    from wavefront.schedules import DeviceVarlenLaunch, VarlenLaunch, fill_rows
+    as_library = np.asarray
+    if library == "torch":
+        torch = pytest.importorskip("torch")
+        import wavefront.kernel.torch_arrays  # noqa: F401  (registers torch's operations)
+        as_library = torch.from_numpy
+    rng = random.Random(cta_name)
+    for _ in range(30):
+        n = rng.randint(1, 9)
+        lengths_q = [rng.choice([0, 1, 64, 129, 300, rng.randint(1, 2000)]) for _ in range(n)]
+        lengths_kv = [rng.choice([1, 64, 200, rng.randint(1, 2000)]) if sq else
+                      rng.choice([0, 7]) for sq in lengths_q]
+        if not sum(lengths_q):
+            lengths_q[-1], lengths_kv[-1] = 5, 9
+        heads_per_kv, kv_heads = rng.choice([1, 2, 3]), rng.choice([1, 2])
+        tiles = rng.choice([(64, 64), (128, 64), (128, 128)])
+        p = AttentionProblem(1, heads_per_kv * kv_heads, kv_heads, sum(lengths_q),
+                             sum(lengths_kv), 64, rng.random() < 0.5, *tiles)
+        placement = dict(cta=cta_schedule(cta_name),
+                         kv=kv_schedule(rng.choice(["linear", "sawtooth"])), sms=5,
+                         ctas_per_sm=2, l2_bytes=1 << 20, ctas=rng.choice([None, 3, 7]))
+        host = VarlenLaunch(p, tuple(lengths_q), tuple(lengths_kv), **placement)
+        device = DeviceVarlenLaunch(p, n, **placement)
+        cu_q, cu_kv = (np.concatenate([[0], np.cumsum(x)]).astype(np.int32)
+                       for x in (lengths_q, lengths_kv))
+        columns, count = device.table_columns(as_library(cu_q), as_library(cu_kv))
+        table = np.empty((device.num_items, 16), dtype=np.int32)
+        fill_rows(table, [np.asarray(c) for c in columns])
+        assert device.num_items >= host.num_items == int(count)
+        assert np.array_equal(table[:count], host.work_table), (lengths_q, lengths_kv, p)
+        assert device.num_ctas >= host.num_ctas
+
+
+def test_lengths_on_the_device_are_clamped_to_the_packed_rows():
+    """Lengths on the GPU are not checked (that would wait for them): bad ones are clamped, so
+    every row the table names lies inside the packed arrays."""
+    from wavefront.schedules import (WORK_KV_START, WORK_Q_START, WORK_SEQLEN_KV,
+                                     WORK_SEQLEN_Q, DeviceVarlenLaunch, fill_rows)
+    p = AttentionProblem(1, 2, 2, 100, 90, 64, True, 64, 64)
+    device = DeviceVarlenLaunch(p, 3, cta_schedule("dynamic"), kv_schedule("linear"), sms=4,
+                                ctas_per_sm=1, l2_bytes=1 << 20)
+    columns, count = device.table_columns(np.array([0, 500, -3, 100]),
+                                          np.array([7, 60, 1000, 20]))
+    table = np.empty((device.num_items, 16), dtype=np.int32)
+    fill_rows(table, columns)
+    real = table[:count]
+    assert count <= device.num_items
+    assert (real[:, WORK_Q_START] + real[:, WORK_SEQLEN_Q] <= 100).all()
+    assert (real[:, WORK_KV_START] + real[:, WORK_SEQLEN_KV] <= 90).all()
+    assert (real >= 0).all()
+    with pytest.raises(ValueError, match="grouped.*on the host"):
+        DeviceVarlenLaunch(p, 3, cta_schedule("grouped"), kv_schedule("linear"), sms=4,
+                           ctas_per_sm=1, l2_bytes=1 << 20)
+
+
 def test_varlen_refuses_what_it_cannot_run():
     with pytest.raises(ValueError, match="does not apply to variable-length"):
         _varlen([10, 20], "persistent", "tiled")

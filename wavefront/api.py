@@ -61,8 +61,14 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q=None,
     q: (total_q, heads, head_dim), the rows of every sequence one after another; k, v:
     (total_k, kv_heads, head_dim); `cu_seqlens_q` = [0, len_q(0), len_q(0) + len_q(1), ...]
     (batch + 1 entries, ending at total_q), `cu_seqlens_k` likewise. Host lists, NumPy arrays
-    or CPU tensors keep the call asynchronous; a GPU tensor is copied to the host first (the
-    work table is built there). `max_seqlen_*` are checked, not needed. Causal masks are
+    or CPU tensors are checked, and the work table is built on the host once per lengths.
+    CUDA tensors (with torch q, k, v) are read on the GPU: each call writes the table there
+    from them, without waiting for the GPU, so a CUDA graph of the call replays it for the
+    lengths they hold then. They are not checked (that would wait): lengths are clamped to
+    the packed rows, and orders are those that need only the lengths (grid, persistent,
+    longest_first, dynamic; a tuned grouped entry runs as persistent or dynamic). CuPy
+    cu_seqlens on the GPU are copied to the host. `max_seqlen_*` are checked where the
+    lengths are on the host, not needed. Causal masks are
     top-left aligned within each sequence (torch's `is_causal`; the same as FlashAttention's
     where a sequence has as many queries as keys). Sequences may be empty; one with queries
     must have keys. Schedules: any CTA schedule with the linear or sawtooth scan, ordering

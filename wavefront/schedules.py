@@ -64,15 +64,59 @@ WORK_COLUMNS = 16  # padded: 64-byte rows, a stride the ahead-of-time signature 
 
 def _array_module(*values):
     """The array library of the first array among `values`: NumPy (every item at once, on the
-    host), or the trace that prints the formulas as one GPU kernel
+    host), a registered library's (torch's: a packed batch's table written on the GPU from its
+    lengths there, `DeviceVarlenLaunch`), or the trace that prints the formulas as one GPU kernel
     (`wavefront.kernel.table_kernel`), or None when all are plain ints."""
     for value in values:
         if isinstance(value, np.ndarray):
             return np
+        library = _ARRAY_LIBRARIES.get(type(value).__module__)
+        if library is not None:
+            return library
         module = getattr(value, "array_module", None)  # a traced value names its trace
         if module is not None:
             return module
     return None
+
+
+class NumpyArrays:
+    """The few operations beyond arithmetic that the packed-batch orders need, on NumPy: the
+    orders are written once against these methods, which a registered library provides too
+    (`register_array_library`), so a table is built where its lengths live, host or GPU."""
+
+    minimum, maximum, where, cumsum = np.minimum, np.maximum, np.where, np.cumsum
+
+    @staticmethod
+    def divmod(a, b):
+        return np.divmod(a, b)
+
+    @staticmethod
+    def arange(n: int, like):
+        return np.arange(n, dtype=np.int64)
+
+    @staticmethod
+    def int64(x):
+        return np.asarray(x, dtype=np.int64)
+
+    @staticmethod
+    def searchsorted_right(sorted_values, values):
+        return np.searchsorted(sorted_values, values, side="right")
+
+    @staticmethod
+    def argsort_stable(keys):
+        return np.argsort(keys, kind="stable")
+
+
+# Array libraries the formulas run on besides NumPy, by their arrays' module: registered by
+# the layer that may import them (`wavefront.kernel.torch_arrays` for torch), so that the
+# vocabulary itself needs no GPU stack.
+_ARRAY_LIBRARIES: dict = {}
+
+
+def register_array_library(module: str, operations) -> None:
+    """Run the formulas on arrays whose type's module is `module` with `operations` (the
+    methods of `NumpyArrays`)."""
+    _ARRAY_LIBRARIES[module] = operations
 
 
 def _minimum(a, b):
@@ -967,6 +1011,42 @@ def group_by_budget(unit_bytes: np.ndarray, budget: float) -> np.ndarray:
     return groups
 
 
+# The CTA orders of a packed batch that need nothing but its lengths, sorted at most: its
+# table can be built where the lengths are (`DeviceVarlenLaunch`). The grouped orders fill L2
+# groups one sequence after another, which is sequential: host lengths only.
+SEQUENCE_ORDERS = (CTA_GRID, CTA_PERSISTENT, CTA_LONGEST_FIRST, CTA_DYNAMIC)
+
+
+def varlen_order(xp, code, item, heads, q_tiles, first_row, q_tile, visited, valid,
+                 visited_bound, tile_bound):
+    """-> (tile row, head) of each work item `item` of a packed batch, in the order CTA
+    schedule `code` (one of SEQUENCE_ORDERS) hands them out. `xp`: NumpyArrays or a registered library's operations.
+
+    Tile rows are listed sequence by sequence, Q tiles ascending (`q_tile`, `visited`: theirs;
+    `q_tiles`, `first_row`: each sequence's count and first row). Grid and persistent:
+    sequence by sequence, heads then Q tiles fastest. Longest_first and dynamic: by K/V tiles
+    visited, then Q tile, both descending, then sequence, each tile row's heads together.
+    `valid` (None: all) marks the real tile rows among a padded list; the bounds are at least
+    the largest `visited` and `q_tile`. Items past the batch's last (padding) map to some row
+    and head in range."""
+    if code in (CTA_GRID, CTA_PERSISTENT):
+        per_seq = heads * q_tiles
+        ends = xp.cumsum(per_seq)
+        seq = xp.minimum(xp.searchsorted_right(ends, item), len(q_tiles) - 1)
+        head, tile = xp.divmod(item - (ends[seq] - per_seq[seq]),
+                               xp.maximum(q_tiles[seq], 1))
+        return (xp.minimum(first_row[seq] + xp.minimum(tile, xp.maximum(q_tiles[seq] - 1, 0)),
+                           len(q_tile) - 1),
+                xp.minimum(head, heads - 1))
+    if code not in (CTA_LONGEST_FIRST, CTA_DYNAMIC):
+        raise ValueError(f"cta schedule code {code} has no order built from the lengths alone")
+    key = (visited_bound - visited) * (tile_bound + 1) + (tile_bound - q_tile)
+    if valid is not None:
+        key = xp.where(valid, key, (visited_bound + 1) * (tile_bound + 1))
+    block, head = xp.divmod(item, heads)
+    return xp.argsort_stable(key)[block], head
+
+
 @dataclass(frozen=True)
 class VarlenLaunch:
     """A packed batch of sequences of different lengths (FlashAttention's varlen layout: the
@@ -1078,15 +1158,10 @@ class VarlenLaunch:
         heads = p.heads
         q_tiles = np.bincount(seq, minlength=self.batch)
         first_row = np.cumsum(q_tiles) - q_tiles
-        if code in (CTA_GRID, CTA_PERSISTENT):
-            per_seq = heads * q_tiles
-            item_seq = np.repeat(np.arange(self.batch), per_seq)
-            within = np.arange(item_seq.size) - np.repeat(np.cumsum(per_seq) - per_seq, per_seq)
-            head, tile = np.divmod(within, q_tiles[item_seq])
-            return first_row[item_seq] + tile, head
-        if code in (CTA_LONGEST_FIRST, CTA_DYNAMIC):
-            rows = np.lexsort((seq, -q_tile, -visited))
-            return np.repeat(rows, heads), np.tile(np.arange(heads), rows.size)
+        if code in SEQUENCE_ORDERS:
+            return varlen_order(NumpyArrays, code, np.arange(heads * seq.size), heads, q_tiles,
+                                first_row, q_tile, visited, None,
+                                int(visited.max(initial=0)), int(q_tile.max(initial=0)))
         if code not in (CTA_GROUPED, CTA_GROUPED_DYNAMIC):
             raise ValueError(f"cta schedule {self.cta.name!r} has no order for "
                              "variable-length batches (VarlenLaunch._order)")
@@ -1163,3 +1238,110 @@ class VarlenLaunch:
                      else backward.astype(np.int8))
         _compiled("gather_rows", _gather_rows)(per_row, direction, row, head,
                                                head // self.problem.qheads_per_kv, rows)
+
+
+@dataclass(frozen=True)
+class DeviceVarlenLaunch:
+    """A packed batch whose `cu_seqlens` stay where the caller keeps them, on the GPU
+    (FlashAttention's varlen interface, as training and serving loops call it): the host
+    knows the packed rows and the number of sequences, never the lengths. The table has a row
+    for every item the lengths could make, `num_items` = heads x `tile_rows`, an upper bound;
+    each call writes the real items first and their count (`table_columns`), on the GPU, and
+    the kernel reads the count there, so nothing waits for the GPU and a CUDA graph replays
+    the call for whatever lengths the tensors hold then.
+
+    Orders: SEQUENCE_ORDERS, as `VarlenLaunch` makes them, by the same code (`varlen_order`);
+    the grouped ones need the host's lengths. Lengths are not checked (that would read them
+    back): they are clamped to the packed rows, so bad ones give wrong rows, never a read or
+    write outside the arrays."""
+
+    problem: AttentionProblem
+    batch: int
+    cta: CtaSchedule
+    kv: KvSchedule
+    sms: int
+    ctas_per_sm: int
+    l2_bytes: int
+    ctas: int | None = None
+    varlen = True
+    lengths_on_device = True
+    n_chunks = 1
+    group_units = 1
+
+    def __post_init__(self):
+        check_placement(self)
+        positive_int("batch", self.batch)
+        if self.kv.writes_partials:
+            raise ValueError(f"kv schedule {self.kv.name!r} does not apply to variable-length "
+                             "batches; use linear or sawtooth")
+        if self.cta.code not in SEQUENCE_ORDERS:
+            names = sorted(n for n in CTA_SCHEDULES if CTA_SCHEDULES[n].code in SEQUENCE_ORDERS)
+            raise ValueError(f"cta schedule {self.cta.name!r} orders a packed batch by its "
+                             f"lengths on the host; with cu_seqlens on the GPU use one of "
+                             f"{names}, or pass cu_seqlens on the host")
+
+    @property
+    def name(self) -> str:
+        return f"{self.cta.name}+{self.kv.name}"
+
+    @cached_property
+    def resident_ctas(self) -> int:
+        return self.ctas if self.ctas is not None else self.sms * self.ctas_per_sm
+
+    @cached_property
+    def tile_rows(self) -> int:
+        """Most Q tiles the lengths can make: a sequence's tiles are its whole tiles and at most
+        one ragged one, and the whole tiles of all sequences fit the packed rows."""
+        return self.problem.seqlen_q // self.problem.tile_m + self.batch
+
+    @cached_property
+    def num_items(self) -> int:
+        return self.problem.heads * self.tile_rows
+
+    @cached_property
+    def num_ctas(self) -> int:
+        return self.cta.num_ctas(self.num_items, self.resident_ctas)
+
+    @property
+    def alternate(self) -> int:
+        return int(self.cta.dynamic and self.kv.code == KV_SAWTOOTH)
+
+    def table_columns(self, cu_seqlens_q, cu_seqlens_kv):
+        """-> (the table's columns WORK_BATCH .. WORK_SEQLEN_KV, each an int or one value per
+        row of `num_items`, the real items first; how many are real), as arrays of the
+        cu_seqlens' library (NumPy or torch) on their device. The rows after the real ones are
+        padding that no CTA reads."""
+        xp = _array_module(cu_seqlens_q) or NumpyArrays
+        if xp is np:
+            xp = NumpyArrays
+        p, n, heads = self.problem, self.batch, self.problem.heads
+        rows_q, rows_kv = p.seqlen_q, p.seqlen_kv
+        bounds_q = xp.minimum(xp.maximum(xp.int64(cu_seqlens_q), 0), rows_q)
+        bounds_kv = xp.minimum(xp.maximum(xp.int64(cu_seqlens_kv), 0), rows_kv)
+        start_q, start_kv = bounds_q[:n], bounds_kv[:n]
+        seqlen_q = xp.maximum(bounds_q[1:] - start_q, 0)
+        seqlen_kv = xp.maximum(bounds_kv[1:] - start_kv, 0)
+        q_tiles = (seqlen_q + p.tile_m - 1) // p.tile_m
+        tile_ends = xp.cumsum(q_tiles)
+        tile_row = xp.arange(self.tile_rows, like=bounds_q)
+        seq = xp.minimum(xp.searchsorted_right(tile_ends, tile_row), n - 1)
+        q_tile = tile_row - (tile_ends[seq] - q_tiles[seq])
+        visited, first_masked = kv_tile_span(q_tile, p.tile_m, p.tile_n, seqlen_q[seq],
+                                             seqlen_kv[seq], p.causal)
+        item = xp.arange(self.num_items, like=bounds_q)
+        row, head = varlen_order(xp, self.cta.code, item, heads, q_tiles, tile_ends - q_tiles,
+                                 q_tile, visited, tile_row < tile_ends[n - 1],
+                                 -(-rows_kv // p.tile_n) + 1, -(-rows_q // p.tile_m))
+        backward = (0 if self.cta.dynamic else scans_backward(
+            local_iteration(item, self.num_ctas, self.resident_ctas, self.cta.code),
+            self.kv.code))
+        item_seq = seq[row]
+        lo, mid, hi = chunk_tile_range(0, 1 << 30, visited[row], first_masked[row])
+        start, step, count, masked_lo, masked_hi = scan_plan(lo, mid, hi, backward)
+        columns = {WORK_BATCH: item_seq, WORK_HEAD: head,
+                   WORK_KV_HEAD: head // p.qheads_per_kv, WORK_Q_TILE: q_tile[row],
+                   WORK_SCAN_START: start, WORK_SCAN_STEP: step, WORK_SCAN_COUNT: count,
+                   WORK_MASKED_LO: masked_lo, WORK_MASKED_HI: masked_hi, WORK_CHUNK: 0,
+                   WORK_Q_START: start_q[item_seq], WORK_KV_START: start_kv[item_seq],
+                   WORK_SEQLEN_Q: seqlen_q[item_seq], WORK_SEQLEN_KV: seqlen_kv[item_seq]}
+        return [columns[c] for c in range(len(columns))], heads * tile_ends[n - 1]

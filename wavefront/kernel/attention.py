@@ -335,7 +335,13 @@ def flash_attention_fwd(Q, K, V, Out, Lse, PartO, PartM, PartL, Work, NextItem, 
     graph replays correctly, and back-to-back launches need no memset between them.
 
     RECORD_ORDER (off by default) takes a ticket from a global atomic counter as each work
-    item starts and ends, so the host learns the launch's true interleaving of work items."""
+    item starts and ends, so the host learns the launch's true interleaving of work items.
+
+    VARLEN: the item count is `NextItem[2]`, written with the table, since a packed batch's
+    table may be written on the GPU from lengths the host never sees; `num_items` is then the
+    table's rows, an upper bound."""
+    if VARLEN:
+        num_items = ct.gather(NextItem, 2)
     if DYNAMIC:
         taken = 0
         item = ct.atomic_add(NextItem, 0, 1, memory_order=ct.MemoryOrder.RELAXED)
@@ -442,7 +448,8 @@ ATTENTION_PARAMS = _contract(flash_attention_fwd, {
     "Lse": ("float32", 3),  # (batch, heads, seqlen); a 1-element stand-in when not written
     "PartO": ("float32", 4), "PartM": ("float32", 3), "PartL": ("float32", 3),  # tiled only
     "Work": ("int32", 2),  # (items, WORK_COLUMNS): the launch's work table
-    "NextItem": ("int32", 1),  # DYNAMIC only: [item counter, CTAs finished], zero between launches
+    # [item counter, CTAs finished] (DYNAMIC; zero between launches), item count (VARLEN)
+    "NextItem": ("int32", 1),
     # RECORD_ORDER only: [counter, start and end ticket of each work item]
     "Order": ("int32", 1),
 })

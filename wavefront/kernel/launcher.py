@@ -30,7 +30,7 @@ from wavefront.kernel.attention import (
 )
 from wavefront.kernel.table_kernel import build_on_gpu
 from wavefront.point import (DTYPES, HEAD_DIMS, KERNEL_LEVERS, check_levers, lever_values, plan,
-                             plan_varlen)
+                             plan_varlen, plan_varlen_on_device)
 from wavefront.schedules import WORK_COLUMNS, Launch
 
 # The kernel's parameters that change from call to call lead its parameter list, so a launch
@@ -334,9 +334,10 @@ def _grid(launch, cluster: int) -> tuple[int, int, int]:
 
 def _table_arguments(table, items: int) -> dict:
     """The kernel's Work and NextItem arguments: views of one device table, `items` rows and
-    then the row whose first two numbers are the dynamic schedules' counter."""
+    then the row whose first two numbers are the dynamic schedules' counter and whose third
+    is a packed batch's item count."""
     return {"Work": _described(table, "int32", (items, WORK_COLUMNS)),
-            "NextItem": _described(table, "int32", (2,), items * WORK_COLUMNS * 4)}
+            "NextItem": _described(table, "int32", (4,), items * WORK_COLUMNS * 4)}
 
 
 def launcher_for(q, k, v, *, causal=False, schedule="persistent+linear", tiles=None,
@@ -590,6 +591,11 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q=None,
                      return_lse: bool = False, out=None, stream=None,
                      l2_bytes: int | None = None, ctas: int | None = None, **levers):
     """FlashAttention forward over packed sequences; see `wavefront.api.attention_varlen`."""
+    if _lengths_on_gpu(q, cu_seqlens_q, cu_seqlens_k):
+        return _attention_varlen_on_gpu(
+            q, k, v, cu_seqlens_q, cu_seqlens_k, causal=causal, schedule=schedule, tiles=tiles,
+            occupancy=occupancy, scale=scale, return_lse=return_lse, out=out, stream=stream,
+            l2_bytes=l2_bytes, ctas=ctas, levers=levers)
     bounds_q = _host_bounds("cu_seqlens_q", cu_seqlens_q)
     bounds_k = _host_bounds("cu_seqlens_k", cu_seqlens_k)
     problem_options = (causal, schedule, tiles, occupancy, scale, return_lse, l2_bytes, ctas,
@@ -621,23 +627,41 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q=None,
 
     def _first_varlen_launcher():
         vq, _ = _check_inputs(q4, k4, v4)
-        dev = current_device()
-        if dev is None:
-            raise RuntimeError("wavefront.attention_varlen needs a CUDA GPU; none is visible")
-        # Untuned choices follow the tuned table's entry for the dense batch of the same size.
-        n = max(len(bounds_q) - 1, 1)
-        dense = (n, vq.shape[1], max(vq.shape[2] // n, 1), vq.shape[3])
-        config = resolve_config(dense, (n, k4.shape[1]) + dense[2:], causal, schedule, tiles,
-                                occupancy, {**dict.fromkeys(KERNEL_LEVERS), **levers})
-        cta, _, kv = config["schedule"].partition("+")
-        if schedule is None and kv.startswith("tiled"):
-            config["schedule"] = f"{cta}+linear"  # a tuned tiled entry: its order, linear scan
+        dev, config = _varlen_config(vq, k4.shape[1], len(bounds_q) - 1, causal, schedule,
+                                     tiles, occupancy, levers)
         launch = plan_varlen(tuple(q.shape), tuple(k.shape), bounds_q, bounds_k,
                              causal=causal, schedule=config.pop("schedule"),
                              tiles=config.pop("tiles"), occupancy=config.pop("occupancy"),
                              sms=dev.sms, l2_bytes=l2_bytes or dev.l2_bytes, ctas=ctas)
         return AttentionLauncher(launch, vq, scale=scale, return_lse=return_lse, **config)
     launcher = _cached_launcher(key, build, varlen=True)
+    return _launch_packed(launcher, q, q4, k4, v4, out, stream)
+
+
+def _varlen_config(vq: _ArrayView, kv_heads: int, batch: int, causal, schedule, tiles,
+                   occupancy, levers: dict, orders=None) -> tuple:
+    """-> (this GPU, the configuration of a packed batch of `batch` sequences): the caller's
+    choices, where the caller chose nothing the tuned table's entry for the dense batch of the
+    same size, its order with a linear scan where the entry is tiled, and where `orders`
+    (names of CTA schedules) does not hold the entry's order, `orders`' stand-in for it."""
+    dev = current_device()
+    if dev is None:
+        raise RuntimeError("wavefront.attention_varlen needs a CUDA GPU; none is visible")
+    n = max(batch, 1)
+    dense = (n, vq.shape[1], max(vq.shape[2] // n, 1), vq.shape[3])
+    config = resolve_config(dense, (n, kv_heads) + dense[2:], causal, schedule, tiles,
+                            occupancy, {**dict.fromkeys(KERNEL_LEVERS), **levers})
+    cta, _, kv = config["schedule"].partition("+")
+    if schedule is None:
+        kv = "linear" if kv.startswith("tiled") else kv  # a tuned tiled entry: linear scan
+        cta = cta if orders is None else orders.get(cta, cta)
+        config["schedule"] = f"{cta}+{kv}"
+    return dev, config
+
+
+def _launch_packed(launcher, q, q4, k4, v4, out, stream):
+    """Launch a packed batch's launcher on q, k, v (and q4, k4, v4: them as the kernel's 4-D
+    views) into `out` (None: a new one) on `stream` (None: the caller's current one)."""
     view = launcher.view
     total_q, heads, head_dim = tuple(q.shape)
     if out is None:
@@ -653,6 +677,76 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q=None,
     if launcher.launch.num_items:
         launcher(q4, k4, v4, _packed_as_4d("out", out), stream, lse)
     return (out, lse[0]) if launcher.return_lse else out
+
+
+def _lengths_on_gpu(q, cu_seqlens_q, cu_seqlens_k) -> bool:
+    """Torch arrays with both cu_seqlens on the GPU: the table is written there, from them."""
+    return all(type(x).__module__ == "torch" and x.is_cuda
+               for x in (q, cu_seqlens_q, cu_seqlens_k))
+
+
+# With cu_seqlens on the GPU the table is written there, in an order made from the lengths
+# alone (`schedules.SEQUENCE_ORDERS`): a tuned entry's grouped order runs as its nearest.
+GPU_LENGTHS_ORDERS = {"grouped": "persistent", "grouped_dynamic": "dynamic"}
+
+
+def _attention_varlen_on_gpu(q, k, v, cu_seqlens_q, cu_seqlens_k, *, causal, schedule, tiles,
+                             occupancy, scale, return_lse, out, stream, l2_bytes, ctas,
+                             levers):
+    """`attention_varlen` with cu_seqlens on the GPU, where the host never reads them: one
+    launcher per packed problem and number of sequences (`DeviceVarlenLaunch`), whose table
+    each call writes on the launch's stream from the lengths there. No call waits for the
+    GPU, and a CUDA graph of a call replays it for the lengths the tensors hold then."""
+    for name, cu in (("cu_seqlens_q", cu_seqlens_q), ("cu_seqlens_k", cu_seqlens_k)):
+        if (cu.dim() != 1 or cu.shape[0] < 2 or str(cu.dtype) not in ("torch.int32",
+                                                                      "torch.int64")
+                or cu.device != q.device):
+            raise ValueError(f"{name} on the GPU must be a 1-D int32 or int64 tensor of batch "
+                             f"+ 1 (>= 2) entries on q's device ({q.device}), got "
+                             f"{str(cu.dtype)} of shape {tuple(cu.shape)} on {cu.device}")
+    if cu_seqlens_k.shape[0] != cu_seqlens_q.shape[0]:
+        raise ValueError(f"cu_seqlens_q and cu_seqlens_k must describe the same number of "
+                         f"sequences, got {cu_seqlens_q.shape[0] - 1} and "
+                         f"{cu_seqlens_k.shape[0] - 1}")
+    batch = cu_seqlens_q.shape[0] - 1
+    q4, k4, v4 = (_packed_as_4d(n, x) for n, x in (("q", q), ("k", k), ("v", v)))
+    options = (causal, schedule, tiles, occupancy, scale, return_lse, l2_bytes, ctas, batch,
+               "lengths on the GPU", *(x for item in levers.items() for x in item))
+
+    def build():
+        vq, _ = _check_inputs(q4, k4, v4)
+        dev, config = _varlen_config(vq, k4.shape[1], batch, causal, schedule, tiles,
+                                     occupancy, levers, orders=GPU_LENGTHS_ORDERS)
+        launch = plan_varlen_on_device(
+            tuple(q.shape), tuple(k.shape), batch, causal=causal,
+            schedule=config.pop("schedule"), tiles=config.pop("tiles"),
+            occupancy=config.pop("occupancy"), sms=dev.sms, l2_bytes=l2_bytes or dev.l2_bytes,
+            ctas=ctas)
+        return AttentionLauncher(launch, vq, scale=scale, return_lse=return_lse, **config)
+    launcher = _cached_launcher(_call_key(q, k, v, options), build, varlen=True)
+    if stream is None:
+        stream = launcher.current_stream()
+    _write_table_from_lengths(launcher, cu_seqlens_q, cu_seqlens_k, stream)
+    return _launch_packed(launcher, q, q4, k4, v4, out, stream)
+
+
+def _write_table_from_lengths(launcher, cu_seqlens_q, cu_seqlens_k, stream) -> None:
+    """Write a `DeviceVarlenLaunch` launcher's table and item count from the lengths on the
+    GPU, on `stream` (the launch's), with torch: nothing is read back."""
+    import torch
+
+    import wavefront.kernel.torch_arrays  # noqa: F401  (the formulas' operations on torch)
+    launch, table = launcher.launch, launcher._table
+    items = launch.num_items
+    handle = _stream_handle(stream)
+    on_stream = (contextlib.nullcontext() if handle == torch.cuda.current_stream(
+        table.device).cuda_stream else torch.cuda.stream(torch.cuda.ExternalStream(handle)))
+    with on_stream:
+        columns, count = launch.table_columns(cu_seqlens_q, cu_seqlens_k)
+        rows = table[:items]
+        for column, values in enumerate(columns):
+            rows[:, column] = values
+        table[items, 2:3] = count.reshape(1)
 
 
 def _empty(vq: _ArrayView, shape, dtype: str):
@@ -722,6 +816,9 @@ def _device_work_table(vq: _ArrayView, launch):
     # Entering a device costs microseconds on a first call; only another device needs it.
     on_device = (contextlib.nullcontext() if cupy.cuda.runtime.getDevice() == vq.device
                  else cupy.cuda.Device(vq.device))
+    if getattr(launch, "lengths_on_device", False):
+        # Written by each call, on its stream (`_write_table_from_lengths`).
+        return _zeros(vq, (launch.num_items + 1, WORK_COLUMNS), "int32"), None
     with on_device:
         stream = _table_stream(vq.device)
         with stream:  # the table's memory too belongs to this stream (CuPy's pool)
@@ -747,6 +844,7 @@ def _copy_from_pinned(launch, stream):
     staging = staging.reshape(shape)
     launch.write_work_table(staging[:-1])
     staging[-1] = 0
+    staging[-1, 2] = launch.num_items  # the kernel reads a packed batch's count here
     table = cupy.empty(shape, dtype=cupy.int32)
     table.set(staging, stream=stream)
     return table, pinned

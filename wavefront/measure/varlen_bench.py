@@ -1,7 +1,8 @@
 """A packed batch of sequences of different lengths, timed against what torch offers for it.
 
 Contenders, each checked against the float32 reference before it is timed:
-- wavefront's varlen call, per schedule (the public call, torch tensors, host cu_seqlens);
+- wavefront's varlen call, per schedule (the public call, torch tensors, host cu_seqlens),
+  and with its cu_seqlens on the GPU (its table written there on every call);
 - torch's own varlen attention (`torch.nn.attention.varlen.varlen_attn`, FlashAttention-2),
   where this torch has it;
 - SDPA on a nested (jagged) tensor with the cuDNN and the flash backend, where they take it;
@@ -82,6 +83,10 @@ def varlen_contenders(lengths, *, heads: int, kv_heads: int, head_dim: int, caus
         name = "wavefront varlen" + (f" {schedule}" if schedule else " (tuned)")
         runs[name] = (lambda s=schedule: attention_varlen(
             q, k, v, bounds, bounds, longest, longest, causal=causal, schedule=s))
+    # cu_seqlens on the GPU, as FlashAttention's callers hold them: the table is written on
+    # the GPU from them on every call (the host path above builds it once per lengths).
+    runs["wavefront varlen, cu_seqlens on GPU"] = lambda: attention_varlen(
+        q, k, v, cu_dev, cu_dev, longest, longest, causal=causal)
     if len(set(lengths)) == 1:
         # Equal lengths: the same batch through the dense call (strided views, no copy) says
         # what slicing sequences out of packed arrays costs the kernel.
