@@ -248,6 +248,7 @@ class AttentionLauncher:
             **scalars, **self.variant.constants})[len(PER_CALL_PARAMS):]
         self.current_stream = _stream_getter(q_view.library, q_view.device)
         self.new_output = _output_maker(q_view)
+        self._table_writer = None  # cu_seqlens on the GPU: see _write_table_from_lengths
 
     def __call__(self, q, k, v, out, stream, lse=None):
         """Launch on `stream`; `lse`: where to write the LSE (default: the launcher's own
@@ -732,21 +733,51 @@ def _attention_varlen_on_gpu(q, k, v, cu_seqlens_q, cu_seqlens_k, *, causal, sch
 
 def _write_table_from_lengths(launcher, cu_seqlens_q, cu_seqlens_k, stream) -> None:
     """Write a `DeviceVarlenLaunch` launcher's table and item count from the lengths on the
-    GPU, on `stream` (the launch's), with torch: nothing is read back."""
+    GPU, on `stream` (the launch's), with torch: nothing is read back.
+
+    The writing is some sixty small torch operations, about 1.3 ms of host time a call on the
+    H100 host. So the launcher's first call outside a graph capture records them once in a
+    CUDA graph of its own, reading two buffers of the launcher's, and later calls copy the
+    lengths into those and replay it: a first call waits for the GPU once (the capture
+    synchronises). Inside the caller's own capture the operations are recorded into the
+    caller's graph instead."""
     import torch
 
     import wavefront.kernel.torch_arrays  # noqa: F401  (the formulas' operations on torch)
-    launch, table = launcher.launch, launcher._table
-    items = launch.num_items
     handle = _stream_handle(stream)
     on_stream = (contextlib.nullcontext() if handle == torch.cuda.current_stream(
-        table.device).cuda_stream else torch.cuda.stream(torch.cuda.ExternalStream(handle)))
+        launcher._table.device).cuda_stream else
+        torch.cuda.stream(torch.cuda.ExternalStream(handle)))
     with on_stream:
-        columns, count = launch.table_columns(cu_seqlens_q, cu_seqlens_k)
-        rows = table[:items]
-        for column, values in enumerate(columns):
-            rows[:, column] = values
-        table[items, 2:3] = count.reshape(1)
+        if torch.cuda.is_current_stream_capturing():
+            _table_from_lengths(launcher, cu_seqlens_q, cu_seqlens_k)
+            return
+        if launcher._table_writer is None:
+            lengths = tuple(torch.empty(cu.shape, dtype=torch.int64, device=cu.device)
+                            for cu in (cu_seqlens_q, cu_seqlens_k))
+            for staged, cu in zip(lengths, (cu_seqlens_q, cu_seqlens_k)):
+                staged.copy_(cu)
+            _table_from_lengths(launcher, *lengths)  # this call's table, and a warm-up
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                _table_from_lengths(launcher, *lengths)
+            launcher._table_writer = graph, lengths
+            return
+        graph, lengths = launcher._table_writer
+        for staged, cu in zip(lengths, (cu_seqlens_q, cu_seqlens_k)):
+            staged.copy_(cu)
+        graph.replay()
+
+
+def _table_from_lengths(launcher, cu_seqlens_q, cu_seqlens_k) -> None:
+    """The table's rows and count from the lengths, on torch's current stream."""
+    launch, table = launcher.launch, launcher._table
+    items = launch.num_items
+    columns, count = launch.table_columns(cu_seqlens_q, cu_seqlens_k)
+    rows = table[:items]
+    for column, values in enumerate(columns):
+        rows[:, column] = values
+    table[items, 2:3] = count.reshape(1)
 
 
 def _empty(vq: _ArrayView, shape, dtype: str):
