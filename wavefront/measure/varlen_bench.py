@@ -105,11 +105,12 @@ def varlen_contenders(lengths, *, heads: int, kv_heads: int, head_dim: int, caus
         import inspect
         if rep == 1:
             # torch 2.10 took is_causal; 2.11 takes a window, (-1, 0) being causal
-            mask = ({"window_size": (-1, 0) if causal else (-1, -1)}
-                    if "window_size" in inspect.signature(varlen_attn).parameters
-                    else {"is_causal": causal})
-            runs["torch varlen_attn (FA2)"] = lambda: varlen_attn(
-                q, k, v, cu_dev, cu_dev, longest, longest, **mask)
+            masking = ({"window_size": (-1, 0) if causal else (-1, -1)}
+                       if "window_size" in inspect.signature(varlen_attn).parameters
+                       else {"is_causal": causal})
+            # bound now: `mask` below names the padded contender's mask tensor
+            runs["torch varlen_attn (FA2)"] = lambda masking=masking: varlen_attn(
+                q, k, v, cu_dev, cu_dev, longest, longest, **masking)
         else:
             log("torch varlen_attn: left out (it takes no GQA)")
     except ImportError:
