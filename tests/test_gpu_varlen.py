@@ -199,8 +199,7 @@ def _gpu_sleep(seconds: float):
 
 # --- cu_seqlens on the GPU: the table written there from them, nothing read back ------------
 
-GPU_LENGTHS_SCHEDULES = [f"{c}+{k}" for c, k in itertools.product(
-    ("grid", "persistent", "longest_first", "dynamic"), ("linear", "sawtooth"))]
+GPU_LENGTHS_SCHEDULES = SCHEDULES
 
 
 def _on_torch(*arrays):
@@ -235,8 +234,7 @@ def test_lengths_on_the_gpu_every_order(schedule, causal):
 def test_lengths_on_the_gpu_change_without_a_new_launcher():
     """New lengths on the GPU (same number of sequences, other q and k lengths) are read
     there by the same launcher, one per packed problem: results right for each, the first
-    lengths' again after the others'; and a grouped order, which needs the host's lengths,
-    is refused by name."""
+    lengths' again after the others'; bad cu_seqlens are named."""
     import cupy
     import torch
 
@@ -254,8 +252,6 @@ def test_lengths_on_the_gpu_change_without_a_new_launcher():
     assert len(kernel_launcher._varlen_launchers) == 1
     (made,) = kernel_launcher._varlen_launchers.values()
     assert made.next_item.tolist() == [0, 0]
-    with pytest.raises(ValueError, match="grouped_dynamic.*on the host"):
-        attention_varlen(tq, tk, tv, _cu(first), _cu(first), schedule="grouped_dynamic+linear")
     with pytest.raises(ValueError, match="^cu_seqlens_k on the GPU must be a 1-D int32"):
         attention_varlen(tq, tk, tv, _cu(first), _cu(first).float())
 
@@ -310,3 +306,37 @@ def test_lengths_on_the_gpu_do_not_wait_for_the_gpu():
     torch.cuda.synchronize()
     assert host_s < 0.05, f"the call waited for the GPU: {host_s * 1e3:.1f} ms"
     assert _check(q, k, v, fresh, cupy.from_dlpack(out), True) < TOLERANCE
+
+
+@pytest.mark.parametrize("cta_name", sorted(CTA_SCHEDULES))
+def test_the_table_written_on_the_gpu_is_the_hosts(cta_name):
+    """The table written on the GPU from CUDA cu_seqlens (torch's operations, the grouped
+    orders' fill in a CUDA kernel of one thread) is, row for row, the table the host builds
+    from the same lengths, then padding: ragged batches with empty sequences, GQA, L2 budgets
+    that make groups of one unit and of many."""
+    torch = pytest.importorskip("torch")
+    import random
+
+    import wavefront.kernel.torch_arrays  # noqa: F401
+    from wavefront.schedules import (AttentionProblem, DeviceVarlenLaunch, VarlenLaunch,
+                                     cta_schedule, fill_rows, kv_schedule)
+    rng = random.Random(cta_name)
+    for _ in range(12):
+        n = rng.randint(1, 40)
+        lengths = [rng.choice([0, 1, 200, 4096, rng.randint(1, 20000)]) for _ in range(n)]
+        lengths[-1] = lengths[-1] or 7
+        kv_heads = rng.choice([1, 4, 8])
+        p = AttentionProblem(1, kv_heads * rng.choice([1, 4]), kv_heads, sum(lengths),
+                             sum(lengths), 128, rng.random() < 0.5, 128, 64)
+        placement = dict(cta=cta_schedule(cta_name),
+                         kv=kv_schedule(rng.choice(["linear", "sawtooth"])), sms=132,
+                         ctas_per_sm=1, l2_bytes=rng.choice([1 << 20, 50 << 20]))
+        host = VarlenLaunch(p, tuple(lengths), tuple(lengths), **placement)
+        device = DeviceVarlenLaunch(p, n, **placement)
+        cu = torch.tensor(np.concatenate([[0], np.cumsum(lengths)]), dtype=torch.int32,
+                          device="cuda")
+        columns, count = device.table_columns(cu, cu)
+        table = np.empty((device.num_items, 16), dtype=np.int32)
+        fill_rows(table, [c.cpu().numpy() if hasattr(c, "cpu") else c for c in columns])
+        assert int(count) == host.num_items
+        assert np.array_equal(table[:host.num_items], host.work_table), (lengths, p)

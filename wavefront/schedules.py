@@ -106,6 +106,26 @@ class NumpyArrays:
     def argsort_stable(keys):
         return np.argsort(keys, kind="stable")
 
+    @staticmethod
+    def expand(counts, total: int):
+        """-> (which count each of `total` slots belongs to, the slot's place in it): counts[i]
+        slots for each i in turn; slots past the counts' sum (padding) belong to the last."""
+        owner = np.repeat(np.arange(len(counts)), counts)
+        if owner.size < total:
+            owner = np.concatenate([owner, np.full(total - owner.size, len(counts) - 1)])
+        return owner, np.arange(total) - (np.cumsum(counts) - counts)[owner]
+
+    @staticmethod
+    def scatter(size: int, index, values):
+        """An array of `size` with values[i] at index[i]; an index of `size` drops its value."""
+        out = np.zeros(size + 1, dtype=np.int64)
+        out[index] = values
+        return out[:size]
+
+    @staticmethod
+    def group_by_budget(unit_bytes, budget: float):
+        return group_by_budget(unit_bytes, budget)
+
 
 # Array libraries the formulas run on besides NumPy, by their arrays' module: registered by
 # the layer that may import them (`wavefront.kernel.torch_arrays` for torch), so that the
@@ -1011,40 +1031,99 @@ def group_by_budget(unit_bytes: np.ndarray, budget: float) -> np.ndarray:
     return groups
 
 
-# The CTA orders of a packed batch that need nothing but its lengths, sorted at most: its
-# table can be built where the lengths are (`DeviceVarlenLaunch`). The grouped orders fill L2
-# groups one sequence after another, which is sequential: host lengths only.
-SEQUENCE_ORDERS = (CTA_GRID, CTA_PERSISTENT, CTA_LONGEST_FIRST, CTA_DYNAMIC)
+@dataclass(frozen=True)
+class TileRows:
+    """A packed batch's Q tiles as its orders see them, as arrays of one library (NumPy, or a
+    registered one's on the GPU). Tile rows are listed sequence by sequence, Q tiles
+    ascending: `q_tile`, `visited` (K/V tiles) and `valid` (None: all; else which rows are
+    real among a padded list) are theirs; `q_tiles`, `first_row`, `seqlens_kv` each
+    sequence's. The bounds are at least the largest `visited` and `q_tile`."""
+
+    q_tile: object
+    visited: object
+    valid: object
+    q_tiles: object
+    first_row: object
+    seqlens_kv: object
+    visited_bound: int
+    tile_bound: int
 
 
-def varlen_order(xp, code, item, heads, q_tiles, first_row, q_tile, visited, valid,
-                 visited_bound, tile_bound):
-    """-> (tile row, head) of each work item `item` of a packed batch, in the order CTA
-    schedule `code` (one of SEQUENCE_ORDERS) hands them out. `xp`: NumpyArrays or a registered library's operations.
+def _argsort_by(xp, primary, secondary):
+    """Item order by `primary`, then `secondary`, then the items' own order (two stable sorts,
+    so no combined key can overflow)."""
+    by_secondary = xp.argsort_stable(secondary)
+    return by_secondary[xp.argsort_stable(primary[by_secondary])]
 
-    Tile rows are listed sequence by sequence, Q tiles ascending (`q_tile`, `visited`: theirs;
-    `q_tiles`, `first_row`: each sequence's count and first row). Grid and persistent:
-    sequence by sequence, heads then Q tiles fastest. Longest_first and dynamic: by K/V tiles
-    visited, then Q tile, both descending, then sequence, each tile row's heads together.
-    `valid` (None: all) marks the real tile rows among a padded list; the bounds are at least
-    the largest `visited` and `q_tile`. Items past the batch's last (padding) map to some row
-    and head in range."""
+
+def varlen_order(xp, launch, item, tiles: TileRows):
+    """-> (tile row, head) of each work item `item` of a packed batch, in the order
+    `launch.cta` hands them out. `xp`: `NumpyArrays` or a registered library's operations;
+    `launch`: its problem, CTA schedule and L2 bytes.
+
+    Grid and persistent: sequence by sequence, heads then Q tiles fastest. The others sort
+    blocks of one tile row and a run of its heads, then list each block's heads:
+    longest_first and dynamic by work (K/V tiles visited, then Q tile, both descending, then
+    sequence; a block: every head); grouped and grouped_dynamic in groups of (sequence, K/V
+    head) units whose K/V fits the L2 budget, filled in order by bytes, a block being the heads
+    of one sequence's units in one group (grouped: by Q tile inside a group, then sequence;
+    grouped_dynamic: longest first). Every array has a size the host knows without the
+    lengths, so the order can be made where the lengths live; items past the batch's last
+    (padding) map to some row and head in range."""
+    code, p = launch.cta.code, launch.problem
+    heads, rows = p.heads, len(tiles.q_tile)
+    q_tiles, first_row = tiles.q_tiles, tiles.first_row
+    padded = tiles.valid is not None
     if code in (CTA_GRID, CTA_PERSISTENT):
-        per_seq = heads * q_tiles
-        ends = xp.cumsum(per_seq)
-        seq = xp.minimum(xp.searchsorted_right(ends, item), len(q_tiles) - 1)
-        head, tile = xp.divmod(item - (ends[seq] - per_seq[seq]),
-                               xp.maximum(q_tiles[seq], 1))
+        seq, within = xp.expand(heads * q_tiles, len(item))
+        head, tile = xp.divmod(within, xp.maximum(q_tiles[seq], 1))
+        if not padded:
+            return first_row[seq] + tile, head
         return (xp.minimum(first_row[seq] + xp.minimum(tile, xp.maximum(q_tiles[seq] - 1, 0)),
-                           len(q_tile) - 1),
+                           rows - 1),
                 xp.minimum(head, heads - 1))
-    if code not in (CTA_LONGEST_FIRST, CTA_DYNAMIC):
-        raise ValueError(f"cta schedule code {code} has no order built from the lengths alone")
-    key = (visited_bound - visited) * (tile_bound + 1) + (tile_bound - q_tile)
-    if valid is not None:
-        key = xp.where(valid, key, (visited_bound + 1) * (tile_bound + 1))
-    block, head = xp.divmod(item, heads)
-    return xp.argsort_stable(key)[block], head
+    longest = (tiles.visited_bound - tiles.visited) * (tiles.tile_bound + 1) + (
+        tiles.tile_bound - tiles.q_tile)
+    if code in (CTA_LONGEST_FIRST, CTA_DYNAMIC):
+        if padded:
+            longest = xp.where(tiles.valid, longest,
+                               (tiles.visited_bound + 1) * (tiles.tile_bound + 1))
+        block, head = xp.divmod(item, heads)
+        return xp.argsort_stable(longest)[block], head
+    if code not in (CTA_GROUPED, CTA_GROUPED_DYNAMIC):
+        raise ValueError(f"cta schedule {launch.cta.name!r} has no order for "
+                         "variable-length batches (varlen_order)")
+    # Segments: the units of one sequence in one group, as a run of K/V heads. Every unit
+    # may start one; `segment` numbers each unit's.
+    kv_heads, qpk = p.kv_heads, p.qheads_per_kv
+    units = len(q_tiles) * kv_heads
+    unit = xp.arange(units, like=item)
+    unit_seq, unit_kv = xp.divmod(unit, kv_heads)
+    group = xp.group_by_budget(2 * tiles.seqlens_kv[unit_seq] * (p.head_dim * p.element_bytes),
+                               launch.cta.l2_fraction * launch.l2_bytes)
+    starts = (unit_kv == 0) | (group != group[xp.maximum(unit - 1, 0)])
+    segment = xp.cumsum(starts) - 1
+    segments = segment[units - 1] + 1
+    seg_first = xp.scatter(units, xp.where(starts, segment, units), unit)
+    seg = xp.arange(units, like=item)
+    seg_real = seg < segments
+    seg_seq, seg_kv_lo = xp.divmod(seg_first, kv_heads)
+    seg_kv_count = xp.where(seg + 1 < segments, seg_first[xp.minimum(seg + 1, units - 1)],
+                            units) - seg_first
+    # Blocks: every Q tile of a segment's sequence; a sequence has at most a segment per K/V
+    # head, so there are at most kv_heads x rows.
+    seg_blocks = xp.where(seg_real, q_tiles[seg_seq], 0)
+    block_seg, block_tile = xp.expand(seg_blocks, kv_heads * rows if padded
+                                      else int(seg_blocks.sum()))
+    block_real = xp.arange(len(block_seg), like=item) < xp.cumsum(seg_blocks)[units - 1]
+    block_row = xp.minimum(first_row[seg_seq[block_seg]] + block_tile, rows - 1)
+    order = _argsort_by(xp, xp.where(block_real, group[seg_first[block_seg]], units),
+                        tiles.q_tile[block_row] if code == CTA_GROUPED else longest[block_row])
+    block_seg, block_row = block_seg[order], block_row[order]
+    taken, within = xp.expand(xp.where(block_real[order], seg_kv_count[block_seg] * qpk, 0),
+                              len(item))
+    return (block_row[taken],
+            xp.minimum(seg_kv_lo[block_seg[taken]] * qpk + within, heads - 1))
 
 
 @dataclass(frozen=True)
@@ -1154,43 +1233,11 @@ class VarlenLaunch:
         grouped_dynamic in groups of (sequence, K/V head) units whose K/V fits the L2 budget,
         filled in order by bytes, a block being the heads of one sequence's units in one
         group (grouped: by Q tile inside a group; grouped_dynamic: longest first)."""
-        code, p = self.cta.code, self.problem
-        heads = p.heads
         q_tiles = np.bincount(seq, minlength=self.batch)
-        first_row = np.cumsum(q_tiles) - q_tiles
-        if code in SEQUENCE_ORDERS:
-            return varlen_order(NumpyArrays, code, np.arange(heads * seq.size), heads, q_tiles,
-                                first_row, q_tile, visited, None,
-                                int(visited.max(initial=0)), int(q_tile.max(initial=0)))
-        if code not in (CTA_GROUPED, CTA_GROUPED_DYNAMIC):
-            raise ValueError(f"cta schedule {self.cta.name!r} has no order for "
-                             "variable-length batches (VarlenLaunch._order)")
-        # Segments: the units of one sequence in one group, as a run of K/V heads.
-        unit_bytes = (2 * np.asarray(self.seqlens_kv, dtype=np.float64).repeat(p.kv_heads)
-                      * p.head_dim * p.element_bytes)
-        group = group_by_budget(unit_bytes, self.cta.l2_fraction * self.l2_bytes)
-        starts = np.flatnonzero(np.diff(group, prepend=-1)
-                                | np.diff(np.arange(group.size) // p.kv_heads, prepend=-1))
-        seg_seq, seg_kv_lo = np.divmod(starts, p.kv_heads)
-        seg_group = group[starts]
-        seg_kv_count = np.diff(starts, append=group.size)
-        # Blocks: every Q tile of a segment's sequence.
-        block_seg = np.repeat(np.arange(starts.size), q_tiles[seg_seq])
-        block_row = (first_row[seg_seq][block_seg] + np.arange(block_seg.size)
-                     - np.repeat(np.cumsum(q_tiles[seg_seq]) - q_tiles[seg_seq],
-                                 q_tiles[seg_seq]))
-        if code == CTA_GROUPED:
-            keys = (seg_seq[block_seg], q_tile[block_row], seg_group[block_seg])
-        else:
-            keys = (seg_seq[block_seg], -q_tile[block_row], -visited[block_row],
-                    seg_group[block_seg])
-        blocks = np.lexsort(keys)
-        block_seg, block_row = block_seg[blocks], block_row[blocks]
-        per_block = seg_kv_count[block_seg] * p.qheads_per_kv
-        head = (np.repeat(seg_kv_lo[block_seg] * p.qheads_per_kv - (np.cumsum(per_block)
-                                                                    - per_block), per_block)
-                + np.arange(int(per_block.sum())))
-        return np.repeat(block_row, per_block), head
+        tiles = TileRows(q_tile, visited, None, q_tiles, np.cumsum(q_tiles) - q_tiles,
+                         np.asarray(self.seqlens_kv, dtype=np.int64),
+                         int(visited.max(initial=0)), int(q_tile.max(initial=0)))
+        return varlen_order(NumpyArrays, self, np.arange(self.problem.heads * seq.size), tiles)
 
     @cached_property
     def work_table(self) -> np.ndarray:
@@ -1250,10 +1297,9 @@ class DeviceVarlenLaunch:
     the kernel reads the count there, so nothing waits for the GPU and a CUDA graph replays
     the call for whatever lengths the tensors hold then.
 
-    Orders: SEQUENCE_ORDERS, as `VarlenLaunch` makes them, by the same code (`varlen_order`);
-    the grouped ones need the host's lengths. Lengths are not checked (that would read them
-    back): they are clamped to the packed rows, so bad ones give wrong rows, never a read or
-    write outside the arrays."""
+    Orders: every CTA schedule's, as `VarlenLaunch` makes them, by the same code
+    (`varlen_order`). Lengths are not checked (that would read them back): they are clamped to
+    the packed rows, so bad ones give wrong rows, never a read or write outside the arrays."""
 
     problem: AttentionProblem
     batch: int
@@ -1274,11 +1320,6 @@ class DeviceVarlenLaunch:
         if self.kv.writes_partials:
             raise ValueError(f"kv schedule {self.kv.name!r} does not apply to variable-length "
                              "batches; use linear or sawtooth")
-        if self.cta.code not in SEQUENCE_ORDERS:
-            names = sorted(n for n in CTA_SCHEDULES if CTA_SCHEDULES[n].code in SEQUENCE_ORDERS)
-            raise ValueError(f"cta schedule {self.cta.name!r} orders a packed batch by its "
-                             f"lengths on the host; with cu_seqlens on the GPU use one of "
-                             f"{names}, or pass cu_seqlens on the host")
 
     @property
     def name(self) -> str:
@@ -1311,7 +1352,11 @@ class DeviceVarlenLaunch:
         row of `num_items`, the real items first; how many are real), as arrays of the
         cu_seqlens' library (NumPy or torch) on their device. The rows after the real ones are
         padding that no CTA reads."""
-        xp = _array_module(cu_seqlens_q) or NumpyArrays
+        xp = _array_module(cu_seqlens_q)
+        if xp is None:
+            raise ValueError(f"cu_seqlens must be NumPy arrays or arrays of a registered "
+                             f"library ({sorted(_ARRAY_LIBRARIES)}), got "
+                             f"{type(cu_seqlens_q).__name__}")
         if xp is np:
             xp = NumpyArrays
         p, n, heads = self.problem, self.batch, self.problem.heads
@@ -1329,9 +1374,9 @@ class DeviceVarlenLaunch:
         visited, first_masked = kv_tile_span(q_tile, p.tile_m, p.tile_n, seqlen_q[seq],
                                              seqlen_kv[seq], p.causal)
         item = xp.arange(self.num_items, like=bounds_q)
-        row, head = varlen_order(xp, self.cta.code, item, heads, q_tiles, tile_ends - q_tiles,
-                                 q_tile, visited, tile_row < tile_ends[n - 1],
-                                 -(-rows_kv // p.tile_n) + 1, -(-rows_q // p.tile_m))
+        row, head = varlen_order(xp, self, item, TileRows(
+            q_tile, visited, tile_row < tile_ends[n - 1], q_tiles, tile_ends - q_tiles,
+            seqlen_kv, -(-rows_kv // p.tile_n) + 1, -(-rows_q // p.tile_m)))
         backward = (0 if self.cta.dynamic else scans_backward(
             local_iteration(item, self.num_ctas, self.resident_ctas, self.cta.code),
             self.kv.code))

@@ -640,11 +640,10 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q=None,
 
 
 def _varlen_config(vq: _ArrayView, kv_heads: int, batch: int, causal, schedule, tiles,
-                   occupancy, levers: dict, orders=None) -> tuple:
+                   occupancy, levers: dict) -> tuple:
     """-> (this GPU, the configuration of a packed batch of `batch` sequences): the caller's
     choices, where the caller chose nothing the tuned table's entry for the dense batch of the
-    same size, its order with a linear scan where the entry is tiled, and where `orders`
-    (names of CTA schedules) does not hold the entry's order, `orders`' stand-in for it."""
+    same size, its order with a linear scan where the entry is tiled."""
     dev = current_device()
     if dev is None:
         raise RuntimeError("wavefront.attention_varlen needs a CUDA GPU; none is visible")
@@ -653,10 +652,8 @@ def _varlen_config(vq: _ArrayView, kv_heads: int, batch: int, causal, schedule, 
     config = resolve_config(dense, (n, kv_heads) + dense[2:], causal, schedule, tiles,
                             occupancy, {**dict.fromkeys(KERNEL_LEVERS), **levers})
     cta, _, kv = config["schedule"].partition("+")
-    if schedule is None:
-        kv = "linear" if kv.startswith("tiled") else kv  # a tuned tiled entry: linear scan
-        cta = cta if orders is None else orders.get(cta, cta)
-        config["schedule"] = f"{cta}+{kv}"
+    if schedule is None and kv.startswith("tiled"):
+        config["schedule"] = f"{cta}+linear"  # a tuned tiled entry: its order, linear scan
     return dev, config
 
 
@@ -686,11 +683,6 @@ def _lengths_on_gpu(q, cu_seqlens_q, cu_seqlens_k) -> bool:
                for x in (q, cu_seqlens_q, cu_seqlens_k))
 
 
-# With cu_seqlens on the GPU the table is written there, in an order made from the lengths
-# alone (`schedules.SEQUENCE_ORDERS`): a tuned entry's grouped order runs as its nearest.
-GPU_LENGTHS_ORDERS = {"grouped": "persistent", "grouped_dynamic": "dynamic"}
-
-
 def _attention_varlen_on_gpu(q, k, v, cu_seqlens_q, cu_seqlens_k, *, causal, schedule, tiles,
                              occupancy, scale, return_lse, out, stream, l2_bytes, ctas,
                              levers):
@@ -717,7 +709,7 @@ def _attention_varlen_on_gpu(q, k, v, cu_seqlens_q, cu_seqlens_k, *, causal, sch
     def build():
         vq, _ = _check_inputs(q4, k4, v4)
         dev, config = _varlen_config(vq, k4.shape[1], batch, causal, schedule, tiles,
-                                     occupancy, levers, orders=GPU_LENGTHS_ORDERS)
+                                     occupancy, levers)
         launch = plan_varlen_on_device(
             tuple(q.shape), tuple(k.shape), batch, causal=causal,
             schedule=config.pop("schedule"), tiles=config.pop("tiles"),

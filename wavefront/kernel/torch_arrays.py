@@ -5,9 +5,11 @@ value back to the host, so a table written with these is asynchronous and a CUDA
 capture it."""
 from __future__ import annotations
 
+import functools
+
 import torch
 
-from wavefront.schedules import register_array_library
+from wavefront.schedules import group_by_budget, register_array_library
 
 
 class TorchArrays:
@@ -54,6 +56,62 @@ class TorchArrays:
     @staticmethod
     def argsort_stable(keys):
         return torch.argsort(keys, stable=True)
+
+    @staticmethod
+    def expand(counts, total: int):
+        ends = torch.cumsum(counts, 0)
+        slot = torch.arange(total, dtype=torch.int64, device=counts.device)
+        owner = torch.clamp(torch.searchsorted(ends, slot, right=True), max=len(counts) - 1)
+        return owner, slot - (ends[owner] - counts[owner])
+
+    @staticmethod
+    def scatter(size: int, index, values):
+        out = torch.zeros(size + 1, dtype=torch.int64, device=values.device)
+        out[index] = values
+        return out[:size]
+
+    @staticmethod
+    def group_by_budget(unit_bytes, budget: float):
+        """`schedules.group_by_budget`, whose greedy fill goes unit by unit: on the GPU one
+        thread of `GROUP_BY_BUDGET` walks the units (a few thousand at most: sequences x K/V
+        heads), on torch's current stream."""
+        if not unit_bytes.is_cuda:
+            return torch.from_numpy(group_by_budget(unit_bytes.numpy(), budget))
+        import cupy
+        unit_bytes = unit_bytes.contiguous()
+        groups = torch.empty_like(unit_bytes)
+        with cupy.cuda.Device(unit_bytes.device.index):
+            stream = cupy.cuda.ExternalStream(torch.cuda.current_stream().cuda_stream)
+            _group_kernel()((1,), (1,), (cupy.uint64(unit_bytes.data_ptr()),
+                                         cupy.uint64(groups.data_ptr()),
+                                         cupy.int64(unit_bytes.numel()),
+                                         cupy.float64(budget)), stream=stream)
+        return groups
+
+
+# `schedules.group_by_budget` in CUDA: the same fill, unit by unit, in doubles as Python's.
+GROUP_BY_BUDGET = r"""
+extern "C" __global__ void group_by_budget(const long long* unit_bytes, long long* groups,
+                                           long long units, double budget) {
+    long long group = 0;
+    double filled = 0.0;
+    for (long long i = 0; i < units; ++i) {
+        double size = (double)unit_bytes[i];
+        if (filled != 0.0 && filled + size > budget) {
+            group += 1;
+            filled = 0.0;
+        }
+        groups[i] = group;
+        filled += size;
+    }
+}
+"""
+
+
+@functools.lru_cache(maxsize=None)
+def _group_kernel():
+    import cupy
+    return cupy.RawKernel(GROUP_BY_BUDGET, "group_by_budget")
 
 
 register_array_library("torch", TorchArrays)
