@@ -100,11 +100,25 @@ def gpu_lengths(args, q, k, v, bounds_of):
             stop.synchronize()
             runs.append(start.elapsed_time(stop) / 10)
         gpu_ms[path] = runs
+    # The GPU path's table writing alone: its launcher's graph, replayed.
+    from wavefront.kernel import launcher as kernel_launcher
+    (writer,) = [made._table_writer[0] for made in kernel_launcher._varlen_launchers.values()
+                 if made._table_writer is not None]
+    writes = []
+    for _ in range(5):
+        start.record()
+        for _ in range(10):
+            writer.replay()
+        stop.record()
+        stop.synchronize()
+        writes.append(start.elapsed_time(stop) / 10)
     lo, hi = args.rounds // 5, args.rounds - 1 - args.rounds // 5
     print(f"{torch.cuda.get_device_name()}, {args.sequences} sequences, {args.tokens} tokens, "
           f"H{args.heads} KV{args.kv_heads} D{args.head_dim} causal={args.causal}: host ms "
           f"of a call with new lengths, median [20%, 80%] of {args.rounds}; GPU ms per call, "
           f"median [min, max] of 5 x 10 calls")
+    print(f"  table writing alone (its graph replayed)  GPU ms {statistics.median(writes):.3f} "
+          f"[{min(writes):.3f}, {max(writes):.3f}]")
     for (path, busy), s in samples.items():
         ordered = sorted(s)
         state = f"GPU busy ({args.busy_ms:g} ms queued)" if busy else "GPU idle"

@@ -73,8 +73,8 @@ class TorchArrays:
     @staticmethod
     def group_by_budget(unit_bytes, budget: float):
         """`schedules.group_by_budget`, whose greedy fill goes unit by unit: on the GPU one
-        thread of `GROUP_BY_BUDGET` walks the units (a few thousand at most: sequences x K/V
-        heads), on torch's current stream."""
+        thread of `GROUP_BY_BUDGET` walks the units (sequences x K/V heads), on torch's
+        current stream."""
         if not unit_bytes.is_cuda:
             return torch.from_numpy(group_by_budget(unit_bytes.numpy(), budget))
         import cupy
@@ -82,30 +82,42 @@ class TorchArrays:
         groups = torch.empty_like(unit_bytes)
         with cupy.cuda.Device(unit_bytes.device.index):
             stream = cupy.cuda.ExternalStream(torch.cuda.current_stream().cuda_stream)
-            _group_kernel()((1,), (1,), (cupy.uint64(unit_bytes.data_ptr()),
-                                         cupy.uint64(groups.data_ptr()),
-                                         cupy.int64(unit_bytes.numel()),
-                                         cupy.float64(budget)), stream=stream)
+            arguments = (cupy.uint64(unit_bytes.data_ptr()), cupy.uint64(groups.data_ptr()),
+                         cupy.int64(unit_bytes.numel()), cupy.float64(budget))
+            _group_kernel()((1,), (GROUP_THREADS,), arguments, stream=stream)
         return groups
 
 
-# `schedules.group_by_budget` in CUDA: the same fill, unit by unit, in doubles as Python's.
+# `schedules.group_by_budget` in CUDA: the same fill, unit by unit, in doubles as Python's. The
+# fill is a chain from unit to unit, so one thread walks it; the block first stages a chunk of
+# the units' sizes in shared memory, so that the walk does not wait on global memory per unit.
+GROUP_THREADS = 256
 GROUP_BY_BUDGET = r"""
-extern "C" __global__ void group_by_budget(const long long* unit_bytes, long long* groups,
-                                           long long units, double budget) {
+extern "C" __global__ void group_by_budget(const long long* __restrict__ unit_bytes,
+                                           long long* __restrict__ groups, long long units,
+                                           double budget) {
+    __shared__ double sizes[%(threads)d];
     long long group = 0;
     double filled = 0.0;
-    for (long long i = 0; i < units; ++i) {
-        double size = (double)unit_bytes[i];
-        if (filled != 0.0 && filled + size > budget) {
-            group += 1;
-            filled = 0.0;
+    for (long long first = 0; first < units; first += blockDim.x) {
+        long long i = first + threadIdx.x;
+        sizes[threadIdx.x] = i < units ? (double)unit_bytes[i] : 0.0;
+        __syncthreads();
+        if (threadIdx.x == 0) {
+            long long last = min(units - first, (long long)blockDim.x);
+            for (long long j = 0; j < last; ++j) {
+                if (filled != 0.0 && filled + sizes[j] > budget) {
+                    group += 1;
+                    filled = 0.0;
+                }
+                groups[first + j] = group;
+                filled += sizes[j];
+            }
         }
-        groups[i] = group;
-        filled += size;
+        __syncthreads();
     }
 }
-"""
+""" % {"threads": GROUP_THREADS}
 
 
 @functools.lru_cache(maxsize=None)
