@@ -50,6 +50,10 @@ class TorchArrays:
         return x.to(torch.int64)
 
     @staticmethod
+    def int32(x):
+        return x.to(torch.int32)
+
+    @staticmethod
     def searchsorted_right(sorted_values, values):
         return torch.searchsorted(sorted_values, values, right=True)
 
@@ -104,8 +108,9 @@ extern "C" __global__ void group_by_budget(const long long* __restrict__ unit_by
         sizes[threadIdx.x] = i < units ? (double)unit_bytes[i] : 0.0;
         __syncthreads();
         if (threadIdx.x == 0) {
-            long long last = min(units - first, (long long)blockDim.x);
-            for (long long j = 0; j < last; ++j) {
+            int last = (int)min(units - first, (long long)blockDim.x);
+            #pragma unroll 8
+            for (int j = 0; j < last; ++j) {
                 if (filled != 0.0 && filled + sizes[j] > budget) {
                     group += 1;
                     filled = 0.0;
