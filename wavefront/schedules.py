@@ -1241,14 +1241,8 @@ class VarlenLaunch:
 
     def _order(self, seq, q_tile, visited) -> tuple[np.ndarray, np.ndarray]:
         """-> (tile row, head) of every work item, in the order the CTA schedule hands the
-        items out (tile rows as `_tile_rows` lists them).
-
-        Grid and persistent: sequence by sequence, heads then Q tiles fastest. The others
-        sort blocks of one tile row and a run of its heads, then list each block's heads:
-        longest_first and dynamic by work, longest first (a block: every head); grouped and
-        grouped_dynamic in groups of (sequence, K/V head) units whose K/V fits the L2 budget,
-        filled in order by bytes, a block being the heads of one sequence's units in one
-        group (grouped: by Q tile inside a group; grouped_dynamic: longest first)."""
+        items out (tile rows as `_tile_rows` lists them): `varlen_order` on NumPy, the code
+        that makes the order on the GPU from lengths there (`DeviceVarlenLaunch`)."""
         q_tiles = np.bincount(seq, minlength=self.batch)
         tiles = TileRows(q_tile, visited, None, q_tiles, np.cumsum(q_tiles) - q_tiles,
                          np.asarray(self.seqlens_kv, dtype=np.int64),

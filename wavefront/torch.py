@@ -53,7 +53,7 @@ def attention_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     """Packed sequences, FlashAttention's varlen interface: q (total_q, H, D), k and v
     (total_k, H_kv, D), cu_seqlens int32 (batch + 1). cu_seqlens on the GPU are read there
     (the work table is written from them on the call's stream: asynchronous, and a CUDA graph
-    replays the call for the lengths they hold then; orders that need only the lengths); on
+    replays the call for the lengths they hold then; every schedule); on
     the CPU they are checked and the table is built on the host, once per lengths."""
     from wavefront.kernel.launcher import attention_varlen as launch_varlen
     return launch_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
