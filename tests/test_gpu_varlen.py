@@ -232,9 +232,9 @@ def test_lengths_on_the_gpu_every_order(schedule, causal):
 
 
 def test_lengths_on_the_gpu_change_without_a_new_launcher():
-    """New lengths on the GPU (same number of sequences, other q and k lengths) are read
-    there by the same launcher, one per packed problem: results right for each, the first
-    lengths' again after the others'; bad cu_seqlens are named."""
+    """New lengths on the GPU (same number of sequences, other lengths, another total of
+    packed rows in the same bucket) are read there by the same launcher: results right for
+    each, the first lengths' again after the others'; bad cu_seqlens are named."""
     import cupy
     import torch
 
@@ -244,11 +244,14 @@ def test_lengths_on_the_gpu_change_without_a_new_launcher():
     q, k, v, first = _packed(LENGTHS, 4, 2, 128, seed=37)
     tq, tk, tv = _on_torch(q, k, v)
     second = [0, 5, 900, 901, 1500, 3000, 3001, 5600, q.shape[0]]
-    for bounds in (first, second, first):
-        out = torch.full_like(tq, float("nan"))
-        attention_varlen(tq, tk, tv, _cu(bounds), _cu(bounds), causal=True,
-                         schedule="dynamic+sawtooth", out=out)
-        assert _check(q, k, v, bounds, cupy.from_dlpack(out), True) < TOLERANCE, bounds
+    fewer_rows = [0, 5, 900, 901, 1500, 3000, 3001, 4500, 5000]  # another total, one bucket
+    for bounds in (first, second, fewer_rows, first):
+        rows = bounds[-1]
+        out = torch.full_like(tq[:rows], float("nan"))
+        attention_varlen(tq[:rows], tk[:rows], tv[:rows], _cu(bounds), _cu(bounds),
+                         causal=True, schedule="dynamic+sawtooth", out=out)
+        assert _check(q[:rows], k[:rows], v[:rows], bounds, cupy.from_dlpack(out),
+                      True) < TOLERANCE, bounds
     assert len(kernel_launcher._varlen_launchers) == 1
     (made,) = kernel_launcher._varlen_launchers.values()
     assert made.next_item.tolist() == [0, 0]

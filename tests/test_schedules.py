@@ -419,6 +419,14 @@ def test_lengths_on_the_device_are_clamped_to_the_packed_rows():
     assert (real[:, WORK_Q_START] + real[:, WORK_SEQLEN_Q] <= 100).all()
     assert (real[:, WORK_KV_START] + real[:, WORK_SEQLEN_KV] <= 90).all()
     assert (real >= 0).all()
+    columns, count = device.table_columns(np.array([0, 50, 80, 100]), np.array([0, 30, 60, 90]),
+                                          np.int64(60), 40)  # a call with fewer rows
+    table = np.empty((device.num_items, 16), dtype=np.int32)
+    fill_rows(table, columns)
+    real = table[:count]
+    assert count == 2 * 2  # two heads of a tile each: sequence 0's 50 rows, 1's 10 left
+    assert (real[:, WORK_Q_START] + real[:, WORK_SEQLEN_Q] <= 60).all()
+    assert (real[:, WORK_KV_START] + real[:, WORK_SEQLEN_KV] <= 40).all()
 
 
 def test_varlen_refuses_what_it_cannot_run():

@@ -1357,11 +1357,13 @@ class DeviceVarlenLaunch:
     def alternate(self) -> int:
         return int(self.cta.dynamic and self.kv.code == KV_SAWTOOTH)
 
-    def table_columns(self, cu_seqlens_q, cu_seqlens_kv):
+    def table_columns(self, cu_seqlens_q, cu_seqlens_kv, rows_q=None, rows_kv=None):
         """-> (the table's columns WORK_BATCH .. WORK_SEQLEN_KV, each an int or one value per
         row of `num_items`, the real items first; how many are real), as arrays of the
         cu_seqlens' library (NumPy or torch) on their device. The rows after the real ones are
-        padding that no CTA reads."""
+        padding that no CTA reads. `rows_q`, `rows_kv`: this call's packed rows, at most the
+        problem's (ints or 0-d arrays; default: the problem's), to which the lengths are
+        clamped."""
         xp = _array_module(cu_seqlens_q)
         if xp is None:
             raise ValueError(f"cu_seqlens must be NumPy arrays or arrays of a registered "
@@ -1370,9 +1372,11 @@ class DeviceVarlenLaunch:
         if xp is np:
             xp = NumpyArrays
         p, n, heads = self.problem, self.batch, self.problem.heads
-        rows_q, rows_kv = p.seqlen_q, p.seqlen_kv
-        bounds_q = xp.minimum(xp.maximum(xp.int64(cu_seqlens_q), 0), rows_q)
-        bounds_kv = xp.minimum(xp.maximum(xp.int64(cu_seqlens_kv), 0), rows_kv)
+        bounds_q = xp.minimum(xp.maximum(xp.int64(cu_seqlens_q), 0),
+                              p.seqlen_q if rows_q is None else rows_q)
+        bounds_kv = xp.minimum(xp.maximum(xp.int64(cu_seqlens_kv), 0),
+                               p.seqlen_kv if rows_kv is None else rows_kv)
+        rows_q, rows_kv = p.seqlen_q, p.seqlen_kv  # bounds of what follows
         start_q, start_kv = bounds_q[:n], bounds_kv[:n]
         seqlen_q = xp.maximum(bounds_q[1:] - start_q, 0)
         seqlen_kv = xp.maximum(bounds_kv[1:] - start_kv, 0)

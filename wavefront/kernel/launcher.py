@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import dataclasses
 import functools
 import math
 import threading
@@ -687,9 +688,10 @@ def _attention_varlen_on_gpu(q, k, v, cu_seqlens_q, cu_seqlens_k, *, causal, sch
                              occupancy, scale, return_lse, out, stream, l2_bytes, ctas,
                              levers):
     """`attention_varlen` with cu_seqlens on the GPU, where the host never reads them: one
-    launcher per packed problem and number of sequences (`DeviceVarlenLaunch`), whose table
-    each call writes on the launch's stream from the lengths there. No call waits for the
-    GPU, and a CUDA graph of a call replays it for the lengths the tensors hold then."""
+    launcher per packed problem, bucket of packed rows (`_rows_bucket`) and number of
+    sequences (`DeviceVarlenLaunch`), whose table each call writes on the launch's stream
+    from the lengths there. No call waits for the GPU, and a CUDA graph of a call replays it
+    for the lengths the tensors hold then."""
     for name, cu in (("cu_seqlens_q", cu_seqlens_q), ("cu_seqlens_k", cu_seqlens_k)):
         if (cu.dim() != 1 or cu.shape[0] < 2 or str(cu.dtype) not in ("torch.int32",
                                                                       "torch.int64")
@@ -703,29 +705,46 @@ def _attention_varlen_on_gpu(q, k, v, cu_seqlens_q, cu_seqlens_k, *, causal, sch
                          f"{cu_seqlens_k.shape[0] - 1}")
     batch = cu_seqlens_q.shape[0] - 1
     q4, k4, v4 = (_packed_as_4d(n, x) for n, x in (("q", q), ("k", k), ("v", v)))
-    options = (causal, schedule, tiles, occupancy, scale, return_lse, l2_bytes, ctas, batch,
-               "lengths on the GPU", *(x for item in levers.items() for x in item))
+    if not (q.shape[0] and k.shape[0]) or v.shape != k.shape:
+        _check_inputs(q4, k4, v4)  # names the empty one, or v's shape
+    rows_q, rows_k = _rows_bucket(q.shape[0]), _rows_bucket(k.shape[0])
+    # The packed rows only by their bucket: a serving loop brings a new total every call.
+    key = (tuple(q.shape[1:]), q.stride(), q.dtype, q.get_device(), tuple(k.shape[1:]),
+           k.stride(), k.dtype, v.stride(), v.dtype, rows_q, rows_k, causal,
+           schedule, tiles, occupancy, scale, return_lse, l2_bytes, ctas, batch,
+           "lengths on the GPU", *(x for item in levers.items() for x in item))
 
     def build():
         vq, _ = _check_inputs(q4, k4, v4)
+        vq = dataclasses.replace(vq, shape=(1, vq.shape[1], rows_q, vq.shape[3]))
         dev, config = _varlen_config(vq, k4.shape[1], batch, causal, schedule, tiles,
                                      occupancy, levers)
         launch = plan_varlen_on_device(
-            tuple(q.shape), tuple(k.shape), batch, causal=causal,
-            schedule=config.pop("schedule"), tiles=config.pop("tiles"),
+            (rows_q,) + tuple(q.shape[1:]), (rows_k,) + tuple(k.shape[1:]), batch,
+            causal=causal, schedule=config.pop("schedule"), tiles=config.pop("tiles"),
             occupancy=config.pop("occupancy"), sms=dev.sms, l2_bytes=l2_bytes or dev.l2_bytes,
             ctas=ctas)
         return AttentionLauncher(launch, vq, scale=scale, return_lse=return_lse, **config)
-    launcher = _cached_launcher(_call_key(q, k, v, options), build, varlen=True)
+    launcher = _cached_launcher(key, build, varlen=True)
     if stream is None:
         stream = launcher.current_stream()
-    _write_table_from_lengths(launcher, cu_seqlens_q, cu_seqlens_k, stream)
+    _write_table_from_lengths(launcher, cu_seqlens_q, cu_seqlens_k, stream, q.shape[0],
+                              k.shape[0])
     return _launch_packed(launcher, q, q4, k4, v4, out, stream)
 
 
-def _write_table_from_lengths(launcher, cu_seqlens_q, cu_seqlens_k, stream) -> None:
+def _rows_bucket(rows: int) -> int:
+    """Packed rows rounded up to a power of two, at least 1024: a launcher whose lengths are on
+    the GPU serves every total up to its bucket (its table has rows for the bucket's most
+    items), so that totals that change call by call share a few launchers."""
+    return max(1024, 1 << (rows - 1).bit_length())
+
+
+def _write_table_from_lengths(launcher, cu_seqlens_q, cu_seqlens_k, stream, rows_q: int,
+                              rows_k: int) -> None:
     """Write a `DeviceVarlenLaunch` launcher's table and item count from the lengths on the
-    GPU, on `stream` (the launch's), with torch: nothing is read back.
+    GPU and the packed rows of this call (`rows_q`, `rows_k`: the lengths are clamped to
+    them), on `stream` (the launch's), with torch: nothing is read back.
 
     The writing is some sixty small torch operations, about 1.3 ms of host time a call on the
     H100 host. So the launcher's first call outside a graph capture records them once in a
@@ -742,30 +761,41 @@ def _write_table_from_lengths(launcher, cu_seqlens_q, cu_seqlens_k, stream) -> N
         torch.cuda.stream(torch.cuda.ExternalStream(handle)))
     with on_stream:
         if torch.cuda.is_current_stream_capturing():
-            _table_from_lengths(launcher, cu_seqlens_q, cu_seqlens_k)
+            _table_from_lengths(launcher, cu_seqlens_q, cu_seqlens_k, rows_q, rows_k)
             return
         if launcher._table_writer is None:
-            lengths = tuple(torch.empty(cu.shape, dtype=torch.int64, device=cu.device)
-                            for cu in (cu_seqlens_q, cu_seqlens_k))
-            for staged, cu in zip(lengths, (cu_seqlens_q, cu_seqlens_k)):
-                staged.copy_(cu)
-            _table_from_lengths(launcher, *lengths)  # this call's table, and a warm-up
+            device = cu_seqlens_q.device
+            staged = (torch.empty(cu_seqlens_q.shape, dtype=torch.int64, device=device),
+                      torch.empty(cu_seqlens_k.shape, dtype=torch.int64, device=device),
+                      torch.empty(2, dtype=torch.int64, device=device))
+            _stage(staged, cu_seqlens_q, cu_seqlens_k, rows_q, rows_k)
+            arguments = staged[0], staged[1], staged[2][0], staged[2][1]
+            _table_from_lengths(launcher, *arguments)  # this call's table, and a warm-up
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph):
-                _table_from_lengths(launcher, *lengths)
-            launcher._table_writer = graph, lengths
+                _table_from_lengths(launcher, *arguments)
+            launcher._table_writer = graph, staged
             return
-        graph, lengths = launcher._table_writer
-        for staged, cu in zip(lengths, (cu_seqlens_q, cu_seqlens_k)):
-            staged.copy_(cu)
+        graph, staged = launcher._table_writer
+        _stage(staged, cu_seqlens_q, cu_seqlens_k, rows_q, rows_k)
         graph.replay()
 
 
-def _table_from_lengths(launcher, cu_seqlens_q, cu_seqlens_k) -> None:
-    """The table's rows and count from the lengths, on torch's current stream."""
+def _stage(staged, cu_seqlens_q, cu_seqlens_k, rows_q: int, rows_k: int) -> None:
+    """Copy a call's lengths and packed rows into the writer graph's inputs, on the GPU (a
+    fill takes its value as a kernel argument: no copy from the host, nothing waits)."""
+    staged[0].copy_(cu_seqlens_q)
+    staged[1].copy_(cu_seqlens_k)
+    staged[2][0].fill_(rows_q)
+    staged[2][1].fill_(rows_k)
+
+
+def _table_from_lengths(launcher, cu_seqlens_q, cu_seqlens_k, rows_q, rows_k) -> None:
+    """The table's rows and count from the lengths and packed rows (ints, or 0-d tensors on
+    the GPU), on torch's current stream."""
     launch, table = launcher.launch, launcher._table
     items = launch.num_items
-    columns, count = launch.table_columns(cu_seqlens_q, cu_seqlens_k)
+    columns, count = launch.table_columns(cu_seqlens_q, cu_seqlens_k, rows_q, rows_k)
     rows = table[:items]
     for column, values in enumerate(columns):
         rows[:, column] = values
