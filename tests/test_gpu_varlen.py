@@ -343,3 +343,37 @@ def test_the_table_written_on_the_gpu_is_the_hosts(cta_name):
         fill_rows(table, [c.cpu().numpy() if hasattr(c, "cpu") else c for c in columns])
         assert int(count) == host.num_items
         assert np.array_equal(table[:host.num_items], host.work_table), (lengths, p)
+
+
+def test_lengths_on_the_gpu_through_the_compiled_op_and_on_a_side_stream():
+    """The torch op with CUDA cu_seqlens under `torch.compile(fullgraph=True)` (a graph break
+    would raise), and the call on a stream the caller names: its table is written on that
+    stream, which the launch follows; both right."""
+    import cupy
+    import torch
+
+    import wavefront.torch  # noqa: F401  (registers torch.ops.wavefront.attention_varlen)
+    from wavefront import attention_varlen
+    q, k, v, bounds = _packed(LENGTHS, 4, 2, 64, seed=47)
+    tq, tk, tv = _on_torch(q, k, v)
+    cu = _cu(bounds)
+
+    def step(q, k, v, cu):
+        return torch.ops.wavefront.attention_varlen(q * 1.0, k, v, cu, cu, max(LENGTHS),
+                                                    max(LENGTHS), True, None, None, None)
+    torch._dynamo.reset()
+    out = torch.compile(step, fullgraph=True)(tq, tk, tv, cu)
+    torch.cuda.synchronize()
+    assert _check(q, k, v, bounds, cupy.from_dlpack(out), True) < TOLERANCE
+    side = torch.cuda.Stream()
+    fresh = [0, 17, 18, 600, 700, 701, 3000, 5000, q.shape[0]]
+    cu_fresh = _cu(fresh)
+    out = torch.full_like(tq, float("nan"))
+    side.wait_stream(torch.cuda.current_stream())
+    # The current stream held back: a table written there instead of on `side` would come
+    # after the launch on `side`, which would read the first call's lengths.
+    torch.cuda._sleep(100_000_000)
+    attention_varlen(tq, tk, tv, cu_fresh, cu_fresh, causal=False, out=out, stream=side)
+    side.synchronize()
+    torch.cuda.synchronize()
+    assert _check(q, k, v, fresh, cupy.from_dlpack(out), False) < TOLERANCE
