@@ -366,6 +366,8 @@ def test_lengths_on_the_gpu_through_the_compiled_op_and_on_a_side_stream():
     torch.cuda.synchronize()
     assert _check(q, k, v, bounds, cupy.from_dlpack(out), True) < TOLERANCE
     side = torch.cuda.Stream()
+    attention_varlen(tq, tk, tv, cu, cu, causal=False, stream=side)  # launcher and writer made
+    torch.cuda.synchronize()
     fresh = [0, 17, 18, 600, 700, 701, 3000, 5000, q.shape[0]]
     cu_fresh = _cu(fresh)
     out = torch.full_like(tq, float("nan"))
