@@ -746,12 +746,14 @@ def _write_table_from_lengths(launcher, cu_seqlens_q, cu_seqlens_k, stream, rows
     GPU and the packed rows of this call (`rows_q`, `rows_k`: the lengths are clamped to
     them), on `stream` (the launch's), with torch: nothing is read back.
 
-    The writing is some sixty small torch operations, about 1.3 ms of host time a call on the
-    H100 host. So the launcher's first call outside a graph capture records them once in a
-    CUDA graph of its own, reading two buffers of the launcher's, and later calls copy the
-    lengths into those and replay it: a first call waits for the GPU once (the capture
-    synchronises). Inside the caller's own capture the operations are recorded into the
-    caller's graph instead."""
+    The writing is a hundred to two hundred small torch operations (by the order), which run
+    eagerly cost 1.3-1.4 ms of host time a call on the H100 host. So the launcher's first
+    call outside a graph capture records them once in a CUDA graph of its own, reading
+    buffers of the launcher's, and later calls copy the lengths and rows into those and
+    replay it: a first call waits for the GPU once (the capture synchronises). Inside the
+    caller's own capture the operations are recorded into the caller's graph instead. Like
+    the tiled schedules' workspace, the table and those buffers are the launcher's: calls of
+    one launcher on two streams at once would share them."""
     import torch
 
     import wavefront.kernel.torch_arrays  # noqa: F401  (the formulas' operations on torch)
