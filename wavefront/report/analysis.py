@@ -381,6 +381,9 @@ class Study:
 # Simulating every measured point takes minutes on two cores. Such tables are kept in
 # data/model_cache/, keyed by a hash of everything they are computed from (the data files,
 # the model's source), and recomputed whenever any of them changes; delete one to recompute.
+# A change to the model's sources (wavefront/schedules.py included) re-simulates every table:
+# 15 minutes on a 2-core machine, which CI would spend on every clone. Run `wavefront paper`
+# and commit data/model_cache/ with the change.
 MODEL_CACHE = "model_cache"
 
 
