@@ -9,6 +9,7 @@ DRAFT = (
     "lever_search",
     "untuned_shapes",
     "d128_limits",
+    "varlen_batches",
     "headline",
     "ablation",
     "paper_launch",

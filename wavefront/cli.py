@@ -643,6 +643,7 @@ def bench_varlen(sequences, tokens, longest, lengths, seed, heads, kv_heads, hea
     dev = _require_gpu()
     from wavefront.measure.rounds import run_rounds
     from wavefront.measure.varlen_bench import varlen_contenders
+    from wavefront.results.records import VARLEN_BENCH_RECORDS
     rows = []
     with JsonlSink(out_dir, "bench_varlen.jsonl") as sink:
         for is_causal in ([causal] if causal is not None else [False, True]):
@@ -658,6 +659,7 @@ def bench_varlen(sequences, tokens, longest, lengths, seed, heads, kv_heads, hea
                        "contender": r.name, **r.as_dict()}
                 for peer in peers:
                     row[f"x_{peer.name}"] = peer.median_ms / r.median_ms
+                row = VARLEN_BENCH_RECORDS.stamp(row)
                 rows.append(row)
                 sink.write(row)
     best_peer = {c: min((r["median_ms"] for r in rows if r["causal"] == c

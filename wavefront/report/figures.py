@@ -427,6 +427,32 @@ def tiled_fit(table: pd.DataFrame):
     return fig
 
 
+def varlen_batches(d: pd.DataFrame, title: str):
+    """TFLOP/s (median, 95% interval) of each contender on one packed batch, one panel per
+    mask; wavefront's calls in blue, torch's paths in grey."""
+    contenders = list(dict.fromkeys(d["contender"]))
+    with style():
+        fig, axes = plt.subplots(1, 2, figsize=(10.5, 0.36 * len(contenders) + 1.7),
+                                 sharey=True)
+        for ax, causal in zip(axes, (False, True)):
+            sub = d[d["causal"] == causal].set_index("contender").reindex(contenders)
+            y = np.arange(len(contenders))
+            colors = ["tab:blue" if c.startswith("wavefront") else "tab:gray"
+                      for c in contenders]
+            ax.barh(y, sub["TFLOP/s"], color=colors, height=0.6)
+            ax.errorbar(sub["TFLOP/s"], y, xerr=[sub["TFLOP/s"] - sub["lo"],
+                                                  sub["hi"] - sub["TFLOP/s"]],
+                        fmt="none", ecolor="k", capsize=2, lw=1)
+            ax.set_yticks(y)
+            ax.set_yticklabels(contenders, fontsize=8)
+            ax.set_title("causal" if causal else "non-causal", fontsize=9)
+            ax.set_xlabel("TFLOP/s (useful; median, 95% interval)")
+        axes[0].invert_yaxis()
+        fig.suptitle(title, fontsize=9)
+        fig.tight_layout()
+    return fig
+
+
 def untuned_shapes(d: pd.DataFrame):
     """Speed against cuDNN (paired by round, 95% interval) per held-out shape, one panel per
     GPU: the plain default, the configuration the public call resolved to (bound) and the

@@ -124,9 +124,15 @@ TIMELINE_RECORDS = RecordKind("timeline", 1, ("launch", "gpu", "series", "totals
 HARNESS_RECORDS = RecordKind("harness", 1, ("kernel", "gpu", "dram_read_bytes",
                                             "l2_tex_write_sectors", "ncu_duration_ns"))
 
+# `wavefront bench-varlen`: one line per contender per mask of a packed batch, from
+# interleaved rounds.
+VARLEN_BENCH_RECORDS = RecordKind(
+    "bench_varlen", 1, ("gpu", "lengths", "heads", "kv_heads", "head_dim", "causal",
+                        "contender", "samples_ms", "median_ms", "tflops", "tflops_ci95"))
+
 KINDS = {k.name: k for k in (BENCH_RECORDS, TUNE_RECORDS, LEVER_RECORDS, BENCH_ONCE_RECORDS,
                               PRINTOUT_RECORDS, STARVED_RECORDS, TIMELINE_RECORDS,
-                              HARNESS_RECORDS)}
+                              HARNESS_RECORDS, VARLEN_BENCH_RECORDS)}
 
 
 def shape_name(shape: dict) -> str:
