@@ -155,6 +155,16 @@ def plan_varlen(q_shape, k_shape, cu_seqlens_q, cu_seqlens_k, *, sms: int, l2_by
                 causal=False, schedule="persistent+linear", tiles=None, occupancy=None,
                 element_bytes=2, ctas=None) -> VarlenLaunch:
     """The `VarlenLaunch` for packed q (total_q, heads, D) and k (total_k, kv_heads, D)."""
+    problem, cta, kv, occupancy = _packed_problem(q_shape, k_shape, causal, schedule, tiles,
+                                                  occupancy, element_bytes)
+    return VarlenLaunch(problem, seqlens_of("cu_seqlens_q", cu_seqlens_q, problem.seqlen_q),
+                        seqlens_of("cu_seqlens_k", cu_seqlens_k, problem.seqlen_kv), cta, kv,
+                        sms, occupancy, l2_bytes, ctas)
+
+
+def _packed_problem(q_shape, k_shape, causal, schedule, tiles, occupancy, element_bytes):
+    """-> (the problem of packed q (total_q, heads, D) and k (total_k, kv_heads, D) as the
+    kernel sees it, batch 1; its CTA and K/V schedules; CTAs per SM), checked."""
     total_q, h, d = _shape("q_shape", q_shape, "(total_q, heads, head_dim)", 3)
     total_k, hkv, dk = _shape("k_shape", k_shape, "(total_k, kv_heads, head_dim)", 3)
     if dk != d:
@@ -162,9 +172,7 @@ def plan_varlen(q_shape, k_shape, cu_seqlens_q, cu_seqlens_k, *, sms: int, l2_by
     tile_m, tile_n, occupancy, cta, kv = _launch_choices(d, causal, schedule, tiles, occupancy)
     problem = AttentionProblem(1, h, hkv, total_q, total_k, d, causal, tile_m, tile_n,
                                element_bytes)
-    return VarlenLaunch(problem, seqlens_of("cu_seqlens_q", cu_seqlens_q, total_q),
-                        seqlens_of("cu_seqlens_k", cu_seqlens_k, total_k), cta_schedule(cta),
-                        kv_schedule(kv), sms, occupancy, l2_bytes, ctas)
+    return problem, cta_schedule(cta), kv_schedule(kv), occupancy
 
 
 def plan_varlen_on_device(q_shape, k_shape, batch: int, *, sms: int, l2_bytes: int,
@@ -172,15 +180,9 @@ def plan_varlen_on_device(q_shape, k_shape, batch: int, *, sms: int, l2_bytes: i
                           occupancy=None, element_bytes=2, ctas=None) -> DeviceVarlenLaunch:
     """The `DeviceVarlenLaunch` for packed q (total_q, heads, D) and k (total_k, kv_heads, D)
     of `batch` sequences whose lengths stay on the GPU."""
-    total_q, h, d = _shape("q_shape", q_shape, "(total_q, heads, head_dim)", 3)
-    total_k, hkv, dk = _shape("k_shape", k_shape, "(total_k, kv_heads, head_dim)", 3)
-    if dk != d:
-        raise ValueError(f"k_shape must have q's head_dim ({d}), got {tuple(k_shape)}")
-    tile_m, tile_n, occupancy, cta, kv = _launch_choices(d, causal, schedule, tiles, occupancy)
-    problem = AttentionProblem(1, h, hkv, total_q, total_k, d, causal, tile_m, tile_n,
-                               element_bytes)
-    return DeviceVarlenLaunch(problem, batch, cta_schedule(cta), kv_schedule(kv), sms,
-                              occupancy, l2_bytes, ctas)
+    problem, cta, kv, occupancy = _packed_problem(q_shape, k_shape, causal, schedule, tiles,
+                                                  occupancy, element_bytes)
+    return DeviceVarlenLaunch(problem, batch, cta, kv, sms, occupancy, l2_bytes, ctas)
 
 
 @dataclass(frozen=True)

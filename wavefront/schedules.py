@@ -825,8 +825,42 @@ class WorkItem:
     chunk: int = 0  # K/V chunk (tiled schedule)
 
 
+class Placed:
+    """What follows from a launch's schedules and placement, the same for a dense batch
+    (`Launch`) and a packed one (`VarlenLaunch`, `DeviceVarlenLaunch`): each has `cta`, `kv`,
+    `sms`, `ctas_per_sm`, `ctas` and `num_items`."""
+
+    @property
+    def name(self) -> str:
+        return f"{self.cta.name}+{self.kv.name}"
+
+    @cached_property
+    def resident_ctas(self) -> int:
+        if self.ctas is not None:
+            return self.ctas
+        return self.sms * self.ctas_per_sm
+
+    @cached_property
+    def num_ctas(self) -> int:
+        return self.cta.num_ctas(max(self.num_items, 1), self.resident_ctas)
+
+    @property
+    def alternate(self) -> int:
+        """1 where CTAs alternate their scan on their own count of items at run time (sawtooth
+        under a dynamic CTA schedule, whose item-to-CTA assignment is not known in advance)."""
+        return int(self.cta.dynamic and self.kv.code == KV_SAWTOOTH)
+
+
+def check_packed(launch) -> None:
+    """What a packed batch's launch needs of its placement and K/V schedule."""
+    check_placement(launch)
+    if launch.kv.writes_partials:
+        raise ValueError(f"kv schedule {launch.kv.name!r} does not apply to variable-length "
+                         "batches; use linear or sawtooth")
+
+
 @dataclass(frozen=True)
-class Launch:
+class Launch(Placed):
     """A problem, a CTA schedule and a K/V schedule placed on a GPU: what one kernel launch does.
 
     `resident_ctas` is how many CTAs run at once (SMs x CTAs per SM, or `ctas` when given: a
@@ -851,12 +885,6 @@ class Launch:
                              f"among {[c for c, s in CTA_SCHEDULES.items() if s.takes_chunks]}")
 
     @cached_property
-    def resident_ctas(self) -> int:
-        if self.ctas is not None:
-            return self.ctas
-        return self.sms * self.ctas_per_sm
-
-    @cached_property
     def chunk_tiles(self) -> int:
         return self.kv.chunk_tiles(self.problem, self.l2_bytes, self.resident_ctas)
 
@@ -875,24 +903,10 @@ class Launch:
         return self.problem.num_items * self.n_chunks
 
     @cached_property
-    def num_ctas(self) -> int:
-        return self.cta.num_ctas(self.num_items, self.resident_ctas)
-
-    @cached_property
     def group_units(self) -> int:
         return self.cta.group_units(self.problem, self.l2_bytes)
 
-    @property
-    def name(self) -> str:
-        return f"{self.cta.name}+{self.kv.name}"
-
     varlen = False  # a packed variable-length batch: see VarlenLaunch
-
-    @property
-    def alternate(self) -> int:
-        """1 where CTAs alternate their scan on their own count of items at run time (sawtooth
-        under a dynamic CTA schedule, whose item-to-CTA assignment is not known in advance)."""
-        return int(self.cta.dynamic and self.kv.code == KV_SAWTOOTH)
 
     def items_of_cta(self, cta: int) -> range:
         """The items CTA `cta` takes: one (grid), or grid-stride. For a dynamic schedule this
@@ -1143,7 +1157,7 @@ def varlen_order(xp, launch, item, tiles: TileRows):
 
 
 @dataclass(frozen=True)
-class VarlenLaunch:
+class VarlenLaunch(Placed):
     """A packed batch of sequences of different lengths (FlashAttention's varlen layout: the
     rows of every sequence one after another, `cu_seqlens` their boundaries) run as one
     launch: one work table across all sequences, each row carrying its sequence (number,
@@ -1172,10 +1186,7 @@ class VarlenLaunch:
     varlen = True
 
     def __post_init__(self):
-        check_placement(self)
-        if self.kv.writes_partials:
-            raise ValueError(f"kv schedule {self.kv.name!r} does not apply to variable-length "
-                             "batches; use linear or sawtooth")
+        check_packed(self)
         if len(self.seqlens_q) != len(self.seqlens_kv) or not self.seqlens_q:
             raise ValueError(f"cu_seqlens_q and cu_seqlens_k must describe the same number "
                              f"(>= 1) of sequences, got {len(self.seqlens_q)} and "
@@ -1194,35 +1205,16 @@ class VarlenLaunch:
                              f"{p.seqlen_kv}, cu_seqlens_k ends at {sum(self.seqlens_kv)}")
 
     @property
-    def name(self) -> str:
-        return f"{self.cta.name}+{self.kv.name}"
-
-    @property
     def batch(self) -> int:
         return len(self.seqlens_q)
 
-    @cached_property
-    def resident_ctas(self) -> int:
-        return self.ctas if self.ctas is not None else self.sms * self.ctas_per_sm
-
     n_chunks = 1
+    group_units = 1  # varlen groups are ragged: see `group_by_budget`
 
     @cached_property
     def num_items(self) -> int:
         # heads x Q tiles of each sequence (what `_items` lists), counted without listing them
         return self.problem.heads * sum(-(-n // self.problem.tile_m) for n in self.seqlens_q)
-
-    @cached_property
-    def num_ctas(self) -> int:
-        return self.cta.num_ctas(max(self.num_items, 1), self.resident_ctas)
-
-    @property
-    def alternate(self) -> int:
-        return int(self.cta.dynamic and self.kv.code == KV_SAWTOOTH)
-
-    @cached_property
-    def group_units(self) -> int:
-        return 1  # varlen groups are ragged: see `group_by_budget`
 
     def _tile_rows(self):
         """(sequence, Q tile, K/V tiles visited, first masked tile) of every Q tile of every
@@ -1298,7 +1290,7 @@ class VarlenLaunch:
 
 
 @dataclass(frozen=True)
-class DeviceVarlenLaunch:
+class DeviceVarlenLaunch(Placed):
     """A packed batch whose `cu_seqlens` stay where the caller keeps them, on the GPU
     (FlashAttention's varlen interface, as training and serving loops call it): the host
     knows the packed rows and the number of sequences, never the lengths. The table has a row
@@ -1325,19 +1317,8 @@ class DeviceVarlenLaunch:
     group_units = 1
 
     def __post_init__(self):
-        check_placement(self)
+        check_packed(self)
         positive_int("batch", self.batch)
-        if self.kv.writes_partials:
-            raise ValueError(f"kv schedule {self.kv.name!r} does not apply to variable-length "
-                             "batches; use linear or sawtooth")
-
-    @property
-    def name(self) -> str:
-        return f"{self.cta.name}+{self.kv.name}"
-
-    @cached_property
-    def resident_ctas(self) -> int:
-        return self.ctas if self.ctas is not None else self.sms * self.ctas_per_sm
 
     @cached_property
     def tile_rows(self) -> int:
@@ -1348,14 +1329,6 @@ class DeviceVarlenLaunch:
     @cached_property
     def num_items(self) -> int:
         return self.problem.heads * self.tile_rows
-
-    @cached_property
-    def num_ctas(self) -> int:
-        return self.cta.num_ctas(self.num_items, self.resident_ctas)
-
-    @property
-    def alternate(self) -> int:
-        return int(self.cta.dynamic and self.kv.code == KV_SAWTOOTH)
 
     def table_columns(self, cu_seqlens_q, cu_seqlens_kv, rows_q=None, rows_kv=None):
         """-> (the table's columns WORK_BATCH .. WORK_SEQLEN_KV, each an int or one value per

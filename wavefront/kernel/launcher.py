@@ -708,11 +708,13 @@ def _attention_varlen_on_gpu(q, k, v, cu_seqlens_q, cu_seqlens_k, *, causal, sch
     if not (q.shape[0] and k.shape[0]) or v.shape != k.shape:
         _check_inputs(q4, k4, v4)  # names the empty one, or v's shape
     rows_q, rows_k = _rows_bucket(q.shape[0]), _rows_bucket(k.shape[0])
-    # The packed rows only by their bucket: a serving loop brings a new total every call.
+    # `_call_key`'s key with the packed rows only by their bucket (a serving loop brings a new
+    # total every call), the options' types included as there.
+    options = (rows_q, rows_k, causal, schedule, tiles, occupancy, scale, return_lse, l2_bytes,
+               ctas, batch, "lengths on the GPU", *(x for item in levers.items() for x in item))
     key = (tuple(q.shape[1:]), q.stride(), q.dtype, q.get_device(), tuple(k.shape[1:]),
-           k.stride(), k.dtype, v.stride(), v.dtype, rows_q, rows_k, causal,
-           schedule, tiles, occupancy, scale, return_lse, l2_bytes, ctas, batch,
-           "lengths on the GPU", *(x for item in levers.items() for x in item))
+           k.stride(), k.dtype, k.get_device(), v.stride(), v.dtype, v.get_device(), options,
+           tuple(map(type, options)))
 
     def build():
         vq, _ = _check_inputs(q4, k4, v4)
@@ -758,9 +760,8 @@ def _write_table_from_lengths(launcher, cu_seqlens_q, cu_seqlens_k, stream, rows
 
     import wavefront.kernel.torch_arrays  # noqa: F401  (the formulas' operations on torch)
     handle = _stream_handle(stream)
-    on_stream = (contextlib.nullcontext() if handle == torch.cuda.current_stream(
-        launcher._table.device).cuda_stream else
-        torch.cuda.stream(torch.cuda.ExternalStream(handle)))
+    on_stream = (contextlib.nullcontext() if handle == launcher.current_stream() else
+                 torch.cuda.stream(torch.cuda.ExternalStream(handle)))
     with on_stream:
         if torch.cuda.is_current_stream_capturing():
             _table_from_lengths(launcher, cu_seqlens_q, cu_seqlens_k, rows_q, rows_k)
