@@ -24,3 +24,24 @@ def pytest_collection_modifyitems(config, items):
 @pytest.fixture
 def _broken_gpu_stack(request):
     pytest.fail(f"GPU present but unusable: {request.config._wavefront_broken}")
+
+
+@pytest.fixture
+def on_two_streams_at_once():
+    """-> a function of (call, input sets, rounds=8): `call` on each input set alone, then
+    `rounds` times on two torch side streams queued at once (each stream its own inputs);
+    -> (the lone outputs, each stream's outputs)."""
+    import torch
+
+    def run(call, input_sets, rounds=8):
+        alone = [call(*inputs) for inputs in input_sets]
+        torch.cuda.synchronize()
+        streams = [torch.cuda.Stream() for _ in input_sets]
+        together = [[] for _ in input_sets]
+        for _ in range(rounds):
+            for stream, inputs, outs in zip(streams, input_sets, together):
+                with torch.cuda.stream(stream):
+                    outs.append(call(*inputs))
+        torch.cuda.synchronize()
+        return alone, together
+    return run

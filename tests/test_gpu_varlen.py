@@ -379,3 +379,23 @@ def test_lengths_on_the_gpu_through_the_compiled_op_and_on_a_side_stream():
     side.synchronize()
     torch.cuda.synchronize()
     assert _check(q, k, v, fresh, cupy.from_dlpack(out), False) < TOLERANCE
+
+
+def test_lengths_on_the_gpu_on_two_streams_at_once(on_two_streams_at_once):
+    """Calls of one launcher on two streams at once, each stream its own lengths and inputs:
+    each stream writes its own table and counter (a shared table would hand one stream's
+    launch the other's lengths), bit for bit the calls made one at a time."""
+    import torch
+    from wavefront import attention_varlen
+    from wavefront.kernel import launcher as kernel_launcher
+    kernel_launcher.clear_launcher_cache()
+    batches = []
+    for seed, lengths in ((61, [3000, 100, 9000, 4284]), (62, [16000, 10, 200, 174])):
+        q, k, v, bounds = _packed(lengths, 32, 8, 128, seed=seed)
+        batches.append((*_on_torch(q, k, v), _cu(bounds)))
+    alone, together = on_two_streams_at_once(
+        lambda q, k, v, cu: attention_varlen(q, k, v, cu, cu, causal=True,
+                                             schedule="dynamic+linear"), batches)
+    for want, outs in zip(alone, together):
+        for n, out in enumerate(outs):
+            assert torch.equal(out, want), f"call {n}"

@@ -250,10 +250,15 @@ class AttentionLauncher:
         self.current_stream = _stream_getter(q_view.library, q_view.device)
         self.new_output = _output_maker(q_view)
         self._table_writer = None  # cu_seqlens on the GPU: see _write_table_from_lengths
+        self._streams = {} if _writes_own_state(launch) else None  # see on_stream
 
     def __call__(self, q, k, v, out, stream, lse=None):
         """Launch on `stream`; `lse`: where to write the LSE (default: the launcher's own
         buffer, which the next launch overwrites)."""
+        if self._streams is not None:
+            own = self.on_stream(stream)
+            if own is not self:
+                return own(q, k, v, out, stream, lse)
         if lse is None:
             lse = self._lse_argument
         if self._table_built is not None:
@@ -279,15 +284,63 @@ class AttentionLauncher:
                 != (mine.problem, mine.cta, mine.kv, mine.ctas_per_sm)):
             raise ValueError("for_lengths takes a packed batch of this launcher's problem and "
                              "schedule, other lengths only")
+        other = self._copy(launch, {"num_items": launch.num_items})
+        other.grid = _grid(launch, self.cluster)
+        return other
+
+    def on_stream(self, stream) -> "AttentionLauncher":
+        """This launcher with state of its own for launches on `stream` (a raw handle, or a
+        torch or CuPy stream).
+
+        A launch writes to some of a launcher's buffers: the dynamic schedules' item counter,
+        the tiled schedules' partial states, a table written from lengths on the GPU. Two
+        streams launching one launcher at once would share them, and the launches would take
+        each other's work items (wrong outputs, seen on the H100 before this existed). So the
+        first stream a launcher meets uses its own buffers, and every other stream gets a copy
+        with buffers of its own, made the first time it calls (a work table built like the
+        first, on its own stream: the host does not wait). Launchers that write nothing (the
+        static schedules) are the same on every stream.
+
+        A stream being captured into a CUDA graph that has no copy yet does not get one (a
+        build inside a capture could not wait for its table): the graph uses the buffers of
+        the first stream, where the usual warm-up on a side stream made the launcher. Replay
+        such a graph and call eagerly on that first stream one after the other, not at once."""
+        if self._streams is None:
+            return self
+        handle = stream if type(stream) is int else _stream_handle(stream)
+        own = self._streams.get(handle)
+        if own is None:
+            own = self._own_for(handle)
+        return own
+
+    def _own_for(self, handle: int) -> "AttentionLauncher":
+        with _streams_lock:
+            if not self._streams:
+                return self._streams.setdefault(handle, self)
+        import cupy
+        if cupy.cuda.runtime.streamIsCapturing(handle):
+            return self
+        other = self._copy(self.launch, {})
+        other._streams = None
+        if self.tiled:
+            partial_args = _workspace(self.view, self.launch.n_chunks,
+                                      self.variant.partials_dtype)
+            other.partials = tuple(map(_array_of, partial_args))
+            other._bound_args = _rebound(other._bound_args, dict(
+                zip(("PartO", "PartM", "PartL"), partial_args)))
+        with _streams_lock:
+            return self._streams.setdefault(handle, other)
+
+    def _copy(self, launch, bound: dict) -> "AttentionLauncher":
+        """A copy of this launcher for `launch` (this one's problem and schedule) with a work
+        table of its own and `bound` arguments rebound; it shares everything else."""
         other = copy.copy(self)
         other.launch = launch
         other._table, other._table_built = _device_work_table(self.view, launch)
-        items = launch.num_items
-        other.grid = _grid(launch, self.cluster)
-        bound = list(self._bound_args)
-        for name, value in {**_table_arguments(other._table, items), "num_items": items}.items():
-            bound[BOUND_INDEX[name]] = value
-        other._bound_args = tuple(bound)
+        other._table_writer = None
+        other._streams = {} if self._streams is not None else None
+        other._bound_args = _rebound(self._bound_args, {
+            **_table_arguments(other._table, launch.num_items), **bound})
         return other
 
     @property
@@ -327,6 +380,20 @@ class AttentionLauncher:
                           dtype=np.int64)
         host -= host.min()
         return host[0::2], host[1::2]
+
+
+def _rebound(bound_args: tuple, values: dict) -> tuple:
+    """A launcher's bound arguments with some of them, by parameter name, replaced."""
+    bound = list(bound_args)
+    for name, value in values.items():
+        bound[BOUND_INDEX[name]] = value
+    return tuple(bound)
+
+
+def _writes_own_state(launch) -> bool:
+    """Whether a launch writes to its launcher's buffers (see `AttentionLauncher.on_stream`)."""
+    return (launch.cta.dynamic or launch.kv.writes_partials
+            or getattr(launch, "lengths_on_device", False))
 
 
 def _grid(launch, cluster: int) -> tuple[int, int, int]:
@@ -435,6 +502,7 @@ def resolve_config(q_shape, k_shape, causal: bool, schedule, tiles, occupancy,
 LAUNCHER_CACHE_SIZE = 64
 _launchers: OrderedDict = OrderedDict()
 _launchers_lock = threading.Lock()
+_streams_lock = threading.Lock()  # a launcher's copies for other streams (on_stream)
 # Packed batches are kept apart: a training or serving loop brings new lengths every call, and
 # in one cache with the dense shapes a model calls every step they would push those out (the
 # oldest entry goes first) and keep dozens of stale work tables on the GPU.
@@ -500,8 +568,8 @@ def attention(q, k, v, *, causal: bool = False, schedule: str | None = None,
     cache and only launch. What a call must not share with the next (the output, the LSE) is
     allocated per call; the launcher's own state does not change between launches (the dynamic
     schedules' counter is reset by the kernel), so a call can be captured in a CUDA graph once
-    its launcher exists. Calls of one shape on two streams at once would share the tiled
-    schedules' workspace: use one stream per shape, or `launcher_for` per stream."""
+    its launcher exists. Each stream that calls gets buffers of its own where a launch writes
+    any (`AttentionLauncher.on_stream`), so calls on two streams at once are safe."""
     return attention_positional(q, k, v, causal, schedule, tiles, occupancy, scale, return_lse,
                                 out, stream, l2_bytes, ctas, chunk_tiles, *lever_values(levers))
 
@@ -730,8 +798,8 @@ def _attention_varlen_on_gpu(q, k, v, cu_seqlens_q, cu_seqlens_k, *, causal, sch
     launcher = _cached_launcher(key, build, varlen=True)
     if stream is None:
         stream = launcher.current_stream()
-    _write_table_from_lengths(launcher, cu_seqlens_q, cu_seqlens_k, stream, q.shape[0],
-                              k.shape[0])
+    launcher = _write_table_from_lengths(launcher, cu_seqlens_q, cu_seqlens_k, stream,
+                                         q.shape[0], k.shape[0])
     return _launch_packed(launcher, q, q4, k4, v4, out, stream)
 
 
@@ -743,19 +811,19 @@ def _rows_bucket(rows: int) -> int:
 
 
 def _write_table_from_lengths(launcher, cu_seqlens_q, cu_seqlens_k, stream, rows_q: int,
-                              rows_k: int) -> None:
+                              rows_k: int) -> AttentionLauncher:
     """Write a `DeviceVarlenLaunch` launcher's table and item count from the lengths on the
     GPU and the packed rows of this call (`rows_q`, `rows_k`: the lengths are clamped to
-    them), on `stream` (the launch's), with torch: nothing is read back.
+    them), on `stream` (the launch's), with torch: nothing is read back. -> the launcher's
+    copy for `stream` (`AttentionLauncher.on_stream`), whose table this wrote.
 
     The writing is a hundred to two hundred small torch operations (by the order), which run
     eagerly cost 1.3-1.4 ms of host time a call on the H100 host. So the launcher's first
     call outside a graph capture records them once in a CUDA graph of its own, reading
     buffers of the launcher's, and later calls copy the lengths and rows into those and
     replay it: a first call waits for the GPU once (the capture synchronises). Inside the
-    caller's own capture the operations are recorded into the caller's graph instead. Like
-    the tiled schedules' workspace, the table and those buffers are the launcher's: calls of
-    one launcher on two streams at once would share them."""
+    caller's own capture the operations are recorded into the caller's graph instead. The
+    table and those buffers are the stream's own copy's, made on that stream."""
     import torch
 
     import wavefront.kernel.torch_arrays  # noqa: F401  (the formulas' operations on torch)
@@ -763,9 +831,10 @@ def _write_table_from_lengths(launcher, cu_seqlens_q, cu_seqlens_k, stream, rows
     on_stream = (contextlib.nullcontext() if handle == launcher.current_stream() else
                  torch.cuda.stream(torch.cuda.ExternalStream(handle)))
     with on_stream:
+        launcher = launcher.on_stream(handle)
         if torch.cuda.is_current_stream_capturing():
             _table_from_lengths(launcher, cu_seqlens_q, cu_seqlens_k, rows_q, rows_k)
-            return
+            return launcher
         if launcher._table_writer is None:
             device = cu_seqlens_q.device
             staged = (torch.empty(cu_seqlens_q.shape, dtype=torch.int64, device=device),
@@ -778,10 +847,11 @@ def _write_table_from_lengths(launcher, cu_seqlens_q, cu_seqlens_k, stream, rows
             with torch.cuda.graph(graph):
                 _table_from_lengths(launcher, *arguments)
             launcher._table_writer = graph, staged
-            return
+            return launcher
         graph, staged = launcher._table_writer
         _stage(staged, cu_seqlens_q, cu_seqlens_k, rows_q, rows_k)
         graph.replay()
+    return launcher
 
 
 def _stage(staged, cu_seqlens_q, cu_seqlens_k, rows_q: int, rows_k: int) -> None:
