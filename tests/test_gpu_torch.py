@@ -199,9 +199,11 @@ def test_two_streams_at_once_keep_their_own_work(schedule, causal, on_two_stream
     for want, outs in zip(alone, together):
         for n, out in enumerate(outs):
             assert torch.equal(out, want), f"call {n}"
+    # The launcher itself on the stream of the calls made alone, a copy for each side stream.
     (launcher,) = kernel_launcher._launchers.values()
-    tables = {own._table.data.ptr for own in launcher._streams.values()}
-    assert len(launcher._streams) == len(tables) == 3  # the first stream's and two side ones'
+    owns = [launcher, *launcher._streams.values()]
+    assert len(launcher._launched_on) == 1 and len(launcher._streams) == 2
+    assert len({own._table.data.ptr for own in owns}) == 3
 
 
 def test_a_static_schedule_is_one_launcher_on_every_stream():
@@ -216,9 +218,40 @@ def test_a_static_schedule_is_one_launcher_on_every_stream():
     side = torch.cuda.Stream()
     with torch.cuda.stream(side):
         out = wavefront.attention(q, k, v, schedule="persistent+linear")
-    assert launcher._streams is None and launcher.on_stream(side) is launcher
+    assert launcher.on_stream(side) is launcher and not launcher._streams
+    assert len(launcher._launched_on) == 2
     side.synchronize()
     assert _error(out, _reference(q, k, v, False)) < TOLERANCE
+
+
+@pytest.mark.parametrize("dropped_by", ["no cache key", "eviction"])
+def test_a_dropped_launcher_keeps_its_buffers_until_its_launches_are_done(dropped_by,
+                                                                           monkeypatch):
+    """Launchers dropped while their launches are still queued (the stream held back by a
+    sleep): made for one call that cannot be cached (tiles given as a list), or evicted from
+    a cache of two by four configurations of one shape, whose tables are the same size. Each
+    call bit for bit the same call made alone: a table's memory must not go to the next
+    table built before the launch that reads it has run. (Let go at once, 9 of 12 such calls
+    came out wrong on the H100.)"""
+    import wavefront
+    from wavefront.kernel import launcher as kernel_launcher
+    q, k, v = _inputs(80, batch=2, heads=16, kv_heads=16, seqlen=4096, head_dim=128)
+    configs = [(causal, schedule) for schedule in ("persistent+linear", "persistent+sawtooth")
+               for causal in (False, True)]
+    tiles = [128, 128] if dropped_by == "no cache key" else "128x128"
+    if dropped_by == "eviction":
+        monkeypatch.setattr(kernel_launcher, "LAUNCHER_CACHE_SIZE", 2)
+    kernel_launcher.clear_launcher_cache()
+
+    def call(causal, schedule):
+        return wavefront.attention(q, k, v, causal=causal, schedule=schedule, tiles=tiles)
+    alone = [call(*config) for config in configs]
+    torch.cuda.synchronize()
+    torch.cuda._sleep(1_000_000_000)  # about half a second: every launch below waits behind it
+    queued = [call(*config) for _ in range(3) for config in configs]
+    torch.cuda.synchronize()
+    for n, out in enumerate(queued):
+        assert torch.equal(out, alone[n % len(configs)]), f"call {n}"
 
 
 @pytest.mark.parametrize("causal", [False, True])

@@ -13,7 +13,8 @@ import dataclasses
 import functools
 import math
 import threading
-from collections import OrderedDict
+import weakref
+from collections import OrderedDict, deque
 from dataclasses import dataclass
 
 import cuda.tile as ct
@@ -250,12 +251,24 @@ class AttentionLauncher:
         self.current_stream = _stream_getter(q_view.library, q_view.device)
         self.new_output = _output_maker(q_view)
         self._table_writer = None  # cu_seqlens on the GPU: see _write_table_from_lengths
-        self._streams = {} if _writes_own_state(launch) else None  # see on_stream
+        self._writes_state = _writes_own_state(launch)
+        import cupy
+        self.capturing = cupy.cuda.runtime.streamIsCapturing  # of a stream handle
+        self._keep([self._table, *self.partials, self.lse, self.order])
+
+    def _keep(self, buffers: list) -> None:
+        """Own `buffers` (GPU arrays of this launcher's) and launch on no stream yet: when the
+        launcher is dropped, they are kept until every launch it queued is done."""
+        self._buffers = buffers
+        self._launched_on: set = set()  # stream handles this launcher launches on (on_stream)
+        self._streams: dict = {}  # stream handle -> this launcher's copy for it (on_stream)
+        weakref.finalize(self, _release_when_done, buffers, self._launched_on,
+                         self.view.device).atexit = False
 
     def __call__(self, q, k, v, out, stream, lse=None):
         """Launch on `stream`; `lse`: where to write the LSE (default: the launcher's own
         buffer, which the next launch overwrites)."""
-        if self._streams is not None:
+        if type(stream) is not int or stream not in self._launched_on:
             own = self.on_stream(stream)
             if own is not self:
                 return own(q, k, v, out, stream, lse)
@@ -289,58 +302,66 @@ class AttentionLauncher:
         return other
 
     def on_stream(self, stream) -> "AttentionLauncher":
-        """This launcher with state of its own for launches on `stream` (a raw handle, or a
-        torch or CuPy stream).
+        """The launcher that launches on `stream` (a raw handle, or a torch or CuPy stream):
+        this one, or a copy of it with buffers of its own.
 
         A launch writes to some of a launcher's buffers: the dynamic schedules' item counter,
         the tiled schedules' partial states, a table written from lengths on the GPU. Two
-        streams launching one launcher at once would share them, and the launches would take
-        each other's work items (wrong outputs, seen on the H100 before this existed). So the
-        first stream a launcher meets uses its own buffers, and every other stream gets a copy
-        with buffers of its own, made the first time it calls (a work table built like the
-        first, on its own stream: the host does not wait). Launchers that write nothing (the
-        static schedules) are the same on every stream.
+        streams launching one launcher at once shared them, and took each other's work items
+        (wrong outputs on the H100: `data/queued_calls/`). So the first stream a launcher
+        meets uses its buffers, and every other stream gets a copy with buffers of its own,
+        made the first time it calls (a work table built like the first, on its own stream:
+        the host does not wait). Launchers that write nothing (the static schedules) serve
+        every stream themselves. Either way the launcher learns the streams it launches on,
+        for `_release_when_done`.
 
-        A stream being captured into a CUDA graph that has no copy yet does not get one (a
-        build inside a capture could not wait for its table): the graph uses the buffers of
-        the first stream, where the usual warm-up on a side stream made the launcher. Replay
-        such a graph and call eagerly on that first stream one after the other, not at once."""
-        if self._streams is None:
-            return self
+        A stream being captured into a CUDA graph gets no copy (a build inside a capture could
+        not wait for its table): the graph uses this launcher's buffers, those of the first
+        stream, where the usual warm-up on a side stream made the launcher. Replay such a graph
+        and call eagerly on that first stream one after the other, not at once. (A graph keeps
+        the buffers' addresses for as long as it lives: the public call keeps a launcher it
+        launched into a capture for good, `_in_graphs`.)"""
         handle = stream if type(stream) is int else _stream_handle(stream)
+        if handle in self._launched_on:
+            return self
         own = self._streams.get(handle)
-        if own is None:
-            own = self._own_for(handle)
-        return own
+        return self._own_for(handle) if own is None else own
 
     def _own_for(self, handle: int) -> "AttentionLauncher":
-        with _streams_lock:
-            if not self._streams:
-                return self._streams.setdefault(handle, self)
         import cupy
         if cupy.cuda.runtime.streamIsCapturing(handle):
             return self
+        with _streams_lock:
+            if handle in self._launched_on:
+                return self
+            if handle in self._streams:
+                return self._streams[handle]
+            if not (self._writes_state and self._launched_on):
+                self._launched_on.add(handle)
+                return self
         other = self._copy(self.launch, {})
-        other._streams = None
         if self.tiled:
             partial_args = _workspace(self.view, self.launch.n_chunks,
                                       self.variant.partials_dtype)
             other.partials = tuple(map(_array_of, partial_args))
+            other._buffers.extend(other.partials)
             other._bound_args = _rebound(other._bound_args, dict(
                 zip(("PartO", "PartM", "PartL"), partial_args)))
+        other._launched_on.add(handle)
         with _streams_lock:
             return self._streams.setdefault(handle, other)
 
     def _copy(self, launch, bound: dict) -> "AttentionLauncher":
         """A copy of this launcher for `launch` (this one's problem and schedule) with a work
-        table of its own and `bound` arguments rebound; it shares everything else."""
+        table of its own and `bound` arguments rebound; it shares everything else, and has
+        launched nowhere yet."""
         other = copy.copy(self)
         other.launch = launch
         other._table, other._table_built = _device_work_table(self.view, launch)
         other._table_writer = None
-        other._streams = {} if self._streams is not None else None
         other._bound_args = _rebound(self._bound_args, {
             **_table_arguments(other._table, launch.num_items), **bound})
+        other._keep([other._table])
         return other
 
     @property
@@ -602,6 +623,8 @@ def attention_positional(q, k, v, causal, schedule, tiles, occupancy, scale, ret
     out = launcher.new_output(q) if out is None else _checked_output(view, out)
     if stream is None:
         stream = launcher.current_stream()
+    if launcher.capturing(stream if type(stream) is int else _stream_handle(stream)):
+        _in_graphs[id(launcher)] = launcher
     lse = _empty(view, view.shape[:3], "float32") if launcher.return_lse else None
     return launcher(q, k, v, out, stream, lse)
 
@@ -740,6 +763,8 @@ def _launch_packed(launcher, q, q4, k4, v4, out, stream):
                              f"{view.dtype}, got {vo.shape} {vo.dtype}")
     if stream is None:
         stream = launcher.current_stream()
+    if launcher.capturing(stream if type(stream) is int else _stream_handle(stream)):
+        _in_graphs[id(launcher)] = launcher
     lse = _empty(view, (1, heads, total_q), "float32") if launcher.return_lse else None
     if launcher.launch.num_items:
         launcher(q4, k4, v4, _packed_as_4d("out", out), stream, lse)
@@ -847,6 +872,7 @@ def _write_table_from_lengths(launcher, cu_seqlens_q, cu_seqlens_k, stream, rows
             with torch.cuda.graph(graph):
                 _table_from_lengths(launcher, *arguments)
             launcher._table_writer = graph, staged
+            launcher._buffers.append(launcher._table_writer)
             return launcher
         graph, staged = launcher._table_writer
         _stage(staged, cu_seqlens_q, cu_seqlens_k, rows_q, rows_k)
@@ -908,11 +934,18 @@ _EVENT_WAIT_EXTERNAL = 1
 # Table events that a captured graph waits on: never destroyed, since a graph can be replayed
 # after its launcher is gone (one per launcher captured before its table was known done).
 _waited_on_in_graphs: list = []
-# (event, pinned host buffer) of each varlen table copy: the buffer is kept until its copy is
-# done, whatever happens to the launcher meanwhile (CuPy's pinned pool would hand a freed
-# buffer to the next copy while the GPU still reads it).
-_pending_copies: list = []
-_pending_copies_lock = threading.Lock()
+# (events, buffers): buffers kept until the GPU is done with them, which those events say. A
+# varlen table's pinned host copy (CuPy's pinned pool would hand a freed buffer to the next
+# copy while the GPU still reads it), and a dropped launcher's GPU buffers
+# (`_release_when_done`). A deque, appended to by finalizers, which run inside whatever code
+# drops a launcher: no lock.
+_kept: deque = deque()
+# Cached launchers that the public call launched into a CUDA graph capture, by id: kept for
+# good. A graph replays its launches on the launcher's buffers for as long as it lives, and
+# no one tells us when that ends; were the launcher evicted from the cache, its buffers would
+# go (after its launches so far, `_release_when_done`) while later replays still read them.
+# Checking each call for a capture costs 0.4 us on the H100 host (cudaStreamIsCapturing).
+_in_graphs: dict = {}
 
 
 def _table_stream(device: int):
@@ -955,7 +988,7 @@ def _device_work_table(vq: _ArrayView, launch):
         built = cupy.cuda.Event(disable_timing=True)  # an ordering point, never timed
         built.record(stream)
     if launch.varlen:
-        _keep_until_done(built, pinned)
+        _keep_until_done((built,), pinned)
     return table, built
 
 
@@ -976,11 +1009,36 @@ def _copy_from_pinned(launch, stream):
     return table, pinned
 
 
-def _keep_until_done(event, buffer) -> None:
-    """Keep `buffer` until `event` is done, and let go of those whose copies are."""
-    with _pending_copies_lock:
-        _pending_copies[:] = [(e, b) for e, b in _pending_copies if not e.done]
-        _pending_copies.append((event, buffer))
+def _keep_until_done(events, buffers) -> None:
+    """Keep `buffers` until every one of `events` (CuPy events) is done, and let go of those
+    kept whose events are."""
+    for _ in range(len(_kept)):
+        try:
+            kept = _kept.popleft()
+        except IndexError:  # another thread took the last
+            break
+        if not all(event.done for event in kept[0]):
+            _kept.append(kept)
+    _kept.append((events, buffers))
+
+
+def _release_when_done(buffers, handles, device: int) -> None:
+    """A launcher dropped (evicted from the cache, or made for one call that could not be
+    cached): keep its GPU buffers until the launches it queued on each of its streams
+    (`handles`) are done. Let go at once, a work table's memory went back to CuPy's pool of
+    the table stream, and the next table built there took it while a launch still queued on
+    the caller's stream had yet to read it: 9 of 12 calls came out wrong on the H100
+    (`data/queued_calls/`)."""
+    if not handles:
+        return  # it never launched: nothing queued reads its buffers
+    import cupy
+    events = []
+    with cupy.cuda.Device(device):
+        for handle in tuple(handles):
+            event = cupy.cuda.Event(disable_timing=True)
+            cupy.cuda.runtime.eventRecord(event.ptr, handle)
+            events.append(event)
+    _keep_until_done(events, buffers)
 
 
 def _stream_handle(stream) -> int:
