@@ -254,6 +254,35 @@ def test_a_dropped_launcher_keeps_its_buffers_until_its_launches_are_done(droppe
         assert torch.equal(out, alone[n % len(configs)]), f"call {n}"
 
 
+def test_a_launcher_in_a_graph_outlives_its_eviction(monkeypatch):
+    """A call captured on the stream it was warmed up on, its launcher then evicted from a
+    cache of one by five other configurations of the shape (tables of the same size, built
+    where the evicted one's memory would go): the graph's replay must still read its own
+    table, bit for bit the eager call."""
+    import wavefront
+    from wavefront.kernel import launcher as kernel_launcher
+    monkeypatch.setattr(kernel_launcher, "LAUNCHER_CACHE_SIZE", 1)
+    kernel_launcher.clear_launcher_cache()
+    static = _inputs(90, batch=2, heads=16, kv_heads=16, seqlen=2048, head_dim=128)
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        eager = wavefront.attention(*static, schedule="persistent+linear")
+    stream.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, stream=stream):
+        captured = wavefront.attention(*static, schedule="persistent+linear")
+    for causal, schedule in [(True, "persistent+linear"), (False, "persistent+sawtooth"),
+                             (True, "persistent+sawtooth"), (False, "grouped+linear"),
+                             (True, "grouped+linear")]:
+        wavefront.attention(*static, causal=causal, schedule=schedule)
+    torch.cuda.synchronize()
+    captured.fill_(float("nan"))
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(captured, eager)
+
+
 @pytest.mark.parametrize("causal", [False, True])
 def test_sdpa_entry_point_matches_torch(causal):
     import wavefront.torch as wft
