@@ -283,6 +283,62 @@ def test_a_launcher_in_a_graph_outlives_its_eviction(monkeypatch):
     assert torch.equal(captured, eager)
 
 
+def test_reduce_overhead_compile_replays_equal_eager():
+    """`torch.compile(mode="reduce-overhead")`, how torch users put a model in CUDA graphs
+    (CUDA graph trees: warm-up runs, a recording, then replays), with the op between two
+    torch operations: each call bit for bit the eager call, over several fresh inputs."""
+    import torch._dynamo
+
+    import wavefront.torch  # noqa: F401  (registers torch.ops.wavefront.attention)
+
+    def block(q, k, v):
+        return torch.ops.wavefront.attention(q * 2.0, k, v, True, None, None, None) + 1.0
+    torch._dynamo.reset()
+    compiled = torch.compile(block, mode="reduce-overhead")
+    with torch.no_grad():
+        for seed in range(5):
+            q, k, v = _inputs(100 + seed)
+            got = compiled(q, k, v).clone()  # a replay's output is overwritten by the next
+            want = block(q, k, v)
+            torch.cuda.synchronize()
+            assert torch.equal(got, want), seed
+    assert _error(got - 1.0, _reference(q * 2.0, k, v, True)) < TOLERANCE
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two GPUs")
+def test_tensors_on_a_gpu_other_than_the_current_one():
+    """Layers split across GPUs in one process (device_map="auto"): tensors on cuda:1 while
+    the current device is cuda:0. Dense (a static and a dynamic schedule) and packed (host and
+    GPU cu_seqlens) calls, on the tensors' GPU, right."""
+    import wavefront
+    from wavefront.kernel import launcher as kernel_launcher
+    kernel_launcher.clear_launcher_cache()
+    torch.cuda.set_device(0)
+    other = torch.device("cuda", 1)
+    q, k, v = (x.to(other) for x in _inputs(110))
+    for schedule in ("persistent+linear", "dynamic+linear"):
+        out = wavefront.attention(q, k, v, causal=True, schedule=schedule)
+        assert out.device == other
+        torch.cuda.synchronize(other)
+        assert _error(out, _reference(q, k, v, True)) < TOLERANCE, schedule
+    lengths = [700, 1, 300, 1000]
+    bounds = [0]
+    for n in lengths:
+        bounds.append(bounds[-1] + n)
+    g = torch.Generator(device=other).manual_seed(111)
+    packed = [torch.randn(bounds[-1], heads, 64, device=other, dtype=torch.bfloat16,
+                          generator=g) for heads in (4, 2, 2)]
+    for cu in (bounds, torch.tensor(bounds, dtype=torch.int32, device=other)):
+        out = wavefront.attention_varlen(*packed, cu, cu, causal=True)
+        torch.cuda.synchronize(other)
+        assert out.device == other
+        for a, b in zip(bounds, bounds[1:]):
+            q1, k1, v1 = (x[a:b].transpose(0, 1)[None] for x in packed)
+            want = _reference(q1, k1, v1, True)
+            assert _error(out[a:b].transpose(0, 1)[None], want) < TOLERANCE, (type(cu), a, b)
+    assert torch.cuda.current_device() == 0
+
+
 @pytest.mark.parametrize("causal", [False, True])
 def test_sdpa_entry_point_matches_torch(causal):
     import wavefront.torch as wft

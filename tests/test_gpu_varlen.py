@@ -399,3 +399,32 @@ def test_lengths_on_the_gpu_on_two_streams_at_once(on_two_streams_at_once):
     for want, outs in zip(alone, together):
         for n, out in enumerate(outs):
             assert torch.equal(out, want), f"call {n}"
+
+
+def test_lengths_on_the_gpu_under_reduce_overhead_compile():
+    """The varlen op with cu_seqlens on the GPU in `torch.compile(mode="reduce-overhead")`
+    (CUDA graph trees: warm-up runs, a recording, then replays with the new lengths copied in):
+    each call bit for bit the eager call, for lengths that change call by call."""
+    import torch
+    import torch._dynamo
+
+    import wavefront.torch  # noqa: F401  (registers torch.ops.wavefront.attention_varlen)
+    q, k, v, first = _packed(LENGTHS, 4, 2, 64, seed=53)
+    tq, tk, tv = _on_torch(q, k, v)
+    longest = q.shape[0]
+
+    def step(q, k, v, cu):
+        out = torch.ops.wavefront.attention_varlen(q * 2.0, k, v, cu, cu, longest, longest,
+                                                   True, None, None, None)
+        return out + 1.0
+    torch._dynamo.reset()
+    compiled = torch.compile(step, mode="reduce-overhead")
+    total = q.shape[0]
+    with torch.no_grad():
+        for n, bounds in enumerate([first, [0, 5, 900, 901, 1500, 3000, 3001, 5600, total],
+                                    [0, 1, 2, 3, 4, 5, 6, 7, total], first, first]):
+            cu = _cu(bounds)
+            got = compiled(tq, tk, tv, cu).clone()
+            want = step(tq, tk, tv, cu)
+            torch.cuda.synchronize()
+            assert torch.equal(got, want), n

@@ -178,7 +178,7 @@ def _stand_in(vq: _ArrayView, name: str, shape: tuple, dtype: str):
     key = (vq.library, vq.device, name, shape, dtype)
     found = _stand_ins.get(key)
     if found is None:
-        found = _stand_ins.setdefault(key, _described(_empty(vq, shape, dtype), dtype))
+        found = _stand_ins.setdefault(key, _described(_owned(vq, shape, dtype), dtype))
     return found
 
 
@@ -217,7 +217,8 @@ class AttentionLauncher:
         # cuTile needs an array for every parameter: shared 1-element stand-ins for those this
         # launch does not use (the LSE when not asked, the partial states when not tiled).
         if return_lse:
-            self._lse_argument = _empty(q_view, (p.batch, p.heads, p.seqlen_q), "float32")
+            self._lse_argument = _in_library(q_view, _owned(
+                q_view, (p.batch, p.heads, p.seqlen_q), "float32"))
         else:
             self._lse_argument = _stand_in(q_view, "Lse", (1, 1, 1), "float32")
         self.lse = _array_of(self._lse_argument)
@@ -233,7 +234,8 @@ class AttentionLauncher:
         self._table, self._table_built = _device_work_table(q_view, launch)
         items = launch.num_items
         # [counter, (start, end) ticket per work item]; zeroed once, never reset (see tickets).
-        order = (_described(_zeros(q_view, 1 + 2 * launch.num_items, "int32"), "int32")
+        order = (_described(_owned(q_view, 1 + 2 * launch.num_items, "int32", zeroed=True),
+                            "int32")
                  if record_order else _stand_in(q_view, "Order", (1,), "int32"))
         self.order = _array_of(order)
         scalars = {"qk_scale_log2": float(scale * LOG2_E), "num_items": launch.num_items,
@@ -861,10 +863,9 @@ def _write_table_from_lengths(launcher, cu_seqlens_q, cu_seqlens_k, stream, rows
             _table_from_lengths(launcher, cu_seqlens_q, cu_seqlens_k, rows_q, rows_k)
             return launcher
         if launcher._table_writer is None:
-            device = cu_seqlens_q.device
-            staged = (torch.empty(cu_seqlens_q.shape, dtype=torch.int64, device=device),
-                      torch.empty(cu_seqlens_k.shape, dtype=torch.int64, device=device),
-                      torch.empty(2, dtype=torch.int64, device=device))
+            view = launcher.view
+            staged = tuple(_in_library(view, _owned(view, shape, "int64")) for shape in (
+                tuple(cu_seqlens_q.shape), tuple(cu_seqlens_k.shape), (2,)))
             _stage(staged, cu_seqlens_q, cu_seqlens_k, rows_q, rows_k)
             arguments = staged[0], staged[1], staged[2][0], staged[2][1]
             _table_from_lengths(launcher, *arguments)  # this call's table, and a warm-up
@@ -918,14 +919,25 @@ def _torch_device(index: int):
     return torch.device("cuda", index)
 
 
-def _zeros(vq: _ArrayView, shape, dtype: str):
-    """A zeroed array of q's library on q's device (each library's own zeros: a memset)."""
+def _owned(vq: _ArrayView, shape, dtype: str, zeroed: bool = False):
+    """A buffer of a launcher's own on q's device: a CuPy array, whatever q's library
+    (cuTile takes either). Not torch's: its allocator would put a launcher made while
+    torch.compile's CUDA graphs warm a model up (`mode="reduce-overhead"`) into their memory
+    pool, whose recording then fails on tensors it does not track ("Detected 5 tensor(s) in
+    the cudagraph pool not tracked as outputs", on the H100: the five stand-ins)."""
+    import cupy
+    import ml_dtypes  # noqa: F401  (registers bfloat16 with NumPy/CuPy)
+    with cupy.cuda.Device(vq.device):
+        return (cupy.zeros if zeroed else cupy.empty)(shape, dtype=dtype)
+
+
+def _in_library(vq: _ArrayView, array):
+    """A CuPy array of a launcher's own as q's library sees it (torch: a view, by DLPack), for
+    the buffers torch operations write or a caller is handed."""
     if vq.library == "torch":
         import torch
-        return torch.zeros(shape, dtype=getattr(torch, dtype), device=_torch_device(vq.device))
-    import cupy
-    with cupy.cuda.Device(vq.device):
-        return cupy.zeros(shape, dtype=dtype)
+        return torch.from_dlpack(array)
+    return array
 
 
 _table_streams: dict = {}
@@ -977,7 +989,8 @@ def _device_work_table(vq: _ArrayView, launch):
                  else cupy.cuda.Device(vq.device))
     if getattr(launch, "lengths_on_device", False):
         # Written by each call, on its stream (`_write_table_from_lengths`).
-        return _zeros(vq, (launch.num_items + 1, WORK_COLUMNS), "int32"), None
+        return _in_library(vq, _owned(vq, (launch.num_items + 1, WORK_COLUMNS), "int32",
+                                      zeroed=True)), None
     with on_device:
         stream = _table_stream(vq.device)
         with stream:  # the table's memory too belongs to this stream (CuPy's pool)
@@ -1059,7 +1072,7 @@ def _workspace(vq, n_chunks, output_dtype="float32"):
     b, h, s, d = vq.shape
     shapes = [(n_chunks * b, h, s, d), (n_chunks * b, h, s), (n_chunks * b, h, s)]
     dtypes = (output_dtype, "float32", "float32")
-    return tuple(_described(_empty(vq, sh, dt), dt) for sh, dt in zip(shapes, dtypes))
+    return tuple(_described(_owned(vq, sh, dt), dt) for sh, dt in zip(shapes, dtypes))
 
 
 def current_stream(library, device=None):
