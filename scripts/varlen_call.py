@@ -21,7 +21,11 @@ the host, checked) against CUDA int32 tensors (table written on the GPU from the
 back), one call of each per round in random order; then the GPU ms per call of each, ten calls
 with one batch (the host path's launcher cached, the GPU path writing its table every call).
 
-    python scripts/varlen_call.py --gpu-lengths [--causal]
+    python scripts/varlen_call.py --gpu-lengths [--causal] [--vary-sequences 9]
+
+`--vary-sequences LOW`: each call of `--gpu-lengths` brings a number of sequences drawn from
+LOW to `--sequences` as well as new lengths (a serving loop's batch changes call by call); the
+printout says how many launchers the GPU path built.
 """
 import argparse
 import random
@@ -79,7 +83,9 @@ def gpu_lengths(args, q, k, v, bounds_of):
     for _ in range(args.rounds):
         for busy in (False, True):
             for path in random.sample(paths, len(paths)):
-                cu = as_argument(bounds_of(next(seeds)), path)
+                sequences = (random.randint(args.vary_sequences, args.sequences)
+                             if args.vary_sequences else args.sequences)
+                cu = as_argument(bounds_of(next(seeds), sequences), path)
                 torch.cuda.synchronize()
                 if busy:
                     torch.cuda._sleep(cycles)
@@ -102,8 +108,10 @@ def gpu_lengths(args, q, k, v, bounds_of):
         gpu_ms[path] = runs
     # The GPU path's table writing alone: its launcher's graph, replayed.
     from wavefront.kernel import launcher as kernel_launcher
-    (writer,) = [made._table_writer[0] for made in kernel_launcher._varlen_launchers.values()
-                 if made._table_writer is not None]
+    writers = [made._table_writer[0] for made in kernel_launcher._varlen_launchers.values()
+               if made._table_writer is not None]
+    print(f"launchers with their table written on the GPU, built by then: {len(writers)}")
+    writer = writers[-1]
     writes = []
     for _ in range(5):
         start.record()
@@ -143,6 +151,9 @@ def main():
     parser.add_argument("--rounds", type=int, default=15)
     parser.add_argument("--busy-ms", type=float, default=30.0)
     parser.add_argument("--causal", action="store_true")
+    parser.add_argument("--vary-sequences", type=int, default=0, metavar="LOW",
+                        help="--gpu-lengths: each call's number of sequences from LOW to "
+                             "--sequences")
     parser.add_argument("--gpu-lengths", action="store_true",
                         help="this tree alone: cu_seqlens as host lists against CUDA tensors")
     args = parser.parse_args()

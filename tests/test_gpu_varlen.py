@@ -428,3 +428,22 @@ def test_lengths_on_the_gpu_under_reduce_overhead_compile():
             want = step(tq, tk, tv, cu)
             torch.cuda.synchronize()
             assert torch.equal(got, want), n
+
+
+def test_lengths_on_the_gpu_of_other_sequence_counts_share_a_launcher():
+    """Calls of 3, 8 and 5 sequences (one bucket of 8) through one launcher, the sequences a
+    call lacks padded as empty ones: each right."""
+    import cupy
+    import torch
+
+    from wavefront import attention_varlen
+    from wavefront.kernel import launcher as kernel_launcher
+    q, k, v, every = _packed(LENGTHS, 4, 2, 64, seed=57)
+    tq, tk, tv = _on_torch(q, k, v)
+    total = q.shape[0]
+    kernel_launcher.clear_launcher_cache()
+    for bounds in ([0, 1000, 1001, total], every, [0, 5, 700, 701, 4000, total]):
+        out = torch.full_like(tq, float("nan"))
+        attention_varlen(tq, tk, tv, _cu(bounds), _cu(bounds), causal=True, out=out)
+        assert _check(q, k, v, bounds, cupy.from_dlpack(out), True) < TOLERANCE, bounds
+    assert len(kernel_launcher._varlen_launchers) == 1

@@ -367,7 +367,8 @@ def test_a_table_from_lengths_on_the_device_is_the_hosts_table_then_padding(cta_
     reading them: its first rows, as many as it counts, are `VarlenLaunch`'s table for the
     same lengths, in as many rows as the packed rows could need; the rest are padding,
     whatever the lengths. On NumPy arrays and on (CPU) torch tensors: the GPU runs the torch
-    code on CUDA tensors."""
+    code on CUDA tensors. The device launch is made for as many sequences or more (the call
+    pads cu_seqlens to a launcher's bucket with empty sequences), and the table is the same."""
     from wavefront.schedules import DeviceVarlenLaunch, VarlenLaunch, fill_rows
     as_library = np.asarray
     if library == "torch":
@@ -391,9 +392,10 @@ def test_a_table_from_lengths_on_the_device_is_the_hosts_table_then_padding(cta_
                          ctas_per_sm=2, l2_bytes=rng.choice([1 << 16, 1 << 19, 1 << 22]),
                          ctas=rng.choice([None, 3, 7]))
         host = VarlenLaunch(p, tuple(lengths_q), tuple(lengths_kv), **placement)
-        device = DeviceVarlenLaunch(p, n, **placement)
-        cu_q, cu_kv = (np.concatenate([[0], np.cumsum(x)]).astype(np.int32)
-                       for x in (lengths_q, lengths_kv))
+        bucket = n + rng.choice([0, 0, 1, 7])
+        device = DeviceVarlenLaunch(p, bucket, **placement)
+        cu_q, cu_kv = (np.concatenate([[0], np.cumsum(x), [sum(x)] * (bucket - n)])
+                       .astype(np.int32) for x in (lengths_q, lengths_kv))
         columns, count = device.table_columns(as_library(cu_q), as_library(cu_kv))
         table = np.empty((device.num_items, 16), dtype=np.int32)
         fill_rows(table, [np.asarray(c) for c in columns])

@@ -119,6 +119,20 @@ def test_packed_batches_do_not_push_the_dense_launchers_out():
     assert not L._launchers and not L._varlen_launchers
 
 
+def test_a_packed_batch_launcher_in_use_outlives_one_off_ones():
+    """Among packed batches the least recently used launcher goes first: a loop's launcher
+    (lengths on the GPU, one launcher for every call) called between one-off launchers (host
+    lengths, new every call) stays cached, however many one-offs pass."""
+    from wavefront.kernel import launcher as L
+    L.clear_launcher_cache()
+    loop = L._cached_launcher(("loop",), object, varlen=True)
+    for n in range(3 * L.VARLEN_LAUNCHER_CACHE_SIZE):
+        L._cached_launcher(("one-off", n), object, varlen=True)
+        assert L._cached_launcher(("loop",), object, varlen=True) is loop
+    assert len(L._varlen_launchers) == L.VARLEN_LAUNCHER_CACHE_SIZE
+    L.clear_launcher_cache()
+
+
 def test_the_public_call_allocates_a_contiguous_output_whatever_q_strides():
     """What the fake implementation promises torch.compile: a contiguous output of q's shape
     and dtype, also for a q whose heads and sequence are transposed in memory."""
@@ -129,3 +143,20 @@ def test_the_public_call_allocates_a_contiguous_output_whatever_q_strides():
         view = _ArrayView("torch", tuple(q.shape), "bfloat16", 0, tuple(q.stride()))
         out = _output_maker(view)(q)
         assert out.is_contiguous() and out.shape == q.shape and out.dtype == q.dtype
+
+
+def test_gpu_lengths_are_padded_to_the_launchers_bucket_of_sequences():
+    """A launcher with cu_seqlens on the GPU serves a bucket of sequence counts: a call with
+    fewer sequences is padded with empty ones (the last bound repeated), by `_padded` inside a
+    caller's capture and by `_stage` into the table writer's inputs alike."""
+    from wavefront.kernel.launcher import _padded, _sequences_bucket, _stage
+    assert [_sequences_bucket(n) for n in (1, 8, 9, 16, 17, 100)] == [8, 8, 16, 16, 32, 128]
+    cu = torch.tensor([0, 3, 3, 10], dtype=torch.int32)
+    assert _padded(cu, 4) is cu
+    assert _padded(cu, 7).tolist() == [0, 3, 3, 10, 10, 10, 10]
+    staged = (torch.full((7,), -1, dtype=torch.int64), torch.full((7,), -1, dtype=torch.int64),
+              torch.zeros(2, dtype=torch.int64))
+    _stage(staged, cu, cu + 1, 10, 12)
+    assert staged[0].tolist() == _padded(cu, 7).tolist()
+    assert staged[1].tolist() == _padded(cu + 1, 7).tolist()
+    assert staged[2].tolist() == [10, 12]

@@ -636,11 +636,18 @@ def _cached_launcher(key, build, varlen: bool = False) -> AttentionLauncher:
     (packed batches in a cache of their own).
 
     A hit is one dictionary read (atomic under the interpreter lock, so no lock of ours on
-    the hot path); inserting and evicting take the lock. The oldest entry goes first."""
+    the hot path); inserting and evicting take the lock. The oldest entry goes first; among
+    packed batches the least recently used, so that a loop's launcher with lengths on the GPU
+    outlives the one-off launchers of host lengths that come and go beside it (a hit there
+    costs the lock too: microseconds of a call of hundreds)."""
     cache, size = ((_varlen_launchers, VARLEN_LAUNCHER_CACHE_SIZE) if varlen else
                    (_launchers, LAUNCHER_CACHE_SIZE))
     key, launcher = _cached(key, cache)
     if launcher is not None:
+        if varlen:
+            with _launchers_lock:
+                if key in cache:
+                    cache.move_to_end(key)
         return launcher
     return _keep(cache, key, build(), size)
 
@@ -783,9 +790,9 @@ def _attention_varlen_on_gpu(q, k, v, cu_seqlens_q, cu_seqlens_k, *, causal, sch
                              occupancy, scale, return_lse, out, stream, l2_bytes, ctas,
                              levers):
     """`attention_varlen` with cu_seqlens on the GPU, where the host never reads them: one
-    launcher per packed problem, bucket of packed rows (`_rows_bucket`) and number of
-    sequences (`DeviceVarlenLaunch`), whose table each call writes on the launch's stream
-    from the lengths there. No call waits for the GPU, and a CUDA graph of a call replays it
+    launcher per packed problem, bucket of packed rows (`_rows_bucket`) and bucket of numbers
+    of sequences (`_sequences_bucket`; `DeviceVarlenLaunch`), whose table each call writes on
+    the launch's stream from the lengths there. No call waits for the GPU, and a CUDA graph of a call replays it
     for the lengths the tensors hold then."""
     for name, cu in (("cu_seqlens_q", cu_seqlens_q), ("cu_seqlens_k", cu_seqlens_k)):
         if (cu.dim() != 1 or cu.shape[0] < 2 or str(cu.dtype) not in ("torch.int32",
@@ -803,8 +810,10 @@ def _attention_varlen_on_gpu(q, k, v, cu_seqlens_q, cu_seqlens_k, *, causal, sch
     if not (q.shape[0] and k.shape[0]) or v.shape != k.shape:
         _check_inputs(q4, k4, v4)  # names the empty one, or v's shape
     rows_q, rows_k = _rows_bucket(q.shape[0]), _rows_bucket(k.shape[0])
-    # `_call_key`'s key with the packed rows only by their bucket (a serving loop brings a new
-    # total every call), the options' types included as there.
+    batch = _sequences_bucket(batch)
+    # `_call_key`'s key with the packed rows and the number of sequences only by their buckets
+    # (a serving loop brings a new total and often a new count every call), the options'
+    # types included as there.
     options = (rows_q, rows_k, causal, schedule, tiles, occupancy, scale, return_lse, l2_bytes,
                ctas, batch, "lengths on the GPU", *(x for item in levers.items() for x in item))
     key = (tuple(q.shape[1:]), q.stride(), q.dtype, q.get_device(), tuple(k.shape[1:]),
@@ -828,6 +837,24 @@ def _attention_varlen_on_gpu(q, k, v, cu_seqlens_q, cu_seqlens_k, *, causal, sch
     launcher = _write_table_from_lengths(launcher, cu_seqlens_q, cu_seqlens_k, stream,
                                          q.shape[0], k.shape[0])
     return _launch_packed(launcher, q, q4, k4, v4, out, stream)
+
+
+def _sequences_bucket(sequences: int) -> int:
+    """A number of sequences rounded up to a power of two, at least 8: a launcher whose lengths
+    are on the GPU serves every count up to its bucket, the sequences after a call's own
+    empty (`_padded`), so that a serving loop whose batch changes call by call builds a few
+    launchers, not one per count (a launcher's first call waits for the GPU once)."""
+    return max(8, 1 << (sequences - 1).bit_length())
+
+
+def _padded(cu_seqlens, entries: int):
+    """cu_seqlens of fewer sequences than a launcher's bucket as the bucket's: the last bound
+    repeated, making empty sequences, which have no work."""
+    missing = entries - cu_seqlens.shape[0]
+    if not missing:
+        return cu_seqlens
+    import torch
+    return torch.cat((cu_seqlens, cu_seqlens[-1:].expand(missing)))
 
 
 def _rows_bucket(rows: int) -> int:
@@ -857,15 +884,17 @@ def _write_table_from_lengths(launcher, cu_seqlens_q, cu_seqlens_k, stream, rows
     handle = _stream_handle(stream)
     on_stream = (contextlib.nullcontext() if handle == launcher.current_stream() else
                  torch.cuda.stream(torch.cuda.ExternalStream(handle)))
+    entries = launcher.launch.batch + 1
     with on_stream:
         launcher = launcher.on_stream(handle)
         if torch.cuda.is_current_stream_capturing():
-            _table_from_lengths(launcher, cu_seqlens_q, cu_seqlens_k, rows_q, rows_k)
+            _table_from_lengths(launcher, _padded(cu_seqlens_q, entries),
+                                _padded(cu_seqlens_k, entries), rows_q, rows_k)
             return launcher
         if launcher._table_writer is None:
             view = launcher.view
-            staged = tuple(_in_library(view, _owned(view, shape, "int64")) for shape in (
-                tuple(cu_seqlens_q.shape), tuple(cu_seqlens_k.shape), (2,)))
+            staged = tuple(_in_library(view, _owned(view, n, "int64"))
+                           for n in (entries, entries, 2))
             _stage(staged, cu_seqlens_q, cu_seqlens_k, rows_q, rows_k)
             arguments = staged[0], staged[1], staged[2][0], staged[2][1]
             _table_from_lengths(launcher, *arguments)  # this call's table, and a warm-up
@@ -882,10 +911,14 @@ def _write_table_from_lengths(launcher, cu_seqlens_q, cu_seqlens_k, stream, rows
 
 
 def _stage(staged, cu_seqlens_q, cu_seqlens_k, rows_q: int, rows_k: int) -> None:
-    """Copy a call's lengths and packed rows into the writer graph's inputs, on the GPU (a
-    fill takes its value as a kernel argument: no copy from the host, nothing waits)."""
-    staged[0].copy_(cu_seqlens_q)
-    staged[1].copy_(cu_seqlens_k)
+    """Copy a call's lengths (`_padded` to the launcher's bucket) and packed rows into the
+    writer graph's inputs, on the GPU (a fill takes its value as a kernel argument: no copy
+    from the host, nothing waits)."""
+    for buffer, cu_seqlens in zip(staged, (cu_seqlens_q, cu_seqlens_k)):
+        given = cu_seqlens.shape[0]
+        buffer[:given].copy_(cu_seqlens)
+        if given < buffer.shape[0]:
+            buffer[given:].copy_(cu_seqlens[given - 1:].expand(buffer.shape[0] - given))
     staged[2][0].fill_(rows_q)
     staged[2][1].fill_(rows_k)
 
