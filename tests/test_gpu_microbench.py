@@ -13,7 +13,12 @@ def test_latencies_and_bandwidth_are_ordered_and_plausible():
     from wavefront.measure.microbench import measure
     from wavefront.model.presets import preset_for_device
     dev = current_device()
-    m = measure(dev.l2_bytes, dev.sm_clock_khz * 1e3)
+    # The suite shares the GPU with other tests (pytest -n 8), which only slow a measurement
+    # down: the least latencies and the most bandwidth of three are the GPU's own.
+    runs = [measure(dev.l2_bytes, dev.sm_clock_khz * 1e3) for _ in range(3)]
+    m = {key: min(run[key] for run in runs)
+         for key in ("l2_near_cycles", "l2_far_cycles", "dram_cycles")}
+    m["dram_read_gbps"] = max(run["dram_read_gbps"] for run in runs)
     assert 50 < m["l2_near_cycles"] <= m["l2_far_cycles"] < m["dram_cycles"] < 5000, m
     preset = preset_for_device(dev.name)
     if preset is not None:
