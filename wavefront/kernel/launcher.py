@@ -330,8 +330,7 @@ class AttentionLauncher:
         return self._own_for(handle) if own is None else own
 
     def _own_for(self, handle: int) -> "AttentionLauncher":
-        import cupy
-        if cupy.cuda.runtime.streamIsCapturing(handle):
+        if self.capturing(handle):
             return self
         with _streams_lock:
             if handle in self._launched_on:
@@ -792,8 +791,8 @@ def _attention_varlen_on_gpu(q, k, v, cu_seqlens_q, cu_seqlens_k, *, causal, sch
     """`attention_varlen` with cu_seqlens on the GPU, where the host never reads them: one
     launcher per packed problem, bucket of packed rows (`_rows_bucket`) and bucket of numbers
     of sequences (`_sequences_bucket`; `DeviceVarlenLaunch`), whose table each call writes on
-    the launch's stream from the lengths there. No call waits for the GPU, and a CUDA graph of a call replays it
-    for the lengths the tensors hold then."""
+    the launch's stream from the lengths there. No call waits for the GPU, and a CUDA graph of
+    a call replays it for the lengths the tensors hold then."""
     for name, cu in (("cu_seqlens_q", cu_seqlens_q), ("cu_seqlens_k", cu_seqlens_k)):
         if (cu.dim() != 1 or cu.shape[0] < 2 or str(cu.dtype) not in ("torch.int32",
                                                                       "torch.int64")
