@@ -83,3 +83,22 @@ def test_the_positional_hot_path_takes_the_levers_in_their_declared_order():
         {"cluster": 2, "exp2_poly": 1}.get(lever.name) for lever in LEVERS)
     with pytest.raises(TypeError, match="unknown kernel levers"):
         lever_values({"warps": 8})
+
+
+def test_kept_buffers_go_once_their_events_are_done():
+    """What a dropped launcher's buffers wait on (`_keep_until_done`): each kept entry goes at
+    the first keeping after all its events are done, not before (stand-in events, no GPU)."""
+    class Event:
+        done = False
+    kept = kernel._kept
+    kept.clear()
+    first, second = Event(), Event()
+    kernel._keep_until_done([first, second], "table A")
+    kernel._keep_until_done([], "pinned copy B")
+    second.done = True
+    kernel._keep_until_done([Event()], "table C")
+    assert [buffers for _, buffers in kept] == ["table A", "table C"]  # B had no events
+    first.done = True
+    kernel._keep_until_done([], "table D")
+    assert [buffers for _, buffers in kept] == ["table C", "table D"]
+    kept.clear()
