@@ -65,8 +65,9 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q=None,
     CUDA tensors (with torch q, k, v) are read on the GPU: each call writes the table there
     from them, without waiting for the GPU, so a CUDA graph of the call replays it for the
     lengths they hold then. They are not checked (that would wait): lengths are clamped to
-    the packed rows. The first call of a packed problem (arrays, options, number of
-    sequences) waits for the GPU once, recording the table's writing in a CUDA graph. CuPy
+    the packed rows. The first call of a packed problem (arrays, options, and buckets of
+    packed rows and of sequence counts, powers of two: fewer sequences are padded as empty
+    ones) waits for the GPU once, recording the table's writing in a CUDA graph. CuPy
     cu_seqlens on the GPU are copied to the host. `max_seqlen_*` are checked where the
     lengths are on the host, not needed. Causal masks are
     top-left aligned within each sequence (torch's `is_causal`; the same as FlashAttention's

@@ -256,9 +256,9 @@ class AttentionLauncher:
         self._writes_state = _writes_own_state(launch)
         import cupy
         self.capturing = cupy.cuda.runtime.streamIsCapturing  # of a stream handle
-        self._keep([self._table, *self.partials, self.lse, self.order])
+        self._own_buffers([self._table, *self.partials, self.lse, self.order])
 
-    def _keep(self, buffers: list) -> None:
+    def _own_buffers(self, buffers: list) -> None:
         """Own `buffers` (GPU arrays of this launcher's) and launch on no stream yet: when the
         launcher is dropped, they are kept until every launch it queued is done."""
         self._buffers = buffers
@@ -362,7 +362,7 @@ class AttentionLauncher:
         other._table_writer = None
         other._bound_args = _rebound(self._bound_args, {
             **_table_arguments(other._table, launch.num_items), **bound})
-        other._keep([other._table])
+        other._own_buffers([other._table])
         return other
 
     @property
@@ -804,12 +804,11 @@ def _attention_varlen_on_gpu(q, k, v, cu_seqlens_q, cu_seqlens_k, *, causal, sch
         raise ValueError(f"cu_seqlens_q and cu_seqlens_k must describe the same number of "
                          f"sequences, got {cu_seqlens_q.shape[0] - 1} and "
                          f"{cu_seqlens_k.shape[0] - 1}")
-    batch = cu_seqlens_q.shape[0] - 1
     q4, k4, v4 = (_packed_as_4d(n, x) for n, x in (("q", q), ("k", k), ("v", v)))
     if not (q.shape[0] and k.shape[0]) or v.shape != k.shape:
         _check_inputs(q4, k4, v4)  # names the empty one, or v's shape
     rows_q, rows_k = _rows_bucket(q.shape[0]), _rows_bucket(k.shape[0])
-    batch = _sequences_bucket(batch)
+    batch = _sequences_bucket(cu_seqlens_q.shape[0] - 1)
     # `_call_key`'s key with the packed rows and the number of sequences only by their buckets
     # (a serving loop brings a new total and often a new count every call), the options'
     # types included as there.
@@ -914,10 +913,7 @@ def _stage(staged, cu_seqlens_q, cu_seqlens_k, rows_q: int, rows_k: int) -> None
     writer graph's inputs, on the GPU (a fill takes its value as a kernel argument: no copy
     from the host, nothing waits)."""
     for buffer, cu_seqlens in zip(staged, (cu_seqlens_q, cu_seqlens_k)):
-        given = cu_seqlens.shape[0]
-        buffer[:given].copy_(cu_seqlens)
-        if given < buffer.shape[0]:
-            buffer[given:].copy_(cu_seqlens[given - 1:].expand(buffer.shape[0] - given))
+        buffer.copy_(_padded(cu_seqlens, buffer.shape[0]))
     staged[2][0].fill_(rows_q)
     staged[2][1].fill_(rows_k)
 
