@@ -136,7 +136,8 @@ def test_a_capture_before_the_table_is_known_done():
     captured: the capture must succeed and its replay read the finished table (the launch's
     wait on the table becomes an external event node of the graph)."""
     import wavefront.torch  # noqa: F401  (registers torch.ops.wavefront.attention)
-    from wavefront.kernel.launcher import _table_stream, clear_launcher_cache
+    from wavefront.kernel.launcher import (_table_stream, _waited_on_in_graphs,
+                                           clear_launcher_cache)
     q, k, v = _inputs(25)
     schedule = "persistent+sawtooth"  # static: the replay equals the eager call bit for bit
     torch.ops.wavefront.attention(q, k, v, True, None, schedule, None)  # compiled
@@ -152,8 +153,11 @@ def test_a_capture_before_the_table_is_known_done():
         eager = torch.ops.wavefront.attention(*static, True, None, schedule, None)
     torch.cuda.current_stream().wait_stream(side)
     graph = torch.cuda.CUDAGraph()
+    waits_in_graphs = len(_waited_on_in_graphs)
     with torch.cuda.graph(graph):
         static_out = torch.ops.wavefront.attention(*static, True, None, schedule, None)
+    # The capture took the external-event wait (else the sleep ended before it: lengthen it).
+    assert len(_waited_on_in_graphs) == waits_in_graphs + 1
     static_out.fill_(float("nan"))
     graph.replay()
     torch.cuda.synchronize()
@@ -179,6 +183,43 @@ def test_the_callers_stream_is_honoured():
     assert torch.isnan(snapshot.float()).all(), "the call ran before its stream's earlier work"
     side.synchronize()
     assert _error(out, _reference(q, k, v, False)) < TOLERANCE
+
+
+def _allocating_stream(tensor):
+    """The stream whose memory `tensor` is in torch's caching allocator (its segment's)."""
+    ptr = tensor.data_ptr()
+    for segment in torch.cuda.memory_snapshot():
+        if segment["address"] <= ptr < segment["address"] + segment["total_size"]:
+            return segment["stream"]
+    raise AssertionError("not memory of torch's caching allocator")
+
+
+@pytest.mark.parametrize("call", ["dense", "packed, lengths on the host",
+                                  "packed, lengths on the GPU"])
+def test_what_a_call_given_a_stream_makes_is_that_streams_memory(call):
+    """`stream=side` from outside `with torch.cuda.stream(side)`: the output and LSE the call
+    makes must be `side`'s memory, as inside the context. Made from the current stream's pool,
+    they could take memory that work still queued there reads (the kernel on `side` would
+    overwrite it), and a caller's `del` would give it back to the current stream."""
+    import wavefront
+    side = torch.cuda.Stream()
+    q, k, v = _inputs(80)
+    if call == "dense":
+        out, lse = wavefront.attention(q, k, v, return_lse=True, stream=side)
+        ref = _reference(q, k, v, False)
+    else:
+        packed = [x.transpose(1, 2).reshape(-1, x.shape[1], x.shape[3]) for x in (q, k, v)]
+        lengths = torch.tensor([0, 700, 1400], dtype=torch.int32)
+        cu = lengths.cuda() if call.endswith("GPU") else lengths
+        out, lse = wavefront.attention_varlen(*packed, cu, cu, return_lse=True, stream=side)
+        out = out.reshape(2, 700, *out.shape[1:]).transpose(1, 2)
+        ref = _reference(q, k, v, False)
+    side.synchronize()
+    current = torch.cuda.current_stream().cuda_stream
+    assert side.cuda_stream != current
+    assert _allocating_stream(out) == side.cuda_stream
+    assert _allocating_stream(lse) == side.cuda_stream
+    assert _error(out, ref) < TOLERANCE
 
 
 @pytest.mark.parametrize("schedule,causal", [(None, True), ("dynamic+linear", False),

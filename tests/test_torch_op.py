@@ -102,16 +102,20 @@ def test_the_launcher_cache_key_separates_what_a_launch_depends_on():
     assert _call_key(torch.nn.Parameter(q), k, k, options) is None
 
 
+class _StandIn:
+    """A stand-in launcher for the cache's tests: the cache only marks what it keeps."""
+
+
 def test_packed_batches_do_not_push_the_dense_launchers_out():
     """Launchers of packed batches, new lengths every call, live in a cache of their own,
     bounded on its own: a loop of ragged batches leaves the dense shapes' launchers cached
     (stand-in builds: the cache does not look inside what it keeps)."""
     from wavefront.kernel import launcher as L
     L.clear_launcher_cache()
-    dense = L._cached_launcher(("dense",), object)
+    dense = L._cached_launcher(("dense",), _StandIn)
     for n in range(L.VARLEN_LAUNCHER_CACHE_SIZE + 5):
-        L._cached_launcher(("varlen", n), object, varlen=True)
-    assert L._cached_launcher(("dense",), object) is dense
+        L._cached_launcher(("varlen", n), _StandIn, varlen=True)
+    assert L._cached_launcher(("dense",), _StandIn) is dense
     assert len(L._varlen_launchers) == L.VARLEN_LAUNCHER_CACHE_SIZE
     assert ("varlen", 0) not in L._varlen_launchers and ("varlen", 20) in L._varlen_launchers
     assert list(L._launchers) == [("dense",)]
@@ -125,11 +129,38 @@ def test_a_packed_batch_launcher_in_use_outlives_one_off_ones():
     lengths, new every call) stays cached, however many one-offs pass."""
     from wavefront.kernel import launcher as L
     L.clear_launcher_cache()
-    loop = L._cached_launcher(("loop",), object, varlen=True)
+    loop = L._cached_launcher(("loop",), _StandIn, varlen=True)
     for n in range(3 * L.VARLEN_LAUNCHER_CACHE_SIZE):
-        L._cached_launcher(("one-off", n), object, varlen=True)
-        assert L._cached_launcher(("loop",), object, varlen=True) is loop
+        L._cached_launcher(("one-off", n), _StandIn, varlen=True)
+        assert L._cached_launcher(("loop",), _StandIn, varlen=True) is loop
     assert len(L._varlen_launchers) == L.VARLEN_LAUNCHER_CACHE_SIZE
+    L.clear_launcher_cache()
+
+
+def test_a_dense_launcher_in_use_outlives_one_off_shapes():
+    """A model's launcher, called between one-off shapes (a sweep, a server's new prompt
+    lengths), stays cached however many pass; with no calls between, launchers go oldest
+    first; and a cache that only ever hits evicts nothing."""
+    from wavefront.kernel import launcher as L
+    L.clear_launcher_cache()
+    size = L.LAUNCHER_CACHE_SIZE
+    model = L._cached_launcher(("model",), _StandIn)
+    for n in range(3 * size):
+        L._cached_launcher(("one-off", n), _StandIn)
+        assert L._cached_launcher(("model",), _StandIn) is model
+        assert len(L._launchers) <= size
+    assert ("model",) in L._launchers and ("one-off", 3 * size - 1) in L._launchers
+    L.clear_launcher_cache()
+    for n in range(size + 5):
+        L._cached_launcher(("unused", n), _StandIn)
+    assert list(L._launchers) == [("unused", n) for n in range(5, size + 5)]
+    kept = dict(L._launchers)
+    for key in kept:  # every one used once since: the next insert evicts the oldest anyway
+        L._cached_launcher(key, _StandIn)
+    L._cached_launcher(("new",), _StandIn)
+    assert ("unused", 5) not in L._launchers and len(L._launchers) == size
+    assert all(L._launchers[key] is launcher for key, launcher in kept.items()
+               if key in L._launchers)
     L.clear_launcher_cache()
 
 

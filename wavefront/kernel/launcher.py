@@ -254,6 +254,7 @@ class AttentionLauncher:
         self.new_output = _output_maker(q_view)
         self._table_writer = None  # cu_seqlens on the GPU: see _write_table_from_lengths
         self._writes_state = _writes_own_state(launch)
+        self.recently_used = False  # called since the cache last looked (`_keep`)
         import cupy
         self.capturing = cupy.cuda.runtime.streamIsCapturing  # of a stream handle
         self._own_buffers([self._table, *self.partials, self.lse, self.order])
@@ -526,8 +527,8 @@ _launchers: OrderedDict = OrderedDict()
 _launchers_lock = threading.Lock()
 _streams_lock = threading.Lock()  # a launcher's copies for other streams (on_stream)
 # Packed batches are kept apart: a training or serving loop brings new lengths every call, and
-# in one cache with the dense shapes a model calls every step they would push those out (the
-# oldest entry goes first) and keep dozens of stale work tables on the GPU.
+# in one cache with the dense shapes a model calls every step they would push those out and
+# keep dozens of stale work tables on the GPU.
 VARLEN_LAUNCHER_CACHE_SIZE = 16
 _varlen_launchers: OrderedDict = OrderedDict()
 # Per packed problem (arrays, options, number of sequences; not the lengths): the first
@@ -620,45 +621,64 @@ def attention_positional(q, k, v, causal, schedule, tiles, occupancy, scale, ret
         else:
             launcher = _cached_launcher(
                 key, lambda: build(_check_inputs(q, k, v)[0], tuple(k.shape)))
+    launcher.recently_used = True  # (`_keep`)
     view = launcher.view
-    out = launcher.new_output(q) if out is None else _checked_output(view, out)
     if stream is None:
         stream = launcher.current_stream()
+        out = launcher.new_output(q) if out is None else _checked_output(view, out)
+        lse = _empty(view, view.shape[:3], "float32") if launcher.return_lse else None
+    else:
+        with _allocating_on(view, stream):
+            out = launcher.new_output(q) if out is None else _checked_output(view, out)
+            lse = _empty(view, view.shape[:3], "float32") if launcher.return_lse else None
     if launcher.capturing(stream if type(stream) is int else _stream_handle(stream)):
         _in_graphs[id(launcher)] = launcher
-    lse = _empty(view, view.shape[:3], "float32") if launcher.return_lse else None
     return launcher(q, k, v, out, stream, lse)
 
 
 def _cached_launcher(key, build, varlen: bool = False) -> AttentionLauncher:
-    """The launcher cached under `key` (None: not cacheable), else `build()`, then cached
-    (packed batches in a cache of their own).
+    """The launcher cached under `key` (None: not cacheable), marked used, else `build()`,
+    then cached (packed batches in a cache of their own).
 
     A hit is one dictionary read (atomic under the interpreter lock, so no lock of ours on
-    the hot path); inserting and evicting take the lock. The oldest entry goes first; among
-    packed batches the least recently used, so that a loop's launcher with lengths on the GPU
-    outlives the one-off launchers of host lengths that come and go beside it (a hit there
-    costs the lock too: microseconds of a call of hundreds)."""
+    the hot path) and the mark; inserting and evicting take the lock (`_keep`)."""
     cache, size = ((_varlen_launchers, VARLEN_LAUNCHER_CACHE_SIZE) if varlen else
                    (_launchers, LAUNCHER_CACHE_SIZE))
     key, launcher = _cached(key, cache)
     if launcher is not None:
-        if varlen:
-            with _launchers_lock:
-                if key in cache:
-                    cache.move_to_end(key)
+        launcher.recently_used = True
         return launcher
     return _keep(cache, key, build(), size)
 
 
 def _keep(cache: OrderedDict, key, launcher, size: int) -> AttentionLauncher:
-    """Cache `launcher` under `key` (None: not cacheable), the oldest entries going first past
-    `size`; -> the launcher cached under `key` (a racing thread's build wins)."""
+    """Cache `launcher` under `key` (None: not cacheable); -> the launcher cached under `key`
+    (a racing thread's build wins).
+
+    Past `size` entries, the oldest goes unless it was used since it last came up, which
+    sends it to the back unmarked (a second chance: least-recently-used, near enough); the
+    entry just kept is passed over once. A launcher a model calls every step so outlives any
+    number of one-off shapes (a sweep, a server's new prompt lengths, host-lengths packed
+    batches), where oldest-first would evict it and rebuild it on its next call (about a
+    millisecond of host time). Exact LRU would cost every hit the lock and a second hash of
+    its key, about a microsecond: more than the mark, one attribute written. A new entry
+    starts unmarked: marked, one-offs would look used, and clearing them all would bring the
+    model's launcher round unmarked."""
     if key is not None:
         with _launchers_lock:
-            launcher = cache.setdefault(key, launcher)
+            kept = cache.setdefault(key, launcher)
+            if kept is not launcher:
+                return kept
+            launcher.recently_used = False
+            passed_over = False
             while len(cache) > size:
-                cache.popitem(last=False)
+                oldest_key, oldest = next(iter(cache.items()))
+                if oldest.recently_used or (oldest is launcher and not passed_over):
+                    passed_over = passed_over or oldest is launcher
+                    oldest.recently_used = False
+                    cache.move_to_end(oldest_key)
+                else:
+                    del cache[oldest_key]
     return launcher
 
 
@@ -715,6 +735,7 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q=None,
         template_key, template = _cached(
             None if key is None else _call_key(q, k, v, problem_options), _varlen_templates)
         if template is not None:  # this problem with other lengths: only the table is new
+            template.recently_used = True
             made = template.launch
             return template.for_lengths(plan_varlen(
                 tuple(q.shape), tuple(k.shape), bounds_q, bounds_k, causal=causal,
@@ -762,18 +783,19 @@ def _launch_packed(launcher, q, q4, k4, v4, out, stream):
     views) into `out` (None: a new one) on `stream` (None: the caller's current one)."""
     view = launcher.view
     total_q, heads, head_dim = tuple(q.shape)
-    if out is None:
-        out = _empty(view, (total_q, heads, head_dim), view.dtype)
-    else:
+    if out is not None:
         vo, out = _view("out", out)
         if vo.shape != (total_q, heads, head_dim) or vo.dtype != view.dtype:
             raise ValueError(f"out must have q's shape {(total_q, heads, head_dim)} and dtype "
                              f"{view.dtype}, got {vo.shape} {vo.dtype}")
+    with contextlib.nullcontext() if stream is None else _allocating_on(view, stream):
+        if out is None:
+            out = _empty(view, (total_q, heads, head_dim), view.dtype)
+        lse = _empty(view, (1, heads, total_q), "float32") if launcher.return_lse else None
     if stream is None:
         stream = launcher.current_stream()
     if launcher.capturing(stream if type(stream) is int else _stream_handle(stream)):
         _in_graphs[id(launcher)] = launcher
-    lse = _empty(view, (1, heads, total_q), "float32") if launcher.return_lse else None
     if launcher.launch.num_items:
         launcher(q4, k4, v4, _packed_as_4d("out", out), stream, lse)
     return (out, lse[0]) if launcher.return_lse else out
@@ -830,10 +852,9 @@ def _attention_varlen_on_gpu(q, k, v, cu_seqlens_q, cu_seqlens_k, *, causal, sch
             ctas=ctas)
         return AttentionLauncher(launch, vq, scale=scale, return_lse=return_lse, **config)
     launcher = _cached_launcher(key, build, varlen=True)
-    if stream is None:
-        stream = launcher.current_stream()
-    launcher = _write_table_from_lengths(launcher, cu_seqlens_q, cu_seqlens_k, stream,
-                                         q.shape[0], k.shape[0])
+    launcher = _write_table_from_lengths(
+        launcher, cu_seqlens_q, cu_seqlens_k,
+        launcher.current_stream() if stream is None else stream, q.shape[0], k.shape[0])
     return _launch_packed(launcher, q, q4, k4, v4, out, stream)
 
 
@@ -1101,6 +1122,45 @@ def _workspace(vq, n_chunks, output_dtype="float32"):
     shapes = [(n_chunks * b, h, s, d), (n_chunks * b, h, s), (n_chunks * b, h, s)]
     dtypes = (output_dtype, "float32", "float32")
     return tuple(_described(_owned(vq, sh, dt), dt) for sh, dt in zip(shapes, dtypes))
+
+
+class _StreamHandle:
+    """A raw stream handle behind the CUDA stream protocol, as CuPy's `Stream.from_external`
+    takes it."""
+
+    def __init__(self, handle: int):
+        self.handle = handle
+
+    def __cuda_stream__(self):
+        return (0, self.handle)
+
+
+def cupy_stream(handle: int):
+    """A CuPy stream object for a raw handle (`ExternalStream` is deprecated from CuPy 14 on,
+    and warns; older CuPy lacks `from_external`)."""
+    import cupy
+    if hasattr(cupy.cuda.Stream, "from_external"):
+        return cupy.cuda.Stream.from_external(_StreamHandle(handle))
+    return cupy.cuda.ExternalStream(handle)
+
+
+def _allocating_on(vq: _ArrayView, stream):
+    """A context in which q's library allocates on `stream` (a handle, a torch or a CuPy
+    stream), for an output made for a call given `stream=`: both libraries' pools hand out
+    memory per stream, ordered after that stream's frees only. Made on the current stream
+    instead, an output could take memory that work still queued there reads, and the kernel
+    on `stream` would overwrite it; torch would also hand it back to the current stream when
+    the caller frees it. So the call behaves as the same call inside
+    `with torch.cuda.stream(stream)` (or CuPy's `with stream`) does."""
+    if vq.library == "torch":
+        import torch
+        if not isinstance(stream, torch.cuda.Stream):
+            stream = torch.cuda.ExternalStream(_stream_handle(stream),
+                                               device=_torch_device(vq.device))
+        return torch.cuda.stream(stream)
+    import cupy
+    with cupy.cuda.Device(vq.device):
+        return cupy_stream(_stream_handle(stream))
 
 
 def current_stream(library, device=None):

@@ -9,6 +9,7 @@ import functools
 
 import torch
 
+from wavefront.kernel.launcher import cupy_stream
 from wavefront.schedules import group_by_budget, register_array_library
 
 
@@ -85,31 +86,11 @@ class TorchArrays:
         unit_bytes = unit_bytes.contiguous()
         groups = torch.empty_like(unit_bytes)
         with cupy.cuda.Device(unit_bytes.device.index):
-            stream = _cupy_stream(torch.cuda.current_stream().cuda_stream)
+            stream = cupy_stream(torch.cuda.current_stream().cuda_stream)
             arguments = (cupy.uint64(unit_bytes.data_ptr()), cupy.uint64(groups.data_ptr()),
                          cupy.int64(unit_bytes.numel()), cupy.float64(budget))
             _group_kernel()((1,), (GROUP_THREADS,), arguments, stream=stream)
         return groups
-
-
-class _StreamHandle:
-    """A raw stream handle behind the CUDA stream protocol, as CuPy's `Stream.from_external`
-    takes it."""
-
-    def __init__(self, handle: int):
-        self.handle = handle
-
-    def __cuda_stream__(self):
-        return (0, self.handle)
-
-
-def _cupy_stream(handle: int):
-    """A CuPy stream object for a raw handle (`ExternalStream` is deprecated from CuPy 14 on,
-    and warns; older CuPy lacks `from_external`)."""
-    import cupy
-    if hasattr(cupy.cuda.Stream, "from_external"):
-        return cupy.cuda.Stream.from_external(_StreamHandle(handle))
-    return cupy.cuda.ExternalStream(handle)
 
 
 # `schedules.group_by_budget` in CUDA: the same fill, unit by unit, in doubles as Python's. The
