@@ -287,6 +287,57 @@ def test_lengths_on_the_gpu_in_a_cuda_graph():
             assert _check(q, k, v, bounds, cupy.from_dlpack(out), causal) < TOLERANCE, bounds
 
 
+def test_layers_that_share_cu_seqlens_write_the_table_once(monkeypatch):
+    """A model's layers call with the same cu_seqlens tensors: the table is written for the
+    first call only, and every call is right. Lengths changed in place (`copy_`), new
+    tensors, and inference tensors (no version counter) are written anew; so is everything
+    after a capture wrote the launcher's table (a replay changes the lengths unseen: an eager
+    call after it with the first tensors must not take the replay's table for theirs)."""
+    import cupy
+    import torch
+
+    from wavefront import attention_varlen
+    from wavefront.kernel import launcher as kernel_launcher
+    kernel_launcher.clear_launcher_cache()
+    staged = []
+    stage = kernel_launcher._stage
+    monkeypatch.setattr(kernel_launcher, "_stage", lambda *a: (staged.append(1), stage(*a)))
+    q, k, v, first = _packed(LENGTHS, 4, 2, 64, seed=53)
+    tq, tk, tv = _on_torch(q, k, v)
+    other = [0, 5, 900, 901, 1500, 3000, 3001, 5600, q.shape[0]]
+
+    def layer(cu, bounds):
+        out = torch.full_like(tq, float("nan"))
+        attention_varlen(tq, tk, tv, cu, cu, causal=True, out=out)
+        torch.cuda.synchronize()
+        assert _check(q, k, v, bounds, cupy.from_dlpack(out), True) < TOLERANCE, bounds
+
+    cu = _cu(first)
+    for _ in range(3):
+        layer(cu, first)
+    assert len(staged) == 1
+    cu.copy_(_cu(other))
+    layer(cu, other)
+    layer(cu, other)
+    assert len(staged) == 2
+    layer(_cu(other), other)  # equal lengths in another tensor
+    assert len(staged) == 3
+    with torch.inference_mode():
+        frozen = _cu(first)
+    layer(frozen, first)
+    layer(frozen, first)
+    assert len(staged) == 5
+    layer(cu, other)
+    static = _cu(first)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        attention_varlen(tq, tk, tv, static, static, causal=True)
+    graph.replay()  # the launcher's table now holds `first`
+    layer(cu, other)
+    assert len(staged) == 7
+    assert len(kernel_launcher._varlen_launchers) == 1
+
+
 def test_lengths_on_the_gpu_do_not_wait_for_the_gpu():
     """With the GPU busy, a call with new lengths on the GPU returns at once (nothing is read
     back) and still reads the lengths the GPU holds when its turn comes."""

@@ -191,3 +191,57 @@ def test_gpu_lengths_are_padded_to_the_launchers_bucket_of_sequences():
     assert staged[0].tolist() == _padded(cu, 7).tolist()
     assert staged[1].tolist() == _padded(cu + 1, 7).tolist()
     assert staged[2].tolist() == [10, 12]
+
+
+@pytest.mark.parametrize("cta_name", ["persistent", "grouped_dynamic"])
+def test_the_table_written_from_lengths_is_the_hosts(cta_name):
+    """The GPU-lengths writer's last step (`_table_from_lengths`: the columns stacked and
+    copied into the table at once) on CPU tensors: the first rows are `VarlenLaunch`'s table
+    for the same lengths, padded to a bucket of 8 sequences, and the row after the table's
+    holds their count."""
+    from types import SimpleNamespace
+
+    import numpy as np
+
+    import wavefront.kernel.torch_arrays  # noqa: F401  (registers torch's operations)
+    from wavefront.kernel.launcher import _table_from_lengths
+    from wavefront.schedules import (AttentionProblem, DeviceVarlenLaunch, VarlenLaunch,
+                                     cta_schedule, kv_schedule)
+    lengths = [300, 0, 129, 1000, 64]
+    p = AttentionProblem(1, 4, 2, sum(lengths), sum(lengths), 64, True, 64, 64)
+    placement = dict(cta=cta_schedule(cta_name), kv=kv_schedule("sawtooth"), sms=5,
+                     ctas_per_sm=2, l2_bytes=1 << 19)
+    host = VarlenLaunch(p, tuple(lengths), tuple(lengths), **placement)
+    device = DeviceVarlenLaunch(p, 8, **placement)
+    table = torch.zeros((device.num_items + 1, 16), dtype=torch.int32)  # padding columns 0
+    cu = torch.from_numpy(np.concatenate([[0], np.cumsum(lengths), [sum(lengths)] * 3]))
+    _table_from_lengths(SimpleNamespace(launch=device, _table=table), cu, cu, p.seqlen_q,
+                        p.seqlen_kv)
+    count = int(table[device.num_items, 2])
+    assert count == host.num_items
+    assert np.array_equal(table[:count].numpy(), host.work_table)
+
+
+def test_a_lengths_stamp_knows_the_same_unmodified_tensors():
+    """What lets the layers of a model that share cu_seqlens write the table once: the same
+    tensors, unmodified, with the same packed rows match; equal values in another tensor, an
+    in-place write (even of the same value), other rows or a dropped tensor do not; an
+    inference tensor keeps no version counter, so it gets no stamp (always written)."""
+    import gc
+
+    from wavefront.kernel.launcher import _lengths_stamp, _same_lengths
+    cu_q, cu_k = torch.tensor([0, 5, 9]), torch.tensor([0, 7, 9])
+    stamp = _lengths_stamp(cu_q, cu_k, 9, 12)
+    assert _same_lengths(stamp, cu_q, cu_k, 9, 12)
+    assert not _same_lengths(stamp, cu_q.clone(), cu_k, 9, 12)
+    assert not _same_lengths(stamp, cu_k, cu_q, 9, 12)
+    assert not _same_lengths(stamp, cu_q, cu_k, 9, 13)
+    cu_k[1] = 7
+    assert not _same_lengths(stamp, cu_q, cu_k, 9, 12)
+    stamp = _lengths_stamp(cu_q, cu_k, 9, 12)
+    del cu_q
+    gc.collect()
+    assert not _same_lengths(stamp, torch.tensor([0, 5, 9]), cu_k, 9, 12)
+    with torch.inference_mode():
+        frozen = torch.tensor([0, 5, 9])
+    assert _lengths_stamp(frozen, cu_k, 9, 12) is None
