@@ -5,26 +5,15 @@ batches of 200 calls, then a cProfile of the whole call.
 """
 import cProfile
 import pstats
-import statistics
 import time
 
 import cupy
 import torch
 
 import wavefront
+from launch_cost import Described, per_call_us
 from wavefront.kernel import launcher as L
 from wavefront.point import LEVERS
-
-
-def per_call_us(fn, n=200, batches=9):
-    out = []
-    for _ in range(batches):
-        began = time.perf_counter()
-        for _ in range(n):
-            fn()
-        out.append((time.perf_counter() - began) / n * 1e6)
-        torch.cuda.synchronize()
-    return statistics.median(out)
 
 
 q = torch.randn(1, 8, 1024, 64, device="cuda", dtype=torch.bfloat16)
@@ -111,14 +100,6 @@ print(f"{'torch._C._to_dlpack x5':40s} "
 # call).
 
 
-class _Described:
-    """An array as its CUDA Array Interface dict, computed once."""
-
-    def __init__(self, array):
-        self.__cuda_array_interface__ = dict(array.__cuda_array_interface__)
-        self.owner = array
-
-
 def own_buffers_as(bound, wrap):
     """`bound`'s own arguments (those after q, k, v, out, lse), every array wrapped."""
     return tuple(wrap(value) if hasattr(value, "__cuda_array_interface__") else value
@@ -138,7 +119,7 @@ import cuda.tile as ct  # noqa: E402
 
 for name, (bound, per_call) in variants.items():
     for label, own in (("", bound._bound_args),
-                       (" (own wrapped)", own_buffers_as(bound, _Described))):
+                       (" (own wrapped)", own_buffers_as(bound, Described))):
         frozen = tuple(per_call) + own
         fn = lambda: ct.launch(raw, bound.grid, bound.kernel, frozen)  # noqa: E731
         fn()
