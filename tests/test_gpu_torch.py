@@ -131,10 +131,15 @@ def test_cuda_graph_replay_equals_eager(schedule):
 
 
 def test_a_capture_before_the_table_is_known_done():
-    """The work table is built on a stream of its own. Held back here by a sleep queued on
-    that stream, the table is not yet done when the call, its launcher made just before, is
-    captured: the capture must succeed and its replay read the finished table (the launch's
-    wait on the table becomes an external event node of the graph)."""
+    """The work table is built on a stream of its own, and a launcher learns that the build
+    is done only when a call finds it so. Here the table stream is held by a host function
+    until the eager call on a side stream has checked, so that call finds the build pending
+    (deterministically: a sleep raced the host, and the call sometimes found it done); the
+    capture that follows must then put its wait on the build into the graph as an external
+    event node, and the replay read the finished table. (`torch.cuda.graph` synchronises
+    before capturing, so by then the build has run; the launcher has not seen it.)"""
+    import threading
+
     import wavefront.torch  # noqa: F401  (registers torch.ops.wavefront.attention)
     from wavefront.kernel.launcher import (_table_stream, _waited_on_in_graphs,
                                            clear_launcher_cache)
@@ -144,20 +149,19 @@ def test_a_capture_before_the_table_is_known_done():
     clear_launcher_cache()
     torch.cuda.synchronize()
     static = [x.clone() for x in (q, k, v)]
-    held = torch.cuda.ExternalStream(_table_stream(q.device.index).ptr)
-    with torch.cuda.stream(held):
-        torch.cuda._sleep(300_000_000)  # 0.15-0.2 s of GPU cycles before the table's build
+    released = threading.Event()
+    _table_stream(q.device.index).launch_host_func(lambda _: released.wait(20), None)
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):  # the launcher made outside the capture, its table pending
         eager = torch.ops.wavefront.attention(*static, True, None, schedule, None)
+    released.set()
     torch.cuda.current_stream().wait_stream(side)
     graph = torch.cuda.CUDAGraph()
     waits_in_graphs = len(_waited_on_in_graphs)
     with torch.cuda.graph(graph):
         static_out = torch.ops.wavefront.attention(*static, True, None, schedule, None)
-    # The capture took the external-event wait (else the sleep ended before it: lengthen it).
-    assert len(_waited_on_in_graphs) == waits_in_graphs + 1
+    assert len(_waited_on_in_graphs) == waits_in_graphs + 1, "no external-event wait"
     static_out.fill_(float("nan"))
     graph.replay()
     torch.cuda.synchronize()
