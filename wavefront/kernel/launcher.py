@@ -625,7 +625,8 @@ def attention_positional(q, k, v, causal, schedule, tiles, occupancy, scale, ret
         else:
             launcher = _cached_launcher(
                 key, lambda: build(_check_inputs(q, k, v)[0], tuple(k.shape)))
-    launcher.recently_used = True  # (`_keep`)
+    else:
+        launcher.recently_used = True  # a hit (`_keep`)
     view = launcher.view
     if stream is None:
         stream = launcher.current_stream()
