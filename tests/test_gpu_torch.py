@@ -132,36 +132,42 @@ def test_cuda_graph_replay_equals_eager(schedule):
 
 def test_a_capture_before_the_table_is_known_done():
     """The work table is built on a stream of its own, and a launcher learns that the build
-    is done only when a call finds it so. Here the table stream is held by a host function
-    until the eager call on a side stream has checked, so that call finds the build pending
-    (deterministically: a sleep raced the host, and the call sometimes found it done); the
-    capture that follows must then put its wait on the build into the graph as an external
-    event node, and the replay read the finished table. (`torch.cuda.graph` synchronises
-    before capturing, so by then the build has run; the launcher has not seen it.)"""
-    import threading
+    is done only when a call finds it so. Here the build is made to look queued behind a
+    0.2 s sleep (the launcher's build event swapped for one recorded after the sleep), so
+    the eager call on a side stream finds it pending and orders its launch after it; the
+    capture that follows must put its wait into the graph as an external event node, and the
+    replay equal the eager call. (Racing a sleep on the table stream against the launcher's
+    build was not deterministic: in a fresh process the build compiles the table kernel, and
+    on one H100 run the call found the build done. A host function holding the table stream
+    deadlocked there.)"""
+    import cupy
 
     import wavefront.torch  # noqa: F401  (registers torch.ops.wavefront.attention)
-    from wavefront.kernel.launcher import (_table_stream, _waited_on_in_graphs,
-                                           clear_launcher_cache)
+    from wavefront.kernel import launcher as kernel_launcher
     q, k, v = _inputs(25)
     schedule = "persistent+sawtooth"  # static: the replay equals the eager call bit for bit
-    torch.ops.wavefront.attention(q, k, v, True, None, schedule, None)  # compiled
-    clear_launcher_cache()
-    torch.cuda.synchronize()
+    kernel_launcher.clear_launcher_cache()
     static = [x.clone() for x in (q, k, v)]
-    released = threading.Event()
-    _table_stream(q.device.index).launch_host_func(lambda _: released.wait(20), None)
+    torch.ops.wavefront.attention(*static, True, None, schedule, None)  # launcher, compiled
+    torch.cuda.synchronize()
+    (launcher,) = kernel_launcher._launchers.values()
+    held = torch.cuda.Stream()
+    with torch.cuda.stream(held):
+        torch.cuda._sleep(400_000_000)  # about 0.2 s of GPU cycles
+    pending = cupy.cuda.Event(disable_timing=True)
+    pending.record(kernel_launcher.cupy_stream(held.cuda_stream))
+    launcher._table_built = pending
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):  # the launcher made outside the capture, its table pending
+    with torch.cuda.stream(side):
         eager = torch.ops.wavefront.attention(*static, True, None, schedule, None)
-    released.set()
+    assert launcher._table_built is pending, "the eager call found the sleep over"
     torch.cuda.current_stream().wait_stream(side)
     graph = torch.cuda.CUDAGraph()
-    waits_in_graphs = len(_waited_on_in_graphs)
+    waits_in_graphs = len(kernel_launcher._waited_on_in_graphs)
     with torch.cuda.graph(graph):
         static_out = torch.ops.wavefront.attention(*static, True, None, schedule, None)
-    assert len(_waited_on_in_graphs) == waits_in_graphs + 1, "no external-event wait"
+    assert len(kernel_launcher._waited_on_in_graphs) == waits_in_graphs + 1
     static_out.fill_(float("nan"))
     graph.replay()
     torch.cuda.synchronize()
