@@ -292,7 +292,8 @@ def test_layers_that_share_cu_seqlens_write_the_table_once(monkeypatch):
     first call only, and every call is right. Lengths changed in place (`copy_`), new
     tensors, and inference tensors (no version counter) are written anew; so is everything
     after a capture wrote the launcher's table (a replay changes the lengths unseen: an eager
-    call after it with the first tensors must not take the replay's table for theirs)."""
+    call after it with the first tensors must not take the replay's table for theirs), and
+    everything with `REUSE_UNCHANGED_LENGTHS` off."""
     import cupy
     import torch
 
@@ -336,6 +337,11 @@ def test_layers_that_share_cu_seqlens_write_the_table_once(monkeypatch):
     layer(cu, other)
     assert len(staged) == 7
     assert len(kernel_launcher._varlen_launchers) == 1
+    kernel_launcher.clear_launcher_cache()
+    monkeypatch.setattr(kernel_launcher, "REUSE_UNCHANGED_LENGTHS", False)
+    for _ in range(3):
+        layer(cu, other)
+    assert len(staged) == 10
 
 
 def test_lengths_on_the_gpu_do_not_wait_for_the_gpu():

@@ -64,7 +64,9 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q=None,
     or CPU tensors are checked, and the work table is built on the host once per lengths.
     CUDA tensors (with torch q, k, v) are read on the GPU: each call writes the table there
     from them, without waiting for the GPU, so a CUDA graph of the call replays it for the
-    lengths they hold then. They are not checked (that would wait): lengths are clamped to
+    lengths they hold then; a call with the very tensors the table was last written from,
+    unmodified since by torch (their version counters), keeps it (a model's layers; see
+    `wavefront.kernel.launcher.REUSE_UNCHANGED_LENGTHS` for writes torch does not see). They are not checked (that would wait): lengths are clamped to
     the packed rows. The first call of a packed problem (arrays, options, and buckets of
     packed rows and of sequence counts, powers of two: fewer sequences are padded as empty
     ones) waits for the GPU once, recording the table's writing in a CUDA graph. CuPy

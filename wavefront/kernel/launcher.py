@@ -911,8 +911,9 @@ def _write_table_from_lengths(launcher, cu_seqlens_q, cu_seqlens_k, stream, rows
     nothing. Not where torch keeps no version counter (inference tensors, made under
     `torch.inference_mode`: a serving loop may `copy_` new lengths into one static tensor),
     nor on a launcher copy whose table a captured graph writes (its replays would change the
-    lengths unseen). Writes torch does not see (a CuPy kernel through DLPack) need a new
-    tensor or a bumped version."""
+    lengths unseen). Writes that torch's version counter does not see (a kernel of CuPy's or
+    Triton's through the data pointer, the replay of a CUDA graph that writes the tensor)
+    need a new tensor, or `REUSE_UNCHANGED_LENGTHS = False` here."""
     import torch
 
     import wavefront.kernel.torch_arrays  # noqa: F401  (the formulas' operations on torch)
@@ -929,8 +930,8 @@ def _write_table_from_lengths(launcher, cu_seqlens_q, cu_seqlens_k, stream, rows
                                 _padded(cu_seqlens_k, entries), rows_q, rows_k)
             return launcher
         written = launcher._lengths_written
-        if written is not None and _same_lengths(written, cu_seqlens_q, cu_seqlens_k, rows_q,
-                                                 rows_k):
+        if written is not None and REUSE_UNCHANGED_LENGTHS and _same_lengths(
+                written, cu_seqlens_q, cu_seqlens_k, rows_q, rows_k):
             return launcher
         launcher._lengths_written = None  # until written
         if launcher._table_writer is None:
@@ -953,6 +954,11 @@ def _write_table_from_lengths(launcher, cu_seqlens_q, cu_seqlens_k, stream, rows
             launcher._lengths_written = _lengths_stamp(cu_seqlens_q, cu_seqlens_k, rows_q,
                                                        rows_k)
     return launcher
+
+
+# Whether a call with cu_seqlens on the GPU may keep the table its launcher last wrote from the
+# same, unmodified tensors (`_write_table_from_lengths`). False: every call writes it.
+REUSE_UNCHANGED_LENGTHS = True
 
 
 def _lengths_stamp(cu_seqlens_q, cu_seqlens_k, rows_q: int, rows_k: int):
