@@ -140,7 +140,8 @@ def test_a_packed_batch_launcher_in_use_outlives_one_off_ones():
 def test_a_dense_launcher_in_use_outlives_one_off_shapes():
     """A model's launcher, called between one-off shapes (a sweep, a server's new prompt
     lengths), stays cached however many pass; with no calls between, launchers go oldest
-    first; and a cache that only ever hits evicts nothing."""
+    first; and where every launcher was called since, the next one kept still evicts only the
+    oldest (one pass clears the marks)."""
     from wavefront.kernel import launcher as L
     L.clear_launcher_cache()
     size = L.LAUNCHER_CACHE_SIZE
