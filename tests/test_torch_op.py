@@ -73,8 +73,56 @@ def test_transformers_hook_refuses_masks_and_dropout():
     q = torch.empty(1, 4, 16, 64, dtype=torch.bfloat16)
     with pytest.raises(ValueError, match="^attention_mask must be None"):
         wft.hf_attention_forward(object(), q, q, q, torch.ones(1, 1, 16, 16, dtype=bool))
+    with pytest.raises(ValueError, match="^attention_mask must be None"):  # not packed
+        wft.hf_attention_forward(object(), q, q, q, torch.ones(1, 1, 16, 16, dtype=bool),
+                                 position_ids=torch.arange(16)[None])
     with pytest.raises(ValueError, match="^dropout must be 0"):
         wft.hf_attention_forward(object(), q, q, q, None, dropout=0.1)
+
+
+def _packed_mask(lengths, causal=True):
+    """transformers' mask for sequences packed in one row (True: attend), and its position_ids:
+    each sequence causal within itself, nothing across."""
+    sequence = torch.repeat_interleave(torch.arange(len(lengths)), torch.tensor(lengths))
+    rows = torch.arange(len(sequence))
+    mask = sequence[:, None] == sequence[None, :]
+    if causal:
+        mask &= rows[:, None] >= rows[None, :]
+    return mask[None, None], torch.cat([torch.arange(n) for n in lengths])[None]
+
+
+def test_transformers_hook_reads_packed_sequences_from_their_mask(monkeypatch):
+    """A padding-free batch (sequences packed in one row, position_ids restarting) reaches the
+    hook with its mask: the hook takes the sequences' bounds from position_ids and runs the
+    packed batch only where the mask is exactly each sequence's causal mask (checked a block
+    of rows at a time); anything else is refused as before. The bounds are made once for the
+    same unmodified mask and position_ids (a forward's layers), anew after a change."""
+    monkeypatch.setattr(wft, "_MASK_ROWS_AT_A_TIME", 3)
+    lengths = [3, 5, 1, 4]
+    rows = sum(lengths)
+    q, k = torch.empty(1, 4, rows, 64), torch.empty(1, 2, rows, 64)
+    mask, position_ids = _packed_mask(lengths)
+    cu_seqlens = wft._packed_sequences(mask, position_ids, q, k)
+    assert cu_seqlens.tolist() == [0, 3, 8, 9, 13] and cu_seqlens.dtype == torch.int32
+    assert wft._packed_sequences(mask, position_ids, q, k) is cu_seqlens
+    position_ids.add_(0)  # an in-place write: made anew
+    assert wft._packed_sequences(mask, position_ids, q, k) is not cu_seqlens
+    wrong = mask.clone()
+    wrong[0, 0, 12, 4] = True  # one row sees another sequence
+    bidirectional, _ = _packed_mask(lengths, causal=False)
+    shifted = torch.cat([torch.arange(n) for n in [3, 5, 2, 3]])[None]
+    for args in ((wrong, position_ids, q, k), (bidirectional, position_ids, q, k),
+                 (mask, shifted, q, k), (mask.float(), position_ids, q, k),
+                 (mask, None, q, k), (mask.expand(2, 1, rows, rows), position_ids,
+                                      q.expand(2, -1, -1, -1), k.expand(2, -1, -1, -1))):
+        assert wft._packed_sequences(*args) is None
+    with pytest.raises(ValueError, match="^attention_mask must be None, or the causal mask"):
+        wft.hf_attention_forward(object(), q, k, k, wrong, position_ids=position_ids)
+    with torch.inference_mode():
+        frozen_mask, frozen_ids = _packed_mask(lengths)
+    first = wft._packed_sequences(frozen_mask, frozen_ids, q, k)
+    assert first.tolist() == [0, 3, 8, 9, 13]
+    assert wft._packed_sequences(frozen_mask, frozen_ids, q, k) is not first  # no counter
 
 
 def test_the_launcher_cache_key_separates_what_a_launch_depends_on():

@@ -111,16 +111,74 @@ def hf_attention_forward(module, query, key, value, attention_mask, scaling=None
 
     Register it with `register_with_transformers()`, which also registers SDPA's mask builder
     for "wavefront": that builder returns no mask where the mask is purely causal (the causal
-    mask is then the kernel's own), and a tensor where there is padding, which is refused here
-    by name rather than silently ignored."""
+    mask is then the kernel's own), and a tensor otherwise. One such tensor is run: a batch of
+    one row packing several sequences, marked by `position_ids` that restart (transformers'
+    padding-free batches), whose mask is the causal mask inside each sequence and nothing
+    across them; it runs as a packed batch (`attention_varlen`, cu_seqlens on the GPU). Any
+    other mask (padding, sliding windows, ...) is refused by name rather than ignored."""
     if dropout:
         raise ValueError(f"dropout must be 0 (wavefront has no dropout), got {dropout!r}")
     if attention_mask is not None:
-        raise ValueError("attention_mask must be None: wavefront applies the causal mask itself "
-                         "and runs no mask tensor (padding masks are not supported)")
+        cu_seqlens = _packed_sequences(attention_mask, kwargs.get("position_ids"), query, key)
+        if cu_seqlens is None:
+            raise ValueError("attention_mask must be None, or the causal mask of sequences "
+                             "packed in one row (position_ids restarting at each): wavefront "
+                             "applies the causal mask itself and runs no other mask tensor "
+                             "(padding masks are not supported)")
+        packed = [x[0].transpose(0, 1) for x in (query, key, value)]  # (seqlen, heads, D)
+        from wavefront.kernel.launcher import attention_varlen as launch_varlen
+        out = launch_varlen(*packed, cu_seqlens, cu_seqlens, causal=True, scale=scaling)
+        return out.unsqueeze(0), None
     causal = bool(getattr(module, "is_causal", True)) and query.shape[2] > 1
     out = _attention(query, key, value, causal, scaling)
     return out.transpose(1, 2), None
+
+
+# The last packed mask checked (`_packed_sequences`): every layer of a forward passes the same
+# mask and position_ids, so the check and the cu_seqlens are made once a forward.
+_packed_checked: list = []
+# Rows of the expected mask built at a time: its full square would double what the caller's
+# mask already takes (1 GB of booleans at 32k tokens).
+_MASK_ROWS_AT_A_TIME = 2048
+
+
+def _packed_sequences(mask, position_ids, query, key):
+    """cu_seqlens (int32, on the GPU) of the sequences packed in a one-row batch, where `mask`
+    (transformers' boolean (1, 1, T, T), True: attend) is exactly the causal mask within each
+    of them and nothing across, sequences starting where `position_ids` (1, T) do not go up by
+    one (transformers' own `find_packed_sequence_indices`); else None. Reads the mask and the
+    boundaries back: once per forward (the result is kept for the same unmodified tensors)."""
+    if (not isinstance(mask, torch.Tensor) or not isinstance(position_ids, torch.Tensor)
+            or torch.compiler.is_compiling()):
+        return None
+    rows = query.shape[2]
+    if (query.shape[0] != 1 or key.shape[2] != rows or mask.dtype != torch.bool
+            or tuple(mask.shape) != (1, 1, rows, rows) or position_ids.numel() != rows
+            or mask.device != query.device or position_ids.device != query.device):
+        return None
+    # Inference tensors keep no version counter: checked every call.
+    stamp = (None if mask.is_inference() or position_ids.is_inference() else
+             (mask._version, position_ids._version))
+    for kept_mask, kept_ids, kept_stamp, cu_seqlens in _packed_checked:
+        if (kept_mask() is mask and kept_ids() is position_ids and stamp is not None
+                and stamp == kept_stamp):
+            return cu_seqlens
+    ids = position_ids.reshape(-1)
+    sequence = (torch.diff(ids, prepend=ids[:1] - 1) != 1).cumsum(0)
+    within = mask[0, 0]
+    for first in range(0, rows, _MASK_ROWS_AT_A_TIME):
+        last = min(rows, first + _MASK_ROWS_AT_A_TIME)
+        expected = sequence[first:last, None] == sequence[None, :]
+        expected &= (torch.arange(first, last, device=ids.device)[:, None]
+                     >= torch.arange(rows, device=ids.device)[None, :])
+        if not torch.equal(within[first:last], expected):
+            return None
+    starts = torch.nonzero(torch.diff(sequence)).reshape(-1) + 1
+    cu_seqlens = torch.cat([starts.new_zeros(1), starts, starts.new_full((1,), rows)]).to(
+        torch.int32)
+    import weakref
+    _packed_checked[:] = [(weakref.ref(mask), weakref.ref(position_ids), stamp, cu_seqlens)]
+    return cu_seqlens
 
 
 def register_with_transformers(name: str = "wavefront", forward=hf_attention_forward) -> str:
