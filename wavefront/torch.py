@@ -17,6 +17,7 @@ kernel itself, so every replay is a fresh launch.
 """
 from __future__ import annotations
 
+import weakref
 from typing import Optional
 
 import torch
@@ -176,7 +177,6 @@ def _packed_sequences(mask, position_ids, query, key):
     starts = torch.nonzero(torch.diff(sequence)).reshape(-1) + 1
     cu_seqlens = torch.cat([starts.new_zeros(1), starts, starts.new_full((1,), rows)]).to(
         torch.int32)
-    import weakref
     _packed_checked[:] = [(weakref.ref(mask), weakref.ref(position_ids), stamp, cu_seqlens)]
     return cu_seqlens
 
