@@ -10,13 +10,13 @@ reads the mask back once a forward).
     python scripts/packed_prefill.py [--sequences 16 --tokens 16384 --rounds 7] [--out DIR]
 """
 import argparse
-import json
 import random
 import statistics
 from pathlib import Path
 
 import torch
 
+from wavefront.measure.sink import JsonlSink
 from wavefront.measure.varlen_bench import long_tailed_lengths
 
 
@@ -78,24 +78,16 @@ def main():
           f"{args.sequences} sequences of {args.tokens} tokens packed in one row "
           f"(lengths {min(lengths)}-{max(lengths)}); GPU ms per forward, median [min, max] of "
           f"{args.rounds} rounds")
-    rows = []
-    for case in cases:
-        values = samples[case]
-        median = statistics.median(values)
-        print(f"  {case:34s} {median:8.2f} [{min(values):.2f}, {max(values):.2f}]  "
-              f"x{base / median:.2f} vs packed SDPA  logits rel. error {errors[case]:.2e}")
-        rows.append({"gpu": torch.cuda.get_device_name(), "case": case, "ms": values,
-                     "logits_rel_error_vs_one_by_one_sdpa": errors[case],
-                     "lengths": lengths, "layers": args.layers,
-                     "transformers": transformers.__version__})
-    if args.out:
-        args.out.mkdir(parents=True, exist_ok=True)
-        with open(args.out / "packed_prefill.jsonl", "w") as f:
-            for row in rows:
-                f.write(json.dumps(row) + "\n")
-        from wavefront.measure.sink import write_run_manifest
-        write_run_manifest(args.out, ["packed_prefill.jsonl"])
-
+    with JsonlSink(args.out, "packed_prefill.jsonl") as sink:  # with a run manifest
+        for case in cases:
+            values = samples[case]
+            median = statistics.median(values)
+            print(f"  {case:34s} {median:8.2f} [{min(values):.2f}, {max(values):.2f}]  "
+                  f"x{base / median:.2f} vs packed SDPA  logits rel. error {errors[case]:.2e}")
+            sink.write({"gpu": torch.cuda.get_device_name(), "case": case, "ms": values,
+                        "logits_rel_error_vs_one_by_one_sdpa": errors[case],
+                        "lengths": lengths, "layers": args.layers,
+                        "transformers": transformers.__version__})
 
 if __name__ == "__main__":
     main()

@@ -13,7 +13,6 @@ layer (what a model that makes them per layer pays: a table written per layer).
     python scripts/varlen_layers.py /tmp/old [--layers 32 --rounds 15] [--out DIR]
 """
 import argparse
-import json
 import random
 import statistics
 from pathlib import Path
@@ -21,6 +20,7 @@ from pathlib import Path
 import torch
 
 from ab_call import load_versions
+from wavefront.measure.sink import JsonlSink
 from wavefront.measure.varlen_bench import long_tailed_lengths
 
 # (label, sequences, tokens): a serving step's small batch, and issue 20's packed batch.
@@ -48,7 +48,7 @@ def main():
     parser.add_argument("--out", type=Path, help="write varlen_layers.jsonl and a manifest here")
     args = parser.parse_args()
     other, this = load_versions(args.other)
-    rows = []
+    sink = JsonlSink(args.out, "varlen_layers.jsonl")  # rows as measured, with a manifest
     print(f"{torch.cuda.get_device_name()}: GPU ms per step of {args.layers} layers, "
           f"H{args.heads} KV{args.kv_heads} D{args.head_dim} bf16, cu_seqlens on the GPU, "
           f"median [min, max] of {args.rounds} rounds")
@@ -86,18 +86,12 @@ def main():
                 median = statistics.median(values)
                 print(f"  {name:36s} {median:8.3f} [{min(values):.3f}, {max(values):.3f}]"
                       f"  x{base / median:.2f} against other")
-                rows.append({"gpu": torch.cuda.get_device_name(), "batch": label,
+                sink.write({"gpu": torch.cuda.get_device_name(), "batch": label,
                              "sequences": sequences, "tokens": tokens, "causal": causal,
                              "heads": args.heads, "kv_heads": args.kv_heads,
                              "head_dim": args.head_dim, "layers": args.layers, "case": name,
                              "other": str(args.other), "step_ms": values})
-    if args.out:
-        args.out.mkdir(parents=True, exist_ok=True)
-        with open(args.out / "varlen_layers.jsonl", "w") as f:
-            for row in rows:
-                f.write(json.dumps(row) + "\n")
-        from wavefront.measure.sink import write_run_manifest
-        write_run_manifest(args.out, ["varlen_layers.jsonl"])
+    sink.close()
 
 
 if __name__ == "__main__":
