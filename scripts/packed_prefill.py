@@ -89,5 +89,6 @@ def main():
                         "lengths": lengths, "layers": args.layers,
                         "transformers": transformers.__version__})
 
+
 if __name__ == "__main__":
     main()
