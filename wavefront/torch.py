@@ -17,7 +17,6 @@ kernel itself, so every replay is a fresh launch.
 """
 from __future__ import annotations
 
-import weakref
 from typing import Optional
 
 import torch
@@ -157,12 +156,9 @@ def _packed_sequences(mask, position_ids, query, key):
             or tuple(mask.shape) != (1, 1, rows, rows) or position_ids.numel() != rows
             or mask.device != query.device or position_ids.device != query.device):
         return None
-    # Inference tensors keep no version counter: checked every call.
-    stamp = (None if mask.is_inference() or position_ids.is_inference() else
-             (mask._version, position_ids._version))
-    for kept_mask, kept_ids, kept_stamp, cu_seqlens in _packed_checked:
-        if (kept_mask() is mask and kept_ids() is position_ids and stamp is not None
-                and stamp == kept_stamp):
+    from wavefront.kernel.launcher import stamp_matches, tensors_stamp
+    for stamp, cu_seqlens in _packed_checked:
+        if stamp_matches(stamp, mask, position_ids):
             return cu_seqlens
     ids = position_ids.reshape(-1)
     sequence = (torch.diff(ids, prepend=ids[:1] - 1) != 1).cumsum(0)
@@ -177,7 +173,8 @@ def _packed_sequences(mask, position_ids, query, key):
     starts = torch.nonzero(torch.diff(sequence)).reshape(-1) + 1
     cu_seqlens = torch.cat([starts.new_zeros(1), starts, starts.new_full((1,), rows)]).to(
         torch.int32)
-    _packed_checked[:] = [(weakref.ref(mask), weakref.ref(position_ids), stamp, cu_seqlens)]
+    # (inference tensors keep no version counter, and get no stamp: checked every call)
+    _packed_checked[:] = [(tensors_stamp(mask, position_ids), cu_seqlens)]
     return cu_seqlens
 
 

@@ -633,7 +633,7 @@ def attention_positional(q, k, v, causal, schedule, tiles, occupancy, scale, ret
         out = launcher.new_output(q) if out is None else _checked_output(view, out)
         lse = _empty(view, view.shape[:3], "float32") if launcher.return_lse else None
     else:
-        with _allocating_on(view, stream):
+        with _as_current_stream(view, stream):
             out = launcher.new_output(q) if out is None else _checked_output(view, out)
             lse = _empty(view, view.shape[:3], "float32") if launcher.return_lse else None
     if launcher.capturing(stream if type(stream) is int else _stream_handle(stream)):
@@ -793,7 +793,7 @@ def _launch_packed(launcher, q, q4, k4, v4, out, stream):
         if vo.shape != (total_q, heads, head_dim) or vo.dtype != view.dtype:
             raise ValueError(f"out must have q's shape {(total_q, heads, head_dim)} and dtype "
                              f"{view.dtype}, got {vo.shape} {vo.dtype}")
-    with contextlib.nullcontext() if stream is None else _allocating_on(view, stream):
+    with contextlib.nullcontext() if stream is None else _as_current_stream(view, stream):
         if out is None:
             out = _empty(view, (total_q, heads, head_dim), view.dtype)
         lse = _empty(view, (1, heads, total_q), "float32") if launcher.return_lse else None
@@ -918,10 +918,9 @@ def _write_table_from_lengths(launcher, cu_seqlens_q, cu_seqlens_k, stream, rows
 
     import wavefront.kernel.torch_arrays  # noqa: F401  (the formulas' operations on torch)
     handle = _stream_handle(stream)
-    on_stream = (contextlib.nullcontext() if handle == launcher.current_stream() else
-                 torch.cuda.stream(torch.cuda.ExternalStream(handle)))
     entries = launcher.launch.batch + 1
-    with on_stream:
+    with (contextlib.nullcontext() if handle == launcher.current_stream() else
+          _as_current_stream(launcher.view, handle)):
         launcher = launcher.on_stream(handle)
         if torch.cuda.is_current_stream_capturing():
             launcher._lengths_may_change_unseen = True
@@ -961,24 +960,36 @@ def _write_table_from_lengths(launcher, cu_seqlens_q, cu_seqlens_k, stream, rows
 REUSE_UNCHANGED_LENGTHS = True
 
 
-def _lengths_stamp(cu_seqlens_q, cu_seqlens_k, rows_q: int, rows_k: int):
-    """What identifies the lengths a table is written from without reading them: each
-    cu_seqlens tensor (weakly: a new tensor at a freed one's address is another object) and
-    its version counter, and the packed rows; None where a tensor keeps no version counter
-    (an inference tensor)."""
-    if cu_seqlens_q.is_inference() or cu_seqlens_k.is_inference():
+def tensors_stamp(*tensors):
+    """What identifies the contents of torch tensors without reading them: each tensor
+    (weakly: a new tensor at a freed one's address is another object) and its version
+    counter, which an in-place write bumps; None where one keeps no version counter (an
+    inference tensor, made under `torch.inference_mode`)."""
+    if any(t.is_inference() for t in tensors):
         return None
-    return (weakref.ref(cu_seqlens_q), cu_seqlens_q._version, weakref.ref(cu_seqlens_k),
-            cu_seqlens_k._version, rows_q, rows_k)
+    return tuple((weakref.ref(t), t._version) for t in tensors)
+
+
+def stamp_matches(stamp, *tensors) -> bool:
+    """Whether `tensors` are those `stamp` (`tensors_stamp`) was taken of, unmodified since."""
+    return (stamp is not None and len(stamp) == len(tensors)
+            and all(ref() is t and t._version == version
+                    for (ref, version), t in zip(stamp, tensors)))
+
+
+def _lengths_stamp(cu_seqlens_q, cu_seqlens_k, rows_q: int, rows_k: int):
+    """What identifies the lengths a table is written from: the cu_seqlens tensors'
+    `tensors_stamp` and the packed rows; None where a tensor keeps no version counter."""
+    stamp = tensors_stamp(cu_seqlens_q, cu_seqlens_k)
+    return None if stamp is None else (stamp, rows_q, rows_k)
 
 
 def _same_lengths(stamp, cu_seqlens_q, cu_seqlens_k, rows_q: int, rows_k: int) -> bool:
     """Whether these cu_seqlens and rows are those `stamp` (`_lengths_stamp`) was taken of,
     the tensors unmodified since."""
-    ref_q, version_q, ref_k, version_k, stamped_q, stamped_k = stamp
-    return (ref_q() is cu_seqlens_q and ref_k() is cu_seqlens_k and stamped_q == rows_q
-            and stamped_k == rows_k and cu_seqlens_q._version == version_q
-            and cu_seqlens_k._version == version_k)
+    tensors, stamped_q, stamped_k = stamp
+    return (stamped_q == rows_q and stamped_k == rows_k
+            and stamp_matches(tensors, cu_seqlens_q, cu_seqlens_k))
 
 
 def _stage(staged, cu_seqlens_q, cu_seqlens_k, rows_q: int, rows_k: int) -> None:
@@ -1200,14 +1211,15 @@ def cupy_stream(handle: int):
     return cupy.cuda.ExternalStream(handle)
 
 
-def _allocating_on(vq: _ArrayView, stream):
-    """A context in which q's library allocates on `stream` (a handle, a torch or a CuPy
-    stream), for an output made for a call given `stream=`: both libraries' pools hand out
-    memory per stream, ordered after that stream's frees only. Made on the current stream
-    instead, an output could take memory that work still queued there reads, and the kernel
-    on `stream` would overwrite it; torch would also hand it back to the current stream when
-    the caller frees it. So the call behaves as the same call inside
-    `with torch.cuda.stream(stream)` (or CuPy's `with stream`) does."""
+def _as_current_stream(vq: _ArrayView, stream):
+    """A context in which `stream` (a handle, a torch or a CuPy stream) is q's library's
+    current stream: its operations run there and its pool allocates there. For an output
+    made for a call given `stream=`: both libraries' pools hand out memory per stream,
+    ordered after that stream's frees only. Made on the current stream instead, an output
+    could take memory that work still queued there reads, and the kernel on `stream` would
+    overwrite it; torch would also hand it back to the current stream when the caller frees
+    it. So the call behaves as the same call inside `with torch.cuda.stream(stream)` (or
+    CuPy's `with stream`) does."""
     if vq.library == "torch":
         import torch
         if not isinstance(stream, torch.cuda.Stream):
