@@ -628,7 +628,7 @@ def attention_positional(q, k, v, causal, schedule, tiles, occupancy, scale, ret
     else:
         launcher.recently_used = True  # a hit (`_keep`)
     view = launcher.view
-    if stream is None:
+    if stream is None:  # the usual call: the same two lines, without entering a context
         stream = launcher.current_stream()
         out = launcher.new_output(q) if out is None else _checked_output(view, out)
         lse = _empty(view, view.shape[:3], "float32") if launcher.return_lse else None
