@@ -31,6 +31,7 @@ import argparse
 import random
 import statistics
 import time
+from itertools import accumulate
 from pathlib import Path
 
 import torch
@@ -166,11 +167,8 @@ def main():
                         dtype=torch.bfloat16, generator=gen) for _ in range(2))
 
     def bounds_of(seed, sequences=args.sequences):
-        lengths = long_tailed_lengths(sequences, args.tokens, seed=seed)
-        bounds = [0]
-        for n in lengths:
-            bounds.append(bounds[-1] + int(n))
-        return bounds
+        return list(accumulate(long_tailed_lengths(sequences, args.tokens, seed=seed),
+                               initial=0))
     if args.first_calls:
         return first_calls(args, q, k, v, bounds_of)
     if args.gpu_lengths:

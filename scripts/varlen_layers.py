@@ -15,6 +15,7 @@ layer (what a model that makes them per layer pays: a table written per layer).
 import argparse
 import random
 import statistics
+from itertools import accumulate
 from pathlib import Path
 
 import torch
@@ -55,10 +56,8 @@ def main():
     for label, sequences, tokens in BATCHES:
         for causal in (True, False):
             lengths = long_tailed_lengths(sequences, tokens, seed=sequences)
-            bounds = [0]
-            for n in lengths:
-                bounds.append(bounds[-1] + n)
-            shared = torch.tensor(bounds, dtype=torch.int32, device="cuda")
+            shared = torch.tensor(list(accumulate(lengths, initial=0)), dtype=torch.int32,
+                                  device="cuda")
             gen = torch.Generator(device="cuda").manual_seed(tokens)
             q = torch.randn(tokens, args.heads, args.head_dim, device="cuda",
                             dtype=torch.bfloat16, generator=gen)

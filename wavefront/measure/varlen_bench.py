@@ -12,6 +12,7 @@ A contender this torch lacks or that refuses the batch is left out and said so.
 from __future__ import annotations
 
 import math
+from itertools import accumulate
 
 
 def long_tailed_lengths(n: int, total: int, seed: int = 0, longest: int = 32768) -> list[int]:
@@ -44,9 +45,7 @@ def varlen_contenders(lengths, *, heads: int, kv_heads: int, head_dim: int, caus
     from wavefront.results.measurement import CORRECTNESS_TOLERANCE
     g = torch.Generator(device="cuda").manual_seed(seed)
     total = sum(lengths)
-    bounds = [0]
-    for n in lengths:
-        bounds.append(bounds[-1] + n)
+    bounds = list(accumulate(lengths, initial=0))
 
     def packed(h):
         return torch.randn(total, h, head_dim, device="cuda", dtype=torch.bfloat16, generator=g)
