@@ -2,10 +2,13 @@
 packed in one row, position_ids restarting at each, its attention routed to wavefront (a
 packed batch, `attention_varlen`) against transformers' SDPA path on the same row (which needs
 the packed mask as a tensor) and against the sequences run one by one on the SDPA path.
+wavefront runs twice: with its own mask builder (`hf_mask`: the layers get the sequences'
+bounds, the mask built and checked in blocks of rows) and with SDPA's (the layers get the
+T x T tensor, which the hook checks once a forward).
 
-Medians of interleaved rounds of GPU ms per forward (CUDA events), the logits' relative error
-against the one-by-one SDPA run, and the packed-mask check's share (wavefront's first layer
-reads the mask back once a forward).
+Medians of interleaved rounds of GPU ms per forward (CUDA events), the peak GPU memory a
+forward allocates (torch's allocator), and the logits' relative error against the one-by-one
+SDPA run.
 
     python scripts/packed_prefill.py [--sequences 16 --tokens 16384 --rounds 7] [--out DIR]
 """
@@ -33,6 +36,10 @@ def main():
 
     import wavefront.torch as wft
     name = wft.register_with_transformers()
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+    AttentionInterface.register("wavefront_sdpa_mask", wft.hf_attention_forward)
+    AttentionMaskInterface.register("wavefront_sdpa_mask", sdpa_mask)
     torch.manual_seed(0)
     config = LlamaConfig(vocab_size=32000, hidden_size=2048, intermediate_size=5632,
                          num_hidden_layers=args.layers, num_attention_heads=16,
@@ -53,16 +60,24 @@ def main():
                 model.config._attn_implementation = "sdpa"
                 return torch.cat([model(input_ids=s[None], use_cache=False).logits[0]
                                   for s in sequences])
-            model.config._attn_implementation = name if case.startswith("wavefront") else "sdpa"
+            model.config._attn_implementation = implementations[case]
             return model(input_ids=ids, position_ids=position_ids, use_cache=False).logits[0]
 
-    cases = ["wavefront, packed row", "sdpa, packed row (mask tensor)",
-             "sdpa, one sequence at a time"]
-    reference = forward(cases[2]).float()
-    errors = {}
+    implementations = {"wavefront, packed row": name,
+                       "wavefront, packed row, SDPA's mask tensor": "wavefront_sdpa_mask",
+                       "sdpa, packed row (mask tensor)": "sdpa"}
+    cases = [*implementations, "sdpa, one sequence at a time"]
+    reference = forward(cases[-1]).float()
+    errors, peak_gb = {}, {}
     for case in cases:
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        before = torch.cuda.memory_allocated()
         got = forward(case).float()
+        torch.cuda.synchronize()
+        peak_gb[case] = (torch.cuda.max_memory_allocated() - before) / 2**30
         errors[case] = float((got - reference).norm() / reference.norm())
+        del got
     samples = {case: [] for case in cases}
     for _ in range(args.rounds):
         for case in random.sample(cases, len(cases)):
@@ -72,7 +87,7 @@ def main():
             stop.record()
             stop.synchronize()
             samples[case].append(start.elapsed_time(stop))
-    base = statistics.median(samples[cases[1]])
+    base = statistics.median(samples["sdpa, packed row (mask tensor)"])
     print(f"{torch.cuda.get_device_name()}: transformers {transformers.__version__} "
           f"LlamaForCausalLM, {args.layers} layers, hidden 2048, 16/4 heads, bf16; "
           f"{args.sequences} sequences of {args.tokens} tokens packed in one row "
@@ -82,9 +97,11 @@ def main():
         for case in cases:
             values = samples[case]
             median = statistics.median(values)
-            print(f"  {case:34s} {median:8.2f} [{min(values):.2f}, {max(values):.2f}]  "
-                  f"x{base / median:.2f} vs packed SDPA  logits rel. error {errors[case]:.2e}")
+            print(f"  {case:42s} {median:8.2f} [{min(values):.2f}, {max(values):.2f}]  "
+                  f"x{base / median:.2f} vs packed SDPA  peak {peak_gb[case]:5.2f} GB  "
+                  f"logits rel. error {errors[case]:.2e}")
             sink.write({"gpu": torch.cuda.get_device_name(), "case": case, "ms": values,
+                        "peak_allocated_gb": peak_gb[case],
                         "logits_rel_error_vs_one_by_one_sdpa": errors[case],
                         "lengths": lengths, "layers": args.layers,
                         "transformers": transformers.__version__})

@@ -428,10 +428,12 @@ def test_an_empty_sequence_is_named():
 def test_a_padding_free_batch_through_transformers_llama_runs_packed(monkeypatch):
     """Sequences packed in one row with position_ids restarting (transformers' padding-free
     batches), through transformers' `LlamaForCausalLM` with its attention routed to wavefront:
-    every layer runs the packed batch (`attention_varlen`), the table written once for the
+    every layer gets the sequences' bounds from wavefront's mask builder (not the T x T
+    tensor) and runs the packed batch (`attention_varlen`), the table written once for the
     forward's layers; each sequence's logits are those of the same sequence run alone on the
-    SDPA path, as close as transformers' own SDPA path on the packed row gets. Skips where
-    transformers is not installed."""
+    SDPA path, as close as transformers' own SDPA path on the packed row gets. The same row
+    with SDPA's mask tensor handed to the hook (the tensor route) gives the same logits.
+    Skips where transformers is not installed."""
     pytest.importorskip("transformers")
     from transformers import LlamaConfig, LlamaForCausalLM
 
@@ -443,7 +445,17 @@ def test_a_padding_free_batch_through_transformers_llama_runs_packed(monkeypatch
     launch_varlen = kernel_launcher.attention_varlen
     monkeypatch.setattr(kernel_launcher, "attention_varlen",
                         lambda *a, **kw: (packed_calls.append(1), launch_varlen(*a, **kw))[1])
-    name = wft.register_with_transformers()
+    masks = []
+
+    def forward(module, query, key, value, attention_mask, *args, **kwargs):
+        masks.append(attention_mask)
+        return wft.hf_attention_forward(module, query, key, value, attention_mask, *args,
+                                        **kwargs)
+    name = wft.register_with_transformers(forward=forward)
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+    AttentionInterface.register("wavefront_sdpa_mask", forward)
+    AttentionMaskInterface.register("wavefront_sdpa_mask", sdpa_mask)
     torch.manual_seed(0)
     config = LlamaConfig(vocab_size=1000, hidden_size=512, intermediate_size=1024,
                          num_hidden_layers=3, num_attention_heads=8, num_key_value_heads=2,
@@ -465,8 +477,16 @@ def test_a_padding_free_batch_through_transformers_llama_runs_packed(monkeypatch
     alone = torch.cat([logits("sdpa", s[None]) for s in sequences]).float()
     ours_alone = torch.cat([logits(name, s[None]) for s in sequences]).float()
     packed_calls.clear()
+    masks.clear()
     ours = logits(name, ids, position_ids).float()
     assert len(packed_calls) == config.num_hidden_layers and len(staged) == 1
+    assert all(isinstance(m, wft.PackedCausalMask) for m in masks), masks
+    assert masks[0].cu_seqlens.tolist() == [0, *torch.tensor(lengths).cumsum(0).tolist()]
+    masks.clear()
+    from_tensor = logits("wavefront_sdpa_mask", ids, position_ids).float()
+    assert all(isinstance(m, torch.Tensor) and m.shape[-1] == len(position_ids[0])
+               for m in masks), masks
+    assert torch.equal(from_tensor, ours)
     theirs = logits("sdpa", ids, position_ids).float()
 
     def error(x):

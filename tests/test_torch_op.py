@@ -81,48 +81,132 @@ def test_transformers_hook_refuses_masks_and_dropout():
 
 
 def _packed_mask(lengths, causal=True):
-    """transformers' mask for sequences packed in one row (True: attend), and its position_ids:
-    each sequence causal within itself, nothing across."""
+    """transformers' mask for sequences packed in one row (True: attend): each sequence causal
+    within itself, nothing across."""
     sequence = torch.repeat_interleave(torch.arange(len(lengths)), torch.tensor(lengths))
     rows = torch.arange(len(sequence))
     mask = sequence[:, None] == sequence[None, :]
     if causal:
         mask &= rows[:, None] >= rows[None, :]
-    return mask[None, None], torch.cat([torch.arange(n) for n in lengths])[None]
+    return mask[None, None]
 
 
 def test_transformers_hook_reads_packed_sequences_from_their_mask(monkeypatch):
-    """A padding-free batch (sequences packed in one row, position_ids restarting) reaches the
-    hook with its mask: the hook takes the sequences' bounds from position_ids and runs the
-    packed batch only where the mask is exactly each sequence's causal mask (checked a block
-    of rows at a time); anything else is refused as before. The bounds are made once for the
-    same unmodified mask and position_ids (a forward's layers), anew after a change."""
+    """A padding-free batch's mask handed to the hook as a tensor: the hook runs the packed
+    batch only where the mask is exactly each sequence's causal mask (checked a block of rows
+    at a time), with the bounds the mask itself gives; anything else is refused as before.
+    The bounds are made once for the same unmodified mask (a forward's layers), anew after a
+    change."""
     monkeypatch.setattr(wft, "_MASK_ROWS_AT_A_TIME", 3)
     lengths = [3, 5, 1, 4]
     rows = sum(lengths)
     q, k = torch.empty(1, 4, rows, 64), torch.empty(1, 2, rows, 64)
-    mask, position_ids = _packed_mask(lengths)
-    cu_seqlens = wft._packed_sequences(mask, position_ids, q, k)
+    mask = _packed_mask(lengths)
+    cu_seqlens = wft._packed_sequences(mask, q, k)
     assert cu_seqlens.tolist() == [0, 3, 8, 9, 13] and cu_seqlens.dtype == torch.int32
-    assert wft._packed_sequences(mask, position_ids, q, k) is cu_seqlens
-    position_ids.add_(0)  # an in-place write: made anew
-    assert wft._packed_sequences(mask, position_ids, q, k) is not cu_seqlens
+    assert wft._packed_sequences(mask, q, k) is cu_seqlens
+    mask.logical_and_(mask)  # an in-place write: made anew
+    assert wft._packed_sequences(mask, q, k) is not cu_seqlens
     wrong = mask.clone()
     wrong[0, 0, 12, 4] = True  # one row sees another sequence
-    bidirectional, _ = _packed_mask(lengths, causal=False)
-    shifted = torch.cat([torch.arange(n) for n in [3, 5, 2, 3]])[None]
-    for args in ((wrong, position_ids, q, k), (bidirectional, position_ids, q, k),
-                 (mask, shifted, q, k), (mask.float(), position_ids, q, k),
-                 (mask, None, q, k), (mask.expand(2, 1, rows, rows), position_ids,
-                                      q.expand(2, -1, -1, -1), k.expand(2, -1, -1, -1))):
+    hole = mask.clone()
+    hole[0, 0, 7, 5] = False  # one row misses a token of its own sequence
+    empty_row = mask.clone()
+    empty_row[0, 0, 0, 0] = False
+    for args in ((wrong, q, k), (hole, q, k), (empty_row, q, k),
+                 (_packed_mask(lengths, causal=False), q, k), (mask.float(), q, k),
+                 (mask.expand(2, 1, rows, rows), q.expand(2, -1, -1, -1),
+                  k.expand(2, -1, -1, -1)), (mask[..., :-1, :-1], q, k)):
         assert wft._packed_sequences(*args) is None
     with pytest.raises(ValueError, match="^attention_mask must be None, or the causal mask"):
-        wft.hf_attention_forward(object(), q, k, k, wrong, position_ids=position_ids)
+        wft.hf_attention_forward(object(), q, k, k, wrong)
     with torch.inference_mode():
-        frozen_mask, frozen_ids = _packed_mask(lengths)
-    first = wft._packed_sequences(frozen_mask, frozen_ids, q, k)
+        frozen_mask = _packed_mask(lengths)
+    first = wft._packed_sequences(frozen_mask, q, k)
     assert first.tolist() == [0, 3, 8, 9, 13]
-    assert wft._packed_sequences(frozen_mask, frozen_ids, q, k) is not first  # no counter
+    assert wft._packed_sequences(frozen_mask, q, k) is not first  # no counter
+
+
+def test_block_causal_bounds_find_every_sequence_or_none(monkeypatch):
+    """`_block_causal_bounds` on random packings, whatever the block of rows: the bounds
+    the mask was made from; and None for any single cell flipped."""
+    generator = torch.Generator().manual_seed(3)
+    for block in (1, 4, 64):
+        monkeypatch.setattr(wft, "_MASK_ROWS_AT_A_TIME", block)
+        for _ in range(6):
+            sequences = int(torch.randint(1, 7, (1,), generator=generator))
+            lengths = torch.randint(1, 9, (sequences,), generator=generator).tolist()
+            mask = _packed_mask(lengths)[0, 0]
+            rows = len(mask)
+            bounds = wft._block_causal_bounds(lambda first, last: mask[first:last], rows)
+            assert bounds.tolist() == [0, *torch.tensor(lengths).cumsum(0).tolist()]
+            i, j = torch.randint(0, rows, (2,), generator=generator).tolist()
+            flipped = mask.clone()
+            flipped[i, j] = ~flipped[i, j]
+            assert wft._block_causal_bounds(lambda first, last: flipped[first:last],
+                                            rows) is None
+
+
+def _fake_sdpa_mask(requested):
+    """transformers' `sdpa_mask` as documented (a (batch, 1, q_length, kv_length) boolean
+    mask of `mask_function` at the rows from q_offset; None where a causal mask may be
+    skipped), noting the rows of every mask it builds."""
+    def sdpa_mask(batch_size, q_length, kv_length, q_offset=0, kv_offset=0,
+                  mask_function=None, attention_mask=None, allow_is_causal_skip=True,
+                  **kwargs):
+        if allow_is_causal_skip and attention_mask is None:
+            return None
+        requested.append(q_length)
+        q_idx = torch.arange(q_length)[:, None] + q_offset
+        kv_idx = torch.arange(kv_length)[None, :] + kv_offset
+        return mask_function(0, 0, q_idx, kv_idx).expand(batch_size, 1, q_length, kv_length)
+    return sdpa_mask
+
+
+def test_the_transformers_mask_builder_hands_packed_batches_their_bounds(monkeypatch):
+    """`hf_mask` with transformers' `sdpa_mask` stood in for (transformers is not a test
+    dependency): for a padding-free batch (its mask function: causal and the same
+    sequence), the layers get a `PackedCausalMask` of the sequences' bounds, the mask built
+    a block of rows at a time and never whole; one sequence gets None (the kernel's causal
+    mask); any other mask (a sliding window, two rows) gets SDPA's tensor, which the hook
+    refuses; a mask that may be skipped is left to transformers' rule."""
+    import sys
+    import types
+    requested = []
+    masking = types.ModuleType("transformers.masking_utils")
+    masking.sdpa_mask = _fake_sdpa_mask(requested)
+    monkeypatch.setitem(sys.modules, "transformers", types.ModuleType("transformers"))
+    monkeypatch.setitem(sys.modules, "transformers.masking_utils", masking)
+    monkeypatch.setattr(wft, "_MASK_ROWS_AT_A_TIME", 4)
+    lengths = [3, 5, 1, 4]
+    rows = sum(lengths)
+    sequence = torch.repeat_interleave(torch.arange(len(lengths)), torch.tensor(lengths))
+
+    def packed(b, h, q_idx, kv_idx):
+        return (kv_idx <= q_idx) & (sequence[q_idx] == sequence[kv_idx])
+
+    def sliding(b, h, q_idx, kv_idx):
+        return (kv_idx <= q_idx) & (kv_idx > q_idx - 3)
+
+    def build(mask_function, batch=1, **kw):
+        return wft.hf_mask(batch, rows, rows, mask_function=mask_function,
+                           allow_is_causal_skip=kw.pop("skip", False), **kw)
+    got = build(packed)
+    assert isinstance(got, wft.PackedCausalMask)
+    assert got.cu_seqlens.tolist() == [0, 3, 8, 9, 13] and got.rows == rows
+    assert max(requested) == 4 and sum(requested) == rows  # never the whole square
+    q, k = torch.empty(1, 4, rows, 64), torch.empty(1, 2, rows, 64)
+    assert got.bounds_for(q, k) is got.cu_seqlens
+    assert got.bounds_for(q[:, :, :-1], k[:, :, :-1]) is None
+    assert build(lambda b, h, q_idx, kv_idx: kv_idx <= q_idx) is None
+    for tensor in (build(sliding), build(packed, batch=2)):
+        assert tensor.dtype == torch.bool and tensor.shape[-2:] == (rows, rows)
+        with pytest.raises(ValueError, match="^attention_mask must be None"):
+            wft.hf_attention_forward(object(), q.expand(tensor.shape[0], -1, -1, -1),
+                                     k.expand(tensor.shape[0], -1, -1, -1),
+                                     k.expand(tensor.shape[0], -1, -1, -1), tensor)
+    requested.clear()
+    assert build(packed, skip=True) is None and not requested  # transformers' own rule
 
 
 def test_the_launcher_cache_key_separates_what_a_launch_depends_on():

@@ -22,8 +22,7 @@ from typing import Optional
 import torch
 
 __all__ = ["attention", "attention_varlen", "scaled_dot_product_attention",
-           "hf_attention_forward",
-           "register_with_transformers"]
+           "hf_attention_forward", "hf_mask", "PackedCausalMask", "register_with_transformers"]
 
 
 @torch.library.custom_op("wavefront::attention", mutates_args=(), device_types="cuda")
@@ -109,17 +108,22 @@ def hf_attention_forward(module, query, key, value, attention_mask, scaling=None
     self-attention, with query, key and value as (batch, heads, seqlen, head_dim). Returns
     (output as (batch, seqlen, heads, head_dim), None), as transformers' SDPA function does.
 
-    Register it with `register_with_transformers()`, which also registers SDPA's mask builder
-    for "wavefront": that builder returns no mask where the mask is purely causal (the causal
-    mask is then the kernel's own), and a tensor otherwise. One such tensor is run: a batch of
-    one row packing several sequences, marked by `position_ids` that restart (transformers'
-    padding-free batches), whose mask is the causal mask inside each sequence and nothing
-    across them; it runs as a packed batch (`attention_varlen`, cu_seqlens on the GPU). Any
-    other mask (padding, sliding windows, ...) is refused by name rather than ignored."""
+    Register it with `register_with_transformers()`, which also registers `hf_mask` as the
+    mask builder for its name. The masks it runs:
+    - None: the causal mask, the kernel's own;
+    - a `PackedCausalMask` (what `hf_mask` builds for transformers' padding-free batches:
+      sequences packed in one row, position_ids restarting at each): a packed batch
+      (`attention_varlen`, cu_seqlens on the GPU);
+    - a boolean (1, 1, T, T) tensor that is exactly that packed mask (checked once a
+      forward): the same packed batch.
+    Any other mask (padding, sliding windows, ...) is refused by name rather than ignored."""
     if dropout:
         raise ValueError(f"dropout must be 0 (wavefront has no dropout), got {dropout!r}")
     if attention_mask is not None:
-        cu_seqlens = _packed_sequences(attention_mask, kwargs.get("position_ids"), query, key)
+        if isinstance(attention_mask, PackedCausalMask):
+            cu_seqlens = attention_mask.bounds_for(query, key)
+        else:
+            cu_seqlens = _packed_sequences(attention_mask, query, key)
         if cu_seqlens is None:
             raise ValueError("attention_mask must be None, or the causal mask of sequences "
                              "packed in one row (position_ids restarting at each): wavefront "
@@ -134,47 +138,116 @@ def hf_attention_forward(module, query, key, value, attention_mask, scaling=None
     return out.transpose(1, 2), None
 
 
-# The last packed mask checked (`_packed_sequences`): every layer of a forward passes the same
-# mask and position_ids, so the check and the cu_seqlens are made once a forward.
-_packed_checked: list = []
-# Rows of the expected mask built at a time: its full square would double what the caller's
-# mask already takes (1 GB of booleans at 32k tokens).
+class PackedCausalMask:
+    """The mask of sequences packed in one row, each causal within itself and blind to the
+    others, as its bounds: what `hf_mask` hands a transformers model's layers in place of
+    the (1, 1, T, T) boolean tensor (1 GB at 32k tokens, 4 GB at 64k)."""
+
+    __slots__ = ("cu_seqlens", "rows")
+
+    def __init__(self, cu_seqlens: torch.Tensor, rows: int):
+        self.cu_seqlens = cu_seqlens  # int32, on the GPU: 0, then each sequence's end
+        self.rows = rows
+
+    def bounds_for(self, query, key):
+        """The cu_seqlens, where query and key are a one-row batch of this mask's rows; else
+        None (the mask of another batch)."""
+        if (query.shape[0] != 1 or query.shape[2] != self.rows or key.shape[2] != self.rows
+                or self.cu_seqlens.device != query.device):
+            return None
+        return self.cu_seqlens
+
+    def __repr__(self):
+        return f"PackedCausalMask({self.cu_seqlens.numel() - 1} sequences, {self.rows} rows)"
+
+
+def hf_mask(batch_size, q_length, kv_length, q_offset=0, kv_offset=0,
+            allow_is_causal_skip=True, **kwargs):
+    """transformers' mask builder for wavefront (`AttentionMaskInterface`; its arguments are
+    those of `transformers.masking_utils.sdpa_mask`): SDPA's boolean mask, except for the
+    one mask wavefront runs from its bounds. Where transformers asks for a mask it may not
+    skip over one row and no cache (its padding-free batches, among others), the mask is
+    built and checked a block of rows at a time, never whole: if it is exactly each of
+    consecutive sequences' causal mask and nothing across, the layers get a
+    `PackedCausalMask` (or None: one sequence, the plain causal mask); else SDPA's tensor,
+    which the attention function refuses by name."""
+    from transformers.masking_utils import sdpa_mask
+    if (not allow_is_causal_skip and batch_size == 1 and q_length == kv_length
+            and type(q_offset) is int and type(kv_offset) is int and q_offset == kv_offset == 0
+            and not torch.compiler.is_compiling()):
+        def rows(first, last):
+            block = sdpa_mask(1, last - first, kv_length, first, 0, allow_is_causal_skip=False,
+                              **kwargs)
+            return None if block is None else block[0, 0]
+        cu_seqlens = _block_causal_bounds(rows, q_length)
+        if cu_seqlens is not None:
+            return None if cu_seqlens.numel() == 2 else PackedCausalMask(cu_seqlens, q_length)
+    return sdpa_mask(batch_size, q_length, kv_length, q_offset, kv_offset,
+                     allow_is_causal_skip=allow_is_causal_skip, **kwargs)
+
+
+# Rows of a mask built or checked at a time (`_block_causal_bounds`): the whole square takes
+# 1 GB of booleans at 32k tokens, and the check would take that again.
 _MASK_ROWS_AT_A_TIME = 2048
 
 
-def _packed_sequences(mask, position_ids, query, key):
-    """cu_seqlens (int32, on the GPU) of the sequences packed in a one-row batch, where `mask`
-    (transformers' boolean (1, 1, T, T), True: attend) is exactly the causal mask within each
-    of them and nothing across, sequences starting where `position_ids` (1, T) do not go up by
-    one (transformers' own `find_packed_sequence_indices`); else None. Reads the mask and the
-    boundaries back: once per forward (the result is kept for the same unmodified tensors)."""
-    if (not isinstance(mask, torch.Tensor) or not isinstance(position_ids, torch.Tensor)
-            or torch.compiler.is_compiling()):
+def _block_causal_bounds(rows_of, rows: int):
+    """cu_seqlens (int32, on the mask's device) of consecutive sequences, if the boolean
+    (rows, rows) mask (True: attend) whose rows [first, last) `rows_of(first, last)` returns
+    is exactly each one's causal mask and False across them; else None. Each row's sequence
+    starts at its first True column; the mask must then be True from there to the diagonal
+    and nowhere else, and each row's start must be the row above's or the row itself. The
+    mask is read back once, at the end."""
+    if rows < 1:
+        return None
+    exact, starts = None, []
+    columns = None
+    for first in range(0, rows, _MASK_ROWS_AT_A_TIME):
+        last = min(rows, first + _MASK_ROWS_AT_A_TIME)
+        block = rows_of(first, last)
+        if (not isinstance(block, torch.Tensor) or block.dtype != torch.bool
+                or tuple(block.shape) != (last - first, rows)):
+            return None
+        if columns is None:
+            columns = torch.arange(rows, device=block.device)
+        start = block.to(torch.uint8).argmax(dim=1)  # argmax: the first True column
+        expected = ((columns[None, :] >= start[:, None])
+                    & (columns[None, :] <= columns[first:last, None]))
+        same = (block == expected).all()
+        exact = same if exact is None else exact & same
+        starts.append(start)
+    start = torch.cat(starts)
+    exact &= ((start[1:] == start[:-1]) | (start[1:] == columns[1:])).all()
+    if not bool(exact):
+        return None
+    begins = torch.nonzero(start == columns).reshape(-1)
+    return torch.cat([begins, begins.new_full((1,), rows)]).to(torch.int32)
+
+
+# The last packed mask tensor checked (`_packed_sequences`): every layer of a forward passes
+# the same mask, so the check and the cu_seqlens are made once a forward.
+_packed_checked: list = []
+
+
+def _packed_sequences(mask, query, key):
+    """cu_seqlens (int32, on the GPU) of the sequences packed in a one-row batch whose mask
+    (a boolean (1, 1, T, T) tensor, True: attend) is exactly each one's causal mask and
+    nothing across (`_block_causal_bounds`); else None. Reads the mask back once a forward:
+    the result is kept for the same unmodified tensor."""
+    if not isinstance(mask, torch.Tensor) or torch.compiler.is_compiling():
         return None
     rows = query.shape[2]
     if (query.shape[0] != 1 or key.shape[2] != rows or mask.dtype != torch.bool
-            or tuple(mask.shape) != (1, 1, rows, rows) or position_ids.numel() != rows
-            or mask.device != query.device or position_ids.device != query.device):
+            or tuple(mask.shape) != (1, 1, rows, rows) or mask.device != query.device):
         return None
     from wavefront.kernel.launcher import stamp_matches, tensors_stamp
     for stamp, cu_seqlens in _packed_checked:
-        if stamp_matches(stamp, mask, position_ids):
+        if stamp_matches(stamp, mask):
             return cu_seqlens
-    ids = position_ids.reshape(-1)
-    sequence = (torch.diff(ids, prepend=ids[:1] - 1) != 1).cumsum(0)
-    within = mask[0, 0]
-    for first in range(0, rows, _MASK_ROWS_AT_A_TIME):
-        last = min(rows, first + _MASK_ROWS_AT_A_TIME)
-        expected = sequence[first:last, None] == sequence[None, :]
-        expected &= (torch.arange(first, last, device=ids.device)[:, None]
-                     >= torch.arange(rows, device=ids.device)[None, :])
-        if not torch.equal(within[first:last], expected):
-            return None
-    starts = torch.nonzero(torch.diff(sequence)).reshape(-1) + 1
-    cu_seqlens = torch.cat([starts.new_zeros(1), starts, starts.new_full((1,), rows)]).to(
-        torch.int32)
-    # (inference tensors keep no version counter, and get no stamp: checked every call)
-    _packed_checked[:] = [(tensors_stamp(mask, position_ids), cu_seqlens)]
+    cu_seqlens = _block_causal_bounds(lambda first, last: mask[0, 0, first:last], rows)
+    if cu_seqlens is not None:
+        # (inference tensors keep no version counter, and get no stamp: checked every call)
+        _packed_checked[:] = [(tensors_stamp(mask), cu_seqlens)]
     return cu_seqlens
 
 
@@ -182,7 +255,7 @@ def register_with_transformers(name: str = "wavefront", forward=hf_attention_for
     """Make `attn_implementation=name` route a transformers model's attention to wavefront
     (`forward`: the attention function, `hf_attention_forward` or a wrapper of it)."""
     from transformers import AttentionInterface
-    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+    from transformers.masking_utils import AttentionMaskInterface
     AttentionInterface.register(name, forward)
-    AttentionMaskInterface.register(name, sdpa_mask)
+    AttentionMaskInterface.register(name, hf_mask)
     return name
