@@ -6,9 +6,10 @@ wavefront runs twice: with its own mask builder (`hf_mask`: the layers get the s
 bounds, the mask built and checked in blocks of rows) and with SDPA's (the layers get the
 T x T tensor, which the hook checks once a forward).
 
-Medians of interleaved rounds of GPU ms per forward (CUDA events), the peak GPU memory a
-forward allocates (torch's allocator), and the logits' relative error against the one-by-one
-SDPA run.
+Medians of interleaved rounds of GPU ms per forward (CUDA events; every token's logits), the
+peak GPU memory a forward allocates beyond the model when it keeps only the last token's
+logits (torch's allocator: a prefill step as `generate` runs it), and the logits' relative
+error against the one-by-one SDPA run.
 
     python scripts/packed_prefill.py [--sequences 16 --tokens 16384 --rounds 7] [--out DIR]
 """
@@ -54,14 +55,18 @@ def main():
     ids = torch.cat(sequences)[None]
     position_ids = torch.cat([torch.arange(n, device="cuda") for n in lengths])[None]
 
-    def forward(case):
+    def forward(case, logits_to_keep=0):
+        """The logits of every token (0), or of the last `logits_to_keep` tokens of each model
+        call (the packed row's, or each sequence's one by one)."""
         with torch.no_grad():
             if case == "sdpa, one sequence at a time":
                 model.config._attn_implementation = "sdpa"
-                return torch.cat([model(input_ids=s[None], use_cache=False).logits[0]
+                return torch.cat([model(input_ids=s[None], use_cache=False,
+                                        logits_to_keep=logits_to_keep).logits[0]
                                   for s in sequences])
             model.config._attn_implementation = implementations[case]
-            return model(input_ids=ids, position_ids=position_ids, use_cache=False).logits[0]
+            return model(input_ids=ids, position_ids=position_ids, use_cache=False,
+                         logits_to_keep=logits_to_keep).logits[0]
 
     implementations = {"wavefront, packed row": name,
                        "wavefront, packed row, SDPA's mask tensor": "wavefront_sdpa_mask",
@@ -70,14 +75,17 @@ def main():
     reference = forward(cases[-1]).float()
     errors, peak_gb = {}, {}
     for case in cases:
+        got = forward(case).float()
+        errors[case] = float((got - reference).norm() / reference.norm())
+        del got
+        # Memory as a prefill step takes it (generate keeps the last token's logits): all
+        # tokens' logits would take more than the attention and its mask.
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
         before = torch.cuda.memory_allocated()
-        got = forward(case).float()
+        forward(case, logits_to_keep=1)
         torch.cuda.synchronize()
         peak_gb[case] = (torch.cuda.max_memory_allocated() - before) / 2**30
-        errors[case] = float((got - reference).norm() / reference.norm())
-        del got
     samples = {case: [] for case in cases}
     for _ in range(args.rounds):
         for case in random.sample(cases, len(cases)):
@@ -98,10 +106,10 @@ def main():
             values = samples[case]
             median = statistics.median(values)
             print(f"  {case:42s} {median:8.2f} [{min(values):.2f}, {max(values):.2f}]  "
-                  f"x{base / median:.2f} vs packed SDPA  peak {peak_gb[case]:5.2f} GB  "
+                  f"x{base / median:.2f} vs packed SDPA  peak {peak_gb[case]:5.2f} GiB  "
                   f"logits rel. error {errors[case]:.2e}")
             sink.write({"gpu": torch.cuda.get_device_name(), "case": case, "ms": values,
-                        "peak_allocated_gb": peak_gb[case],
+                        "peak_allocated_gib_last_logits": peak_gb[case],
                         "logits_rel_error_vs_one_by_one_sdpa": errors[case],
                         "lengths": lengths, "layers": args.layers,
                         "transformers": transformers.__version__})
