@@ -141,7 +141,7 @@ def hf_attention_forward(module, query, key, value, attention_mask, scaling=None
 class PackedCausalMask:
     """The mask of sequences packed in one row, each causal within itself and blind to the
     others, as its bounds: what `hf_mask` hands a transformers model's layers in place of
-    the (1, 1, T, T) boolean tensor (1 GB at 32k tokens, 4 GB at 64k)."""
+    the (1, 1, T, T) boolean tensor (1 GiB at 32k tokens, 4 GiB at 64k)."""
 
     __slots__ = ("cu_seqlens", "rows")
 
@@ -187,7 +187,7 @@ def hf_mask(batch_size, q_length, kv_length, q_offset=0, kv_offset=0,
 
 
 # Rows of a mask built or checked at a time (`_block_causal_bounds`): the whole square takes
-# 1 GB of booleans at 32k tokens, and the check would take that again.
+# 1 GiB of booleans at 32k tokens, and the check would take that again.
 _MASK_ROWS_AT_A_TIME = 2048
 
 
