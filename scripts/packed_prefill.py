@@ -1,8 +1,9 @@
 """A padding-free prefill through transformers' Llama (GPU host with transformers): sequences
-packed in one row, position_ids restarting at each, its attention routed to wavefront (a
+packed in one row, position_ids restarting at each (or, with --padded, left padded to the
+longest, one row each, as batched prompts are), its attention routed to wavefront (a
 packed batch, `attention_varlen`) against transformers' SDPA path on the same row (which needs
 the packed mask as a tensor) and against the sequences run one by one on the SDPA path.
-wavefront runs twice: with its own mask builder (`hf_mask`: the layers get the sequences'
+On the packed row wavefront runs twice: with its own mask builder (`hf_mask`: the layers get the sequences'
 bounds, the mask built and checked in blocks of rows) and with SDPA's (the layers get the
 T x T tensor, which the hook checks once a forward).
 
@@ -11,7 +12,8 @@ peak GPU memory a forward allocates beyond the model when it keeps only the last
 logits (torch's allocator: a prefill step as `generate` runs it), and the logits' relative
 error against the one-by-one SDPA run.
 
-    python scripts/packed_prefill.py [--sequences 16 --tokens 16384 --rounds 7] [--out DIR]
+    python scripts/packed_prefill.py [--sequences 16 --tokens 16384 --rounds 7] [--padded]
+                                     [--out DIR]
 """
 import argparse
 import random
@@ -30,6 +32,9 @@ def main():
     parser.add_argument("--tokens", type=int, default=16384)
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--layers", type=int, default=8)
+    parser.add_argument("--padded", action="store_true",
+                        help="lay the sequences in a left-padded batch (one row each, the 2D "
+                             "padding mask), not packed in one row")
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
     import transformers
@@ -54,6 +59,18 @@ def main():
     sequences = [torch.randint(0, 32000, (n,), device="cuda", generator=g) for n in lengths]
     ids = torch.cat(sequences)[None]
     position_ids = torch.cat([torch.arange(n, device="cuda") for n in lengths])[None]
+    padding = None
+    if args.padded:  # left padded, as batched prompts are: each row ends at its last token
+        rows = max(lengths)
+        padding = torch.zeros(len(lengths), rows, dtype=torch.long, device="cuda")
+        padded_ids, padded_positions = torch.zeros_like(padding), torch.zeros_like(padding)
+        for b, sequence in enumerate(sequences):
+            padding[b, rows - len(sequence):] = 1
+            padded_ids[b, rows - len(sequence):] = sequence
+            padded_positions[b, rows - len(sequence):] = torch.arange(len(sequence),
+                                                                      device="cuda")
+        ids, position_ids = padded_ids, padded_positions
+    layout = "padded batch" if args.padded else "packed row"
 
     def forward(case, logits_to_keep=0):
         """The logits of every token (0), or of the last `logits_to_keep` tokens of each model
@@ -65,12 +82,16 @@ def main():
                                         logits_to_keep=logits_to_keep).logits[0]
                                   for s in sequences])
             model.config._attn_implementation = implementations[case]
-            return model(input_ids=ids, position_ids=position_ids, use_cache=False,
-                         logits_to_keep=logits_to_keep).logits[0]
+            logits = model(input_ids=ids, attention_mask=padding, position_ids=position_ids,
+                           use_cache=False, logits_to_keep=logits_to_keep).logits
+            if padding is None:
+                return logits[0]
+            return logits[:, -1] if logits_to_keep else logits[padding.bool()]  # real tokens
 
-    implementations = {"wavefront, packed row": name,
-                       "wavefront, packed row, SDPA's mask tensor": "wavefront_sdpa_mask",
-                       "sdpa, packed row (mask tensor)": "sdpa"}
+    implementations = {f"wavefront, {layout}": name,
+                       f"sdpa, {layout} (mask tensor)": "sdpa"}
+    if not args.padded:  # (the hook runs a mask tensor of one row only)
+        implementations["wavefront, packed row, SDPA's mask tensor"] = "wavefront_sdpa_mask"
     cases = [*implementations, "sdpa, one sequence at a time"]
     reference = forward(cases[-1]).float()
     errors, peak_gb = {}, {}
@@ -95,23 +116,24 @@ def main():
             stop.record()
             stop.synchronize()
             samples[case].append(start.elapsed_time(stop))
-    base = statistics.median(samples["sdpa, packed row (mask tensor)"])
+    base = statistics.median(samples[f"sdpa, {layout} (mask tensor)"])
     print(f"{torch.cuda.get_device_name()}: transformers {transformers.__version__} "
           f"LlamaForCausalLM, {args.layers} layers, hidden 2048, 16/4 heads, bf16; "
-          f"{args.sequences} sequences of {args.tokens} tokens packed in one row "
+          f"{args.sequences} sequences of {args.tokens} tokens, "
+          f"{'left padded to the longest' if args.padded else 'packed in one row'} "
           f"(lengths {min(lengths)}-{max(lengths)}); GPU ms per forward, median [min, max] of "
           f"{args.rounds} rounds")
-    with JsonlSink(args.out, "packed_prefill.jsonl") as sink:  # with a run manifest
+    with JsonlSink(args.out, f"{'padded' if args.padded else 'packed'}_prefill.jsonl") as sink:  # with a run manifest
         for case in cases:
             values = samples[case]
             median = statistics.median(values)
             print(f"  {case:42s} {median:8.2f} [{min(values):.2f}, {max(values):.2f}]  "
-                  f"x{base / median:.2f} vs packed SDPA  peak {peak_gb[case]:5.2f} GiB  "
+                  f"x{base / median:.2f} vs SDPA, {layout}  peak {peak_gb[case]:5.2f} GiB  "
                   f"logits rel. error {errors[case]:.2e}")
             sink.write({"gpu": torch.cuda.get_device_name(), "case": case, "ms": values,
                         "peak_allocated_gib_last_logits": peak_gb[case],
                         "logits_rel_error_vs_one_by_one_sdpa": errors[case],
-                        "lengths": lengths, "layers": args.layers,
+                        "lengths": lengths, "layers": args.layers, "layout": layout,
                         "transformers": transformers.__version__})
 
 

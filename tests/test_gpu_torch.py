@@ -496,3 +496,66 @@ def test_a_padding_free_batch_through_transformers_llama_runs_packed(monkeypatch
     assert torch.isfinite(ours).all()
     bound = min(0.05, 2 * (error(ours_alone) + error(theirs)) + 1e-3)
     assert error(ours) < bound, (error(ours), error(ours_alone), error(theirs))
+
+
+def test_a_padded_batch_through_transformers_llama_runs_packed():
+    """A padded batch (left padded, right padded, unpadded rows; the 2D attention mask)
+    through transformers' `LlamaForCausalLM` with its attention routed to wavefront: every
+    layer gets a `PackedCausalMask` of the rows' real tokens and runs them as one packed
+    batch; at real tokens the logits are those of each sequence run alone on the SDPA path,
+    as close as transformers' own SDPA path on the padded batch gets. Skips where
+    transformers is not installed."""
+    pytest.importorskip("transformers")
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    import wavefront.torch as wft
+    masks = []
+
+    def forward(module, query, key, value, attention_mask, *args, **kwargs):
+        masks.append(attention_mask)
+        return wft.hf_attention_forward(module, query, key, value, attention_mask, *args,
+                                        **kwargs)
+    name = wft.register_with_transformers("wavefront_padded_test", forward=forward)
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=1000, hidden_size=512, intermediate_size=1024,
+                         num_hidden_layers=3, num_attention_heads=8, num_key_value_heads=2,
+                         max_position_embeddings=4096, attn_implementation="sdpa")
+    model = LlamaForCausalLM(config).to(device="cuda", dtype=torch.bfloat16).eval()
+    rows = 700
+    spans = [(rows - 450, rows), (0, 333), (0, rows)]  # left, right, no padding
+    g = torch.Generator(device="cuda").manual_seed(2)
+    ids = torch.randint(0, 1000, (len(spans), rows), device="cuda", generator=g)
+    padding = torch.zeros(len(spans), rows, dtype=torch.long, device="cuda")
+    position_ids = torch.zeros_like(padding)
+    for b, (first, last) in enumerate(spans):
+        padding[b, first:last] = 1
+        position_ids[b, first:last] = torch.arange(last - first, device="cuda")
+
+    def logits(implementation, ids, padding=None, position_ids=None):
+        model.config._attn_implementation = implementation
+        with torch.no_grad():
+            return model(input_ids=ids, attention_mask=padding, position_ids=position_ids,
+                         use_cache=False).logits.float()
+
+    alone = [logits("sdpa", ids[b:b + 1, first:last])[0]
+             for b, (first, last) in enumerate(spans)]
+    masks.clear()
+    ours = logits(name, ids, padding, position_ids)
+    assert len(masks) == config.num_hidden_layers
+    assert all(isinstance(m, wft.PackedCausalMask) for m in masks), masks
+    assert masks[0].cu_seqlens.tolist() == [0, 450, 783, 783 + rows]
+    theirs = logits("sdpa", ids, padding, position_ids)
+
+    def error(x):
+        got = torch.cat([x[b, first:last] for b, (first, last) in enumerate(spans)])
+        want = torch.cat(alone)
+        return float((got - want).norm() / want.norm())
+    assert torch.isfinite(ours).all()
+    # wavefront's difference from SDPA on one sequence, and what the padded batch adds to
+    # transformers' own path; attending to padding or across rows would differ by far more
+    ours_alone = [logits(name, ids[b:b + 1, first:last])[0]
+                  for b, (first, last) in enumerate(spans)]
+    alone_error = float((torch.cat(ours_alone) - torch.cat(alone)).norm()
+                        / torch.cat(alone).norm())
+    bound = min(0.05, 2 * (alone_error + error(theirs)) + 1e-3)
+    assert error(ours) < bound, (error(ours), alone_error, error(theirs))

@@ -129,38 +129,59 @@ def test_transformers_hook_reads_packed_sequences_from_their_mask(monkeypatch):
 
 def test_block_causal_bounds_find_every_sequence_or_none(monkeypatch):
     """`_block_causal_bounds` on random packings, whatever the block of rows: the bounds
-    the mask was made from; and None for any single cell flipped."""
+    the mask was made from; and None for any single cell flipped, unless it is in the row
+    of a padding token (no sequence's: not read)."""
     generator = torch.Generator().manual_seed(3)
     for block in (1, 4, 64):
         monkeypatch.setattr(wft, "_MASK_ROWS_AT_A_TIME", block)
         for _ in range(6):
             sequences = int(torch.randint(1, 7, (1,), generator=generator))
             lengths = torch.randint(1, 9, (sequences,), generator=generator).tolist()
-            mask = _packed_mask(lengths)[0, 0]
-            rows = len(mask)
-            bounds = wft._block_causal_bounds(lambda first, last: mask[first:last], rows)
-            assert bounds.tolist() == [0, *torch.tensor(lengths).cumsum(0).tolist()]
+            mask = _packed_mask(lengths)[:, 0]
+            rows = mask.shape[-1]
+            cu_seqlens, tokens = wft._block_causal_bounds(
+                lambda first, last: mask[:, first:last], rows)
+            assert cu_seqlens.tolist() == [0, *torch.tensor(lengths).cumsum(0).tolist()]
+            assert tokens is None
             i, j = torch.randint(0, rows, (2,), generator=generator).tolist()
             flipped = mask.clone()
-            flipped[i, j] = ~flipped[i, j]
-            assert wft._block_causal_bounds(lambda first, last: flipped[first:last],
+            flipped[0, i, j] = ~flipped[0, i, j]
+            assert wft._block_causal_bounds(lambda first, last: flipped[:, first:last],
                                             rows) is None
+            # the last sequence's tokens made padding: the others' bounds, that row free
+            real = torch.ones(1, rows, dtype=torch.bool)
+            real[0, rows - lengths[-1]:] = False
+            padded = wft._block_causal_bounds(lambda first, last: flipped[:, first:last],
+                                              rows, 1, real)
+            if i < rows - lengths[-1]:
+                assert padded is None
+            else:
+                assert padded[0].tolist() == cu_seqlens[:-1].tolist()
+                assert padded[1][1].tolist() == list(range(rows - lengths[-1]))
 
 
 def _fake_sdpa_mask(requested):
     """transformers' `sdpa_mask` as documented (a (batch, 1, q_length, kv_length) boolean
-    mask of `mask_function` at the rows from q_offset; None where a causal mask may be
-    skipped), noting the rows of every mask it builds."""
+    mask of `mask_function` and the padding mask at the rows from q_offset; None where a
+    causal mask may be skipped), noting the rows of every mask it builds."""
     def sdpa_mask(batch_size, q_length, kv_length, q_offset=0, kv_offset=0,
                   mask_function=None, attention_mask=None, allow_is_causal_skip=True,
                   **kwargs):
-        if allow_is_causal_skip and attention_mask is None:
+        if allow_is_causal_skip and (attention_mask is None or attention_mask.all()):
             return None
         requested.append(q_length)
-        q_idx = torch.arange(q_length)[:, None] + q_offset
-        kv_idx = torch.arange(kv_length)[None, :] + kv_offset
-        return mask_function(0, 0, q_idx, kv_idx).expand(batch_size, 1, q_length, kv_length)
+        b_idx = torch.arange(batch_size)[:, None, None, None]
+        q_idx = torch.arange(q_length)[None, None, :, None] + q_offset
+        kv_idx = torch.arange(kv_length)[None, None, None, :] + kv_offset
+        mask = mask_function(b_idx, 0, q_idx, kv_idx)
+        if attention_mask is not None:
+            mask = mask & attention_mask.bool()[b_idx, kv_idx]
+        return mask.expand(batch_size, 1, q_length, kv_length)
     return sdpa_mask
+
+
+def _causal(b, h, q_idx, kv_idx):
+    return kv_idx <= q_idx
 
 
 def test_the_transformers_mask_builder_hands_packed_batches_their_bounds(monkeypatch):
@@ -168,15 +189,9 @@ def test_the_transformers_mask_builder_hands_packed_batches_their_bounds(monkeyp
     dependency): for a padding-free batch (its mask function: causal and the same
     sequence), the layers get a `PackedCausalMask` of the sequences' bounds, the mask built
     a block of rows at a time and never whole; one sequence gets None (the kernel's causal
-    mask); any other mask (a sliding window, two rows) gets SDPA's tensor, which the hook
-    refuses; a mask that may be skipped is left to transformers' rule."""
-    import sys
-    import types
-    requested = []
-    masking = types.ModuleType("transformers.masking_utils")
-    masking.sdpa_mask = _fake_sdpa_mask(requested)
-    monkeypatch.setitem(sys.modules, "transformers", types.ModuleType("transformers"))
-    monkeypatch.setitem(sys.modules, "transformers.masking_utils", masking)
+    mask); any other mask (a sliding window) gets SDPA's tensor, which the hook refuses; a
+    mask that may be skipped is left to transformers' rule."""
+    requested = _fake_transformers(monkeypatch)
     monkeypatch.setattr(wft, "_MASK_ROWS_AT_A_TIME", 4)
     lengths = [3, 5, 1, 4]
     rows = sum(lengths)
@@ -188,25 +203,83 @@ def test_the_transformers_mask_builder_hands_packed_batches_their_bounds(monkeyp
     def sliding(b, h, q_idx, kv_idx):
         return (kv_idx <= q_idx) & (kv_idx > q_idx - 3)
 
-    def build(mask_function, batch=1, **kw):
+    def build(mask_function, batch=1, skip=False):
         return wft.hf_mask(batch, rows, rows, mask_function=mask_function,
-                           allow_is_causal_skip=kw.pop("skip", False), **kw)
+                           allow_is_causal_skip=skip)
     got = build(packed)
-    assert isinstance(got, wft.PackedCausalMask)
-    assert got.cu_seqlens.tolist() == [0, 3, 8, 9, 13] and got.rows == rows
+    assert isinstance(got, wft.PackedCausalMask) and got.tokens is None
+    assert got.cu_seqlens.tolist() == [0, 3, 8, 9, 13] and (got.batch, got.rows) == (1, rows)
     assert max(requested) == 4 and sum(requested) == rows  # never the whole square
     q, k = torch.empty(1, 4, rows, 64), torch.empty(1, 2, rows, 64)
-    assert got.bounds_for(q, k) is got.cu_seqlens
-    assert got.bounds_for(q[:, :, :-1], k[:, :, :-1]) is None
-    assert build(lambda b, h, q_idx, kv_idx: kv_idx <= q_idx) is None
-    for tensor in (build(sliding), build(packed, batch=2)):
-        assert tensor.dtype == torch.bool and tensor.shape[-2:] == (rows, rows)
-        with pytest.raises(ValueError, match="^attention_mask must be None"):
-            wft.hf_attention_forward(object(), q.expand(tensor.shape[0], -1, -1, -1),
-                                     k.expand(tensor.shape[0], -1, -1, -1),
-                                     k.expand(tensor.shape[0], -1, -1, -1), tensor)
+    assert got.fits(q, k) and not got.fits(q[:, :, :-1], k[:, :, :-1])
+    with pytest.raises(ValueError, match="^attention_mask: PackedCausalMask.*another batch"):
+        wft.hf_attention_forward(object(), q[:, :, :-1], k[:, :, :-1], k[:, :, :-1], got)
+    two_rows = build(packed, batch=2)  # each row packs the same sequences
+    assert two_rows.cu_seqlens.tolist() == [0, 3, 8, 9, 13, 16, 21, 22, 26]
+    assert build(_causal) is None
+    tensor = build(sliding)
+    assert tensor.dtype == torch.bool and tensor.shape == (1, 1, rows, rows)
+    with pytest.raises(ValueError, match="^attention_mask must be None"):
+        wft.hf_attention_forward(object(), q, k, k, tensor)
     requested.clear()
     assert build(packed, skip=True) is None and not requested  # transformers' own rule
+
+
+def _fake_transformers(monkeypatch) -> list:
+    """transformers.masking_utils with `_fake_sdpa_mask` in it; -> the rows it is asked for."""
+    import sys
+    import types
+    requested = []
+    masking = types.ModuleType("transformers.masking_utils")
+    masking.sdpa_mask = _fake_sdpa_mask(requested)
+    monkeypatch.setitem(sys.modules, "transformers", types.ModuleType("transformers"))
+    monkeypatch.setitem(sys.modules, "transformers.masking_utils", masking)
+    return requested
+
+
+def test_the_transformers_mask_builder_runs_padded_batches_as_packed_ones(monkeypatch):
+    """A padded batch (the 2D padding mask: 1 for real tokens) gets a `PackedCausalMask` of
+    each row's real tokens, left or right padded: its sequences' bounds over the real
+    tokens only and where those are; the attention over them is the causal attention of
+    each sequence alone, zero at padding tokens (the packed call stood in for by a float64
+    reference). Real tokens that are not consecutive get SDPA's tensor."""
+    _fake_transformers(monkeypatch)
+    monkeypatch.setattr(wft, "_MASK_ROWS_AT_A_TIME", 3)
+    rows = 7
+    padding = torch.tensor([[0, 0, 1, 1, 1, 1, 1],    # left padded: 5 tokens
+                            [1, 1, 1, 0, 0, 0, 0],    # right padded: 3 tokens
+                            [1, 1, 1, 1, 1, 1, 1]])   # none
+    got = wft.hf_mask(3, rows, rows, mask_function=_causal, attention_mask=padding)
+    assert isinstance(got, wft.PackedCausalMask)
+    assert got.cu_seqlens.tolist() == [0, 5, 8, 15]
+    batch_index, row_index = got.tokens
+    assert batch_index.tolist() == [0] * 5 + [1] * 3 + [2] * 7
+    assert row_index.tolist() == [2, 3, 4, 5, 6, 0, 1, 2, *range(7)]
+
+    def varlen(q, k, v, cu_q, cu_k, causal, scale):  # float64: what the kernel computes
+        out = torch.zeros_like(q)
+        for first, last in zip(cu_q[:-1].tolist(), cu_q[1:].tolist()):
+            qs, ks, vs = (x[first:last].transpose(0, 1) for x in (q, k, v))
+            ks, vs = (x.repeat_interleave(q.shape[1] // k.shape[1], 0) for x in (ks, vs))
+            scores = qs @ ks.transpose(1, 2) * scale
+            scores.masked_fill_(torch.ones_like(scores, dtype=torch.bool).triu(1), -torch.inf)
+            out[first:last] = (scores.softmax(-1) @ vs).transpose(0, 1)
+        return out
+    from wavefront.kernel import launcher
+    monkeypatch.setattr(launcher, "attention_varlen", varlen)
+    g = torch.Generator().manual_seed(5)
+    q = torch.randn(3, 4, rows, 8, generator=g, dtype=torch.float64)
+    k, v = (torch.randn(3, 2, rows, 8, generator=g, dtype=torch.float64) for _ in range(2))
+    out, _ = wft.hf_attention_forward(object(), q, k, v, got, scaling=0.5)
+    assert out.shape == (3, rows, 4, 8)
+    for b, (first, last) in enumerate([(2, 7), (0, 3), (0, 7)]):
+        alone = varlen(*(x[b, :, first:last].transpose(0, 1) for x in (q, k, v)),
+                       torch.tensor([0, last - first]), None, True, 0.5)
+        assert torch.allclose(out[b, first:last], alone)
+        assert not out[b, :first].any() and not out[b, last:].any()
+    gap = torch.tensor([[1, 1, 0, 1, 1, 1, 1]])  # not consecutive: not one sequence
+    tensor = wft.hf_mask(1, rows, rows, mask_function=_causal, attention_mask=gap)
+    assert isinstance(tensor, torch.Tensor) and tensor.shape == (1, 1, rows, rows)
 
 
 def test_the_launcher_cache_key_separates_what_a_launch_depends_on():

@@ -111,117 +111,184 @@ def hf_attention_forward(module, query, key, value, attention_mask, scaling=None
     Register it with `register_with_transformers()`, which also registers `hf_mask` as the
     mask builder for its name. The masks it runs:
     - None: the causal mask, the kernel's own;
-    - a `PackedCausalMask` (what `hf_mask` builds for transformers' padding-free batches:
-      sequences packed in one row, position_ids restarting at each): a packed batch
-      (`attention_varlen`, cu_seqlens on the GPU);
-    - a boolean (1, 1, T, T) tensor that is exactly that packed mask (checked once a
-      forward): the same packed batch.
-    Any other mask (padding, sliding windows, ...) is refused by name rather than ignored."""
+    - a `PackedCausalMask` (what `hf_mask` builds for padded batches and for transformers'
+      padding-free batches, sequences packed in a row with position_ids restarting at
+      each): a packed batch of the sequences' tokens (`attention_varlen`, cu_seqlens on the
+      GPU), zero at padding tokens;
+    - a boolean (1, 1, T, T) tensor that is exactly the causal mask of sequences packed in
+      the row (checked once a forward): the same packed batch.
+    Any other mask (sliding windows, ...) is refused by name rather than ignored."""
     if dropout:
         raise ValueError(f"dropout must be 0 (wavefront has no dropout), got {dropout!r}")
-    if attention_mask is not None:
-        if isinstance(attention_mask, PackedCausalMask):
-            cu_seqlens = attention_mask.bounds_for(query, key)
-        else:
-            cu_seqlens = _packed_sequences(attention_mask, query, key)
-        if cu_seqlens is None:
-            raise ValueError("attention_mask must be None, or the causal mask of sequences "
-                             "packed in one row (position_ids restarting at each): wavefront "
-                             "applies the causal mask itself and runs no other mask tensor "
-                             "(padding masks are not supported)")
-        packed = [x[0].transpose(0, 1) for x in (query, key, value)]  # (seqlen, heads, D)
-        from wavefront.kernel.launcher import attention_varlen as launch_varlen
-        out = launch_varlen(*packed, cu_seqlens, cu_seqlens, causal=True, scale=scaling)
-        return out.unsqueeze(0), None
-    causal = bool(getattr(module, "is_causal", True)) and query.shape[2] > 1
-    out = _attention(query, key, value, causal, scaling)
-    return out.transpose(1, 2), None
+    if attention_mask is None:
+        causal = bool(getattr(module, "is_causal", True)) and query.shape[2] > 1
+        out = _attention(query, key, value, causal, scaling)
+        return out.transpose(1, 2), None
+    if isinstance(attention_mask, PackedCausalMask):
+        if not attention_mask.fits(query, key):
+            raise ValueError(f"attention_mask: {attention_mask!r} was built for another batch "
+                             f"than query {tuple(query.shape)} and key {tuple(key.shape)}")
+        return attention_mask.run(query, key, value, scaling), None
+    cu_seqlens = _packed_sequences(attention_mask, query, key)
+    if cu_seqlens is None:
+        raise ValueError("attention_mask must be None, or the causal mask of sequences packed "
+                         "in one row (position_ids restarting at each): wavefront applies the "
+                         "causal mask itself and runs no other mask tensor (padded batches "
+                         "run without a cache, through the mask builder that "
+                         "register_with_transformers registers)")
+    return PackedCausalMask(cu_seqlens, 1, query.shape[2]).run(query, key, value, scaling), None
 
 
 class PackedCausalMask:
-    """The mask of sequences packed in one row, each causal within itself and blind to the
-    others, as its bounds: what `hf_mask` hands a transformers model's layers in place of
-    the (1, 1, T, T) boolean tensor (1 GiB at 32k tokens, 4 GiB at 64k)."""
+    """A causal mask over sequences laid in a batch's rows, as their bounds: each sequence
+    causal within itself and blind to the others; several may share a row (packed), and
+    tokens of none (padding) attend to nothing of theirs. What `hf_mask` hands a
+    transformers model's layers in place of the (batch, 1, T, T) boolean tensor (1 GiB a
+    row at 32k tokens, 4 GiB at 64k)."""
 
-    __slots__ = ("cu_seqlens", "rows")
+    __slots__ = ("cu_seqlens", "batch", "rows", "tokens")
 
-    def __init__(self, cu_seqlens: torch.Tensor, rows: int):
-        self.cu_seqlens = cu_seqlens  # int32, on the GPU: 0, then each sequence's end
-        self.rows = rows
+    def __init__(self, cu_seqlens: torch.Tensor, batch: int, rows: int, tokens=None):
+        self.cu_seqlens = cu_seqlens  # int32 on the GPU: 0, then each sequence's end
+        self.batch, self.rows = batch, rows
+        # (batch index, row index) of the sequences' tokens in order, where padding leaves
+        # some out; None: every token, row after row
+        self.tokens = tokens
 
-    def bounds_for(self, query, key):
-        """The cu_seqlens, where query and key are a one-row batch of this mask's rows; else
-        None (the mask of another batch)."""
-        if (query.shape[0] != 1 or query.shape[2] != self.rows or key.shape[2] != self.rows
-                or self.cu_seqlens.device != query.device):
-            return None
-        return self.cu_seqlens
+    def fits(self, query, key) -> bool:
+        """Whether query and key (batch, heads, seqlen, head_dim) are a batch of this
+        mask's shape, on its device."""
+        return (query.shape[0] == key.shape[0] == self.batch
+                and query.shape[2] == key.shape[2] == self.rows
+                and self.cu_seqlens.device == query.device)
+
+    def run(self, query, key, value, scale):
+        """Attention over the sequences: the output as (batch, seqlen, heads, head_dim),
+        zero at tokens of no sequence."""
+        from wavefront.kernel.launcher import attention_varlen as launch_varlen
+        batch, heads, rows, head_dim = query.shape
+        if self.tokens is None and batch == 1:  # (seqlen, heads, D) views, no copy
+            packed = [x[0].transpose(0, 1) for x in (query, key, value)]
+        elif self.tokens is None:
+            packed = [x.transpose(1, 2).reshape(batch * rows, x.shape[1], head_dim)
+                      for x in (query, key, value)]
+        else:
+            packed = [x.transpose(1, 2)[self.tokens] for x in (query, key, value)]
+        out = launch_varlen(*packed, self.cu_seqlens, self.cu_seqlens, causal=True,
+                            scale=scale)
+        if self.tokens is None:
+            return out.view(batch, rows, heads, head_dim)
+        full = out.new_zeros(batch, rows, heads, head_dim)
+        full[self.tokens] = out
+        return full
 
     def __repr__(self):
-        return f"PackedCausalMask({self.cu_seqlens.numel() - 1} sequences, {self.rows} rows)"
+        return (f"PackedCausalMask({self.cu_seqlens.numel() - 1} sequences in "
+                f"{self.batch} x {self.rows} tokens)")
 
 
 def hf_mask(batch_size, q_length, kv_length, q_offset=0, kv_offset=0,
-            allow_is_causal_skip=True, **kwargs):
+            attention_mask=None, allow_is_causal_skip=True, **kwargs):
     """transformers' mask builder for wavefront (`AttentionMaskInterface`; its arguments are
     those of `transformers.masking_utils.sdpa_mask`): SDPA's boolean mask, except for the
-    one mask wavefront runs from its bounds. Where transformers asks for a mask it may not
-    skip over one row and no cache (its padding-free batches, among others), the mask is
-    built and checked a block of rows at a time, never whole: if it is exactly each of
-    consecutive sequences' causal mask and nothing across, the layers get a
-    `PackedCausalMask` (or None: one sequence, the plain causal mask); else SDPA's tensor,
+    masks wavefront runs from their bounds. Where a forward without a cache needs a mask
+    (padding, or transformers' padding-free batches), the mask is built and checked a block
+    of rows at a time, never whole: if every real token's row (`attention_mask`, the 2D
+    padding mask: 1 for real tokens) is exactly the causal mask of a run of consecutive
+    real tokens, and those runs are the sequences, the layers get a `PackedCausalMask` (or
+    None: one sequence a row, no padding, the plain causal mask); else SDPA's tensor,
     which the attention function refuses by name."""
     from transformers.masking_utils import sdpa_mask
-    if (not allow_is_causal_skip and batch_size == 1 and q_length == kv_length
-            and type(q_offset) is int and type(kv_offset) is int and q_offset == kv_offset == 0
-            and not torch.compiler.is_compiling()):
-        def rows(first, last):
-            block = sdpa_mask(1, last - first, kv_length, first, 0, allow_is_causal_skip=False,
-                              **kwargs)
-            return None if block is None else block[0, 0]
-        cu_seqlens = _block_causal_bounds(rows, q_length)
-        if cu_seqlens is not None:
-            return None if cu_seqlens.numel() == 2 else PackedCausalMask(cu_seqlens, q_length)
-    return sdpa_mask(batch_size, q_length, kv_length, q_offset, kv_offset,
-                     allow_is_causal_skip=allow_is_causal_skip, **kwargs)
+    whole = dict(attention_mask=attention_mask, allow_is_causal_skip=allow_is_causal_skip,
+                 **kwargs)
+    if (q_length != kv_length or type(q_offset) is not int or type(kv_offset) is not int
+            or q_offset != 0 or kv_offset != 0 or torch.compiler.is_compiling()):
+        return sdpa_mask(batch_size, q_length, kv_length, q_offset, kv_offset, **whole)
+    real = None
+    if attention_mask is not None:
+        real = attention_mask[:, :kv_length].to(torch.bool)
+        if tuple(real.shape) != (batch_size, kv_length):
+            return sdpa_mask(batch_size, q_length, kv_length, q_offset, kv_offset, **whole)
+        if bool(real.all()):
+            real = None
+    if allow_is_causal_skip and real is None:  # transformers' rule: no mask needed
+        return sdpa_mask(batch_size, q_length, kv_length, q_offset, kv_offset, **whole)
+
+    def rows(first, last):
+        block = sdpa_mask(batch_size, last - first, kv_length, first, 0,
+                          attention_mask=attention_mask, allow_is_causal_skip=False, **kwargs)
+        return None if block is None else block[:, 0]
+    bounds = _block_causal_bounds(rows, q_length, batch_size, real)
+    if bounds is None:
+        return sdpa_mask(batch_size, q_length, kv_length, q_offset, kv_offset, **whole)
+    cu_seqlens, tokens = bounds
+    if cu_seqlens.numel() < 2:  # nothing but padding
+        return sdpa_mask(batch_size, q_length, kv_length, q_offset, kv_offset, **whole)
+    if tokens is None and cu_seqlens.numel() == batch_size + 1:
+        return None  # one sequence a row: the causal mask
+    return PackedCausalMask(cu_seqlens, batch_size, q_length, tokens)
 
 
-# Rows of a mask built or checked at a time (`_block_causal_bounds`): the whole square takes
-# 1 GiB of booleans at 32k tokens, and the check would take that again.
+# Rows of a mask built or checked at a time, over all of a batch's rows
+# (`_block_causal_bounds`): one row's whole square takes 1 GiB of booleans at 32k tokens,
+# and the check would take that again.
 _MASK_ROWS_AT_A_TIME = 2048
 
 
-def _block_causal_bounds(rows_of, rows: int):
-    """cu_seqlens (int32, on the mask's device) of consecutive sequences, if the boolean
-    (rows, rows) mask (True: attend) whose rows [first, last) `rows_of(first, last)` returns
-    is exactly each one's causal mask and False across them; else None. Each row's sequence
-    starts at its first True column; the mask must then be True from there to the diagonal
-    and nowhere else, and each row's start must be the row above's or the row itself. The
-    mask is read back once, at the end."""
-    if rows < 1:
+def _block_causal_bounds(rows_of, rows: int, batch: int = 1, real=None):
+    """Where a boolean (batch, rows, rows) mask (True: attend; `rows_of(first, last)` gives
+    its rows [first, last) of every batch row) is the causal mask of sequences of
+    consecutive real tokens (`real`: (batch, rows) booleans, None: all real), blind to each
+    other: (cu_seqlens, int32, of the sequences in order; the (batch index, row index)
+    tensors of their tokens, None where every token is real); else None. Rows of tokens not
+    real are not checked: they belong to no sequence.
+
+    A real token's sequence starts at its row's first True column; the row must be True
+    from there to the diagonal and nowhere else, and the token must start its sequence or
+    continue the one of the real token before it. The mask is read back once, at the end."""
+    if rows < 1 or batch < 1:
         return None
     exact, starts = None, []
     columns = None
-    for first in range(0, rows, _MASK_ROWS_AT_A_TIME):
-        last = min(rows, first + _MASK_ROWS_AT_A_TIME)
+    step = max(1, _MASK_ROWS_AT_A_TIME // batch)
+    for first in range(0, rows, step):
+        last = min(rows, first + step)
         block = rows_of(first, last)
         if (not isinstance(block, torch.Tensor) or block.dtype != torch.bool
-                or tuple(block.shape) != (last - first, rows)):
+                or tuple(block.shape) != (batch, last - first, rows)):
             return None
         if columns is None:
             columns = torch.arange(rows, device=block.device)
-        start = block.to(torch.uint8).argmax(dim=1)  # argmax: the first True column
-        expected = ((columns[None, :] >= start[:, None])
-                    & (columns[None, :] <= columns[first:last, None]))
-        same = (block == expected).all()
+        start = block.to(torch.uint8).argmax(dim=-1)  # argmax: the first True column
+        expected = ((columns >= start[..., None])
+                    & (columns <= columns[first:last, None]))
+        same = block == expected
+        if real is not None:
+            same |= ~real[:, first:last, None]
+        same = same.all()
         exact = same if exact is None else exact & same
         starts.append(start)
-    start = torch.cat(starts)
-    exact &= ((start[1:] == start[:-1]) | (start[1:] == columns[1:])).all()
+    start = torch.cat(starts, dim=1)
+    begins = start == columns
+    continues = start[:, 1:] == start[:, :-1]
+    if real is not None:
+        continues &= real[:, :-1]  # the token before is of the same sequence
+    ok = begins[:, 1:] | continues
+    if real is not None:
+        ok |= ~real[:, 1:]
+    exact &= ok.all()
     if not bool(exact):
         return None
-    begins = torch.nonzero(start == columns).reshape(-1)
-    return torch.cat([begins, begins.new_full((1,), rows)]).to(torch.int32)
+    if real is None:
+        tokens, begins = None, begins.reshape(-1)
+        count = batch * rows
+    else:
+        tokens = torch.nonzero(real, as_tuple=True)
+        begins = begins[tokens]
+        count = begins.numel()
+    first_tokens = torch.nonzero(begins).reshape(-1)
+    cu_seqlens = torch.cat([first_tokens, first_tokens.new_full((1,), count)]).to(torch.int32)
+    return cu_seqlens, tokens
 
 
 # The last packed mask tensor checked (`_packed_sequences`): every layer of a forward passes
@@ -244,7 +311,8 @@ def _packed_sequences(mask, query, key):
     for stamp, cu_seqlens in _packed_checked:
         if stamp_matches(stamp, mask):
             return cu_seqlens
-    cu_seqlens = _block_causal_bounds(lambda first, last: mask[0, 0, first:last], rows)
+    bounds = _block_causal_bounds(lambda first, last: mask[:, 0, first:last], rows)
+    cu_seqlens = None if bounds is None else bounds[0]
     if cu_seqlens is not None:
         # (inference tensors keep no version counter, and get no stamp: checked every call)
         _packed_checked[:] = [(tensors_stamp(mask), cu_seqlens)]
