@@ -232,6 +232,35 @@ def test_what_a_call_given_a_stream_makes_is_that_streams_memory(call):
     assert _error(out, ref) < TOLERANCE
 
 
+@pytest.mark.parametrize("call", ["dense", "packed, lengths on the GPU"])
+def test_what_a_cupy_call_given_a_stream_makes_is_that_streams_memory(call):
+    """The same for CuPy arrays: CuPy's pool keeps freed memory per stream, so the output a
+    call given `stream=side` makes, once freed, is reused by an allocation on `side` and not
+    by one on the current stream."""
+    import cupy
+
+    import wavefront
+    side = cupy.cuda.Stream(non_blocking=True)
+    q, k, v = (cupy.from_dlpack(x) for x in _inputs(81))
+    if call == "dense":
+        out = wavefront.attention(q, k, v, stream=side)
+        ref = _reference(*(torch.from_dlpack(x) for x in (q, k, v)), False)
+    else:
+        packed = [x.transpose(0, 2, 1, 3).reshape(-1, x.shape[1], x.shape[3]) for x in (q, k, v)]
+        cu = cupy.asarray([0, 700, 1400], dtype=cupy.int32)
+        out = wavefront.attention_varlen(*packed, cu, cu, stream=side)
+        out = out.reshape(2, 700, *out.shape[1:]).transpose(0, 2, 1, 3)
+        ref = _reference(*(torch.from_dlpack(x) for x in (q, k, v)), False)
+    side.synchronize()
+    assert _error(torch.from_dlpack(out), ref) < TOLERANCE
+    pointer, size = out.data.ptr, out.nbytes
+    out = None
+    on_current = cupy.empty(size, dtype=cupy.uint8)
+    with side:
+        on_side = cupy.empty(size, dtype=cupy.uint8)
+    assert on_side.data.ptr == pointer and on_current.data.ptr != pointer
+
+
 @pytest.mark.parametrize("schedule,causal", [(None, True), ("dynamic+linear", False),
                                              ("persistent+tiled", False)])
 def test_two_streams_at_once_keep_their_own_work(schedule, causal, on_two_streams_at_once):
@@ -503,8 +532,8 @@ def test_a_padded_batch_through_transformers_llama_runs_packed():
     through transformers' `LlamaForCausalLM` with its attention routed to wavefront: every
     layer gets a `PackedCausalMask` of the rows' real tokens and runs them as one packed
     batch; at real tokens the logits are those of each sequence run alone on the SDPA path,
-    as close as transformers' own SDPA path on the padded batch gets. Skips where
-    transformers is not installed."""
+    as close as transformers' own SDPA path on the padded batch gets. Then two rows that
+    each pack two sequences: the same. Skips where transformers is not installed."""
     pytest.importorskip("transformers")
     from transformers import LlamaConfig, LlamaForCausalLM
 
@@ -559,3 +588,16 @@ def test_a_padded_batch_through_transformers_llama_runs_packed():
                         / torch.cat(alone).norm())
     bound = min(0.05, 2 * (alone_error + error(theirs)) + 1e-3)
     assert error(ours) < bound, (error(ours), alone_error, error(theirs))
+    # Rows that each pack sequences (position_ids restarting, no padding): the same packed
+    # batch, every token of it in place.
+    halves = [(0, 450), (450, rows), (0, 333), (333, rows)]
+    packed_positions = torch.cat([torch.arange(last - first, device="cuda")
+                                  for first, last in halves]).reshape(2, rows)
+    masks.clear()
+    two_rows = logits(name, ids[:2], None, packed_positions)
+    assert all(isinstance(m, wft.PackedCausalMask) and m.tokens is None for m in masks)
+    assert masks[0].cu_seqlens.tolist() == [0, 450, 700, 1033, 1400]
+    for n, (first, last) in enumerate(halves):
+        want = logits("sdpa", ids[n // 2:n // 2 + 1, first:last])[0]
+        got = two_rows[n // 2, first:last]
+        assert float((got - want).norm() / want.norm()) < bound
