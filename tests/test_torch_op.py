@@ -166,8 +166,9 @@ def _fake_sdpa_mask(requested):
     causal mask may be skipped), noting the rows of every mask it builds."""
     def sdpa_mask(batch_size, q_length, kv_length, q_offset=0, kv_offset=0,
                   mask_function=None, attention_mask=None, allow_is_causal_skip=True,
-                  **kwargs):
-        if allow_is_causal_skip and (attention_mask is None or attention_mask.all()):
+                  allow_is_bidirectional_skip=False, **kwargs):
+        if ((allow_is_causal_skip or allow_is_bidirectional_skip)
+                and (attention_mask is None or attention_mask.all())):
             return None
         requested.append(q_length)
         b_idx = torch.arange(batch_size)[:, None, None, None]
@@ -223,6 +224,11 @@ def test_the_transformers_mask_builder_hands_packed_batches_their_bounds(monkeyp
         wft.hf_attention_forward(object(), q, k, k, tensor)
     requested.clear()
     assert build(packed, skip=True) is None and not requested  # transformers' own rule
+    # transformers' bidirectional masks (encoders) are asked for with this skip allowed: no
+    # causal mask to find, so no rows are built to look for one
+    assert wft.hf_mask(1, rows, rows, mask_function=lambda *i: torch.tensor(True),
+                       allow_is_causal_skip=False, allow_is_bidirectional_skip=True) is None
+    assert not requested
 
 
 def _fake_transformers(monkeypatch) -> list:

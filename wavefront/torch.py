@@ -202,7 +202,8 @@ def hf_mask(batch_size, q_length, kv_length, q_offset=0, kv_offset=0,
     whole = dict(attention_mask=attention_mask, allow_is_causal_skip=allow_is_causal_skip,
                  **kwargs)
     if (q_length != kv_length or type(q_offset) is not int or type(kv_offset) is not int
-            or q_offset != 0 or kv_offset != 0 or torch.compiler.is_compiling()):
+            or q_offset != 0 or kv_offset != 0 or torch.compiler.is_compiling()
+            or kwargs.get("allow_is_bidirectional_skip")):  # (a bidirectional mask: not causal)
         return sdpa_mask(batch_size, q_length, kv_length, q_offset, kv_offset, **whole)
     real = None
     if attention_mask is not None:
