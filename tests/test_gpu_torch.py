@@ -509,7 +509,7 @@ def test_a_padding_free_batch_through_transformers_llama_runs_packed(monkeypatch
     masks.clear()
     ours = logits(name, ids, position_ids).float()
     assert len(packed_calls) == config.num_hidden_layers and len(staged) == 1
-    assert all(isinstance(m, wft.PackedCausalMask) for m in masks), masks
+    assert all(isinstance(m, wft.SequencesMask) for m in masks), masks
     assert masks[0].cu_seqlens.tolist() == [0, *torch.tensor(lengths).cumsum(0).tolist()]
     masks.clear()
     from_tensor = logits("wavefront_sdpa_mask", ids, position_ids).float()
@@ -530,7 +530,7 @@ def test_a_padding_free_batch_through_transformers_llama_runs_packed(monkeypatch
 def test_a_padded_batch_through_transformers_llama_runs_packed():
     """A padded batch (left padded, right padded, unpadded rows; the 2D attention mask)
     through transformers' `LlamaForCausalLM` with its attention routed to wavefront: every
-    layer gets a `PackedCausalMask` of the rows' real tokens and runs them as one packed
+    layer gets a `SequencesMask` of the rows' real tokens and runs them as one packed
     batch; at real tokens the logits are those of each sequence run alone on the SDPA path,
     as close as transformers' own SDPA path on the padded batch gets. Then two rows that
     each pack two sequences: the same. Skips where transformers is not installed."""
@@ -571,7 +571,7 @@ def test_a_padded_batch_through_transformers_llama_runs_packed():
     masks.clear()
     ours = logits(name, ids, padding, position_ids)
     assert len(masks) == config.num_hidden_layers
-    assert all(isinstance(m, wft.PackedCausalMask) for m in masks), masks
+    assert all(isinstance(m, wft.SequencesMask) for m in masks), masks
     assert masks[0].cu_seqlens.tolist() == [0, 450, 783, 783 + rows]
     theirs = logits("sdpa", ids, padding, position_ids)
 
@@ -595,9 +595,64 @@ def test_a_padded_batch_through_transformers_llama_runs_packed():
                                   for first, last in halves]).reshape(2, rows)
     masks.clear()
     two_rows = logits(name, ids[:2], None, packed_positions)
-    assert all(isinstance(m, wft.PackedCausalMask) and m.tokens is None for m in masks)
+    assert all(isinstance(m, wft.SequencesMask) and m.tokens is None for m in masks)
     assert masks[0].cu_seqlens.tolist() == [0, 450, 700, 1033, 1400]
     for n, (first, last) in enumerate(halves):
         want = logits("sdpa", ids[n // 2:n // 2 + 1, first:last])[0]
         got = two_rows[n // 2, first:last]
         assert float((got - want).norm() / want.norm()) < bound
+
+
+def test_a_padded_batch_through_transformers_bert_runs_packed():
+    """An encoder: a right-padded batch through transformers' `BertModel` with its attention
+    routed to wavefront gets a bidirectional `SequencesMask` in every layer and runs the real
+    tokens as one packed batch; at real tokens the hidden states are those of each sequence
+    run alone on the SDPA path, as close as transformers' own SDPA path on the padded batch
+    gets. Skips where transformers is not installed."""
+    pytest.importorskip("transformers")
+    from transformers import BertConfig, BertModel
+
+    import wavefront.torch as wft
+    masks = []
+
+    def forward(module, query, key, value, attention_mask, *args, **kwargs):
+        masks.append(attention_mask)
+        return wft.hf_attention_forward(module, query, key, value, attention_mask, *args,
+                                        **kwargs)
+    name = wft.register_with_transformers("wavefront_encoder_test", forward=forward)
+    torch.manual_seed(0)
+    config = BertConfig(vocab_size=1000, hidden_size=256, intermediate_size=512,
+                        num_hidden_layers=2, num_attention_heads=4, max_position_embeddings=512,
+                        attn_implementation="sdpa")
+    model = BertModel(config).to(device="cuda", dtype=torch.bfloat16).eval()
+    model.set_attn_implementation(name)
+    model.set_attn_implementation("sdpa")
+    lengths = [500, 37, 260, 512]
+    rows = max(lengths)
+    g = torch.Generator(device="cuda").manual_seed(3)
+    ids = torch.randint(1, 1000, (len(lengths), rows), device="cuda", generator=g)
+    padding = torch.zeros_like(ids)
+    for b, n in enumerate(lengths):
+        padding[b, :n] = 1
+
+    def hidden(implementation, ids, padding=None):
+        model.config._attn_implementation = implementation
+        with torch.no_grad():
+            return model(input_ids=ids, attention_mask=padding).last_hidden_state.float()
+
+    alone = torch.cat([hidden("sdpa", ids[b:b + 1, :n])[0] for b, n in enumerate(lengths)])
+    ours_alone = torch.cat([hidden(name, ids[b:b + 1, :n])[0] for b, n in enumerate(lengths)])
+    masks.clear()
+    ours = hidden(name, ids, padding)
+    assert len(masks) == config.num_hidden_layers
+    assert all(isinstance(m, wft.SequencesMask) and not m.causal for m in masks), masks
+    assert masks[0].cu_seqlens.tolist() == [0, 500, 537, 797, 1309]
+    theirs = hidden("sdpa", ids, padding)
+    real = padding.bool()
+
+    def error(x):
+        return float((x - alone).norm() / alone.norm())
+    assert torch.isfinite(ours).all()
+    assert error(ours_alone) < 0.03  # one sequence, no mask: not causal (an encoder)
+    bound = min(0.05, 2 * (error(ours_alone) + error(theirs[real])) + 1e-3)
+    assert error(ours[real]) < bound, (error(ours[real]), error(ours_alone), error(theirs[real]))

@@ -127,32 +127,36 @@ def test_transformers_hook_reads_packed_sequences_from_their_mask(monkeypatch):
     assert wft._packed_sequences(frozen_mask, q, k) is not first  # no counter
 
 
-def test_block_causal_bounds_find_every_sequence_or_none(monkeypatch):
-    """`_block_causal_bounds` on random packings, whatever the block of rows: the bounds
-    the mask was made from; and None for any single cell flipped, unless it is in the row
-    of a padding token (no sequence's: not read)."""
+@pytest.mark.parametrize("causal", [True, False])
+def test_sequence_bounds_find_every_sequence_or_none(monkeypatch, causal):
+    """`_sequence_bounds` on random packings, causal or bidirectional, whatever the block of
+    rows: the bounds the mask was made from; None for any single cell flipped, unless it is
+    in the row of a padding token (no sequence's: not read); and None for the other kind of
+    mask wherever a sequence is longer than one token."""
     generator = torch.Generator().manual_seed(3)
     for block in (1, 4, 64):
         monkeypatch.setattr(wft, "_MASK_ROWS_AT_A_TIME", block)
         for _ in range(6):
             sequences = int(torch.randint(1, 7, (1,), generator=generator))
             lengths = torch.randint(1, 9, (sequences,), generator=generator).tolist()
-            mask = _packed_mask(lengths)[:, 0]
+            mask = _packed_mask(lengths, causal)[:, 0]
             rows = mask.shape[-1]
-            cu_seqlens, tokens = wft._block_causal_bounds(
-                lambda first, last: mask[:, first:last], rows)
+
+            def bounds(mask, *args, causal=causal):
+                return wft._sequence_bounds(lambda first, last: mask[:, first:last], rows,
+                                            *args, causal=causal)
+            cu_seqlens, tokens = bounds(mask)
             assert cu_seqlens.tolist() == [0, *torch.tensor(lengths).cumsum(0).tolist()]
             assert tokens is None
+            assert (bounds(mask, causal=not causal) is None) == (max(lengths) > 1)
             i, j = torch.randint(0, rows, (2,), generator=generator).tolist()
             flipped = mask.clone()
             flipped[0, i, j] = ~flipped[0, i, j]
-            assert wft._block_causal_bounds(lambda first, last: flipped[:, first:last],
-                                            rows) is None
+            assert bounds(flipped) is None
             # the last sequence's tokens made padding: the others' bounds, that row free
             real = torch.ones(1, rows, dtype=torch.bool)
             real[0, rows - lengths[-1]:] = False
-            padded = wft._block_causal_bounds(lambda first, last: flipped[:, first:last],
-                                              rows, 1, real)
+            padded = bounds(flipped, 1, real)
             if i < rows - lengths[-1]:
                 assert padded is None
             else:
@@ -188,7 +192,7 @@ def _causal(b, h, q_idx, kv_idx):
 def test_the_transformers_mask_builder_hands_packed_batches_their_bounds(monkeypatch):
     """`hf_mask` with transformers' `sdpa_mask` stood in for (transformers is not a test
     dependency): for a padding-free batch (its mask function: causal and the same
-    sequence), the layers get a `PackedCausalMask` of the sequences' bounds, the mask built
+    sequence), the layers get a `SequencesMask` of the sequences' bounds, the mask built
     a block of rows at a time and never whole; one sequence gets None (the kernel's causal
     mask); any other mask (a sliding window) gets SDPA's tensor, which the hook refuses; a
     mask that may be skipped is left to transformers' rule."""
@@ -208,12 +212,12 @@ def test_the_transformers_mask_builder_hands_packed_batches_their_bounds(monkeyp
         return wft.hf_mask(batch, rows, rows, mask_function=mask_function,
                            allow_is_causal_skip=skip)
     got = build(packed)
-    assert isinstance(got, wft.PackedCausalMask) and got.tokens is None
+    assert isinstance(got, wft.SequencesMask) and got.tokens is None
     assert got.cu_seqlens.tolist() == [0, 3, 8, 9, 13] and (got.batch, got.rows) == (1, rows)
     assert max(requested) == 4 and sum(requested) == rows  # never the whole square
     q, k = torch.empty(1, 4, rows, 64), torch.empty(1, 2, rows, 64)
     assert got.fits(q, k) and not got.fits(q[:, :, :-1], k[:, :, :-1])
-    with pytest.raises(ValueError, match="^attention_mask: PackedCausalMask.*another batch"):
+    with pytest.raises(ValueError, match="^attention_mask: SequencesMask.*another batch"):
         wft.hf_attention_forward(object(), q[:, :, :-1], k[:, :, :-1], k[:, :, :-1], got)
     two_rows = build(packed, batch=2)  # each row packs the same sequences
     assert two_rows.cu_seqlens.tolist() == [0, 3, 8, 9, 13, 16, 21, 22, 26]
@@ -244,7 +248,7 @@ def _fake_transformers(monkeypatch) -> list:
 
 
 def test_the_transformers_mask_builder_runs_padded_batches_as_packed_ones(monkeypatch):
-    """A padded batch (the 2D padding mask: 1 for real tokens) gets a `PackedCausalMask` of
+    """A padded batch (the 2D padding mask: 1 for real tokens) gets a `SequencesMask` of
     each row's real tokens, left or right padded: its sequences' bounds over the real
     tokens only and where those are; the attention over them is the causal attention of
     each sequence alone, zero at padding tokens (the packed call stood in for by a float64
@@ -256,7 +260,7 @@ def test_the_transformers_mask_builder_runs_padded_batches_as_packed_ones(monkey
                             [1, 1, 1, 0, 0, 0, 0],    # right padded: 3 tokens
                             [1, 1, 1, 1, 1, 1, 1]])   # none
     got = wft.hf_mask(3, rows, rows, mask_function=_causal, attention_mask=padding)
-    assert isinstance(got, wft.PackedCausalMask)
+    assert isinstance(got, wft.SequencesMask)
     assert got.cu_seqlens.tolist() == [0, 5, 8, 15]
     batch_index, row_index = got.tokens
     assert batch_index.tolist() == [0] * 5 + [1] * 3 + [2] * 7
@@ -286,6 +290,34 @@ def test_the_transformers_mask_builder_runs_padded_batches_as_packed_ones(monkey
     gap = torch.tensor([[1, 1, 0, 1, 1, 1, 1]])  # not consecutive: not one sequence
     tensor = wft.hf_mask(1, rows, rows, mask_function=_causal, attention_mask=gap)
     assert isinstance(tensor, torch.Tensor) and tensor.shape == (1, 1, rows, rows)
+
+
+def test_the_transformers_mask_builder_runs_padded_encoder_batches(monkeypatch):
+    """An encoder's padded batch (transformers asks for a bidirectional mask, with
+    `allow_is_bidirectional_skip`): a `SequencesMask` that is not causal, over the real tokens;
+    without padding, no mask (the kernel's own, none for an encoder); a bidirectional mask
+    with a hole in a row gets SDPA's tensor."""
+    requested = _fake_transformers(monkeypatch)
+    rows = 6
+    padding = torch.tensor([[1, 1, 1, 1, 0, 0], [1, 1, 1, 1, 1, 1]])
+
+    def everything(b, h, q_idx, kv_idx):
+        return q_idx >= 0
+
+    def build(padding, mask_function=everything):
+        return wft.hf_mask(len(padding), rows, rows, mask_function=mask_function,
+                           attention_mask=padding, allow_is_causal_skip=False,
+                           allow_is_bidirectional_skip=True)
+    got = build(padding)
+    assert isinstance(got, wft.SequencesMask) and not got.causal
+    assert got.cu_seqlens.tolist() == [0, 4, 10]
+    assert got.tokens[1].tolist() == [0, 1, 2, 3, *range(6)]
+    requested.clear()
+    assert build(torch.ones_like(padding)) is None and not requested
+
+    def holed(b, h, q_idx, kv_idx):
+        return kv_idx != 2
+    assert isinstance(build(padding, holed), torch.Tensor)
 
 
 def test_the_launcher_cache_key_separates_what_a_launch_depends_on():

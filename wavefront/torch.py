@@ -22,7 +22,7 @@ from typing import Optional
 import torch
 
 __all__ = ["attention", "attention_varlen", "scaled_dot_product_attention",
-           "hf_attention_forward", "hf_mask", "PackedCausalMask", "register_with_transformers"]
+           "hf_attention_forward", "hf_mask", "SequencesMask", "register_with_transformers"]
 
 
 @torch.library.custom_op("wavefront::attention", mutates_args=(), device_types="cuda")
@@ -104,27 +104,29 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
 
 def hf_attention_forward(module, query, key, value, attention_mask, scaling=None, dropout=0.0,
                          **kwargs):
-    """An attention function for Hugging Face transformers' registry: the decoder's causal
-    self-attention, with query, key and value as (batch, heads, seqlen, head_dim). Returns
-    (output as (batch, seqlen, heads, head_dim), None), as transformers' SDPA function does.
+    """An attention function for Hugging Face transformers' registry: self-attention, causal
+    where the module is (decoders; encoders set `is_causal = False`), with query, key and
+    value as (batch, heads, seqlen, head_dim). Returns (output as (batch, seqlen, heads,
+    head_dim), None), as transformers' SDPA function does.
 
     Register it with `register_with_transformers()`, which also registers `hf_mask` as the
     mask builder for its name. The masks it runs:
-    - None: the causal mask, the kernel's own;
-    - a `PackedCausalMask` (what `hf_mask` builds for padded batches and for transformers'
+    - None: the kernel's own mask, causal or none as the module is;
+    - a `SequencesMask` (what `hf_mask` builds for padded batches, and for transformers'
       padding-free batches, sequences packed in a row with position_ids restarting at
       each): a packed batch of the sequences' tokens (`attention_varlen`, cu_seqlens on the
       GPU), zero at padding tokens;
     - a boolean (1, 1, T, T) tensor that is exactly the causal mask of sequences packed in
       the row (checked once a forward): the same packed batch.
-    Any other mask (sliding windows, ...) is refused by name rather than ignored."""
+    Any other mask (sliding windows, a padded batch with a cache, ...) is refused by name
+    rather than ignored."""
     if dropout:
         raise ValueError(f"dropout must be 0 (wavefront has no dropout), got {dropout!r}")
     if attention_mask is None:
         causal = bool(getattr(module, "is_causal", True)) and query.shape[2] > 1
         out = _attention(query, key, value, causal, scaling)
         return out.transpose(1, 2), None
-    if isinstance(attention_mask, PackedCausalMask):
+    if isinstance(attention_mask, SequencesMask):
         if not attention_mask.fits(query, key):
             raise ValueError(f"attention_mask: {attention_mask!r} was built for another batch "
                              f"than query {tuple(query.shape)} and key {tuple(key.shape)}")
@@ -136,24 +138,26 @@ def hf_attention_forward(module, query, key, value, attention_mask, scaling=None
                          "causal mask itself and runs no other mask tensor (padded batches "
                          "run without a cache, through the mask builder that "
                          "register_with_transformers registers)")
-    return PackedCausalMask(cu_seqlens, 1, query.shape[2]).run(query, key, value, scaling), None
+    return SequencesMask(cu_seqlens, 1, query.shape[2]).run(query, key, value, scaling), None
 
 
-class PackedCausalMask:
-    """A causal mask over sequences laid in a batch's rows, as their bounds: each sequence
-    causal within itself and blind to the others; several may share a row (packed), and
-    tokens of none (padding) attend to nothing of theirs. What `hf_mask` hands a
-    transformers model's layers in place of the (batch, 1, T, T) boolean tensor (1 GiB a
-    row at 32k tokens, 4 GiB at 64k)."""
+class SequencesMask:
+    """A mask over sequences laid in a batch's rows, as their bounds: each sequence causal
+    within itself (or, `causal=False`, all of it seen by all of it: an encoder's) and blind
+    to the others; several may share a row (packed), and tokens of none (padding) attend to
+    nothing of theirs. What `hf_mask` hands a transformers model's layers in place of the
+    (batch, 1, T, T) boolean tensor (1 GiB a row at 32k tokens, 4 GiB at 64k)."""
 
-    __slots__ = ("cu_seqlens", "batch", "rows", "tokens")
+    __slots__ = ("cu_seqlens", "batch", "rows", "tokens", "causal")
 
-    def __init__(self, cu_seqlens: torch.Tensor, batch: int, rows: int, tokens=None):
+    def __init__(self, cu_seqlens: torch.Tensor, batch: int, rows: int, tokens=None,
+                 causal: bool = True):
         self.cu_seqlens = cu_seqlens  # int32 on the GPU: 0, then each sequence's end
         self.batch, self.rows = batch, rows
         # (batch index, row index) of the sequences' tokens in order, where padding leaves
         # some out; None: every token, row after row
         self.tokens = tokens
+        self.causal = causal
 
     def fits(self, query, key) -> bool:
         """Whether query and key (batch, heads, seqlen, head_dim) are a batch of this
@@ -174,7 +178,7 @@ class PackedCausalMask:
                       for x in (query, key, value)]
         else:
             packed = [x.transpose(1, 2)[self.tokens] for x in (query, key, value)]
-        out = launch_varlen(*packed, self.cu_seqlens, self.cu_seqlens, causal=True,
+        out = launch_varlen(*packed, self.cu_seqlens, self.cu_seqlens, causal=self.causal,
                             scale=scale)
         if self.tokens is None:
             return out.view(batch, rows, heads, head_dim)
@@ -183,7 +187,8 @@ class PackedCausalMask:
         return full
 
     def __repr__(self):
-        return (f"PackedCausalMask({self.cu_seqlens.numel() - 1} sequences in "
+        return (f"SequencesMask({self.cu_seqlens.numel() - 1} "
+                f"{'causal' if self.causal else 'bidirectional'} sequences in "
                 f"{self.batch} x {self.rows} tokens)")
 
 
@@ -194,16 +199,17 @@ def hf_mask(batch_size, q_length, kv_length, q_offset=0, kv_offset=0,
     masks wavefront runs from their bounds. Where a forward without a cache needs a mask
     (padding, or transformers' padding-free batches), the mask is built and checked a block
     of rows at a time, never whole: if every real token's row (`attention_mask`, the 2D
-    padding mask: 1 for real tokens) is exactly the causal mask of a run of consecutive
-    real tokens, and those runs are the sequences, the layers get a `PackedCausalMask` (or
-    None: one sequence a row, no padding, the plain causal mask); else SDPA's tensor,
-    which the attention function refuses by name."""
+    padding mask: 1 for real tokens) is exactly the mask of a run of consecutive real
+    tokens, causal (decoders) or whole (encoders: transformers asks for their mask with
+    `allow_is_bidirectional_skip`), and those runs are the sequences, the layers get a
+    `SequencesMask` (or None: one sequence a row, no padding, the kernel's own mask); else
+    SDPA's tensor, which the attention function refuses by name."""
     from transformers.masking_utils import sdpa_mask
     whole = dict(attention_mask=attention_mask, allow_is_causal_skip=allow_is_causal_skip,
                  **kwargs)
+    causal = "allow_is_bidirectional_skip" not in kwargs  # (only the bidirectional asks pass it)
     if (q_length != kv_length or type(q_offset) is not int or type(kv_offset) is not int
-            or q_offset != 0 or kv_offset != 0 or torch.compiler.is_compiling()
-            or kwargs.get("allow_is_bidirectional_skip")):  # (a bidirectional mask: not causal)
+            or q_offset != 0 or kv_offset != 0 or torch.compiler.is_compiling()):
         return sdpa_mask(batch_size, q_length, kv_length, q_offset, kv_offset, **whole)
     real = None
     if attention_mask is not None:
@@ -212,44 +218,49 @@ def hf_mask(batch_size, q_length, kv_length, q_offset=0, kv_offset=0,
             return sdpa_mask(batch_size, q_length, kv_length, q_offset, kv_offset, **whole)
         if bool(real.all()):
             real = None
-    if allow_is_causal_skip and real is None:  # transformers' rule: no mask needed
+    skip = allow_is_causal_skip if causal else kwargs["allow_is_bidirectional_skip"]
+    if skip and real is None:  # transformers' rule: no mask needed
         return sdpa_mask(batch_size, q_length, kv_length, q_offset, kv_offset, **whole)
 
     def rows(first, last):
         block = sdpa_mask(batch_size, last - first, kv_length, first, 0,
-                          attention_mask=attention_mask, allow_is_causal_skip=False, **kwargs)
+                          **{**whole, "allow_is_causal_skip": False,
+                             "allow_is_bidirectional_skip": False})
         return None if block is None else block[:, 0]
-    bounds = _block_causal_bounds(rows, q_length, batch_size, real)
+    bounds = _sequence_bounds(rows, q_length, batch_size, real, causal)
     if bounds is None:
         return sdpa_mask(batch_size, q_length, kv_length, q_offset, kv_offset, **whole)
     cu_seqlens, tokens = bounds
     if cu_seqlens.numel() < 2:  # nothing but padding
         return sdpa_mask(batch_size, q_length, kv_length, q_offset, kv_offset, **whole)
     if tokens is None and cu_seqlens.numel() == batch_size + 1:
-        return None  # one sequence a row: the causal mask
-    return PackedCausalMask(cu_seqlens, batch_size, q_length, tokens)
+        return None  # one sequence a row: the kernel's own mask
+    return SequencesMask(cu_seqlens, batch_size, q_length, tokens, causal)
 
 
-# Rows of a mask built or checked at a time, over all of a batch's rows
-# (`_block_causal_bounds`): one row's whole square takes 1 GiB of booleans at 32k tokens,
-# and the check would take that again.
+# Rows of a mask built or checked at a time, over all of a batch's rows (`_sequence_bounds`):
+# one row's whole square takes 1 GiB of booleans at 32k tokens, and the check would take that
+# again.
 _MASK_ROWS_AT_A_TIME = 2048
 
 
-def _block_causal_bounds(rows_of, rows: int, batch: int = 1, real=None):
+def _sequence_bounds(rows_of, rows: int, batch: int = 1, real=None, causal: bool = True):
     """Where a boolean (batch, rows, rows) mask (True: attend; `rows_of(first, last)` gives
-    its rows [first, last) of every batch row) is the causal mask of sequences of
-    consecutive real tokens (`real`: (batch, rows) booleans, None: all real), blind to each
-    other: (cu_seqlens, int32, of the sequences in order; the (batch index, row index)
-    tensors of their tokens, None where every token is real); else None. Rows of tokens not
-    real are not checked: they belong to no sequence.
+    its rows [first, last) of every batch row) is the mask of sequences of consecutive real
+    tokens (`real`: (batch, rows) booleans, None: all real), each causal within itself (or,
+    not `causal`, all of it seen by all of it), blind to each other: (cu_seqlens, int32, of
+    the sequences in order; the (batch index, row index) tensors of their tokens, None
+    where every token is real); else None. Rows of tokens not real are not checked: they
+    belong to no sequence.
 
-    A real token's sequence starts at its row's first True column; the row must be True
-    from there to the diagonal and nowhere else, and the token must start its sequence or
-    continue the one of the real token before it. The mask is read back once, at the end."""
+    A real token's row must be True on one run of columns and nowhere else: from its
+    sequence's first token to itself (causal) or to its sequence's last token. A token
+    starts its sequence (the run starts at it) or continues the one of the real token
+    before it (the same run start, and end, if not causal); a sequence ends where the run
+    ends. The mask is read back once, at the end."""
     if rows < 1 or batch < 1:
         return None
-    exact, starts = None, []
+    exact, starts, ends = None, [], []
     columns = None
     step = max(1, _MASK_ROWS_AT_A_TIME // batch)
     for first in range(0, rows, step):
@@ -261,23 +272,29 @@ def _block_causal_bounds(rows_of, rows: int, batch: int = 1, real=None):
         if columns is None:
             columns = torch.arange(rows, device=block.device)
         start = block.to(torch.uint8).argmax(dim=-1)  # argmax: the first True column
-        expected = ((columns >= start[..., None])
-                    & (columns <= columns[first:last, None]))
+        # (one run of Trues, checked below, ends where its count says)
+        end = (columns[first:last].expand_as(start) if causal
+               else start + block.sum(dim=-1) - 1)
+        expected = (columns >= start[..., None]) & (columns <= end[..., None])
         same = block == expected
         if real is not None:
             same |= ~real[:, first:last, None]
         same = same.all()
         exact = same if exact is None else exact & same
         starts.append(start)
-    start = torch.cat(starts, dim=1)
+        ends.append(end)
+    start, end = torch.cat(starts, dim=1), torch.cat(ends, dim=1)
+    real_rows = torch.ones_like(start, dtype=torch.bool) if real is None else real
     begins = start == columns
-    continues = start[:, 1:] == start[:, :-1]
-    if real is not None:
-        continues &= real[:, :-1]  # the token before is of the same sequence
-    ok = begins[:, 1:] | continues
-    if real is not None:
-        ok |= ~real[:, 1:]
-    exact &= ok.all()
+    continues = (start[:, 1:] == start[:, :-1]) & real_rows[:, :-1] & real_rows[:, 1:]
+    if not causal:
+        continues &= end[:, 1:] == end[:, :-1]
+    ok = torch.cat([begins[:, :1], begins[:, 1:] | continues], dim=1)
+    if not causal:  # a run holds its own token, and its sequence ends where the run ends
+        ends_here = end == columns
+        ends_here[:, :-1] |= continues
+        ok &= (start <= columns) & (columns <= end) & ends_here
+    exact &= (ok | ~real_rows).all()
     if not bool(exact):
         return None
     if real is None:
@@ -300,7 +317,7 @@ _packed_checked: list = []
 def _packed_sequences(mask, query, key):
     """cu_seqlens (int32, on the GPU) of the sequences packed in a one-row batch whose mask
     (a boolean (1, 1, T, T) tensor, True: attend) is exactly each one's causal mask and
-    nothing across (`_block_causal_bounds`); else None. Reads the mask back once a forward:
+    nothing across (`_sequence_bounds`); else None. Reads the mask back once a forward:
     the result is kept for the same unmodified tensor."""
     if not isinstance(mask, torch.Tensor) or torch.compiler.is_compiling():
         return None
@@ -312,7 +329,7 @@ def _packed_sequences(mask, query, key):
     for stamp, cu_seqlens in _packed_checked:
         if stamp_matches(stamp, mask):
             return cu_seqlens
-    bounds = _block_causal_bounds(lambda first, last: mask[:, 0, first:last], rows)
+    bounds = _sequence_bounds(lambda first, last: mask[:, 0, first:last], rows)
     cu_seqlens = None if bounds is None else bounds[0]
     if cu_seqlens is not None:
         # (inference tensors keep no version counter, and get no stamp: checked every call)

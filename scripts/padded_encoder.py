@@ -1,0 +1,101 @@
+"""A padded batch through an encoder (GPU host with transformers): transformers' `BertModel`
+(BERT-base's shape, random weights, bf16) on sequences of long-tailed lengths right padded to
+the longest, its attention routed to wavefront (`hf_mask` hands the layers the real tokens'
+sequences, run as one packed batch) against transformers' SDPA path on the same batch (the
+padding mask as a tensor) and against the sequences run one at a time on the SDPA path.
+
+Medians of interleaved rounds of GPU ms per forward (CUDA events), the peak GPU memory a
+forward allocates beyond the model, and the last hidden states' relative error at real tokens
+against the one-by-one SDPA run.
+
+    python scripts/padded_encoder.py [--sequences 64 --longest 512 --rounds 7] [--out DIR]
+"""
+import argparse
+import random
+import statistics
+from pathlib import Path
+
+import torch
+
+from wavefront.measure.sink import JsonlSink
+from wavefront.measure.varlen_bench import long_tailed_lengths
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--sequences", type=int, default=64)
+    parser.add_argument("--longest", type=int, default=512)
+    parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument("--out", type=Path)
+    args = parser.parse_args()
+    import transformers
+    from transformers import BertConfig, BertModel
+
+    import wavefront.torch as wft
+    name = wft.register_with_transformers()
+    torch.manual_seed(0)
+    config = BertConfig(max_position_embeddings=args.longest, attn_implementation="sdpa")
+    model = BertModel(config).to(device="cuda", dtype=torch.bfloat16).eval()
+    model.set_attn_implementation(name)
+    model.set_attn_implementation("sdpa")
+    lengths = long_tailed_lengths(args.sequences, args.sequences * args.longest // 4,
+                                  seed=args.sequences, longest=args.longest)
+    rows = max(lengths)
+    g = torch.Generator(device="cuda").manual_seed(1)
+    ids = torch.randint(1, config.vocab_size, (len(lengths), rows), device="cuda", generator=g)
+    padding = torch.zeros_like(ids)
+    for b, n in enumerate(lengths):
+        padding[b, :n] = 1
+    real = padding.bool()
+
+    def forward(case):
+        with torch.no_grad():
+            if case == "sdpa, one sequence at a time":
+                model.config._attn_implementation = "sdpa"
+                return torch.cat([model(input_ids=ids[b:b + 1, :n]).last_hidden_state[0]
+                                  for b, n in enumerate(lengths)])
+            model.config._attn_implementation = name if case.startswith("wavefront") else "sdpa"
+            return model(input_ids=ids, attention_mask=padding).last_hidden_state[real]
+
+    cases = ["wavefront, padded batch", "sdpa, padded batch (mask tensor)",
+             "sdpa, one sequence at a time"]
+    reference = forward(cases[-1]).float()
+    errors, peak_gib = {}, {}
+    for case in cases:
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        before = torch.cuda.memory_allocated()
+        got = forward(case).float()
+        torch.cuda.synchronize()
+        peak_gib[case] = (torch.cuda.max_memory_allocated() - before) / 2**30
+        errors[case] = float((got - reference).norm() / reference.norm())
+        del got
+    samples = {case: [] for case in cases}
+    for _ in range(args.rounds):
+        for case in random.sample(cases, len(cases)):
+            start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            forward(case)
+            stop.record()
+            stop.synchronize()
+            samples[case].append(start.elapsed_time(stop))
+    base = statistics.median(samples[cases[1]])
+    print(f"{torch.cuda.get_device_name()}: transformers {transformers.__version__} BertModel "
+          f"(12 layers, hidden 768, 12 heads), bf16; {len(lengths)} sequences of "
+          f"{min(lengths)}-{rows} tokens ({sum(lengths)} in all) right padded to {rows}; GPU ms "
+          f"per forward, median [min, max] of {args.rounds} rounds")
+    with JsonlSink(args.out, "padded_encoder.jsonl") as sink:  # with a run manifest
+        for case in cases:
+            values = samples[case]
+            median = statistics.median(values)
+            print(f"  {case:34s} {median:8.2f} [{min(values):.2f}, {max(values):.2f}]  "
+                  f"x{base / median:.2f} vs SDPA, padded batch  peak {peak_gib[case]:5.2f} GiB  "
+                  f"hidden rel. error {errors[case]:.2e}")
+            sink.write({"gpu": torch.cuda.get_device_name(), "case": case, "ms": values,
+                        "peak_allocated_gib": peak_gib[case],
+                        "hidden_rel_error_vs_one_by_one_sdpa": errors[case],
+                        "lengths": lengths, "transformers": transformers.__version__})
+
+
+if __name__ == "__main__":
+    main()
