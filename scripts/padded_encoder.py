@@ -15,10 +15,10 @@ import random
 import statistics
 from pathlib import Path
 
+import numpy
 import torch
 
 from wavefront.measure.sink import JsonlSink
-from wavefront.measure.varlen_bench import long_tailed_lengths
 
 
 def main():
@@ -38,8 +38,13 @@ def main():
     model = BertModel(config).to(device="cuda", dtype=torch.bfloat16).eval()
     model.set_attn_implementation(name)
     model.set_attn_implementation("sdpa")
-    lengths = long_tailed_lengths(args.sequences, args.sequences * args.longest // 4,
-                                  seed=args.sequences, longest=args.longest)
+    # log-normal lengths around a quarter of the longest, clipped to [8, longest], one of them
+    # the longest (the padded length)
+    rng = numpy.random.default_rng(args.sequences)
+    lengths = numpy.clip(rng.lognormal(numpy.log(args.longest / 4), 0.8, args.sequences), 8,
+                         args.longest).astype(int)
+    lengths[0] = args.longest
+    lengths = lengths.tolist()
     rows = max(lengths)
     g = torch.Generator(device="cuda").manual_seed(1)
     ids = torch.randint(1, config.vocab_size, (len(lengths), rows), device="cuda", generator=g)
