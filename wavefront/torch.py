@@ -154,8 +154,8 @@ class SequencesMask:
                  causal: bool = True):
         self.cu_seqlens = cu_seqlens  # int32 on the GPU: 0, then each sequence's end
         self.batch, self.rows = batch, rows
-        # (batch index, row index) of the sequences' tokens in order, where padding leaves
-        # some out; None: every token, row after row
+        # the sequences' tokens in order, as indices into the batch's batch x rows tokens,
+        # where padding leaves some out; None: every token, row after row
         self.tokens = tokens
         self.causal = causal
 
@@ -171,20 +171,17 @@ class SequencesMask:
         zero at tokens of no sequence."""
         from wavefront.kernel.launcher import attention_varlen as launch_varlen
         batch, heads, rows, head_dim = query.shape
-        if self.tokens is None and batch == 1:  # (seqlen, heads, D) views, no copy
-            packed = [x[0].transpose(0, 1) for x in (query, key, value)]
-        elif self.tokens is None:
-            packed = [x.transpose(1, 2).reshape(batch * rows, x.shape[1], head_dim)
-                      for x in (query, key, value)]
-        else:
-            packed = [x.transpose(1, 2)[self.tokens] for x in (query, key, value)]
-        out = launch_varlen(*packed, self.cu_seqlens, self.cu_seqlens, causal=self.causal,
+        # (batch x rows, heads, D): a view where the heads were split off the last dimension
+        # of a (batch, rows, heads x D) projection, as transformers' attention modules do
+        tokens = [x.transpose(1, 2).reshape(batch * rows, x.shape[1], head_dim)
+                  for x in (query, key, value)]
+        if self.tokens is not None:  # the real tokens' rows, contiguous
+            tokens = [x.index_select(0, self.tokens) for x in tokens]
+        out = launch_varlen(*tokens, self.cu_seqlens, self.cu_seqlens, causal=self.causal,
                             scale=scale)
-        if self.tokens is None:
-            return out.view(batch, rows, heads, head_dim)
-        full = out.new_zeros(batch, rows, heads, head_dim)
-        full[self.tokens] = out
-        return full
+        if self.tokens is not None:
+            out = out.new_zeros(batch * rows, heads, head_dim).index_copy_(0, self.tokens, out)
+        return out.view(batch, rows, heads, head_dim)
 
     def __repr__(self):
         return (f"SequencesMask({self.cu_seqlens.numel() - 1} "
@@ -249,8 +246,8 @@ def _sequence_bounds(rows_of, rows: int, batch: int = 1, real=None, causal: bool
     its rows [first, last) of every batch row) is the mask of sequences of consecutive real
     tokens (`real`: (batch, rows) booleans, None: all real), each causal within itself (or,
     not `causal`, all of it seen by all of it), blind to each other: (cu_seqlens, int32, of
-    the sequences in order; the (batch index, row index) tensors of their tokens, None
-    where every token is real); else None. Rows of tokens not real are not checked: they
+    the sequences in order; their tokens' indices into the batch x rows tokens, None where
+    every token is real); else None. Rows of tokens not real are not checked: they
     belong to no sequence.
 
     A real token's row must be True on one run of columns and nowhere else: from its
@@ -301,8 +298,8 @@ def _sequence_bounds(rows_of, rows: int, batch: int = 1, real=None, causal: bool
         tokens, begins = None, begins.reshape(-1)
         count = batch * rows
     else:
-        tokens = torch.nonzero(real, as_tuple=True)
-        begins = begins[tokens]
+        tokens = torch.nonzero(real.reshape(-1)).reshape(-1)
+        begins = begins.reshape(-1)[tokens]
         count = begins.numel()
     first_tokens = torch.nonzero(begins).reshape(-1)
     cu_seqlens = torch.cat([first_tokens, first_tokens.new_full((1,), count)]).to(torch.int32)
