@@ -97,7 +97,7 @@ def test_transformers_hook_reads_packed_sequences_from_their_mask(monkeypatch):
     at a time), with the bounds the mask itself gives; anything else is refused as before.
     The bounds are made once for the same unmodified mask (a forward's layers), anew after a
     change."""
-    monkeypatch.setattr(wft, "_MASK_ROWS_AT_A_TIME", 3)
+    monkeypatch.setattr(wft, "_MASK_CELLS_AT_A_TIME", 3 * 13)  # 3 rows
     lengths = [3, 5, 1, 4]
     rows = sum(lengths)
     q, k = torch.empty(1, 4, rows, 64), torch.empty(1, 2, rows, 64)
@@ -134,8 +134,8 @@ def test_sequence_bounds_find_every_sequence_or_none(monkeypatch, causal):
     in the row of a padding token (no sequence's: not read); and None for the other kind of
     mask wherever a sequence is longer than one token."""
     generator = torch.Generator().manual_seed(3)
-    for block in (1, 4, 64):
-        monkeypatch.setattr(wft, "_MASK_ROWS_AT_A_TIME", block)
+    for cells in (1, 40, 4096):  # a row at a time (rows are 1-48 cells), a few, all
+        monkeypatch.setattr(wft, "_MASK_CELLS_AT_A_TIME", cells)
         for _ in range(6):
             sequences = int(torch.randint(1, 7, (1,), generator=generator))
             lengths = torch.randint(1, 9, (sequences,), generator=generator).tolist()
@@ -197,7 +197,7 @@ def test_the_transformers_mask_builder_hands_packed_batches_their_bounds(monkeyp
     mask); any other mask (a sliding window) gets SDPA's tensor, which the hook refuses; a
     mask that may be skipped is left to transformers' rule."""
     requested = _fake_transformers(monkeypatch)
-    monkeypatch.setattr(wft, "_MASK_ROWS_AT_A_TIME", 4)
+    monkeypatch.setattr(wft, "_MASK_CELLS_AT_A_TIME", 4 * 13)  # 4 rows
     lengths = [3, 5, 1, 4]
     rows = sum(lengths)
     sequence = torch.repeat_interleave(torch.arange(len(lengths)), torch.tensor(lengths))
@@ -254,7 +254,7 @@ def test_the_transformers_mask_builder_runs_padded_batches_as_packed_ones(monkey
     each sequence alone, zero at padding tokens (the packed call stood in for by a float64
     reference). Real tokens that are not consecutive get SDPA's tensor."""
     _fake_transformers(monkeypatch)
-    monkeypatch.setattr(wft, "_MASK_ROWS_AT_A_TIME", 3)
+    monkeypatch.setattr(wft, "_MASK_CELLS_AT_A_TIME", 3 * 3 * 7)  # 3 rows of 3 x 7
     rows = 7
     padding = torch.tensor([[0, 0, 1, 1, 1, 1, 1],    # left padded: 5 tokens
                             [1, 1, 1, 0, 0, 0, 0],    # right padded: 3 tokens

@@ -235,10 +235,11 @@ def hf_mask(batch_size, q_length, kv_length, q_offset=0, kv_offset=0,
     return SequencesMask(cu_seqlens, batch_size, q_length, tokens, causal)
 
 
-# Rows of a mask built or checked at a time, over all of a batch's rows (`_sequence_bounds`):
-# one row's whole square takes 1 GiB of booleans at 32k tokens, and the check would take that
-# again.
-_MASK_ROWS_AT_A_TIME = 2048
+# Cells of a mask built or checked at a time (`_sequence_bounds`: as many rows of every batch
+# row as fit): a 32k-token row's whole square takes 1 GiB of booleans, and the check would take
+# that again; each block costs a few dozen small operations of host time, so a BERT-sized
+# batch (64 x 512 x 512) is one block.
+_MASK_CELLS_AT_A_TIME = 1 << 26
 
 
 def _sequence_bounds(rows_of, rows: int, batch: int = 1, real=None, causal: bool = True):
@@ -259,7 +260,7 @@ def _sequence_bounds(rows_of, rows: int, batch: int = 1, real=None, causal: bool
         return None
     exact, starts, ends = None, [], []
     columns = None
-    step = max(1, _MASK_ROWS_AT_A_TIME // batch)
+    step = max(1, _MASK_CELLS_AT_A_TIME // (batch * rows))
     for first in range(0, rows, step):
         last = min(rows, first + step)
         block = rows_of(first, last)
