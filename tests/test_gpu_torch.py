@@ -1,6 +1,8 @@
 """The call users make, on the GPU: the launcher cache, the PyTorch custom op under
 torch.compile and CUDA graphs, the caller's stream, the SDPA-shaped entry point. Fresh random
 inputs, outputs poisoned with NaN, a float32 reference."""
+import gc
+
 import pytest
 
 pytestmark = pytest.mark.gpu
@@ -259,6 +261,14 @@ def test_what_a_cupy_call_given_a_stream_makes_is_that_streams_memory(call):
     with side:
         on_side = cupy.empty(size, dtype=cupy.uint8)
     assert on_side.data.ptr == pointer and on_current.data.ptr != pointer
+    # The stream destroyed (CuPy's are, when collected), then the launcher dropped: its
+    # release must not record on the dead stream (that crashed the process).
+    del side, on_side
+    gc.collect()
+    from wavefront.kernel import launcher as kernel_launcher
+    kernel_launcher.clear_launcher_cache()
+    gc.collect()
+    cupy.cuda.Device().synchronize()
 
 
 @pytest.mark.parametrize("schedule,causal", [(None, True), ("dynamic+linear", False),

@@ -267,8 +267,12 @@ class AttentionLauncher:
         self._buffers = buffers
         self._launched_on: set = set()  # stream handles this launcher launches on (on_stream)
         self._streams: dict = {}  # stream handle -> this launcher's copy for it (on_stream)
+        # CuPy stream handle -> an event recorded after this launcher's last launch there: a
+        # CuPy stream is destroyed when its object is collected, and the release must not
+        # record on a destroyed stream (it crashed the process on the H100)
+        self._last_launch_on: dict = {}
         weakref.finalize(self, _release_when_done, buffers, self._launched_on,
-                         self.view.device).atexit = False
+                         self.view.device, self._last_launch_on).atexit = False
 
     def __call__(self, q, k, v, out, stream, lse=None):
         """Launch on `stream`; `lse`: where to write the LSE (default: the launcher's own
@@ -289,7 +293,23 @@ class AttentionLauncher:
                 "PartO": part_o, "PartM": part_m, "PartL": part_l, "Out": out, "Lse": lse,
                 "n_chunks": self.launch.n_chunks, "HEAD_DIM": p.head_dim,
                 "TILE_M": COMBINE_TILE_M, "WRITE_LSE": self.return_lse}))
+        if type(stream) is not int and type(stream).__module__.startswith("cupy"):
+            self._note_launch_on(stream)
         return (out, lse) if self.return_lse else out
+
+    def _note_launch_on(self, stream) -> None:
+        """Record that this launcher's work on a CuPy stream ends here (`_last_launch_on`),
+        for its release. Not the null stream (never destroyed), not inside a capture."""
+        handle = stream.ptr
+        if not handle or self.capturing(handle):
+            return
+        event = self._last_launch_on.get(handle)
+        if event is None:
+            import cupy
+            with cupy.cuda.Device(self.view.device):
+                event = self._last_launch_on.setdefault(
+                    handle, cupy.cuda.Event(disable_timing=True))
+        event.record(stream)
 
     def for_lengths(self, launch) -> "AttentionLauncher":
         """This launcher for a packed batch of other lengths (`launch`: the same problem and
@@ -1151,21 +1171,25 @@ def _keep_until_done(events, buffers) -> None:
     _kept.append((events, buffers))
 
 
-def _release_when_done(buffers, handles, device: int) -> None:
+def _release_when_done(buffers, handles, device: int, last_launch_on: dict) -> None:
     """A launcher dropped (evicted from the cache, or made for one call that could not be
     cached): keep its GPU buffers until the launches it queued on each of its streams
     (`handles`) are done. Let go at once, a work table's memory went back to CuPy's pool of
     the table stream, and the next table built there took it while a launch still queued on
     the caller's stream had yet to read it: 9 of 12 calls came out wrong on the H100
-    (`data/queued_calls/`)."""
+    (`data/queued_calls/`). On a CuPy stream the event recorded after the last launch there
+    (`last_launch_on`) stands for it: the stream may be gone (torch's streams come from a
+    pool and live as long as the process; a raw handle must outlive the launches on it)."""
     if not handles:
         return  # it never launched: nothing queued reads its buffers
     import cupy
     events = []
     with cupy.cuda.Device(device):
         for handle in tuple(handles):
-            event = cupy.cuda.Event(disable_timing=True)
-            cupy.cuda.runtime.eventRecord(event.ptr, handle)
+            event = last_launch_on.get(handle)
+            if event is None:
+                event = cupy.cuda.Event(disable_timing=True)
+                cupy.cuda.runtime.eventRecord(event.ptr, handle)
             events.append(event)
     _keep_until_done(events, buffers)
 
@@ -1254,14 +1278,15 @@ def _output_maker(vq: _ArrayView):
 
 
 def _stream_getter(library, device: int):
-    """A function of no arguments that returns the raw handle of the caller's current stream
-    on `device` (what `ct.launch` needs, without building a stream object: torch's costs
-    microseconds), made once per launcher: the per-call path neither imports nor branches."""
+    """A function of no arguments that returns the caller's current stream on `device`, made
+    once per launcher: the per-call path neither imports nor branches. torch's as its raw
+    handle (what `ct.launch` needs, without building a stream object: torch's costs
+    microseconds); CuPy's as its object, which a launch notes (`_note_launch_on`)."""
     if library == "torch":
         import torch
         return functools.partial(torch._C._cuda_getCurrentRawStream, device)
     import cupy
-    return lambda: cupy.cuda.get_current_stream().ptr
+    return cupy.cuda.get_current_stream  # the object: see AttentionLauncher._note_launch_on
 
 
 def _checked_output(vq, out):
