@@ -80,6 +80,30 @@ def test_transformers_hook_refuses_masks_and_dropout():
         wft.hf_attention_forward(object(), q, q, q, None, dropout=0.1)
 
 
+def test_transformers_hook_runs_causal_as_transformers_sdpa_decides(monkeypatch):
+    """With no mask, the hook runs causal where transformers' SDPA function would: an
+    `is_causal` the model passes, else the module's attribute (True where it has none), and
+    never for one query row (a decoding step)."""
+    calls = []
+    monkeypatch.setattr(wft, "_attention",
+                        lambda q, k, v, causal, scale: (calls.append(causal), q)[1])
+
+    class Module:
+        pass
+    encoder = Module()
+    encoder.is_causal = False
+    q = torch.empty(1, 4, 16, 64)
+    for module, kwargs, want in ((Module(), {}, True), (encoder, {}, False),
+                                 (encoder, {"is_causal": True}, True),
+                                 (Module(), {"is_causal": False}, False)):
+        calls.clear()
+        wft.hf_attention_forward(module, q, q, q, None, **kwargs)
+        assert calls == [want], (kwargs, calls)
+    calls.clear()
+    wft.hf_attention_forward(Module(), q[:, :, :1], q, q, None)
+    assert calls == [False]
+
+
 def _packed_mask(lengths, causal=True):
     """transformers' mask for sequences packed in one row (True: attend): each sequence causal
     within itself, nothing across."""

@@ -123,7 +123,11 @@ def hf_attention_forward(module, query, key, value, attention_mask, scaling=None
     if dropout:
         raise ValueError(f"dropout must be 0 (wavefront has no dropout), got {dropout!r}")
     if attention_mask is None:
-        causal = bool(getattr(module, "is_causal", True)) and query.shape[2] > 1
+        # as transformers' SDPA function decides: an `is_causal` the model passes, else the
+        # module's own
+        is_causal = kwargs.get("is_causal")
+        causal = (bool(getattr(module, "is_causal", True)) if is_causal is None
+                  else bool(is_causal)) and query.shape[2] > 1
         out = _attention(query, key, value, causal, scaling)
         return out.transpose(1, 2), None
     if isinstance(attention_mask, SequencesMask):
