@@ -3,9 +3,9 @@ packed in one row, position_ids restarting at each (or, with --padded, left padd
 longest, one row each, as batched prompts are), its attention routed to wavefront (a
 packed batch, `attention_varlen`) against transformers' SDPA path on the same row (which needs
 the packed mask as a tensor) and against the sequences run one by one on the SDPA path.
-On the packed row wavefront runs twice: with its own mask builder (`hf_mask`: the layers get the sequences'
-bounds, the mask built and checked in blocks of rows) and with SDPA's (the layers get the
-T x T tensor, which the hook checks once a forward).
+On the packed row wavefront runs twice: with its own mask builder (`hf_mask`: the layers get
+the sequences' bounds, the mask built and checked in blocks) and with SDPA's (the layers get
+the T x T tensor, which the hook checks once a forward).
 
 Medians of interleaved rounds of GPU ms per forward (CUDA events; every token's logits), the
 peak GPU memory a forward allocates beyond the model when it keeps only the last token's
@@ -94,7 +94,7 @@ def main():
         implementations["wavefront, packed row, SDPA's mask tensor"] = "wavefront_sdpa_mask"
     cases = [*implementations, "sdpa, one sequence at a time"]
     reference = forward(cases[-1]).float()
-    errors, peak_gb = {}, {}
+    errors, peak_gib = {}, {}
     for case in cases:
         got = forward(case).float()
         errors[case] = float((got - reference).norm() / reference.norm())
@@ -106,7 +106,7 @@ def main():
         before = torch.cuda.memory_allocated()
         forward(case, logits_to_keep=1)
         torch.cuda.synchronize()
-        peak_gb[case] = (torch.cuda.max_memory_allocated() - before) / 2**30
+        peak_gib[case] = (torch.cuda.max_memory_allocated() - before) / 2**30
     samples = {case: [] for case in cases}
     for _ in range(args.rounds):
         for case in random.sample(cases, len(cases)):
@@ -123,15 +123,16 @@ def main():
           f"{'left padded to the longest' if args.padded else 'packed in one row'} "
           f"(lengths {min(lengths)}-{max(lengths)}); GPU ms per forward, median [min, max] of "
           f"{args.rounds} rounds")
-    with JsonlSink(args.out, f"{'padded' if args.padded else 'packed'}_prefill.jsonl") as sink:  # with a run manifest
+    records = f"{'padded' if args.padded else 'packed'}_prefill.jsonl"
+    with JsonlSink(args.out, records) as sink:  # with a run manifest
         for case in cases:
             values = samples[case]
             median = statistics.median(values)
             print(f"  {case:42s} {median:8.2f} [{min(values):.2f}, {max(values):.2f}]  "
-                  f"x{base / median:.2f} vs SDPA, {layout}  peak {peak_gb[case]:5.2f} GiB  "
+                  f"x{base / median:.2f} vs SDPA, {layout}  peak {peak_gib[case]:5.2f} GiB  "
                   f"logits rel. error {errors[case]:.2e}")
             sink.write({"gpu": torch.cuda.get_device_name(), "case": case, "ms": values,
-                        "peak_allocated_gib_last_logits": peak_gb[case],
+                        "peak_allocated_gib_last_logits": peak_gib[case],
                         "logits_rel_error_vs_one_by_one_sdpa": errors[case],
                         "lengths": lengths, "layers": args.layers, "layout": layout,
                         "transformers": transformers.__version__})
