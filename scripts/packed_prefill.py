@@ -7,7 +7,7 @@ On the packed row wavefront runs twice: with its own mask builder (`hf_mask`: th
 the sequences' bounds, the mask built and checked in blocks) and with SDPA's (the layers get
 the T x T tensor, which the hook checks once a forward).
 
-Medians of interleaved rounds of GPU ms per forward (CUDA events; every token's logits), the
+Medians of interleaved rounds of GPU ms per forward (`measure.rounds`; every token's logits), the
 peak GPU memory a forward allocates beyond the model when it keeps only the last token's
 logits (torch's allocator: a prefill step as `generate` runs it), and the logits' relative
 error against the one-by-one SDPA run.
@@ -16,12 +16,11 @@ error against the one-by-one SDPA run.
                                      [--out DIR]
 """
 import argparse
-import random
-import statistics
 from pathlib import Path
 
 import torch
 
+from wavefront.measure.prefill import peak_allocated_gib, report_cases, timed_forwards
 from wavefront.measure.sink import JsonlSink
 from wavefront.measure.varlen_bench import long_tailed_lengths
 
@@ -30,7 +29,7 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--sequences", type=int, default=16)
     parser.add_argument("--tokens", type=int, default=16384)
-    parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument("--rounds", type=int, default=7, help="at least 6")
     parser.add_argument("--layers", type=int, default=8)
     parser.add_argument("--padded", action="store_true",
                         help="lay the sequences in a left-padded batch (one row each, the 2D "
@@ -101,42 +100,20 @@ def main():
         del got
         # Memory as a prefill step takes it (generate keeps the last token's logits): all
         # tokens' logits would take more than the attention and its mask.
-        torch.cuda.synchronize()
-        torch.cuda.reset_peak_memory_stats()
-        before = torch.cuda.memory_allocated()
-        forward(case, logits_to_keep=1)
-        torch.cuda.synchronize()
-        peak_gib[case] = (torch.cuda.max_memory_allocated() - before) / 2**30
-    samples = {case: [] for case in cases}
-    for _ in range(args.rounds):
-        for case in random.sample(cases, len(cases)):
-            start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            forward(case)
-            stop.record()
-            stop.synchronize()
-            samples[case].append(start.elapsed_time(stop))
-    base = statistics.median(samples[f"sdpa, {layout} (mask tensor)"])
+        peak_gib[case] = peak_allocated_gib(lambda case=case: forward(case, logits_to_keep=1))
+    timed = timed_forwards({case: lambda case=case: forward(case) for case in cases},
+                           args.rounds)
     print(f"{torch.cuda.get_device_name()}: transformers {transformers.__version__} "
           f"LlamaForCausalLM, {args.layers} layers, hidden 2048, 16/4 heads, bf16; "
           f"{args.sequences} sequences of {args.tokens} tokens, "
           f"{'left padded to the longest' if args.padded else 'packed in one row'} "
-          f"(lengths {min(lengths)}-{max(lengths)}); GPU ms per forward, median [min, max] of "
-          f"{args.rounds} rounds")
+          f"(lengths {min(lengths)}-{max(lengths)}); GPU ms per forward, median [95% interval] "
+          f"of {args.rounds} interleaved rounds")
     records = f"{'padded' if args.padded else 'packed'}_prefill.jsonl"
     with JsonlSink(args.out, records) as sink:  # with a run manifest
-        for case in cases:
-            values = samples[case]
-            median = statistics.median(values)
-            print(f"  {case:42s} {median:8.2f} [{min(values):.2f}, {max(values):.2f}]  "
-                  f"x{base / median:.2f} vs SDPA, {layout}  peak {peak_gib[case]:5.2f} GiB  "
-                  f"logits rel. error {errors[case]:.2e}")
-            sink.write({"gpu": torch.cuda.get_device_name(), "case": case, "ms": values,
-                        "peak_allocated_gib_last_logits": peak_gib[case],
-                        "logits_rel_error_vs_one_by_one_sdpa": errors[case],
-                        "lengths": lengths, "layers": args.layers, "layout": layout,
-                        "transformers": transformers.__version__})
-
+        report_cases(sink, timed, f"sdpa, {layout} (mask tensor)", peak_gib, errors, "logits",
+                     lengths=lengths, layers=args.layers, layout=layout,
+                     transformers=transformers.__version__)
 
 if __name__ == "__main__":
     main()

@@ -4,20 +4,19 @@ the longest, its attention routed to wavefront (`hf_mask` hands the layers the r
 sequences, run as one packed batch) against transformers' SDPA path on the same batch (the
 padding mask as a tensor) and against the sequences run one at a time on the SDPA path.
 
-Medians of interleaved rounds of GPU ms per forward (CUDA events), the peak GPU memory a
+Medians of interleaved rounds of GPU ms per forward (`measure.rounds`), the peak GPU memory a
 forward allocates beyond the model, and the last hidden states' relative error at real tokens
 against the one-by-one SDPA run.
 
     python scripts/padded_encoder.py [--sequences 64 --longest 512 --rounds 7] [--out DIR]
 """
 import argparse
-import random
-import statistics
 from pathlib import Path
 
 import numpy
 import torch
 
+from wavefront.measure.prefill import peak_allocated_gib, report_cases, timed_forwards
 from wavefront.measure.sink import JsonlSink
 
 
@@ -25,7 +24,7 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--sequences", type=int, default=64)
     parser.add_argument("--longest", type=int, default=512)
-    parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument("--rounds", type=int, default=7, help="at least 6")
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
     import transformers
@@ -67,40 +66,19 @@ def main():
     reference = forward(cases[-1]).float()
     errors, peak_gib = {}, {}
     for case in cases:
-        torch.cuda.synchronize()
-        torch.cuda.reset_peak_memory_stats()
-        before = torch.cuda.memory_allocated()
         got = forward(case).float()
-        torch.cuda.synchronize()
-        peak_gib[case] = (torch.cuda.max_memory_allocated() - before) / 2**30
         errors[case] = float((got - reference).norm() / reference.norm())
         del got
-    samples = {case: [] for case in cases}
-    for _ in range(args.rounds):
-        for case in random.sample(cases, len(cases)):
-            start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            forward(case)
-            stop.record()
-            stop.synchronize()
-            samples[case].append(start.elapsed_time(stop))
-    base = statistics.median(samples[cases[1]])
+        peak_gib[case] = peak_allocated_gib(lambda case=case: forward(case))
+    timed = timed_forwards({case: lambda case=case: forward(case) for case in cases},
+                           args.rounds)
     print(f"{torch.cuda.get_device_name()}: transformers {transformers.__version__} BertModel "
           f"(12 layers, hidden 768, 12 heads), bf16; {len(lengths)} sequences of "
           f"{min(lengths)}-{rows} tokens ({sum(lengths)} in all) right padded to {rows}; GPU ms "
-          f"per forward, median [min, max] of {args.rounds} rounds")
+          f"per forward, median [95% interval] of {args.rounds} interleaved rounds")
     with JsonlSink(args.out, "padded_encoder.jsonl") as sink:  # with a run manifest
-        for case in cases:
-            values = samples[case]
-            median = statistics.median(values)
-            print(f"  {case:34s} {median:8.2f} [{min(values):.2f}, {max(values):.2f}]  "
-                  f"x{base / median:.2f} vs SDPA, padded batch  peak {peak_gib[case]:5.2f} GiB  "
-                  f"hidden rel. error {errors[case]:.2e}")
-            sink.write({"gpu": torch.cuda.get_device_name(), "case": case, "ms": values,
-                        "peak_allocated_gib": peak_gib[case],
-                        "hidden_rel_error_vs_one_by_one_sdpa": errors[case],
-                        "lengths": lengths, "transformers": transformers.__version__})
-
+        report_cases(sink, timed, cases[1], peak_gib, errors, "hidden", lengths=lengths,
+                     transformers=transformers.__version__)
 
 if __name__ == "__main__":
     main()

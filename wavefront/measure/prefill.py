@@ -150,7 +150,6 @@ def compare(shape: ModelShape, batch: int, seqlen: int, ours, *, rounds: int = 8
     """Logits of both paths on the same random token ids, then prefill timed in rounds."""
     import torch
 
-    from wavefront.measure.rounds import Contender, run_rounds
     run, what = build(shape, seqlen, ours, seed, prefer_transformers)
     ids = torch.randint(0, shape.vocab, (batch, seqlen), device="cuda",
                         generator=torch.Generator(device="cuda").manual_seed(seed + 1))
@@ -176,16 +175,55 @@ def compare(shape: ModelShape, batch: int, seqlen: int, ours, *, rounds: int = 8
                 (eager.argmax(-1) == theirs.argmax(-1)).float().mean())
             del eager
         del theirs
-        contenders = [Contender(name, lambda i, name=name: run(ids, name), 0.0)
-                      for name in ("wavefront", "sdpa")]
-        timed = run_rounds(contenders, rounds=rounds, per_round=1, warmup=2)
-    for r in timed:
+        by = timed_forwards({name: lambda name=name: run(ids, name)
+                             for name in ("wavefront", "sdpa")}, rounds, warmup=2)
+    for r in by.values():
         result[f"{r.name}_ms"] = r.median_ms
         result[f"{r.name}_ms_ci95"] = r.ci95_ms
         result[f"{r.name}_tokens_per_s"] = batch * seqlen / (r.median_ms * 1e-3)
         result[f"{r.name}_throttled_rounds"] = r.throttled_rounds
-    by = {r.name: r for r in timed}
     from wavefront.measure.rounds import paired_speedup
     result["speedup_vs_sdpa"], *result["speedup_vs_sdpa_ci95"] = paired_speedup(
         by["sdpa"], by["wavefront"])
     return result
+
+
+def timed_forwards(forwards: dict, rounds: int, warmup: int = 1) -> dict:
+    """GPU time of whole model calls: `forwards` (name -> function of no arguments) one call
+    each per round, in interleaved rounds (`measure.rounds.run_rounds`). -> name -> its
+    `RoundsResult`."""
+    from wavefront.measure.rounds import Contender, run_rounds
+    contenders = [Contender(name, lambda i, forward=forward: forward(), 0.0)
+                  for name, forward in forwards.items()]
+    return {r.name: r for r in run_rounds(contenders, rounds=rounds, per_round=1,
+                                          warmup=warmup)}
+
+
+def peak_allocated_gib(run) -> float:
+    """GiB of GPU memory `run()` allocates at its peak beyond what was allocated before it
+    (torch's caching allocator, the GPU synchronised around it)."""
+    import torch
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    before = torch.cuda.memory_allocated()
+    run()
+    torch.cuda.synchronize()
+    return (torch.cuda.max_memory_allocated() - before) / 2**30
+
+
+def report_cases(sink, timed: dict, base: str, peak_gib: dict, errors: dict, error_of: str,
+                 **fields) -> None:
+    """Print a line per case of `timed` (`timed_forwards`: median GPU ms [95% interval], speed
+    against case `base`, peak GiB, relative error of `error_of`) and write its record to
+    `sink` with `fields`."""
+    import torch
+    gpu = torch.cuda.get_device_name()
+    for case, result in timed.items():
+        low, high = result.ci95_ms
+        print(f"  {case:42s} {result.median_ms:8.2f} [{low:.2f}, {high:.2f}]  "
+              f"x{timed[base].median_ms / result.median_ms:.2f} vs {base}  "
+              f"peak {peak_gib[case]:5.2f} GiB  {error_of} rel. error {errors[case]:.2e}")
+        sink.write({"gpu": gpu, "case": case, "ms": result.samples_ms,
+                    "ms_ci95": result.ci95_ms, "throttled_rounds": result.throttled_rounds,
+                    "peak_allocated_gib": peak_gib[case],
+                    f"{error_of}_rel_error_vs_one_by_one_sdpa": errors[case], **fields})
