@@ -464,6 +464,30 @@ def test_an_empty_sequence_is_named():
         wavefront.attention(q, k[:, :, :0], v[:, :, :0])
 
 
+def _noting_masks():
+    """wavefront's attention function for transformers' registry, noting the mask each call
+    gets: -> (the function, the list of masks)."""
+    import wavefront.torch as wft
+    masks = []
+
+    def forward(module, query, key, value, attention_mask, *args, **kwargs):
+        masks.append(attention_mask)
+        return wft.hf_attention_forward(module, query, key, value, attention_mask, *args,
+                                        **kwargs)
+    return forward, masks
+
+
+def _small_llama():
+    """transformers' `LlamaForCausalLM` of 3 layers, hidden 512, 8/2 heads, random weights
+    (seed 0), bf16, on its SDPA path: -> (config, model)."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=1000, hidden_size=512, intermediate_size=1024,
+                         num_hidden_layers=3, num_attention_heads=8, num_key_value_heads=2,
+                         max_position_embeddings=4096, attn_implementation="sdpa")
+    return config, LlamaForCausalLM(config).to(device="cuda", dtype=torch.bfloat16).eval()
+
+
 def test_a_padding_free_batch_through_transformers_llama_runs_packed(monkeypatch):
     """Sequences packed in one row with position_ids restarting (transformers' padding-free
     batches), through transformers' `LlamaForCausalLM` with its attention routed to wavefront:
@@ -474,8 +498,6 @@ def test_a_padding_free_batch_through_transformers_llama_runs_packed(monkeypatch
     with SDPA's mask tensor handed to the hook (the tensor route) gives the same logits.
     Skips where transformers is not installed."""
     pytest.importorskip("transformers")
-    from transformers import LlamaConfig, LlamaForCausalLM
-
     import wavefront.torch as wft
     from wavefront.kernel import launcher as kernel_launcher
     staged, packed_calls = [], []
@@ -484,22 +506,13 @@ def test_a_padding_free_batch_through_transformers_llama_runs_packed(monkeypatch
     launch_varlen = kernel_launcher.attention_varlen
     monkeypatch.setattr(kernel_launcher, "attention_varlen",
                         lambda *a, **kw: (packed_calls.append(1), launch_varlen(*a, **kw))[1])
-    masks = []
-
-    def forward(module, query, key, value, attention_mask, *args, **kwargs):
-        masks.append(attention_mask)
-        return wft.hf_attention_forward(module, query, key, value, attention_mask, *args,
-                                        **kwargs)
+    forward, masks = _noting_masks()
     name = wft.register_with_transformers(forward=forward)
     from transformers import AttentionInterface
     from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
     AttentionInterface.register("wavefront_sdpa_mask", forward)
     AttentionMaskInterface.register("wavefront_sdpa_mask", sdpa_mask)
-    torch.manual_seed(0)
-    config = LlamaConfig(vocab_size=1000, hidden_size=512, intermediate_size=1024,
-                         num_hidden_layers=3, num_attention_heads=8, num_key_value_heads=2,
-                         max_position_embeddings=4096, attn_implementation="sdpa")
-    model = LlamaForCausalLM(config).to(device="cuda", dtype=torch.bfloat16).eval()
+    config, model = _small_llama()
     model.set_attn_implementation(name)
     model.set_attn_implementation("sdpa")
     lengths = [300, 77, 1000, 5, 640]
@@ -545,21 +558,10 @@ def test_a_padded_batch_through_transformers_llama_runs_packed():
     as close as transformers' own SDPA path on the padded batch gets. Then two rows that
     each pack two sequences: the same. Skips where transformers is not installed."""
     pytest.importorskip("transformers")
-    from transformers import LlamaConfig, LlamaForCausalLM
-
     import wavefront.torch as wft
-    masks = []
-
-    def forward(module, query, key, value, attention_mask, *args, **kwargs):
-        masks.append(attention_mask)
-        return wft.hf_attention_forward(module, query, key, value, attention_mask, *args,
-                                        **kwargs)
+    forward, masks = _noting_masks()
     name = wft.register_with_transformers("wavefront_padded_test", forward=forward)
-    torch.manual_seed(0)
-    config = LlamaConfig(vocab_size=1000, hidden_size=512, intermediate_size=1024,
-                         num_hidden_layers=3, num_attention_heads=8, num_key_value_heads=2,
-                         max_position_embeddings=4096, attn_implementation="sdpa")
-    model = LlamaForCausalLM(config).to(device="cuda", dtype=torch.bfloat16).eval()
+    config, model = _small_llama()
     rows = 700
     spans = [(rows - 450, rows), (0, 333), (0, rows)]  # left, right, no padding
     g = torch.Generator(device="cuda").manual_seed(2)
@@ -623,12 +625,7 @@ def test_a_padded_batch_through_transformers_bert_runs_packed():
     from transformers import BertConfig, BertModel
 
     import wavefront.torch as wft
-    masks = []
-
-    def forward(module, query, key, value, attention_mask, *args, **kwargs):
-        masks.append(attention_mask)
-        return wft.hf_attention_forward(module, query, key, value, attention_mask, *args,
-                                        **kwargs)
+    forward, masks = _noting_masks()
     name = wft.register_with_transformers("wavefront_encoder_test", forward=forward)
     torch.manual_seed(0)
     config = BertConfig(vocab_size=1000, hidden_size=256, intermediate_size=512,
