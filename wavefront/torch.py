@@ -17,6 +17,7 @@ kernel itself, so every replay is a fresh launch.
 """
 from __future__ import annotations
 
+import functools
 from typing import Optional
 
 import torch
@@ -206,34 +207,34 @@ def hf_mask(batch_size, q_length, kv_length, q_offset=0, kv_offset=0,
     `SequencesMask` (or None: one sequence a row, no padding, the kernel's own mask); else
     SDPA's tensor, which the attention function refuses by name."""
     from transformers.masking_utils import sdpa_mask
-    whole = dict(attention_mask=attention_mask, allow_is_causal_skip=allow_is_causal_skip,
-                 **kwargs)
+    kwargs["attention_mask"] = attention_mask
+    # SDPA's mask, whole: what any mask this function does not run from its bounds gets
+    sdpas = functools.partial(sdpa_mask, batch_size, q_length, kv_length, q_offset, kv_offset,
+                              allow_is_causal_skip=allow_is_causal_skip, **kwargs)
     causal = "allow_is_bidirectional_skip" not in kwargs  # (only the bidirectional asks pass it)
     if (q_length != kv_length or type(q_offset) is not int or type(kv_offset) is not int
             or q_offset != 0 or kv_offset != 0 or torch.compiler.is_compiling()):
-        return sdpa_mask(batch_size, q_length, kv_length, q_offset, kv_offset, **whole)
+        return sdpas()
     real = None
     if attention_mask is not None:
         real = attention_mask[:, :kv_length].to(torch.bool)
         if tuple(real.shape) != (batch_size, kv_length):
-            return sdpa_mask(batch_size, q_length, kv_length, q_offset, kv_offset, **whole)
+            return sdpas()
         if bool(real.all()):
             real = None
     skip = allow_is_causal_skip if causal else kwargs["allow_is_bidirectional_skip"]
     if skip and real is None:  # transformers' rule: no mask needed
-        return sdpa_mask(batch_size, q_length, kv_length, q_offset, kv_offset, **whole)
+        return sdpas()
 
     def rows(first, last):
         block = sdpa_mask(batch_size, last - first, kv_length, first, 0,
-                          **{**whole, "allow_is_causal_skip": False,
+                          **{**kwargs, "allow_is_causal_skip": False,
                              "allow_is_bidirectional_skip": False})
         return None if block is None else block[:, 0]
     bounds = _sequence_bounds(rows, q_length, batch_size, real, causal)
-    if bounds is None:
-        return sdpa_mask(batch_size, q_length, kv_length, q_offset, kv_offset, **whole)
+    if bounds is None or bounds[0].numel() < 2:  # (< 2: nothing but padding)
+        return sdpas()
     cu_seqlens, tokens = bounds
-    if cu_seqlens.numel() < 2:  # nothing but padding
-        return sdpa_mask(batch_size, q_length, kv_length, q_offset, kv_offset, **whole)
     if tokens is None and cu_seqlens.numel() == batch_size + 1:
         return None  # one sequence a row: the kernel's own mask
     return SequencesMask(cu_seqlens, batch_size, q_length, tokens, causal)
