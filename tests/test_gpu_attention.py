@@ -299,3 +299,61 @@ def test_tune_warms_candidates_in_checked_processes():
                      tiles="128x128", occupancy=1, worker_warps=8, qk_ahead=ahead)
               for causal in (False, True) for ahead in (0, 1)]
     assert warm(points, jobs=2) == dict.fromkeys(points)
+
+
+@pytest.mark.parametrize("schedule", SCHEDULES)
+@pytest.mark.parametrize("causal", [False, True])
+def test_the_prepared_launch_is_the_jit_launch_bit_for_bit(schedule, causal):
+    """A launcher's first launch goes through ct.launch and prepares; the second through the
+    prepared launch (the exported binary, the packed arguments). Both outputs, and the LSE,
+    poisoned with NaN first, must be equal bit for bit: the same binary on the same inputs."""
+    import cupy
+
+    from wavefront.kernel.launcher import current_stream, launcher_for
+    from wavefront.measure.bench import random_inputs
+    cfg = Config(batch=2, heads=4, kv_heads=2, seqlen=333, head_dim=64, causal=causal,
+                 schedule=schedule, ctas=7, chunk_tiles=2 if "tiled" in schedule else None)
+    q, k, v = random_inputs(cfg, 77 + SCHEDULES.index(schedule))
+    launcher, _ = launcher_for(q, k, v, return_lse=True, **cfg.attention_kwargs())
+    results = []
+    for n in range(2):
+        assert launcher.launches_prepared == (n == 1), launcher.prepare_failure
+        out = cupy.full_like(q, cupy.nan)
+        lse = cupy.full(q.shape[:3], cupy.nan, dtype=cupy.float32)
+        launcher(q, k, v, out, current_stream("cupy"), lse)
+        cupy.cuda.Device().synchronize()
+        results.append((cupy.asnumpy(out).view("u2"), cupy.asnumpy(lse)))
+    (out_jit, lse_jit), (out_prepared, lse_prepared) = results
+    assert (out_jit == out_prepared).all() and (lse_jit == lse_prepared).all()
+    assert not cupy.isnan(lse).any()
+
+
+def test_the_public_call_falls_back_where_the_prepared_launch_does_not_fit():
+    """The prepared binary assumes 16-byte aligned arrays and an output that overlaps no
+    input: a q one element into its buffer, and an `out` that is q itself, must take
+    ct.launch and still be right."""
+    torch = pytest.importorskip("torch")
+    from wavefront import attention
+    from wavefront.kernel import launcher as L
+    torch.manual_seed(5)
+    shape = (1, 2, 256, 64)
+    base = torch.randn(1 + 2 * 256 * 64, device="cuda", dtype=torch.bfloat16)
+    k = torch.randn(shape, device="cuda", dtype=torch.bfloat16)
+    v = torch.randn(shape, device="cuda", dtype=torch.bfloat16)
+    aligned = base[:-1].view(shape)
+    attention(aligned, k, v)
+    attention(aligned, k, v)
+    launcher = next(x for x in L._launchers.values() if x.view.shape == shape)
+    assert launcher.launches_prepared, launcher.prepare_failure
+
+    def ref(q):
+        return torch.nn.functional.scaled_dot_product_attention(q.float(), k.float(), v.float())
+    misaligned = base[1:].view(shape)
+    assert misaligned.data_ptr() % 16
+    expected = ref(misaligned)
+    out = attention(misaligned, k, v)
+    assert float((out.float() - expected).norm() / expected.norm()) < TOLERANCE
+    q = misaligned.clone()
+    expected = ref(q)
+    attention(q, k, v, out=q)  # in place: rows are read before they are written
+    assert float((q.float() - expected).norm() / expected.norm()) < TOLERANCE

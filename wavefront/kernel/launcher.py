@@ -12,6 +12,7 @@ import copy
 import dataclasses
 import functools
 import math
+import os
 import threading
 import weakref
 from collections import OrderedDict, deque
@@ -30,6 +31,7 @@ from wavefront.kernel.attention import (
     combine_partials,
     launch_args,
 )
+from wavefront.kernel.prepared import PreparedLaunch
 from wavefront.kernel.table_kernel import build_on_gpu
 from wavefront.point import (DTYPES, HEAD_DIMS, KERNEL_LEVERS, check_levers, lever_values, plan,
                              plan_varlen, plan_varlen_on_device)
@@ -134,6 +136,9 @@ class _Described:
     def __init__(self, array, description: dict):
         self.__cuda_array_interface__ = description
         self.array = array
+
+    def data_ptr(self) -> int:
+        return self.__cuda_array_interface__["data"][0]
 
 
 # The interface's type strings of the launcher's own arrays (bfloat16 has none of its own:
@@ -260,6 +265,34 @@ class AttentionLauncher:
         import cupy
         self.capturing = cupy.cuda.runtime.streamIsCapturing  # of a stream handle
         self._own_buffers([self._table, *self.partials, self.lse, self.order])
+        # Prepared after the first launch (`_prepare`); a launch made once is not worth it.
+        self._prepared = _NOT_PREPARED_YET if PREPARED_LAUNCHES and cluster == 1 else None
+        self.prepare_failure = None  # why it could not be prepared, if it could not
+        self._addresses = _address_reader(q_view.library)
+        # The driver launches a loaded kernel in the current context: with one GPU visible it
+        # is always this launcher's; with several, a launch checks.
+        self._device_free = cupy.cuda.runtime.getDeviceCount() == 1
+
+    def _prepare(self, stream, per_call: tuple) -> None:
+        """Prepare this launcher's launch from the arguments of a launch it just made (not
+        one being captured: loading a binary is not a stream's work). A failure is kept, not
+        raised: `ct.launch` stays."""
+        if self.capturing(stream if type(stream) is int else _stream_handle(stream)):
+            return
+        try:
+            self._prepared = PreparedLaunch(self.kernel, per_call + self._bound_args,
+                                            len(PER_CALL_PARAMS), self.grid, self.view.device)
+        except Exception as exc:  # noqa: BLE001  (whatever it was, ct.launch still works)
+            self._prepared, self.prepare_failure = None, f"{type(exc).__name__}: {exc}"
+
+    def _on_own_device(self) -> bool:
+        import cupy
+        return cupy.cuda.runtime.getDevice() == self.view.device
+
+    @property
+    def launches_prepared(self) -> bool:
+        """Whether this launcher's launches go through a prepared launch (see `__call__`)."""
+        return bool(self._prepared)
 
     def _own_buffers(self, buffers: list) -> None:
         """Own `buffers` (GPU arrays of this launcher's) and launch on no stream yet: when the
@@ -274,18 +307,33 @@ class AttentionLauncher:
         weakref.finalize(self, _release_when_done, buffers, self._launched_on,
                          self.view.device, self._last_launch_on).atexit = False
 
-    def __call__(self, q, k, v, out, stream, lse=None):
+    def __call__(self, q, k, v, out, stream, lse=None, prepared_ok=True):
         """Launch on `stream`; `lse`: where to write the LSE (default: the launcher's own
-        buffer, which the next launch overwrites)."""
+        buffer, which the next launch overwrites).
+
+        q, k, v and out must have the shapes, strides and dtype the launcher was made for (out
+        and the LSE contiguous), as the public call's cache key makes sure: from its second
+        launch on, a launcher launches through a prepared launch (`prepared.PreparedLaunch`),
+        which takes only their addresses. `prepared_ok=False` launches with `ct.launch`,
+        which derives everything from the arrays (an `out` of other strides, or overlapping
+        q, k or v)."""
         if type(stream) is not int or stream not in self._launched_on:
             own = self.on_stream(stream)
             if own is not self:
-                return own(q, k, v, out, stream, lse)
+                return own(q, k, v, out, stream, lse, prepared_ok)
         if lse is None:
             lse = self._lse_argument
         if self._table_built is not None:
             self._wait_for_table(stream)
-        ct.launch(stream, self.grid, self.kernel, (q, k, v, out, lse) + self._bound_args)
+        prepared = self._prepared
+        if prepared and prepared_ok and (self._device_free or self._on_own_device()):
+            if not prepared.launch(stream if type(stream) is int else _stream_handle(stream),
+                                   self._addresses(q, k, v, out, lse)):
+                ct.launch(stream, self.grid, self.kernel, (q, k, v, out, lse) + self._bound_args)
+        else:
+            ct.launch(stream, self.grid, self.kernel, (q, k, v, out, lse) + self._bound_args)
+            if prepared is _NOT_PREPARED_YET and prepared_ok:
+                self._prepare(stream, (q, k, v, out, lse))
         if self.tiled:
             part_o, part_m, part_l = self.partials
             p = self.launch.problem
@@ -385,6 +433,8 @@ class AttentionLauncher:
         other._table_writer = None
         other._lengths_written = None
         other._lengths_may_change_unseen = False
+        if other._prepared is not None:  # its own buffer: its own table's address
+            other._prepared = _NOT_PREPARED_YET
         other._bound_args = _rebound(self._bound_args, {
             **_table_arguments(other._table, launch.num_items), **bound})
         other._own_buffers([other._table])
@@ -427,6 +477,23 @@ class AttentionLauncher:
                           dtype=np.int64)
         host -= host.min()
         return host[0::2], host[1::2]
+
+
+# Launchers launch through prepared launches (`prepared.PreparedLaunch`) from their second
+# launch on; WAVEFRONT_PREPARED_LAUNCH=0 keeps `ct.launch` for every launch (to compare).
+PREPARED_LAUNCHES = os.environ.get("WAVEFRONT_PREPARED_LAUNCH", "1") != "0"
+_NOT_PREPARED_YET = False  # falsy, as None (not to be prepared): the hot path tests truth
+
+
+def _address_reader(library: str):
+    """A function of the per-call arrays (q, k, v, out, LSE) that returns their addresses."""
+    if library == "torch":
+        return lambda q, k, v, out, lse: (q.data_ptr(), k.data_ptr(), v.data_ptr(),
+                                          out.data_ptr(), lse.data_ptr())
+
+    def addresses(*arrays):
+        return tuple(a.data_ptr() if type(a) is _Described else a.data.ptr for a in arrays)
+    return addresses
 
 
 def _rebound(bound_args: tuple, values: dict) -> tuple:
@@ -648,6 +715,9 @@ def attention_positional(q, k, v, causal, schedule, tiles, occupancy, scale, ret
     else:
         launcher.recently_used = True  # a hit (`_keep`)
     view = launcher.view
+    # An output the caller gave goes through the prepared launch only where it is laid out as
+    # the launcher's own would be and overlaps none of q, k and v (`AttentionLauncher.__call__`).
+    prepared_ok = out is None
     if stream is None:  # the usual call: the same two lines, without entering a context
         stream = launcher.current_stream()
         out = launcher.new_output(q) if out is None else _checked_output(view, out)
@@ -656,9 +726,11 @@ def attention_positional(q, k, v, causal, schedule, tiles, occupancy, scale, ret
         with _as_current_stream(view, stream):
             out = launcher.new_output(q) if out is None else _checked_output(view, out)
             lse = _empty(view, view.shape[:3], "float32") if launcher.return_lse else None
+    if not prepared_ok:
+        prepared_ok = _lays_out_as_own(view, out, (q, k, v))
     if launcher.capturing(stream if type(stream) is int else _stream_handle(stream)):
         _in_graphs[id(launcher)] = launcher
-    return launcher(q, k, v, out, stream, lse)
+    return launcher(q, k, v, out, stream, lse, prepared_ok)
 
 
 def _cached_launcher(key, build, varlen: bool = False) -> AttentionLauncher:
@@ -1287,6 +1359,31 @@ def _stream_getter(library, device: int):
         return functools.partial(torch._C._cuda_getCurrentRawStream, device)
     import cupy
     return cupy.cuda.get_current_stream  # the object: see AttentionLauncher._note_launch_on
+
+
+def _lays_out_as_own(vq: _ArrayView, out, inputs) -> bool:
+    """Whether a caller's `out` is contiguous, as the launcher's own outputs are, and its
+    memory overlaps none of `inputs` (what a prepared launch assumes of it)."""
+    vo, out = _view("out", out)
+    if vo.strides != _contiguous_strides(vo.shape):
+        return False
+    start, end = _byte_range(out)
+    for x in inputs:
+        x_start, x_end = _byte_range(_view("q", x)[1])
+        if start < x_end and x_start < end:
+            return False
+    return True
+
+
+def _byte_range(x) -> tuple[int, int]:
+    """[first byte, last byte + 1) of a torch tensor or CuPy array (non-negative strides)."""
+    if type(x).__module__.split(".")[0] == "torch":
+        start, item, strides = x.data_ptr(), x.element_size(), x.stride()
+    else:
+        start, item = x.data.ptr, x.dtype.itemsize
+        strides = tuple(s // item for s in x.strides)
+    last = sum((size - 1) * stride for size, stride in zip(x.shape, strides))
+    return start, start + (last + 1) * item
 
 
 def _checked_output(vq, out):

@@ -1,0 +1,81 @@
+"""The prepared launch's argument buffer, on the CPU: the attention kernel's ahead-of-time
+signature and stand-in arrays, packed in cuTile's documented calling convention
+(cutile_python_v2: an array is its address, its shape, its strides; a scalar its value;
+constants are left out)."""
+import ctypes
+
+import pytest
+
+from wavefront.kernel.attention import ATTENTION_PARAMS, KernelVariant
+from wavefront.kernel.prepared import Unprepared, pack_arguments
+
+
+class FakeArray:
+    """An array as `ct.launch` takes it, by its CUDA Array Interface (no GPU needed)."""
+
+    def __init__(self, address, shape, typestr="<f4", strides=None):
+        self.__cuda_array_interface__ = {"shape": shape, "typestr": typestr,
+                                         "data": (address, False), "strides": strides,
+                                         "version": 2}
+
+
+def _arguments(variant):
+    args = []
+    for n, p in enumerate(ATTENTION_PARAMS):
+        if p.kind == "array":
+            shape = (2, 3, 256, 64)[-p.ndim:] if p.ndim == 4 else (5, 7, 9)[:p.ndim]
+            args.append(FakeArray(0x10000 * (n + 1), shape, "<i2" if p.dtype == "io" else "<f4"))
+        elif p.kind == "scalar":
+            args.append(0.125 if p.dtype == "float32" else 11 + n)
+        else:
+            args.append(variant.constants[p.name])
+    return tuple(args)
+
+
+def test_arrays_are_address_shape_strides_and_constants_are_left_out():
+    variant = KernelVariant(dtype="bfloat16", head_dim=64, tile_m=128, tile_n=64, causal=True,
+                            occupancy=2)
+    signature = variant.signature()
+    args = _arguments(variant)
+    values, addresses, alignment = pack_arguments(signature, args, 5)
+    expected = []
+    for p, arg in zip(ATTENTION_PARAMS, args):
+        if p.kind == "array":
+            shape = arg.__cuda_array_interface__["shape"]
+            strides, stride = [], 1
+            for size in reversed(shape):
+                strides.insert(0, stride)
+                stride *= size
+            expected += [arg.__cuda_array_interface__["data"][0], *shape, *strides]
+        elif p.kind == "scalar":
+            expected.append(arg)
+    assert [v.value for v in values] == pytest.approx(expected)
+    n_constants = sum(p.kind == "constant" for p in ATTENTION_PARAMS)
+    assert n_constants > 0 and len(values) == len(expected)
+    # int32 indices (the signature's index dtype), a float32 scale, 64-bit addresses
+    assert {type(v) for v in values} == {ctypes.c_uint64, ctypes.c_int32, ctypes.c_float}
+    # the per-call addresses are one array the values point into, in parameter order
+    assert list(addresses) == [0x10000 * (n + 1) for n in range(5)]
+    addresses[2] = 0x1234560
+    assert 0x1234560 in [v.value for v in values]
+    assert alignment == [16] * 5
+
+
+def test_strides_given_in_bytes_become_elements():
+    variant = KernelVariant(dtype="bfloat16", head_dim=64, tile_m=128, tile_n=64, causal=False,
+                            occupancy=2)
+    args = list(_arguments(variant))
+    # q as a (2, 3, 256, 64) bfloat16 view of a (2, 256, 3, 64) buffer
+    args[0] = FakeArray(0x40000, (2, 3, 256, 64), "<i2", (256 * 3 * 64 * 2, 64 * 2,
+                                                          3 * 64 * 2, 2))
+    values, _, _ = pack_arguments(variant.signature(), tuple(args), 5)
+    assert [v.value for v in values[:9]] == [0x40000, 2, 3, 256, 64, 256 * 3 * 64, 64, 192, 1]
+
+
+def test_a_parameter_kind_it_cannot_pack_is_refused():
+    variant = KernelVariant(dtype="bfloat16", head_dim=64, tile_m=128, tile_n=64, causal=False,
+                            occupancy=2)
+    args = list(_arguments(variant))
+    args[0] = object()  # no address to read
+    with pytest.raises(Unprepared, match="address"):
+        pack_arguments(variant.signature(), tuple(args), 5)

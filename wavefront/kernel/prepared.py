@@ -1,0 +1,219 @@
+"""A prepared launch: a launcher's kernel exported once for its arguments and launched through
+the CUDA driver from an argument buffer packed once.
+
+`ct.launch` derives every argument's constraints anew on each launch, to find (or compile) the
+specialisation they fit: 8.4 us of host time for the attention kernel's 28 arguments on the
+H100 hosts (data/public_call/launch_cost/), about what the kernel runs at B1 H8 S1k. A
+launcher's arguments keep their shapes, strides and dtypes from launch to launch (the public
+call's cache key says so), and only the addresses of q, k, v, out and the LSE change. So:
+
+- the signature is the one the JIT derives from the launcher's arguments
+  (`KernelSignature.from_kernel_args`, in cuTile's documented calling convention
+  `cutile_python_v2`), so the binary is the JIT's own (the same bytecode: cuTile's disk cache
+  holds it once the JIT has compiled it);
+- it is exported as a cubin (`export_kernel`) and loaded once per signature and process;
+- the argument buffer is packed once in that calling convention (an array is its base address,
+  then its shape, then its strides; a scalar is its value; constants are left out);
+- a launch checks the new addresses against what the signature assumes of them (their
+  alignment), writes them into the buffer and calls `cuLaunchKernel`.
+
+What this does not cover (other constraint kinds, another calling convention) raises
+`Unprepared` when preparing, and the launcher keeps `ct.launch`; so do cluster launches, which
+the launcher does not prepare (`cuLaunchKernel` takes no cluster shape).
+"""
+from __future__ import annotations
+
+import ctypes
+import functools
+import io
+import operator
+import threading
+
+
+class Unprepared(Exception):
+    """This launch cannot be prepared; the caller launches with `ct.launch`."""
+
+
+# The calling convention's C type of a scalar or index, by cuTile dtype name.
+_C_TYPES = {"int32": ctypes.c_int32, "int64": ctypes.c_int64, "uint32": ctypes.c_uint32,
+            "uint64": ctypes.c_uint64, "float32": ctypes.c_float, "float64": ctypes.c_double,
+            "bool_": ctypes.c_bool, "bool": ctypes.c_bool}
+
+# A tile kernel's block is the compiler's to choose: it is launched with a block of one
+# thread and no dynamic shared memory (as cuTile's own test of an exported cubin launches it).
+_BLOCK = (1, 1, 1)
+_SHARED_BYTES = 0
+
+
+def _c_type(dtype):
+    found = _C_TYPES.get(getattr(dtype, "name", str(dtype)))
+    if found is None:
+        raise Unprepared(f"no C type for a {dtype} argument")
+    return found
+
+
+def _array_parts(array) -> tuple[int, tuple, tuple]:
+    """(base address, shape, strides in elements) of a launch argument: a torch tensor, a CuPy
+    array or anything with a CUDA Array Interface (a launcher's own described arrays)."""
+    if type(array).__module__.split(".")[0] == "torch":
+        return array.data_ptr(), tuple(array.shape), tuple(array.stride())
+    described = getattr(array, "__cuda_array_interface__", None)
+    if described is None:
+        raise Unprepared(f"cannot read the address of a {type(array).__name__} argument")
+    shape = tuple(described["shape"])
+    item = int(described["typestr"][2:])
+    strides = described.get("strides")
+    if strides is None:
+        strides, stride = [], 1
+        for size in reversed(shape):
+            strides.append(stride)
+            stride *= size
+        strides = tuple(reversed(strides))
+    else:
+        strides = tuple(s // item for s in strides)
+    return described["data"][0], shape, strides
+
+
+class _Driver:
+    """The few driver calls a prepared launch needs, through ctypes (loading, once per
+    signature and GPU) and CuPy's binding of cuLaunchKernel (each launch)."""
+
+    def __init__(self):
+        lib = ctypes.CDLL("libcuda.so.1")
+        handle_out = ctypes.POINTER(ctypes.c_void_p)
+        self.load_data = lib.cuLibraryLoadData
+        self.load_data.argtypes = [handle_out, ctypes.c_void_p, ctypes.c_void_p,
+                                   ctypes.c_void_p, ctypes.c_uint, ctypes.c_void_p,
+                                   ctypes.c_void_p, ctypes.c_uint]
+        self.get_kernel = lib.cuLibraryGetKernel
+        self.get_kernel.argtypes = [handle_out, ctypes.c_void_p, ctypes.c_char_p]
+        self.get_function = lib.cuKernelGetFunction
+        self.get_function.argtypes = [handle_out, ctypes.c_void_p]
+        from cupy_backends.cuda.api.driver import launchKernel
+        self.launch = launchKernel
+
+    def function(self, cubin: bytes, symbol: str, device: int) -> int:
+        """The kernel `symbol` of `cubin`, as a function of `device`'s primary context: a
+        function launches 0.7 us sooner than the context-free kernel handle, which the driver
+        resolves on every launch (5.3 against 6.0 us on the H100 host)."""
+        import cupy
+        library, kernel, function = ctypes.c_void_p(), ctypes.c_void_p(), ctypes.c_void_p()
+        rc = self.load_data(ctypes.byref(library), cubin, None, None, 0, None, None, 0)
+        if rc:
+            raise Unprepared(f"cuLibraryLoadData failed ({rc})")
+        rc = self.get_kernel(ctypes.byref(kernel), library, symbol.encode())
+        if rc:
+            raise Unprepared(f"cuLibraryGetKernel({symbol}) failed ({rc})")
+        with cupy.cuda.Device(device):
+            rc = self.get_function(ctypes.byref(function), kernel)
+        if rc:
+            raise Unprepared(f"cuKernelGetFunction failed ({rc})")
+        return function.value
+
+
+_driver: _Driver | None = None
+# (kernel object, signature's symbol, GPU) -> the loaded function: a launcher's copies (other
+# streams, other lengths of a packed batch) and every launcher of one specialisation share it.
+# The symbol is the signature's mangled name, which spells out every constraint.
+_loaded: dict = {}
+_loaded_lock = threading.Lock()
+
+
+def _loaded_function(kernel, signature, device: int) -> int:
+    global _driver
+    key = (kernel, signature.symbol, device)
+    found = _loaded.get(key)
+    if found is not None:
+        return found
+    with _loaded_lock:
+        if key not in _loaded:
+            if _driver is None:
+                _driver = _Driver()
+            from cuda.tile.compilation import export_kernel
+            cubin = io.BytesIO()
+            export_kernel(kernel, [signature], cubin, gpu_code=gpu_code(device),
+                          output_format="cubin")
+            _loaded[key] = _driver.function(cubin.getvalue(), signature.symbol, device)
+        return _loaded[key]
+
+
+def pack_arguments(signature, args: tuple, per_call: int):
+    """The launch's arguments in `signature`'s calling convention (cutile_python_v2): ->
+    (C values in order, one C array of the first `per_call` parameters' addresses, which the
+    values include, the alignment the signature assumes of each of those addresses)."""
+    from cuda.tile.compilation import ArrayConstraint, ConstantConstraint, ScalarConstraint
+    if signature.calling_convention.name != "cutile_python_v2":
+        raise Unprepared(f"calling convention {signature.calling_convention.name}")
+    # One array for the per-call addresses, so that a launch writes them in one assignment.
+    addresses = (ctypes.c_uint64 * per_call)()
+    values, alignment = [], []
+    for i, (constraint, arg) in enumerate(zip(signature.parameters, args, strict=True)):
+        if isinstance(constraint, ConstantConstraint):
+            continue
+        if isinstance(constraint, ScalarConstraint):
+            values.append(_c_type(constraint.dtype)(arg))
+        elif isinstance(constraint, ArrayConstraint):
+            address, shape, strides = _array_parts(arg)
+            if len(shape) != constraint.ndim:
+                raise Unprepared(f"parameter {i}: {len(shape)} dimensions, signature "
+                                 f"{constraint.ndim}")
+            index = _c_type(constraint.index_dtype)
+            if i < per_call:
+                slot = ctypes.c_uint64.from_buffer(addresses, 8 * i)
+                alignment.append(constraint.base_addr_divisible_by)
+            else:
+                slot = ctypes.c_uint64(address)
+            slot.value = address
+            values += [slot, *map(index, shape), *map(index, strides)]
+        else:
+            raise Unprepared(f"a {type(constraint).__name__} parameter")
+    if len(alignment) != per_call:
+        raise Unprepared("every per-call parameter must be an array")
+    return values, addresses, alignment
+
+
+class PreparedLaunch:
+    """One launcher's kernel and argument buffer; `launch` takes the per-call arrays'
+    addresses. `per_call` leading parameters change from call to call (their addresses only)."""
+
+    def __init__(self, kernel, args: tuple, per_call: int, grid: tuple, device: int):
+        from cuda.tile.compilation import CallingConvention, KernelSignature
+        signature = KernelSignature.from_kernel_args(kernel, args,
+                                                     CallingConvention.cutile_python_v2())
+        values, addresses, alignment = pack_arguments(signature, args, per_call)
+        # Each address must be divisible by what the signature assumes (powers of two): a
+        # launch tests them all at once against the largest, then one by one if that fails.
+        if any(a & (a - 1) for a in alignment):
+            raise Unprepared(f"alignments {alignment} are not powers of two")
+        self.signature = signature
+        self.function = _loaded_function(kernel, signature, device)
+        self._values = values  # the buffer points into these: they live as long as it does
+        self._buffer = (ctypes.c_void_p * len(values))(*map(ctypes.addressof, values))
+        self._buffer_address = ctypes.addressof(self._buffer)
+        self._addresses = addresses
+        self._masks = tuple(a - 1 for a in alignment)
+        self._mask = max(self._masks)
+        self.grid = tuple(grid) + (1,) * (3 - len(grid))
+        self._lock = threading.Lock()
+        self._launch = _driver.launch
+
+    def launch(self, stream: int, addresses: tuple) -> bool:
+        """Launch on the raw stream handle `stream` with these per-call addresses (in
+        parameter order) -> True; False, launching nothing, where an address breaks the
+        signature's alignment assumption (the caller launches with `ct.launch`)."""
+        if functools.reduce(operator.or_, addresses) & self._mask and any(
+                a & m for a, m in zip(addresses, self._masks)):
+            return False
+        gx, gy, gz = self.grid
+        with self._lock:  # the buffer is shared: written and launched as one
+            self._addresses[:] = addresses
+            self._launch(self.function, gx, gy, gz, *_BLOCK, _SHARED_BYTES, stream,
+                         self._buffer_address, 0)
+        return True
+
+
+def gpu_code(device: int) -> str:
+    """The JIT's target name for `device` (e.g. "sm_90"): the export must match it, or the
+    binary is another compile."""
+    import cupy
+    return f"sm_{cupy.cuda.Device(device).compute_capability}"
