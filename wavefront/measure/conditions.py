@@ -2,6 +2,7 @@
 were held down, the GPU's UUID and the host. Read only: nothing here changes a clock or setting."""
 from __future__ import annotations
 
+import functools
 import socket
 import statistics
 import threading
@@ -18,7 +19,10 @@ _THROTTLE_REASONS = {
 _BENIGN_REASONS = {0x1: "gpu_idle", 0x2: "applications_clocks", 0x10: "sync_boost"}
 
 
+@functools.lru_cache(maxsize=None)
 def _nvml():
+    """pynvml, initialised once per process (None without NVML), not once per sampler: a
+    bench makes a sampler every round (scripts/sampler_cost.py)."""
     try:
         import pynvml
         pynvml.nvmlInit()
@@ -38,6 +42,7 @@ def _visible_index(device: int) -> int:
     return device
 
 
+@functools.lru_cache(maxsize=None)
 def gpu_uuid(device: int = 0) -> str | None:
     nvml = _nvml()
     if nvml is None:
@@ -49,10 +54,19 @@ def gpu_uuid(device: int = 0) -> str | None:
         return None
 
 
-class ConditionsSampler:
-    """Samples SM/memory clocks and clock-event reasons every `period_s` while in a `with`."""
+@functools.lru_cache(maxsize=None)
+def _handle_and_max_sm(device: int):
+    """NVML's handle of `device` and its maximum SM clock, asked once per process."""
+    nvml = _nvml()
+    handle = nvml.nvmlDeviceGetHandleByIndex(_visible_index(device))
+    return handle, nvml.nvmlDeviceGetMaxClockInfo(handle, nvml.NVML_CLOCK_SM)
 
-    def __init__(self, device: int = 0, period_s: float = 0.05):
+
+class ConditionsSampler:
+    """Samples SM/memory clocks and clock-event reasons every `period_s` while in a `with`
+    (`period_s=None`: only when `sample` is called)."""
+
+    def __init__(self, device: int = 0, period_s: float | None = 0.05):
         self.device = device
         self.period_s = period_s
         self.sm, self.mem, self.reasons, self.max_sm = [], [], 0, None
@@ -66,10 +80,21 @@ class ConditionsSampler:
         self.mem.append(nvml.nvmlDeviceGetClockInfo(handle, nvml.NVML_CLOCK_MEM))
         self.reasons |= int(nvml.nvmlDeviceGetCurrentClocksEventReasons(handle))
 
+    def sample(self) -> None:
+        """One sample now, on the caller's thread: for a `period_s=None` sampler, which
+        samples only when asked, so that timing code can keep NVML out of what it times
+        (`wavefront.measure.rounds.run_rounds`; scripts/sampler_cost.py)."""
+        if self._nvml is None:
+            return
+        try:
+            handle, self.max_sm = _handle_and_max_sm(self.device)
+            self._sample(handle)
+        except Exception:
+            pass
+
     def _run(self):
         try:
-            handle = self._nvml.nvmlDeviceGetHandleByIndex(_visible_index(self.device))
-            self.max_sm = self._nvml.nvmlDeviceGetMaxClockInfo(handle, self._nvml.NVML_CLOCK_SM)
+            handle, self.max_sm = _handle_and_max_sm(self.device)
             while not self._stop.is_set():
                 self._sample(handle)
                 time.sleep(self.period_s)
@@ -78,7 +103,7 @@ class ConditionsSampler:
             pass
 
     def __enter__(self):
-        if self._nvml is not None:
+        if self._nvml is not None and self.period_s is not None:
             self._thread = threading.Thread(target=self._run, daemon=True)
             self._thread.start()
         return self

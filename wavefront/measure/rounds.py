@@ -81,7 +81,11 @@ def run_rounds(contenders: list[Contender], *, rounds: int = 15, per_round: int 
     for _ in range(rounds):
         # One NVML sampler per round: its clocks and throttle reasons are the round's, shared
         # by every contender timed in it (the round is the unit the interleaving protects).
-        with ConditionsSampler(period_s=0.01) as sampler:
+        # It samples once, after the round: NVML's queries slow the host's next few CUDA calls
+        # (3.5 us a call at B1 H8 S1k, bursts of 5 public calls just after a sample, on the
+        # H100 host: scripts/sampler_cost.py), so never during a contender's launches nor
+        # between two contenders; the random order spreads the round's first slot evenly.
+        with ConditionsSampler(period_s=None) as sampler:
             for idx in rng.permutation(len(contenders)):
                 c = contenders[idx]
                 start, stop = cupy.cuda.Event(), cupy.cuda.Event()
@@ -94,6 +98,7 @@ def run_rounds(contenders: list[Contender], *, rounds: int = 15, per_round: int 
                 stop.record(stream)
                 stop.synchronize()
                 samples[c.name].append(cupy.cuda.get_elapsed_time(start, stop) / per_round)
+            sampler.sample()
         cond = sampler.conditions()
         for c in contenders:
             if cond.sm_clock_mhz is not None:
