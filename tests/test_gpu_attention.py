@@ -301,6 +301,15 @@ def test_tune_warms_candidates_in_checked_processes():
     assert warm(points, jobs=2) == dict.fromkeys(points)
 
 
+@pytest.fixture
+def prepare_after_one_launch(monkeypatch):
+    """Launchers made meanwhile prepare after their first launch (the library waits for
+    PREPARE_AFTER_LAUNCHES, to pay preparing's 0.4 ms only for launchers used a while)."""
+    from wavefront.kernel import launcher as L
+    monkeypatch.setattr(L, "PREPARE_AFTER_LAUNCHES", 1)
+
+
+@pytest.mark.usefixtures("prepare_after_one_launch")
 @pytest.mark.parametrize("schedule", SCHEDULES)
 @pytest.mark.parametrize("causal", [False, True])
 def test_the_prepared_launch_is_the_jit_launch_bit_for_bit(schedule, causal):
@@ -328,6 +337,7 @@ def test_the_prepared_launch_is_the_jit_launch_bit_for_bit(schedule, causal):
     assert not cupy.isnan(lse).any()
 
 
+@pytest.mark.usefixtures("prepare_after_one_launch")
 def test_the_public_call_falls_back_where_the_prepared_launch_does_not_fit():
     """The prepared binary assumes 16-byte aligned arrays and an output that overlaps no
     input: a q one element into its buffer, and an `out` that is q itself, must take
@@ -341,9 +351,10 @@ def test_the_public_call_falls_back_where_the_prepared_launch_does_not_fit():
     k = torch.randn(shape, device="cuda", dtype=torch.bfloat16)
     v = torch.randn(shape, device="cuda", dtype=torch.bfloat16)
     aligned = base[:-1].view(shape)
+    L.clear_launcher_cache()
     attention(aligned, k, v)
     attention(aligned, k, v)
-    launcher = next(x for x in L._launchers.values() if x.view.shape == shape)
+    (launcher,) = L._launchers.values()
     assert launcher.launches_prepared, launcher.prepare_failure
 
     def ref(q):
@@ -357,3 +368,22 @@ def test_the_public_call_falls_back_where_the_prepared_launch_does_not_fit():
     expected = ref(q)
     attention(q, k, v, out=q)  # in place: rows are read before they are written
     assert float((q.float() - expected).norm() / expected.norm()) < TOLERANCE
+
+
+def test_a_launcher_prepares_only_once_used_a_while():
+    """By default a launcher keeps ct.launch for its first PREPARE_AFTER_LAUNCHES launches (a
+    packed batch's launcher for one step's lengths never pays the 0.4 ms of preparing), then
+    prepares."""
+    import cupy
+
+    from wavefront.kernel import launcher as L
+    from wavefront.kernel.launcher import current_stream, launcher_for
+    from wavefront.measure.bench import random_inputs
+    cfg = Config(batch=1, heads=2, seqlen=256, head_dim=64, schedule="persistent+linear")
+    q, k, v = random_inputs(cfg, 3)
+    launcher, _ = launcher_for(q, k, v, **cfg.attention_kwargs())
+    out = cupy.empty_like(q)
+    for n in range(L.PREPARE_AFTER_LAUNCHES):
+        assert not launcher.launches_prepared, n
+        launcher(q, k, v, out, current_stream("cupy"))
+    assert launcher.launches_prepared, launcher.prepare_failure

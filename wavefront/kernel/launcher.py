@@ -29,6 +29,7 @@ from wavefront.kernel.attention import (
     LOG2_E,
     KernelVariant,
     combine_partials,
+    flash_attention_fwd,
     launch_args,
 )
 from wavefront.kernel.prepared import PreparedLaunch
@@ -265,8 +266,10 @@ class AttentionLauncher:
         import cupy
         self.capturing = cupy.cuda.runtime.streamIsCapturing  # of a stream handle
         self._own_buffers([self._table, *self.partials, self.lse, self.order])
-        # Prepared after the first launch (`_prepare`); a launch made once is not worth it.
-        self._prepared = _NOT_PREPARED_YET if PREPARED_LAUNCHES and cluster == 1 else None
+        # Prepared once launched PREPARE_AFTER_LAUNCHES times (`_prepare`), if ever.
+        self._prepared = None
+        self._launches_until_prepared = (PREPARE_AFTER_LAUNCHES
+                                         if PREPARED_LAUNCHES and cluster == 1 else None)
         self.prepare_failure = None  # why it could not be prepared, if it could not
         self._addresses = _address_reader(q_view.library)
         # The driver launches a loaded kernel in the current context: with one GPU visible it
@@ -275,13 +278,15 @@ class AttentionLauncher:
 
     def _prepare(self, stream, per_call: tuple) -> None:
         """Prepare this launcher's launch from the arguments of a launch it just made (not
-        one being captured: loading a binary is not a stream's work). A failure is kept, not
-        raised: `ct.launch` stays."""
+        one being captured: loading a binary is not a stream's work; the next launch tries).
+        A failure is kept, not raised: `ct.launch` stays."""
         if self.capturing(stream if type(stream) is int else _stream_handle(stream)):
             return
+        self._launches_until_prepared = None
         try:
-            self._prepared = PreparedLaunch(self.kernel, per_call + self._bound_args,
-                                            len(PER_CALL_PARAMS), self.grid, self.view.device)
+            self._prepared = PreparedLaunch(self.kernel, flash_attention_fwd.__name__,
+                                            per_call + self._bound_args, len(PER_CALL_PARAMS),
+                                            self.grid, self.view.device)
         except Exception as exc:  # noqa: BLE001  (whatever it was, ct.launch still works)
             self._prepared, self.prepare_failure = None, f"{type(exc).__name__}: {exc}"
 
@@ -312,9 +317,9 @@ class AttentionLauncher:
         buffer, which the next launch overwrites).
 
         q, k, v and out must have the shapes, strides and dtype the launcher was made for (out
-        and the LSE contiguous), as the public call's cache key makes sure: from its second
-        launch on, a launcher launches through a prepared launch (`prepared.PreparedLaunch`),
-        which takes only their addresses. `prepared_ok=False` launches with `ct.launch`,
+        and the LSE contiguous), as the public call's cache key makes sure: once launched
+        PREPARE_AFTER_LAUNCHES times, a launcher launches through a prepared launch
+        (`prepared.PreparedLaunch`), which takes only their addresses. `prepared_ok=False` launches with `ct.launch`,
         which derives everything from the arrays (an `out` of other strides, or overlapping
         q, k or v)."""
         if type(stream) is not int or stream not in self._launched_on:
@@ -332,8 +337,12 @@ class AttentionLauncher:
                 ct.launch(stream, self.grid, self.kernel, (q, k, v, out, lse) + self._bound_args)
         else:
             ct.launch(stream, self.grid, self.kernel, (q, k, v, out, lse) + self._bound_args)
-            if prepared is _NOT_PREPARED_YET and prepared_ok:
-                self._prepare(stream, (q, k, v, out, lse))
+            left = self._launches_until_prepared
+            if left is not None and prepared_ok:
+                if left > 1:
+                    self._launches_until_prepared = left - 1
+                else:
+                    self._prepare(stream, (q, k, v, out, lse))
         if self.tiled:
             part_o, part_m, part_l = self.partials
             p = self.launch.problem
@@ -433,8 +442,9 @@ class AttentionLauncher:
         other._table_writer = None
         other._lengths_written = None
         other._lengths_may_change_unseen = False
-        if other._prepared is not None:  # its own buffer: its own table's address
-            other._prepared = _NOT_PREPARED_YET
+        if other._prepared is not None or other._launches_until_prepared is not None:
+            # prepared anew, if ever: its own buffers' addresses
+            other._prepared, other._launches_until_prepared = None, PREPARE_AFTER_LAUNCHES
         other._bound_args = _rebound(self._bound_args, {
             **_table_arguments(other._table, launch.num_items), **bound})
         other._own_buffers([other._table])
@@ -479,10 +489,13 @@ class AttentionLauncher:
         return host[0::2], host[1::2]
 
 
-# Launchers launch through prepared launches (`prepared.PreparedLaunch`) from their second
-# launch on; WAVEFRONT_PREPARED_LAUNCH=0 keeps `ct.launch` for every launch (to compare).
+# Launchers launch through prepared launches (`prepared.PreparedLaunch`) once launched
+# PREPARE_AFTER_LAUNCHES times: preparing costs about 0.4 ms of host time and saves 3-7 us a
+# launch (data/public_call/93d2c14/), so a launcher used a few times (a packed batch's
+# lengths, which a training or serving loop changes every step) is better off without.
+# WAVEFRONT_PREPARED_LAUNCH=0 keeps `ct.launch` for every launch (to compare).
 PREPARED_LAUNCHES = os.environ.get("WAVEFRONT_PREPARED_LAUNCH", "1") != "0"
-_NOT_PREPARED_YET = False  # falsy, as None (not to be prepared): the hot path tests truth
+PREPARE_AFTER_LAUNCHES = 64
 
 
 def _address_reader(library: str):
@@ -853,8 +866,17 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q=None,
                              tiles=config.pop("tiles"), occupancy=config.pop("occupancy"),
                              sms=dev.sms, l2_bytes=l2_bytes or dev.l2_bytes, ctas=ctas)
         return AttentionLauncher(launch, vq, scale=scale, return_lse=return_lse, **config)
-    launcher = _cached_launcher(key, build, varlen=True)
+    launcher = _cached_launcher(key, lambda: _never_prepared(build()), varlen=True)
     return _launch_packed(launcher, q, q4, k4, v4, out, stream)
+
+
+def _never_prepared(launcher: AttentionLauncher) -> AttentionLauncher:
+    """A launcher for one packed batch's lengths keeps `ct.launch`: a training or serving loop
+    brings new lengths every step, and a model of more layers than PREPARE_AFTER_LAUNCHES
+    would pay preparing's 0.4 ms a step for a few launches' saving (+0.45 ms a step of 96
+    layers on the H100 host, scripts/prepared_launch.py --varlen-only)."""
+    launcher._launches_until_prepared = None
+    return launcher
 
 
 def _varlen_config(vq: _ArrayView, kv_heads: int, batch: int, causal, schedule, tiles,
