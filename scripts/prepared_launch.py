@@ -58,8 +58,9 @@ def varlen_steps(rounds: int, layers=(1, 8, 32, 96)) -> list[dict]:
     """A model's step over a packed batch: `layers` calls of `attention_varlen` with the same
     host cu_seqlens, new lengths every step, so the first layer builds a launcher for them.
     Host us per step, prepared launches on and off in alternating steps (the launcher caches
-    cleared at each switch), with the launcher preparing after `PREPARE_AFTER_LAUNCHES` (the
-    library's default, restored for this) launches."""
+    cleared at each switch), with the library's `PREPARE_AFTER_LAUNCHES` (restored for this).
+    Packed batches' launchers no longer prepare at all, so both are now the same path: what
+    this measured at 93d2c14 and ce9f560 is in data/public_call/ce9f560/."""
     from wavefront.measure.varlen_bench import long_tailed_lengths
     from wavefront import attention_varlen
     total, sequences = 8192, 16

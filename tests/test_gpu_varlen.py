@@ -233,7 +233,7 @@ def test_lengths_on_the_gpu_every_order(schedule, causal):
                   lse=cupy.from_dlpack(lse)) < TOLERANCE
 
 
-def test_lengths_on_the_gpu_change_without_a_new_launcher():
+def test_lengths_on_the_gpu_change_without_a_new_launcher(monkeypatch):
     """New lengths on the GPU (same number of sequences, other lengths, another total of
     packed rows in the same bucket) are read there by the same launcher: results right for
     each, the first lengths' again after the others'; bad cu_seqlens are named."""
@@ -242,6 +242,7 @@ def test_lengths_on_the_gpu_change_without_a_new_launcher():
 
     from wavefront import attention_varlen
     from wavefront.kernel import launcher as kernel_launcher
+    monkeypatch.setattr(kernel_launcher, "PREPARE_AFTER_LAUNCHES", 1)
     kernel_launcher.clear_launcher_cache()
     q, k, v, first = _packed(LENGTHS, 4, 2, 128, seed=37)
     tq, tk, tv = _on_torch(q, k, v)
@@ -257,6 +258,8 @@ def test_lengths_on_the_gpu_change_without_a_new_launcher():
     assert len(kernel_launcher._varlen_launchers) == 1
     (made,) = kernel_launcher._varlen_launchers.values()
     assert made.next_item.tolist() == [0, 0]
+    # its arrays' row counts change call by call: never a prepared launch (addresses only)
+    assert not made.launches_prepared
     with pytest.raises(ValueError, match="^cu_seqlens_k on the GPU must be a 1-D int32"):
         attention_varlen(tq, tk, tv, _cu(first), _cu(first).float())
 

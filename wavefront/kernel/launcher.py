@@ -319,9 +319,9 @@ class AttentionLauncher:
         q, k, v and out must have the shapes, strides and dtype the launcher was made for (out
         and the LSE contiguous), as the public call's cache key makes sure: once launched
         PREPARE_AFTER_LAUNCHES times, a launcher launches through a prepared launch
-        (`prepared.PreparedLaunch`), which takes only their addresses. `prepared_ok=False` launches with `ct.launch`,
-        which derives everything from the arrays (an `out` of other strides, or overlapping
-        q, k or v)."""
+        (`prepared.PreparedLaunch`), which takes only their addresses. `prepared_ok=False`
+        launches with `ct.launch`, which derives everything from the arrays (an `out` of other
+        strides or overlapping q, k or v; a packed batch's arrays) and counts nothing."""
         if type(stream) is not int or stream not in self._launched_on:
             own = self.on_stream(stream)
             if own is not self:
@@ -491,8 +491,8 @@ class AttentionLauncher:
 
 # Launchers launch through prepared launches (`prepared.PreparedLaunch`) once launched
 # PREPARE_AFTER_LAUNCHES times: preparing costs about 0.4 ms of host time and saves 3-7 us a
-# launch (data/public_call/93d2c14/), so a launcher used a few times (a packed batch's
-# lengths, which a training or serving loop changes every step) is better off without.
+# launch (data/public_call/93d2c14/), so a launcher used a few times is better off without.
+# Packed batches' launchers never prepare (`_launch_packed`).
 # WAVEFRONT_PREPARED_LAUNCH=0 keeps `ct.launch` for every launch (to compare).
 PREPARED_LAUNCHES = os.environ.get("WAVEFRONT_PREPARED_LAUNCH", "1") != "0"
 PREPARE_AFTER_LAUNCHES = 64
@@ -866,17 +866,8 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q=None,
                              tiles=config.pop("tiles"), occupancy=config.pop("occupancy"),
                              sms=dev.sms, l2_bytes=l2_bytes or dev.l2_bytes, ctas=ctas)
         return AttentionLauncher(launch, vq, scale=scale, return_lse=return_lse, **config)
-    launcher = _cached_launcher(key, lambda: _never_prepared(build()), varlen=True)
+    launcher = _cached_launcher(key, build, varlen=True)
     return _launch_packed(launcher, q, q4, k4, v4, out, stream)
-
-
-def _never_prepared(launcher: AttentionLauncher) -> AttentionLauncher:
-    """A launcher for one packed batch's lengths keeps `ct.launch`: a training or serving loop
-    brings new lengths every step, and a model of more layers than PREPARE_AFTER_LAUNCHES
-    would pay preparing's 0.4 ms a step for a few launches' saving (+0.45 ms a step of 96
-    layers on the H100 host, scripts/prepared_launch.py --varlen-only)."""
-    launcher._launches_until_prepared = None
-    return launcher
 
 
 def _varlen_config(vq: _ArrayView, kv_heads: int, batch: int, causal, schedule, tiles,
@@ -916,7 +907,13 @@ def _launch_packed(launcher, q, q4, k4, v4, out, stream):
     if launcher.capturing(stream if type(stream) is int else _stream_handle(stream)):
         _in_graphs[id(launcher)] = launcher
     if launcher.launch.num_items:
-        launcher(q4, k4, v4, _packed_as_4d("out", out), stream, lse)
+        # Never through a prepared launch, which takes only addresses: a launcher whose
+        # lengths are on the GPU serves every total of packed rows up to its bucket, so the
+        # arrays' shapes change from call to call. (A launcher for lengths on the host would
+        # keep its shapes, but a training or serving loop brings new lengths every step, and
+        # preparing costs 0.4 ms: +0.45 ms a step of 96 layers on the H100 host,
+        # scripts/prepared_launch.py --varlen-only.)
+        launcher(q4, k4, v4, _packed_as_4d("out", out), stream, lse, False)
     return (out, lse[0]) if launcher.return_lse else out
 
 
