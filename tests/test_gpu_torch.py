@@ -663,3 +663,32 @@ def test_a_padded_batch_through_transformers_bert_runs_packed():
     assert error(ours_alone) < 0.03  # one sequence, no mask: not causal (an encoder)
     bound = min(0.05, 2 * (error(ours_alone) + error(theirs[real])) + 1e-3)
     assert error(ours[real]) < bound, (error(ours[real]), error(ours_alone), error(theirs[real]))
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two GPUs")
+def test_a_prepared_launch_on_a_gpu_other_than_the_current_one(monkeypatch):
+    """A launcher launches with its own GPU current (a raw stream handle, 0 above all, names a
+    stream of the current device; a prepared launch's kernel is loaded for the launcher's
+    GPU). Tensors on cuda:1, the current device switched 1, 0, 1 between calls, the launcher
+    preparing after its first launch: right every time (an illegal address on the two-H100
+    host before, with or without prepared launches), and the current device left as it was."""
+    import wavefront
+    from wavefront.kernel import launcher as kernel_launcher
+    monkeypatch.setattr(kernel_launcher, "PREPARE_AFTER_LAUNCHES", 1)
+    kernel_launcher.clear_launcher_cache()
+    other = torch.device("cuda", 1)
+    q, k, v = (x.to(other) for x in _inputs(120))
+    want = _reference(q, k, v, False)
+    try:
+        for current in (1, 0, 1):
+            torch.cuda.set_device(current)
+            for _ in range(2):
+                out = wavefront.attention(q, k, v)
+                torch.cuda.synchronize(other)
+                torch.cuda.synchronize(0)
+                assert _error(out, want) < TOLERANCE, current
+                assert torch.cuda.current_device() == current
+    finally:
+        torch.cuda.set_device(0)
+    (launcher,) = kernel_launcher._launchers.values()
+    assert launcher.launches_prepared, launcher.prepare_failure

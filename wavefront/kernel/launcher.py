@@ -272,8 +272,8 @@ class AttentionLauncher:
                                          if PREPARED_LAUNCHES and cluster == 1 else None)
         self.prepare_failure = None  # why it could not be prepared, if it could not
         self._addresses = _address_reader(q_view.library)
-        # The driver launches a loaded kernel in the current context: with one GPU visible it
-        # is always this launcher's; with several, a launch checks.
+        # Launches go to the current context: with one GPU visible it is always this
+        # launcher's; with several, a launch checks (`__call__`).
         self._device_free = cupy.cuda.runtime.getDeviceCount() == 1
 
     def _prepare(self, stream, per_call: tuple) -> None:
@@ -322,6 +322,14 @@ class AttentionLauncher:
         (`prepared.PreparedLaunch`), which takes only their addresses. `prepared_ok=False`
         launches with `ct.launch`, which derives everything from the arrays (an `out` of other
         strides or overlapping q, k or v; a packed batch's arrays) and counts nothing."""
+        if not (self._device_free or self._on_own_device()):
+            # A raw handle means a stream of the current device (0: its null stream), and the
+            # driver launches in the current context: with this launcher's GPU not current,
+            # a launch went to the other GPU's null stream (an illegal address on a two-H100
+            # host). So launch with this launcher's GPU current.
+            import cupy
+            with cupy.cuda.Device(self.view.device):
+                return self(q, k, v, out, stream, lse, prepared_ok)
         if type(stream) is not int or stream not in self._launched_on:
             own = self.on_stream(stream)
             if own is not self:
@@ -331,7 +339,7 @@ class AttentionLauncher:
         if self._table_built is not None:
             self._wait_for_table(stream)
         prepared = self._prepared
-        if prepared and prepared_ok and (self._device_free or self._on_own_device()):
+        if prepared and prepared_ok:
             if not prepared.launch(stream if type(stream) is int else _stream_handle(stream),
                                    self._addresses(q, k, v, out, lse)):
                 ct.launch(stream, self.grid, self.kernel, (q, k, v, out, lse) + self._bound_args)
