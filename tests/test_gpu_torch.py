@@ -104,12 +104,19 @@ def test_custom_op_compiles_without_a_graph_break():
     assert float((got.float() - want.float()).norm() / want.float().norm()) < TOLERANCE
 
 
+@pytest.mark.parametrize("prepared", [False, True])
 @pytest.mark.parametrize("schedule", ["persistent+linear", "dynamic+sawtooth",
                                       "grouped_dynamic+linear", "persistent+tiled_fit"])
-def test_cuda_graph_replay_equals_eager(schedule):
+def test_cuda_graph_replay_equals_eager(schedule, prepared, monkeypatch):
     """Captured once, replayed on new inputs copied into the static ones: equal to the eager
-    call bit for bit (same kernel, same work table; the dynamic counter reset by the kernel)."""
+    call bit for bit (same kernel, same work table; the dynamic counter reset by the kernel).
+    `prepared`: launchers prepare after their first launch, so the capture records a prepared
+    launch (cuLaunchKernel from the packed buffer) and the eager calls launch prepared too."""
     import wavefront.torch  # noqa: F401  (registers torch.ops.wavefront.attention)
+    from wavefront.kernel import launcher as kernel_launcher
+    if prepared:
+        monkeypatch.setattr(kernel_launcher, "PREPARE_AFTER_LAUNCHES", 1)
+    kernel_launcher.clear_launcher_cache()
     q, k, v = _inputs(21)
     static = [x.clone() for x in (q, k, v)]
     side = torch.cuda.Stream()
@@ -130,6 +137,9 @@ def test_cuda_graph_replay_equals_eager(schedule):
         torch.cuda.synchronize()
         assert torch.equal(static_out, eager), seed
         assert _error(static_out, _reference(*fresh, True)) < TOLERANCE
+    if prepared:
+        (launcher,) = kernel_launcher._launchers.values()
+        assert launcher.launches_prepared, launcher.prepare_failure
 
 
 def test_a_capture_before_the_table_is_known_done():
