@@ -81,10 +81,10 @@ def run_rounds(contenders: list[Contender], *, rounds: int = 15, per_round: int 
     for _ in range(rounds):
         # One NVML sampler per round: its clocks and throttle reasons are the round's, shared
         # by every contender timed in it (the round is the unit the interleaving protects).
-        # It samples once, after the round: NVML's queries slow the host's next few CUDA calls
-        # (3.5 us a call at B1 H8 S1k, bursts of 5 public calls just after a sample, on the
-        # H100 host: scripts/sampler_cost.py), so never during a contender's launches nor
-        # between two contenders; the random order spreads the round's first slot evenly.
+        # It samples once, after the round, from this thread, with NVML set up once per
+        # process: setting NVML up every round and sampling from a thread during the round
+        # made the next burst of public calls 3.3x slower on a fresh H100 host
+        # (scripts/sampler_cost.py, data/public_call/90b37ae/).
         with ConditionsSampler(period_s=None) as sampler:
             for idx in rng.permutation(len(contenders)):
                 c = contenders[idx]
