@@ -175,7 +175,8 @@ def main():
                   f"bitwise={bitwise} err={err:.2e} prepare={t_prepare * 1e3:.0f} ms | host us "
                   f"prepared {row['host_us']['prepared'][0]:.2f} ct.launch "
                   f"{row['host_us']['ct.launch'][0]:.2f} | GPU us prepared "
-                  f"{row['gpu_us']['prepared'][0]:.1f} ct.launch {row['gpu_us']['ct.launch'][0]:.1f}",
+                  f"{row['gpu_us']['prepared'][0]:.1f} ct.launch "
+                  f"{row['gpu_us']['ct.launch'][0]:.1f}",
                   flush=True)
             if not bitwise or err > CORRECTNESS_TOLERANCE:
                 print("  FAILED", file=sys.stderr)
