@@ -4,7 +4,8 @@ Importing this module needs no GPU stack; `attention` loads cuTile and CuPy when
 """
 from __future__ import annotations
 
-from wavefront.point import LEVERS, Point, lever_values, parse_schedule, parse_tiles, plan, plan_varlen
+from wavefront.point import (LEVERS, NO_LEVER_VALUES, Point, lever_values, parse_schedule,
+                             parse_tiles, plan, plan_varlen)
 
 __all__ = ["attention", "attention_varlen", "plan", "plan_varlen", "Point", "parse_schedule",
            "parse_tiles"]
@@ -41,10 +42,9 @@ def attention(q, k, v, *, causal: bool = False, schedule: str | None = None,
     # positional: keyword passing costs microseconds, what a short launch costs
     return _launcher_attention()(q, k, v, causal, schedule, tiles, occupancy, scale, return_lse,
                                  out, stream, l2_bytes, ctas, chunk_tiles,
-                                 *(lever_values(levers) if levers else _NO_LEVERS))
+                                 *(lever_values(levers) if levers else NO_LEVER_VALUES))
 
 
-_NO_LEVERS = (None,) * len(LEVERS)
 _LEVER_DOC = "\n    ".join(f"- `{lever.name}`: {lever.help} Values: {lever.expected}."
                           for lever in LEVERS)
 attention.__doc__ = attention.__doc__.replace("{levers}", "Kernel levers:\n    " + _LEVER_DOC)

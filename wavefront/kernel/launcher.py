@@ -34,8 +34,8 @@ from wavefront.kernel.attention import (
 )
 from wavefront.kernel.prepared import PreparedLaunch
 from wavefront.kernel.table_kernel import build_on_gpu
-from wavefront.point import (DTYPES, HEAD_DIMS, KERNEL_LEVERS, check_levers, lever_values, plan,
-                             plan_varlen, plan_varlen_on_device)
+from wavefront.point import (DTYPES, HEAD_DIMS, KERNEL_LEVERS, NO_LEVER_VALUES, check_levers,
+                             lever_values, plan, plan_varlen, plan_varlen_on_device)
 from wavefront.schedules import WORK_COLUMNS, Launch
 
 # The kernel's parameters that change from call to call lead its parameter list, so a launch
@@ -706,7 +706,8 @@ def attention(q, k, v, *, causal: bool = False, schedule: str | None = None,
     its launcher exists. Each stream that calls gets buffers of its own where a launch writes
     any (`AttentionLauncher.on_stream`), so calls on two streams at once are safe."""
     return attention_positional(q, k, v, causal, schedule, tiles, occupancy, scale, return_lse,
-                                out, stream, l2_bytes, ctas, chunk_tiles, *lever_values(levers))
+                                out, stream, l2_bytes, ctas, chunk_tiles,
+                                *(lever_values(levers) if levers else NO_LEVER_VALUES))
 
 
 def attention_positional(q, k, v, causal, schedule, tiles, occupancy, scale, return_lse, out,
