@@ -20,7 +20,7 @@ from pathlib import Path
 
 import torch
 
-from wavefront.measure.prefill import peak_allocated_gib, report_cases, timed_forwards
+from wavefront.measure.prefill import errors_and_peaks, report_cases, timed_forwards
 from wavefront.measure.sink import JsonlSink
 from wavefront.measure.varlen_bench import long_tailed_lengths
 
@@ -92,15 +92,10 @@ def main():
     if not args.padded:  # (the hook runs a mask tensor of one row only)
         implementations["wavefront, packed row, SDPA's mask tensor"] = "wavefront_sdpa_mask"
     cases = [*implementations, "sdpa, one sequence at a time"]
-    reference = forward(cases[-1]).float()
-    errors, peak_gib = {}, {}
-    for case in cases:
-        got = forward(case).float()
-        errors[case] = float((got - reference).norm() / reference.norm())
-        del got
-        # Memory as a prefill step takes it (generate keeps the last token's logits): all
-        # tokens' logits would take more than the attention and its mask.
-        peak_gib[case] = peak_allocated_gib(lambda case=case: forward(case, logits_to_keep=1))
+    # Memory as a prefill step takes it (generate keeps the last token's logits): all
+    # tokens' logits would take more than the attention and its mask.
+    errors, peak_gib = errors_and_peaks(
+        cases, forward, peak_forward=lambda case: forward(case, logits_to_keep=1))
     timed = timed_forwards({case: lambda case=case: forward(case) for case in cases},
                            args.rounds)
     print(f"{torch.cuda.get_device_name()}: transformers {transformers.__version__} "

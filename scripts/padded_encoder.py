@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy
 import torch
 
-from wavefront.measure.prefill import peak_allocated_gib, report_cases, timed_forwards
+from wavefront.measure.prefill import errors_and_peaks, report_cases, timed_forwards
 from wavefront.measure.sink import JsonlSink
 
 
@@ -63,13 +63,7 @@ def main():
 
     cases = ["wavefront, padded batch", "sdpa, padded batch (mask tensor)",
              "sdpa, one sequence at a time"]
-    reference = forward(cases[-1]).float()
-    errors, peak_gib = {}, {}
-    for case in cases:
-        got = forward(case).float()
-        errors[case] = float((got - reference).norm() / reference.norm())
-        del got
-        peak_gib[case] = peak_allocated_gib(lambda case=case: forward(case))
+    errors, peak_gib = errors_and_peaks(cases, forward)
     timed = timed_forwards({case: lambda case=case: forward(case) for case in cases},
                            args.rounds)
     print(f"{torch.cuda.get_device_name()}: transformers {transformers.__version__} BertModel "

@@ -199,6 +199,21 @@ def timed_forwards(forwards: dict, rounds: int, warmup: int = 1) -> dict:
                                           warmup=warmup)}
 
 
+def errors_and_peaks(cases: list, forward, peak_forward=None) -> tuple[dict, dict]:
+    """For each case: the relative error of `forward(case)` against `forward` of the last
+    case (the reference), and the GiB its peak allocates (`peak_allocated_gib` of
+    `peak_forward(case)`, default `forward(case)`). -> (errors, peak GiB), by case."""
+    peak_forward = peak_forward or forward
+    reference = forward(cases[-1]).float()
+    errors, peak_gib = {}, {}
+    for case in cases:
+        got = forward(case).float()
+        errors[case] = float((got - reference).norm() / reference.norm())
+        del got
+        peak_gib[case] = peak_allocated_gib(lambda case=case: peak_forward(case))
+    return errors, peak_gib
+
+
 def peak_allocated_gib(run) -> float:
     """GiB of GPU memory `run()` allocates at its peak beyond what was allocated before it
     (torch's caching allocator, the GPU synchronised around it)."""
