@@ -32,7 +32,7 @@ from wavefront.kernel.attention import (
     flash_attention_fwd,
     launch_args,
 )
-from wavefront.kernel.prepared import PreparedLaunch
+from wavefront.kernel.prepared import PreparedLaunch, contiguous_strides
 from wavefront.kernel.table_kernel import build_on_gpu
 from wavefront.point import (DTYPES, HEAD_DIMS, KERNEL_LEVERS, NO_LEVER_VALUES, check_levers,
                              lever_values, plan, plan_varlen, plan_varlen_on_device)
@@ -158,19 +158,9 @@ def _described(array, dtype: str, shape: tuple | None = None, offset: int = 0):
         return array
     ptr = offset + (array.data_ptr() if type(array).__module__ == "torch" else array.data.ptr)
     shape = tuple(array.shape) if shape is None else shape
-    strides = tuple(4 * stride for stride in _contiguous_strides(shape))
+    strides = tuple(4 * stride for stride in contiguous_strides(shape))
     return _Described(array, {"shape": shape, "typestr": typestr, "data": (ptr, False),
                               "strides": strides, "version": 2})
-
-
-def _contiguous_strides(shape: tuple) -> tuple:
-    """Row-major strides of `shape`, in elements (a loop: NumPy costs tens of microseconds on
-    a first call, for four numbers)."""
-    strides, stride = [], 1
-    for size in reversed(shape):
-        strides.append(stride)
-        stride *= size
-    return tuple(reversed(strides))
 
 
 _stand_ins: dict = {}
@@ -275,6 +265,8 @@ class AttentionLauncher:
         # Launches go to the current context: with one GPU visible it is always this
         # launcher's; with several, a launch checks (`__call__`).
         self._device_free = cupy.cuda.runtime.getDeviceCount() == 1
+        self._current_device = cupy.cuda.runtime.getDevice
+        self._own_device = functools.partial(cupy.cuda.Device, q_view.device)
 
     def _prepare(self, stream, per_call: tuple) -> None:
         """Prepare this launcher's launch from the arguments of a launch it just made (not
@@ -289,10 +281,6 @@ class AttentionLauncher:
                                             self.grid, self.view.device)
         except Exception as exc:  # noqa: BLE001  (whatever it was, ct.launch still works)
             self._prepared, self.prepare_failure = None, f"{type(exc).__name__}: {exc}"
-
-    def _on_own_device(self) -> bool:
-        import cupy
-        return cupy.cuda.runtime.getDevice() == self.view.device
 
     @property
     def launches_prepared(self) -> bool:
@@ -322,13 +310,12 @@ class AttentionLauncher:
         (`prepared.PreparedLaunch`), which takes only their addresses. `prepared_ok=False`
         launches with `ct.launch`, which derives everything from the arrays (an `out` of other
         strides or overlapping q, k or v; a packed batch's arrays) and counts nothing."""
-        if not (self._device_free or self._on_own_device()):
+        if not (self._device_free or self._current_device() == self.view.device):
             # A raw handle means a stream of the current device (0: its null stream), and the
             # driver launches in the current context: with this launcher's GPU not current,
             # a launch went to the other GPU's null stream (an illegal address on a two-H100
             # host). So launch with this launcher's GPU current.
-            import cupy
-            with cupy.cuda.Device(self.view.device):
+            with self._own_device():
                 return self(q, k, v, out, stream, lse, prepared_ok)
         if type(stream) is not int or stream not in self._launched_on:
             own = self.on_stream(stream)
@@ -1369,7 +1356,7 @@ def _output_maker(vq: _ArrayView):
     made once per launcher: for a contiguous torch q, `torch.empty_like` (2.1-3.3 us a call on
     the H100 hosts against 4.7-5.4 us for `new_empty` of a shape and 8.4-8.9 us for
     `torch.empty`: scripts/profile_call.py, data/public_call/4448846/)."""
-    if vq.library == "torch" and vq.strides == _contiguous_strides(vq.shape):
+    if vq.library == "torch" and vq.strides == contiguous_strides(vq.shape):
         import torch
         return torch.empty_like
     if vq.library == "torch":
@@ -1393,7 +1380,7 @@ def _lays_out_as_own(vq: _ArrayView, out, inputs) -> bool:
     """Whether a caller's `out` is contiguous, as the launcher's own outputs are, and its
     memory overlaps none of `inputs` (what a prepared launch assumes of it)."""
     vo, out = _view("out", out)
-    if vo.strides != _contiguous_strides(vo.shape):
+    if vo.strides != contiguous_strides(vo.shape):
         return False
     start, end = _byte_range(out)
     for x in inputs:

@@ -62,16 +62,20 @@ def _array_parts(array) -> tuple[int, tuple, tuple]:
         raise Unprepared(f"cannot read the address of a {type(array).__name__} argument")
     shape = tuple(described["shape"])
     item = int(described["typestr"][2:])
-    strides = described.get("strides")
-    if strides is None:
-        strides, stride = [], 1
-        for size in reversed(shape):
-            strides.append(stride)
-            stride *= size
-        strides = tuple(reversed(strides))
-    else:
-        strides = tuple(s // item for s in strides)
+    strides = described.get("strides")  # None: C-contiguous, as the interface defines
+    strides = (contiguous_strides(shape) if strides is None
+               else tuple(s // item for s in strides))
     return described["data"][0], shape, strides
+
+
+def contiguous_strides(shape: tuple) -> tuple:
+    """Row-major strides of `shape`, in elements (a loop: NumPy costs tens of microseconds on
+    a first call, for four numbers)."""
+    strides, stride = [], 1
+    for size in reversed(shape):
+        strides.append(stride)
+        stride *= size
+    return tuple(reversed(strides))
 
 
 class _Driver:
