@@ -23,8 +23,6 @@ from pathlib import Path
 import torch
 
 from wavefront.kernel import launcher as L
-
-PREPARE_AFTER_LAUNCHES = L.PREPARE_AFTER_LAUNCHES  # the library's default
 from wavefront.results.measurement import CORRECTNESS_TOLERANCE
 
 SHAPES = [  # (batch, heads, kv_heads, seqlen, head_dim, causal)
@@ -54,62 +52,13 @@ def build(q, k, v, causal, config, prepared):
     return launcher, config
 
 
-def varlen_steps(rounds: int, layers=(1, 8, 32, 96)) -> list[dict]:
-    """A model's step over a packed batch: `layers` calls of `attention_varlen` with the same
-    host cu_seqlens, new lengths every step, so the first layer builds a launcher for them.
-    Host us per step, prepared launches on and off in alternating steps (the launcher caches
-    cleared at each switch), with the library's `PREPARE_AFTER_LAUNCHES` (restored for this).
-    Packed batches' launchers no longer prepare at all, so both are now the same path: what
-    this measured at 93d2c14 and ce9f560 is in data/public_call/ce9f560/."""
-    from wavefront.measure.varlen_bench import long_tailed_lengths
-    from wavefront import attention_varlen
-    total, sequences = 8192, 16
-    q = torch.randn(total, 8, 64, device="cuda", dtype=torch.bfloat16)
-    k, v = torch.randn_like(q), torch.randn_like(q)
-    out = []
-    L.PREPARE_AFTER_LAUNCHES = PREPARE_AFTER_LAUNCHES
-    for n_layers in layers:
-        got = {True: [], False: []}
-        for r in range(2 * rounds + 2):
-            prepared = bool(r % 2)
-            L.PREPARED_LAUNCHES = prepared
-            L.clear_launcher_cache()
-            lengths = long_tailed_lengths(sequences, total, seed=1000 + r)
-            cu = [0]
-            for n in lengths:
-                cu.append(cu[-1] + n)
-            torch.cuda.synchronize()
-            t0 = time.perf_counter()
-            for _ in range(n_layers):
-                attention_varlen(q, k, v, cu, cu, causal=True)
-            elapsed = (time.perf_counter() - t0) * 1e6
-            torch.cuda.synchronize()
-            if r >= 2:  # the first two compile
-                got[prepared].append(elapsed)
-        L.PREPARED_LAUNCHES = True
-        row = dict(layers=n_layers, host_us={"prepared": quantiles(got[True]),
-                                             "ct.launch": quantiles(got[False])})
-        out.append(row)
-        print(f"varlen step, {n_layers:2} layers, new lengths: host us prepared "
-              f"{row['host_us']['prepared'][0]:.0f} ct.launch {row['host_us']['ct.launch'][0]:.0f}",
-              flush=True)
-    return out
-
-
 def main():
     L.PREPARE_AFTER_LAUNCHES = 1  # prepared after its first launch: the comparison here
     ap = argparse.ArgumentParser()
     ap.add_argument("--rounds", type=int, default=15)
     ap.add_argument("--out", default=None)
-    ap.add_argument("--varlen-only", action="store_true")
     args = ap.parse_args()
     torch.manual_seed(0)
-    if args.varlen_only:
-        rows = varlen_steps(args.rounds)
-        if args.out:
-            Path(args.out).write_text(json.dumps(dict(gpu=torch.cuda.get_device_name(),
-                                                      varlen=rows), indent=1))
-        return
     rows = []
     for (b, h, kvh, s, d, causal) in SHAPES:
         for name, config in CONFIGS.items():

@@ -908,7 +908,7 @@ def _launch_packed(launcher, q, q4, k4, v4, out, stream):
         # arrays' shapes change from call to call. (A launcher for lengths on the host would
         # keep its shapes, but a training or serving loop brings new lengths every step, and
         # preparing costs 0.4 ms: +0.45 ms a step of 96 layers on the H100 host,
-        # scripts/prepared_launch.py --varlen-only.)
+        # data/public_call/ce9f560/.)
         launcher(q4, k4, v4, _packed_as_4d("out", out), stream, lse, False)
     return (out, lse[0]) if launcher.return_lse else out
 
