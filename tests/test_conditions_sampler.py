@@ -86,3 +86,56 @@ def test_nvml_is_initialised_once_per_process(monkeypatch):
     for _ in range(3):
         conditions.ConditionsSampler(period_s=None)
     assert len(calls) == 1
+
+
+class _FakeCupy:
+    """What run_rounds asks of CuPy: events whose elapsed time is the host's, a stream."""
+
+    class _Event:
+        def record(self, stream=None):
+            import time
+            self.at = time.perf_counter()
+
+        def synchronize(self):
+            pass
+
+    class _Stream:
+        def synchronize(self):
+            pass
+
+    def __init__(self):
+        import types
+        self.cuda = types.SimpleNamespace(
+            Event=self._Event, get_current_stream=self._Stream,
+            get_elapsed_time=lambda start, stop: (stop.at - start.at) * 1e3)
+
+
+def test_rounds_time_every_launch_once_and_keep_the_first_calls_host_time(monkeypatch):
+    """A contender whose first call of a round is slow (what a host-bound call right after
+    another's burst is) shows it in host_first_us, not spread thin over host_us alone; every
+    launch gets its own rotating index."""
+    import time
+
+    from wavefront.measure.rounds import Contender, run_rounds
+    monkeypatch.setitem(sys.modules, "cupy", _FakeCupy())
+    monkeypatch.setattr(conditions, "_nvml", lambda: None)
+    seen = {"slow_first": [], "even": []}
+    last = {"who": None}
+
+    def runner(name, first_s, rest_s):
+        def run(i):
+            seen[name].append(i)
+            # slow when another contender ran last (a round's first call), as the host is
+            time.sleep(first_s if last["who"] != name else rest_s)
+            last["who"] = name
+        return run
+
+    contenders = [Contender("slow_first", runner("slow_first", 0.004, 0.0005), 1.0),
+                  Contender("even", runner("even", 0.001, 0.001), 1.0)]
+    results = {r.name: r for r in run_rounds(contenders, rounds=6, per_round=4, warmup=2)}
+    for name in seen:  # 2 warm-up calls, then 6 rounds x 4, each index once, in order
+        assert seen[name] == list(range(2 + 6 * 4))
+    slow, even = results["slow_first"], results["even"]
+    assert slow.host_first_us > 3500 and slow.host_us < 0.6 * slow.host_first_us
+    assert 900 < even.host_first_us < 2500 and 900 < even.host_us < 2500
+    assert len(slow.samples_ms) == 6 and slow.samples_ms[0] > 0

@@ -268,9 +268,12 @@ def test_what_a_cupy_call_given_a_stream_makes_is_that_streams_memory(call):
     pointer, size = out.data.ptr, out.nbytes
     out = None
     on_current = cupy.empty(size, dtype=cupy.uint8)
+    # A stream handle is reused once its stream is destroyed, and CuPy's pool keys free memory
+    # by handle: `side` may inherit free blocks of this size from an earlier test's stream (in
+    # the same xdist worker), handed out before ours. So allocate a few on `side`.
     with side:
-        on_side = cupy.empty(size, dtype=cupy.uint8)
-    assert on_side.data.ptr == pointer and on_current.data.ptr != pointer
+        on_side = [cupy.empty(size, dtype=cupy.uint8) for _ in range(16)]
+    assert pointer in {a.data.ptr for a in on_side} and on_current.data.ptr != pointer
     # The stream destroyed (CuPy's are, when collected), then the launcher dropped: its
     # release must not record on the dead stream (that crashed the process).
     del side, on_side

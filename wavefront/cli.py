@@ -741,7 +741,8 @@ def bench(points, levers, rounds, per_round, warmup, peers, tuned, api, out_dir,
                   **{f"vs_{k}": (f"{r[f'x_{k}']:.3f} [{r[f'x_{k}_ci95'][0]:.3f},"
                                  f"{r[f'x_{k}_ci95'][1]:.3f}]" if f"x_{k}" in r else "")
                      for k in ("linear", "grid", "bound")},
-                  "host_us": r.get("host_us"), "throttled": r.get("throttled_rounds"),
+                  "host_us": r.get("host_us"), "host_first_us": r.get("host_first_us"),
+                  "throttled": r.get("throttled_rounds"),
                   "status": r.get("error", "ok")[:40]} for r in rows]
         print_table(table, [("contender", "contender", ""), ("S", "S", "d"), ("D", "D", "d"),
                             ("causal", "causal", ""), ("tflops", "TFLOP/s", ".1f"),
@@ -750,6 +751,7 @@ def bench(points, levers, rounds, per_round, warmup, peers, tuned, api, out_dir,
                             ("vs_linear", "vs own linear", ""),
                             ("vs_grid", "vs grid", ""), ("vs_bound", "api vs bound", ""),
                             ("host_us", "host us/call", ".1f"),
+                            ("host_first_us", "host us, 1st call", ".1f"),
                             ("throttled", "throttled rounds", "d"), ("status", "status", "")],
                     title=f"\n{dev.name}, B={points[0].batch} H={points[0].heads} "
                           f"{points[0].dtype}: medians of {rounds} "

@@ -46,6 +46,9 @@ class RoundsResult:
     # Host time per launch call (median over rounds): from the first call of a round's batch to
     # the return of its last, launches being asynchronous, what the call costs the CPU.
     host_us: float | None = None
+    # The same for a round's first call alone (median over rounds): the call made right after
+    # another contender's burst and a synchronisation, where a host-bound call costs most.
+    host_first_us: float | None = None
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -76,6 +79,7 @@ def run_rounds(contenders: list[Contender], *, rounds: int = 15, per_round: int 
     rng = np.random.default_rng(seed)
     samples = {c.name: [] for c in contenders}
     host = {c.name: [] for c in contenders}
+    host_first = {c.name: [] for c in contenders}
     clocks = {c.name: [] for c in contenders}
     throttled = {c.name: 0 for c in contenders}
     for _ in range(rounds):
@@ -91,10 +95,13 @@ def run_rounds(contenders: list[Contender], *, rounds: int = 15, per_round: int 
                 start, stop = cupy.cuda.Event(), cupy.cuda.Event()
                 start.record(stream)
                 began = time.perf_counter()
-                for _ in range(per_round):
-                    c.run(launches[c.name])
-                    launches[c.name] += 1
+                c.run(launches[c.name])
+                first_done = time.perf_counter()
+                for i in range(1, per_round):
+                    c.run(launches[c.name] + i)
                 host[c.name].append((time.perf_counter() - began) / per_round * 1e6)
+                launches[c.name] += per_round
+                host_first[c.name].append((first_done - began) * 1e6)
                 stop.record(stream)
                 stop.synchronize()
                 samples[c.name].append(cupy.cuda.get_elapsed_time(start, stop) / per_round)
@@ -112,7 +119,8 @@ def run_rounds(contenders: list[Contender], *, rounds: int = 15, per_round: int 
         rate = (lambda t: c.useful_flops / (t * 1e-3) / 1e12)
         out.append(RoundsResult(c.name, ms, med, (lo, hi), rate(med), (rate(hi), rate(lo)),
                                 throttled[c.name], rounds, sm_clock_mhz=clocks[c.name],
-                                host_us=statistics.median(host[c.name])))
+                                host_us=statistics.median(host[c.name]),
+                                host_first_us=statistics.median(host_first[c.name])))
     return out
 
 
