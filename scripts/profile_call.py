@@ -4,6 +4,8 @@ batches of 200 calls, then a cProfile of the whole call.
     python scripts/profile_call.py
 """
 import cProfile
+import functools
+import operator
 import pstats
 import time
 
@@ -37,7 +39,7 @@ rows = {
     "launcher.current_stream()": launcher.current_stream,
     "torch.cuda.current_stream(device)": lambda: torch.cuda.current_stream(q.device),
     "bound launcher, torch arrays": lambda: launcher(q, k, v, out, stream),
-    "bound launcher, cupy arrays": lambda: launcher(cq, ck, cv, cout, cstream),
+    "bound launcher, cupy arrays (ct.launch)": lambda: launcher(cq, ck, cv, cout, cstream),
     "cudnn via SDPA (sdpa_kernel ctx)": None,
 }
 from torch.nn.attention import SDPBackend, sdpa_kernel  # noqa: E402
@@ -54,6 +56,30 @@ rows["SDPA default dispatch"] = lambda: sdpa(q, k, v)
 for name, fn in rows.items():
     fn()
     print(f"{name:40s} {per_call_us(fn):7.1f} us")
+
+# The prepared launch's pieces (the launcher prepares on its PREPARE_AFTER_LAUNCHES-th launch).
+for _ in range(L.PREPARE_AFTER_LAUNCHES + 1):
+    wavefront.attention(q, k, v)
+torch.cuda.synchronize()
+raw = torch._C._cuda_getCurrentRawStream(0)
+prepared = launcher._prepared
+lse_arg = launcher._lse_argument
+addresses = launcher._addresses(q, k, v, out, lse_arg)
+pieces = {
+    "launcher.capturing(raw stream)": lambda: launcher.capturing(raw),
+    "launcher._addresses (5 data_ptr)": lambda: launcher._addresses(q, k, v, out, lse_arg),
+    "prepared.launch(raw, addresses)": lambda: prepared.launch(raw, addresses),
+    "  its alignment test": lambda: functools.reduce(operator.or_, addresses) & prepared._mask,
+    "  its buffer write": lambda: prepared._addresses.__setitem__(slice(None), addresses),
+    "  cuLaunchKernel (CuPy) alone": lambda: prepared._launch(
+        prepared.function, *prepared.grid, 1, 1, 1, 0, raw, prepared._buffer_address, 0),
+    "bound launcher, prepared, torch, raw": lambda: launcher(q, k, v, out, raw),
+}
+print(f"prepared: {launcher.launches_prepared}")
+for name, fn in pieces.items():
+    fn()
+    print(f"{name:40s} {per_call_us(fn):7.1f} us")
+torch.cuda.synchronize()
 prof = cProfile.Profile()
 prof.enable()
 for _ in range(2000):

@@ -370,6 +370,69 @@ def test_the_public_call_falls_back_where_the_prepared_launch_does_not_fit():
     assert float((q.float() - expected).norm() / expected.norm()) < TOLERANCE
 
 
+@pytest.mark.usefixtures("prepare_after_one_launch")
+@pytest.mark.parametrize("made_from", ["torch", "cupy"])
+def test_a_prepared_launcher_takes_the_other_librarys_arrays(made_from):
+    """A bound launcher made from torch tensors, once prepared, called with CuPy arrays (and
+    the other way round): it read their addresses the way of its own library and raised
+    AttributeError. It must launch (through ct.launch) and write what the first library's
+    call writes, bit for bit."""
+    torch = pytest.importorskip("torch")
+    import cupy
+
+    from wavefront.kernel.launcher import launcher_for
+    torch.manual_seed(9)
+    as_torch = [torch.randn(1, 2, 300, 64, device="cuda", dtype=torch.bfloat16)
+                for _ in range(3)]
+    as_cupy = [cupy.from_dlpack(x) for x in as_torch]
+    made, other = (as_torch, as_cupy) if made_from == "torch" else (as_cupy, as_torch)
+    launcher, _ = launcher_for(*made)
+    outs = []
+    for arrays in (made, made, other):  # the second launch is prepared
+        out = (torch.full_like(as_torch[0], float("nan")) if arrays is as_torch
+               else cupy.full(as_cupy[0].shape, cupy.nan, dtype=as_cupy[0].dtype))
+        launcher(*arrays, out, 0)
+        outs.append(out)
+    assert launcher.launches_prepared, launcher.prepare_failure
+    torch.cuda.synchronize()
+    bits = [torch.from_dlpack(o).view(torch.int16).cpu() for o in outs]
+    assert torch.equal(bits[0], bits[1]) and torch.equal(bits[1], bits[2])
+    assert not torch.from_dlpack(outs[2]).isnan().any()
+
+
+@pytest.mark.usefixtures("prepare_after_one_launch")
+@pytest.mark.parametrize("call", ["q of other strides", "out in place of q"])
+def test_a_direct_call_unlike_the_prepared_one_takes_ct_launch(call):
+    """A prepared launch fixes the strides it packed and an out apart from the inputs. A
+    bound launcher called directly with a q of other strides (same shape), or with out=q,
+    must see that and launch with ct.launch: the result must be the attention of the arrays
+    given, against float32 SDPA."""
+    torch = pytest.importorskip("torch")
+    from wavefront.kernel.launcher import launcher_for
+    torch.manual_seed(11)
+    q, k, v = (torch.randn(1, 2, 300, 64, device="cuda", dtype=torch.bfloat16)
+               for _ in range(3))
+    launcher, _ = launcher_for(q, k, v)
+    for _ in range(2):
+        launcher(q, k, v, torch.empty_like(q), 0)
+    assert launcher.launches_prepared, launcher.prepare_failure
+    if call == "q of other strides":
+        other = q.transpose(1, 2).contiguous().transpose(1, 2)  # (B, S, H, D) memory
+        assert other.shape == q.shape and other.stride() != q.stride()
+        out = torch.full_like(q, float("nan"))
+    else:
+        other = q.clone()
+        out = other
+    expected = torch.nn.functional.scaled_dot_product_attention(
+        other.float(), k.float(), v.float())
+    launcher(other, k, v, out, 0)
+    torch.cuda.synchronize()
+    assert float((out.float() - expected).norm() / expected.norm()) < TOLERANCE
+    # and a call like the prepared one still goes through it
+    arrays = (q, k, v, torch.empty_like(q), launcher._lse_argument)
+    assert launcher._fits_prepared(arrays, launcher._addresses(*arrays))
+
+
 def test_a_launcher_prepares_only_once_used_a_while():
     """By default a launcher keeps ct.launch for its first PREPARE_AFTER_LAUNCHES launches (a
     packed batch's launcher for one step's lengths never pays the 0.4 ms of preparing), then

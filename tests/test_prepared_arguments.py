@@ -79,3 +79,24 @@ def test_a_parameter_kind_it_cannot_pack_is_refused():
     args[0] = object()  # no address to read
     with pytest.raises(Unprepared, match="address"):
         pack_arguments(variant.signature(), tuple(args), 5)
+
+
+def test_what_a_direct_call_is_checked_against():
+    """A bound launcher's direct call takes its prepared launch only for arrays laid out as
+    those it prepared from (type, shape, strides, dtype) and an out apart from q, k and v:
+    the pieces of that check, on host arrays."""
+    import numpy as np
+
+    from wavefront.kernel.launcher import _layout, _overlaps_an_input
+    q = np.zeros((1, 2, 8, 4), np.float16)
+    other_strides = np.zeros((1, 8, 2, 4), np.float16).transpose(0, 2, 1, 3)
+    assert _layout([q]) == _layout([np.ones_like(q)])
+    assert _layout([q]) != _layout([other_strides])
+    assert _layout([q]) != _layout([q.astype(np.float32)])
+    assert _layout([q]) != _layout([q[:, :1]])
+    # byte ranges [start, end): q, k, v, then out
+    apart = [(0, 100), (100, 200), (200, 300), (300, 400)]
+    assert not _overlaps_an_input(apart)
+    assert _overlaps_an_input(apart[:3] + [(0, 100)])  # out is q
+    assert _overlaps_an_input(apart[:3] + [(299, 310)])  # one byte of v
+    assert not _overlaps_an_input(apart[:3] + [(400, 500)])

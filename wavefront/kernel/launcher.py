@@ -258,6 +258,7 @@ class AttentionLauncher:
         self._own_buffers([self._table, *self.partials, self.lse, self.order])
         # Prepared once launched PREPARE_AFTER_LAUNCHES times (`_prepare`), if ever.
         self._prepared = None
+        self._prepared_layout, self._spans = None, None  # set by `_prepare`
         self._launches_until_prepared = (PREPARE_AFTER_LAUNCHES
                                          if PREPARED_LAUNCHES and cluster == 1 else None)
         self.prepare_failure = None  # why it could not be prepared, if it could not
@@ -274,13 +275,35 @@ class AttentionLauncher:
         A failure is kept, not raised: `ct.launch` stays."""
         if self.capturing(stream if type(stream) is int else _stream_handle(stream)):
             return
+        q, k, v, out, _ = per_call
+        try:
+            ranges = [_byte_range(x) for x in (q, k, v, out)]
+        except (AttributeError, TypeError):  # arrays of no library we read: ct.launch stays
+            ranges = None
+        if ranges is not None and _overlaps_an_input(ranges):
+            return  # an `out` in place of an input (the binary assumes none): the next launch
         self._launches_until_prepared = None
+        if ranges is None:
+            self.prepare_failure = "per-call arrays neither torch tensors nor CuPy arrays"
+            return
+        # What the binary and the packed arguments fix of the per-call arrays besides their
+        # addresses: a direct call (`__call__`) is checked against it.
+        self._prepared_layout = _layout(per_call)
+        self._spans = tuple(end - start for start, end in ranges)
         try:
             self._prepared = PreparedLaunch(self.kernel, flash_attention_fwd.__name__,
                                             per_call + self._bound_args, len(PER_CALL_PARAMS),
                                             self.grid, self.view.device)
         except Exception as exc:  # noqa: BLE001  (whatever it was, ct.launch still works)
             self._prepared, self.prepare_failure = None, f"{type(exc).__name__}: {exc}"
+
+    def _fits_prepared(self, arrays: tuple, addresses: tuple) -> bool:
+        """Whether a direct call's per-call arrays are laid out as those the launcher prepared
+        from, with an `out` that overlaps no input."""
+        if _layout(arrays) != self._prepared_layout:
+            return False
+        spans = self._spans
+        return not _overlaps_an_input([(a, a + span) for a, span in zip(addresses, spans)])
 
     @property
     def launches_prepared(self) -> bool:
@@ -300,16 +323,21 @@ class AttentionLauncher:
         weakref.finalize(self, _release_when_done, buffers, self._launched_on,
                          self.view.device, self._last_launch_on).atexit = False
 
-    def __call__(self, q, k, v, out, stream, lse=None, prepared_ok=True):
+    def __call__(self, q, k, v, out, stream, lse=None, prepared_ok=None):
         """Launch on `stream`; `lse`: where to write the LSE (default: the launcher's own
         buffer, which the next launch overwrites).
 
-        q, k, v and out must have the shapes, strides and dtype the launcher was made for (out
-        and the LSE contiguous), as the public call's cache key makes sure: once launched
+        q, k, v and out must have the shapes and dtype the launcher was made for. Once launched
         PREPARE_AFTER_LAUNCHES times, a launcher launches through a prepared launch
-        (`prepared.PreparedLaunch`), which takes only their addresses. `prepared_ok=False`
-        launches with `ct.launch`, which derives everything from the arrays (an `out` of other
-        strides or overlapping q, k or v; a packed batch's arrays) and counts nothing."""
+        (`prepared.PreparedLaunch`), which takes only the arrays' addresses: the binary and
+        the packed strides are those of the arrays of the launch that prepared it.
+
+        `prepared_ok`: None (a direct call) checks each launch's arrays against those (library,
+        shapes, strides, dtypes, an `out` overlapping no input; about a microsecond) and
+        launches any others with `ct.launch`, which derives everything from the arrays. True:
+        the caller vouches for them (the public call, whose cache key holds them; a bench
+        timing the arrays it made the launcher from). False: `ct.launch`, counting nothing
+        towards preparing (a packed batch's arrays)."""
         if not (self._device_free or self._current_device() == self.view.device):
             # A raw handle means a stream of the current device (0: its null stream), and the
             # driver launches in the current context: with this launcher's GPU not current,
@@ -326,14 +354,23 @@ class AttentionLauncher:
         if self._table_built is not None:
             self._wait_for_table(stream)
         prepared = self._prepared
-        if prepared and prepared_ok:
-            if not prepared.launch(stream if type(stream) is int else _stream_handle(stream),
-                                   self._addresses(q, k, v, out, lse)):
+        if prepared and prepared_ok is not False:
+            try:
+                addresses = self._addresses(q, k, v, out, lse)
+            except AttributeError:
+                # Arrays of another library than the launcher was made for (a bound launcher
+                # made from torch tensors, called with CuPy arrays): ct.launch reads any.
+                addresses = None
+            if prepared_ok is None and addresses is not None and not self._fits_prepared(
+                    (q, k, v, out, lse), addresses):
+                addresses = None
+            if addresses is None or not prepared.launch(
+                    stream if type(stream) is int else _stream_handle(stream), addresses):
                 ct.launch(stream, self.grid, self.kernel, (q, k, v, out, lse) + self._bound_args)
         else:
             ct.launch(stream, self.grid, self.kernel, (q, k, v, out, lse) + self._bound_args)
             left = self._launches_until_prepared
-            if left is not None and prepared_ok:
+            if left is not None and prepared_ok is not False:
                 if left > 1:
                     self._launches_until_prepared = left - 1
                 else:
@@ -1382,12 +1419,29 @@ def _lays_out_as_own(vq: _ArrayView, out, inputs) -> bool:
     vo, out = _view("out", out)
     if vo.strides != contiguous_strides(vo.shape):
         return False
-    start, end = _byte_range(out)
-    for x in inputs:
-        x_start, x_end = _byte_range(_view("q", x)[1])
-        if start < x_end and x_start < end:
-            return False
-    return True
+    return not _overlaps_an_input([*(_byte_range(_view("q", x)[1]) for x in inputs),
+                                   _byte_range(out)])
+
+
+def _layout(arrays) -> tuple:
+    """Per array: its type, shape, strides and dtype (whatever units its library has)."""
+    return tuple(_array_layout(a) for a in arrays)
+
+
+def _array_layout(a) -> tuple:
+    if type(a) is _Described:
+        d = a.__cuda_array_interface__
+        return _Described, d["shape"], d["strides"], d["typestr"]
+    if type(a).__module__ == "torch":
+        return type(a), a.shape, a.stride(), a.dtype
+    return type(a), getattr(a, "shape", None), getattr(a, "strides", None), getattr(a, "dtype",
+                                                                                    None)
+
+
+def _overlaps_an_input(ranges) -> bool:
+    """Whether the fourth byte range (out's) overlaps any of the first three (q, k, v)."""
+    start, end = ranges[3]
+    return any(x_start < end and start < x_end for x_start, x_end in ranges[:3])
 
 
 def _byte_range(x) -> tuple[int, int]:
