@@ -49,6 +49,7 @@ class RoundsResult:
     # The same for a round's first call alone (median over rounds): the call made right after
     # another contender's burst and a synchronisation, where a host-bound call costs most.
     host_first_us: float | None = None
+    per_round: int | None = None  # calls between one pair of events (the burst a sample is)
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -120,7 +121,8 @@ def run_rounds(contenders: list[Contender], *, rounds: int = 15, per_round: int 
         out.append(RoundsResult(c.name, ms, med, (lo, hi), rate(med), (rate(hi), rate(lo)),
                                 throttled[c.name], rounds, sm_clock_mhz=clocks[c.name],
                                 host_us=statistics.median(host[c.name]),
-                                host_first_us=statistics.median(host_first[c.name])))
+                                host_first_us=statistics.median(host_first[c.name]),
+                                per_round=per_round))
     return out
 
 
