@@ -142,6 +142,42 @@ def test_cuda_graph_replay_equals_eager(schedule, prepared, monkeypatch):
         assert launcher.launches_prepared, launcher.prepare_failure
 
 
+def test_a_launcher_in_a_graph_outlives_the_cache_until_released():
+    """A launcher launched into a capture is kept when the cache lets it go (the graph still
+    replays on its buffers: the replay must stay right), and goes once the caller says its
+    graphs are gone (`release_graph_launchers`)."""
+    import weakref
+
+    import wavefront.torch as wft
+    from wavefront.kernel import launcher as kernel_launcher
+    kernel_launcher.clear_launcher_cache()
+    static = [x.clone() for x in _inputs(26)]
+    schedule = "dynamic+linear"  # writes its counter: a replay on freed buffers would show
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        torch.ops.wavefront.attention(*static, True, None, schedule, None)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        static_out = torch.ops.wavefront.attention(*static, True, None, schedule, None)
+    (launcher,) = kernel_launcher._launchers.values()
+    alive = weakref.ref(launcher)
+    del launcher
+    kernel_launcher.clear_launcher_cache()
+    gc.collect()
+    assert alive() is not None, "a launcher a graph replays on was let go"
+    for _ in range(3):
+        static_out.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        assert _error(static_out, _reference(*static, True)) < TOLERANCE
+    del graph
+    assert wft.release_graph_launchers() >= 1 and not kernel_launcher._in_graphs
+    gc.collect()
+    assert alive() is None, "released, the launcher is still held"
+
+
 def test_a_capture_before_the_table_is_known_done():
     """The work table is built on a stream of its own, and a launcher learns that the build
     is done only when a call finds it so. Here the build is made to look queued behind a

@@ -13,7 +13,9 @@ backward is registered.
 Under a CUDA graph: call the op once before capturing (the first call of a shape compiles the
 kernel and uploads its work table, neither of which a capture allows); replays then launch the
 same kernel with the same work table, and the dynamic schedules' counter is reset by the
-kernel itself, so every replay is a fresh launch.
+kernel itself, so every replay is a fresh launch. A launcher launched into a capture is kept
+for good (a graph replays on its buffers while it lives): once every such graph is destroyed,
+`release_graph_launchers()` lets them go.
 """
 from __future__ import annotations
 
@@ -23,7 +25,8 @@ from typing import Optional
 import torch
 
 __all__ = ["attention", "attention_varlen", "scaled_dot_product_attention",
-           "hf_attention_forward", "hf_mask", "SequencesMask", "register_with_transformers"]
+           "hf_attention_forward", "hf_mask", "SequencesMask", "register_with_transformers",
+           "release_graph_launchers"]
 
 
 @torch.library.custom_op("wavefront::attention", mutates_args=(), device_types="cuda")
@@ -64,6 +67,14 @@ def attention_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
 def _attention_varlen_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                            causal=False, scale=None, schedule=None, tiles=None):
     return q.new_empty(q.shape)
+
+
+def release_graph_launchers() -> int:
+    """Let go of the launchers that calls launched into CUDA-graph captures (kept for good
+    until then), once every graph that captured a wavefront call is destroyed; -> how many
+    were held. See `wavefront.kernel.launcher.release_graph_launchers`."""
+    from wavefront.kernel.launcher import release_graph_launchers as release
+    return release()
 
 
 def _attention(q, k, v, causal, scale):
