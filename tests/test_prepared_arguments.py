@@ -100,3 +100,24 @@ def test_what_a_direct_call_is_checked_against():
     assert _overlaps_an_input(apart[:3] + [(0, 100)])  # out is q
     assert _overlaps_an_input(apart[:3] + [(299, 310)])  # one byte of v
     assert not _overlaps_an_input(apart[:3] + [(400, 500)])
+
+
+def test_no_preparing_where_cutiles_disk_cache_is_off(monkeypatch):
+    """With cuTile's disk cache off, exporting the binary would compile the kernel again inside
+    the 64th call (seconds of tileiras): preparing refuses before exporting, naming why, and
+    the launcher keeps ct.launch."""
+    import types
+
+    from cuda.tile._cext import default_tile_context
+
+    from wavefront.kernel import prepared
+    assert prepared.disk_cache_on() == (default_tile_context.config.cache_dir is not None)
+    monkeypatch.setattr(default_tile_context.config, "cache_dir", None)
+    assert not prepared.disk_cache_on()
+
+    def no_export(*args, **kwargs):
+        raise AssertionError("exported with the disk cache off")
+    monkeypatch.setattr("cuda.tile.compilation.export_kernel", no_export)
+    signature = types.SimpleNamespace(parameters=("a constraint",))
+    with pytest.raises(Unprepared, match="disk cache is off"):
+        prepared._loaded_function(object(), signature, "flash_attention_fwd", 0)

@@ -17,8 +17,9 @@ call's cache key says so), and only the addresses of q, k, v, out and the LSE ch
 - a launch checks the new addresses against what the signature assumes of them (their
   alignment), writes them into the buffer and calls `cuLaunchKernel`.
 
-What this does not cover (other constraint kinds, another calling convention) raises
-`Unprepared` when preparing, and the launcher keeps `ct.launch`; so do cluster launches, which
+What this does not cover (other constraint kinds, another calling convention, cuTile's disk
+cache turned off, where the export would compile again) raises `Unprepared` when preparing,
+and the launcher keeps `ct.launch`; so do cluster launches, which
 the launcher does not prepare (`cuLaunchKernel` takes no cluster shape).
 """
 from __future__ import annotations
@@ -134,6 +135,9 @@ def _loaded_function(kernel, signature, name: str, device: int) -> tuple[int, st
         return found
     with _loaded_lock:
         if key not in _loaded:
+            if not disk_cache_on():
+                raise Unprepared("cuTile's disk cache is off (CUDA_TILE_CACHE_DIR): exporting "
+                                 "the binary would compile the kernel again, inside a call")
             if _driver is None:
                 _driver = _Driver()
             from cuda.tile.compilation import export_kernel
@@ -144,6 +148,17 @@ def _loaded_function(kernel, signature, name: str, device: int) -> tuple[int, st
             _loaded[key] = (_driver.function(cubin.getvalue(), named.symbol, device),
                             named.symbol)
         return _loaded[key]
+
+
+def disk_cache_on() -> bool:
+    """Whether cuTile keeps compiled binaries on disk, where the export finds the JIT's (its
+    default; `CUDA_TILE_CACHE_DIR=off` turns it off). Read from cuTile's default context's
+    configuration, which is not public API: where it cannot be read, assumed on."""
+    try:
+        from cuda.tile._cext import default_tile_context
+        return default_tile_context.config.cache_dir is not None
+    except (ImportError, AttributeError):
+        return True
 
 
 def pack_arguments(signature, args: tuple, per_call: int):
