@@ -333,6 +333,8 @@ def test_the_prepared_launch_is_the_jit_launch_bit_for_bit(schedule, causal):
         cupy.cuda.Device().synchronize()
         results.append((cupy.asnumpy(out).view("u2"), cupy.asnumpy(lse)))
     (out_jit, lse_jit), (out_prepared, lse_prepared) = results
+    # the JIT's own binary, recorded as it compiled (or found) it, not a second export
+    assert launcher._prepared.binary_from == "jit"
     assert (out_jit == out_prepared).all() and (lse_jit == lse_prepared).all()
     assert not cupy.isnan(lse).any()
 

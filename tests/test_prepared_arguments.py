@@ -118,6 +118,59 @@ def test_no_preparing_where_cutiles_disk_cache_is_off(monkeypatch):
     def no_export(*args, **kwargs):
         raise AssertionError("exported with the disk cache off")
     monkeypatch.setattr("cuda.tile.compilation.export_kernel", no_export)
+    monkeypatch.setattr(prepared, "gpu_code", lambda device: "sm_90")
     signature = types.SimpleNamespace(parameters=("a constraint",))
     with pytest.raises(Unprepared, match="disk cache is off"):
         prepared._loaded_function(object(), signature, "flash_attention_fwd", 0)
+
+
+class FakeKernel:
+    """A `ct.kernel` as far as the JIT's compiling goes: its `_compile` method."""
+
+    def __init__(self):
+        self.compiled = 0
+
+    def _compile(self, signature, context, compute_capability=None):
+        self.compiled += 1
+        return b"the JIT's cubin", "flash_attention_fwd_Kt2", None, ()
+
+
+def test_preparing_loads_the_binary_the_jit_compiled(monkeypatch):
+    """The JIT's binaries are recorded as it compiles them (its `_compile`, wrapped once
+    however often asked), and preparing loads the recorded one: no export (which runs the
+    front end again, or with the disk cache off compiles again), even with the cache off."""
+    import types
+
+    from cuda.tile._cext import default_tile_context
+
+    from wavefront.kernel import prepared
+    kernel = FakeKernel()
+    prepared.record_jit_binaries(kernel)
+    wrapped = kernel._compile
+    prepared.record_jit_binaries(kernel)
+    assert kernel._compile is wrapped
+    signature = types.SimpleNamespace(parameters=("a constraint",))
+    result = kernel._compile(signature, "a context", (9, 0))
+    assert result[:2] == (b"the JIT's cubin", "flash_attention_fwd_Kt2") and kernel.compiled == 1
+    assert prepared._jit_binaries[(kernel, repr(signature.parameters), "90")] == result[:2]
+
+    loaded = []
+
+    class FakeDriver:
+        def function(self, cubin, symbol, device):
+            loaded.append((cubin, symbol, device))
+            return 1234
+
+    def no_export(*args, **kwargs):
+        raise AssertionError("exported a binary the JIT had compiled")
+    monkeypatch.setattr("cuda.tile.compilation.export_kernel", no_export)
+    monkeypatch.setattr(default_tile_context.config, "cache_dir", None)
+    monkeypatch.setattr(prepared, "_driver", FakeDriver())
+    monkeypatch.setattr(prepared, "gpu_code", lambda device: "sm_90")
+    got = prepared._loaded_function(kernel, signature, "flash_attention_fwd", 3)
+    assert got == (1234, "flash_attention_fwd_Kt2", "jit")
+    assert loaded == [(b"the JIT's cubin", "flash_attention_fwd_Kt2", 3)]
+    # another GPU architecture: not what the JIT compiled, so not that binary
+    monkeypatch.setattr(prepared, "gpu_code", lambda device: "sm_100")
+    with pytest.raises(Unprepared, match="disk cache is off"):
+        prepared._loaded_function(kernel, signature, "flash_attention_fwd", 4)

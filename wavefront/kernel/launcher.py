@@ -32,7 +32,7 @@ from wavefront.kernel.attention import (
     flash_attention_fwd,
     launch_args,
 )
-from wavefront.kernel.prepared import PreparedLaunch, contiguous_strides
+from wavefront.kernel.prepared import PreparedLaunch, contiguous_strides, record_jit_binaries
 from wavefront.kernel.table_kernel import build_on_gpu
 from wavefront.point import (DTYPES, HEAD_DIMS, KERNEL_LEVERS, NO_LEVER_VALUES, check_levers,
                              lever_values, plan, plan_varlen, plan_varlen_on_device)
@@ -210,6 +210,7 @@ class AttentionLauncher:
         self.variant = KernelVariant.for_launch(launch, q_view.dtype, write_lse=self.return_lse,
                                                 record_order=self.record_order, **levers)
         self.kernel = self.variant.kernel()
+        record_jit_binaries(self.kernel)  # before its first launch: preparing loads that binary
         # cuTile needs an array for every parameter: shared 1-element stand-ins for those this
         # launch does not use (the LSE when not asked, the partial states when not tiled).
         if return_lse:

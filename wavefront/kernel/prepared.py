@@ -125,9 +125,47 @@ _driver: _Driver | None = None
 _loaded: dict = {}
 _loaded_lock = threading.Lock()
 _UNNAMED = "unnamed"  # the symbol asked of from_kernel_args, which skips mangling
+# (kernel object, the signature's constraints' repr, compute capability as "90") -> (cubin,
+# symbol): what cuTile's JIT compiled for a kernel in this process (`record_jit_binaries`).
+_jit_binaries: dict = {}
 
 
-def _loaded_function(kernel, signature, name: str, device: int) -> tuple[int, str]:
+def record_jit_binaries(kernel) -> None:
+    """Have cuTile's JIT keep, for `kernel` (a `ct.kernel`), each binary it compiles (or finds
+    in its disk cache) in this process, so that preparing loads the JIT's own binary instead
+    of exporting it. The export runs cuTile's whole front end again to make the bytecode its
+    cache is keyed by: the 64th call of the public call took 97-300 ms on the H100 host, and
+    with the disk cache off it compiled the kernel again (1.1 s). The JIT compiles through
+    the kernel's `_compile` method, looked up on the instance (seen on cuTile 1.7.0), so the
+    instance's own wraps it; where cuTile has no such method, or compiled before this, the
+    export stays. Idempotent; call it before the kernel's first launch."""
+    compile_ = getattr(kernel, "_compile", None)
+    if compile_ is None or getattr(compile_, "records_jit_binaries", False):
+        return
+
+    def compile_and_record(signature, context, compute_capability=None, *rest, **options):
+        result = compile_(signature, context, compute_capability, *rest, **options)
+        try:
+            cubin, symbol = result[0], result[1]
+            if compute_capability is None:  # the JIT's default, as `_compile` takes it
+                from cuda.tile._cext import get_compute_capability
+                compute_capability = get_compute_capability()
+            major, minor = compute_capability
+            _jit_binaries[(kernel, repr(signature.parameters), f"{major}{minor}")] = (
+                bytes(cubin), str(symbol))
+        except Exception:  # noqa: BLE001  (recording is an optimisation: the export stays)
+            pass
+        return result
+    compile_and_record.records_jit_binaries = True
+    try:
+        kernel._compile = compile_and_record
+    except (AttributeError, TypeError):
+        pass
+
+
+def _loaded_function(kernel, signature, name: str, device: int) -> tuple[int, str, str]:
+    """-> (the kernel's function for `signature` on `device`, its symbol, where its binary came
+    from: "jit" or "export"), loaded once per process."""
     global _driver
     key = (kernel, repr(signature.parameters), device)
     found = _loaded.get(key)
@@ -135,18 +173,24 @@ def _loaded_function(kernel, signature, name: str, device: int) -> tuple[int, st
         return found
     with _loaded_lock:
         if key not in _loaded:
-            if not disk_cache_on():
-                raise Unprepared("cuTile's disk cache is off (CUDA_TILE_CACHE_DIR): exporting "
-                                 "the binary would compile the kernel again, inside a call")
+            code = gpu_code(device)
+            found = _jit_binaries.get((kernel, key[1], code[len("sm_"):]))
+            if found is not None:
+                cubin, symbol = found
+            else:
+                if not disk_cache_on():
+                    raise Unprepared("cuTile's disk cache is off (CUDA_TILE_CACHE_DIR) and the "
+                                     "JIT's binary was not recorded: exporting it would "
+                                     "compile the kernel again, inside a call")
+                from cuda.tile.compilation import export_kernel
+                named = signature.with_mangled_symbol(name)
+                buffer = io.BytesIO()
+                export_kernel(kernel, [named], buffer, gpu_code=code, output_format="cubin")
+                cubin, symbol = buffer.getvalue(), named.symbol
             if _driver is None:
                 _driver = _Driver()
-            from cuda.tile.compilation import export_kernel
-            named = signature.with_mangled_symbol(name)
-            cubin = io.BytesIO()
-            export_kernel(kernel, [named], cubin, gpu_code=gpu_code(device),
-                          output_format="cubin")
-            _loaded[key] = (_driver.function(cubin.getvalue(), named.symbol, device),
-                            named.symbol)
+            _loaded[key] = (_driver.function(cubin, symbol, device), symbol,
+                            "jit" if found is not None else "export")
         return _loaded[key]
 
 
@@ -214,7 +258,9 @@ class PreparedLaunch:
         if any(a & (a - 1) for a in alignment):
             raise Unprepared(f"alignments {alignment} are not powers of two")
         self.signature = signature
-        self.function, self.symbol = _loaded_function(kernel, signature, name, device)
+        # binary_from: "jit" (the binary the JIT compiled, recorded) or "export"
+        self.function, self.symbol, self.binary_from = _loaded_function(kernel, signature, name,
+                                                                        device)
         self._values = values  # the buffer points into these: they live as long as it does
         self._buffer = (ctypes.c_void_p * len(values))(*map(ctypes.addressof, values))
         self._buffer_address = ctypes.addressof(self._buffer)
