@@ -1,12 +1,12 @@
 """The public call's 64th call with cuTile's disk cache off (GPU host).
 
-A launcher prepares its launch on its 64th launch, exporting the kernel's binary. With the
-cache on (cuTile's default) the export finds the JIT's binary on disk; with it off
-(`CUDA_TILE_CACHE_DIR=off`) the export compiles the kernel again, inside that call. Since
-d2a44df a launcher does not prepare where the cache is off. Here 70 calls at B1 H8 S1k D64,
-each synchronised, in a process with the cache off: each call's host time, the slowest after
-the first (which compiles), whether the launcher prepared (or why not), and the last output
-against float32 SDPA.
+A launcher prepares its launch on its 64th launch. Until fadd9fd it exported the kernel's
+binary then: cuTile's front end ran again to key its disk cache, and with the cache off
+(`CUDA_TILE_CACHE_DIR=off`) the kernel was compiled again, inside that call (d2a44df then
+refused to prepare with the cache off). Since fadd9fd it loads the binary the JIT compiled,
+recorded as the JIT made it. Here 70 calls at B1 H8 S1k D64, each synchronised: each call's
+host time, the slowest after the first (which compiles), whether the launcher prepared (or
+why not) and from which binary, and the last output against float32 SDPA.
 
     CUDA_TILE_CACHE_DIR=off python scripts/cache_off.py [--tree DIR]
 
@@ -44,4 +44,5 @@ slowest = max(range(1, 70), key=ms.__getitem__)
 print(f"wavefront from {Path(L.__file__).parent.parent}")
 print(f"call 1 {ms[0]:.0f} ms; slowest after it: call {slowest + 1}, {ms[slowest]:.1f} ms; "
       f"median {sorted(ms)[35]:.3f} ms; prepared {launcher.launches_prepared}, "
+      f"binary: {getattr(launcher._prepared, 'binary_from', 'export')}, "
       f"why not: {getattr(launcher, 'prepare_failure', None)}; relative error {err:.2e}")
