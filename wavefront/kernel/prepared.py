@@ -9,9 +9,11 @@ call's cache key says so), and only the addresses of q, k, v, out and the LSE ch
 
 - the signature is the one the JIT derives from the launcher's arguments
   (`KernelSignature.from_kernel_args`, in cuTile's documented calling convention
-  `cutile_python_v2`), so the binary is the JIT's own (the same bytecode: cuTile's disk cache
-  holds it once the JIT has compiled it);
-- it is exported as a cubin (`export_kernel`) and loaded once per signature and process;
+  `cutile_python_v2`);
+- its binary is the one the JIT compiled for it, recorded as the JIT made it
+  (`record_jit_binaries`), else exported as a cubin (`export_kernel`: the same bytecode, which
+  cuTile's disk cache holds once the JIT has compiled it, but its front end runs again to make
+  it); either is loaded once per signature, GPU and process;
 - the argument buffer is packed once in that calling convention (an array is its base address,
   then its shape, then its strides; a scalar is its value; constants are left out);
 - a launch checks the new addresses against what the signature assumes of them (their
