@@ -170,6 +170,12 @@ def test_preparing_loads_the_binary_the_jit_compiled(monkeypatch):
     got = prepared._loaded_function(kernel, signature, "flash_attention_fwd", 3)
     assert got == (1234, "flash_attention_fwd_Kt2", "jit")
     assert loaded == [(b"the JIT's cubin", "flash_attention_fwd_Kt2", 3)]
+    # only the latest JIT_BINARIES_KEPT are kept
+    monkeypatch.setattr(prepared, "JIT_BINARIES_KEPT", 2)
+    for n in range(3):
+        kernel._compile(types.SimpleNamespace(parameters=(f"other {n}",)), "a context", (9, 0))
+    assert [key[1] for key in prepared._jit_binaries if key[0] is kernel] == [
+        repr(("other 1",)), repr(("other 2",))]
     # another GPU architecture: not what the JIT compiled, so not that binary
     monkeypatch.setattr(prepared, "gpu_code", lambda device: "sm_100")
     with pytest.raises(Unprepared, match="disk cache is off"):

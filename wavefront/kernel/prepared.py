@@ -31,6 +31,7 @@ import functools
 import io
 import operator
 import threading
+from collections import OrderedDict
 
 
 class Unprepared(Exception):
@@ -128,8 +129,11 @@ _loaded: dict = {}
 _loaded_lock = threading.Lock()
 _UNNAMED = "unnamed"  # the symbol asked of from_kernel_args, which skips mangling
 # (kernel object, the signature's constraints' repr, compute capability as "90") -> (cubin,
-# symbol): what cuTile's JIT compiled for a kernel in this process (`record_jit_binaries`).
-_jit_binaries: dict = {}
+# symbol): what cuTile's JIT compiled for a kernel in this process (`record_jit_binaries`), the
+# latest JIT_BINARIES_KEPT of them (an attention cubin is about 266 KB; a sweep compiles
+# hundreds of specialisations, and one dropped is exported instead, if ever prepared).
+_jit_binaries: OrderedDict = OrderedDict()
+JIT_BINARIES_KEPT = 128
 
 
 def record_jit_binaries(kernel) -> None:
@@ -155,6 +159,8 @@ def record_jit_binaries(kernel) -> None:
             major, minor = compute_capability
             _jit_binaries[(kernel, repr(signature.parameters), f"{major}{minor}")] = (
                 bytes(cubin), str(symbol))
+            while len(_jit_binaries) > JIT_BINARIES_KEPT:
+                _jit_binaries.popitem(last=False)
         except Exception:  # noqa: BLE001  (recording is an optimisation: the export stays)
             pass
         return result
