@@ -74,6 +74,7 @@ pieces = {
     "  cuLaunchKernel (CuPy) alone": lambda: prepared._launch(
         prepared.function, *prepared.grid, 1, 1, 1, 0, raw, prepared._buffer_address, 0),
     "bound launcher, prepared, torch, raw": lambda: launcher(q, k, v, out, raw),
+    "  the same, vouched (no layout check)": lambda: launcher(q, k, v, out, raw, None, True),
 }
 print(f"prepared: {launcher.launches_prepared}")
 for name, fn in pieces.items():

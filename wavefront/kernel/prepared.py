@@ -19,9 +19,9 @@ call's cache key says so), and only the addresses of q, k, v, out and the LSE ch
 - a launch checks the new addresses against what the signature assumes of them (their
   alignment), writes them into the buffer and calls `cuLaunchKernel`.
 
-What this does not cover (other constraint kinds, another calling convention, cuTile's disk
-cache turned off, where the export would compile again) raises `Unprepared` when preparing,
-and the launcher keeps `ct.launch`; so do cluster launches, which
+What this does not cover (other constraint kinds, another calling convention, a binary not
+recorded while cuTile's disk cache is off, where the export would compile again) raises
+`Unprepared` when preparing, and the launcher keeps `ct.launch`; so do cluster launches, which
 the launcher does not prepare (`cuLaunchKernel` takes no cluster shape).
 """
 from __future__ import annotations
@@ -141,10 +141,11 @@ def record_jit_binaries(kernel) -> None:
     in its disk cache) in this process, so that preparing loads the JIT's own binary instead
     of exporting it. The export runs cuTile's whole front end again to make the bytecode its
     cache is keyed by: the 64th call of the public call took 97-165 ms on the H100 hosts, and
-    with the disk cache off it compiled the kernel again (1.1-1.8 s; data/public_call/441ca57/). The JIT compiles through
-    the kernel's `_compile` method, looked up on the instance (seen on cuTile 1.7.0), so the
-    instance's own wraps it; where cuTile has no such method, or compiled before this, the
-    export stays. Idempotent; call it before the kernel's first launch."""
+    with the disk cache off it compiled the kernel again (1.1-1.8 s;
+    data/public_call/441ca57/). The JIT compiles through the kernel's `_compile` method,
+    looked up on the instance (seen on cuTile 1.7.0), so the instance's own wraps it; where
+    cuTile has no such method, or compiled before this, the export stays. Idempotent; call it
+    before the kernel's first launch."""
     compile_ = getattr(kernel, "_compile", None)
     if compile_ is None or getattr(compile_, "records_jit_binaries", False):
         return
