@@ -259,7 +259,7 @@ class AttentionLauncher:
         self._own_buffers([self._table, *self.partials, self.lse, self.order])
         # Prepared once launched PREPARE_AFTER_LAUNCHES times (`_prepare`), if ever.
         self._prepared = None
-        self._prepared_layout, self._spans = None, None  # set by `_prepare`
+        self._prepared_layout = self._spans = None  # set by `_prepare`
         self._launches_until_prepared = (PREPARE_AFTER_LAUNCHES
                                          if PREPARED_LAUNCHES and cluster == 1 else None)
         self.prepare_failure = None  # why it could not be prepared, if it could not
@@ -301,10 +301,19 @@ class AttentionLauncher:
     def _fits_prepared(self, arrays: tuple, addresses: tuple) -> bool:
         """Whether a direct call's per-call arrays are laid out as those the launcher prepared
         from, with an `out` that overlaps no input."""
-        if _layout(arrays) != self._prepared_layout:
+        q, k, v, out, lse = arrays
+        layout = self._prepared_layout
+        if (_array_layout(q) != layout[0] or _array_layout(k) != layout[1]
+                or _array_layout(v) != layout[2] or _array_layout(out) != layout[3]):
             return False
-        spans = self._spans
-        return not _overlaps_an_input([(a, a + span) for a, span in zip(addresses, spans)])
+        if lse is not self._lse_argument and _array_layout(lse) != layout[4]:
+            return False
+        q_at, k_at, v_at, out_at, _ = addresses
+        q_span, k_span, v_span, out_span = self._spans
+        out_end = out_at + out_span
+        return not ((q_at < out_end and out_at < q_at + q_span)
+                    or (k_at < out_end and out_at < k_at + k_span)
+                    or (v_at < out_end and out_at < v_at + v_span))
 
     @property
     def launches_prepared(self) -> bool:
