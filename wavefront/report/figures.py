@@ -486,3 +486,38 @@ def untuned_shapes(d: pd.DataFrame):
                      fontsize=9)
         fig.tight_layout()
     return fig
+
+
+def public_call(d: pd.DataFrame, targets: dict, gpus: str):
+    """The public call's speed against its bound launcher (paired by round, 95% interval),
+    one panel per shape, one point per run (commit, calls per round) in the order measured,
+    per mask; `targets`: shape -> the ratio asked for, drawn dashed."""
+    shapes = list(dict.fromkeys(d["shape"]))
+    masks = {"full": "tab:blue", "causal": "tab:orange"}
+    with style():
+        fig, axes = plt.subplots(1, len(shapes), figsize=(6.2 * len(shapes), 4.4),
+                                 squeeze=False)
+        for ax, shape in zip(axes[0], shapes):
+            sub = d[d["shape"] == shape]
+            runs = list(dict.fromkeys(sub["run"]))
+            for i, (mask, color) in enumerate(masks.items()):
+                m = sub[sub["mask"] == mask]
+                x = m["run"].map({r: k for k, r in enumerate(runs)}) + (i - 0.5) * 0.2
+                ax.errorbar(x, m["x bound"], yerr=[m["x bound"] - m["x bound lo"],
+                                                   m["x bound hi"] - m["x bound"]],
+                            fmt="o", ms=4, capsize=2, color=color, label=mask)
+            ax.axhline(targets[shape], color="k", ls="--", lw=1,
+                       label=f"issue 20's target ({targets[shape]:g})")
+            ax.axhline(1.0, color="gray", ls=":", lw=1)
+            ax.set_xticks(range(len(runs)))
+            ax.set_xticklabels(runs, rotation=60, ha="right", fontsize=7)
+            ax.set_ylabel("public call vs bound launch\n(same rounds; 1: no host cost)",
+                          fontsize=9)
+            ax.set_xlabel("run: commit, calls per round (in the order measured)")
+            ax.set_title(shape, fontsize=9)
+            ax.legend(fontsize=7, loc="lower left")
+        fig.suptitle(f"{gpus}: `wavefront.attention` as users call it against the bound "
+                     "launcher it resolves to, `wavefront bench` rounds, bf16; ratios paired "
+                     "by round, 95% intervals", fontsize=9)
+        fig.tight_layout(rect=(0, 0, 1, 0.95))
+    return fig
