@@ -13,11 +13,16 @@ prepared launches. The kernel's source is 571b462's from that commit on. Runs be
 record no calls per round: the bench's default, 5, unless the run's or file's name says 20 or
 40.
 
-    wavefront experiment run public_call     # GPU: both shapes, both masks, into data/public_call/
-    mkdir data/public_call/<commit> && mv data/public_call/bench.jsonl data/public_call/<commit>/
+    wavefront experiment run public_call   # GPU: both shapes and masks, into data/public_call/<commit>/
     python experiments/public_call.py plot --out DIR
+
+`<commit>` is the checkout's (`WAVEFRONT_GIT_COMMIT` where the GPU host's copy of `.git` is
+stale), its first seven characters; the folder's own manifest says when and where it ran.
 """
+import os
 import re
+import subprocess
+import sys
 
 import pandas as pd
 
@@ -31,7 +36,7 @@ DATASETS = ()
 RECORDS = ("public_call",)
 
 _CALL = ["--schedule", "persistent+linear", "--tuned", "--api"]
-BENCH = [
+RUNS = [  # `wavefront bench` argument lists, each into data/public_call/<commit>/
     _CALL + ["--batch", "1", "--heads", "8", "--seqlen", "1024", "--head-dim", "64",
              "--rounds", "30"],
     _CALL + ["--batch", "1", "--heads", "32", "--seqlen", "8192", "--head-dim", "128",
@@ -52,11 +57,31 @@ def _per_round(record: dict, file: str) -> int:
     return int(found.group(1)) if found else DEFAULT_PER_ROUND
 
 
+def measure(out_dir) -> int:
+    """`RUNS` on this GPU into <out_dir>/<commit>/ (bench.jsonl and its manifest). ->
+    failures. The bench runs by process, as a user runs it (experiments never import the
+    CLI)."""
+    from wavefront.results.store import git_commit
+    folder = out_dir / (os.environ.get("WAVEFRONT_GIT_COMMIT") or git_commit())[:7]
+    failed = 0
+    for args in RUNS:
+        cmd = [sys.executable, "-m", "wavefront.cli", "bench", *args, "--out", str(folder)]
+        print(" ".join(cmd[2:]), flush=True)
+        failed += subprocess.run(cmd).returncode != 0
+    return failed
+
+
 def _measured_on(study) -> dict:
-    """Commit folder -> when its first run was measured (its manifest entries' dates)."""
+    """Commit folder -> when its first run was measured: the dates of data/public_call's
+    manifest entries that name the folder, and of the folder's own manifest where it has
+    one."""
+    entries = [(entry.get("folder"), entry) for entry in study.manifest("public_call").values()]
+    for path in sorted((study.data_dir / "public_call").glob("*/manifest.json*")):
+        folder = path.parent.name
+        entries += [(folder, entry) for entry in
+                    study.manifest(f"public_call/{folder}").values()]
     dates: dict = {}
-    for entry in study.manifest("public_call").values():
-        folder = entry.get("folder")
+    for folder, entry in entries:
         if folder and entry.get("date"):
             dates[folder] = min(dates.get(folder, entry["date"]), entry["date"])
     return dates
