@@ -13,10 +13,10 @@ prepared launches. The kernel's source is 571b462's from that commit on. Runs be
 record no calls per round: the bench's default, 5, unless the run's or file's name says 20 or
 40.
 
-    wavefront experiment run public_call   # GPU: both shapes and masks, into data/public_call/<commit>/
+    wavefront experiment run public_call   # GPU: both shapes and masks, into data/public_call/C/
     python experiments/public_call.py plot --out DIR
 
-`<commit>` is the checkout's (`WAVEFRONT_GIT_COMMIT` where the GPU host's copy of `.git` is
+`C` is the checkout's commit (`WAVEFRONT_GIT_COMMIT` where the GPU host's copy of `.git` is
 stale), its first seven characters; the folder's own manifest says when and where it ran.
 """
 import os
