@@ -172,12 +172,12 @@ def section(study) -> Section:
     s.claim(f"At {LONG} the call ran within 3% of its bound launch in every run: "
             f"{long['x bound'].min():.3f}-{long['x bound'].max():.3f}x over {len(long)} "
             "runs and masks.", len(long) > 0 and bool((long["x bound"] >= TARGETS[LONG]).all()),
-            long[["run", "mask", "x bound"]].to_dict("records"))
+            _evidence(long, "x bound"))
     s.claim(f"On the {len(others)} other shape-masks benched with the call "
             f"({', '.join(dict.fromkeys(others['shape']))}) it ran at "
             f"{others['x bound'].min():.3f}-{others['x bound'].max():.3f}x its bound launch.",
             len(others) > 0 and bool((others["x bound"] >= 0.93).all()),
-            others[["run", "shape", "mask", "x bound"]].to_dict("records"))
+            _evidence(others, "x bound", shape=True))
     met = short[short["x bound"] >= TARGETS[SHORT]]
     latest = short[short["date"] == short["date"].max()]
     s.claim(f"At {SHORT} the call ran at {short['x bound'].min():.3f}-"
@@ -188,7 +188,7 @@ def section(study) -> Section:
             f" calls per round) are below it: "
             f"{latest['x bound'].min():.3f}-{latest['x bound'].max():.3f}x.",
             len(short) > 0 and bool((latest["x bound"] < TARGETS[SHORT]).all()),
-            short[["run", "mask", "x bound"]].to_dict("records"))
+            _evidence(short, "x bound"))
     timed = short.dropna(subset=["bound us", "call host us"])
     s.claim(f"It is host-bound there: in all {len(timed)} of those runs whose bound launcher's "
             "time was recorded, the call cost the CPU more per call "
@@ -196,7 +196,7 @@ def section(study) -> Section:
             "a bound launch took per call in the same rounds, between events "
             f"({timed['bound us'].min():.0f}-{timed['bound us'].max():.0f} us).",
             len(timed) > 0 and bool((timed["call host us"] > timed["bound us"]).all()),
-            timed[["run", "mask", "call host us", "bound us"]].to_dict("records"))
+            _evidence(timed, "call host us", "bound us"))
     firsts = d.dropna(subset=["call host us, 1st"])
     s.claim(f"The first call of a round, made right after another contender's burst, cost "
             f"{firsts['call host us, 1st'].min():.0f}-{firsts['call host us, 1st'].max():.0f} "
@@ -210,8 +210,7 @@ def section(study) -> Section:
             len(firsts) > 0 and len(_longest(firsts, SHORT)) > 0
             and bool((firsts["call host us, 1st"] > firsts["call host us"]).all())
             and bool((_longest(firsts, SHORT)["x bound"] < TARGETS[SHORT]).all()),
-            firsts[["run", "shape", "mask", "call host us, 1st", "call host us",
-                    "x bound"]].to_dict("records"))
+            _evidence(firsts, "call host us, 1st", "call host us", "x bound", shape=True))
     s.claim(f"Against cuDNN through torch's SDPA the call ran {short['x cudnn'].min():.1f}-"
             f"{short['x cudnn'].max():.1f}x at {SHORT} (SDPA's own host work: "
             f"{short['cuDNN host us'].min():.0f}-{short['cuDNN host us'].max():.0f} us a call "
@@ -221,7 +220,7 @@ def section(study) -> Section:
             bool((short["x cudnn"] > 1.0).all())
             and bool((long[long["mask"] == "causal"]["x cudnn"] >= 0.99).all())
             and bool((long[long["mask"] == "full"]["x cudnn"] < 1.0).all()),
-            d[["run", "shape", "mask", "x cudnn"]].to_dict("records"))
+            _evidence(d, "x cudnn", shape=True))
     intro = paragraphs(
         "Issue 20 began with a user's view: the kernel was fast in `wavefront bench`, but "
         "`wavefront.attention` as a model calls it was not, because every call built a "
@@ -242,6 +241,14 @@ def section(study) -> Section:
 ![public call](figures/public_call.png)
 """
     return s
+
+
+def _evidence(d: pd.DataFrame, *columns: str, shape: bool = False) -> dict:
+    """A claim's evidence: per run (and shape) and mask, the columns' values, rounded."""
+    def key(r) -> str:
+        return f"{r['run']}{' ' + r['shape'] if shape else ''} {r['mask']}"
+    return {key(r): (round(float(r[columns[0]]), 3) if len(columns) == 1 else
+                     tuple(round(float(r[c]), 3) for c in columns)) for _, r in d.iterrows()}
 
 
 def _longest(d: pd.DataFrame, shape: str) -> pd.DataFrame:
