@@ -9,7 +9,7 @@ what a version imports lazily, mid-call, is its own), and batches of calls of ea
 alternate in random order.
 
     git archive 519b952 wavefront | tar -x -C /tmp/old
-    python scripts/ab_call.py /tmp/old [--shape 1,8,1024,64] [--rounds 25] [--causal]
+    python scripts/ab_call.py /tmp/old [--shape 1,8,1024,64] [--rounds 25] [--causal] [--public]
     python scripts/ab_call.py /tmp/old --first --shape 4,32,24576,128   # a new shape's first call
 """
 import argparse
@@ -62,6 +62,7 @@ def load_versions(tree: Path) -> tuple[Version, Version]:
         raise SystemExit(f"{tree}: no wavefront/kernel/launcher.py there (extract a commit's "
                          f"wavefront/)")
     importlib.import_module("wavefront.kernel.launcher")
+    importlib.import_module("wavefront.api")
     this = Version(_ours(sys.modules))
     for name in this.modules:
         del sys.modules[name]
@@ -69,6 +70,7 @@ def load_versions(tree: Path) -> tuple[Version, Version]:
     try:
         # later imports of its submodules follow its package's own path, not sys.path
         importlib.import_module("wavefront.kernel.launcher")
+        importlib.import_module("wavefront.api")
         other = Version(_ours(sys.modules))
     finally:
         sys.path.remove(str(tree.resolve()))
@@ -88,6 +90,9 @@ def main():
     parser.add_argument("--causal", action="store_true")
     parser.add_argument("--rounds", type=int, default=25)
     parser.add_argument("--calls", type=int, default=200, help="calls per timed batch")
+    parser.add_argument("--public", action="store_true",
+                        help="time `wavefront.attention(q, k, v, causal=...)` as users call it "
+                             "(each version's wavefront.api), not attention_positional")
     parser.add_argument("--first", action="store_true",
                         help="time a new shape's first call instead: one call per version and "
                              "round, each version's launcher cache cleared before it (the "
@@ -110,8 +115,12 @@ def main():
     out = torch.empty_like(q)
     raw = torch._C._cuda_getCurrentRawStream(q.device.index)
     bound(q, k, v, out, raw)
-    calls = {name: (version, lambda launcher: launcher.attention_positional(
-        q, k, v, *arguments)) for name, version in versions.items()}
+    if args.public:
+        calls = {name: (version, lambda _, api=version.modules["wavefront.api"]: api.attention(
+            q, k, v, causal=args.causal)) for name, version in versions.items()}
+    else:
+        calls = {name: (version, lambda launcher: launcher.attention_positional(
+            q, k, v, *arguments)) for name, version in versions.items()}
     calls["bound launch (this tree, same out)"] = (this, lambda _: bound(q, k, v, out, raw))
     samples = {name: [] for name in calls}
     torch.cuda.synchronize()

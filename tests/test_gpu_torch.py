@@ -65,6 +65,38 @@ def test_the_cache_is_bounded():
     assert len(kernel_launcher._launchers) == kernel_launcher.LAUNCHER_CACHE_SIZE
 
 
+def test_the_plain_call_shares_the_cached_launcher_and_forgets_evicted_ones(monkeypatch):
+    """`wavefront.attention(q, k, v, causal=...)` with no other option keys by the tensors and
+    the mask alone (`attention_plain`): its launcher is the one the full path caches, calls
+    with any option take the full path, and a launcher the cache lets go leaves the plain map
+    too (it must not keep, or launch, what the cache evicted)."""
+    import wavefront
+    from wavefront.kernel import launcher as kernel_launcher
+    kernel_launcher.clear_launcher_cache()
+    q, k, v = _inputs(40)
+    first = wavefront.attention(q, k, v, causal=True)  # a miss: the full path, remembered
+    (launcher,) = kernel_launcher._launchers.values()
+    assert list(kernel_launcher._plain_launchers.values()) == [launcher]
+    again = wavefront.attention(q, k, v, causal=True)  # a plain hit
+    _, lse = wavefront.attention(q, k, v, causal=True, return_lse=True)  # the full path
+    assert len(kernel_launcher._launchers) == 2 and len(kernel_launcher._plain_launchers) == 1
+    torch.cuda.synchronize()
+    ref = _reference(q, k, v, True)
+    assert _error(first, ref) < TOLERANCE and torch.equal(first, again)
+    assert torch.isfinite(lse).all()
+    monkeypatch.setattr(kernel_launcher, "LAUNCHER_CACHE_SIZE", 3)
+    for n in range(4):
+        small = _inputs(41 + n, batch=1, heads=1, kv_heads=1, seqlen=100 + n)
+        wavefront.attention(*small, causal=False)
+    cached = list(kernel_launcher._launchers.values())
+    assert len(cached) == 3
+    assert all(any(kept is c for c in cached)
+               for kept in kernel_launcher._plain_launchers.values())
+    out = wavefront.attention(q, k, v, causal=True)  # found or built anew, right either way
+    torch.cuda.synchronize()
+    assert _error(out, ref) < TOLERANCE
+
+
 class _TinyAttentionModel(torch.nn.Module):
     """Projections around the op, as a model uses it: no graph break may come from the op."""
 

@@ -39,10 +39,14 @@ def attention(q, k, v, *, causal: bool = False, schedule: str | None = None,
 
     {levers}
     """
+    if (schedule is None and tiles is None and occupancy is None and scale is None
+            and return_lse is False and out is None and stream is None and l2_bytes is None
+            and ctas is None and chunk_tiles is None and not levers):
+        return _launcher_attention()[1](q, k, v, causal)  # the call a model makes
     # positional: keyword passing costs microseconds, what a short launch costs
-    return _launcher_attention()(q, k, v, causal, schedule, tiles, occupancy, scale, return_lse,
-                                 out, stream, l2_bytes, ctas, chunk_tiles,
-                                 *(lever_values(levers) if levers else NO_LEVER_VALUES))
+    return _launcher_attention()[0](q, k, v, causal, schedule, tiles, occupancy, scale,
+                                    return_lse, out, stream, l2_bytes, ctas, chunk_tiles,
+                                    *(lever_values(levers) if levers else NO_LEVER_VALUES))
 
 
 _LEVER_DOC = "\n    ".join(f"- `{lever.name}`: {lever.help} Values: {lever.expected}."
@@ -94,12 +98,12 @@ _launch = None
 
 
 def _launcher_attention():
-    """The kernel-side `attention`, found once: checking for the GPU stack on every call would
-    cost more than the launch."""
+    """The kernel-side calls (every option in order; the mask alone), found once: checking for
+    the GPU stack on every call would cost more than the launch."""
     global _launch
     if _launch is None:
         from wavefront.device import require_gpu_stack
         require_gpu_stack("wavefront.attention")
-        from wavefront.kernel.launcher import attention_positional
-        _launch = attention_positional
+        from wavefront.kernel.launcher import attention_plain, attention_positional
+        _launch = attention_positional, attention_plain
     return _launch

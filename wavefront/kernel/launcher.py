@@ -704,6 +704,7 @@ def clear_launcher_cache() -> None:
     configuration they were made with)."""
     with _launchers_lock:
         _launchers.clear()
+        _plain_launchers.clear()
         _varlen_launchers.clear()
         _varlen_templates.clear()
 
@@ -755,6 +756,10 @@ def attention(q, k, v, *, causal: bool = False, schedule: str | None = None,
     schedules' counter is reset by the kernel), so a call can be captured in a CUDA graph once
     its launcher exists. Each stream that calls gets buffers of its own where a launch writes
     any (`AttentionLauncher.on_stream`), so calls on two streams at once are safe."""
+    if (schedule is None and tiles is None and occupancy is None and scale is None
+            and return_lse is False and out is None and stream is None and l2_bytes is None
+            and ctas is None and chunk_tiles is None and not levers):
+        return attention_plain(q, k, v, causal)
     return attention_positional(q, k, v, causal, schedule, tiles, occupancy, scale, return_lse,
                                 out, stream, l2_bytes, ctas, chunk_tiles,
                                 *(lever_values(levers) if levers else NO_LEVER_VALUES))
@@ -786,6 +791,43 @@ def attention_positional(q, k, v, causal, schedule, tiles, occupancy, scale, ret
                 key, lambda: build(_check_inputs(q, k, v)[0], tuple(k.shape)))
     else:
         launcher.recently_used = True  # a hit (`_keep`)
+    return _launch_call(launcher, q, k, v, out, stream)
+
+
+# `attention_positional`'s options for a call that names none but the mask, by mask.
+_PLAIN_OPTIONS = {causal: (causal, None, None, None, None, False, None, None, None,
+                           *NO_LEVER_VALUES) for causal in (False, True)}
+# A plain call's key (`attention_plain`: torch q, k, v and the mask) -> its launcher, which
+# the launcher cache holds under the full key; emptied whenever that cache lets one go.
+_plain_launchers: dict = {}
+
+
+def attention_plain(q, k, v, causal):
+    """`attention_positional` for the call that names no option but the mask, the call a model
+    makes (`wavefront.attention(q, k, v, causal=...)`). On torch tensors with a bool mask it
+    keys by the tensors and the mask alone: the full key's options tuple and their types
+    (which tell True from 1) cost about a microsecond a call. A miss takes the full path and
+    remembers the launcher that path cached."""
+    kind = type(q)
+    if kind.__module__ != "torch" or type(k) is not kind or type(v) is not kind or type(
+            causal) is not bool:
+        return attention_positional(q, k, v, causal, *_PLAIN_OPTIONS[False][1:])
+    key = (q.shape, q.stride(), q.dtype, q.get_device(), k.shape, k.stride(), k.dtype,
+           k.get_device(), v.shape, v.stride(), v.dtype, v.get_device(), causal)
+    launcher = _plain_launchers.get(key)
+    if launcher is not None:
+        launcher.recently_used = True  # a hit (`_keep`)
+        return _launch_call(launcher, q, k, v, None, None)
+    out = attention_positional(q, k, v, *_PLAIN_OPTIONS[causal])
+    _, cached = _cached(_call_key(q, k, v, _PLAIN_OPTIONS[causal]))
+    if cached is not None:
+        _plain_launchers[key] = cached
+    return out
+
+
+def _launch_call(launcher, q, k, v, out, stream):
+    """The public call's launch once it has its launcher: a new output (or the caller's,
+    checked), on the caller's stream."""
     view = launcher.view
     # An output the caller gave goes through the prepared launch only where it is laid out as
     # the launcher's own would be and overlaps none of q, k and v (`AttentionLauncher.__call__`).
@@ -848,6 +890,7 @@ def _keep(cache: OrderedDict, key, launcher, size: int) -> AttentionLauncher:
                     cache.move_to_end(oldest_key)
                 else:
                     del cache[oldest_key]
+                    _plain_launchers.clear()  # it may hold the launcher let go
     return launcher
 
 
