@@ -794,9 +794,12 @@ def attention_positional(q, k, v, causal, schedule, tiles, occupancy, scale, ret
     return _launch_call(launcher, q, k, v, out, stream)
 
 
-# `attention_positional`'s options for a call that names none but the mask, by mask.
-_PLAIN_OPTIONS = {causal: (causal, None, None, None, None, False, None, None, None,
-                           *NO_LEVER_VALUES) for causal in (False, True)}
+# By mask, a call that names no option but the mask: `attention_positional`'s arguments after
+# q, k, v (the options, out and stream, the levers), and the options tuple it keys on.
+_PLAIN_ARGUMENTS = {causal: (causal, None, None, None, None, False, None, None, None, None,
+                             None, *NO_LEVER_VALUES) for causal in (False, True)}
+_PLAIN_OPTIONS = {causal: arguments[:6] + arguments[8:]  # without out and stream
+                  for causal, arguments in _PLAIN_ARGUMENTS.items()}
 # A plain call's key (`attention_plain`: torch q, k, v and the mask) -> its launcher, which
 # the launcher cache holds under the full key; emptied whenever that cache lets one go.
 _plain_launchers: dict = {}
@@ -811,14 +814,14 @@ def attention_plain(q, k, v, causal):
     kind = type(q)
     if kind.__module__ != "torch" or type(k) is not kind or type(v) is not kind or type(
             causal) is not bool:
-        return attention_positional(q, k, v, causal, *_PLAIN_OPTIONS[False][1:])
+        return attention_positional(q, k, v, causal, *_PLAIN_ARGUMENTS[False][1:])
     key = (q.shape, q.stride(), q.dtype, q.get_device(), k.shape, k.stride(), k.dtype,
            k.get_device(), v.shape, v.stride(), v.dtype, v.get_device(), causal)
     launcher = _plain_launchers.get(key)
     if launcher is not None:
         launcher.recently_used = True  # a hit (`_keep`)
         return _launch_call(launcher, q, k, v, None, None)
-    out = attention_positional(q, k, v, *_PLAIN_OPTIONS[causal])
+    out = attention_positional(q, k, v, *_PLAIN_ARGUMENTS[causal])
     _, cached = _cached(_call_key(q, k, v, _PLAIN_OPTIONS[causal]))
     if cached is not None:
         _plain_launchers[key] = cached
