@@ -10,6 +10,7 @@ alternate in random order.
 
     git archive 519b952 wavefront | tar -x -C /tmp/old
     python scripts/ab_call.py /tmp/old [--shape 1,8,1024,64] [--rounds 25] [--causal] [--public]
+        [--cupy]
     python scripts/ab_call.py /tmp/old --first --shape 4,32,24576,128   # a new shape's first call
 """
 import argparse
@@ -93,6 +94,8 @@ def main():
     parser.add_argument("--public", action="store_true",
                         help="time `wavefront.attention(q, k, v, causal=...)` as users call it "
                              "(each version's wavefront.api), not attention_positional")
+    parser.add_argument("--cupy", action="store_true",
+                        help="q, k, v as CuPy arrays (the same memory) instead of torch tensors")
     parser.add_argument("--first", action="store_true",
                         help="time a new shape's first call instead: one call per version and "
                              "round, each version's launcher cache cleared before it (the "
@@ -104,6 +107,9 @@ def main():
     gen = torch.Generator(device="cuda").manual_seed(0)
     q, k, v = (torch.randn(shape, device="cuda", dtype=torch.bfloat16, generator=gen)
                for _ in range(3))
+    if args.cupy:
+        import cupy
+        q, k, v = (cupy.from_dlpack(x) for x in (q, k, v))
     arguments = public_call_arguments(args.causal)
     for version in (other, this):
         with version.active() as launcher:
@@ -112,8 +118,8 @@ def main():
     if args.first:
         return first_calls(versions, q, k, v, arguments, args)
     bound = next(iter(this.launcher._launchers.values()))
-    out = torch.empty_like(q)
-    raw = torch._C._cuda_getCurrentRawStream(q.device.index)
+    out = cupy.empty_like(q) if args.cupy else torch.empty_like(q)
+    raw = torch._C._cuda_getCurrentRawStream(torch.cuda.current_device())
     bound(q, k, v, out, raw)
     if args.public:
         calls = {name: (version, lambda _, api=version.modules["wavefront.api"]: api.attention(
@@ -160,7 +166,8 @@ def first_calls(versions: dict, q, k, v, arguments, args):
 def report(samples: dict, args, what: str, shape: tuple):
     reference = next(iter(samples.values()))
     lo, hi = args.rounds // 5, args.rounds - 1 - args.rounds // 5
-    print(f"{torch.cuda.get_device_name()}, shape {shape}, causal={args.causal}: {what}, "
+    arrays = "CuPy arrays" if getattr(args, "cupy", False) else "torch tensors"
+    print(f"{torch.cuda.get_device_name()}, shape {shape}, causal={args.causal}, {arrays}: {what}, "
           f"median [20%, 80%] of {args.rounds} rounds")
     for name, s in samples.items():
         paired = sorted(a - b for a, b in zip(s, reference))

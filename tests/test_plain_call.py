@@ -1,5 +1,5 @@
 """The call a model makes, `wavefront.attention(q, k, v, causal=...)` with no other option,
-keys by the tensors and the mask alone (`kernel.launcher.attention_plain`). On the CPU, with the
+keys by the arrays and the mask alone (`kernel.launcher.attention_plain`). On the CPU, with the
 launcher's build and launch stood in for: a miss takes the full path and the plain map then
 holds the very launcher the full path cached; a hit takes no other path; an int mask or
 another library takes the full path; an eviction empties the map."""
@@ -68,3 +68,33 @@ def test_an_eviction_empties_the_plain_map(stand_ins, monkeypatch):
     cached = list(L._launchers.values())
     assert len(cached) == 2 and L._plain_launchers
     assert all(any(kept is c for c in cached) for kept in L._plain_launchers.values())
+
+
+class FakeCupyArray:
+    """What the keys read of a CuPy array (shape, strides, dtype, device), no GPU needed."""
+
+    def __init__(self, shape, device=0):
+        import types
+        self.shape, self.dtype = shape, "bfloat16"
+        self.strides = tuple(2 * n for n in (shape[1] * shape[2] * shape[3],
+                                             shape[2] * shape[3], shape[3], 1))
+        self.device = types.SimpleNamespace(id=device)
+
+
+FakeCupyArray.__module__ = "cupy._core.core"
+
+
+def test_cupy_arrays_take_the_plain_key_too(stand_ins):
+    built, launched, full = stand_ins
+    q, k, v = (FakeCupyArray((1, 2, 64, 64)) for _ in range(3))
+    L.attention_plain(q, k, v, False)
+    L.attention_plain(q, k, v, False)
+    assert len(built) == 1 and len(full) == 1 and len(L._plain_launchers) == 1
+    (cached,) = L._launchers.values()
+    assert launched == [cached, cached]
+    other_gpu = [FakeCupyArray((1, 2, 64, 64), device=1) for _ in range(3)]
+    L.attention_plain(*other_gpu, False)  # another device: another launcher
+    assert len(built) == 2 and len(L._plain_launchers) == 2
+    # a torch q with CuPy k and v: no plain key, the full path
+    L.attention_plain(torch.zeros(1, 2, 64, 64, dtype=torch.bfloat16), k, v, False)
+    assert len(full) == 3

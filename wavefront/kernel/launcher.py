@@ -800,24 +800,30 @@ _PLAIN_ARGUMENTS = {causal: (causal, None, None, None, None, False, None, None, 
                              None, *NO_LEVER_VALUES) for causal in (False, True)}
 _PLAIN_OPTIONS = {causal: arguments[:6] + arguments[8:]  # without out and stream
                   for causal, arguments in _PLAIN_ARGUMENTS.items()}
-# A plain call's key (`attention_plain`: torch q, k, v and the mask) -> its launcher, which
+# A plain call's key (`attention_plain`: q, k, v and the mask) -> its launcher, which
 # the launcher cache holds under the full key; emptied whenever that cache lets one go.
 _plain_launchers: dict = {}
 
 
 def attention_plain(q, k, v, causal):
     """`attention_positional` for the call that names no option but the mask, the call a model
-    makes (`wavefront.attention(q, k, v, causal=...)`). On torch tensors with a bool mask it
-    keys by the tensors and the mask alone: building the full key's options tuple and their
+    makes (`wavefront.attention(q, k, v, causal=...)`). On torch tensors or CuPy arrays with a
+    bool mask it keys by the arrays and the mask alone: building the full key's options tuple and their
     types (which tell True from 1), and passing them, cost 1.7-2.0 us a call on the H100 hosts
     (data/public_call/a99b7fd/). A miss takes the full path and remembers the launcher that
     path cached."""
     kind = type(q)
-    if kind.__module__ != "torch" or type(k) is not kind or type(v) is not kind or type(
-            causal) is not bool:
+    if type(k) is not kind or type(v) is not kind or type(causal) is not bool:
+        key = None
+    elif kind.__module__ == "torch":
+        key = (q.shape, q.stride(), q.dtype, q.get_device(), k.shape, k.stride(), k.dtype,
+               k.get_device(), v.shape, v.stride(), v.dtype, v.get_device(), causal)
+    elif kind.__module__.startswith("cupy"):
+        key = (_cupy_key(q), _cupy_key(k), _cupy_key(v), causal)
+    else:
+        key = None
+    if key is None:  # mixed or other arrays, or a mask that is not a bool: the full key
         return attention_positional(q, k, v, causal, *_PLAIN_ARGUMENTS[False][1:])
-    key = (q.shape, q.stride(), q.dtype, q.get_device(), k.shape, k.stride(), k.dtype,
-           k.get_device(), v.shape, v.stride(), v.dtype, v.get_device(), causal)
     launcher = _plain_launchers.get(key)
     if launcher is not None:
         launcher.recently_used = True  # a hit (`_keep`)
