@@ -98,3 +98,23 @@ def test_cupy_arrays_take_the_plain_key_too(stand_ins):
     # a torch q with CuPy k and v: no plain key, the full path
     L.attention_plain(torch.zeros(1, 2, 64, 64, dtype=torch.bfloat16), k, v, False)
     assert len(full) == 3
+
+
+def test_a_streams_handle_is_read_by_its_types_attribute():
+    """torch streams hold their handle in `cuda_stream`, CuPy's in `ptr`: found once per type
+    (a failed `hasattr` costs about a microsecond a call), a raw handle passed through, and
+    anything else refused by name."""
+    class TorchLike:
+        cuda_stream = 0x1234
+
+    class CupyLike:
+        def __init__(self, ptr):
+            self.ptr = ptr
+
+    assert L._stream_handle(7) == 7
+    assert L._stream_handle(TorchLike()) == 0x1234
+    assert L._stream_handle(CupyLike(0x99)) == 0x99 and L._stream_handle(CupyLike(5)) == 5
+    assert L._handle_attributes[TorchLike] == "cuda_stream"
+    assert L._handle_attributes[CupyLike] == "ptr"
+    with pytest.raises(ValueError, match="stream must be a raw CUDA stream handle"):
+        L._stream_handle("the default stream")

@@ -1241,8 +1241,9 @@ def _table_from_lengths(launcher, cu_seqlens_q, cu_seqlens_k, rows_q, rows_k) ->
     table[items, 2:3] = count.reshape(1)
 
 
-def _empty(vq: _ArrayView, shape, dtype: str):
-    """An uninitialised array of q's library on q's device."""
+def _empty(vq: _ArrayView, shape, dtype):
+    """An uninitialised array of q's library on q's device (`dtype` by name; a NumPy dtype
+    too for CuPy)."""
     if vq.library == "torch":
         import torch
         return torch.empty(shape, dtype=getattr(torch, dtype), device=_torch_device(vq.device))
@@ -1402,11 +1403,20 @@ def _stream_handle(stream) -> int:
     """A raw stream handle from a handle, a torch stream or a CuPy stream."""
     if isinstance(stream, int):
         return stream
-    for attribute in ("cuda_stream", "ptr"):  # torch, CuPy
-        if hasattr(stream, attribute):
-            return int(getattr(stream, attribute))
-    raise ValueError(f"stream must be a raw CUDA stream handle, a torch stream or a CuPy "
-                     f"stream, got {type(stream).__name__}")
+    attribute = _handle_attributes.get(type(stream))
+    if attribute is None:  # a stream type not seen yet: which attribute holds its handle
+        attribute = next((a for a in ("cuda_stream", "ptr") if hasattr(stream, a)), None)
+        if attribute is None:
+            raise ValueError(f"stream must be a raw CUDA stream handle, a torch stream or a "
+                             f"CuPy stream, got {type(stream).__name__}")
+        _handle_attributes[type(stream)] = attribute
+    return int(getattr(stream, attribute))
+
+
+# Stream type -> the attribute that holds its raw handle ("cuda_stream": torch's, "ptr":
+# CuPy's), found once per type: a failed `hasattr` costs about a microsecond, and a CuPy call
+# asks for its stream's handle three times.
+_handle_attributes: dict = {}
 
 
 def _workspace(vq, n_chunks, output_dtype="float32"):
@@ -1478,7 +1488,14 @@ def _output_maker(vq: _ArrayView):
         return torch.empty_like
     if vq.library == "torch":
         return lambda q, shape=vq.shape: q.new_empty(shape)
-    return lambda q: _empty(vq, vq.shape, vq.dtype)
+    import cupy
+    import ml_dtypes  # noqa: F401  (registers bfloat16 with NumPy/CuPy)
+    import numpy as np
+    shape, dtype = vq.shape, np.dtype(vq.dtype)  # the dtype resolved from its name once
+    if cupy.cuda.runtime.getDeviceCount() == 1:
+        # one GPU: it is current, and entering its context would cost about a microsecond
+        return lambda q: cupy.empty(shape, dtype)
+    return lambda q: _empty(vq, shape, dtype)
 
 
 def _stream_getter(library, device: int):
