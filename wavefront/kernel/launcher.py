@@ -308,12 +308,8 @@ class AttentionLauncher:
             return False
         if lse is not self._lse_argument and _array_layout(lse) != layout[4]:
             return False
-        q_at, k_at, v_at, out_at, _ = addresses
-        q_span, k_span, v_span, out_span = self._spans
-        out_end = out_at + out_span
-        return not ((q_at < out_end and out_at < q_at + q_span)
-                    or (k_at < out_end and out_at < k_at + k_span)
-                    or (v_at < out_end and out_at < v_at + v_span))
+        return not _overlaps_an_input([(at, at + span)
+                                       for at, span in zip(addresses, self._spans)])
 
     @property
     def launches_prepared(self) -> bool:
