@@ -352,6 +352,40 @@ def test_what_a_cupy_call_given_a_stream_makes_is_that_streams_memory(call):
     cupy.cuda.Device().synchronize()
 
 
+@pytest.mark.parametrize("causal", [False, True])
+def test_a_cupy_call_on_its_current_stream_is_noted_there(causal):
+    """A call on CuPy arrays inside `with side:` launches on the current stream's handle, read
+    from its object once, and notes its launch on that handle (an event recorded after it),
+    so that the launcher's release waits on the event, not on the stream, which CuPy destroys
+    when collected. On the null stream it notes nothing (never destroyed)."""
+    import cupy
+
+    import wavefront
+    from wavefront.kernel import launcher as kernel_launcher
+    kernel_launcher.clear_launcher_cache()
+    q, k, v = (cupy.from_dlpack(x) for x in _inputs(82))
+    ref = _reference(*(torch.from_dlpack(x) for x in (q, k, v)), causal)
+    side = cupy.cuda.Stream(non_blocking=True)
+    for _ in range(kernel_launcher.PREPARE_AFTER_LAUNCHES + 2):  # ct.launch, then prepared
+        with side:
+            out = wavefront.attention(q, k, v, causal=causal)
+        on_null = wavefront.attention(q, k, v, causal=causal)
+        side.synchronize()
+        cupy.cuda.Device().synchronize()
+        assert _error(torch.from_dlpack(out), ref) < TOLERANCE
+        assert _error(torch.from_dlpack(on_null), ref) < TOLERANCE
+    (launcher,) = kernel_launcher._launchers.values()
+    assert launcher.launches_prepared or launcher.on_stream(side.ptr).launches_prepared
+    noted = {handle for own in (launcher, *launcher._streams.values())
+             for handle in own._last_launch_on}
+    assert noted == {side.ptr}
+    del side, out
+    gc.collect()
+    kernel_launcher.clear_launcher_cache()
+    gc.collect()
+    cupy.cuda.Device().synchronize()
+
+
 @pytest.mark.parametrize("schedule,causal", [(None, True), ("dynamic+linear", False),
                                              ("persistent+tiled", False)])
 def test_two_streams_at_once_keep_their_own_work(schedule, causal, on_two_streams_at_once):

@@ -71,14 +71,15 @@ def test_an_eviction_empties_the_plain_map(stand_ins, monkeypatch):
 
 
 class FakeCupyArray:
-    """What the keys read of a CuPy array (shape, strides, dtype, device), no GPU needed."""
+    """What the keys read of a CuPy array (shape, strides, dtype, and the device its memory
+    is on), no GPU needed."""
 
     def __init__(self, shape, device=0):
         import types
         self.shape, self.dtype = shape, "bfloat16"
         self.strides = tuple(2 * n for n in (shape[1] * shape[2] * shape[3],
                                              shape[2] * shape[3], shape[3], 1))
-        self.device = types.SimpleNamespace(id=device)
+        self.data = types.SimpleNamespace(device_id=device)
 
 
 FakeCupyArray.__module__ = "cupy._core.core"

@@ -248,6 +248,9 @@ class AttentionLauncher:
             "PartL": part_l, **_table_arguments(self._table, items), "Order": order,
             **scalars, **self.variant.constants})[len(PER_CALL_PARAMS):]
         self.current_stream = _stream_getter(q_view.library, q_view.device)
+        # CuPy destroys a stream when its object is collected: a CuPy launcher notes its last
+        # launch on each stream, whose handle the call takes from the object (`_note_launch_on`)
+        self._notes_launches = q_view.library != "torch"
         self.new_output = _output_maker(q_view)
         self._table_writer = None  # cu_seqlens on the GPU: see _write_table_from_lengths
         self._lengths_written = None  # and which its table holds (`_lengths_stamp`)
@@ -256,6 +259,7 @@ class AttentionLauncher:
         self.recently_used = False  # called since the cache last looked (`_keep`)
         import cupy
         self.capturing = cupy.cuda.runtime.streamIsCapturing  # of a stream handle
+        self._record_event = cupy.cuda.runtime.eventRecord  # (event, stream handle)
         self._own_buffers([self._table, *self.partials, self.lse, self.order])
         # Prepared once launched PREPARE_AFTER_LAUNCHES times (`_prepare`), if ever.
         self._prepared = None
@@ -389,15 +393,17 @@ class AttentionLauncher:
                 "PartO": part_o, "PartM": part_m, "PartL": part_l, "Out": out, "Lse": lse,
                 "n_chunks": self.launch.n_chunks, "HEAD_DIM": p.head_dim,
                 "TILE_M": COMBINE_TILE_M, "WRITE_LSE": self.return_lse}))
-        if type(stream) is not int and type(stream).__module__.startswith("cupy"):
-            self._note_launch_on(stream)
+        if stream and (self._notes_launches or type(stream) is not int
+                       and type(stream).__module__.startswith("cupy")):
+            self._note_launch_on(stream if type(stream) is int else _stream_handle(stream))
         return (out, lse) if self.return_lse else out
 
-    def _note_launch_on(self, stream) -> None:
-        """Record that this launcher's work on a CuPy stream ends here (`_last_launch_on`),
-        for its release. Not the null stream (never destroyed), not inside a capture."""
-        handle = stream.ptr
-        if not handle or self.capturing(handle):
+    def _note_launch_on(self, handle: int) -> None:
+        """Record that this launcher's work on a stream that may be destroyed (a CuPy
+        stream's, or any stream of a CuPy launcher's: its current stream comes as a handle)
+        ends here (`_last_launch_on`), for its release. Not the null stream (never
+        destroyed, and never noted: the caller tests it), not inside a capture."""
+        if self.capturing(handle):
             return
         event = self._last_launch_on.get(handle)
         if event is None:
@@ -405,7 +411,7 @@ class AttentionLauncher:
             with cupy.cuda.Device(self.view.device):
                 event = self._last_launch_on.setdefault(
                     handle, cupy.cuda.Event(disable_timing=True))
-        event.record(stream)
+        self._record_event(event.ptr, handle)
 
     def for_lengths(self, launch) -> "AttentionLauncher":
         """This launcher for a packed batch of other lengths (`launch`: the same problem and
@@ -542,10 +548,11 @@ def _address_reader(library: str):
     if library == "torch":
         return lambda q, k, v, out, lse: (q.data_ptr(), k.data_ptr(), v.data_ptr(),
                                           out.data_ptr(), lse.data_ptr())
-
-    def addresses(*arrays):
-        return tuple(a.data_ptr() if type(a) is _Described else a.data.ptr for a in arrays)
-    return addresses
+    # CuPy: the per-call arrays are the caller's (anything else raises AttributeError: the
+    # launch goes to ct.launch); the LSE may be the launcher's stand-in, a `_Described`.
+    return lambda q, k, v, out, lse: (q.data.ptr, k.data.ptr, v.data.ptr, out.data.ptr,
+                                      lse.data_ptr() if type(lse) is _Described
+                                      else lse.data.ptr)
 
 
 def _rebound(bound_args: tuple, values: dict) -> tuple:
@@ -709,7 +716,8 @@ def _cupy_key(x):
     """What a launch depends on of a CuPy array (shape, strides, dtype, device), read without
     building anything; None for any other array (converted and checked on every call)."""
     if type(x).__module__.startswith("cupy"):
-        return (x.shape, x.strides, x.dtype, x.device.id)
+        # the device's number as its memory holds it: `x.device` builds a Device object
+        return (x.shape, x.strides, x.dtype, x.data.device_id)
     return None
 
 
@@ -1489,21 +1497,25 @@ def _output_maker(vq: _ArrayView):
     import numpy as np
     shape, dtype = vq.shape, np.dtype(vq.dtype)  # the dtype resolved from its name once
     if cupy.cuda.runtime.getDeviceCount() == 1:
-        # one GPU: it is current, and entering its context would cost about a microsecond
-        return lambda q: cupy.empty(shape, dtype)
+        # one GPU: it is current, and entering its context would cost about a microsecond;
+        # `cupy.empty` is this constructor behind one more Python call
+        new = cupy.ndarray
+        return lambda q: new(shape, dtype)
     return lambda q: _empty(vq, shape, dtype)
 
 
 def _stream_getter(library, device: int):
-    """A function of no arguments that returns the caller's current stream on `device`, made
-    once per launcher: the per-call path neither imports nor branches. torch's as its raw
-    handle (what `ct.launch` needs, without building a stream object: torch's costs
-    microseconds); CuPy's as its object, which a launch notes (`_note_launch_on`)."""
+    """A function of no arguments that returns the raw handle of the caller's current stream
+    on `device` (what a launch takes), made once per launcher: the per-call path neither
+    imports nor branches. torch's without building a stream object (torch's costs
+    microseconds); CuPy's read from its object, once: a handle goes through the launch's
+    fast path, where the object was asked for its handle three times (and a CuPy launcher
+    notes its launches on any stream but the null one, `_note_launch_on`)."""
     if library == "torch":
         import torch
         return functools.partial(torch._C._cuda_getCurrentRawStream, device)
-    import cupy
-    return cupy.cuda.get_current_stream  # the object: see AttentionLauncher._note_launch_on
+    from cupy.cuda import get_current_stream
+    return lambda: get_current_stream().ptr
 
 
 def _lays_out_as_own(vq: _ArrayView, out, inputs) -> bool:
