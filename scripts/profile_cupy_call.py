@@ -38,7 +38,6 @@ out = torch.empty_like(q)
 cstream = cupy.cuda.get_current_stream()
 raw = torch._C._cuda_getCurrentRawStream(0)
 shape, dtype = cq.shape, cq.dtype
-get_ptr = getattr(cupy.cuda.stream, "get_current_stream_ptr", None)
 rows = {
     "CuPy: wavefront.attention": lambda: wavefront.attention(cq, ck, cv),
     "CuPy: attention_plain": lambda: L.attention_plain(cq, ck, cv, False),
@@ -51,7 +50,6 @@ rows = {
     "CuPy: new_output (cupy.empty)": lambda: plain_cupy.new_output(cq),
     "CuPy:   cupy.ndarray(shape, dtype)": lambda: cupy.ndarray(shape, dtype),
     "CuPy: current_stream() (object)": plain_cupy.current_stream,
-    "CuPy:   get_current_stream_ptr()": get_ptr or (lambda: None),
     "CuPy: _stream_handle(object)": lambda: L._stream_handle(cstream),
     "CuPy: capturing(handle)": lambda: plain_cupy.capturing(cstream.ptr),
     "CuPy: _addresses (5 arrays)": lambda: plain_cupy._addresses(
@@ -72,6 +70,8 @@ rows = {
     "torch: bound, vouched, raw": lambda: plain_torch(q, k, v, out, raw, None, True),
     "torch: _launch_call (no out)": lambda: L._launch_call(plain_torch, q, k, v, None, None),
 }
+if hasattr(cupy.cuda.stream, "get_current_stream_ptr"):  # not in CuPy 14.2
+    rows["CuPy:   get_current_stream_ptr()"] = cupy.cuda.stream.get_current_stream_ptr
 for name, fn in rows.items():
     fn()
     median, low, high = spread_us(fn)
