@@ -180,3 +180,82 @@ def test_preparing_loads_the_binary_the_jit_compiled(monkeypatch):
     monkeypatch.setattr(prepared, "gpu_code", lambda device: "sm_100")
     with pytest.raises(Unprepared, match="disk cache is off"):
         prepared._loaded_function(kernel, signature, "flash_attention_fwd", 4)
+
+
+def _natural_layout(values) -> list:
+    """[(offset, size)] of `values` laid out as C lays out a struct (each at a multiple of its
+    size): what the driver reports of a kernel's parameters."""
+    layout, end = [], 0
+    for value in values:
+        size = ctypes.sizeof(value)
+        offset = -(-end // size) * size
+        layout.append((offset, size))
+        end = offset + size
+    return layout
+
+
+def _block_launch(monkeypatch, layout_of):
+    """A PreparedLaunch of the attention kernel's packed arguments, as far as its parameter
+    block goes, with a driver whose layout is `layout_of(values)` and whose launch records the
+    block it was handed (read at the call, as the driver copies it)."""
+    import threading
+    import types
+
+    from wavefront.kernel import prepared
+    variant = KernelVariant(dtype="bfloat16", head_dim=64, tile_m=128, tile_n=64, causal=True,
+                            occupancy=2)
+    values, addresses, alignment = pack_arguments(variant.signature(),
+                                                  _arguments(variant), 5)
+    launched = []
+
+    def launch_kernel(function, gx, gy, gz, bx, by, bz, shared, stream, params, extra):
+        assert params == 0  # the block, not a pointer per parameter
+        marks = (ctypes.c_void_p * 5).from_address(extra)
+        assert (marks[0], marks[2], marks[4]) == (1, 2, None)
+        size = ctypes.c_size_t.from_address(marks[3]).value
+        launched.append((function, stream, ctypes.string_at(marks[1], size)))
+
+    layout = layout_of(values)
+    monkeypatch.setattr(prepared, "_driver", types.SimpleNamespace(
+        param_layout=lambda function, count: layout if count == len(values) else None,
+        launch=launch_kernel))
+    launch = prepared.PreparedLaunch.__new__(prepared.PreparedLaunch)
+    launch.function, launch.grid, launch._lock = 1234, (3, 1, 1), threading.Lock()
+    launch._masks, launch._mask, launch._launch = (15,) * 5, 15, launch_kernel
+    launch.packed = launch._pack_block(values, addresses, 5)
+    return launch, values, layout, launched
+
+
+def test_the_parameter_block_holds_each_value_where_the_driver_says(monkeypatch):
+    """The prepared launch hands the driver the kernel's parameter block: each packed value at
+    the offset the driver reports for its parameter, and each launch's addresses of q, k, v,
+    out and the LSE in their parameters' places, the rest as packed."""
+    launch, values, layout, launched = _block_launch(monkeypatch, _natural_layout)
+    assert launch.packed
+    block = bytes(launch._block)
+    for value, (offset, size) in zip(values, layout):
+        assert block[offset:offset + size] == bytes(value)
+    new = tuple(0x1000000 * (n + 1) for n in range(5))
+    assert launch.launch(7, new)
+    ((function, stream, handed),) = launched
+    assert (function, stream) == (1234, 7)
+    per_call = [i for i, value in enumerate(values) if type(value) is ctypes.c_uint64][:5]
+    for i, (value, (offset, size)) in enumerate(zip(values, layout)):
+        want = (new[per_call.index(i)].to_bytes(8, "little") if i in per_call
+                else bytes(value))
+        assert handed[offset:offset + size] == want, f"parameter value {i}"
+    # a misaligned address: nothing launched, the caller takes ct.launch
+    assert not launch.launch(7, (new[0] + 2,) + new[1:]) and len(launched) == 1
+
+
+def test_no_parameter_block_where_the_driver_lays_it_out_otherwise(monkeypatch):
+    """A parameter the driver sizes otherwise than the calling convention packs it (or a
+    driver that cannot say): the launch passes one pointer per parameter instead."""
+    def one_size_wrong(values):
+        layout = _natural_layout(values)
+        offset, size = layout[-1]
+        return layout[:-1] + [(offset, size * 2)]
+    launch, *_ = _block_launch(monkeypatch, one_size_wrong)
+    assert not launch.packed
+    launch, *_ = _block_launch(monkeypatch, lambda values: None)
+    assert not launch.packed
