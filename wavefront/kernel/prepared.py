@@ -19,12 +19,6 @@ call's cache key says so), and only the addresses of q, k, v, out and the LSE ch
 - a launch checks the new addresses against what the signature assumes of them (their
   alignment), writes them into the buffer and calls `cuLaunchKernel`.
 
-The buffer is the kernel's parameter block itself, laid out as the driver says the function's
-parameters lie (`cuFuncGetParamInfo`, CUDA 12.4 on) and handed over whole
-(`CU_LAUNCH_PARAM_BUFFER_POINTER`), so that the driver copies one block rather than following
-a pointer per parameter (the attention kernel has about 80). Where the driver cannot say, or
-says otherwise than the calling convention packs, a launch passes one pointer per parameter.
-
 What this does not cover (other constraint kinds, another calling convention, a binary not
 recorded while cuTile's disk cache is off, where the export would compile again) raises
 `Unprepared` when preparing, and the launcher keeps `ct.launch`; so do cluster launches, which
@@ -36,7 +30,6 @@ import ctypes
 import functools
 import io
 import operator
-import os
 import threading
 from collections import OrderedDict
 
@@ -54,11 +47,6 @@ _C_TYPES = {"int32": ctypes.c_int32, "int64": ctypes.c_int64, "uint32": ctypes.c
 # thread and no dynamic shared memory (as cuTile's own test of an exported cubin launches it).
 _BLOCK = (1, 1, 1)
 _SHARED_BYTES = 0
-
-# cuLaunchKernel's `extra` markers: the parameter block's address, then its size, then the end.
-_PARAM_BUFFER_POINTER, _PARAM_BUFFER_SIZE, _PARAM_END = 1, 2, 0
-# WAVEFRONT_PACKED_PARAMETERS=0 passes one pointer per parameter (to compare).
-PACKED_PARAMETERS = os.environ.get("WAVEFRONT_PACKED_PARAMETERS", "1") != "0"
 
 
 def _c_type(dtype):
@@ -109,25 +97,8 @@ class _Driver:
         self.get_kernel.argtypes = [handle_out, ctypes.c_void_p, ctypes.c_char_p]
         self.get_function = lib.cuKernelGetFunction
         self.get_function.argtypes = [handle_out, ctypes.c_void_p]
-        # where the driver has it (CUDA 12.4 on): each parameter's offset and size
-        self.param_info = getattr(lib, "cuFuncGetParamInfo", None)
-        if self.param_info is not None:
-            size_out = ctypes.POINTER(ctypes.c_size_t)
-            self.param_info.argtypes = [ctypes.c_void_p, ctypes.c_size_t, size_out, size_out]
         from cupy_backends.cuda.api.driver import launchKernel
         self.launch = launchKernel
-
-    def param_layout(self, function: int, count: int) -> list | None:
-        """[(offset, size)] of each of `function`'s parameters, if it has `count` of them and
-        the driver can say; else None."""
-        if self.param_info is None:
-            return None
-        offset, size, layout = ctypes.c_size_t(), ctypes.c_size_t(), []
-        for index in range(count + 1):  # one more, which must not exist
-            if self.param_info(function, index, ctypes.byref(offset), ctypes.byref(size)):
-                break
-            layout.append((offset.value, size.value))
-        return layout if len(layout) == count else None
 
     def function(self, cubin: bytes, symbol: str, device: int) -> int:
         """The kernel `symbol` of `cubin`, as a function of `device`'s primary context: a
@@ -308,35 +279,6 @@ class PreparedLaunch:
         self.grid = tuple(grid) + (1,) * (3 - len(grid))
         self._lock = threading.Lock()
         self._launch = _driver.launch
-        # packed: the kernel's parameter block, handed to the driver whole (module docstring)
-        self.packed = PACKED_PARAMETERS and self._pack_block(values, addresses, per_call)
-
-    def _pack_block(self, values: list, addresses, per_call: int) -> bool:
-        """Lay `values` out as the function's parameter block, if the driver says where each
-        lies and each is the size packed; -> whether it did."""
-        layout = _driver.param_layout(self.function, len(values))
-        if layout is None or any(ctypes.sizeof(v) != size for v, (_, size) in zip(values,
-                                                                                  layout)):
-            return False
-        end = max(offset + size for offset, size in layout)
-        block = (ctypes.c_uint64 * -(-end // 8))()  # 8-byte words, zeroed
-        for value, (offset, size) in zip(values, layout):
-            ctypes.memmove(ctypes.addressof(block) + offset, ctypes.addressof(value), size)
-        # each per-call address's word in the block (the values include the address array)
-        index_of = {ctypes.addressof(v): i for i, v in enumerate(values)}
-        offsets = [layout[index_of[ctypes.addressof(addresses) + 8 * j]][0]
-                   for j in range(per_call)]
-        if any(offset % 8 for offset in offsets):
-            return False
-        self._block = block
-        self._words = memoryview(block).cast("B").cast("Q")
-        self._address_words = tuple(offset // 8 for offset in offsets)
-        self._block_size = ctypes.c_size_t(end)
-        self._extra = (ctypes.c_void_p * 5)(_PARAM_BUFFER_POINTER, ctypes.addressof(block),
-                                            _PARAM_BUFFER_SIZE,
-                                            ctypes.addressof(self._block_size), _PARAM_END)
-        self._extra_address = ctypes.addressof(self._extra)
-        return True
 
     def launch(self, stream: int, addresses: tuple) -> bool:
         """Launch on the raw stream handle `stream` with these per-call addresses (in
@@ -347,16 +289,9 @@ class PreparedLaunch:
             return False
         gx, gy, gz = self.grid
         with self._lock:  # the buffer is shared: written and launched as one
-            if self.packed:
-                words = self._words
-                for at, address in zip(self._address_words, addresses):
-                    words[at] = address
-                self._launch(self.function, gx, gy, gz, *_BLOCK, _SHARED_BYTES, stream, 0,
-                             self._extra_address)
-            else:
-                self._addresses[:] = addresses
-                self._launch(self.function, gx, gy, gz, *_BLOCK, _SHARED_BYTES, stream,
-                             self._buffer_address, 0)
+            self._addresses[:] = addresses
+            self._launch(self.function, gx, gy, gz, *_BLOCK, _SHARED_BYTES, stream,
+                         self._buffer_address, 0)
         return True
 
 
