@@ -179,37 +179,52 @@ def section(study) -> Section:
             len(others) > 0 and bool((others["x bound"] >= 0.93).all()),
             _evidence(others, "x bound", shape=True))
     met = short[short["x bound"] >= TARGETS[SHORT]]
-    latest = short[short["date"] == short["date"].max()]
+    recent = short[short["commit"].isin(list(dict.fromkeys(short["commit"]))[-2:])]
+    recent_met = recent[recent["x bound"] >= TARGETS[SHORT]]
     s.claim(f"At {SHORT} the call ran at {short['x bound'].min():.3f}-"
             f"{short['x bound'].max():.3f}x its bound launch over {len(short)} runs and masks, "
             f"reaching {TARGETS[SHORT]:g} in {len(met)} "
-            f"({', '.join(met['run'] + ' ' + met['mask']) or 'none'}); the latest runs "
-            f"({latest['commit'].iloc[0]}, {', '.join(map(str, sorted(set(latest['per round']))))}"
-            f" calls per round) are below it: "
-            f"{latest['x bound'].min():.3f}-{latest['x bound'].max():.3f}x.",
-            len(short) > 0 and bool((latest["x bound"] < TARGETS[SHORT]).all()),
+            f"({', '.join(met['run'] + ' ' + met['mask']) or 'none'}). The runs of the latest "
+            f"two commits ({', '.join(dict.fromkeys(recent['commit']))}) reached it in "
+            f"{len(recent_met)} of {len(recent)}: {recent['x bound'].min():.3f}-"
+            f"{recent['x bound'].max():.3f}x.",
+            len(short) > 0 and len(recent) > 0,
             _evidence(short, "x bound"))
     timed = short.dropna(subset=["bound us", "call host us"])
-    s.claim(f"It is host-bound there: in all {len(timed)} of those runs whose bound launcher's "
-            "time was recorded, the call cost the CPU more per call "
-            f"({timed['call host us'].min():.0f}-{timed['call host us'].max():.0f} us) than "
-            "a bound launch took per call in the same rounds, between events "
-            f"({timed['bound us'].min():.0f}-{timed['bound us'].max():.0f} us).",
-            len(timed) > 0 and bool((timed["call host us"] > timed["bound us"]).all()),
-            _evidence(timed, "call host us", "bound us"))
+    slack = timed[timed["call host us"] < timed["bound us"]]
+    bound_by_host = timed[timed["call host us"] >= timed["bound us"]]
+    s.claim(f"What decides it is whether the call's host time per call stays below the bound "
+            f"launch's time per call on the GPU (between events, same rounds). Of the "
+            f"{len(timed)} runs that recorded both, the {len(slack)} where it did "
+            f"({_span(slack, 'call host us', '.1f')} us against "
+            f"{_span(slack, 'bound us', '.1f')} us) ran at "
+            f"{_span(slack, 'x bound', '.3f')}x, all at or above {TARGETS[SHORT]:g}; the "
+            f"{len(bound_by_host)} where it did not ({_span(bound_by_host, 'call host us', '.0f')}"
+            f" us against {_span(bound_by_host, 'bound us', '.0f')} us) ran at "
+            f"{_span(bound_by_host, 'x bound', '.3f')}x, all below. The same code's host time "
+            "moves from process to process, and within one, on the H100 hosts "
+            "(`scripts/process_speed.py`, `data/public_call/aec4edd/`), so which side of the "
+            "line a run falls on is the host's as much as the call's.",
+            len(slack) > 0 and len(bound_by_host) > 0
+            and bool((slack["x bound"] >= TARGETS[SHORT]).all())
+            and bool((bound_by_host["x bound"] < TARGETS[SHORT]).all()),
+            _evidence(timed, "call host us", "bound us", "x bound"))
     firsts = d.dropna(subset=["call host us, 1st"])
+    longest = _longest(firsts, SHORT)
+    twenty = firsts[(firsts["shape"] == SHORT) & (firsts["per round"] == 20)]
     s.claim(f"The first call of a round, made right after another contender's burst, cost "
             f"{firsts['call host us, 1st'].min():.0f}-{firsts['call host us, 1st'].max():.0f} "
             f"us of host time against {firsts['call host us'].min():.0f}-"
             f"{firsts['call host us'].max():.0f} us per call over the round "
             f"({', '.join(dict.fromkeys(firsts['commit']))}). Longer rounds spread that first "
-            f"call thinner but did not reach {TARGETS[SHORT]:g} at {SHORT}: with the most calls "
-            f"a round ({', '.join(map(str, sorted(set(_longest(firsts, SHORT)['per round']))))})"
-            f" the call ran at {_longest(firsts, SHORT)['x bound'].min():.2f}-"
-            f"{_longest(firsts, SHORT)['x bound'].max():.2f}x its bound launch.",
-            len(firsts) > 0 and len(_longest(firsts, SHORT)) > 0
+            f"call thinner, but the round's length did not decide the ratio at {SHORT}: with "
+            f"the most calls a round ({', '.join(map(str, sorted(set(longest['per round']))))})"
+            f" the call ran at {_span(longest, 'x bound', '.2f')}x its bound launch, with 20 a "
+            f"round at {_span(twenty, 'x bound', '.2f')}x.",
+            len(firsts) > 0 and len(longest) > 0 and len(twenty) > 0
             and bool((firsts["call host us, 1st"] > firsts["call host us"]).all())
-            and bool((_longest(firsts, SHORT)["x bound"] < TARGETS[SHORT]).all()),
+            and bool((longest["x bound"] < TARGETS[SHORT]).all())
+            and bool(twenty["x bound"].max() >= TARGETS[SHORT]),
             _evidence(firsts, "call host us, 1st", "call host us", "x bound", shape=True))
     s.claim(f"Against cuDNN through torch's SDPA the call ran {short['x cudnn'].min():.1f}-"
             f"{short['x cudnn'].max():.1f}x at {SHORT} (SDPA's own host work: "
@@ -231,7 +246,9 @@ def section(study) -> Section:
         "named). Where the launch is long the call costs what the launcher costs. Where it "
         "is as short as the host work around it, it does not. The table holds each shape's "
         "runs at its latest two commits, the figure every run of the two shapes issue 20 "
-        "names.")
+        "names. Three more runs at a20efe1 printed their tables, but their records did not "
+        "come back from the host: `data/public_call/a20efe1/README.md` lists them (one "
+        "below 0.9 on both masks).")
     s.text = f"""## The call users make
 
 {intro}
@@ -249,6 +266,12 @@ def _evidence(d: pd.DataFrame, *columns: str, shape: bool = False) -> dict:
         return f"{r['run']}{' ' + r['shape'] if shape else ''} {r['mask']}"
     return {key(r): (round(float(r[columns[0]]), 3) if len(columns) == 1 else
                      tuple(round(float(r[c]), 3) for c in columns)) for _, r in d.iterrows()}
+
+
+def _span(d: pd.DataFrame, column: str, fmt: str) -> str:
+    """'lo-hi' of a column (one value where they agree)."""
+    lo, hi = format(d[column].min(), fmt), format(d[column].max(), fmt)
+    return lo if lo == hi else f"{lo}-{hi}"
 
 
 def _longest(d: pd.DataFrame, shape: str) -> pd.DataFrame:
