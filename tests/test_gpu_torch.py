@@ -357,7 +357,8 @@ def test_a_cupy_call_on_its_current_stream_is_noted_there(causal):
     """A call on CuPy arrays inside `with side:` launches on the current stream's handle, read
     from its object once, and notes its launch on that handle (an event recorded after it),
     so that the launcher's release waits on the event, not on the stream, which CuPy destroys
-    when collected. On the null stream it notes nothing (never destroyed)."""
+    when collected. On the null stream, current or given as CuPy's object, it notes nothing
+    (never destroyed)."""
     import cupy
 
     import wavefront
@@ -370,11 +371,14 @@ def test_a_cupy_call_on_its_current_stream_is_noted_there(causal):
         with side:
             out = wavefront.attention(q, k, v, causal=causal)
         on_null = wavefront.attention(q, k, v, causal=causal)
+        given_null = wavefront.attention(q, k, v, causal=causal, stream=cupy.cuda.Stream.null)
         side.synchronize()
         cupy.cuda.Device().synchronize()
         assert _error(torch.from_dlpack(out), ref) < TOLERANCE
         assert _error(torch.from_dlpack(on_null), ref) < TOLERANCE
-    (launcher,) = kernel_launcher._launchers.values()
+        assert _error(torch.from_dlpack(given_null), ref) < TOLERANCE
+    launcher = next(x for x in kernel_launcher._launchers.values()
+                    if x.view.library == "cupy")
     assert launcher.launches_prepared or launcher.on_stream(side.ptr).launches_prepared
     noted = {handle for own in (launcher, *launcher._streams.values())
              for handle in own._last_launch_on}

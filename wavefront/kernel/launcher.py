@@ -402,8 +402,8 @@ class AttentionLauncher:
         """Record that this launcher's work on a stream that may be destroyed (a CuPy
         stream's, or any stream of a CuPy launcher's: its current stream comes as a handle)
         ends here (`_last_launch_on`), for its release. Not the null stream (never
-        destroyed, and never noted: the caller tests it), not inside a capture."""
-        if self.capturing(handle):
+        destroyed; a CuPy caller's null stream object is handle 0), not inside a capture."""
+        if not handle or self.capturing(handle):
             return
         event = self._last_launch_on.get(handle)
         if event is None:
