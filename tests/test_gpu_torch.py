@@ -97,6 +97,38 @@ def test_the_plain_call_shares_the_cached_launcher_and_forgets_evicted_ones(monk
     assert _error(out, ref) < TOLERANCE
 
 
+@pytest.mark.parametrize("causal", [False, True])
+def test_the_plain_calls_own_launch_is_the_whole_ways_bit_for_bit(causal):
+    """Once its launcher is prepared, the plain call launches through `launch_plain` (one
+    frame): the same output, bit for bit, as the whole way (`_launch_call`), each output's
+    memory freed NaN just before (the caching allocator hands the block back); on a stream the
+    launcher has not launched on, it goes the whole way and is right there too."""
+    import wavefront
+    from wavefront.kernel import launcher as kernel_launcher
+    kernel_launcher.clear_launcher_cache()
+    q, k, v = _inputs(90, batch=1, heads=8, kv_heads=8, seqlen=1024)
+    ref = _reference(q, k, v, causal)
+    for _ in range(kernel_launcher.PREPARE_AFTER_LAUNCHES + 1):
+        wavefront.attention(q, k, v, causal=causal)
+    (launcher,) = kernel_launcher._plain_launchers.values()
+    assert launcher.plain_ready, launcher.prepare_failure
+    outs = []
+    for way in ("plain", "whole"):
+        torch.full_like(q, float("nan"))  # freed at once: the next output's block
+        outs.append(wavefront.attention(q, k, v, causal=causal) if way == "plain" else
+                    kernel_launcher._launch_call(launcher, q, k, v, None, None))
+        torch.cuda.synchronize()
+    assert _error(outs[0], ref) < TOLERANCE
+    assert torch.equal(outs[0].view(torch.int16), outs[1].view(torch.int16))
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        on_side = wavefront.attention(q, k, v, causal=causal)
+    torch.cuda.current_stream().wait_stream(side)
+    torch.cuda.synchronize()
+    assert torch.equal(on_side.view(torch.int16), outs[0].view(torch.int16))
+
+
 class _TinyAttentionModel(torch.nn.Module):
     """Projections around the op, as a model uses it: no graph break may come from the op."""
 

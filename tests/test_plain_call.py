@@ -12,6 +12,7 @@ from wavefront.kernel import launcher as L  # noqa: E402
 
 class FakeLauncher:
     recently_used = False
+    plain_ready = False  # not prepared: the hit goes through `_launch_call`
 
 
 @pytest.fixture
@@ -119,3 +120,74 @@ def test_a_streams_handle_is_read_by_its_types_attribute():
     assert L._handle_attributes[CupyLike] == "ptr"
     with pytest.raises(ValueError, match="stream must be a raw CUDA stream handle"):
         L._stream_handle("the default stream")
+
+
+def test_a_hit_on_a_launcher_ready_for_it_takes_launch_plain(stand_ins):
+    """Once a launcher is `plain_ready` (prepared, one GPU, torch, one kernel, no LSE), a hit
+    goes to its `launch_plain`, not through `_launch_call`."""
+    built, launched, full = stand_ins
+    q = torch.zeros(1, 2, 64, 64, dtype=torch.bfloat16)
+    L.attention_plain(q, q, q, False)
+    (cached,) = L._launchers.values()
+    fast = []
+    cached.plain_ready = True
+    cached.launch_plain = lambda q, k, v: fast.append((q, k, v)) or "out"
+    assert L.attention_plain(q, q, q, False) == "out"
+    assert launched == [cached] and len(fast) == 1 and len(full) == 1
+
+
+class FakePrepared:
+    def __init__(self, fits=True):
+        self.fits, self.launched = fits, []
+
+    def launch(self, stream, addresses):
+        self.launched.append((stream, addresses))
+        return self.fits
+
+
+def _ready_launcher(stream=7, launched_on=(7,), table_built=None, capturing=False, fits=True):
+    """An AttentionLauncher as far as `launch_plain` reads it, ready for the plain call."""
+    launcher = L.AttentionLauncher.__new__(L.AttentionLauncher)
+    launcher.current_stream = lambda: stream
+    launcher._launched_on = set(launched_on)
+    launcher._table_built = table_built
+    launcher.capturing = lambda handle: capturing
+    launcher.new_output = torch.empty_like
+    launcher._prepared = FakePrepared(fits)
+    launcher._lse_address = 0xABC00
+    return launcher
+
+
+@pytest.mark.parametrize("why", ["another stream", "table still building", "capturing"])
+def test_launch_plain_goes_the_whole_way_for_what_it_leaves_out(why, monkeypatch):
+    """`launch_plain` launches only on a stream the launcher has launched on, with its work
+    table built and outside a capture; otherwise it hands the call to `_launch_call` (which
+    makes a stream's own copy, waits for the table, keeps a captured launcher)."""
+    whole = []
+    monkeypatch.setattr(L, "_launch_call", lambda *args: whole.append(args) or "whole")
+    launcher = _ready_launcher(**{"another stream": {"launched_on": (3,)},
+                                  "table still building": {"table_built": object()},
+                                  "capturing": {"capturing": True}}[why])
+    q = torch.zeros(1, 1, 8, 64, dtype=torch.bfloat16)
+    assert launcher.launch_plain(q, q, q) == "whole"
+    assert whole == [(launcher, q, q, q, None, None)] and not launcher._prepared.launched
+
+
+def test_launch_plain_launches_the_addresses_in_parameter_order(monkeypatch):
+    """On its own path: a new output of q's shape and dtype, and the prepared launch given
+    q's, k's, v's, the output's and the LSE stand-in's addresses on the current stream; where
+    the addresses break the binary's alignment (the prepared launch says so), `ct.launch`."""
+    monkeypatch.setattr(L, "_launch_call", lambda *args: pytest.fail("went the whole way"))
+    q, k, v = (torch.randn(1, 2, 8, 64).to(torch.bfloat16) for _ in range(3))
+    launcher = _ready_launcher()
+    out = launcher.launch_plain(q, k, v)
+    assert out.shape == q.shape and out.dtype == q.dtype
+    assert launcher._prepared.launched == [
+        (7, (q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), 0xABC00))]
+    jit = []
+    monkeypatch.setattr(L.ct, "launch", lambda *args: jit.append(args))
+    launcher = _ready_launcher(fits=False)
+    launcher.grid, launcher.kernel, launcher._bound_args = (3, 1, 1), "kernel", ("bound",)
+    launcher._lse_argument = "lse stand-in"
+    out = launcher.launch_plain(q, k, v)
+    assert jit == [(7, (3, 1, 1), "kernel", (q, k, v, out, "lse stand-in", "bound"))]

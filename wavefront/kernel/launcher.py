@@ -263,6 +263,7 @@ class AttentionLauncher:
         self._own_buffers([self._table, *self.partials, self.lse, self.order])
         # Prepared once launched PREPARE_AFTER_LAUNCHES times (`_prepare`), if ever.
         self._prepared = None
+        self.plain_ready = False  # `launch_plain` may serve the plain call (`_prepare`)
         self._prepared_layout = self._spans = None  # set by `_prepare`
         self._launches_until_prepared = (PREPARE_AFTER_LAUNCHES
                                          if PREPARED_LAUNCHES and cluster == 1 else None)
@@ -301,6 +302,14 @@ class AttentionLauncher:
                                             self.grid, self.view.device)
         except Exception as exc:  # noqa: BLE001  (whatever it was, ct.launch still works)
             self._prepared, self.prepare_failure = None, f"{type(exc).__name__}: {exc}"
+            return
+        # What `launch_plain` leaves out, fixed for this launcher: another GPU to make
+        # current, another library's arrays and streams, the tiled schedule's second kernel,
+        # an LSE of the call's own, a recorded order.
+        if (self._device_free and self.view.library == "torch" and not self.tiled
+                and not self.return_lse and not self.record_order):
+            self._lse_address = self._lse_argument.data_ptr()  # the shared stand-in's
+            self.plain_ready = True
 
     def _fits_prepared(self, arrays: tuple, addresses: tuple) -> bool:
         """Whether a direct call's per-call arrays are laid out as those the launcher prepared
@@ -319,6 +328,23 @@ class AttentionLauncher:
     def launches_prepared(self) -> bool:
         """Whether this launcher's launches go through a prepared launch (see `__call__`)."""
         return bool(self._prepared)
+
+    def launch_plain(self, q, k, v):
+        """The plain call's launch (`attention_plain`: torch tensors its key vouches for, a
+        new output, the caller's current stream, no LSE) once `plain_ready`: `_launch_call`
+        and `__call__` in one frame, less what `plain_ready` rules out. Anything else this
+        call may meet (a stream this launcher has not launched on, a work table still being
+        built, a capture) goes the whole way."""
+        stream = self.current_stream()
+        if (stream not in self._launched_on or self._table_built is not None
+                or self.capturing(stream)):
+            return _launch_call(self, q, k, v, None, None)
+        out = self.new_output(q)
+        if not self._prepared.launch(stream, (q.data_ptr(), k.data_ptr(), v.data_ptr(),
+                                              out.data_ptr(), self._lse_address)):
+            ct.launch(stream, self.grid, self.kernel,
+                      (q, k, v, out, self._lse_argument) + self._bound_args)
+        return out
 
     def _own_buffers(self, buffers: list) -> None:
         """Own `buffers` (GPU arrays of this launcher's) and launch on no stream yet: when the
@@ -490,6 +516,7 @@ class AttentionLauncher:
         if other._prepared is not None or other._launches_until_prepared is not None:
             # prepared anew, if ever: its own buffers' addresses
             other._prepared, other._launches_until_prepared = None, PREPARE_AFTER_LAUNCHES
+        other.plain_ready = False
         other._bound_args = _rebound(self._bound_args, {
             **_table_arguments(other._table, launch.num_items), **bound})
         other._own_buffers([other._table])
@@ -831,6 +858,8 @@ def attention_plain(q, k, v, causal):
     launcher = _plain_launchers.get(key)
     if launcher is not None:
         launcher.recently_used = True  # a hit (`_keep`)
+        if launcher.plain_ready:
+            return launcher.launch_plain(q, k, v)
         return _launch_call(launcher, q, k, v, None, None)
     out = attention_positional(q, k, v, *_PLAIN_ARGUMENTS[causal])
     _, cached = _cached(_call_key(q, k, v, _PLAIN_OPTIONS[causal]))
