@@ -25,6 +25,7 @@ import subprocess
 import sys
 
 import pandas as pd
+from scipy.stats import spearmanr
 
 from wavefront.report import figures
 from wavefront.report.draft import Section, md_table, paragraphs
@@ -196,25 +197,33 @@ def section(study) -> Section:
     bound_by_host = long_rounds[long_rounds["call host us"] >= long_rounds["bound us"]]
     five = short[short["per round"] == DEFAULT_PER_ROUND]
     five_firsts = five.dropna(subset=["call host us, 1st"])
-    s.claim(f"With 20 or more calls a round, what decides it is whether the call's host time "
-            f"per call stays below the bound launch's time per call on the GPU (between "
-            f"events, same rounds). Of the {len(long_rounds)} such runs that recorded both, the "
-            f"{len(slack)} where it did ({_span(slack, 'call host us', '.1f')} us against "
+    margin = long_rounds["bound us"] - long_rounds["call host us"]
+    rho = float(spearmanr(margin, long_rounds["x bound"]).statistic) if len(margin) > 2 else 0.0
+    short_of = bound_by_host[bound_by_host["x bound"] >= TARGETS[SHORT]]
+    s.claim(f"With 20 or more calls a round, the ratio follows the margin between the bound "
+            f"launch's time per call on the GPU (between events, same rounds) and the call's "
+            f"host time per call: Spearman's rank correlation {rho:.2f} over the "
+            f"{len(long_rounds)} such runs that recorded both. The {len(slack)} runs with a "
+            f"margin ({_span(slack, 'call host us', '.1f')} us against "
             f"{_span(slack, 'bound us', '.1f')} us) ran at {_span(slack, 'x bound', '.3f')}x, "
-            f"all at or above {TARGETS[SHORT]:g}; the {len(bound_by_host)} where it did not "
+            f"all at or above {TARGETS[SHORT]:g}; of the {len(bound_by_host)} without "
             f"({_span(bound_by_host, 'call host us', '.0f')} us against "
-            f"{_span(bound_by_host, 'bound us', '.0f')} us) ran at "
-            f"{_span(bound_by_host, 'x bound', '.3f')}x, all below. The same code's host time "
-            "moves from process to process, and within one, on the H100 hosts "
-            "(`scripts/process_speed.py`, `data/public_call/aec4edd/`), so which side of the "
-            "line a run falls on is the host's as much as the call's. With 5 calls a round, the "
-            f"bench's default, no run reached {TARGETS[SHORT]:g} "
+            f"{_span(bound_by_host, 'bound us', '.0f')} us, "
+            f"{_span(bound_by_host, 'x bound', '.3f')}x), "
+            + (f"{len(short_of)} reached it ("
+               + ", ".join(f"{r['run']} {r['mask']}: {r['x bound']:.3f} at "
+                           f"{r['call host us'] - r['bound us']:.1f} us over"
+                           for _, r in short_of.iterrows()) + ")"
+               if len(short_of) else "none reached it")
+            + ". The same code's host time moves from process to process, and within one, on "
+            "the H100 hosts (`scripts/process_speed.py`, `data/public_call/aec4edd/`, "
+            "`f597be2/`), so where a run falls is the host's as much as the call's. With 5 "
+            f"calls a round, the bench's default, no run reached {TARGETS[SHORT]:g} "
             f"({_span(five, 'x bound', '.3f')}x over {len(five)} runs and masks): the round's "
             f"first call, {_span(five_firsts, 'call host us, 1st', '.0f')} us of host time "
             "where recorded, weighs on a fifth of it.",
-            len(slack) > 0 and len(bound_by_host) > 0 and len(five) > 0
+            len(slack) > 0 and len(bound_by_host) > 0 and len(five) > 0 and rho >= 0.8
             and bool((slack["x bound"] >= TARGETS[SHORT]).all())
-            and bool((bound_by_host["x bound"] < TARGETS[SHORT]).all())
             and bool((five["x bound"] < TARGETS[SHORT]).all()),
             _evidence(timed, "per round", "call host us", "bound us", "x bound"))
     firsts = d.dropna(subset=["call host us, 1st"])
