@@ -33,7 +33,7 @@ import numpy as np
 import pandas as pd
 import seaborn as sns
 
-from wavefront.report.draft import Section, md_table, wrap
+from wavefront.report.draft import Section, md_table, span, wrap
 from wavefront.report.experiments import run_as_script
 from wavefront.report.figures import short_gpu
 from wavefront.results.orders import ORDERS_DIR, load_order
@@ -227,11 +227,6 @@ def sampled_totals(launches) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def _span(v, fmt=".1f") -> str:
-    lo, hi = f"{v.min():{fmt}}", f"{v.max():{fmt}}"
-    return lo if lo == hi else f"{lo}-{hi}"
-
-
 def section(study) -> Section:
     s = Section()
     d = launches(study)
@@ -252,9 +247,9 @@ def section(study) -> Section:
     lin = st[st["schedule"] == "persistent+linear"]
     first_n, today_n = lin[lin["kernel"] == FIRST], lin[lin["kernel"] == TODAY]
     s.claim(f"In each kernel's own profile harness, on one H100 within the hour, the first "
-            f"kernel read {_span(first['DRAM GB'], '.2f')} GB at B1 H1 S256k D128 "
+            f"kernel read {span(first['DRAM GB'], '.2f')} GB at B1 H1 S256k D128 "
             f"persistent+linear ({len(first)} launches) and today's "
-            f"{_span(today['DRAM GB'])} GB ({len(today)} launches): {ratio[0]:.0f}-"
+            f"{span(today['DRAM GB'])} GB ({len(today)} launches): {ratio[0]:.0f}-"
             f"{ratio[1]:.0f}x as much.",
             today["DRAM GB"].min() > 4 * first["DRAM GB"].max(),
             f"first {first['DRAM GB'].tolist()}, today {today['DRAM GB'].tolist()}")
@@ -268,17 +263,17 @@ def section(study) -> Section:
     s.claim(f"The difference belongs to the first kernel's harness, not to the kernel. Run "
             f"again in its own harness (its `profile`) on the {' and the '.join(own.index)}, "
             f"the first kernel read {' and '.join(f'{v:.2f}' for v in own['DRAM GB'])} GB again, "
-            f"and wrote {_span(own['L2 write GB'], '.0f')} GB to the L2, "
+            f"and wrote {span(own['L2 write GB'], '.0f')} GB to the L2, "
             f"{own['L2 write GB'].min() / output_gb:.0f}x its {output_gb * 1e3:.0f} MB output, "
-            f"in {_span(own['ms under ncu'], '.0f')} ms. The same kernel launched through its "
+            f"in {span(own['ms under ncu'], '.0f')} ms. The same kernel launched through its "
             f"public call in the sampling harness on GPUs of the same kinds ({len(first_n)} "
             f"launches; those with the sweeps' CuPy inputs, same seed, ran in the same call as "
             f"the old harness, the others with torch's inputs) "
-            f"read {_span(first_n['DRAM GB'])} GB, wrote no more than its output to the L2 where "
-            f"counted ({_span(writes * 1e3, '.0f')} MB) and took "
-            f"{_span(first_n['ms under ncu'])} ms, as today's kernel there "
-            f"({len(today_n)} launches, {_span(today_n['DRAM GB'])} GB, "
-            f"{_span(today_n['ms under ncu'])} ms). What in that harness wrote the extra "
+            f"read {span(first_n['DRAM GB'])} GB, wrote no more than its output to the L2 where "
+            f"counted ({span(writes * 1e3, '.0f')} MB) and took "
+            f"{span(first_n['ms under ncu'])} ms, as today's kernel there "
+            f"({len(today_n)} launches, {span(today_n['DRAM GB'])} GB, "
+            f"{span(today_n['ms under ncu'])} ms). What in that harness wrote the extra "
             "bytes is not identified; it slowed the launch and kept its CTAs together.",
             all(checks) and len(checks) == 2 and bool((writes < 1.5 * output_gb).all()),
             f"harness {h.to_dict('records')}, sampled {lin.to_dict('records')}")
@@ -292,10 +287,10 @@ def section(study) -> Section:
             f"its CTAs still travel together, about {q['Q1 GB'].median():.2f} GB in its first "
             f"quarter (two of its {rounds} rounds of work items: {passes:.1f} passes over the "
             f"{kv_gb:.2f} GB of K and V a round), and more in each later "
-            f"quarter: the last quarter read {_span(q['last / first quarter'])}x the first. "
+            f"quarter: the last quarter read {span(q['last / first quarter'])}x the first. "
             f"The CTAs spread apart along the {tiles}-tile scan as the launch goes on, and how "
             f"far differs from launch to launch: persistent+linear launches read "
-            f"{_span(lin_q['sampled GB'])} GB in their sampled pass.",
+            f"{span(lin_q['sampled GB'])} GB in their sampled pass.",
             bool((q["last / first quarter"] > 3).all()) and q["GPU"].nunique() == 2,
             q.to_dict("records"))
     s.claim(f"At work-item granularity the CTAs still keep their rounds: in both launches "
@@ -322,10 +317,10 @@ def section(study) -> Section:
         "ms under ncu": list(h["ms under ncu"]) + list(st["ms under ncu"])})
     shown_h = shown_h.groupby(["GPU", "kernel, harness", "schedule"], sort=False).agg(
         launches=("DRAM GB", "size"),
-        **{"DRAM GB (min-max)": ("DRAM GB", lambda v: _span(v, ".2f")),
+        **{"DRAM GB (min-max)": ("DRAM GB", lambda v: span(v, ".2f")),
            "L2 write GB (min-max)": ("L2 write GB",
-                                     lambda v: _span(v, ".2f") if v.notna().all() else "-"),
-           "ms under ncu (min-max)": ("ms under ncu", _span)}).reset_index()
+                                     lambda v: span(v, ".2f") if v.notna().all() else "-"),
+           "ms under ncu (min-max)": ("ms under ncu", span)}).reset_index()
     text = wrap(
         "The same launch read 1.27 GB with the first kernel (`data/tiled`, from before the "
         "table-driven kernel) and 10-21 GB with the table-driven one (`data/tiled_fit`). "

@@ -28,7 +28,7 @@ import pandas as pd
 from scipy.stats import spearmanr
 
 from wavefront.report import figures
-from wavefront.report.draft import Section, md_table, paragraphs
+from wavefront.report.draft import Section, md_table, paragraphs, span
 from wavefront.report.experiments import run_as_script
 from wavefront.report.figures import short_gpu
 from wavefront.results.records import BENCH_RECORDS, shape_name
@@ -204,12 +204,12 @@ def section(study) -> Section:
             f"launch's time per call on the GPU (between events, same rounds) and the call's "
             f"host time per call: Spearman's rank correlation {rho:.2f} over the "
             f"{len(long_rounds)} such runs that recorded both. The {len(slack)} runs with a "
-            f"margin ({_span(slack, 'call host us', '.1f')} us against "
-            f"{_span(slack, 'bound us', '.1f')} us) ran at {_span(slack, 'x bound', '.3f')}x, "
+            f"margin ({span(slack['call host us'], '.1f')} us against "
+            f"{span(slack['bound us'], '.1f')} us) ran at {span(slack['x bound'], '.3f')}x, "
             f"all at or above {TARGETS[SHORT]:g}; of the {len(bound_by_host)} without "
-            f"({_span(bound_by_host, 'call host us', '.0f')} us against "
-            f"{_span(bound_by_host, 'bound us', '.0f')} us, "
-            f"{_span(bound_by_host, 'x bound', '.3f')}x), "
+            f"({span(bound_by_host['call host us'], '.0f')} us against "
+            f"{span(bound_by_host['bound us'], '.0f')} us, "
+            f"{span(bound_by_host['x bound'], '.3f')}x), "
             + (f"{len(short_of)} reached it ("
                + ", ".join(f"{r['run']} {r['mask']}: {r['x bound']:.3f} at "
                            f"{r['call host us'] - r['bound us']:.1f} us over"
@@ -219,8 +219,8 @@ def section(study) -> Section:
             "the H100 hosts (`scripts/process_speed.py`, `data/public_call/aec4edd/`, "
             "`f597be2/`), so where a run falls is the host's as much as the call's. With 5 "
             f"calls a round, the bench's default, no run reached {TARGETS[SHORT]:g} "
-            f"({_span(five, 'x bound', '.3f')}x over {len(five)} runs and masks): the round's "
-            f"first call, {_span(five_firsts, 'call host us, 1st', '.0f')} us of host time "
+            f"({span(five['x bound'], '.3f')}x over {len(five)} runs and masks): the round's "
+            f"first call, {span(five_firsts['call host us, 1st'], '.0f')} us of host time "
             "where recorded, weighs on a fifth of it.",
             len(slack) > 0 and len(bound_by_host) > 0 and len(five) > 0 and rho >= 0.8
             and bool((slack["x bound"] >= TARGETS[SHORT]).all())
@@ -275,12 +275,6 @@ def _evidence(d: pd.DataFrame, *columns: str, shape: bool = False) -> dict:
         return f"{r['run']}{' ' + r['shape'] if shape else ''} {r['mask']}"
     return {key(r): (round(float(r[columns[0]]), 3) if len(columns) == 1 else
                      tuple(round(float(r[c]), 3) for c in columns)) for _, r in d.iterrows()}
-
-
-def _span(d: pd.DataFrame, column: str, fmt: str) -> str:
-    """'lo-hi' of a column (one value where they agree)."""
-    lo, hi = format(d[column].min(), fmt), format(d[column].max(), fmt)
-    return lo if lo == hi else f"{lo}-{hi}"
 
 
 if __name__ == "__main__":

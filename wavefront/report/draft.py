@@ -172,6 +172,12 @@ def changes_with_range(table: pd.DataFrame, column: str = "TFLOP/s, sawtooth vs 
     return list(map(change_with_range, table[column], table[lo], table[hi]))
 
 
+def span(values, fmt=".1f") -> str:
+    """'lo-hi' of a series of values (one value where both ends print alike)."""
+    lo, hi = f"{values.min():{fmt}}", f"{values.max():{fmt}}"
+    return lo if lo == hi else f"{lo}-{hi}"
+
+
 def interval(values, scale=1.0, fmt=".2f") -> str:
     lo, hi = values
     return f"[{lo / scale:{fmt}}, {hi / scale:{fmt}}]"
