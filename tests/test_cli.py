@@ -447,6 +447,59 @@ def test_compress_packs_record_files_the_report_still_reads(tmp_path):
     assert after == before and len(after["sub/rounds"]) == 3
 
 
+
+def test_compress_at_significant_digits_rounds_fractions_and_keeps_whole_numbers(tmp_path):
+    """`--significant-digits 7` packs a committed table and its records again: fractions to 7
+    significant digits, counters and byte counts exact, text, empty cells and NaN as they
+    were; a table's rows still load as the same rows."""
+    import gzip
+
+    from wavefront.results.store import load_results
+    d = tmp_path / "knee"
+    (d / "sub").mkdir(parents=True)
+    # the committed knee table with full-precision fractions, as a sweep writes them
+    import csv
+    import io
+    committed = list(csv.DictReader(io.StringIO(
+        read_results_bytes(results_path(ROOT / "data" / "knee")).decode())))
+    for i, row in enumerate(committed):
+        row["median_ms"] = repr(0.23588799685239792 + i / 3)
+    text = io.StringIO()
+    writer = csv.DictWriter(text, fieldnames=list(committed[0]), lineterminator="\n")
+    writer.writeheader()
+    writer.writerows(committed)
+    table = gzip.compress(text.getvalue().encode())
+    (d / "results.csv.gz").write_bytes(table)
+    rows = [{"ms": 0.23588799685239792, "bytes": 68719476736.0, "n": 3, "name": "0.123456789",
+             "nan": float("nan"), "samples": [1.9726144790649414, 2.0]}]
+    (d / "sub" / "bench.jsonl.gz").write_bytes(gzip.compress(
+        "".join(json.dumps(r) + "\n" for r in rows).encode()))
+    before = load_results(d / "results.csv.gz", require_manifest=False)
+    result = CliRunner().invoke(main, ["compress", str(d), "--significant-digits", "7"])
+    assert result.exit_code == 0, result.output
+    after = load_results(d / "results.csv.gz", require_manifest=False)
+    assert (d / "results.csv.gz").stat().st_size < len(table)
+    assert list(after.columns) == list(before.columns) and len(after) == len(before)
+    for column in before.columns:
+        if before[column].dtype.kind == "f":
+            assert np.allclose(after[column], before[column], rtol=1e-6, equal_nan=True), column
+            whole = before[column].notna() & (before[column] % 1 == 0)
+            assert (after[column][whole] == before[column][whole]).all(), column
+        else:
+            assert after[column].equals(before[column]), column
+    assert after["median_ms"].iloc[0] == 0.235888 and after["median_ms"].iloc[3] == 1.235888
+    line = json.loads(gzip.decompress((d / "sub" / "bench.jsonl.gz").read_bytes()))
+    assert line["ms"] == 0.235888 and line["bytes"] == 68719476736.0 and line["n"] == 3
+    assert line["name"] == "0.123456789" and line["nan"] != line["nan"]
+    assert line["samples"] == [1.972614, 2.0]
+    # a directory with nothing to pack, plain or packed, is refused by name
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    refused = CliRunner().invoke(main, ["compress", str(empty), "--significant-digits", "7"])
+    assert refused.exit_code == 2 and "nor a packed one" in refused.output
+    too_few = CliRunner().invoke(main, ["compress", str(d), "--significant-digits", "3"])
+    assert too_few.exit_code == 2 and "--significant-digits" in too_few.output
+
 def test_every_experiments_sweeps_parse():
     """`experiment run NAME` reads every experiment's sweeps (a data set may be measured by
     another's spec): one spec that cannot be read as data stops them all."""

@@ -1424,7 +1424,12 @@ def fit(results_path, out_dir, as_json):
 @main.command()
 @click.argument("directories", nargs=-1, required=True,
                 type=click.Path(exists=True, file_okay=False))
-def compress(directories):
+@click.option("--significant-digits", "digits", type=click.IntRange(4, 17), default=None,
+              help="Then pack every packed table and record file (results.csv.gz, *.jsonl.gz) "
+                   "again with each float that is not a whole number at this many significant "
+                   "digits (7: what float32 CUDA events and ncu rates hold); whole numbers "
+                   "stay exact, and each line is checked to be within the rounding.")
+def compress(directories, digits):
     """Pack each data directory's plain results.csv as results.csv.gz, its manifest.json as
     manifest.json.gz and its record files (*.jsonl, in subdirectories too) as *.jsonl.gz, the
     form committed data takes (about 8x smaller); the store and the report read either. Each
@@ -1432,15 +1437,19 @@ def compress(directories):
     import gzip
 
     from wavefront.results.store import (
-        MANIFEST_FILE, RESULTS_FILE, SchemaError, compress_manifest, compress_results,
-        gzip_file, load_results, read_manifest, read_results_bytes)
+        COMPRESSED_RESULTS_FILE, MANIFEST_FILE, RESULTS_FILE, SchemaError, compress_manifest,
+        compress_results, gzip_file, load_results, read_manifest, read_results_bytes,
+        repack_significant)
     for directory in directories:
         plain = Path(directory) / RESULTS_FILE
         records = sorted(Path(directory).rglob("*.jsonl"))
         manifests = sorted(Path(directory).rglob(MANIFEST_FILE))
-        if not plain.is_file() and not records and not manifests:
+        packed = [*Path(directory).rglob("*.jsonl.gz"),
+                  *Path(directory).rglob(COMPRESSED_RESULTS_FILE)]
+        if not plain.is_file() and not records and not manifests and not (digits and packed):
             raise click.BadParameter(f"{directory}: no {RESULTS_FILE}, {MANIFEST_FILE} or "
-                                     "*.jsonl record file to compress",
+                                     "*.jsonl record file to compress"
+                                     + (", nor a packed one" if digits else ""),
                                      param_hint="DIRECTORIES")
         for manifest in manifests:
             try:
@@ -1469,6 +1478,16 @@ def compress(directories):
         if read_results_bytes(packed) != text:  # the plain file is gone: say so loudly
             raise click.ClickException(f"{packed}: does not hold the rows it was made from")
         click.echo(f"{packed}: {rows} rows, {len(text)} -> {packed.stat().st_size} bytes")
+    if digits is None:
+        return
+    for directory in directories:
+        for path in sorted([*Path(directory).rglob("*.jsonl.gz"),
+                            *Path(directory).rglob(COMPRESSED_RESULTS_FILE)]):
+            try:
+                before, after = repack_significant(path, digits)
+            except (SchemaError, ValueError) as exc:
+                raise click.ClickException(str(exc)) from None
+            click.echo(f"{path}: at {digits} significant digits, {before} -> {after} bytes")
 
 
 @main.command()

@@ -16,7 +16,7 @@ from wavefront.report import draft, timed
 from wavefront.report.analysis import Study
 from wavefront.report.experiments import discover, draw
 from wavefront.results.progress import peak_rss_mib
-from wavefront.results.store import write_csv_gz
+from wavefront.results.store import round_significant, write_csv_gz
 
 
 def build(data_dir, paper_dir, experiments_dir, log=print) -> dict:
@@ -97,8 +97,9 @@ def _build_into(data_dir, paper_dir: Path, experiments_dir, log) -> dict:
         "claims": [{"text": c.text, "holds": c.holds, "evidence": c.evidence}
                    for c in numbers.claims],
     }
-    # Written without the elapsed time, so regenerating from the same data changes nothing.
-    (paper_dir / "fits.json").write_text(_json_lines(summary))
+    # Written without the elapsed time, so regenerating from the same data changes nothing;
+    # at 7 significant digits, as the data it is computed from are kept.
+    (paper_dir / "fits.json").write_text(_json_lines(round_significant(summary, 7)))
     summary["seconds"] = time.perf_counter() - start
     return summary
 

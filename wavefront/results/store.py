@@ -15,6 +15,7 @@ import fcntl
 import io
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -109,6 +110,102 @@ def write_csv_gz(frame, path, **to_csv) -> Path:
     text = frame.to_csv(index=False, **to_csv).encode()
     path.write_bytes(gzip.compress(text, compresslevel=9, mtime=0))
     return path
+
+
+# Committed data keeps a float to 7 significant digits: CUDA events and Nsight Compute's rates
+# are float32 (about 7 digits), so the digits beyond say nothing measured, and they are most of
+# what gzip cannot pack (`wavefront compress --significant-digits`). Whole numbers (counters,
+# byte and FLOP counts) stay exact.
+_DECIMAL = re.compile(r"-?(?:\d+\.\d*|\.\d+)(?:[eE][-+]?\d+)?|-?\d+[eE][-+]?\d+")
+
+
+def round_significant(value, digits: int):
+    """A JSON value with each float that is not a whole number at `digits` significant
+    digits; whole numbers, NaN, infinities and everything else as they were."""
+    if isinstance(value, float):
+        if value != value or value in (float("inf"), float("-inf")) or value.is_integer():
+            return value
+        return float(f"{value:.{digits}g}")
+    if isinstance(value, dict):
+        return {k: round_significant(v, digits) for k, v in value.items()}
+    if isinstance(value, list):
+        return [round_significant(v, digits) for v in value]
+    return value
+
+
+def _round_cell(cell: str, digits: int) -> str:
+    if not _DECIMAL.fullmatch(cell):
+        return cell
+    value = float(cell)
+    if value.is_integer():
+        return cell
+    shorter = repr(float(f"{value:.{digits}g}"))
+    return shorter if len(shorter) < len(cell) else cell
+
+
+def _close(a: str, b: str, digits: int) -> bool:
+    if a == b:
+        return True
+    try:
+        x, y = float(a), float(b)
+    except ValueError:
+        return False
+    return abs(x - y) <= 10.0 ** (1 - digits) * abs(x)
+
+
+def repack_significant(path, digits: int) -> tuple[int, int]:
+    """A packed data file (`*.jsonl.gz` records or a `results.csv.gz` table) packed again, one
+    gzip member, with every float that is not a whole number at `digits` significant digits.
+    Each line is checked against the old one (the same fields and cells, every number within
+    the rounding) before the file is replaced; -> (bytes before, bytes after)."""
+    import gzip
+    path = Path(path)
+    if not 4 <= digits <= 17:
+        raise ValueError(f"digits: {digits}; expected 4 to 17 significant digits")
+    before = path.stat().st_size
+    text = read_results_bytes(path).decode()
+    if path.name.endswith(".jsonl.gz"):
+        lines = []
+        for number, line in enumerate(text.splitlines(), 1):
+            if not line.strip():
+                continue
+            old = json.loads(line)
+            lines.append(json.dumps(round_significant(old, digits)))
+            if not _same_json(old, json.loads(lines[-1]), digits):
+                raise SchemaError(f"{path}:{number}: a line changed beyond its rounding")
+        packed = "".join(line + "\n" for line in lines)
+    elif path.name.endswith(".csv.gz"):
+        rows = list(csv.reader(io.StringIO(text)))
+        rounded = rows[:1] + [[_round_cell(c, digits) for c in row] for row in rows[1:]]
+        out = io.StringIO()
+        csv.writer(out, lineterminator="\n").writerows(rounded)
+        packed = out.getvalue()
+        read_back = list(csv.reader(io.StringIO(packed)))
+        for number, (row, again) in enumerate(zip(rows, read_back), 1):
+            if len(row) != len(again) or not all(_close(a, b, digits) for a, b in zip(row, again)):
+                raise SchemaError(f"{path}:{number}: a row changed beyond its rounding")
+        if len(read_back) != len(rows):
+            raise SchemaError(f"{path}: {len(rows)} rows became {len(read_back)}")
+    else:
+        raise ValueError(f"path: {path}; expected a packed *.jsonl.gz or *.csv.gz data file")
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".pack-", suffix=".tmp")
+    with os.fdopen(fd, "wb") as f:
+        f.write(gzip.compress(packed.encode(), compresslevel=9, mtime=0))
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    return before, path.stat().st_size
+
+
+def _same_json(old, new, digits: int) -> bool:
+    if isinstance(old, float) and isinstance(new, float):
+        return old == new or (old != old and new != new) or \
+            abs(old - new) <= 10.0 ** (1 - digits) * abs(old)
+    if isinstance(old, dict) and isinstance(new, dict):
+        return old.keys() == new.keys() and all(_same_json(old[k], new[k], digits) for k in old)
+    if isinstance(old, list) and isinstance(new, list):
+        return len(old) == len(new) and all(_same_json(a, b, digits) for a, b in zip(old, new))
+    return type(old) is type(new) and old == new
 
 
 def compress_manifest(directory) -> Path:
