@@ -139,3 +139,34 @@ def test_rounds_time_every_launch_once_and_keep_the_first_calls_host_time(monkey
     assert slow.host_first_us > 3500 and slow.host_us < 0.6 * slow.host_first_us
     assert 900 < even.host_first_us < 2500 and 900 < even.host_us < 2500
     assert len(slow.samples_ms) == 6 and slow.samples_ms[0] > 0 and slow.per_round == 4
+    # one host probe a round, shared by the round's contenders
+    assert len(slow.host_probe_us) == 6 and slow.host_probe_us == even.host_probe_us
+    assert all(0 < p < 1000 for p in slow.host_probe_us)
+
+
+def test_the_host_probe_times_its_task_and_keeps_the_fastest_batch(monkeypatch):
+    """The probe is the task's time per run (a host slowed 1.5x reads 1.5x), and a batch
+    slowed by one interrupt does not count (on a clock the task advances)."""
+    import types
+
+    from wavefront.measure import rounds
+    clock = {"now": 0.0, "runs": 0}
+    monkeypatch.setattr(rounds, "time", types.SimpleNamespace(perf_counter=lambda: clock["now"]))
+
+    def task(seconds):
+        def run(table, keys):
+            clock["runs"] += 1
+            # one run of the third batch is interrupted for 5 ms
+            clock["now"] += seconds + (0.005 if clock["runs"] == 50 else 0.0)
+        return run
+
+    monkeypatch.setattr(rounds, "_probe_task", task(2e-6))
+    assert rounds.host_probe_us(batches=5, calls=20) == pytest.approx(2.0)
+    assert clock["runs"] == 100
+    monkeypatch.setattr(rounds, "_probe_task", task(3e-6))
+    assert rounds.host_probe_us(batches=5, calls=20) == pytest.approx(3.0)
+    # every batch interrupted: the probe says so
+    clock["runs"] = 0
+    monkeypatch.setattr(rounds, "_probe_task",
+                        lambda table, keys: clock.update(now=clock["now"] + 2e-6 + 1e-4))
+    assert rounds.host_probe_us(batches=2, calls=5) == pytest.approx(102.0)

@@ -702,7 +702,9 @@ def bench_varlen(sequences, tokens, longest, lengths, seed, heads, kv_heads, hea
 def bench(points, levers, rounds, per_round, warmup, peers, tuned, api, out_dir, as_json):
     """Schedules x shapes, each shape's schedules and peers (cuDNN, FA2) timed in interleaved
     rounds: median TFLOP/s with a 95% interval, ratios to the peers of the same rounds, NVML
-    clocks and throttled rounds, the L2 state. Exits non-zero if any shape failed."""
+    clocks and throttled rounds, the L2 state, and each round's host speed (a probe: a
+    host-bound call's ratio moves with it). Exits non-zero if any shape failed."""
+    import statistics
     points = [p.replace(**levers) for p in points]
     dev = _require_gpu()
     from wavefront.api import attention as public_attention
@@ -742,6 +744,9 @@ def bench(points, levers, rounds, per_round, warmup, peers, tuned, api, out_dir,
                                  f"{r[f'x_{k}_ci95'][1]:.3f}]" if f"x_{k}" in r else "")
                      for k in ("linear", "grid", "bound")},
                   "host_us": r.get("host_us"), "host_first_us": r.get("host_first_us"),
+                  "probe": (f"{statistics.median(r['host_probe_us']):.2f} "
+                            f"[{min(r['host_probe_us']):.2f}-{max(r['host_probe_us']):.2f}]"
+                            if r.get("host_probe_us") else ""),
                   "throttled": r.get("throttled_rounds"),
                   "status": r.get("error", "ok")[:40]} for r in rows]
         print_table(table, [("contender", "contender", ""), ("S", "S", "d"), ("D", "D", "d"),
@@ -752,6 +757,7 @@ def bench(points, levers, rounds, per_round, warmup, peers, tuned, api, out_dir,
                             ("vs_grid", "vs grid", ""), ("vs_bound", "api vs bound", ""),
                             ("host_us", "host us/call", ".1f"),
                             ("host_first_us", "host us, 1st call", ".1f"),
+                            ("probe", "host probe us [range]", ""),
                             ("throttled", "throttled rounds", "d"), ("status", "status", "")],
                     title=f"\n{dev.name}, B={points[0].batch} H={points[0].heads} "
                           f"{points[0].dtype}: medians of {rounds} "

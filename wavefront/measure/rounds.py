@@ -50,6 +50,10 @@ class RoundsResult:
     # another contender's burst and a synchronisation, where a host-bound call costs most.
     host_first_us: float | None = None
     per_round: int | None = None  # calls between one pair of events (the burst a sample is)
+    # Each round's host speed (`host_probe_us`, the same for every contender of the round): a
+    # host-bound call's ratio is read against it, the GPU hosts' CPUs running ~1.5x slower in
+    # some spells than in others (data/public_call/aec4edd/, f597be2/).
+    host_probe_us: list[float] = field(default_factory=list)
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -59,6 +63,31 @@ def paired_speedup(reference: RoundsResult, other: RoundsResult) -> tuple[float,
     """Speed of `other` relative to `reference` (> 1: faster), paired by round (see
     `results.measurement.paired_ratio`): (median ratio, 95% interval)."""
     return paired_ratio(reference.samples_ms, other.samples_ms)
+
+
+def _probe_task(table: dict, keys: tuple) -> int:
+    # Lookups, calls and small tuples: the kind of work a launch call does on the host.
+    total = 0
+    for key in keys:
+        total += len((table[key], key))
+    return total
+
+
+_PROBE_TABLE = {i: str(i) for i in range(64)}
+_PROBE_KEYS = tuple(range(64))
+
+
+def host_probe_us(batches: int = 5, calls: int = 20) -> float:
+    """How fast the host runs Python now: the fastest of `batches` batches of `calls` runs of
+    a fixed task, in us per run. The fastest,
+    so that an interrupt in one batch does not count; a slow spell slows them all."""
+    best = float("inf")
+    for _ in range(batches):
+        began = time.perf_counter()
+        for _ in range(calls):
+            _probe_task(_PROBE_TABLE, _PROBE_KEYS)
+        best = min(best, time.perf_counter() - began)
+    return best / calls * 1e6
 
 
 def run_rounds(contenders: list[Contender], *, rounds: int = 15, per_round: int = 5,
@@ -83,6 +112,7 @@ def run_rounds(contenders: list[Contender], *, rounds: int = 15, per_round: int 
     host_first = {c.name: [] for c in contenders}
     clocks = {c.name: [] for c in contenders}
     throttled = {c.name: 0 for c in contenders}
+    probes = []
     for _ in range(rounds):
         # One NVML sampler per round: its clocks and throttle reasons are the round's, shared
         # by every contender timed in it (the round is the unit the interleaving protects).
@@ -107,6 +137,7 @@ def run_rounds(contenders: list[Contender], *, rounds: int = 15, per_round: int 
                 stop.synchronize()
                 samples[c.name].append(cupy.cuda.get_elapsed_time(start, stop) / per_round)
             sampler.sample()
+        probes.append(host_probe_us())  # after the round: nothing timed waits on it
         cond = sampler.conditions()
         for c in contenders:
             if cond.sm_clock_mhz is not None:
@@ -122,7 +153,7 @@ def run_rounds(contenders: list[Contender], *, rounds: int = 15, per_round: int 
                                 throttled[c.name], rounds, sm_clock_mhz=clocks[c.name],
                                 host_us=statistics.median(host[c.name]),
                                 host_first_us=statistics.median(host_first[c.name]),
-                                per_round=per_round))
+                                per_round=per_round, host_probe_us=list(probes)))
     return out
 
 
