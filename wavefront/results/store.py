@@ -189,6 +189,7 @@ def repack_significant(path, digits: int) -> tuple[int, int]:
     else:
         raise ValueError(f"path: {path}; expected a packed *.jsonl.gz or *.csv.gz data file")
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".pack-", suffix=".tmp")
+    os.fchmod(fd, os.stat(path).st_mode & 0o777)  # the file's own mode, not mkstemp's 0600
     with os.fdopen(fd, "wb") as f:
         f.write(gzip.compress(packed.encode(), compresslevel=9, mtime=0))
         f.flush()
