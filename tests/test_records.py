@@ -2,6 +2,7 @@
 bad lines refused with their file and line."""
 import gzip
 import json
+from pathlib import Path
 
 import pytest
 
@@ -183,3 +184,35 @@ def test_bench_records_carry_each_contenders_whole_configuration():
     assert by[names[1]]["config"] == tuned.as_dict()
     assert by[API_CONTENDER]["config"] == tuned.as_dict()
     assert "config" not in by["cudnn"]
+
+
+def test_the_public_call_experiment_reads_each_rounds_ratio_against_its_hosts_speed(tmp_path):
+    """`experiments/public_call.py`'s per-round rows: each round's ratio is the bound launch's
+    sample over the call's of the same round, beside the host probe read after that round;
+    records without a probe (before c0ad489) give no rows."""
+    from wavefront.measure.rounds import API_CONTENDER, RoundsResult, bench_records
+    from wavefront.point import Point
+    from wavefront.report.experiments import discover
+    public_call = discover(Path(__file__).parent.parent / "experiments")["public_call"].module
+
+    def result(name, ms, probes):
+        return RoundsResult(name, ms, sorted(ms)[len(ms) // 2], (min(ms), max(ms)), 1.0,
+                            (1.0, 1.0), 0, len(ms), per_round=20, host_probe_us=probes)
+    bound = "persistent+linear [tiles=128x128]"
+    probes = [2.8, 2.8, 5.0, 2.9, 6.0, 2.8, 2.7]
+    call_ms = [0.015, 0.015, 0.02, 0.0149, 0.021, 0.0151, 0.015]
+    shape = Point(schedule="persistent+linear", seqlen=1024, head_dim=64, batch=1, heads=8)
+    folder = tmp_path / "public_call" / "abc1234"
+    folder.mkdir(parents=True)
+    rows = bench_records("NVIDIA H100 80GB HBM3", shape, [
+        result(bound, [0.0148] * 7, probes), result(API_CONTENDER, call_ms, probes)],
+        bound_reference=bound)
+    (folder / "bench_s1k.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    old = [{**r, "host_probe_us": []} for r in rows]  # a run from before the probe
+    (folder / "bench_old.jsonl").write_text("".join(json.dumps(r) + "\n" for r in old))
+    got = public_call.probe_rounds(Study(tmp_path))
+    assert list(got["round"]) == list(range(7)) and set(got["file"]) == {"bench_s1k"}
+    assert list(got["probe us"]) == probes
+    assert list(got["x bound"]) == pytest.approx([0.0148 / ms for ms in call_ms])
+    assert set(got["shape"]) == {"B1 H8 S1k D64"} and set(got["mask"]) == {"full"}
+    assert set(got["per round"]) == {20}

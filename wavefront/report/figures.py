@@ -488,15 +488,35 @@ def untuned_shapes(d: pd.DataFrame):
     return fig
 
 
-def public_call(d: pd.DataFrame, targets: dict, gpus: str):
+def public_call(d: pd.DataFrame, targets: dict, gpus: str, rounds: pd.DataFrame | None = None,
+                rounds_shape: str | None = None):
     """The public call's speed against its bound launcher (paired by round, 95% interval),
     one panel per shape, one point per run (commit, calls per round) in the order measured,
-    per mask; `targets`: shape -> the ratio asked for, drawn dashed."""
+    per mask; `targets`: shape -> the ratio asked for, drawn dashed. `rounds` (one row per
+    round: "probe us", "x bound", "per round", "mask"), where given, adds a panel of each
+    round's ratio against the host's speed after it."""
     shapes = list(dict.fromkeys(d["shape"]))
     masks = {"full": "tab:blue", "causal": "tab:orange"}
+    probed = rounds is not None and len(rounds) > 0
     with style():
-        fig, axes = plt.subplots(1, len(shapes), figsize=(6.2 * len(shapes), 4.4),
-                                 squeeze=False)
+        fig, axes = plt.subplots(1, len(shapes) + probed,
+                                 figsize=(6.2 * (len(shapes) + probed), 4.4), squeeze=False)
+        if probed:
+            ax = axes[0][-1]
+            for mask, color in masks.items():
+                for per_round, marker in ((20, "o"), (5, "x")):
+                    m = rounds[(rounds["mask"] == mask) & (rounds["per round"] == per_round)]
+                    if len(m):
+                        ax.scatter(m["probe us"], m["x bound"], s=12, marker=marker,
+                                   color=color, alpha=0.7,
+                                   label=f"{mask}, {per_round} calls a round")
+            ax.axhline(targets[rounds_shape], color="k", ls="--", lw=1)
+            ax.axhline(1.0, color="gray", ls=":", lw=1)
+            ax.set_xlabel("host probe after the round (us per run of a fixed Python task;\n"
+                          "higher: a slower host)")
+            ax.set_ylabel("public call vs bound launch, per round", fontsize=9)
+            ax.set_title(f"{rounds_shape}: each round against its host's speed", fontsize=9)
+            ax.legend(fontsize=7, loc="lower left")
         for ax, shape in zip(axes[0], shapes):
             sub = d[d["shape"] == shape]
             runs = list(dict.fromkeys(sub["run"]))
