@@ -422,6 +422,48 @@ def test_a_cupy_call_on_its_current_stream_is_noted_there(causal):
     cupy.cuda.Device().synchronize()
 
 
+@pytest.mark.parametrize("causal", [False, True])
+def test_the_plain_cupy_calls_own_launch_is_the_whole_ways_bit_for_bit(causal):
+    """On CuPy arrays too, once prepared, the plain call launches in one frame
+    (`_launch_plain_cupy`): bit for bit the whole way's output, each output's memory freed NaN
+    just before; inside `with side:` it is right there and noted on `side`'s handle."""
+    import cupy
+
+    import wavefront
+    from wavefront.kernel import launcher as kernel_launcher
+    kernel_launcher.clear_launcher_cache()
+    q, k, v = (cupy.from_dlpack(x) for x in _inputs(91, batch=1, heads=8, kv_heads=8,
+                                                   seqlen=1024))
+    ref = _reference(*(torch.from_dlpack(x) for x in (q, k, v)), causal)
+    for _ in range(kernel_launcher.PREPARE_AFTER_LAUNCHES + 1):
+        wavefront.attention(q, k, v, causal=causal)
+    (launcher,) = kernel_launcher._plain_launchers.values()
+    assert launcher.plain_ready, launcher.prepare_failure
+    assert launcher.launch_plain.__func__ is kernel_launcher.AttentionLauncher._launch_plain_cupy
+    outs = []
+    for way in ("plain", "whole"):
+        cupy.full_like(q, float("nan"))  # freed at once: the next output's block
+        outs.append(wavefront.attention(q, k, v, causal=causal) if way == "plain" else
+                    kernel_launcher._launch_call(launcher, q, k, v, None, None))
+        cupy.cuda.Device().synchronize()
+    assert _error(torch.from_dlpack(outs[0]), ref) < TOLERANCE
+    assert bool((outs[0].view(cupy.int16) == outs[1].view(cupy.int16)).all())
+    side = cupy.cuda.Stream(non_blocking=True)
+    cupy.cuda.Device().synchronize()
+    for _ in range(kernel_launcher.PREPARE_AFTER_LAUNCHES + 2):
+        with side:
+            on_side = wavefront.attention(q, k, v, causal=causal)
+    side.synchronize()
+    assert bool((on_side.view(cupy.int16) == outs[0].view(cupy.int16)).all())
+    noted = {handle for own in (launcher, *launcher._streams.values())
+             for handle in own._last_launch_on}
+    assert noted == {side.ptr}
+    del side, on_side
+    gc.collect()
+    kernel_launcher.clear_launcher_cache()
+    gc.collect()
+    cupy.cuda.Device().synchronize()
+
 @pytest.mark.parametrize("schedule,causal", [(None, True), ("dynamic+linear", False),
                                              ("persistent+tiled", False)])
 def test_two_streams_at_once_keep_their_own_work(schedule, causal, on_two_streams_at_once):

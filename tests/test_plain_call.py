@@ -191,3 +191,64 @@ def test_launch_plain_launches_the_addresses_in_parameter_order(monkeypatch):
     launcher._lse_argument = "lse stand-in"
     out = launcher.launch_plain(q, k, v)
     assert jit == [(7, (3, 1, 1), "kernel", (q, k, v, out, "lse stand-in", "bound"))]
+
+
+class FakeCupyBuffer(FakeCupyArray):
+    """A CuPy array as `_launch_plain_cupy` reads it: its address in `data.ptr`."""
+
+    def __init__(self, ptr):
+        super().__init__((1, 1, 8, 64))
+        self.data.ptr = ptr
+
+
+class FakeEvent:
+    ptr = 0xE0
+
+
+def _ready_cupy_launcher(stream=7, **kwargs):
+    launcher = _ready_launcher(stream=stream, **kwargs)
+    launcher.launch_plain = launcher._launch_plain_cupy
+    launcher.new_output = lambda q: FakeCupyBuffer(0x5000)
+    launcher._last_launch_on, launcher.recorded, launcher.noted = {}, [], []
+    launcher._record_event = lambda event, handle: launcher.recorded.append((event, handle))
+    launcher._note_launch_on = lambda handle: (
+        launcher.noted.append(handle),
+        launcher._last_launch_on.setdefault(handle, FakeEvent()))
+    return launcher
+
+
+@pytest.mark.parametrize("why", ["another stream", "table still building", "capturing"])
+def test_the_cupy_plain_launch_goes_the_whole_way_for_what_it_leaves_out(why, monkeypatch):
+    whole = []
+    monkeypatch.setattr(L, "_launch_call", lambda *args: whole.append(args) or "whole")
+    launcher = _ready_cupy_launcher(**{"another stream": {"launched_on": (3,)},
+                                       "table still building": {"table_built": object()},
+                                       "capturing": {"capturing": True}}[why])
+    q = FakeCupyBuffer(0x1000)
+    assert launcher.launch_plain(q, q, q) == "whole"
+    assert whole == [(launcher, q, q, q, None, None)] and not launcher._prepared.launched
+    assert not launcher.noted and not launcher.recorded
+
+
+def test_the_cupy_plain_launch_reads_cupys_addresses_and_notes_its_stream(monkeypatch):
+    """CuPy arrays' addresses (`data.ptr`) in parameter order; the launch noted on its stream:
+    the first time through `_note_launch_on` (which makes the stream's event), then by
+    recording that event; on the null stream, never (CuPy does not destroy it)."""
+    monkeypatch.setattr(L, "_launch_call", lambda *args: pytest.fail("went the whole way"))
+    q, k, v = FakeCupyBuffer(0x1000), FakeCupyBuffer(0x2000), FakeCupyBuffer(0x3000)
+    launcher = _ready_cupy_launcher(stream=7)
+    first, second = launcher.launch_plain(q, k, v), launcher.launch_plain(q, k, v)
+    assert first.data.ptr == second.data.ptr == 0x5000
+    assert launcher._prepared.launched == [(7, (0x1000, 0x2000, 0x3000, 0x5000, 0xABC00))] * 2
+    assert launcher.noted == [7] and launcher.recorded == [(FakeEvent.ptr, 7)]
+    null = _ready_cupy_launcher(stream=0, launched_on=(0,))
+    null.launch_plain(q, k, v)
+    assert null._prepared.launched and not null.noted and not null.recorded
+    jit = []
+    monkeypatch.setattr(L.ct, "launch", lambda *args: jit.append(args))
+    misaligned = _ready_cupy_launcher(fits=False)
+    misaligned.grid, misaligned.kernel, misaligned._bound_args = (3, 1, 1), "kernel", ("b",)
+    misaligned._lse_argument = "lse stand-in"
+    out = misaligned.launch_plain(q, k, v)
+    assert jit == [(7, (3, 1, 1), "kernel", (q, k, v, out, "lse stand-in", "b"))]
+    assert misaligned.noted == [7]
