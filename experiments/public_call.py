@@ -275,7 +275,9 @@ def section(study) -> Section:
     many = {k: r[r["per round"] >= 20] for k, r in (("usual", usual), ("slow", slow))}
     few = {k: r[r["per round"] == DEFAULT_PER_ROUND] for k, r in (("usual", usual),
                                                                    ("slow", slow))}
-    s.claim(f"Since {probed['commit'].iloc[0] if len(probed) else '-'} the bench reads the "
+    dates = _measured_on(study)
+    first_probed = min(set(probed["commit"]), key=lambda c: dates.get(c, ""), default="-")
+    s.claim(f"Since {first_probed} the bench reads the "
             "host's speed after each round (`host_probe_us`: a fixed Python task, the fastest "
             f"of five batches), so each round's ratio can be read against its host. Over "
             f"{len(probed)} rounds of {len(probed[['commit', 'file']].drop_duplicates())} runs at "
