@@ -6,6 +6,7 @@ import threading
 import pytest
 
 from wavefront.measure import conditions
+from wavefront.measure import rounds as rounds_module
 
 
 class FakeNvml:
@@ -142,6 +143,27 @@ def test_rounds_time_every_launch_once_and_keep_the_first_calls_host_time(monkey
     # one host probe a round, shared by the round's contenders
     assert len(slow.host_probe_us) == 6 and slow.host_probe_us == even.host_probe_us
     assert all(0 < p < 1000 for p in slow.host_probe_us)
+    # and the host's stolen and whole CPU time over each round, where /proc/stat is readable
+    if rounds_module.cpu_jiffies() is not None:
+        assert len(slow.host_cpu_jiffies) == 6 and slow.host_cpu_jiffies == even.host_cpu_jiffies
+        assert all(0 <= stolen <= total for stolen, total in slow.host_cpu_jiffies)
+
+
+def test_the_hosts_stolen_cpu_time_is_read_from_proc_stat(tmp_path):
+    """The steal field and the sum of the first eight of /proc/stat's "cpu" line (guest time
+    is inside user and nice already); None for a file that is not one."""
+    from wavefront.cli import _steal_share
+    stat = tmp_path / "stat"
+    stat.write_text("cpu  855284 0 95402 1247609 4171 0 674 350 7 0\n"
+                    "cpu0 231052 0 23350 844613 1181 0 126 151 0 0\n")
+    assert rounds_module.cpu_jiffies(str(stat)) == (350, 855284 + 95402 + 1247609 + 4171 + 674
+                                                     + 350)
+    for text in ("cpu0 1 2 3 4 5 6 7 8\n", "cpu 1 2 3\n", "cpu a b c d e f g h\n", ""):
+        stat.write_text(text)
+        assert rounds_module.cpu_jiffies(str(stat)) is None, text
+    assert rounds_module.cpu_jiffies(str(tmp_path / "absent")) is None
+    assert _steal_share([[1, 100], [3, 100]]) == "2.0"
+    assert _steal_share([]) == "" and _steal_share(None) == "" and _steal_share([[0, 0]]) == ""
 
 
 def test_the_host_probe_times_its_task_and_keeps_the_fastest_batch(monkeypatch):

@@ -747,6 +747,7 @@ def bench(points, levers, rounds, per_round, warmup, peers, tuned, api, out_dir,
                   "probe": (f"{statistics.median(r['host_probe_us']):.2f} "
                             f"[{min(r['host_probe_us']):.2f}-{max(r['host_probe_us']):.2f}]"
                             if r.get("host_probe_us") else ""),
+                  "steal": _steal_share(r.get("host_cpu_jiffies")),
                   "throttled": r.get("throttled_rounds"),
                   "status": r.get("error", "ok")[:40]} for r in rows]
         print_table(table, [("contender", "contender", ""), ("S", "S", "d"), ("D", "D", "d"),
@@ -758,6 +759,7 @@ def bench(points, levers, rounds, per_round, warmup, peers, tuned, api, out_dir,
                             ("host_us", "host us/call", ".1f"),
                             ("host_first_us", "host us, 1st call", ".1f"),
                             ("probe", "host probe us [range]", ""),
+                            ("steal", "CPU stolen %", ""),
                             ("throttled", "throttled rounds", "d"), ("status", "status", "")],
                     title=f"\n{dev.name}, B={points[0].batch} H={points[0].heads} "
                           f"{points[0].dtype}: medians of {rounds} "
@@ -765,6 +767,14 @@ def bench(points, levers, rounds, per_round, warmup, peers, tuned, api, out_dir,
                           "against peers of the same rounds; L2 cold by rotation")
     if failed:
         sys.exit(1)
+
+
+def _steal_share(jiffies) -> str:
+    """'1.2' (% of the host's CPU time stolen over the rounds), '' where not recorded."""
+    if not jiffies:
+        return ""
+    stolen, total = (sum(j[i] for j in jiffies) for i in (0, 1))
+    return f"{100 * stolen / total:.1f}" if total else ""
 
 
 @main.command()

@@ -54,6 +54,10 @@ class RoundsResult:
     # host-bound call's ratio is read against it, the GPU hosts' CPUs running ~1.5x slower in
     # some spells than in others (data/public_call/aec4edd/, f597be2/).
     host_probe_us: list[float] = field(default_factory=list)
+    # Each round's [stolen, all] CPU time of the host in jiffies (/proc/stat, every CPU; empty
+    # where unreadable): how much of the round the hypervisor ran something else on the
+    # host's virtual CPUs, to tell a slow spell of stolen time from one of slower CPUs.
+    host_cpu_jiffies: list[list[int]] = field(default_factory=list)
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -75,6 +79,21 @@ def _probe_task(table: dict, keys: tuple) -> int:
 
 _PROBE_TABLE = {i: str(i) for i in range(64)}
 _PROBE_KEYS = tuple(range(64))
+
+
+def cpu_jiffies(stat_path: str = "/proc/stat") -> tuple[int, int] | None:
+    """(stolen, all) CPU time of the host so far, in jiffies, over every CPU: the steal field
+    of /proc/stat's "cpu" line and the sum of its first eight (user, nice, system, idle,
+    iowait, irq, softirq, steal). None where it cannot be read (not Linux)."""
+    try:
+        with open(stat_path) as f:
+            fields = f.readline().split()
+        values = [int(x) for x in fields[1:9]]
+    except (OSError, ValueError):
+        return None
+    if fields[:1] != ["cpu"] or len(values) < 8:
+        return None
+    return values[7], sum(values)
 
 
 def host_probe_us(batches: int = 5, calls: int = 20) -> float:
@@ -113,8 +132,9 @@ def run_rounds(contenders: list[Contender], *, rounds: int = 15, per_round: int 
     host_first = {c.name: [] for c in contenders}
     clocks = {c.name: [] for c in contenders}
     throttled = {c.name: 0 for c in contenders}
-    probes = []
+    probes, jiffies = [], []
     for _ in range(rounds):
+        at_start = cpu_jiffies()
         # One NVML sampler per round: its clocks and throttle reasons are the round's, shared
         # by every contender timed in it (the round is the unit the interleaving protects).
         # It samples once, after the round, from this thread, with NVML set up once per
@@ -138,6 +158,9 @@ def run_rounds(contenders: list[Contender], *, rounds: int = 15, per_round: int 
                 stop.synchronize()
                 samples[c.name].append(cupy.cuda.get_elapsed_time(start, stop) / per_round)
             sampler.sample()
+        at_end = cpu_jiffies()
+        if at_start is not None and at_end is not None:
+            jiffies.append([at_end[0] - at_start[0], at_end[1] - at_start[1]])
         probes.append(host_probe_us())  # after the round: nothing timed waits on it
         cond = sampler.conditions()
         for c in contenders:
@@ -154,7 +177,8 @@ def run_rounds(contenders: list[Contender], *, rounds: int = 15, per_round: int 
                                 throttled[c.name], rounds, sm_clock_mhz=clocks[c.name],
                                 host_us=statistics.median(host[c.name]),
                                 host_first_us=statistics.median(host_first[c.name]),
-                                per_round=per_round, host_probe_us=list(probes)))
+                                per_round=per_round, host_probe_us=list(probes),
+                                host_cpu_jiffies=[list(j) for j in jiffies]))
     return out
 
 
