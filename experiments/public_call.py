@@ -146,15 +146,19 @@ def probe_rounds(study) -> pd.DataFrame:
             bound = by.get((run, name, api.get("bound")))
             if contender != "api" or bound is None or not api.get("host_probe_us"):
                 continue
-            for i, (call_ms, bound_ms, probe) in enumerate(zip(
-                    api["samples_ms"], bound["samples_ms"], api["host_probe_us"])):
+            # the host's stolen and whole CPU time over each round (since c77ab39)
+            jiffies = api.get("host_cpu_jiffies") or [[None, None]] * len(api["samples_ms"])
+            for i, (call_ms, bound_ms, probe, (stolen, cpu)) in enumerate(zip(
+                    api["samples_ms"], bound["samples_ms"], api["host_probe_us"], jiffies)):
                 out.append({"commit": commit, "file": file, "GPU": api["gpu"],
                             "shape": name.removesuffix(" causal"),
                             "mask": "causal" if api["shape"]["causal"] else "full",
                             "per round": _per_round(api, file), "round": i,
-                            "probe us": probe, "x bound": bound_ms / call_ms})
+                            "probe us": probe, "x bound": bound_ms / call_ms,
+                            "stolen jiffies": stolen, "jiffies": cpu})
     return pd.DataFrame(out, columns=["commit", "file", "GPU", "shape", "mask", "per round",
-                                      "round", "probe us", "x bound"])
+                                      "round", "probe us", "x bound", "stolen jiffies",
+                                      "jiffies"])
 
 
 # A round's host is at its usual speed where the probe reads within 15% of the fastest probe
@@ -235,13 +239,21 @@ def section(study) -> Section:
     margin = long_rounds["bound us"] - long_rounds["call host us"]
     rho = float(spearmanr(margin, long_rounds["x bound"]).statistic) if len(margin) > 2 else 0.0
     short_of = bound_by_host[bound_by_host["x bound"] >= TARGETS[SHORT]]
+    # a run's median host time can sit below the kernel's while some of its rounds ran on a
+    # slow host (the per-round claim below reads each round against the host's speed)
+    slack_short = slack[slack["x bound"] < TARGETS[SHORT]]
     s.claim(f"With 20 or more calls a round, the ratio follows the margin between the bound "
             f"launch's time per call on the GPU (between events, same rounds) and the call's "
             f"host time per call: Spearman's rank correlation {rho:.2f} over the "
             f"{len(long_rounds)} such runs that recorded both. The {len(slack)} runs with a "
             f"margin ({span(slack['call host us'], '.1f')} us against "
             f"{span(slack['bound us'], '.1f')} us) ran at {span(slack['x bound'], '.3f')}x, "
-            f"all at or above {TARGETS[SHORT]:g}; of the {len(bound_by_host)} without "
+            + (f"all at or above {TARGETS[SHORT]:g}" if len(slack_short) == 0 else
+               f"{len(slack) - len(slack_short)} at or above {TARGETS[SHORT]:g} (not: "
+               + ", ".join(f"{r['run']} {r['mask']}: {r['x bound']:.3f} at "
+                           f"{r['bound us'] - r['call host us']:.2f} us of margin"
+                           for _, r in slack_short.iterrows()) + ")")
+            + f"; of the {len(bound_by_host)} without "
             f"({span(bound_by_host['call host us'], '.0f')} us against "
             f"{span(bound_by_host['bound us'], '.0f')} us, "
             f"{span(bound_by_host['x bound'], '.3f')}x), "
@@ -260,14 +272,15 @@ def section(study) -> Section:
             f"first call, {span(five_firsts['call host us, 1st'], '.0f')} us of host time "
             "where recorded, weighs on a fifth of it.",
             len(slack) > 0 and len(bound_by_host) > 0 and len(five) > 0 and rho >= 0.8
-            and bool((slack["x bound"] >= TARGETS[SHORT]).all())
-            and len(five_met) < len(five),
+            and len(slack_short) <= 0.1 * len(slack) and len(five_met) < len(five),
             _evidence(timed, "per round", "call host us", "bound us", "x bound"))
     probed = probe_rounds(study)
     probed = probed[probed["shape"] == SHORT]
     fastest = probed["probe us"].min()
     usual = probed[probed["probe us"] <= USUAL_PROBE * fastest]
     slow = probed[probed["probe us"] >= SLOW_PROBE * fastest]
+
+    counted = slow.dropna(subset=["jiffies"])
 
     def share(r: pd.DataFrame) -> str:
         return (f"median {r['x bound'].median():.3f}x, {int((r['x bound'] >= TARGETS[SHORT]).sum())}"
@@ -288,10 +301,17 @@ def section(study) -> Section:
             f"({span(many['slow']['probe us'], '.1f')} us), {share(many['slow'])}. With 5 "
             f"calls a round: {share(few['usual'])} at the usual speed"
             + (f", {share(few['slow'])} slow." if len(few["slow"]) else ".")
-            + " Round by round, the host's speed decides the S1k ratio.",
+            + " Round by round, the host's speed decides the S1k ratio."
+            + (f" The slow rounds that recorded the host's CPU time ({len(counted)}, since "
+               f"{min(set(counted['commit']), key=lambda c: dates.get(c, ''))}) lost "
+               f"{int(counted['stolen jiffies'].sum())} of {int(counted['jiffies'].sum())} "
+               "jiffies of it, over every CPU, to the hypervisor: the slow spells are slower "
+               "CPUs (the host is a KVM guest), not stolen time." if len(counted) else ""),
             len(many["usual"]) > 0 and len(many["slow"]) > 0
             and many["usual"]["x bound"].median() >= TARGETS[SHORT]
-            and many["slow"]["x bound"].median() < TARGETS[SHORT],
+            and many["slow"]["x bound"].median() < TARGETS[SHORT]
+            and (len(counted) == 0
+                 or counted["stolen jiffies"].sum() < 0.01 * counted["jiffies"].sum()),
             {f"{k}, {n} a round": (len(r), round(float(r["x bound"].median()), 3))
              for n, groups in ((20, many), (5, few)) for k, r in groups.items() if len(r)})
     firsts = d.dropna(subset=["call host us, 1st"])
