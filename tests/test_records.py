@@ -216,3 +216,20 @@ def test_the_public_call_experiment_reads_each_rounds_ratio_against_its_hosts_sp
     assert list(got["x bound"]) == pytest.approx([0.0148 / ms for ms in call_ms])
     assert set(got["shape"]) == {"B1 H8 S1k D64"} and set(got["mask"]) == {"full"}
     assert set(got["per round"]) == {20}
+
+
+def test_the_bench_names_the_shapes_whose_rounds_ran_on_a_slow_host():
+    """A shape's rounds whose host probe read 1.4x the bench's fastest or more are counted
+    once per shape (its contenders share the rounds); a bench without probes, or without a
+    slow round, names none."""
+    from wavefront.measure.rounds import slow_host_rounds
+    full = {"seqlen": 1024, "causal": False}
+    causal = {"seqlen": 1024, "causal": True}
+    records = [{"shape": full, "contender": c, "host_probe_us": [2.8, 2.8, 5.0, 3.9, 4.0]}
+               for c in ("api", "cudnn")]
+    records += [{"shape": causal, "contender": c, "host_probe_us": [2.9, 3.0, 3.1, 3.0, 2.8]}
+                for c in ("api", "cudnn")]
+    assert slow_host_rounds(records) == [(full, 2, 5)]  # 5.0 and 4.0 >= 1.4 x 2.8 (3.92)
+    assert slow_host_rounds([{**r, "host_probe_us": []} for r in records]) == []
+    assert slow_host_rounds([r for r in records if r["shape"] is causal]) == []
+    assert slow_host_rounds([{"shape": full, "error": "failed"}]) == []

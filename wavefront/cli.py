@@ -708,7 +708,8 @@ def bench(points, levers, rounds, per_round, warmup, peers, tuned, api, out_dir,
     points = [p.replace(**levers) for p in points]
     dev = _require_gpu()
     from wavefront.api import attention as public_attention
-    from wavefront.measure.rounds import bench_records, bench_shapes, run_rounds, shape_contenders
+    from wavefront.measure.rounds import (SLOW_HOST, bench_records, bench_shapes, run_rounds,
+                                          shape_contenders, slow_host_rounds)
     shapes, bound_of_api = bench_shapes(points, dev.name, tuned=tuned, api=api,
                                         log=lambda m: click.echo(m, err=True))
     rows, failed = [], 0
@@ -765,6 +766,11 @@ def bench(points, levers, rounds, per_round, warmup, peers, tuned, api, out_dir,
                           f"{points[0].dtype}: medians of {rounds} "
                           f"interleaved rounds x {per_round} launches, useful FLOPs; ratios "
                           "against peers of the same rounds; L2 cold by rotation")
+    for shape, slow, of in slow_host_rounds(rows):
+        click.echo(f"S={shape['seqlen']} D={shape['head_dim']} causal={shape['causal']}: the "
+                   f"host ran slow in {slow} of {of} rounds (its probe {SLOW_HOST:g}x its "
+                   "fastest or more): a host-bound contender (the api at short shapes) reads "
+                   "low there", err=True)
     if failed:
         sys.exit(1)
 

@@ -110,6 +110,29 @@ def host_probe_us(batches: int = 5, calls: int = 20) -> float:
     return best / calls * 1e6
 
 
+# A round ran on a slow host where its probe read this many times the fastest probe of the
+# bench (the GPU hosts' slow spells: 1.4-2.5x, data/public_call/c0ad489/, 96d7c1a/).
+SLOW_HOST = 1.4
+
+
+def slow_host_rounds(records: list[dict]) -> list[tuple[dict, int, int]]:
+    """Per shape of one bench's records (each contender of a shape shares its rounds'
+    probes), (shape, rounds whose host probe read SLOW_HOST times the bench's fastest or
+    more, rounds), for the shapes with any. A bench that ran slow throughout has no fast
+    probe to compare with, and shows nothing."""
+    by_shape: dict = {}
+    for r in records:
+        if r.get("host_probe_us"):
+            by_shape.setdefault(repr(r["shape"]), (r["shape"], r["host_probe_us"]))
+    probes = [p for _, shape_probes in by_shape.values() for p in shape_probes]
+    if not probes:
+        return []
+    limit = SLOW_HOST * min(probes)
+    counts = [(shape, sum(p >= limit for p in shape_probes), len(shape_probes))
+              for shape, shape_probes in by_shape.values()]
+    return [c for c in counts if c[1]]
+
+
 def run_rounds(contenders: list[Contender], *, rounds: int = 15, per_round: int = 5,
                warmup: int = 3, seed: int = 0, stream=None) -> list[RoundsResult]:
     import cupy
