@@ -1466,9 +1466,10 @@ def compress(directories, digits):
         plain = Path(directory) / RESULTS_FILE
         records = sorted(Path(directory).rglob("*.jsonl"))
         manifests = sorted(Path(directory).rglob(MANIFEST_FILE))
-        packed = [*Path(directory).rglob("*.jsonl.gz"),
-                  *Path(directory).rglob(COMPRESSED_RESULTS_FILE)]
-        if not plain.is_file() and not records and not manifests and not (digits and packed):
+        packed_files = [*Path(directory).rglob("*.jsonl.gz"),
+                        *Path(directory).rglob(COMPRESSED_RESULTS_FILE)]
+        if not plain.is_file() and not records and not manifests and not (
+                digits and packed_files):
             raise click.BadParameter(f"{directory}: no {RESULTS_FILE}, {MANIFEST_FILE} or "
                                      "*.jsonl record file to compress"
                                      + (", nor a packed one" if digits else ""),

@@ -182,8 +182,8 @@ def run_rounds(contenders: list[Contender], *, rounds: int = 15, per_round: int 
                 samples[c.name].append(cupy.cuda.get_elapsed_time(start, stop) / per_round)
             sampler.sample()
         at_end = cpu_jiffies()
-        if at_start is not None and at_end is not None:
-            jiffies.append([at_end[0] - at_start[0], at_end[1] - at_start[1]])
+        jiffies.append(None if at_start is None or at_end is None else
+                       [at_end[0] - at_start[0], at_end[1] - at_start[1]])
         probes.append(host_probe_us())  # after the round: nothing timed waits on it
         cond = sampler.conditions()
         for c in contenders:
@@ -201,7 +201,9 @@ def run_rounds(contenders: list[Contender], *, rounds: int = 15, per_round: int 
                                 host_us=statistics.median(host[c.name]),
                                 host_first_us=statistics.median(host_first[c.name]),
                                 per_round=per_round, host_probe_us=list(probes),
-                                host_cpu_jiffies=[list(j) for j in jiffies]))
+                                # every round's or none: a list is read beside the rounds
+                                host_cpu_jiffies=([] if None in jiffies else
+                                                  [list(j) for j in jiffies])))
     return out
 
 

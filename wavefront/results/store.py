@@ -93,14 +93,22 @@ def gzip_file(plain, target=None) -> Path:
     import gzip
     plain = Path(plain)
     target = Path(target) if target else plain.with_name(plain.name + ".gz")
-    fd, tmp = tempfile.mkstemp(dir=plain.parent, prefix=".pack-", suffix=".tmp")
+    _write_packed(target, gzip.compress(plain.read_bytes(), compresslevel=9, mtime=0),
+                  os.stat(plain).st_mode & 0o777)
+    plain.unlink()
+    return target
+
+
+def _write_packed(target: Path, data: bytes, mode: int) -> None:
+    """`data` as `target`, with file mode `mode`, through a temporary file beside it (a crash
+    leaves the old file or the new one, never half of one)."""
+    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=".pack-", suffix=".tmp")
+    os.fchmod(fd, mode)  # not mkstemp's 0600
     with os.fdopen(fd, "wb") as f:
-        f.write(gzip.compress(plain.read_bytes(), compresslevel=9, mtime=0))
+        f.write(data)
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, target)
-    plain.unlink()
-    return target
 
 
 def write_csv_gz(frame, path, **to_csv) -> Path:
@@ -143,14 +151,18 @@ def _round_cell(cell: str, digits: int) -> str:
     return shorter if len(shorter) < len(cell) else cell
 
 
+def _within_rounding(old: float, new: float, digits: int) -> bool:
+    return old == new or (old != old and new != new) or \
+        abs(old - new) <= 10.0 ** (1 - digits) * abs(old)
+
+
 def _close(a: str, b: str, digits: int) -> bool:
     if a == b:
         return True
     try:
-        x, y = float(a), float(b)
+        return _within_rounding(float(a), float(b), digits)
     except ValueError:
         return False
-    return abs(x - y) <= 10.0 ** (1 - digits) * abs(x)
 
 
 def repack_significant(path, digits: int) -> tuple[int, int]:
@@ -188,20 +200,14 @@ def repack_significant(path, digits: int) -> tuple[int, int]:
             raise SchemaError(f"{path}: {len(rows)} rows became {len(read_back)}")
     else:
         raise ValueError(f"path: {path}; expected a packed *.jsonl.gz or *.csv.gz data file")
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".pack-", suffix=".tmp")
-    os.fchmod(fd, os.stat(path).st_mode & 0o777)  # the file's own mode, not mkstemp's 0600
-    with os.fdopen(fd, "wb") as f:
-        f.write(gzip.compress(packed.encode(), compresslevel=9, mtime=0))
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    _write_packed(path, gzip.compress(packed.encode(), compresslevel=9, mtime=0),
+                  os.stat(path).st_mode & 0o777)
     return before, path.stat().st_size
 
 
 def _same_json(old, new, digits: int) -> bool:
     if isinstance(old, float) and isinstance(new, float):
-        return old == new or (old != old and new != new) or \
-            abs(old - new) <= 10.0 ** (1 - digits) * abs(old)
+        return _within_rounding(old, new, digits)
     if isinstance(old, dict) and isinstance(new, dict):
         return old.keys() == new.keys() and all(_same_json(old[k], new[k], digits) for k in old)
     if isinstance(old, list) and isinstance(new, list):
