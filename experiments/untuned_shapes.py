@@ -15,14 +15,15 @@ SDPA. Ratios are paired by round, with 95% intervals.
 """
 import pandas as pd
 
-from wavefront.kernel.tuning import CONFIG_FIELDS, entry_key, entry_shapes, tuned_entry
+from wavefront.kernel.tuning import (CONFIG_FIELDS, entry_key, entry_shapes, ranked_entries,
+                                     tuned_entry)
 from wavefront.point import KERNEL_LEVERS
 from wavefront.report import figures
 from wavefront.report.draft import Section, md_table, wrap
 from wavefront.report.experiments import run_as_script
 from wavefront.report.figures import short_gpu
-from wavefront.results.measurement import paired_ratio
-from wavefront.results.records import BENCH_RECORDS, by_shape
+from wavefront.results.measurement import PEER_NAMES, paired_ratio
+from wavefront.results.records import BENCH_RECORDS, by_shape, shape_name
 
 DATASETS = ()
 RECORDS = ("untuned_shapes",)
@@ -158,6 +159,39 @@ def tuned_shapes(gpu: str) -> list[str]:
             for b, h, kv, s in entry_shapes(gpu)]
 
 
+# data/untuned_shapes/tie_s4k/: a held-out shape equally near two of the H100's entries, each
+# entry's configuration timed beside the one the call resolved to (one bench, same rounds):
+#   wavefront bench --batch 1 --heads 32 --seqlen 4096 --head-dim 64 --no-causal \
+#       --schedule persistent+linear,grouped_dynamic+linear --tile 128x128 --occupancy 2 \
+#       --worker-warps 8 --tuned --api --rounds 15
+TIE = "untuned_shapes/tie_s4k"
+
+
+def tie_rows(study) -> pd.DataFrame:
+    """Per contender of the tie's bench (ours and the public call): its configuration, speed
+    against cuDNN paired by round, and the tuned entries whose configuration it is, with their
+    distance to the shape (`wavefront.kernel.tuning.ranked_entries`)."""
+    out = []
+    for records in study.records(BENCH_RECORDS, TIE).values():
+        for (gpu, _), by in by_shape(records, per_gpu=True).items():
+            api, first = by["api"], by["api"]["shape"]
+            ranked = ranked_entries(gpu, first["head_dim"], first["causal"], _tuple(first))
+            for name, r in by.items():
+                if name in PEER_NAMES:
+                    continue
+                config = by[api["bound"]]["config"] if name == API else r["config"]
+                entries = [f"{key} ({distance:g})" for distance, key, _, entry in ranked
+                           if all(entry.get(f, KERNEL_LEVERS.get(f)) == config.get(f)
+                                  for f in CONFIG_FIELDS)]
+                x, lo, hi = paired_ratio(by["cudnn"]["samples_ms"], r["samples_ms"])
+                out.append({"GPU": short_gpu(gpu), "shape": shape_name(first),
+                            "contender": name, "resolved to": name == api["bound"],
+                            "entries (distance)": ", ".join(entries) or "-",
+                            "x cudnn": x, "lo": lo, "hi": hi,
+                            "distances": [d for d, *_ in ranked]})
+    return pd.DataFrame(out)
+
+
 def section(study) -> Section:
     s = Section()
     d = rows(study)
@@ -247,6 +281,31 @@ def section(study) -> Section:
         "(bound), the plain default and the peers, in the same interleaved rounds "
         f"({gpus}, bf16, 15 rounds x 5 launches; ratios paired by round, 95% intervals; "
         f"today's table: {tables}):")
+    tie = tie_rows(study)
+    tie_text = ""
+    if len(tie):
+        resolved = tie[tie["resolved to"]].iloc[0]
+        others = tie[(tie["contender"] != API) & ~tie["resolved to"]
+                     & (tie["entries (distance)"] != "-")]
+        best = others.loc[others["x cudnn"].idxmax()]
+        distances = tie["distances"].iloc[0]
+        s.claim(f"At {resolved['shape']} ({resolved['GPU']}), held out, the two tuned entries "
+                f"of its head dim and mask are equally near ({distances[0]:g} and "
+                f"{distances[1]:g} octaves); the name order breaks the tie, and the call "
+                f"resolved to {resolved['entries (distance)']}, {resolved['x cudnn']:.3f}x cuDNN "
+                f"in the same rounds, where the other entry's configuration "
+                f"({best['entries (distance)']}) ran {best['x cudnn']:.3f}x "
+                f"[{best['lo']:.3f}, {best['hi']:.3f}]: 'nearest' lost "
+                f"{best['x cudnn'] / resolved['x cudnn'] - 1:.1%} there.",
+                len(distances) >= 2 and distances[0] == distances[1]
+                and best["x cudnn"] > resolved["x cudnn"],
+                dict(zip(tie["contender"], tie["x cudnn"].round(3))))
+        shown = tie.drop(columns=["distances", "lo", "hi"]).assign(**{
+            "x cudnn [95%]": [f"{x:.3f} [{lo:.3f}, {hi:.3f}]"
+                              for x, lo, hi in zip(tie["x cudnn"], tie["lo"], tie["hi"])]})
+        tie_text = ("A held-out shape equally near two entries (`data/untuned_shapes/tie_s4k/`, "
+                    "one bench, 15 rounds x 5 launches):\n\n"
+                    + md_table(shown.drop(columns=["x cudnn"])) + "\n")
     s.text = f"""## Shapes nobody tuned
 
 {intro}
@@ -255,7 +314,9 @@ def section(study) -> Section:
 
 ![untuned shapes](figures/untuned_shapes.png)
 
-{cross_text}"""
+{cross_text}
+
+{tie_text}"""
     return s
 
 

@@ -114,14 +114,20 @@ def _problem_shape(q_shape, k_shape) -> tuple[int, int, int, int] | None:
     return (q_shape[0], q_shape[1], k_shape[1], q_shape[2])
 
 
+def ranked_entries(gpu_name: str, head_dim: int, causal: bool, shape=DEFAULT_TUNE_SHAPE,
+                   path: Path = TUNED_TABLE) -> list[tuple[float, str, tuple, dict]]:
+    """This GPU's entries for the head dim and mask as (distance to `shape`, key, tuned
+    shape, entry), nearest first; a tie goes to the key first in name order."""
+    mine = _candidates(str(path), _stamp(path), gpu_name, entry_key(head_dim, causal))
+    return sorted(((shape_distance(shape, tuned), key, tuned, entry)
+                   for key, tuned, entry in mine), key=lambda c: (c[0], c[1]))
+
+
 def tuned_entry(gpu_name: str, head_dim: int, causal: bool, shape=DEFAULT_TUNE_SHAPE,
                 path: Path = TUNED_TABLE) -> tuple[str, dict] | None:
     """(key, entry) of the tuned shape nearest to `shape` for this GPU, head dim and mask."""
-    mine = _candidates(str(path), _stamp(path), gpu_name, entry_key(head_dim, causal))
-    if not mine:
-        return None
-    key, _, entry = min(mine, key=lambda c: (shape_distance(shape, c[1]), c[0]))
-    return key, entry
+    ranked = ranked_entries(gpu_name, head_dim, causal, shape, path)
+    return (ranked[0][1], ranked[0][3]) if ranked else None
 
 
 def tuned_config(gpu_name: str, q_shape, k_shape, causal: bool, path: Path = TUNED_TABLE):
