@@ -228,6 +228,26 @@ def test_the_committed_tuned_table_names_valid_configurations():
                   **config)
 
 
+def test_tuned_entries_are_ranked_by_distance_and_a_tie_goes_by_name(tmp_path):
+    """`ranked_entries` orders a GPU's entries of one head dim and mask by their distance to
+    the shape; `tuned_entry` takes the first, and a tie goes to the key first in name order."""
+    from wavefront.kernel.tuning import ranked_entries, tuned_entry
+    config = {"schedule": "persistent+linear", "tiles": "128x128", "occupancy": 2}
+    table = {"G": {
+        "d64_full": {**config, "shape": "B=1 H=32 KV=32 S=8192"},
+        "d64_full_b8_h16_kv16_s2048": {**config, "shape": "B=8 H=16 KV=16 S=2048"},
+        "d64_full_b1_h32_kv32_s65536": {**config, "shape": "B=1 H=32 KV=32 S=65536"},
+        "d64_causal": {**config, "shape": "B=1 H=32 KV=32 S=4096"}}}
+    path = tmp_path / "tuned.json"
+    path.write_text(json.dumps(table))
+    ranked = ranked_entries("G", 64, False, (1, 32, 32, 4096), path)
+    assert [(d, k) for d, k, _, _ in ranked] == [
+        (2.0, "d64_full"), (2.0, "d64_full_b8_h16_kv16_s2048"),
+        (8.0, "d64_full_b1_h32_kv32_s65536")]
+    assert tuned_entry("G", 64, False, (1, 32, 32, 4096), path)[0] == "d64_full"
+    assert ranked_entries("G", 128, False, (1, 32, 32, 4096), path) == []
+    assert tuned_entry("G", 128, False, (1, 32, 32, 4096), path) is None
+
 def test_tune_lever_space_and_record():
     from wavefront.measure.tune import LEVERS, lever_record, lever_space
     shape = Point(head_dim=128, causal=True)
