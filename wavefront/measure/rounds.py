@@ -98,9 +98,9 @@ def cpu_jiffies(stat_path: str = "/proc/stat") -> tuple[int, int] | None:
 
 def host_probe_us(batches: int = 5, calls: int = 20) -> float:
     """How fast the host runs Python now: the fastest of `batches` batches of `calls` runs of
-    a fixed task, in us per run (2.7-2.9 us on the H100 hosts at their usual speed, 4-7 in
-    their slow spells: data/public_call/c0ad489/). The fastest, so that an interrupt in one
-    batch does not count; a slow spell slows them all."""
+    a fixed task, in us per run (2.7-3.0 us on the H100 hosts at their usual speed, 4-32 in
+    their slow spells: data/public_call/c0ad489/, 96d7c1a/). The fastest, so that an
+    interrupt in one batch does not count; a slow spell slows them all."""
     best = float("inf")
     for _ in range(batches):
         began = time.perf_counter()
