@@ -220,16 +220,28 @@ def test_the_public_call_experiment_reads_each_rounds_ratio_against_its_hosts_sp
 
 def test_the_bench_names_the_shapes_whose_rounds_ran_on_a_slow_host():
     """A shape's rounds whose host probe read 1.4x the bench's fastest or more are counted
-    once per shape (its contenders share the rounds); a bench without probes, or without a
-    slow round, names none."""
+    once per shape (its contenders share the rounds), with the public call against its bound
+    launch over the other rounds; a bench without probes, or without a slow round, names
+    none."""
     from wavefront.measure.rounds import slow_host_rounds
     full = {"seqlen": 1024, "causal": False}
     causal = {"seqlen": 1024, "causal": True}
-    records = [{"shape": full, "contender": c, "host_probe_us": [2.8, 2.8, 5.0, 3.9, 4.0]}
-               for c in ("api", "cudnn")]
-    records += [{"shape": causal, "contender": c, "host_probe_us": [2.9, 3.0, 3.1, 3.0, 2.8]}
-                for c in ("api", "cudnn")]
-    assert slow_host_rounds(records) == [(full, 2, 5)]  # 5.0 and 4.0 >= 1.4 x 2.8 (3.92)
+    probes = [2.8, 2.8, 5.0, 3.9, 4.0]  # 5.0 and 4.0 >= 1.4 x 2.8 (3.92)
+    records = [
+        {"shape": full, "contender": "bound", "host_probe_us": probes,
+         "samples_ms": [0.014] * 5},
+        {"shape": full, "contender": "api", "bound": "bound", "host_probe_us": probes,
+         "samples_ms": [0.0140, 0.0155, 0.0200, 0.0150, 0.0210]},
+        {"shape": full, "contender": "cudnn", "host_probe_us": probes,
+         "samples_ms": [0.04] * 5}]
+    records += [{"shape": causal, "contender": c, "host_probe_us": [2.9, 3.0, 3.1, 3.0, 2.8],
+                 "samples_ms": [0.014] * 5} for c in ("bound", "cudnn")]
+    (found,) = slow_host_rounds(records)
+    assert (found["shape"], found["slow"], found["rounds"]) == (full, 2, 5)
+    # rounds 0, 1 and 3: 1.0, 0.014 / 0.0155 and 0.014 / 0.015
+    assert found["api_vs_bound_usual"] == pytest.approx(0.014 / 0.015)
+    no_call = [r for r in records if r["contender"] != "api"]
+    assert slow_host_rounds(no_call)[0]["api_vs_bound_usual"] is None
     assert slow_host_rounds([{**r, "host_probe_us": []} for r in records]) == []
     assert slow_host_rounds([r for r in records if r["shape"] is causal]) == []
     assert slow_host_rounds([{"shape": full, "error": "failed"}]) == []

@@ -766,11 +766,14 @@ def bench(points, levers, rounds, per_round, warmup, peers, tuned, api, out_dir,
                           f"{points[0].dtype}: medians of {rounds} "
                           f"interleaved rounds x {per_round} launches, useful FLOPs; ratios "
                           "against peers of the same rounds; L2 cold by rotation")
-    for shape, slow, of in slow_host_rounds(rows):
+    for found in slow_host_rounds(rows):
+        shape, usual = found["shape"], found["api_vs_bound_usual"]
         click.echo(f"S={shape['seqlen']} D={shape['head_dim']} causal={shape['causal']}: the "
-                   f"host ran slow in {slow} of {of} rounds (its probe {SLOW_HOST:g}x its "
-                   "fastest or more): a host-bound contender (the api at short shapes) reads "
-                   "low there", err=True)
+                   f"host ran slow in {found['slow']} of {found['rounds']} rounds (its probe "
+                   f"{SLOW_HOST:g}x its fastest or more): a host-bound contender (the api at "
+                   "short shapes) reads low there"
+                   + (f"; api vs bound over the other rounds {usual:.3f}" if usual else ""),
+                   err=True)
     if failed:
         sys.exit(1)
 

@@ -115,22 +115,35 @@ def host_probe_us(batches: int = 5, calls: int = 20) -> float:
 SLOW_HOST = 1.4
 
 
-def slow_host_rounds(records: list[dict]) -> list[tuple[dict, int, int]]:
+def slow_host_rounds(records: list[dict]) -> list[dict]:
     """Per shape of one bench's records (each contender of a shape shares its rounds'
-    probes), (shape, rounds whose host probe read SLOW_HOST times the bench's fastest or
-    more, rounds), for the shapes with any. A bench that ran slow throughout has no fast
+    probes), for the shapes with any round whose host probe read SLOW_HOST times the bench's
+    fastest or more: {"shape", "slow" (such rounds), "rounds", "api_vs_bound_usual" (the
+    public call against its bound launch, median of the paired ratios over the other rounds;
+    None without them or without the call)}. A bench that ran slow throughout has no fast
     probe to compare with, and shows nothing."""
     by_shape: dict = {}
     for r in records:
         if r.get("host_probe_us"):
-            by_shape.setdefault(repr(r["shape"]), (r["shape"], r["host_probe_us"]))
-    probes = [p for _, shape_probes in by_shape.values() for p in shape_probes]
+            by_shape.setdefault(repr(r["shape"]), []).append(r)
+    probes = [p for rows in by_shape.values() for p in rows[0]["host_probe_us"]]
     if not probes:
         return []
     limit = SLOW_HOST * min(probes)
-    counts = [(shape, sum(p >= limit for p in shape_probes), len(shape_probes))
-              for shape, shape_probes in by_shape.values()]
-    return [c for c in counts if c[1]]
+    out = []
+    for rows in by_shape.values():
+        shape_probes = rows[0]["host_probe_us"]
+        slow = [p >= limit for p in shape_probes]
+        if not any(slow):
+            continue
+        named = {r.get("contender"): r for r in rows}
+        api = named.get(API_CONTENDER)
+        bound = named.get(api.get("bound")) if api else None
+        usual = ([b / a for a, b, s in zip(api["samples_ms"], bound["samples_ms"], slow)
+                  if not s] if bound else [])
+        out.append({"shape": rows[0]["shape"], "slow": sum(slow), "rounds": len(slow),
+                    "api_vs_bound_usual": statistics.median(usual) if usual else None})
+    return out
 
 
 def run_rounds(contenders: list[Contender], *, rounds: int = 15, per_round: int = 5,
