@@ -145,32 +145,67 @@ class FakePrepared:
         return self.fits
 
 
-def _ready_launcher(stream=7, launched_on=(7,), table_built=None, capturing=False, fits=True):
-    """An AttentionLauncher as far as `launch_plain` reads it, ready for the plain call."""
+class FakeCupyBuffer(FakeCupyArray):
+    """A CuPy array as the CuPy address reader reads it: its address in `data.ptr`."""
+
+    def __init__(self, ptr):
+        super().__init__((1, 1, 8, 64))
+        self.data.ptr = ptr
+
+
+class FakeEvent:
+    ptr = 0xE0
+
+
+def _ready_launcher(stream=7, launched_on=(7,), table_built=None, capturing=False, fits=True,
+                    library="torch"):
+    """An AttentionLauncher as far as `launch_plain` reads it, ready for the plain call on
+    `library`'s arrays (a CuPy launcher notes its launches: each stream has its event)."""
     launcher = L.AttentionLauncher.__new__(L.AttentionLauncher)
     launcher.current_stream = lambda: stream
     launcher._launched_on = set(launched_on)
     launcher._table_built = table_built
     launcher.capturing = lambda handle: capturing
-    launcher.new_output = torch.empty_like
     launcher._prepared = FakePrepared(fits)
-    launcher._lse_address = 0xABC00
+    launcher._lse_argument = L._Described(None, {"data": (0xABC00, False)})  # the stand-in
+    launcher._addresses = L._address_reader(library)
+    launcher._notes_launches = library != "torch"
+    if library == "torch":
+        launcher.new_output = torch.empty_like
+    else:
+        launcher.new_output = lambda q: FakeCupyBuffer(0x5000)
+        launcher._last_launch_on = {handle: FakeEvent() for handle in launched_on}
+        launcher.recorded = []
+        launcher._record_event = lambda event, handle: launcher.recorded.append((event, handle))
     return launcher
 
 
+def _misaligned(launcher, monkeypatch) -> list:
+    """`launcher` with a prepared launch that refuses the addresses: what `ct.launch` gets."""
+    jit = []
+    monkeypatch.setattr(L.ct, "launch", lambda *args: jit.append(args))
+    launcher.grid, launcher.kernel, launcher._bound_args = (3, 1, 1), "kernel", ("bound",)
+    return jit
+
+
+@pytest.mark.parametrize("library", ["torch", "cupy"])
 @pytest.mark.parametrize("why", ["another stream", "table still building", "capturing"])
-def test_launch_plain_goes_the_whole_way_for_what_it_leaves_out(why, monkeypatch):
+def test_launch_plain_goes_the_whole_way_for_what_it_leaves_out(why, library, monkeypatch):
     """`launch_plain` launches only on a stream the launcher has launched on, with its work
     table built and outside a capture; otherwise it hands the call to `_launch_call` (which
-    makes a stream's own copy, waits for the table, keeps a captured launcher)."""
+    makes a stream's own copy, waits for the table, keeps a captured launcher), and notes
+    nothing itself."""
     whole = []
     monkeypatch.setattr(L, "_launch_call", lambda *args: whole.append(args) or "whole")
-    launcher = _ready_launcher(**{"another stream": {"launched_on": (3,)},
-                                  "table still building": {"table_built": object()},
-                                  "capturing": {"capturing": True}}[why])
-    q = torch.zeros(1, 1, 8, 64, dtype=torch.bfloat16)
+    launcher = _ready_launcher(library=library, **{
+        "another stream": {"launched_on": (3,)}, "table still building": {"table_built": object()},
+        "capturing": {"capturing": True}}[why])
+    q = torch.zeros(1, 1, 8, 64, dtype=torch.bfloat16) if library == "torch" else \
+        FakeCupyBuffer(0x1000)
     assert launcher.launch_plain(q, q, q) == "whole"
     assert whole == [(launcher, q, q, q, None, None)] and not launcher._prepared.launched
+    if library == "cupy":
+        assert not launcher.recorded
 
 
 def test_launch_plain_launches_the_addresses_in_parameter_order(monkeypatch):
@@ -184,71 +219,27 @@ def test_launch_plain_launches_the_addresses_in_parameter_order(monkeypatch):
     assert out.shape == q.shape and out.dtype == q.dtype
     assert launcher._prepared.launched == [
         (7, (q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), 0xABC00))]
-    jit = []
-    monkeypatch.setattr(L.ct, "launch", lambda *args: jit.append(args))
     launcher = _ready_launcher(fits=False)
-    launcher.grid, launcher.kernel, launcher._bound_args = (3, 1, 1), "kernel", ("bound",)
-    launcher._lse_argument = "lse stand-in"
+    jit = _misaligned(launcher, monkeypatch)
     out = launcher.launch_plain(q, k, v)
-    assert jit == [(7, (3, 1, 1), "kernel", (q, k, v, out, "lse stand-in", "bound"))]
-
-
-class FakeCupyBuffer(FakeCupyArray):
-    """A CuPy array as `_launch_plain_cupy` reads it: its address in `data.ptr`."""
-
-    def __init__(self, ptr):
-        super().__init__((1, 1, 8, 64))
-        self.data.ptr = ptr
-
-
-class FakeEvent:
-    ptr = 0xE0
-
-
-def _ready_cupy_launcher(stream=7, **kwargs):
-    launcher = _ready_launcher(stream=stream, **kwargs)
-    launcher.launch_plain = launcher._launch_plain_cupy
-    launcher.new_output = lambda q: FakeCupyBuffer(0x5000)
-    launcher._last_launch_on, launcher.recorded, launcher.noted = {}, [], []
-    launcher._record_event = lambda event, handle: launcher.recorded.append((event, handle))
-    launcher._note_launch_on = lambda handle: (
-        launcher.noted.append(handle),
-        launcher._last_launch_on.setdefault(handle, FakeEvent()))
-    return launcher
-
-
-@pytest.mark.parametrize("why", ["another stream", "table still building", "capturing"])
-def test_the_cupy_plain_launch_goes_the_whole_way_for_what_it_leaves_out(why, monkeypatch):
-    whole = []
-    monkeypatch.setattr(L, "_launch_call", lambda *args: whole.append(args) or "whole")
-    launcher = _ready_cupy_launcher(**{"another stream": {"launched_on": (3,)},
-                                       "table still building": {"table_built": object()},
-                                       "capturing": {"capturing": True}}[why])
-    q = FakeCupyBuffer(0x1000)
-    assert launcher.launch_plain(q, q, q) == "whole"
-    assert whole == [(launcher, q, q, q, None, None)] and not launcher._prepared.launched
-    assert not launcher.noted and not launcher.recorded
+    assert jit == [(7, (3, 1, 1), "kernel", (q, k, v, out, launcher._lse_argument, "bound"))]
 
 
 def test_the_cupy_plain_launch_reads_cupys_addresses_and_notes_its_stream(monkeypatch):
-    """CuPy arrays' addresses (`data.ptr`) in parameter order; the launch noted on its stream:
-    the first time through `_note_launch_on` (which makes the stream's event), then by
-    recording that event; on the null stream, never (CuPy does not destroy it)."""
+    """CuPy arrays' addresses (`data.ptr`) in parameter order; each launch noted on its stream
+    by recording the stream's event; on the null stream, never (CuPy does not destroy it)."""
     monkeypatch.setattr(L, "_launch_call", lambda *args: pytest.fail("went the whole way"))
     q, k, v = FakeCupyBuffer(0x1000), FakeCupyBuffer(0x2000), FakeCupyBuffer(0x3000)
-    launcher = _ready_cupy_launcher(stream=7)
+    launcher = _ready_launcher(library="cupy")
     first, second = launcher.launch_plain(q, k, v), launcher.launch_plain(q, k, v)
     assert first.data.ptr == second.data.ptr == 0x5000
     assert launcher._prepared.launched == [(7, (0x1000, 0x2000, 0x3000, 0x5000, 0xABC00))] * 2
-    assert launcher.noted == [7] and launcher.recorded == [(FakeEvent.ptr, 7)]
-    null = _ready_cupy_launcher(stream=0, launched_on=(0,))
+    assert launcher.recorded == [(FakeEvent.ptr, 7)] * 2
+    null = _ready_launcher(stream=0, launched_on=(0,), library="cupy")
     null.launch_plain(q, k, v)
-    assert null._prepared.launched and not null.noted and not null.recorded
-    jit = []
-    monkeypatch.setattr(L.ct, "launch", lambda *args: jit.append(args))
-    misaligned = _ready_cupy_launcher(fits=False)
-    misaligned.grid, misaligned.kernel, misaligned._bound_args = (3, 1, 1), "kernel", ("b",)
-    misaligned._lse_argument = "lse stand-in"
+    assert null._prepared.launched and not null.recorded
+    misaligned = _ready_launcher(fits=False, library="cupy")
+    jit = _misaligned(misaligned, monkeypatch)
     out = misaligned.launch_plain(q, k, v)
-    assert jit == [(7, (3, 1, 1), "kernel", (q, k, v, out, "lse stand-in", "b"))]
-    assert misaligned.noted == [7]
+    assert jit == [(7, (3, 1, 1), "kernel", (q, k, v, out, misaligned._lse_argument, "bound"))]
+    assert misaligned.recorded == [(FakeEvent.ptr, 7)]

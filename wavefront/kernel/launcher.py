@@ -305,14 +305,9 @@ class AttentionLauncher:
             return
         # What `launch_plain` leaves out, fixed for this launcher: another GPU to make
         # current, the tiled schedule's second kernel, an LSE of the call's own, a recorded
-        # order. CuPy arrays keep their addresses elsewhere and may launch on a stream CuPy
-        # destroys: their own method.
-        if (self._device_free and not self.tiled and not self.return_lse
-                and not self.record_order):
-            self._lse_address = self._lse_argument.data_ptr()  # the shared stand-in's
-            if self.view.library != "torch":
-                self.launch_plain = self._launch_plain_cupy
-            self.plain_ready = True
+        # order.
+        self.plain_ready = (self._device_free and not self.tiled and not self.return_lse
+                            and not self.record_order)
 
     def _fits_prepared(self, arrays: tuple, addresses: tuple) -> bool:
         """Whether a direct call's per-call arrays are laid out as those the launcher prepared
@@ -333,42 +328,21 @@ class AttentionLauncher:
         return bool(self._prepared)
 
     def launch_plain(self, q, k, v):
-        """The plain call's launch (`attention_plain`: torch tensors its key vouches for, a
-        new output, the caller's current stream, no LSE) once `plain_ready`: `_launch_call`
-        and `__call__` in one frame, less what `plain_ready` rules out. Anything else this
-        call may meet (a stream this launcher has not launched on, a work table still being
-        built, a capture) goes the whole way. (On CuPy arrays, `_launch_plain_cupy` takes its
-        place: `_prepare` sets it.)"""
+        """The plain call's launch (`attention_plain`: arrays its key vouches for, a new
+        output, the caller's current stream, no LSE) once `plain_ready`: `_launch_call` and
+        `__call__` in one frame, less what `plain_ready` rules out. Anything else this call
+        may meet (a stream this launcher has not launched on, a work table still being built,
+        a capture) goes the whole way."""
         stream = self.current_stream()
         if (stream not in self._launched_on or self._table_built is not None
                 or self.capturing(stream)):
             return _launch_call(self, q, k, v, None, None)
         out = self.new_output(q)
-        if not self._prepared.launch(stream, (q.data_ptr(), k.data_ptr(), v.data_ptr(),
-                                              out.data_ptr(), self._lse_address)):
+        if not self._prepared.launch(stream, self._addresses(q, k, v, out, self._lse_argument)):
             ct.launch(stream, self.grid, self.kernel,
                       (q, k, v, out, self._lse_argument) + self._bound_args)
-        return out
-
-    def _launch_plain_cupy(self, q, k, v):
-        """`launch_plain` on CuPy arrays: their addresses as CuPy holds them, and the launch
-        noted on any stream but the null one (`_note_launch_on`: an event recorded after it,
-        for the launcher's release)."""
-        stream = self.current_stream()
-        if (stream not in self._launched_on or self._table_built is not None
-                or self.capturing(stream)):
-            return _launch_call(self, q, k, v, None, None)
-        out = self.new_output(q)
-        if not self._prepared.launch(stream, (q.data.ptr, k.data.ptr, v.data.ptr,
-                                              out.data.ptr, self._lse_address)):
-            ct.launch(stream, self.grid, self.kernel,
-                      (q, k, v, out, self._lse_argument) + self._bound_args)
-        if stream:
-            event = self._last_launch_on.get(stream)
-            if event is None:
-                self._note_launch_on(stream)
-            else:  # what `_note_launch_on` does once the stream has its event
-                self._record_event(event.ptr, stream)
+        if stream and self._notes_launches:  # a CuPy launcher's, as `__call__` notes them
+            self._note_launch_on(stream)
         return out
 
     def _own_buffers(self, buffers: list) -> None:
@@ -542,7 +516,6 @@ class AttentionLauncher:
             # prepared anew, if ever: its own buffers' addresses
             other._prepared, other._launches_until_prepared = None, PREPARE_AFTER_LAUNCHES
         other.plain_ready = False
-        other.__dict__.pop("launch_plain", None)  # a CuPy launcher's, bound to this one
         other._bound_args = _rebound(self._bound_args, {
             **_table_arguments(other._table, launch.num_items), **bound})
         other._own_buffers([other._table])
