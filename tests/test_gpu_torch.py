@@ -890,3 +890,46 @@ def test_a_prepared_launch_on_a_gpu_other_than_the_current_one(monkeypatch):
         torch.cuda.set_device(0)
     (launcher,) = kernel_launcher._launchers.values()
     assert launcher.launches_prepared, launcher.prepare_failure
+
+
+def test_a_measured_carry_over_times_the_entries_and_launches_the_fastest(monkeypatch):
+    """Under WAVEFRONT_CARRY_OVER=measure a shape without an entry of its own times its GPU's
+    entries' distinct configurations on its first call, each output agreeing with the nearest
+    entry's, and launches the fastest: correct, once per problem (a later call with other
+    options or CuPy arrays takes the kept choice), on a side stream too."""
+    import cupy
+
+    import wavefront
+    from wavefront.device import current_device
+    from wavefront.kernel import launcher as kernel_launcher
+    from wavefront.kernel.tuning import CARRY_OVER_VARIABLE, carry_over_configs
+    monkeypatch.setenv(CARRY_OVER_VARIABLE, "measure")
+    kernel_launcher.clear_launcher_cache()
+    q, k, v = _inputs(31, batch=1, heads=8, kv_heads=8, seqlen=1024)
+    gpu = current_device().name
+    exact, configs = carry_over_configs(gpu, tuple(q.shape), tuple(k.shape), False)
+    if exact or len(configs) < 2:
+        pytest.skip(f"{gpu}: the table offers this shape nothing to choose from")
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        out = torch.full_like(q, float("nan"))
+        wavefront.attention(q, k, v, out=out)
+    torch.cuda.current_stream().wait_stream(side)
+    assert _error(out, _reference(q, k, v, False)) < TOLERANCE
+    key = (gpu, tuple(q.shape), tuple(k.shape), False)
+    choice = kernel_launcher.carry_over_choices()[key]
+    assert [c for c, _, _ in choice.timed] == configs and choice.left_out == ()
+    assert all(lo <= ms <= hi and ms > 0 for _, ms, (lo, hi) in choice.timed)
+    assert choice.seconds > 0
+    assert choice.config == min(choice.timed, key=lambda t: t[1])[0]
+    (launcher,) = kernel_launcher._launchers.values()
+    launch = launcher.launch
+    assert (f"{launch.cta.name}+{launch.kv.name}", launch.ctas_per_sm) == (
+        choice.config["schedule"], choice.config["occupancy"])
+    plain = wavefront.attention(q, k, v)
+    assert _error(plain, _reference(q, k, v, False)) < TOLERANCE
+    cq, ck, cv = (cupy.from_dlpack(x) for x in (q, k, v))
+    assert kernel_launcher.measure_carry_over(cq, ck, cv) is choice
+    assert kernel_launcher.carry_over_choices() == {key: choice}
+    kernel_launcher.clear_launcher_cache()

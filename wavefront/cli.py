@@ -10,6 +10,7 @@ import dataclasses
 import functools
 import itertools
 import json
+import os
 import sys
 import tempfile
 import time
@@ -18,6 +19,7 @@ from pathlib import Path
 import click
 
 from wavefront.device import usable_cpus
+from wavefront.kernel.tuning import CARRY_OVER_MODES, CARRY_OVER_VARIABLE
 from wavefront.measure.sink import JsonlSink, environment
 from wavefront.point import DTYPES, HEAD_DIMS, LEVERS, PARAMS, Point
 from wavefront.schedules import schedule_names
@@ -696,20 +698,30 @@ def bench_varlen(sequences, tokens, longest, lengths, seed, heads, kv_heads, hea
               help="Also time the public call, `wavefront.attention(q, k, v, causal=...)` on "
                    "torch tensors, called per launch as a user calls it (contender 'api'), "
                    "beside the bound launcher of the configuration it resolves to.")
+@click.option("--carry-over", type=click.Choice(CARRY_OVER_MODES), default=None,
+              help="How the public call takes a configuration at a shape without a tuned entry "
+                   "of its own: the nearest entry's, or the fastest of the entries' "
+                   "configurations timed on its first call (sets WAVEFRONT_CARRY_OVER; "
+                   "unset: as that says, else nearest). With --api, 'measure' times them before "
+                   "the rounds and records what it timed in the api row.")
 @click.option("--out", "out_dir", type=click.Path(file_okay=False), default=None,
               help="Also write every contender's rounds to <out>/bench.jsonl.")
 @click.option("--json", "as_json", is_flag=True)
-def bench(points, levers, rounds, per_round, warmup, peers, tuned, api, out_dir, as_json):
+def bench(points, levers, rounds, per_round, warmup, peers, tuned, api, carry_over, out_dir,
+          as_json):
     """Schedules x shapes, each shape's schedules and peers (cuDNN, FA2) timed in interleaved
     rounds: median TFLOP/s with a 95% interval, ratios to the peers of the same rounds, NVML
     clocks and throttled rounds, the L2 state, and each round's host speed (a probe: a
     host-bound call's ratio moves with it). Exits non-zero if any shape failed."""
     import statistics
     points = [p.replace(**levers) for p in points]
+    if carry_over is not None:
+        os.environ[CARRY_OVER_VARIABLE] = carry_over
     dev = _require_gpu()
     from wavefront.api import attention as public_attention
-    from wavefront.measure.rounds import (SLOW_HOST, bench_records, bench_shapes, run_rounds,
-                                          shape_contenders, slow_host_rounds)
+    from wavefront.measure.rounds import (API_CONTENDER, SLOW_HOST, bench_records, bench_shapes,
+                                          carry_over_record, run_rounds, shape_contenders,
+                                          slow_host_rounds)
     shapes, bound_of_api = bench_shapes(points, dev.name, tuned=tuned, api=api,
                                         log=lambda m: click.echo(m, err=True))
     rows, failed = [], 0
@@ -729,6 +741,10 @@ def bench(points, levers, rounds, per_round, warmup, peers, tuned, api, out_dir,
                 continue
             for row in bench_records(dev.name, shape, results, bound_of_api.get(shape),
                                      members):
+                if row["contender"] == API_CONTENDER:
+                    measured = carry_over_record(dev.name, shape)
+                    if measured is not None:
+                        row["carry_over"] = measured
                 rows.append(row)
                 sink.write(row)
     if as_json:

@@ -675,24 +675,95 @@ def _one_wave_causal(config: dict, q_shape, k_shape, causal: bool, *, sms: int,
 
 
 def resolve_config(q_shape, k_shape, causal: bool, schedule, tiles, occupancy,
-                   levers: dict) -> dict:
+                   levers: dict, measure=None) -> dict:
     """The caller's choices, or where the caller chose nothing, the tuned table's entry for this
     GPU and the nearest tuned shape (`wavefront tune`; 64x64 tiles for a causal launch of one
     wave, `ONE_WAVE_CAUSAL`), or the defaults. `levers`: the kernel levers by name, None where
-    not chosen."""
+    not chosen. `measure(configs)` -> `carry_over.CarryOverChoice` or None: how a measured
+    carry-over times the candidates (`WAVEFRONT_CARRY_OVER=measure`, `_carried_over`)."""
     chosen = dict(schedule=schedule, tiles=tiles, occupancy=occupancy, **levers)
     if all(v is None for v in chosen.values()):
-        from wavefront.kernel.tuning import tuned_config
         dev = current_device()
-        tuned = tuned_config(dev.name, q_shape, k_shape, causal) if dev is not None else None
+        tuned = _carried_over(dev, q_shape, k_shape, causal, measure) if dev else None
         if tuned is not None:
-            return _one_wave_causal(tuned, q_shape, k_shape, causal, sms=dev.sms,
-                                    l2_bytes=dev.l2_bytes)
+            return tuned
     chosen["schedule"] = schedule or DEFAULT_SCHEDULE
     for name, default in KERNEL_LEVERS.items():
         if chosen.get(name) is None:
             chosen[name] = default
     return chosen
+
+
+# Per (GPU, q shape, k shape, mask): what a measured carry-over timed and chose
+# (`carry_over.CarryOverChoice`), kept for the process: later launchers of the same problem
+# (another dtype, strides, options) take its choice without timing again.
+_carry_over_choices: dict = {}
+
+
+def carry_over_choices() -> dict:
+    """{(GPU name, q shape, k shape, causal): CarryOverChoice} of this process's measured
+    carry-overs (`WAVEFRONT_CARRY_OVER=measure`)."""
+    return dict(_carry_over_choices)
+
+
+def _carried_over(dev, q_shape, k_shape, causal: bool, measure) -> dict | None:
+    """The tuned configuration for a call that chose nothing: the nearest entry's, or under
+    `WAVEFRONT_CARRY_OVER=measure`, for a shape without an entry of its own, the fastest of
+    the entries' distinct configurations timed on its first call (`measure`; None: not
+    timed now, the nearest's then). None: no entry for this GPU, head dim and mask."""
+    from wavefront.kernel.tuning import carry_over_configs, carry_over_mode, tuned_config
+
+    def fitted(config):
+        return _one_wave_causal(config, q_shape, k_shape, causal, sms=dev.sms,
+                                l2_bytes=dev.l2_bytes)
+    if carry_over_mode() == "measure":
+        exact, configs = carry_over_configs(dev.name, q_shape, k_shape, causal)
+        candidates = []
+        for config in map(fitted, configs):  # one wave of causal items: one candidate
+            if config not in candidates:
+                candidates.append(config)
+        if not exact and len(candidates) > 1:
+            key = (dev.name, tuple(q_shape), tuple(k_shape), causal)
+            choice = _carry_over_choices.get(key)
+            if choice is None and measure is not None:
+                choice = measure(candidates)
+                if choice is not None:
+                    _carry_over_choices[key] = choice
+            if choice is not None:
+                return choice.config
+    tuned = tuned_config(dev.name, q_shape, k_shape, causal)
+    return None if tuned is None else fitted(tuned)
+
+
+def _measurer(q, k, v, vq: _ArrayView, *, causal, scale, return_lse, l2_bytes, ctas,
+              chunk_tiles, stream=None):
+    """`measure` for `resolve_config`: the candidates' launchers made with the call's own
+    options and timed on its arrays, on its stream (`carry_over.choose`)."""
+    def measure(configs):
+        from wavefront.kernel import carry_over
+        with (contextlib.nullcontext() if stream is None else _as_current_stream(vq, stream)):
+            return carry_over.choose(
+                configs, lambda config: _new_launcher(
+                    vq, tuple(k.shape), causal=causal, scale=scale, return_lse=return_lse,
+                    l2_bytes=l2_bytes, ctas=ctas, chunk_tiles=chunk_tiles, **config),
+                q, k, v, current_stream(vq.library, _torch_device(vq.device)
+                                        if vq.library == "torch" else None),
+                (lambda: _empty(vq, vq.shape[:3], "float32")) if return_lse else None)
+    return measure
+
+
+def measure_carry_over(q, k, v, *, causal: bool = False):
+    """Time the measured carry-over's candidates for this problem now (a bench does, before
+    its rounds), as the first plain call would under `WAVEFRONT_CARRY_OVER=measure`.
+    -> the CarryOverChoice, or None where there is nothing to choose (an entry of this very
+    shape, one distinct configuration, no entry, another carry-over mode)."""
+    vq, (q, k, v) = _check_inputs(q, k, v)
+    dev = current_device()
+    measure = _measurer(q, k, v, vq, causal=causal, scale=None, return_lse=False,
+                        l2_bytes=None, ctas=None, chunk_tiles=None)
+    resolve_config(vq.shape, tuple(k.shape), causal, None, None, None,
+                   dict.fromkeys(KERNEL_LEVERS), measure)
+    return _carry_over_choices.get((dev.name, tuple(vq.shape), tuple(k.shape), causal))
 
 
 # Launchers kept by the public call: a bound launcher holds its binary, its work table on the
@@ -736,6 +807,7 @@ def clear_launcher_cache() -> None:
         _plain_launchers.clear()
         _varlen_launchers.clear()
         _varlen_templates.clear()
+        _carry_over_choices.clear()  # chosen from the table of then
 
 
 def _cupy_key(x):
@@ -808,8 +880,11 @@ def attention_positional(q, k, v, causal, schedule, tiles, occupancy, scale, ret
         levers = dict(zip(KERNEL_LEVERS, levers))
 
         def build(vq, k_shape):
+            measure = _measurer(q, k, v, vq, causal=causal, scale=scale, return_lse=return_lse,
+                                l2_bytes=l2_bytes, ctas=ctas, chunk_tiles=chunk_tiles,
+                                stream=stream)
             config = resolve_config(vq.shape, tuple(k_shape), causal, schedule, tiles,
-                                    occupancy, levers)
+                                    occupancy, levers, measure)
             return _new_launcher(vq, k_shape, causal=causal, scale=scale,
                                  return_lse=return_lse, l2_bytes=l2_bytes, ctas=ctas,
                                  chunk_tiles=chunk_tiles, **config)

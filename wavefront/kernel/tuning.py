@@ -7,6 +7,12 @@ call takes the entry of its GPU, head dim and mask whose tuned shape is nearest 
 B1 H32 S8k winner's 128x128 tiles ran 0.91x cuDNN where 128x64 ran 1.05x). A GPU, head dim or
 mask the table does not know runs the defaults (persistent+linear, the default tiles and
 occupancy), as do calls that name any schedule, tile shape, occupancy or lever themselves.
+
+"Nearest" can lose: at B1 H32 S4k D64 non-causal, equally near two entries, the one it took ran
+0.981x cuDNN where the other's configuration ran 1.027x (data/untuned_shapes/tie_s4k/). With
+`WAVEFRONT_CARRY_OVER=measure` a shape without an entry of its own times the distinct
+configurations of its GPU's entries (same head dim and mask) on its first call instead, and
+keeps the fastest (`carry_over_configs`; the timing: `wavefront.kernel.carry_over`).
 """
 from __future__ import annotations
 
@@ -130,6 +136,14 @@ def tuned_entry(gpu_name: str, head_dim: int, causal: bool, shape=DEFAULT_TUNE_S
     return (ranked[0][1], ranked[0][3]) if ranked else None
 
 
+def _config(gpu_name: str, key: str, entry: dict, path) -> dict:
+    """An entry's `attention` arguments (a lever written before it existed: its default)."""
+    missing = [f for f in REQUIRED_FIELDS if f not in entry]
+    if missing:
+        raise ValueError(f"{path}: entry {gpu_name} {key} lacks {missing}")
+    return {f: entry.get(f, KERNEL_LEVERS.get(f)) for f in CONFIG_FIELDS}
+
+
 def tuned_config(gpu_name: str, q_shape, k_shape, causal: bool, path: Path = TUNED_TABLE):
     """The tuned `attention` arguments for this GPU and problem, or None. q_shape, k_shape:
     (batch, heads, seqlen, head_dim) and (batch, kv_heads, seqlen, head_dim)."""
@@ -139,11 +153,39 @@ def tuned_config(gpu_name: str, q_shape, k_shape, causal: bool, path: Path = TUN
     found = tuned_entry(gpu_name, q_shape[3], causal, shape, path)
     if found is None:
         return None
-    key, entry = found
-    missing = [f for f in REQUIRED_FIELDS if f not in entry]
-    if missing:
-        raise ValueError(f"{path}: entry {gpu_name} {key} lacks {missing}")
-    return {f: entry.get(f, KERNEL_LEVERS.get(f)) for f in CONFIG_FIELDS}
+    return _config(gpu_name, *found, path)
+
+
+CARRY_OVER_VARIABLE = "WAVEFRONT_CARRY_OVER"
+CARRY_OVER_MODES = ("nearest", "measure")
+
+
+def carry_over_mode() -> str:
+    """How a shape without an entry of its own takes one (`CARRY_OVER_VARIABLE`): "nearest"
+    (the default) or "measure"."""
+    mode = os.environ.get(CARRY_OVER_VARIABLE, "nearest").strip().lower() or "nearest"
+    if mode not in CARRY_OVER_MODES:
+        raise ValueError(f"{CARRY_OVER_VARIABLE} must be one of {', '.join(CARRY_OVER_MODES)}, "
+                         f"got {os.environ[CARRY_OVER_VARIABLE]!r}")
+    return mode
+
+
+def carry_over_configs(gpu_name: str, q_shape, k_shape, causal: bool,
+                       path: Path = TUNED_TABLE) -> tuple[bool, list[dict]]:
+    """-> (whether an entry was tuned at exactly this problem's shape, the distinct `attention`
+    arguments of this GPU's entries for its head dim and mask, nearest entry first): what a
+    measured carry-over chooses from. Entries that share a configuration count once, at the
+    nearest of them."""
+    shape = _problem_shape(q_shape, k_shape)
+    if shape is None:
+        return False, []
+    ranked = ranked_entries(gpu_name, q_shape[3], causal, shape, path)
+    configs = []
+    for _, key, _, entry in ranked:
+        config = _config(gpu_name, key, entry, path)
+        if config not in configs:
+            configs.append(config)
+    return bool(ranked) and ranked[0][0] == 0, configs
 
 
 def write_entry(gpu_name: str, head_dim: int, causal: bool, entry: dict,

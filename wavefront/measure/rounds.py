@@ -353,8 +353,8 @@ def bench_shapes(points, gpu_name: str, *, tuned: bool, api: bool, log=print):
     asked for, plus with `tuned` the shape's tuned configuration and with `api` the bound
     launcher of the configuration the public call resolves to. -> ({shape: [points]},
     {shape: the api contender's bound reference})."""
-    from wavefront.kernel.launcher import resolve_config
-    from wavefront.kernel.tuning import tuned_config
+    from wavefront.kernel.launcher import measure_carry_over, resolve_config
+    from wavefront.kernel.tuning import carry_over_mode, tuned_config
     shapes: dict = {}
     for point in points:
         shapes.setdefault(point.problem_only(), []).append(point)
@@ -371,6 +371,16 @@ def bench_shapes(points, gpu_name: str, *, tuned: bool, api: bool, log=print):
             else:
                 extra.append(shape.replace(**config))
         if api:
+            if carry_over_mode() == "measure":
+                # Chosen now, on inputs of the shape, as the call's first launch would: the
+                # bound launcher below is then the configuration the call will take.
+                from wavefront.measure.bench import random_inputs
+                choice = measure_carry_over(*random_inputs(shape, seed=7), causal=shape.causal)
+                if choice is not None:
+                    log(f"carry-over measured at B{shape.batch} H{shape.heads} KV{shape.kv_heads_}"
+                        f" S{shape.seqlen} D{shape.head_dim} causal={shape.causal}: "
+                        + ", ".join(f"{_config_text(c)} {ms:.4f} ms" for c, ms, _ in choice.timed)
+                        + f" -> {_config_text(choice.config)}")
             # The public call's own cost is its ratio to this launcher in the same rounds.
             candidate = shape.replace(**resolve_config(q, kv, shape.causal, None, None, None,
                                                        dict.fromkeys(KERNEL_LEVERS)))
@@ -378,6 +388,20 @@ def bench_shapes(points, gpu_name: str, *, tuned: bool, api: bool, log=print):
             bound_of_api[shape] = contender_name(candidate, members[0])
         members.extend(p for p in dict.fromkeys(extra) if p not in members)
     return shapes, bound_of_api
+
+
+def _config_text(config: dict) -> str:
+    return " ".join(f"{k}={v}" for k, v in config.items() if v is not None)
+
+
+def carry_over_record(gpu_name: str, shape) -> dict | None:
+    """What the measured carry-over timed and chose for this shape in this process
+    (`CarryOverChoice.as_dict`), None where it timed nothing."""
+    from wavefront.kernel.launcher import carry_over_choices
+    q = (shape.batch, shape.heads, shape.seqlen, shape.head_dim)
+    kv = (shape.batch, shape.kv_heads_, shape.seqlen, shape.head_dim)
+    choice = carry_over_choices().get((gpu_name, q, kv, shape.causal))
+    return None if choice is None else choice.as_dict()
 
 
 def bench_records(gpu_name: str, shape, results: list[RoundsResult],

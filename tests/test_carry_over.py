@@ -1,0 +1,148 @@
+"""The measured carry-over on the CPU: which configurations a shape without an entry of its own
+chooses from, when it times them, that its choice is kept and forgotten with the cache, and the
+answers to a bad setting. The timing itself runs in the GPU tests."""
+import json
+from types import SimpleNamespace
+
+import pytest
+
+from wavefront.kernel.tuning import (CARRY_OVER_VARIABLE, carry_over_configs, carry_over_mode,
+                                     tuned_config)
+
+BASE = {"schedule": "persistent+linear", "tiles": "128x128", "occupancy": 2, "worker_warps": 8,
+        "cluster": 1, "kv_latency": 0, "rescale_threshold": 0, "exp2_poly": 0, "qk_ahead": 0}
+OTHER = {**BASE, "schedule": "grouped_dynamic+linear", "cluster": 2, "worker_warps": None}
+
+
+def _table(tmp_path):
+    path = tmp_path / "tuned.json"
+    path.write_text(json.dumps({"G": {
+        "d64_full": {**OTHER, "shape": "B=1 H=32 KV=32 S=8192 bfloat16"},
+        "d64_full_b8_h16_kv16_s2048": {**BASE, "shape": "B=8 H=16 KV=16 S=2048 bfloat16"},
+        "d64_full_b1_h32_kv32_s65536": {**OTHER, "shape": "B=1 H=32 KV=32 S=65536 bfloat16"},
+        "d64_causal": {**BASE, "shape": "B=1 H=32 KV=32 S=8192 bfloat16"}}}))
+    return path
+
+
+def test_the_candidates_are_the_entries_distinct_configurations_nearest_first(tmp_path):
+    path = _table(tmp_path)
+    near_s2k = (8, 16, 1024, 64)  # 1 octave from the S2k entry, more from the others
+    exact, configs = carry_over_configs("G", near_s2k, near_s2k, False, path)
+    assert not exact
+    assert configs == [BASE, OTHER]  # the S8k and S64k entries share one configuration
+    assert configs[0] == tuned_config("G", near_s2k, near_s2k, False, path)  # nearest first
+    s8k = (1, 32, 8192, 64)
+    exact, configs = carry_over_configs("G", s8k, s8k, False, path)
+    assert exact and configs == [OTHER, BASE]
+    # the mask and the head dim select the entries; none: nothing to choose from
+    assert carry_over_configs("G", s8k, s8k, True, path) == (True, [BASE])
+    assert carry_over_configs("G", (1, 32, 8192, 128), (1, 32, 8192, 128), False,
+                              path) == (False, [])
+    assert carry_over_configs("other GPU", s8k, s8k, False, path) == (False, [])
+
+
+def test_the_carry_over_mode_is_read_from_the_environment(monkeypatch):
+    monkeypatch.delenv(CARRY_OVER_VARIABLE, raising=False)
+    assert carry_over_mode() == "nearest"
+    monkeypatch.setenv(CARRY_OVER_VARIABLE, " Measure ")
+    assert carry_over_mode() == "measure"
+    monkeypatch.setenv(CARRY_OVER_VARIABLE, "fastest")
+    with pytest.raises(ValueError, match=rf"{CARRY_OVER_VARIABLE} must be one of nearest, "
+                                         r"measure, got 'fastest'"):
+        carry_over_mode()
+
+
+def test_the_fastest_median_wins_and_a_tie_keeps_the_nearer_entry():
+    from wavefront.kernel.carry_over import CarryOverChoice, fastest
+    assert fastest([("a", 0.30, (0.29, 0.31)), ("b", 0.28, (0.27, 0.33))]) == 1
+    assert fastest([("a", 0.30, (0.29, 0.31)), ("b", 0.30, (0.28, 0.30))]) == 0
+    choice = CarryOverChoice(BASE, ((BASE, 0.28, (0.27, 0.33)),), ((OTHER, "differs"),), 2.5)
+    assert choice.as_dict() == {
+        "config": BASE, "timed": [{"config": BASE, "ms": 0.28, "range_ms": [0.27, 0.33]}],
+        "left_out": [{"config": OTHER, "why": "differs"}], "seconds": 2.5}
+
+
+@pytest.fixture
+def launcher_on_fake_gpu(monkeypatch, tmp_path):
+    """The launcher module with a GPU named after the committed table's H100 and that table."""
+    L = pytest.importorskip("wavefront.kernel.launcher")
+    import wavefront.kernel.tuning as tuning
+    gpu = SimpleNamespace(name="NVIDIA H100 80GB HBM3", sms=132, l2_bytes=50 << 20)
+    monkeypatch.setattr(L, "current_device", lambda: gpu)
+    L.clear_launcher_cache()
+    yield L, tuning, gpu
+    L.clear_launcher_cache()
+
+
+def _resolve(L, shape, causal, measure):
+    return L.resolve_config(shape, shape, causal, None, None, None,
+                            dict.fromkeys(L.KERNEL_LEVERS), measure)
+
+
+def test_a_shape_without_its_own_entry_is_timed_once_and_keeps_its_choice(
+        launcher_on_fake_gpu, monkeypatch):
+    """B1 H32 S4k D64 non-causal sits between the H100's two D=64 non-causal entries
+    (data/untuned_shapes/tie_s4k/): "nearest" takes the first by name; "measure" hands both
+    configurations to the timing once and keeps what it chose, for any later launcher of the
+    problem; the cache's clearing forgets it."""
+    from wavefront.kernel.carry_over import CarryOverChoice
+    L, tuning, gpu = launcher_on_fake_gpu
+    shape = (1, 32, 4096, 64)
+    timed = []
+
+    def measure(configs):
+        timed.append(configs)
+        return CarryOverChoice(configs[-1], tuple((c, 1.0, (1.0, 1.0)) for c in configs))
+    monkeypatch.setenv(CARRY_OVER_VARIABLE, "nearest")
+    nearest = _resolve(L, shape, False, measure)
+    assert timed == [] and nearest == tuned_config(gpu.name, shape, shape, False)
+    monkeypatch.setenv(CARRY_OVER_VARIABLE, "measure")
+    chosen = _resolve(L, shape, False, measure)
+    _, configs = carry_over_configs(gpu.name, shape, shape, False)
+    assert len(configs) >= 2 and timed == [configs] and chosen == configs[-1] != nearest
+    assert _resolve(L, shape, False, measure) == chosen and len(timed) == 1
+    assert _resolve(L, shape, False, None) == chosen  # a later launcher, nothing to time with
+    key = (gpu.name, shape, shape, False)
+    assert L.carry_over_choices()[key].config == chosen
+    L.clear_launcher_cache()
+    assert L.carry_over_choices() == {}
+
+
+def test_nothing_is_timed_where_there_is_nothing_to_choose(launcher_on_fake_gpu, monkeypatch):
+    """An entry tuned at the very shape, a caller's own choice, or a timing that could not run
+    (a stream under capture: `measure` answers None) take the table's or the caller's way, and
+    a None is not kept."""
+    L, tuning, gpu = launcher_on_fake_gpu
+    monkeypatch.setenv(CARRY_OVER_VARIABLE, "measure")
+    calls = []
+
+    def measure(configs):
+        calls.append(configs)
+        return None
+    tuned_shape = (1, 32, 8192, 64)  # the H100's d64_full entry
+    assert _resolve(L, tuned_shape, False, measure) == tuned_config(
+        gpu.name, tuned_shape, tuned_shape, False)
+    assert calls == []
+    shape = (1, 32, 4096, 64)
+    own = L.resolve_config(shape, shape, False, "persistent+sawtooth", None, None,
+                           dict.fromkeys(L.KERNEL_LEVERS), measure)
+    assert own["schedule"] == "persistent+sawtooth" and calls == []
+    assert _resolve(L, shape, False, measure) == tuned_config(gpu.name, shape, shape, False)
+    assert len(calls) == 1 and L.carry_over_choices() == {}
+    _resolve(L, shape, False, measure)
+    assert len(calls) == 2  # not kept: tried again on the next launcher's first call
+
+
+def test_a_causal_launch_of_one_wave_times_the_entries_as_one_wave_runs_them(
+        launcher_on_fake_gpu, monkeypatch):
+    """When the causal items fit one wave every entry's configuration takes ONE_WAVE_CAUSAL's
+    64-row tiles (a measured rule): the candidates are the entries so fitted, and only what
+    still differs (the H100's two D=64 causal entries: their K/V latency hints) is timed."""
+    L, tuning, gpu = launcher_on_fake_gpu
+    monkeypatch.setenv(CARRY_OVER_VARIABLE, "measure")
+    small = (1, 8, 1024, 64)
+    calls = []
+    _resolve(L, small, True, lambda configs: calls.append(configs))
+    (configs,) = calls
+    assert all(c.items() >= L.ONE_WAVE_CAUSAL.items() for c in configs)
+    assert len(configs) == len({json.dumps(c, sort_keys=True) for c in configs}) >= 2
