@@ -146,3 +146,40 @@ def test_a_causal_launch_of_one_wave_times_the_entries_as_one_wave_runs_them(
     (configs,) = calls
     assert all(c.items() >= L.ONE_WAVE_CAUSAL.items() for c in configs)
     assert len(configs) == len({json.dumps(c, sort_keys=True) for c in configs}) >= 2
+
+
+def test_a_bench_under_measure_times_the_choice_beside_what_nearest_takes(
+        launcher_on_fake_gpu, monkeypatch):
+    """`wavefront bench --carry-over measure`: the choice is made before the rounds (here stood
+    in for), the api's bound launcher is the chosen configuration and the configuration
+    "nearest" would have taken is a contender too; the api row's record names it."""
+    import wavefront.measure.bench as bench
+    from wavefront.kernel.carry_over import CarryOverChoice
+    from wavefront.measure.rounds import bench_shapes, carry_over_record, contender_name
+    from wavefront.point import Point
+    L, tuning, gpu = launcher_on_fake_gpu
+    monkeypatch.setenv(CARRY_OVER_VARIABLE, "measure")
+    shape = Point(schedule="persistent+linear", batch=1, heads=32, seqlen=4096, head_dim=64)
+    q = (1, 32, 4096, 64)
+    _, configs = carry_over_configs(gpu.name, q, q, False)
+    made = []
+
+    def measure(*arrays, causal):
+        made.append((arrays, causal))
+        choice = CarryOverChoice(configs[1], tuple((c, 1.0, (1.0, 1.0)) for c in configs))
+        L._carry_over_choices[(gpu.name, q, q, causal)] = choice
+        return choice
+    monkeypatch.setattr(bench, "random_inputs", lambda point, seed: ("q", "k", "v"))
+    monkeypatch.setattr(L, "measure_carry_over", measure)
+    shapes, bound_of_api = bench_shapes([shape], gpu.name, tuned=False, api=True,
+                                        log=lambda m: None)
+    (members,) = shapes.values()
+    names = [contender_name(p, members[0]) for p in members]
+    nearest = shape.replace(**L.nearest_config(q, q, False))
+    chosen = shape.replace(**configs[1])
+    assert made == [(("q", "k", "v"), False)]
+    assert bound_of_api[shape] == contender_name(chosen, members[0]) in names
+    assert contender_name(nearest, members[0]) in names and nearest != chosen
+    record = carry_over_record(gpu.name, shape, members)
+    assert record["nearest"] == contender_name(nearest, members[0])
+    assert record["config"] == configs[1] and len(record["timed"]) == len(configs)

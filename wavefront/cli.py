@@ -742,7 +742,7 @@ def bench(points, levers, rounds, per_round, warmup, peers, tuned, api, carry_ov
             for row in bench_records(dev.name, shape, results, bound_of_api.get(shape),
                                      members):
                 if row["contender"] == API_CONTENDER:
-                    measured = carry_over_record(dev.name, shape)
+                    measured = carry_over_record(dev.name, shape, members)
                     if measured is not None:
                         row["carry_over"] = measured
                 rows.append(row)

@@ -58,7 +58,7 @@ def choose(configs, make_launcher, q, k, v, stream, make_lse=None, *, rounds=CAR
     stream (the caller makes `stream` current); the caller's are not touched."""
     import cupy
 
-    from wavefront.kernel.launcher import _stream_handle
+    from wavefront.kernel.launcher import _stream_handle, cupy_stream
     handle = stream if type(stream) is int else _stream_handle(stream)
     if cupy.cuda.runtime.streamIsCapturing(handle):
         return None
@@ -86,7 +86,7 @@ def choose(configs, make_launcher, q, k, v, stream, make_lse=None, *, rounds=CAR
         candidates.append((config, launcher, out))
     if not candidates:
         return None
-    timed_stream = cupy.cuda.Stream.null if handle == 0 else cupy.cuda.ExternalStream(handle)
+    timed_stream = cupy.cuda.Stream.null if handle == 0 else cupy_stream(handle)
     spans = {i: [] for i in range(len(candidates))}
     for r in range(rounds):
         order = list(range(len(candidates)))

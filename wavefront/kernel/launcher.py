@@ -711,7 +711,7 @@ def _carried_over(dev, q_shape, k_shape, causal: bool, measure) -> dict | None:
     `WAVEFRONT_CARRY_OVER=measure`, for a shape without an entry of its own, the fastest of
     the entries' distinct configurations timed on its first call (`measure`; None: not
     timed now, the nearest's then). None: no entry for this GPU, head dim and mask."""
-    from wavefront.kernel.tuning import carry_over_configs, carry_over_mode, tuned_config
+    from wavefront.kernel.tuning import carry_over_configs, carry_over_mode
 
     def fitted(config):
         return _one_wave_causal(config, q_shape, k_shape, causal, sms=dev.sms,
@@ -731,8 +731,20 @@ def _carried_over(dev, q_shape, k_shape, causal: bool, measure) -> dict | None:
                     _carry_over_choices[key] = choice
             if choice is not None:
                 return choice.config
-    tuned = tuned_config(dev.name, q_shape, k_shape, causal)
-    return None if tuned is None else fitted(tuned)
+    return nearest_config(q_shape, k_shape, causal, dev)
+
+
+def nearest_config(q_shape, k_shape, causal: bool, dev=None) -> dict | None:
+    """The configuration a call that chose nothing takes by "nearest": the nearest tuned
+    entry's (`ONE_WAVE_CAUSAL`'s tiles for a causal launch of one wave). None: no entry for
+    this GPU (default: the current one), head dim and mask."""
+    from wavefront.kernel.tuning import tuned_config
+    dev = dev or current_device()
+    tuned = tuned_config(dev.name, q_shape, k_shape, causal) if dev is not None else None
+    if tuned is None:
+        return None
+    return _one_wave_causal(tuned, q_shape, k_shape, causal, sms=dev.sms,
+                            l2_bytes=dev.l2_bytes)
 
 
 def _measurer(q, k, v, vq: _ArrayView, *, causal, scale, return_lse, l2_bytes, ctas,

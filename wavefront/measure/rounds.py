@@ -351,9 +351,11 @@ def _rows_error(point, q, k, v, out) -> float:
 def bench_shapes(points, gpu_name: str, *, tuned: bool, api: bool, log=print):
     """The contenders of `wavefront bench`, grouped by shape (the problem alone): the points
     asked for, plus with `tuned` the shape's tuned configuration and with `api` the bound
-    launcher of the configuration the public call resolves to. -> ({shape: [points]},
+    launcher of the configuration the public call resolves to. Under a measured carry-over
+    (`WAVEFRONT_CARRY_OVER=measure`) the call's choice is timed first, and the configuration
+    "nearest" would have taken joins the contenders. -> ({shape: [points]},
     {shape: the api contender's bound reference})."""
-    from wavefront.kernel.launcher import measure_carry_over, resolve_config
+    from wavefront.kernel.launcher import measure_carry_over, nearest_config, resolve_config
     from wavefront.kernel.tuning import carry_over_mode, tuned_config
     shapes: dict = {}
     for point in points:
@@ -376,6 +378,9 @@ def bench_shapes(points, gpu_name: str, *, tuned: bool, api: bool, log=print):
                 # bound launcher below is then the configuration the call will take.
                 from wavefront.measure.bench import random_inputs
                 choice = measure_carry_over(*random_inputs(shape, seed=7), causal=shape.causal)
+                nearest = nearest_config(q, kv, shape.causal)
+                if nearest is not None:  # what "nearest" would have run, in the same rounds
+                    extra.append(shape.replace(**nearest))
                 if choice is not None:
                     log(f"carry-over measured at B{shape.batch} H{shape.heads} KV{shape.kv_heads_}"
                         f" S{shape.seqlen} D{shape.head_dim} causal={shape.causal}: "
@@ -394,14 +399,19 @@ def _config_text(config: dict) -> str:
     return " ".join(f"{k}={v}" for k, v in config.items() if v is not None)
 
 
-def carry_over_record(gpu_name: str, shape) -> dict | None:
+def carry_over_record(gpu_name: str, shape, members) -> dict | None:
     """What the measured carry-over timed and chose for this shape in this process
-    (`CarryOverChoice.as_dict`), None where it timed nothing."""
-    from wavefront.kernel.launcher import carry_over_choices
+    (`CarryOverChoice.as_dict`) and `nearest`: the contender of the configuration "nearest"
+    resolves to (`bench_shapes` times it), None where it timed nothing."""
+    from wavefront.kernel.launcher import carry_over_choices, nearest_config
     q = (shape.batch, shape.heads, shape.seqlen, shape.head_dim)
     kv = (shape.batch, shape.kv_heads_, shape.seqlen, shape.head_dim)
     choice = carry_over_choices().get((gpu_name, q, kv, shape.causal))
-    return None if choice is None else choice.as_dict()
+    if choice is None:
+        return None
+    nearest = nearest_config(q, kv, shape.causal)
+    return {**choice.as_dict(),
+            "nearest": contender_name(shape.replace(**nearest), members[0])}
 
 
 def bench_records(gpu_name: str, shape, results: list[RoundsResult],
