@@ -34,6 +34,9 @@ def test_the_candidates_are_the_entries_distinct_configurations_nearest_first(tm
     s8k = (1, 32, 8192, 64)
     exact, configs = carry_over_configs("G", s8k, s8k, False, path)
     assert exact and configs == [OTHER, BASE]
+    as_many_rows = (4, 8, 8192, 64)  # distance 0 from B1 H32 S8k, not its shape
+    exact, configs = carry_over_configs("G", as_many_rows, as_many_rows, False, path)
+    assert not exact and configs == [OTHER, BASE]
     # the mask and the head dim select the entries; none: nothing to choose from
     assert carry_over_configs("G", s8k, s8k, True, path) == (True, [BASE])
     assert carry_over_configs("G", (1, 32, 8192, 128), (1, 32, 8192, 128), False,

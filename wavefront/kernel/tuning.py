@@ -175,7 +175,9 @@ def carry_over_configs(gpu_name: str, q_shape, k_shape, causal: bool,
     """-> (whether an entry was tuned at exactly this problem's shape, the distinct `attention`
     arguments of this GPU's entries for its head dim and mask, nearest entry first): what a
     measured carry-over chooses from. Entries that share a configuration count once, at the
-    nearest of them."""
+    nearest of them. A shape at distance 0 from an entry but not its shape (B4 H8 S8k from
+    B1 H32 S8k: as many rows, as long) is not exact: the distance is a guess, the shape's own
+    search is not."""
     shape = _problem_shape(q_shape, k_shape)
     if shape is None:
         return False, []
@@ -185,7 +187,7 @@ def carry_over_configs(gpu_name: str, q_shape, k_shape, causal: bool,
         config = _config(gpu_name, key, entry, path)
         if config not in configs:
             configs.append(config)
-    return bool(ranked) and ranked[0][0] == 0, configs
+    return any(tuned == shape for _, _, tuned, _ in ranked), configs
 
 
 def write_entry(gpu_name: str, head_dim: int, causal: bool, entry: dict,
