@@ -8,6 +8,7 @@ DRAFT = (
     "schedule_cost",
     "lever_search",
     "untuned_shapes",
+    "carry_over",
     "public_call",
     "d128_limits",
     "varlen_batches",
