@@ -30,7 +30,10 @@ def attention(q, k, v, *, causal: bool = False, schedule: str | None = None,
     Kernel levers, by name (listed below, from `wavefront.point.LEVERS`). When none of
     schedule, tiles, occupancy and levers is given, the configuration `wavefront tune` measured fastest on this GPU for this head dim,
     mask and the nearest tuned shape is used (wavefront/kernel/tuned.json), else
-    persistent+linear with the default tiles.
+    persistent+linear with the default tiles. With WAVEFRONT_CARRY_OVER=measure in the
+    environment, a shape without an entry of its own times the entries' distinct
+    configurations on its first call instead and keeps the fastest for the process
+    (`wavefront.kernel.carry_over`; the first call pays their compiles).
 
     The first call of a shape builds its launcher (binary, work table); later calls with the
     same shapes, strides, dtype, device and options reuse it from a bounded cache and cost
