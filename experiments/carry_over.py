@@ -65,6 +65,7 @@ def rows(study) -> pd.DataFrame:
                    "causal": api["shape"]["causal"],
                    "candidates": len(measured["timed"]), "left out": len(measured["left_out"]),
                    "first call s": measured["seconds"],
+                   "first call ms": [t["ms"] for t in measured["timed"]],
                    "chosen": _short(measured["config"]),
                    "nearest": _short(measured["timed"][0]["config"]),
                    "differs": api["bound"] != measured["nearest"],
@@ -96,55 +97,69 @@ def table(study) -> pd.DataFrame:
         for _, r in d.iterrows()])
 
 
+def _per_gpu(d: pd.DataFrame, text) -> str:
+    return "; ".join(f"{gpu}: {text(sub)}" for gpu, sub in d.groupby("GPU"))
+
+
 def section(study) -> Section:
     s = Section()
     d = rows(study)
     gpus = ", ".join(sorted(set(d["GPU"])))
+    key = d["GPU"] + " " + d["shape"]
     differs = d[d["differs"]]
-    s.claim(f"The measured carry-over chose another configuration than 'nearest' on "
-            f"{len(differs)} of {len(d)} held-out shape-masks ({gpus}).",
-            len(d) >= 10 and bool((d["candidates"] >= 2).all()),
-            dict(zip(d["shape"], d["differs"])))
+    s.claim("The measured carry-over chose another configuration than 'nearest' on "
+            + _per_gpu(d, lambda g: f"{int(g['differs'].sum())} of {len(g)}")
+            + " held-out shape-masks.",
+            len(d) >= 10 and bool((d["candidates"] >= 2).all()), dict(zip(key, d["differs"])))
     losses = d[d["hi"] < 1.0]
     s.claim(f"In the bench's rounds the choice was never slower than 'nearest' beyond the noise: "
             f"the chosen configuration's paired ratio to it ran {d['chosen vs nearest'].min():.3f}"
-            f"-{d['chosen vs nearest'].max():.3f}, and no 95% interval lies below 1.",
-            len(losses) == 0, dict(zip(d["shape"], d["chosen vs nearest"].round(3))))
+            f"-{d['chosen vs nearest'].max():.3f} on {gpus}, and no 95% interval lies below 1.",
+            len(losses) == 0, dict(zip(key, d["chosen vs nearest"].round(3))))
     gains = differs[differs["lo"] > 1.0]
-    gain_text = "; ".join(f"{r['shape']} {r['chosen vs nearest']:.3f}x [{r['lo']:.3f}, "
-                          f"{r['hi']:.3f}] ({r['nearest']} -> {r['chosen']})"
+    gain_text = "; ".join(f"{r['GPU']} {r['shape']} {r['chosen vs nearest']:.3f}x "
+                          f"[{r['lo']:.3f}, {r['hi']:.3f}] ({r['nearest']} -> {r['chosen']})"
                           for _, r in gains.iterrows())
-    tie = d[d["shape"] == TIE]
-    s.claim(f"Where the choice gained beyond its interval: {gain_text or 'nowhere'}. The tie of "
-            "`untuned_shapes` is among them: there 'nearest' took the entry first in name order.",
-            len(tie) == 1 and bool((tie["lo"] > 1.0).all()),
-            dict(zip(gains["shape"], gains["chosen vs nearest"].round(3))))
+    tie = d[d["shape"] == TIE].set_index("GPU")
+    tie_text = "; ".join(f"{gpu} {r['chosen vs nearest']:.3f} [{r['lo']:.3f}, {r['hi']:.3f}]"
+                         + ("" if r["differs"] else " (kept the nearest's)") + ", first call "
+                         + " vs ".join(f"{ms:.4f}" for ms in r["first call ms"]) + " ms"
+                         for gpu, r in tie.iterrows())
+    s.claim(f"Where the choice gained beyond its interval: {gain_text or 'nowhere'}. At "
+            f"`untuned_shapes`' tie ({TIE}, where 'nearest' takes the entry first in name "
+            f"order): {tie_text}. It gains where one of the two configurations is faster and "
+            "keeps the nearest's where they time alike.",
+            len(tie) >= 1 and bool((tie["hi"] >= 1.0).all())
+            and bool(((tie["lo"] > 1.0) | ~tie["differs"] | (tie["hi"] - tie["lo"] < 0.05)).all())
+            and bool((tie["lo"] > 1.0).any()),
+            dict(zip(tie.index, tie["chosen vs nearest"].round(3))))
     even = differs[(differs["lo"] <= 1.0) & (differs["hi"] >= 1.0)]
     wash = even[(even["chosen vs nearest"] - 1).abs() < 0.01]
-    listed = "; ".join(f"{r['shape']} {r['chosen vs nearest']:.3f} [{r['lo']:.3f}, "
+    listed = "; ".join(f"{r['GPU']} {r['shape']} {r['chosen vs nearest']:.3f} [{r['lo']:.3f}, "
                        f"{r['hi']:.3f}]" for _, r in even.iterrows())
     s.claim(f"Where it chose another configuration without a gain beyond the interval ({listed}), "
             f"{len(wash)} of the {len(even)} ran within 1% of 'nearest': which candidate the "
             "first call keeps matters little there.",
             len(even) == 0 or bool(((even["lo"] <= 1.0) & (even["hi"] >= 1.0)).all()),
-            dict(zip(even["shape"], even["chosen vs nearest"].round(3))))
+            dict(zip(even["GPU"] + " " + even["shape"], even["chosen vs nearest"].round(3))))
     first = d["first call s"]
     s.claim(f"The first call's timing took {first.min():.1f}-{first.max():.1f} s of host time "
             f"({d['candidates'].min()}-{d['candidates'].max()} candidates), almost all of it "
             f"the candidates' compiles: {first.min():.1f} s where the bench process had compiled "
             "the same configurations for its previous sequence length. That is why it is "
             "opt-in.",
-            bool((first > 0).all()) and float(first.min()) < 1.0,
-            dict(zip(d["shape"], first.round(2))))
+            bool((first > 0).all()) and float(first.min()) < 1.0, dict(zip(key, first.round(2))))
     below = d[d["call x cudnn"] < 1.0]
     d128_full = below["shape"].str.contains("D128") & ~below["causal"].astype(bool)
-    s.claim(f"With it the public call ran {d['call x cudnn'].min():.3f}-"
-            f"{d['call x cudnn'].max():.3f}x cuDNN, {int((d['call x cudnn'] >= 1.0).sum())} of "
-            f"{len(d)} at or above 1.0x; {int(d128_full.sum())} of the {len(below)} below are "
-            "D=128 non-causal, where every entry's configuration sits below cuDNN "
-            "(`d128_limits`): choosing among them cannot lift it.",
+    s.claim("With it the public call ran "
+            + _per_gpu(d, lambda g: f"{g['call x cudnn'].min():.3f}-{g['call x cudnn'].max():.3f}"
+                       f"x cuDNN, {int((g['call x cudnn'] >= 1.0).sum())} of {len(g)} at or "
+                       "above 1.0x")
+            + f". {int(d128_full.sum())} of the {len(below)} below are D=128 non-causal, where "
+            "every entry's configuration sits below cuDNN (`d128_limits`): choosing among them "
+            "cannot lift it.",
             len(below) > 0 and int(d128_full.sum()) >= len(below) - 2,
-            dict(zip(d["shape"], d["call x cudnn"].round(3))))
+            dict(zip(key, d["call x cudnn"].round(3))))
     intro = wrap(
         "`wavefront.attention` under `WAVEFRONT_CARRY_OVER=measure` (or `wavefront bench "
         "--carry-over measure`): a shape without an entry of its own times the distinct "

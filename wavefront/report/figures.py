@@ -489,19 +489,19 @@ def untuned_shapes(d: pd.DataFrame):
 
 
 def carry_over(d: pd.DataFrame):
-    """Per held-out shape-mask, one panel per GPU: the configuration the measured carry-over
-    chose against the one "nearest" takes (paired by round, 95% interval), and the public
-    call against cuDNN."""
+    """Per held-out shape-mask, one row of panels per GPU: the configuration the measured
+    carry-over chose against the one "nearest" takes (paired by round, 95% interval), and the
+    public call against cuDNN."""
     shapes = list(dict.fromkeys(d["shape"]))
     gpus = sorted(set(d["GPU"]))
     with style():
-        fig, axes = plt.subplots(1, 2 * len(gpus), figsize=(4.2 * 2 * len(gpus) + 1.6,
-                                                            0.4 * len(shapes) + 1.8),
-                                 sharey=True, squeeze=False)
-        for k, gpu in enumerate(gpus):
+        fig, axes = plt.subplots(len(gpus), 2, figsize=(11.5, len(gpus) * (0.36 * len(shapes)
+                                                                              + 1.2) + 0.6),
+                                 sharey=True, sharex="col", squeeze=False)
+        for row, gpu in zip(axes, gpus):
             sub = d[d["GPU"] == gpu]
             y = sub["shape"].map({s: i for i, s in enumerate(shapes)})
-            ax = axes[0][2 * k]
+            ax = row[0]
             for differs, color, label in ((True, "tab:blue", "chose another configuration"),
                                           (False, "tab:gray", "chose the nearest's")):
                 part = sub["differs"] == differs
@@ -510,21 +510,21 @@ def carry_over(d: pd.DataFrame):
                                   (sub["hi"] - sub["chosen vs nearest"])[part]],
                             fmt="o", ms=4, capsize=2, color=color, label=label)
             ax.axvline(1.0, color="k", ls="--", lw=1)
-            ax.set_xlabel("chosen / nearest's configuration, time ratio (> 1: faster)")
             ax.set_title(f"{gpu}: measured choice vs 'nearest'", fontsize=9)
             ax.legend(fontsize=7, loc="lower right")
-            ax = axes[0][2 * k + 1]
+            ax = row[1]
             ax.errorbar(sub["call x cudnn"], y, xerr=[sub["call x cudnn"] - sub["call x cudnn lo"],
                                                       sub["call x cudnn hi"] - sub["call x cudnn"]],
                         fmt="o", ms=4, capsize=2, color="tab:orange", label="public call")
             ax.axvline(1.0, color="k", ls="--", lw=1)
             ax.set_xscale("log")
             plain_log(ax.xaxis, ticks=[0.9, 1.0, 1.2, 1.5, 2.0, 3.0])
-            ax.set_xlabel("public call / cuDNN, time ratio (> 1: faster; log)")
             ax.set_title(f"{gpu}: the call, measured carry-over", fontsize=9)
-        axes[0][0].set_yticks(range(len(shapes)))
-        axes[0][0].set_yticklabels(shapes, fontsize=8)
+            row[0].set_yticks(range(len(shapes)))
+            row[0].set_yticklabels(shapes, fontsize=8)
         axes[0][0].invert_yaxis()
+        axes[-1][0].set_xlabel("chosen / nearest's configuration, time ratio (> 1: faster)")
+        axes[-1][1].set_xlabel("public call / cuDNN, time ratio (> 1: faster; log)")
         fig.suptitle("Measured carry-over on held-out shapes, bf16: 15 interleaved rounds x 5 "
                      "launches, ratios paired by round, 95% intervals", fontsize=9)
         fig.tight_layout()
