@@ -249,3 +249,16 @@ def test_each_prediction_lies_in_its_nudged_spread():
     for column in ("dram_read_gb", "dram_read_gb_fast", "tflops", "tflops_fast"):
         assert (pred[f"{column}_min"] <= pred[column]).all(), column
         assert (pred[column] <= pred[f"{column}_max"]).all(), column
+
+
+def test_fits_json_keeps_the_start_of_a_long_evidence():
+    """A claim's evidence is kept whole up to EVIDENCE_KEPT characters, longer ones cut there
+    with how much was left out; the committed fits.json holds none longer."""
+    from wavefront.report.paper import EVIDENCE_KEPT, kept_evidence
+    short = "x" * EVIDENCE_KEPT
+    assert kept_evidence(short) == short
+    cut = kept_evidence("y" * (EVIDENCE_KEPT + 7))
+    assert cut.startswith("y" * EVIDENCE_KEPT + " ... [7 more characters")
+    committed = json.loads((ROOT / "paper" / "fits.json").read_text())["claims"]
+    assert all(len(c["evidence"]) <= len(kept_evidence("z" * (EVIDENCE_KEPT + 99999)))
+               for c in committed)

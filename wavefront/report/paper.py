@@ -94,7 +94,7 @@ def _build_into(data_dir, paper_dir: Path, experiments_dir, log) -> dict:
             "out_of_sample": timed.validation_table(study).to_dict(orient="records"),
             "advisor_on_held_out_shapes": timed.advisor_check(study).to_dict(orient="records"),
             "predictions": timed.predictions(study).to_dict(orient="records")},
-        "claims": [{"text": c.text, "holds": c.holds, "evidence": c.evidence}
+        "claims": [{"text": c.text, "holds": c.holds, "evidence": kept_evidence(c.evidence)}
                    for c in numbers.claims],
     }
     # Written without the elapsed time, so regenerating from the same data changes nothing;
@@ -102,6 +102,22 @@ def _build_into(data_dir, paper_dir: Path, experiments_dir, log) -> dict:
     (paper_dir / "fits.json").write_text(_json_lines(round_significant(summary, 7)))
     summary["seconds"] = time.perf_counter() - start
     return summary
+
+
+# A claim's evidence in fits.json: its first characters. A few claims check whole tables
+# (16 KB of one claim's evidence was a DataFrame's dictionary), and the repository travels to
+# every GPU call; the whole evidence is what `wavefront paper` computes from data/ each time,
+# and a claim that fails prints it.
+EVIDENCE_KEPT = 1500
+
+
+def kept_evidence(evidence: str) -> str:
+    """`evidence` as fits.json keeps it: whole up to EVIDENCE_KEPT characters, else its start
+    and how much was left out."""
+    if len(evidence) <= EVIDENCE_KEPT:
+        return evidence
+    return (f"{evidence[:EVIDENCE_KEPT]} ... [{len(evidence) - EVIDENCE_KEPT} more characters, "
+            "not kept here: `wavefront paper` recomputes the whole from data/]")
 
 
 def _json_lines(summary: dict) -> str:
