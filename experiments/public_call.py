@@ -7,8 +7,9 @@ per launch as a user calls it, with a new output each call. Its ratio to the bou
 the configuration it resolves to, paired by round, is what the call's host work costs. Issue 20
 asks for 0.97 at B1 H32 S8k D128 and 0.9 at B1 H8 S1k D64.
 
-Every commit's runs are kept under `data/public_call/<commit>/`, and this experiment reads all
-of them. The call changed between those commits: a launcher cache, a positional hot path,
+Every commit's runs are kept: a new run lands in `data/public_call/<commit>/`, and
+`scripts/fold_public_call.py` folds the committed ones into `data/public_call/bench_runs.jsonl.gz`
+(each record's `source` names the file it was); this experiment reads all of them. The call changed between those commits: a launcher cache, a positional hot path,
 prepared launches. The kernel's source is 571b462's from that commit on. Runs before e9fadbe
 record no calls per round: the bench's default, 5, unless the run's or file's name says 20 or
 40.
@@ -33,6 +34,7 @@ from wavefront.report.draft import Section, md_table, paragraphs, span
 from wavefront.report.experiments import run_as_script
 from wavefront.report.figures import short_gpu
 from wavefront.results.records import BENCH_RECORDS, shape_name
+from wavefront.results.store import SchemaError
 
 DATASETS = ()
 RECORDS = ("public_call",)
@@ -73,6 +75,31 @@ def measure(out_dir) -> int:
     return failed
 
 
+FOLDED = "bench_runs.jsonl"  # the committed runs' records, one file (scripts/fold_public_call.py)
+
+
+def bench_files(study) -> dict:
+    """{'<commit>/<file name without .jsonl>': records} of every run: the committed ones
+    folded into FOLDED (each record's `source`), and any still in their commit's folder (a
+    new run's bench.jsonl), in name order. A source in both is refused."""
+    files: dict = {}
+    try:
+        for r in study.records(BENCH_RECORDS, "public_call", pattern=FOLDED)[FOLDED.split(".")[0]]:
+            files.setdefault(r["source"], []).append(r)
+    except SchemaError:  # nothing folded yet
+        pass
+    try:
+        loose = study.records(BENCH_RECORDS, "public_call", pattern="*/bench*.jsonl")
+    except SchemaError:
+        loose = {}
+    for source, records in loose.items():
+        if source in files:
+            raise ValueError(f"data/public_call: {source} is both in {FOLDED} and a file of its "
+                             "own; keep one")
+        files[source] = records
+    return dict(sorted(files.items()))
+
+
 def _measured_on(study) -> dict:
     """Commit folder -> when its first run was measured: the dates of data/public_call's
     manifest entries that name the folder, and of the folder's own manifest where it has
@@ -95,8 +122,7 @@ def rows(study) -> pd.DataFrame:
     microseconds per call of it, its bound launcher and cuDNN. Runs in the order measured."""
     dates = _measured_on(study)
     out = []
-    for path, records in study.records(BENCH_RECORDS, "public_call",
-                                       pattern="*/bench*.jsonl").items():
+    for path, records in bench_files(study).items():
         commit, file = path.split("/", 1)
         if commit not in dates:
             raise ValueError(f"data/public_call/{commit}: no manifest entry names this folder")
@@ -138,8 +164,7 @@ def probe_rounds(study) -> pd.DataFrame:
     that round (the bound launch's time per call over the call's, both from the round's
     events)."""
     out = []
-    for path, records in study.records(BENCH_RECORDS, "public_call",
-                                       pattern="*/bench*.jsonl").items():
+    for path, records in bench_files(study).items():
         commit, file = path.split("/", 1)
         by = {(r.get("run"), shape_name(r["shape"]), r["contender"]): r
               for r in records if "contender" in r}

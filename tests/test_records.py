@@ -4,6 +4,7 @@ import gzip
 import json
 from pathlib import Path
 
+import pandas as pd
 import pytest
 
 from wavefront.point import KERNEL_LEVERS
@@ -186,10 +187,9 @@ def test_bench_records_carry_each_contenders_whole_configuration():
     assert "config" not in by["cudnn"]
 
 
-def test_the_public_call_experiment_reads_each_rounds_ratio_against_its_hosts_speed(tmp_path):
-    """`experiments/public_call.py`'s per-round rows: each round's ratio is the bound launch's
-    sample over the call's of the same round, beside the host probe read after that round;
-    records without a probe (before c0ad489) give no rows."""
+def _public_call_run(tmp_path, probes, call_ms):
+    """A data/public_call with one commit folder: a run with the host probe (bench_s1k) and
+    one from before it (bench_old). -> the experiment module."""
     from wavefront.measure.rounds import API_CONTENDER, RoundsResult, bench_records
     from wavefront.point import Point
     from wavefront.report.experiments import discover
@@ -199,8 +199,6 @@ def test_the_public_call_experiment_reads_each_rounds_ratio_against_its_hosts_sp
         return RoundsResult(name, ms, sorted(ms)[len(ms) // 2], (min(ms), max(ms)), 1.0,
                             (1.0, 1.0), 0, len(ms), per_round=20, host_probe_us=probes)
     bound = "persistent+linear [tiles=128x128]"
-    probes = [2.8, 2.8, 5.0, 2.9, 6.0, 2.8, 2.7]
-    call_ms = [0.015, 0.015, 0.02, 0.0149, 0.021, 0.0151, 0.015]
     shape = Point(schedule="persistent+linear", seqlen=1024, head_dim=64, batch=1, heads=8)
     folder = tmp_path / "public_call" / "abc1234"
     folder.mkdir(parents=True)
@@ -210,12 +208,55 @@ def test_the_public_call_experiment_reads_each_rounds_ratio_against_its_hosts_sp
     (folder / "bench_s1k.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     old = [{**r, "host_probe_us": []} for r in rows]  # a run from before the probe
     (folder / "bench_old.jsonl").write_text("".join(json.dumps(r) + "\n" for r in old))
+    return public_call
+
+
+PROBES = [2.8, 2.8, 5.0, 2.9, 6.0, 2.8, 2.7]
+CALL_MS = [0.015, 0.015, 0.02, 0.0149, 0.021, 0.0151, 0.015]
+
+
+def test_the_public_call_experiment_reads_each_rounds_ratio_against_its_hosts_speed(tmp_path):
+    """`experiments/public_call.py`'s per-round rows: each round's ratio is the bound launch's
+    sample over the call's of the same round, beside the host probe read after that round;
+    records without a probe (before c0ad489) give no rows."""
+    public_call = _public_call_run(tmp_path, PROBES, CALL_MS)
     got = public_call.probe_rounds(Study(tmp_path))
     assert list(got["round"]) == list(range(7)) and set(got["file"]) == {"bench_s1k"}
-    assert list(got["probe us"]) == probes
-    assert list(got["x bound"]) == pytest.approx([0.0148 / ms for ms in call_ms])
+    assert list(got["probe us"]) == PROBES
+    assert list(got["x bound"]) == pytest.approx([0.0148 / ms for ms in CALL_MS])
     assert set(got["shape"]) == {"B1 H8 S1k D64"} and set(got["mask"]) == {"full"}
     assert set(got["per round"]) == {20}
+
+
+def test_folded_public_call_runs_read_as_their_files(tmp_path):
+    """`scripts/fold_public_call.py` moves each commit folder's bench files into one records
+    file, each record marked with its file; the experiment reads the same runs from it, a new
+    run's file beside it too, and refuses a run that is in both (so does a second fold)."""
+    import importlib.util
+    public_call = _public_call_run(tmp_path, PROBES, CALL_MS)
+    before = public_call.probe_rounds(Study(tmp_path))
+    spec = importlib.util.spec_from_file_location(
+        "fold_public_call", Path(__file__).parent.parent / "scripts" / "fold_public_call.py")
+    fold = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(fold)
+    directory = tmp_path / "public_call"
+    assert fold.fold(directory) == 2
+    assert not list(directory.glob("*/bench*")) and (directory / fold.FOLDED).exists()
+    pd.testing.assert_frame_equal(public_call.probe_rounds(Study(tmp_path)), before)
+    assert list(public_call.bench_files(Study(tmp_path))) == ["abc1234/bench_old",
+                                                              "abc1234/bench_s1k"]
+    new = directory / "def5678"
+    new.mkdir()
+    (new / "bench.jsonl").write_text((directory / fold.FOLDED).read_text().splitlines()[0]
+                                     + "\n")
+    assert list(public_call.bench_files(Study(tmp_path)))[-1] == "def5678/bench"
+    again = directory / "abc1234" / "bench_s1k.jsonl"
+    again.write_text((new / "bench.jsonl").read_text())
+    with pytest.raises(ValueError, match="abc1234/bench_s1k is both in bench_runs.jsonl"):
+        public_call.bench_files(Study(tmp_path))
+    with pytest.raises(SystemExit, match="folded already"):
+        fold.fold(directory)
+    assert again.exists()  # nothing written by the refused fold
 
 
 def test_the_bench_names_the_shapes_whose_rounds_ran_on_a_slow_host():
