@@ -186,3 +186,51 @@ def test_a_bench_under_measure_times_the_choice_beside_what_nearest_takes(
     record = carry_over_record(gpu.name, shape, members)
     assert record["nearest"] == contender_name(nearest, members[0])
     assert record["config"] == configs[1] and len(record["timed"]) == len(configs)
+
+
+def test_a_stored_choice_is_read_back_for_its_problem_and_table_only(tmp_path):
+    """The choices file keeps each problem's choice beside the others; a choice is read back
+    only for the same GPU, shapes, mask and version of the tuned table, and only while its
+    configuration is still a candidate; a file that is not one names the variable."""
+    from wavefront.kernel.carry_over import (CARRY_OVER_FILE_VARIABLE, CarryOverChoice,
+                                             store_choice, stored_choice)
+    path = tmp_path / "deep" / "choices.json"
+    q = (1, 32, 4096, 64)
+    choice = CarryOverChoice(OTHER, ((BASE, 0.31, (0.30, 0.32)), (OTHER, 0.30, (0.29, 0.31))),
+                             ((BASE, "differs"),), 3.5)
+    assert stored_choice(path, "G", q, q, False, "t1", [BASE, OTHER]) is None  # no file yet
+    store_choice(path, "G", q, q, False, "t1", choice)
+    store_choice(path, "G", q, q, True, "t1", CarryOverChoice(BASE, ((BASE, 0.2, (0.2, 0.2)),)))
+    assert stored_choice(path, "G", q, q, False, "t1", [BASE, OTHER]) == choice
+    assert stored_choice(path, "G", q, q, True, "t1", [BASE, OTHER]).config == BASE
+    assert stored_choice(path, "G", q, q, False, "t2", [BASE, OTHER]) is None  # another table
+    assert stored_choice(path, "H", q, q, False, "t1", [BASE, OTHER]) is None  # another GPU
+    assert stored_choice(path, "G", q, q, False, "t1", [BASE]) is None  # no longer a candidate
+    assert [p.name for p in path.parent.iterdir()] == ["choices.json"]  # no temporary left
+    path.write_text("[1, 2]")
+    with pytest.raises(ValueError, match=f"{CARRY_OVER_FILE_VARIABLE}=.*expected a JSON object"):
+        stored_choice(path, "G", q, q, False, "t1", [BASE])
+
+
+def test_a_later_process_takes_the_stored_choice_without_timing(
+        launcher_on_fake_gpu, monkeypatch, tmp_path):
+    """With WAVEFRONT_CARRY_OVER_FILE set, the first timing is stored; once the process's
+    choices are forgotten (a new process), the problem's first launcher reads it back and
+    times nothing."""
+    from wavefront.kernel.carry_over import CARRY_OVER_FILE_VARIABLE, CarryOverChoice
+    L, tuning, gpu = launcher_on_fake_gpu
+    path = tmp_path / "choices.json"
+    monkeypatch.setenv(CARRY_OVER_VARIABLE, "measure")
+    monkeypatch.setenv(CARRY_OVER_FILE_VARIABLE, str(path))
+    shape = (1, 32, 4096, 64)
+
+    def measure(configs):
+        return CarryOverChoice(configs[-1], tuple((c, 1.0, (1.0, 1.0)) for c in configs))
+    chosen = _resolve(L, shape, False, measure)
+    assert path.exists() and len(json.loads(path.read_text())) == 1
+    L.clear_launcher_cache()
+
+    def must_not_time(configs):
+        raise AssertionError("timed again")
+    assert _resolve(L, shape, False, must_not_time) == chosen
+    assert L.carry_over_choices()[(gpu.name, shape, shape, False)].config == chosen

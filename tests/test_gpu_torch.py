@@ -892,18 +892,24 @@ def test_a_prepared_launch_on_a_gpu_other_than_the_current_one(monkeypatch):
     assert launcher.launches_prepared, launcher.prepare_failure
 
 
-def test_a_measured_carry_over_times_the_entries_and_launches_the_fastest(monkeypatch):
+def test_a_measured_carry_over_times_the_entries_and_launches_the_fastest(monkeypatch,
+                                                                          tmp_path):
     """Under WAVEFRONT_CARRY_OVER=measure a shape without an entry of its own times its GPU's
     entries' distinct configurations on its first call, each output agreeing with the nearest
     entry's, and launches the fastest: correct, once per problem (a later call with other
-    options or CuPy arrays takes the kept choice), on a side stream too."""
+    options or CuPy arrays takes the kept choice), on a side stream too; stored in the choices
+    file for later processes."""
+    import json
+
     import cupy
 
     import wavefront
     from wavefront.device import current_device
     from wavefront.kernel import launcher as kernel_launcher
+    from wavefront.kernel.carry_over import CARRY_OVER_FILE_VARIABLE
     from wavefront.kernel.tuning import CARRY_OVER_VARIABLE, carry_over_configs
     monkeypatch.setenv(CARRY_OVER_VARIABLE, "measure")
+    monkeypatch.setenv(CARRY_OVER_FILE_VARIABLE, str(tmp_path / "choices.json"))
     kernel_launcher.clear_launcher_cache()
     q, k, v = _inputs(31, batch=1, heads=8, kv_heads=8, seqlen=1024)
     gpu = current_device().name
@@ -923,6 +929,8 @@ def test_a_measured_carry_over_times_the_entries_and_launches_the_fastest(monkey
     assert all(lo <= ms <= hi and ms > 0 for _, ms, (lo, hi) in choice.timed)
     assert choice.seconds > 0
     assert choice.config == min(choice.timed, key=lambda t: t[1])[0]
+    (stored,) = json.loads((tmp_path / "choices.json").read_text()).values()
+    assert stored["config"] == choice.config
     (launcher,) = kernel_launcher._launchers.values()
     launch = launcher.launch
     assert (f"{launch.cta.name}+{launch.kv.name}", launch.ctas_per_sm) == (

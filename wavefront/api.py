@@ -33,7 +33,8 @@ def attention(q, k, v, *, causal: bool = False, schedule: str | None = None,
     persistent+linear with the default tiles. With WAVEFRONT_CARRY_OVER=measure in the
     environment, a shape without an entry of its own times the entries' distinct
     configurations on its first call instead and keeps the fastest for the process
-    (`wavefront.kernel.carry_over`; the first call pays their compiles).
+    (`wavefront.kernel.carry_over`; the first call pays their compiles), and in the JSON file
+    WAVEFRONT_CARRY_OVER_FILE names, if set, for later processes.
 
     The first call of a shape builds its launcher (binary, work table); later calls with the
     same shapes, strides, dtype, device and options reuse it from a bounded cache and cost

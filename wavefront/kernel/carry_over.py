@@ -6,17 +6,24 @@ the winner of a search at one shape. A shape without an entry of its own takes t
 entry's configuration by default, and the nearest is not always the fastest there: at B1 H32
 S4k D64 non-causal, equally near two entries, the configuration it took ran 0.981x cuDNN and
 the other 1.027x (data/untuned_shapes/tie_s4k/). The entries' configurations are few (two or
-three distinct ones per head dim and mask) and each is already compiled and correct, so timing
-them all on the caller's own arrays costs a few launches each: cheap next to the compiles a
-first call does anyway. `WAVEFRONT_CARRY_OVER=measure` turns it on
-(`wavefront.kernel.tuning.carry_over_mode`); the choice is kept per (GPU, shapes, mask) for the
-process (`wavefront.kernel.launcher.carry_over_choices`).
+three distinct ones per head dim and mask), so timing them all on the caller's own arrays costs
+a few launches each, and a compile each: seconds, once. `WAVEFRONT_CARRY_OVER=measure` turns it
+on (`wavefront.kernel.tuning.carry_over_mode`); the choice is kept per (GPU, shapes, mask) for
+the process (`wavefront.kernel.launcher.carry_over_choices`), and with
+`WAVEFRONT_CARRY_OVER_FILE=<path>` in a JSON file too, which later processes read before
+timing again (`stored_choice`, `store_choice`).
 """
 from __future__ import annotations
 
+import json
+import os
 import statistics
+import tempfile
 import time
 from dataclasses import dataclass
+from pathlib import Path
+
+CARRY_OVER_FILE_VARIABLE = "WAVEFRONT_CARRY_OVER_FILE"
 
 # Interleaved rounds, each launching every candidate a few times between one event pair, the
 # candidates' order rotated per round so that none always runs first after another's L2 state.
@@ -46,6 +53,68 @@ class CarryOverChoice:
                           for c, ms, span in self.timed],
                 "left_out": [{"config": c, "why": why} for c, why in self.left_out],
                 "seconds": self.seconds}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "CarryOverChoice":
+        return cls(d["config"], tuple((t["config"], t["ms"], tuple(t["range_ms"]))
+                                      for t in d["timed"]),
+                   tuple((x["config"], x["why"]) for x in d.get("left_out", ())),
+                   d.get("seconds", 0.0))
+
+
+def choices_file() -> Path | None:
+    """The file measured choices are kept in across processes (`CARRY_OVER_FILE_VARIABLE`),
+    None where it is unset."""
+    path = os.environ.get(CARRY_OVER_FILE_VARIABLE, "").strip()
+    return Path(path).expanduser() if path else None
+
+
+def _file_key(gpu_name: str, q_shape, k_shape, causal: bool, table: str) -> str:
+    return (f"{gpu_name} q={list(q_shape)} k={list(k_shape)} "
+            f"{'causal' if causal else 'full'} table={table}")
+
+
+def _read_choices(path: Path) -> dict:
+    try:
+        stored = json.loads(path.read_text())
+    except FileNotFoundError:
+        return {}
+    except (OSError, ValueError) as exc:
+        raise ValueError(f"{CARRY_OVER_FILE_VARIABLE}={path}: not a file of measured choices "
+                         f"({type(exc).__name__}: {exc})") from None
+    if not isinstance(stored, dict):
+        raise ValueError(f"{CARRY_OVER_FILE_VARIABLE}={path}: expected a JSON object of "
+                         f"choices, got {type(stored).__name__}")
+    return stored
+
+
+def stored_choice(path: Path, gpu_name: str, q_shape, k_shape, causal: bool, table: str,
+                  candidates: list) -> CarryOverChoice | None:
+    """The choice a process stored in `path` for this problem and version of the tuned table
+    (`table`: its digest), if its configuration is still one of `candidates`; else None."""
+    found = _read_choices(path).get(_file_key(gpu_name, q_shape, k_shape, causal, table))
+    if found is None:
+        return None
+    choice = CarryOverChoice.from_dict(found)
+    return choice if choice.config in candidates else None
+
+
+def store_choice(path: Path, gpu_name: str, q_shape, k_shape, causal: bool, table: str,
+                 choice: CarryOverChoice) -> None:
+    """Add this problem's choice to `path` (the others kept), through a temporary file and an
+    atomic rename: a reader sees the old file or the new one. Two processes storing at once
+    may each keep only its own new choice; the other's is timed again later."""
+    stored = _read_choices(path)
+    stored[_file_key(gpu_name, q_shape, k_shape, causal, table)] = choice.as_dict()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".")
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump(stored, f, indent=1, sort_keys=True)
+        os.replace(tmp, path)
+    except BaseException:
+        os.unlink(tmp)
+        raise
 
 
 def choose(configs, make_launcher, q, k, v, stream, make_lse=None, *, rounds=CARRY_OVER_ROUNDS,

@@ -725,13 +725,28 @@ def _carried_over(dev, q_shape, k_shape, causal: bool, measure) -> dict | None:
         if not exact and len(candidates) > 1:
             key = (dev.name, tuple(q_shape), tuple(k_shape), causal)
             choice = _carry_over_choices.get(key)
-            if choice is None and measure is not None:
-                choice = measure(candidates)
-                if choice is not None:
-                    _carry_over_choices[key] = choice
+            if choice is None:
+                choice = _stored_or_measured(key, candidates, measure)
             if choice is not None:
                 return choice.config
     return nearest_config(q_shape, k_shape, causal, dev)
+
+
+def _stored_or_measured(key, candidates, measure):
+    """A choice for `key` from the choices file (`WAVEFRONT_CARRY_OVER_FILE`), else timed now
+    (`measure`) and stored there; kept for the process either way. None: neither."""
+    from wavefront.kernel import carry_over
+    from wavefront.kernel.tuning import table_digest
+    path = carry_over.choices_file()
+    table = table_digest()
+    choice = None if path is None else carry_over.stored_choice(path, *key, table, candidates)
+    if choice is None and measure is not None:
+        choice = measure(candidates)
+        if choice is not None and path is not None:
+            carry_over.store_choice(path, *key, table, choice)
+    if choice is not None:
+        _carry_over_choices[key] = choice
+    return choice
 
 
 def nearest_config(q_shape, k_shape, causal: bool, dev=None) -> dict | None:

@@ -162,12 +162,26 @@ CARRY_OVER_MODES = ("nearest", "measure")
 
 def carry_over_mode() -> str:
     """How a shape without an entry of its own takes one (`CARRY_OVER_VARIABLE`): "nearest"
-    (the default) or "measure"."""
+    (the default) or "measure" (`wavefront.kernel.carry_over`; its choices are kept across
+    processes where WAVEFRONT_CARRY_OVER_FILE names a file)."""
     mode = os.environ.get(CARRY_OVER_VARIABLE, "nearest").strip().lower() or "nearest"
     if mode not in CARRY_OVER_MODES:
         raise ValueError(f"{CARRY_OVER_VARIABLE} must be one of {', '.join(CARRY_OVER_MODES)}, "
                          f"got {os.environ[CARRY_OVER_VARIABLE]!r}")
     return mode
+
+
+def table_digest(path: Path = TUNED_TABLE) -> str:
+    """A short digest of the tuned table's content ('none' without a file): what a stored
+    measured choice was made from."""
+    stamp = _stamp(path)
+    return "none" if stamp is None else _digest(str(path), stamp)
+
+
+@functools.lru_cache(maxsize=8)
+def _digest(path: str, stamp: tuple) -> str:
+    import hashlib
+    return hashlib.sha1(Path(path).read_bytes()).hexdigest()[:12]
 
 
 def carry_over_configs(gpu_name: str, q_shape, k_shape, causal: bool,
