@@ -719,7 +719,7 @@ def _carried_over(dev, q_shape, k_shape, causal: bool, measure) -> dict | None:
     if carry_over_mode() == "measure":
         exact, configs = carry_over_configs(dev.name, q_shape, k_shape, causal)
         candidates = []
-        for config in map(fitted, configs):  # one wave of causal items: one candidate
+        for config in map(fitted, configs):  # as each would run: alike there, counted once
             if config not in candidates:
                 candidates.append(config)
         if not exact and len(candidates) > 1:
