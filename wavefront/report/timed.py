@@ -87,8 +87,10 @@ def calibrations(study) -> dict[str, Calibration]:
     return out
 
 
-def _validation_rows(study) -> pd.DataFrame:
-    cals = calibrations(study)
+def _validation_rows(study, cals: dict | None = None) -> pd.DataFrame:
+    """`validation_rows`, computed; `cals`: calibrations to simulate with instead of the fitted
+    ones (a nudged copy, say: scripts/validation_sensitivity.py)."""
+    cals = calibrations(study) if cals is None else cals
     rows = []
     for family in TIMED_FAMILIES:
         points, first = _points(study, family)
@@ -129,11 +131,12 @@ def _errors(predicted, measured) -> tuple[float, float]:
     return (float(np.median(e)), float(np.percentile(e, 90))) if len(e) else (np.nan, np.nan)
 
 
-def validation_table(study) -> pd.DataFrame:
+def validation_table(study, rows: pd.DataFrame | None = None) -> pd.DataFrame:
     """Per GPU and held-out family: |relative error| of DRAM reads and of kernel time (median
     and 90th percentile) over every point, and of DRAM reads over the points above the knee
-    (measured reads > ABOVE_KNEE x compulsory), against the issue's targets."""
-    rows = validation_rows(study)
+    (measured reads > ABOVE_KNEE x compulsory), against the issue's targets. `rows`: other
+    validation rows to score (default: `validation_rows`)."""
+    rows = validation_rows(study) if rows is None else rows
     out = []
     for (gpu, family), g in rows.groupby(["gpu", "family"], sort=False):
         dram = _errors(g["predicted_dram_bytes"], g["measured_dram_bytes"])
