@@ -18,6 +18,7 @@ round, with 95% intervals. The first-call timing is not the evidence: the rounds
 """
 import pandas as pd
 
+from wavefront.point import KERNEL_LEVERS
 from wavefront.report import figures
 from wavefront.report.draft import Section, md_table, wrap
 from wavefront.report.experiments import run_as_script
@@ -41,9 +42,10 @@ TIE = "B1 H32 S4k D64"  # the held-out shape equally near two entries (untuned_s
 
 
 def _short(config: dict) -> str:
-    """A configuration in a few words: schedule, tiles, occupancy and the levers set."""
+    """A configuration in a few words: schedule, tiles, occupancy and the levers set to other
+    than their defaults."""
     levers = " ".join(f"{k}={v}" for k, v in config.items()
-                      if k not in ("schedule", "tiles", "occupancy") and v not in (None, 0, 1))
+                      if k in KERNEL_LEVERS and v != KERNEL_LEVERS[k])
     return (f"{config['schedule'].replace('+linear', '')} {config['tiles']} "
             f"occ{config['occupancy']}" + (f" {levers}" if levers else ""))
 
@@ -67,7 +69,9 @@ def rows(study) -> pd.DataFrame:
                    "first call s": measured["seconds"],
                    "first call ms": [t["ms"] for t in measured["timed"]],
                    "chosen": _short(measured["config"]),
-                   "nearest": _short(measured["timed"][0]["config"]),
+                   # the candidates are timed nearest first; one that failed is left out
+                   "nearest": (_short(measured["timed"][0]["config"])
+                               if not measured["left_out"] else measured["nearest"]),
                    "differs": api["bound"] != measured["nearest"],
                    "throttled": api["throttled_rounds"], "rounds": api["rounds"]}
             row["chosen vs nearest"], row["lo"], row["hi"] = paired_ratio(

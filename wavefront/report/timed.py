@@ -89,7 +89,7 @@ def calibrations(study) -> dict[str, Calibration]:
 
 def _validation_rows(study, cals: dict | None = None) -> pd.DataFrame:
     """`validation_rows`, computed; `cals`: calibrations to simulate with instead of the fitted
-    ones (a nudged copy, say: scripts/validation_sensitivity.py)."""
+    ones (nudged copies: `nudged_validation`)."""
     cals = calibrations(study) if cals is None else cals
     rows = []
     for family in TIMED_FAMILIES:
@@ -123,6 +123,42 @@ def validation_rows(study) -> pd.DataFrame:
     inputs = [results_path(study.data_dir / f) for f in (TRAINING, *TIMED_FAMILIES)]
     return cached_table(study, "timed_validation", inputs + _model_files(),
                         lambda: _validation_rows(study))
+
+
+VALIDATION_NUDGES = (-1, 1)  # the held-out rows re-simulated at item_ns x (1 + k x 1e-15)
+
+
+def _nudged_validation_table(study) -> pd.DataFrame:
+    base = validation_rows(study)
+    scores0 = validation_table(study, base).set_index(["GPU", "family"])
+    keys = ["gpu", "family", "point"]
+    out = []
+    for k in VALIDATION_NUDGES:
+        cals = {g: dataclasses.replace(c, item_ns=c.item_ns * (1 + k * CALIBRATION_NUDGE))
+                for g, c in calibrations(study).items()}
+        rows = _validation_rows(study, cals)
+        scores = validation_table(study, rows).set_index(["GPU", "family"])
+        both = base.merge(rows, on=keys, suffixes=("", "_nudged"))
+        for (gpu, family), g in both.groupby(["gpu", "family"], sort=False):
+            change = {c: (g[f"{c}_nudged"] / g[c] - 1).abs()
+                      for c in ("predicted_dram_bytes", "predicted_ms")}
+            at = (short_gpu(gpu), family)
+            out.append({"GPU": at[0], "family": family, "nudge": k, "n": len(g),
+                        "points moved": int(sum((change[c] > 1e-9) for c in change).gt(0).sum()),
+                        "largest DRAM change": float(change["predicted_dram_bytes"].max()),
+                        "largest time change": float(change["predicted_ms"].max()),
+                        **{f"{score} change": float(scores.loc[at, score] - scores0.loc[at, score])
+                           for score in ("DRAM median", "DRAM p90", "time median")}})
+    return pd.DataFrame(out)
+
+
+def nudged_validation(study) -> pd.DataFrame:
+    """Per GPU, held-out family and nudge k (VALIDATION_NUDGES): the validation re-simulated with
+    every calibration's item_ns x (1 + k x CALIBRATION_NUDGE): how many points' predictions
+    moved, by how much at most, and how far each score moved (cached; minutes to compute)."""
+    inputs = [results_path(study.data_dir / f) for f in (TRAINING, *TIMED_FAMILIES)]
+    return cached_table(study, "timed_validation_nudged", inputs + _model_files(),
+                        lambda: _nudged_validation_table(study))
 
 
 def _errors(predicted, measured) -> tuple[float, float]:
