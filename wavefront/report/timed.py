@@ -132,10 +132,11 @@ def _nudged_validation_table(study) -> pd.DataFrame:
     base = validation_rows(study)
     scores0 = validation_table(study, base).set_index(["GPU", "family"])
     keys = ["gpu", "family", "point"]
+    fitted = calibrations(study)
     out = []
     for k in VALIDATION_NUDGES:
         cals = {g: dataclasses.replace(c, item_ns=c.item_ns * (1 + k * CALIBRATION_NUDGE))
-                for g, c in calibrations(study).items()}
+                for g, c in fitted.items()}
         rows = _validation_rows(study, cals)
         scores = validation_table(study, rows).set_index(["GPU", "family"])
         both = base.merge(rows, on=keys, suffixes=("", "_nudged"))
@@ -144,7 +145,8 @@ def _nudged_validation_table(study) -> pd.DataFrame:
                       for c in ("predicted_dram_bytes", "predicted_ms")}
             at = (short_gpu(gpu), family)
             out.append({"GPU": at[0], "family": family, "nudge": k, "n": len(g),
-                        "points moved": int(sum((change[c] > 1e-9) for c in change).gt(0).sum()),
+                        "points moved": int(((change["predicted_dram_bytes"] > 1e-9)
+                                             | (change["predicted_ms"] > 1e-9)).sum()),
                         "largest DRAM change": float(change["predicted_dram_bytes"].max()),
                         "largest time change": float(change["predicted_ms"].max()),
                         **{f"{score} change": float(scores.loc[at, score] - scores0.loc[at, score])
