@@ -28,10 +28,11 @@ from wavefront.schedules import (
 DTYPE_BYTES = {"bfloat16": 2, "float16": 2}
 DTYPES = tuple(DTYPE_BYTES)
 HEAD_DIMS = (64, 128)
-TILE_SHAPES = ((64, 64), (128, 64), (128, 128))
+TILE_SHAPES = ((64, 64), (128, 64), (128, 128), (128, 256))
 DEFAULT_TILES = {64: (128, 64), 128: (128, 64)}
-# CTAs per SM asked of the compiler: two 128x64 CTAs fit an SM's registers, one 128x128.
-DEFAULT_OCCUPANCY = {(64, 64): 2, (128, 64): 2, (128, 128): 1}
+# CTAs per SM asked of the compiler: two 128x64 CTAs fit an SM's registers, one 128x128 or
+# 128x256 (whose K and V tiles take 128 KB of shared memory at D=128).
+DEFAULT_OCCUPANCY = {(64, 64): 2, (128, 64): 2, (128, 128): 1, (128, 256): 1}
 # Every L2 counter and every model count is in sectors of this size (Hopper and Blackwell).
 SECTOR_BYTES = 32
 

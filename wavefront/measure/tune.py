@@ -35,7 +35,7 @@ from wavefront.results.records import LEVER_RECORDS, TUNE_RECORDS
 # batch x heads (B8 H16 S16k causal: 21x the compulsory DRAM reads, grouped_dynamic 1.0x) while
 # it ran no faster than grouped_dynamic at B1 H32 S8k: the table should not pick it.
 LEVERS = {
-    "tiles": ("128x64", "128x128"),
+    "tiles": ("128x64", "128x128", "128x256"),
     "occupancy": (1, 2),
     **{lever.name: lever.searched for lever in KERNEL_LEVER_DECLARATIONS
        if lever.stage == "levers"},
