@@ -142,7 +142,9 @@ def section(study) -> Section:
     tried["on / off [25%, 75%]"] = [f"{x:.3f} [{lo:.3f}, {hi:.3f}]"
                                     for x, lo, hi in zip(a["on / off"], a["25%"], a["75%"])]
     text = wrap(
-        "Why does the tuned kernel trail cuDNN at D=128 non-causal? Nsight "
+        "Why did the tuned kernel trail cuDNN at D=128 non-causal while its entries had "
+        "128x128 tiles? (The lever search's 128x256 tiles later lifted those shapes above "
+        "cuDNN without a ping-pong; everything below measured the 128x128 configuration.) Nsight "
         "Compute's warp-state samples of one launch each, per SASS instruction, grouped by how "
         "many times each instruction ran (B1 H32 S8k D128, H100): both kernels run the same "
         "chain in each consumer warpgroup (QK^T MMAs, a wait for all of them, the softmax, "
@@ -171,7 +173,7 @@ def section(study) -> Section:
         f"at a named barrier at every row reduction (data/d128_limits/README.md). Against "
         f"the tuned configuration on the {PING_PONG_GPU} (10 interleaved rounds, each output "
         "checked first; on / off: median of per-round ratios [95%]):")
-    s.text = f"""## What holds D=128 back: where the warps wait
+    s.text = f"""## What held D=128 back with 128x128 tiles: where the warps wait
 
 {text}
 

@@ -103,6 +103,27 @@ def qk_ahead_effect(study) -> pd.DataFrame:
     return pd.DataFrame(out)
 
 
+def wide_kv_tiles(study) -> pd.DataFrame:
+    """Per search that tried 128x256 tiles (Q 128 x K/V 256 rows) and shape: the best timed
+    candidate with 128x128 tiles and with 128x256, in the same rounds, and the shape's
+    winner against cuDNN."""
+    rec = lever_record(study)
+    rec = rec[rec["lever"] == "tiles"]
+    top = best(study).set_index(["search", "shape"])
+    out = []
+    for (search, gpu, shape), g in rec.groupby(["search", "GPU", "shape"], sort=False):
+        by = dict(zip(g["value"], g.to_dict("records")))
+        if {"128x128", "128x256"} <= set(by):
+            winner = top.loc[(search, shape)]
+            out.append({"search": search, "GPU": gpu, "shape": shape,
+                        "best 128x128 TFLOP/s": by["128x128"]["best TFLOP/s"],
+                        "best 128x256 TFLOP/s": by["128x256"]["best TFLOP/s"],
+                        "128x256 / 128x128": by["128x256"]["best TFLOP/s"]
+                        / by["128x128"]["best TFLOP/s"],
+                        "winner": winner["tiles"], "winner x cuDNN": winner["x cuDNN"]})
+    return pd.DataFrame(out)
+
+
 def lost_to_memory(study) -> dict[str, int]:
     """Per search, the candidates its warming step lost to out-of-memory errors."""
     return {name: sum("OutOfMemoryError" in (r.get("not_timed") or "") for r in rows)
@@ -142,13 +163,32 @@ def section(study) -> Section:
         "timed in interleaved rounds after a float32 check. The fastest per shape goes to "
         "`wavefront/kernel/tuned.json`, which `wavefront.attention` uses by default, taking "
         "the entry of the nearest tuned shape. Fastest per search and shape (bf16):")
+    wide = wide_kv_tiles(study)
+    wide_searches = set(wide["search"])
     s.claim(f"At cuDNN's level: at B=1 H=32 S=8k the tuned kernel runs "
             f"{float(d128['x cuDNN'].min()):.2f}-{float(d128['x cuDNN'].max()):.2f}x cuDNN at "
             f"D=128 and {float(d64['x cuDNN'].min()):.2f}-{float(d64['x cuDNN'].max()):.2f}x at "
-            f"D=64 (same rounds, H100 and H200); every winner there uses 128x128 tiles, and "
+            f"D=64 (same rounds, H100 and H200); every winner there uses 128x128 tiles but the "
+            f"D=128 non-causal ones of the searches that tried 128x256, and "
             f"{len(base) - auto} of {len(base)} two consumer warpgroups.",
             float(d128["x cuDNN"].min()) >= 0.9 and float(d64["x cuDNN"].min()) >= 0.95
-            and (base["tiles"] == "128x128").all(), base["x cuDNN"].tolist())
+            and base.apply(lambda r: r["tiles"] == (
+                "128x256" if r["search"] in wide_searches and r["shape"].endswith("D128")
+                else "128x128"), axis=1).all(), base["x cuDNN"].tolist())
+    wide_full = wide[wide["shape"].str.endswith("D128")]
+    wide_causal = wide[wide["shape"].str.endswith("causal")]
+    s.claim(f"With 128x256 tiles in the search (held to 128x128 and 128x256 tiles, 8 worker "
+            f"warps, no clusters), the D=128 non-causal winner used them on all "
+            f"{len(wide_full)} shapes searched ({', '.join(wide_full['GPU'].unique())}): "
+            f"{float(wide_full['128x256 / 128x128'].min()):.3f}-"
+            f"{float(wide_full['128x256 / 128x128'].max()):.3f}x the best 128x128 candidate of "
+            f"the same rounds, {float(wide_full['winner x cuDNN'].min()):.3f}-"
+            f"{float(wide_full['winner x cuDNN'].max()):.3f}x cuDNN; causal, 128x128 kept "
+            f"the lead ({float(wide_causal['128x256 / 128x128'].max()):.3f}x).",
+            len(wide_full) > 0 and bool((wide_full["winner"] == "128x256").all())
+            and bool((wide_full["winner x cuDNN"] >= 1.0).all())
+            and len(wide_causal) > 0 and bool((wide_causal["winner"] == "128x128").all()),
+            wide.round(3).to_dict("records"))
     other = top[~top["shape"].str.startswith("B1 H32 S8k")]
     s.claim(f"On the other tuned shapes (B>1, GQA; {', '.join(other['GPU'].unique())}) the "
             f"best candidate ran "
@@ -157,7 +197,10 @@ def section(study) -> Section:
             f"there do not use the B=1 winners' 128x128 tiles: hence a table keyed by shape.",
             len(other) > 0 and float(other["x cuDNN"].min()) >= 0.9, other["x cuDNN"].tolist())
 
+    # qk_ahead against 128x128 tiles: where 128x256 was searched too, "off" is its 128x256
+    # winner (with qk_ahead it spills), a comparison of tiles rather than of the lever
     ahead = qk_ahead_effect(study)
+    ahead = ahead[~ahead["search"].isin(wide_searches)]
     lost = lost_to_memory(study)
     ahead_shown = ahead.copy()
     for col in ("best off TFLOP/s", "best on TFLOP/s"):
@@ -231,11 +274,37 @@ def section(study) -> Section:
             f"{float(poly['x winner'].min()):.2f}-{float(poly['x winner'].max()):.2f}x; no "
             f"shape's best used either.",
             len(tried) > 0 and bool((tried["x winner"] < 1.0).all()), tried["x winner"].tolist())
+    spilled = [r for name in wide_searches for r in searches(study)[name]
+               if "_128x256_" in (r.get("label") or "") and "spills" in (r.get("not_timed") or "")]
+    s.claim(f"With `qk_ahead` the 128x256 candidates spill in every search that tried them "
+            f"({len(spilled)} candidates, recorded and not timed); without it none does.",
+            len(spilled) > 0 and all(r["levers"]["qk_ahead"] == 1 for r in spilled)
+            and not any(r["levers"]["qk_ahead"] == 0 and "spills" in (r.get("not_timed") or "")
+                        for name in wide_searches for r in searches(study)[name]
+                        if "_128x256_" in (r.get("label") or "")),
+            len(spilled))
+    wide_shown = wide.drop(columns=["search"]).assign(**{
+        c: wide[c].map(lambda x: f"{x:.0f}") for c in ("best 128x128 TFLOP/s",
+                                                       "best 128x256 TFLOP/s")}).assign(**{
+        c: wide[c].map(lambda x: f"{x:.3f}") for c in ("128x256 / 128x128",
+                                                       "winner x cuDNN")})
+    wide_text = wrap(
+        "The widest K/V tile came last. 128x256 tiles (128 query rows against 256 keys and "
+        "values per step) were searched at D=128 after the rest, held to 8 worker warps and "
+        "no clusters (`h100_tiles256`, `h200_tiles256`, `wavefront tune --only "
+        "tiles=128x128,128x256 --only worker_warps=8 --only cluster=1`). tileiras compiles "
+        "them without spills when `qk_ahead` is off; with it the second score tile spills. "
+        "Each K/V step then covers twice the keys, so the per-step softmax work (row maxima "
+        "and sums, the accumulator's rescale) and the pipeline's waits come half as often per "
+        "key: our reading of why they win, not a measured cause. Best candidate per tile "
+        "shape, same rounds:") + "\n\n" + md_table(wide_shown)
     s.text = f"""## A kernel at cuDNN's level: the lever search
 
 {tune_text}
 
 {md_table(shown.drop(columns=["TFLOP/s", "lo", "hi"]))}
+
+{wide_text}
 
 What each lever did in the first H100 search (the best candidate with that value, relative to
 the best of the shape; the first search also had 64x64 tiles and the heads-fastest `dynamic`

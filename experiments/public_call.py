@@ -151,7 +151,10 @@ def rows(study) -> pd.DataFrame:
                 "call host us": api.get("host_us"),
                 "call host us, 1st": api.get("host_first_us"),
                 "bound host us": bound.get("host_us"), "cuDNN host us": cudnn.get("host_us"),
-                "throttled": f"{api['throttled_rounds']}/{api['rounds']}"})
+                "throttled": f"{api['throttled_rounds']}/{api['rounds']}",
+                # the tiles of the configuration the call resolved to (128x256: the D=128
+                # non-causal entries since 3cb5de0)
+                "tiles": (bound.get("config") or {}).get("tiles")})
     if not out:
         raise ValueError(f"{study.data_dir / 'public_call'}: no run timed the public call")
     return pd.DataFrame(out).sort_values(["date", "per round"], kind="stable",
@@ -350,15 +353,25 @@ def section(study) -> Section:
             len(firsts) > 0
             and bool((firsts["call host us, 1st"] > firsts["call host us"]).all()),
             _evidence(firsts, "call host us, 1st", "call host us", "x bound", shape=True))
+    long_full = long[long["mask"] == "full"]
+    # runs recorded before the bound launcher's configuration was (no "tiles") all predate
+    # 128x256: the only D=128 tiles until then were 128x128
+    wide = long_full[long_full["tiles"] == "128x256"]
+    narrow = long_full[long_full["tiles"] != "128x256"]
     s.claim(f"Against cuDNN through torch's SDPA the call ran {short['x cudnn'].min():.1f}-"
             f"{short['x cudnn'].max():.1f}x at {SHORT} (SDPA's own host work: "
             f"{short['cuDNN host us'].min():.0f}-{short['cuDNN host us'].max():.0f} us a call "
             f"where recorded) and {long['x cudnn'].min():.2f}-{long['x cudnn'].max():.2f}x at "
-            f"{LONG}; below 1.0x only without the causal mask at {LONG}, the D=128 gap "
-            "(`experiments/d128_limits.py`).",
+            f"{LONG}; below 1.0x only without the causal mask at {LONG} while its entry had "
+            f"128x128 tiles ({narrow['x cudnn'].min():.2f}-{narrow['x cudnn'].max():.2f}x, "
+            f"{len(narrow)} runs), the D=128 gap (`experiments/d128_limits.py`); with the "
+            f"128x256 entry {span(wide['x cudnn'], '.3f')}x "
+            f"({', '.join(dict.fromkeys(wide['commit']))}).",
             bool((short["x cudnn"] > 1.0).all())
             and bool((long[long["mask"] == "causal"]["x cudnn"] >= 0.99).all())
-            and bool((long[long["mask"] == "full"]["x cudnn"] < 1.0).all()),
+            and bool((narrow["x cudnn"] < 1.0).all()) and len(wide) > 0
+            and narrow["date"].max() < wide["date"].min()
+            and bool((wide["x cudnn"] >= 1.0).all()),
             _evidence(d, "x cudnn", shape=True))
     intro = paragraphs(
         "Issue 20 began with a user's view: the kernel was fast in `wavefront bench`, but "

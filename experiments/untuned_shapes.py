@@ -45,42 +45,79 @@ def _tuple(shape: dict) -> tuple[int, int, int, int]:
     return (shape["batch"], shape["heads"], shape["kv_heads"] or shape["heads"], shape["seqlen"])
 
 
-def rows(study) -> pd.DataFrame:
-    """Per GPU, shape and contender (the plain default, the resolved configuration's bound
-    launcher, the public call): speed against cuDNN and FA2 paired by round, and the call
-    against its bound launcher."""
-    out = []
-    seen: dict = {}
+def _run_dates(study) -> dict[str, str]:
+    """Each record file's newest run date, from the data set's manifest (a file gathers
+    several bench runs)."""
+    dates: dict[str, str] = {}
+    for run in study.manifest("untuned_shapes").values():
+        for name in run.get("files", []):
+            name = name.split(".")[0]
+            dates[name] = max(dates.get(name, ""), run["date"])
+    return dates
+
+
+def _measured(study) -> list[tuple[str, str, str, dict, bool]]:
+    """(run, GPU, shape, that run's contenders, whether it is the shape's latest run) for
+    every shape whose public call was timed. A shape re-measured after the tuned table
+    changed (`h100_tiles256`: the D=128 non-causal shapes after the 128x256 entries) is taken
+    from the later run; the earlier one stays as the table of then."""
+    dates = _run_dates(study)
+    found = []
     for run, records in study.records(BENCH_RECORDS, "untuned_shapes").items():
         for (gpu, shape), by in by_shape(records, per_gpu=True).items():
-            api = by.get(API)
-            if api is None or "cudnn" not in by:
+            if by.get(API) is not None and "cudnn" in by:
+                found.append((dates.get(run, ""), run, gpu, shape, by))
+    latest: dict = {}
+    for date, run, gpu, shape, _ in found:
+        if (gpu, shape) in latest and latest[gpu, shape][0] == date:
+            # two runs of one shape at once would be mixed in every ratio
+            raise ValueError(f"data/untuned_shapes: {gpu} {shape} is in both "
+                             f"{latest[gpu, shape][1]} and {run}; keep one run per GPU")
+        if (gpu, shape) not in latest or date > latest[gpu, shape][0]:
+            latest[gpu, shape] = (date, run)
+    return [(run, gpu, shape, by, latest[gpu, shape][1] == run)
+            for _, run, gpu, shape, by in found]
+
+
+def rows(study, latest: bool = True) -> pd.DataFrame:
+    """Per GPU, shape and contender (the plain default, the resolved configuration's bound
+    launcher, the public call): speed against cuDNN and FA2 paired by round, and the call
+    against its bound launcher. `latest=False`: the runs a later run of the shape replaced."""
+    out = []
+    for run, gpu, shape, by, is_latest in _measured(study):
+        if is_latest != latest:
+            continue
+        api = by[API]
+        bound = api.get("bound")
+        first = api["shape"]
+        for role, name in (("plain default", DEFAULT), ("resolved, bound", bound),
+                           ("public call", API)):
+            r = by.get(name)
+            if r is None:
                 continue
-            if (gpu, shape) in seen:  # two runs of one shape would be mixed in every ratio
-                raise ValueError(f"data/untuned_shapes: {gpu} {shape} is in both "
-                                 f"{seen[gpu, shape]} and {run}; keep one run per GPU")
-            seen[gpu, shape] = run
-            bound = api.get("bound")
-            first = api["shape"]
-            for role, name in (("plain default", DEFAULT), ("resolved, bound", bound),
-                               ("public call", API)):
-                r = by.get(name)
-                if r is None:
-                    continue
-                row = {"GPU": short_gpu(gpu), "gpu_name": gpu, "shape": shape,
-                       "D": first["head_dim"], "causal": first["causal"],
-                       "problem": _tuple(first), "contender": role, "configuration": bound,
-                       "TFLOP/s": r["tflops"], "ms": r["median_ms"],
-                       "throttled": r["throttled_rounds"], "rounds": r["rounds"]}
-                for peer in ("cudnn", "fa2"):
-                    if peer in by:
-                        row[f"x {peer}"], row[f"x {peer} lo"], row[f"x {peer} hi"] = \
-                            paired_ratio(by[peer]["samples_ms"], r["samples_ms"])
-                if role == "public call":
-                    row["x bound"], row["x bound lo"], row["x bound hi"] = (
-                        r["x_bound"], *r["x_bound_ci95"])
-                out.append(row)
+            row = {"GPU": short_gpu(gpu), "gpu_name": gpu, "shape": shape, "run": run,
+                   "D": first["head_dim"], "causal": first["causal"],
+                   "problem": _tuple(first), "contender": role, "configuration": bound,
+                   "TFLOP/s": r["tflops"], "ms": r["median_ms"],
+                   "throttled": r["throttled_rounds"], "rounds": r["rounds"]}
+            for peer in ("cudnn", "fa2"):
+                if peer in by:
+                    row[f"x {peer}"], row[f"x {peer} lo"], row[f"x {peer} hi"] = \
+                        paired_ratio(by[peer]["samples_ms"], r["samples_ms"])
+            if role == "public call":
+                row["x bound"], row["x bound lo"], row["x bound hi"] = (
+                    r["x_bound"], *r["x_bound_ci95"])
+            out.append(row)
     return pd.DataFrame(out)
+
+
+def replaced(study) -> pd.DataFrame:
+    """Per GPU and shape measured twice, the public call under the table of then and under
+    today's: its configuration and its speed against cuDNN of the same rounds."""
+    now, then = (rows(study, latest)[lambda d: d["contender"] == "public call"]
+                 .set_index(["GPU", "shape"]) for latest in (True, False))
+    both = then.join(now, lsuffix=" then", rsuffix=" now", how="inner")
+    return both.reset_index()
 
 
 def held_out(d: pd.DataFrame) -> pd.Series:
@@ -226,9 +263,36 @@ def section(study) -> Section:
                            zip(sub.index.get_level_values("shape"), sub["x cudnn"]))
         d128_full = sub["D"].eq(128) & ~sub["causal"].astype(bool)
         s.claim(f"Below cuDNN on the {gpu} (S >= 4k): {listed}; "
-                f"{int(d128_full.sum())} of the {len(sub)} are D=128 non-causal, the gap the "
-                "tuned shapes show too.", bool((sub["x cudnn"] < 1.0).all()),
-                sub["x cudnn"].round(3).tolist())
+                f"{int(d128_full.sum())} of the {len(sub)} are D=128 non-causal.",
+                bool((sub["x cudnn"] < 1.0).all()), sub["x cudnn"].round(3).tolist())
+    before = replaced(study)
+    replaced_text = ""
+    if len(before):
+        long_before = before[~before["shape"].str.contains("S2k")]
+        per_gpu = "; ".join(
+            f"{gpu} {sub['x cudnn now'].min():.3f}-{sub['x cudnn now'].max():.3f}x, "
+            f"where the table of then ran {sub['x cudnn then'].min():.3f}-"
+            f"{sub['x cudnn then'].max():.3f}x"
+            for gpu, sub in long_before.groupby("GPU"))
+        s.claim(f"With today's 128x256 entries every held-out D=128 non-causal shape of "
+                f"S >= 4k runs at or above cuDNN: {per_gpu}, each a ratio to cuDNN in its "
+                "own run's rounds.",
+                len(long_before) > 0 and bool((long_before["x cudnn now"] >= 1.0).all())
+                and bool((long_before["x cudnn now"] > long_before["x cudnn then"]).all())
+                and bool(long_before["configuration now"].str.contains("tiles=128x256").all()),
+                before[["GPU", "shape", "x cudnn then", "x cudnn now"]].round(3)
+                .to_dict("records"))
+        shown = before.assign(**{
+            f"call x cuDNN {when} [95%]": [
+                f"{x:.3f} [{lo:.3f}, {hi:.3f}]" for x, lo, hi in
+                zip(before[f"x cudnn {when}"], before[f"x cudnn lo {when}"],
+                    before[f"x cudnn hi {when}"])] for when in ("then", "now")})
+        shown = shown[["GPU", "shape", "configuration then", "call x cuDNN then [95%]",
+                       "configuration now", "call x cuDNN now [95%]"]]
+        replaced_text = (
+            "Re-measured after the 128x256 entries (`h100_tiles256`, `h200_tiles256`: the "
+            "D=128 non-causal shapes, the same bench; the table above shows these runs), "
+            "beside the runs they replaced:\n\n" + md_table(shown) + "\n")
     s2k = call[call.index.get_level_values("shape").str.contains("S2k")]
     s2k_bound = d[(d["contender"] == "resolved, bound") & d["shape"].str.contains("S2k")]
     s.claim(f"At S=2k (B1 H16) the call runs at {s2k['x bound'].min():.2f}-"
@@ -250,8 +314,9 @@ def section(study) -> Section:
         s.claim(f"The H200's searched entries predated `qk_ahead`: on the H200 the H100's D=128 "
                 f"configuration ran {carried.min():.3f}-{carried.max():.3f}x the H200's own "
                 f"entries at B1 H32 S8k (same rounds), {carried_x.min():.2f}-"
-                f"{carried_x.max():.2f}x cuDNN; the H200's D=128 entries are now that "
-                "configuration, chosen from these rounds, not by a search.",
+                f"{carried_x.max():.2f}x cuDNN; the H200's causal D=128 entry is still that "
+                "configuration, chosen from these rounds, not by a search, and its non-causal "
+                "one is the H100's again, found by each GPU's own search with 128x256 tiles.",
                 bool((cross["lo"] > 1.0).all()) and all(adopted.values()),
                 {"rows": cross.to_dict("records"), "adopted": adopted})
         shown = cross.copy()
@@ -266,10 +331,12 @@ def section(study) -> Section:
                       + md_table(shown.drop(columns=["H100 configuration vs H200 entry", "lo",
                                                      "hi"]))
                       + "\n\n" + wrap(
-                          "Since then the H200's D=128 entries in `wavefront/kernel/tuned.json` "
-                          "are the H100's configuration, chosen from these rounds (their "
+                          "The H200's D=128 entries in `wavefront/kernel/tuned.json` then "
+                          "became the H100's configuration, chosen from these rounds (their "
                           "'chosen by' says so); a held search on the H200 with `qk_ahead` "
-                          "found them again (`data/public_call/8bb1460/`)."))
+                          "found them again (`data/public_call/8bb1460/`). Since then its "
+                          "non-causal entries come from a search with 128x256 tiles "
+                          "(`data/tune/h200_tiles256`)."))
     gpus = ", ".join(sorted(set(d["GPU"])))
     tables = "; ".join(f"the {short_gpu(g)}'s entries at {', '.join(tuned_shapes(g))}"
                        for g in sorted(set(d["gpu_name"])))
@@ -314,6 +381,7 @@ def section(study) -> Section:
 
 ![untuned shapes](figures/untuned_shapes.png)
 
+{replaced_text}
 {cross_text}
 
 {tie_text}"""
