@@ -9,7 +9,7 @@ tables.
 """
 import pandas as pd
 
-from wavefront.report.draft import Section, md_table, wrap
+from wavefront.report.draft import Section, md_table, span, wrap
 from wavefront.report.experiments import run_as_script
 from wavefront.report.figures import short_gpu
 from wavefront.results.records import LEVER_RECORDS, TUNE_RECORDS, shape_name
@@ -169,22 +169,23 @@ def section(study) -> Section:
             f"{float(d128['x cuDNN'].min()):.2f}-{float(d128['x cuDNN'].max()):.2f}x cuDNN at "
             f"D=128 and {float(d64['x cuDNN'].min()):.2f}-{float(d64['x cuDNN'].max()):.2f}x at "
             f"D=64 (same rounds, H100 and H200); every winner there uses 128x128 tiles but the "
-            f"D=128 non-causal ones of the searches that tried 128x256, and "
+            f"non-causal ones of the searches that tried 128x256, which use those, and "
             f"{len(base) - auto} of {len(base)} two consumer warpgroups.",
             float(d128["x cuDNN"].min()) >= 0.9 and float(d64["x cuDNN"].min()) >= 0.95
             and base.apply(lambda r: r["tiles"] == (
-                "128x256" if r["search"] in wide_searches and r["shape"].endswith("D128")
+                "128x256" if r["search"] in wide_searches and not r["shape"].endswith("causal")
                 else "128x128"), axis=1).all(), base["x cuDNN"].tolist())
-    wide_full = wide[wide["shape"].str.endswith("D128")]
+    wide_full = wide[~wide["shape"].str.endswith("causal")]
     wide_causal = wide[wide["shape"].str.endswith("causal")]
-    s.claim(f"With 128x256 tiles in the search (held to 128x128 and 128x256 tiles, 8 worker "
-            f"warps, no clusters), the D=128 non-causal winner used them on all "
-            f"{len(wide_full)} shapes searched ({', '.join(wide_full['GPU'].unique())}): "
+    s.claim(f"With 128x256 tiles in the search, the non-causal winner used them on all "
+            f"{len(wide_full)} shapes searched ({', '.join(wide_full['GPU'].unique())}; "
+            f"{int(wide_full['shape'].str.endswith('D128').sum())} at D=128, "
+            f"{int(wide_full['shape'].str.endswith('D64').sum())} at D=64): "
             f"{float(wide_full['128x256 / 128x128'].min()):.3f}-"
             f"{float(wide_full['128x256 / 128x128'].max()):.3f}x the best 128x128 candidate of "
             f"the same rounds, {float(wide_full['winner x cuDNN'].min()):.3f}-"
             f"{float(wide_full['winner x cuDNN'].max()):.3f}x cuDNN; causal, 128x128 kept "
-            f"the lead ({float(wide_causal['128x256 / 128x128'].max()):.3f}x).",
+            f"the lead ({span(wide_causal['128x256 / 128x128'], '.3f')}x).",
             len(wide_full) > 0 and bool((wide_full["winner"] == "128x256").all())
             and bool((wide_full["winner x cuDNN"] >= 1.0).all())
             and len(wide_causal) > 0 and bool((wide_causal["winner"] == "128x128").all()),
@@ -276,12 +277,17 @@ def section(study) -> Section:
             len(tried) > 0 and bool((tried["x winner"] < 1.0).all()), tried["x winner"].tolist())
     spilled = [r for name in wide_searches for r in searches(study)[name]
                if "_128x256_" in (r.get("label") or "") and "spills" in (r.get("not_timed") or "")]
-    s.claim(f"With `qk_ahead` the 128x256 candidates spill in every search that tried them "
-            f"({len(spilled)} candidates, recorded and not timed); without it none does.",
-            len(spilled) > 0 and all(r["levers"]["qk_ahead"] == 1 for r in spilled)
-            and not any(r["levers"]["qk_ahead"] == 0 and "spills" in (r.get("not_timed") or "")
-                        for name in wide_searches for r in searches(study)[name]
-                        if "_128x256_" in (r.get("label") or "")),
+    wide_rows = [r for name in wide_searches for r in searches(study)[name]
+                 if "_128x256_" in (r.get("label") or "")]
+    plain = [r for r in wide_rows if r["levers"]["qk_ahead"] == 0
+             and r["levers"]["worker_warps"] == 8 and r["levers"]["cluster"] == 1]
+    s.claim(f"The 128x256 candidates that spill ({len(spilled)} of {len(wide_rows)}, recorded "
+            f"and not timed) are those with `qk_ahead` (a second score tile), the compiler's "
+            f"choice of warps or 2-CTA clusters; at 8 worker warps, no cluster and no "
+            f"`qk_ahead` none of {len(plain)} does.",
+            len(spilled) > 0 and all(r["levers"]["qk_ahead"] == 1 or r["levers"]["cluster"] == 2
+                                     or r["levers"]["worker_warps"] is None for r in spilled)
+            and len(plain) > 0 and not any("spills" in (r.get("not_timed") or "") for r in plain),
             len(spilled))
     wide_shown = wide.drop(columns=["search"]).assign(**{
         c: wide[c].map(lambda x: f"{x:.0f}") for c in ("best 128x128 TFLOP/s",
@@ -290,10 +296,12 @@ def section(study) -> Section:
                                                        "winner x cuDNN")})
     wide_text = wrap(
         "The widest K/V tile came last. 128x256 tiles (128 query rows against 256 keys and "
-        "values per step) were searched at D=128 after the rest, held to 8 worker warps and "
+        "values per step) were searched after the rest, at D=128 held to 8 worker warps and "
         "no clusters (`h100_tiles256`, `h200_tiles256`, `wavefront tune --only "
         "tiles=128x128,128x256 --only worker_warps=8 --only cluster=1`). tileiras compiles "
-        "them without spills when `qk_ahead` is off; with it the second score tile spills. "
+        "them without spills at 8 worker warps when `qk_ahead` is off; with it the second "
+        "score tile spills. D=64 followed (`h100_d64_tiles256`, `--only "
+        "tiles=128x128,128x256 --only qk_ahead=0`). "
         "Each K/V step then covers twice the keys, so the per-step softmax work (row maxima "
         "and sums, the accumulator's rescale) and the pipeline's waits come half as often per "
         "key: our reading of why they win, not a measured cause. Best candidate per tile "
