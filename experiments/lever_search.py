@@ -300,7 +300,7 @@ def section(study) -> Section:
         "no clusters (`h100_tiles256`, `h200_tiles256`, `wavefront tune --only "
         "tiles=128x128,128x256 --only worker_warps=8 --only cluster=1`). tileiras compiles "
         "them without spills at 8 worker warps when `qk_ahead` is off; with it the second "
-        "score tile spills. D=64 followed (`h100_d64_tiles256`, `--only "
+        "score tile spills. D=64 followed (`h100_d64_tiles256`, `h200_d64_tiles256`, `--only "
         "tiles=128x128,128x256 --only qk_ahead=0`). "
         "Each K/V step then covers twice the keys, so the per-step softmax work (row maxima "
         "and sums, the accumulator's rescale) and the pipeline's waits come half as often per "

@@ -309,7 +309,8 @@ def section(study) -> Section:
                        "configuration now", "call x cuDNN now [95%]"]]
         replaced_text = (
             "Re-measured after the 128x256 entries (`h100_tiles256`, `h200_tiles256`: the "
-            "D=128 non-causal shapes; `h100_d64_tiles256`: the D=64 shapes, both masks; the "
+            "D=128 non-causal shapes; `h100_d64_tiles256`, `h200_d64_tiles256`: the D=64 shapes, "
+            "both masks; the "
             "same bench; the table above shows these runs), beside the runs they "
             "replaced:\n\n" + md_table(shown) + "\n")
     s2k = call[call.index.get_level_values("shape").str.contains("S2k")]
