@@ -116,7 +116,7 @@ def replaced(study) -> pd.DataFrame:
     today's: its configuration and its speed against cuDNN of the same rounds."""
     now, then = (rows(study, latest)[lambda d: d["contender"] == "public call"]
                  .set_index(["GPU", "shape"]) for latest in (True, False))
-    both = then.join(now, lsuffix=" then", rsuffix=" now", how="inner")
+    both = then.merge(now, left_index=True, right_index=True, suffixes=(" then", " now"))
     return both.reset_index()
 
 

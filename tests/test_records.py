@@ -286,3 +286,43 @@ def test_the_bench_names_the_shapes_whose_rounds_ran_on_a_slow_host():
     assert slow_host_rounds([{**r, "host_probe_us": []} for r in records]) == []
     assert slow_host_rounds([r for r in records if r["shape"] is causal]) == []
     assert slow_host_rounds([{"shape": full, "error": "failed"}]) == []
+
+
+def test_a_held_out_shape_measured_again_is_read_from_its_latest_run(tmp_path):
+    """`experiments/untuned_shapes.py`: a shape re-measured after the tuned table changed is
+    taken from the run whose manifest date is later (the other stays, as the table of then, in
+    `replaced`); two runs of one shape at the same date are refused."""
+    from wavefront.measure.rounds import API_CONTENDER, RoundsResult, bench_records
+    from wavefront.point import Point
+    from wavefront.report.experiments import discover
+    untuned = discover(Path(__file__).parent.parent / "experiments")["untuned_shapes"].module
+
+    def result(name, ms):
+        return RoundsResult(name, ms, sorted(ms)[len(ms) // 2], (min(ms), max(ms)), 1.0,
+                            (1.0, 1.0), 0, len(ms))
+    shape = Point(schedule="persistent+linear", seqlen=4096, head_dim=128, batch=4, heads=16)
+    directory = tmp_path / "untuned_shapes"
+    directory.mkdir()
+    manifest = {}
+    for run, (bound, call_ms, date) in {
+            "old": ("persistent+linear [tiles=128x128]", 1.05, "2026-11-26T01:55:08+00:00"),
+            "new": ("persistent+linear [tiles=128x256]", 0.95, "2026-11-26T23:54:49+00:00")
+    }.items():
+        rows = bench_records("NVIDIA H100 80GB HBM3", shape, [
+            result(bound, [call_ms * 0.99] * 7), result(API_CONTENDER, [call_ms] * 7),
+            result("cudnn", [1.0] * 7)], bound_reference=bound)
+        (directory / f"{run}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+        manifest[run] = {"date": date, "files": [f"{run}.jsonl"], "schema_version": 4,
+                         "gpu": {"name": "NVIDIA H100 80GB HBM3"}, "git_commit": "abc1234",
+                         "command": "wavefront bench"}
+    (directory / "manifest.json").write_text(json.dumps(manifest))
+    study = Study(tmp_path)
+    call = untuned.rows(study).query("contender == 'public call'")
+    assert list(call["run"]) == ["new"] and call["x cudnn"].iloc[0] == pytest.approx(1 / 0.95)
+    both = untuned.replaced(study)
+    assert list(both["run then"]) == ["old"] and list(both["run now"]) == ["new"]
+    assert both["configuration now"].iloc[0].endswith("[tiles=128x256]")
+    manifest["new"]["date"] = manifest["old"]["date"]
+    (directory / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(ValueError, match="keep one run per GPU"):
+        untuned.rows(Study(tmp_path))
