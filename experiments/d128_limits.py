@@ -12,6 +12,7 @@ import json
 
 import pandas as pd
 
+from wavefront.kernel.sass import LOOP_CLASSES
 from wavefront.report.draft import Section, md_table, wrap
 from wavefront.report.experiments import run_as_script
 
@@ -95,6 +96,18 @@ def ping_pong_probe(study) -> pd.DataFrame:
         for r in _lever_ab(study, PING_PONG)])
 
 
+def kv_loop(study) -> pd.DataFrame:
+    """Per binary (`scripts/kv_loop_instructions.py`): one consumer warp's instructions in the
+    steady K/V step, by what they do, per 128 keys."""
+    with gzip.open(_sass_dir(study) / "kv_loop.json.gz", "rt") as f:
+        record = json.load(f)
+    columns = [name for name, _ in LOOP_CLASSES] + ["other", "all"]
+    return pd.DataFrame([
+        {"binary": name, "keys per step": b["keys_per_step"],
+         **{k: b["counts"][k] * 128 / b["keys_per_step"] for k in columns}}
+        for name, b in record["binaries"].items()])
+
+
 def table(study) -> pd.DataFrame:
     return where_warps_wait(study)
 
@@ -122,6 +135,35 @@ def section(study) -> Section:
             f"faster: {float(d128['on / off'].min()):.3f}-{float(d128['on / off'].max()):.3f}x "
             f"the tuned kernel over {len(d128)} shape-mask pairs.",
             len(d128) > 0 and float(d128["on / off"].max()) < 1.01, d128["on / off"].tolist())
+    loop = kv_loop(study).set_index("binary")
+    narrow, wide = loop.loc["D128 128x128"], loop.loc["D128 128x256 (entry now)"]
+    before = loop.loc["D128 128x128 qk_ahead (entry before)"]
+    fewer = lambda col: 1 - wide[col] / narrow[col]  # noqa: E731
+    s.claim(f"Per 128 keys, a consumer warp's steady K/V step at D=128 issues "
+            f"{wide['all']:.1f} instructions with 128x256 tiles against {narrow['all']:.0f} "
+            f"with 128x128 ({before['all']:.0f} with `qk_ahead`, the entry before), "
+            f"{fewer('all'):.1%} fewer: FP32 arithmetic {fewer('FP32 add/mul/fma'):.0%} fewer "
+            f"(the accumulator is rescaled once a step), the row reductions' shuffles and the "
+            f"waits half, the warpgroup MMAs {fewer('warpgroup MMA'):.0%} fewer (wider ones), "
+            f"the exponentials the same ({wide['exponential']:.1f} against "
+            f"{narrow['exponential']:.0f}).",
+            wide["all"] < narrow["all"] < before["all"]
+            and wide["FP32 add/mul/fma"] < narrow["FP32 add/mul/fma"]
+            and wide["shuffle"] <= narrow["shuffle"] / 2
+            and wide["wait or barrier"] <= narrow["wait or barrier"] / 2
+            and abs(wide["exponential"] / narrow["exponential"] - 1) < 0.05,
+            loop.round(1).reset_index().to_dict("records"))
+    loop_shown = loop.reset_index().assign(**{
+        c: loop[c].map(lambda x: f"{x:g}").values
+        for c in loop.columns if c != "keys per step"})
+    loop_text = wrap(
+        "What the 128x256 tiles change, in the machine code (`scripts/kv_loop_instructions.py`: "
+        "the binaries compiled again and disassembled; each count is the warp instructions of "
+        "one consumer warp's steady, unmasked K/V step, scaled to 128 keys). The exponentials "
+        "and the conversions of P scale with the scores, so they stay; what a step costs "
+        "whatever its width (row maxima and sums across threads, the waits for the MMAs and "
+        "the loads, the accumulator's rescale) halves per key. Fewer instructions are not "
+        "less time by themselves: the search's rounds measured that (the lever search).")
     probe = ping_pong_probe(study)
     s.claim(f"Splitting the Q tile into two halves that share each K/V tile (a hand-made "
             f"ping-pong) ran at {float(probe['on / off'].min()):.2f}-"
@@ -185,7 +227,11 @@ def section(study) -> Section:
 
 {probe_text}
 
-{md_table(probe_shown.drop(columns=["on / off", "lo", "hi"]))}"""
+{md_table(probe_shown.drop(columns=["on / off", "lo", "hi"]))}
+
+{loop_text}
+
+{md_table(loop_shown)}"""
     return s
 
 

@@ -221,3 +221,48 @@ def test_the_polynomial_exp2_is_accurate_beyond_bfloat16():
     assert np.max(np.abs(got[normal] / want[normal] - 1)) < 1.5e-4
     assert np.all(got[~normal] <= 2.0 ** EXP2_POLY_FLOOR * 1.001)
     assert got[x == 0][0] == 1.0
+
+
+def test_the_wide_kv_tile_builds_without_spills_and_halves_a_steps_fixed_work():
+    """128x256 tiles at D=128 (8 worker warps, one CTA per SM, no qk_ahead: the non-causal
+    entries): pipelined and without spills; per key, the steady K/V step keeps its exponentials
+    and halves what a step costs whatever its width (the row reductions' shuffles), against
+    128x128 tiles (`kv_loop_mix`, as `scripts/kv_loop_instructions.py` counts it)."""
+    from wavefront.kernel.sass import disassemble, find_cuobjdump, kv_loop_mix, summarise
+    if find_cuobjdump() is None:
+        pytest.skip("cuobjdump not found")
+    narrow = KernelVariant("bfloat16", 128, 128, 128, False, 1, worker_warps=8, kv_latency=8)
+    sass = {n: disassemble(compile_variant(replace(narrow, tile_n=n), "sm_90"))
+            for n in (128, 256)}
+    wide = summarise(sass[256])
+    assert wide.wgmma_pipelined and wide.local_loads == wide.local_stores == 0, wide
+    per_key = {n: {k: v / n for k, v in kv_loop_mix(text).items()} for n, text in sass.items()}
+    assert per_key[256]["exponential"] == pytest.approx(per_key[128]["exponential"], rel=0.05)
+    assert per_key[256]["shuffle"] <= per_key[128]["shuffle"] / 2
+    assert per_key[256]["all"] < per_key[128]["all"]
+
+
+def test_the_kv_loop_is_the_shortest_loop_with_mmas_and_exponentials():
+    """`kv_loop_mix` reads the loop a backward branch closes, takes the shortest with both
+    warpgroup MMAs and exponentials (not a longer masked copy, nor a branch back from
+    out-of-line code over MMAs alone) and counts its instructions by class."""
+    from wavefront.kernel.sass import kv_loop_mix, loops
+
+    def line(address, text):
+        return f"        /*{address:04x}*/                   {text} ;   /* 0x0 */"
+    listing = "\n".join([
+        line(0x10, "HGMMA.64x128x16.F32.BF16 R24, gdesc[UR16], RZ, !UPT"),
+        line(0x20, "MUFU.EX2 R1, R2"), line(0x30, "FFMA R3, R1, R4, R5"),
+        line(0x40, "SHFL.BFLY PT, R6, R7, 0x1, 0x1f"), line(0x50, "@P0 BRA 0x10"),
+        line(0x60, "HGMMA.64x128x16.F32.BF16 R24, gdesc[UR16], RZ, !UPT"),
+        line(0x70, "MUFU.EX2 R1, R2"), line(0x80, "ISETP.GE.AND P1, PT, R8, R9, PT"),
+        line(0x90, "FSEL R1, R1, -INF, P1"), line(0xa0, "FMUL R3, R1, R4"),
+        line(0xb0, "WARPGROUP.DEPBAR.LE gsb0, 0x0"), line(0xc0, "@P0 BRA 0x60"),
+        line(0xd0, "HGMMA.64x128x16.F32.BF16 R152, R60, gdesc[UR12].tnspB, R152"),
+        line(0xe0, "@!P0 BRA 0xd0"), line(0xf0, "EXIT")])
+    assert [(a, b) for a, b, _ in loops(listing)] == [(0x10, 0x50), (0x60, 0xc0), (0xd0, 0xe0)]
+    mix = kv_loop_mix(listing)
+    assert mix["all"] == 5 and mix["warpgroup MMA"] == 1 and mix["exponential"] == 1
+    assert mix["FP32 add/mul/fma"] == 1 and mix["shuffle"] == 1 and mix["other"] == 1
+    with pytest.raises(ValueError, match="no loop"):
+        kv_loop_mix(line(0x10, "HGMMA.64x128x16.F32.BF16 R24, gdesc[UR16], RZ, !UPT"))

@@ -93,3 +93,49 @@ def summarise(sass: str) -> SassSummary:
 
 def sass_summary(cubin: bytes) -> SassSummary:
     return summarise(disassemble(cubin))
+
+
+# The K/V loop's instructions by what they do: the MMAs and exponentials scale with the keys a
+# step covers, the row reductions, waits and the accumulator's rescale with the steps.
+LOOP_CLASSES = (
+    ("warpgroup MMA", ("HGMMA",)),
+    ("exponential", ("MUFU.EX2",)),
+    ("FP32 add/mul/fma", ("FFMA", "FMUL", "FADD")),
+    ("max", ("FMNMX",)),
+    ("shuffle", ("SHFL",)),
+    ("convert to 16-bit", ("F2FP",)),
+    ("wait or barrier", ("SYNCS", "BAR", "WARPGROUP", "WARPSYNC", "DEPBAR")),
+)
+_ADDRESSED = re.compile(
+    r"/\*([0-9a-f]{4,})\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)([^;]*);")
+
+
+def loops(sass: str) -> list[tuple[int, int, list[str]]]:
+    """Every loop of the code: (first address, address of its backward branch, the opcodes in
+    between), one per backward branch."""
+    code = [(int(address, 16), op, rest) for address, op, rest in _ADDRESSED.findall(sass)]
+    found = []
+    for address, op, rest in code:
+        target = re.search(r"0x([0-9a-f]+)", rest) if op == "BRA" else None
+        if target and int(target.group(1), 16) < address:
+            start = int(target.group(1), 16)
+            found.append((start, address, [o for a, o, _ in code if start <= a <= address]))
+    return found
+
+
+def kv_loop_mix(sass: str) -> dict[str, int]:
+    """Instructions of the attention kernel's steady K/V step, by `LOOP_CLASSES` (and 'other',
+    'all'): the shortest loop with both warpgroup MMAs and exponentials in it, i.e. the
+    innermost K/V loop without the mask's arithmetic. (A loop of MMAs alone is not one: a
+    branch back from out-of-line code can span the P V MMAs of the epilogue.)"""
+    steps = [body for _, _, body in loops(sass)
+             if any(o.startswith("HGMMA") for o in body)
+             and any(o.startswith("MUFU.EX2") for o in body)]
+    if not steps:
+        raise ValueError("no loop with warpgroup MMAs (HGMMA) and exponentials in this code")
+    body = min(steps, key=len)
+    counts = {name: sum(o.split(".")[0] in prefixes or o.startswith(prefixes) for o in body)
+              for name, prefixes in LOOP_CLASSES}
+    counts["other"] = len(body) - sum(counts.values())
+    counts["all"] = len(body)
+    return counts
