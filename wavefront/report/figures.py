@@ -73,17 +73,18 @@ def save(fig, name: str, directory, pdf: bool = False) -> list[Path]:
 
 
 def _save_png(fig, path: Path) -> None:
-    """80 dpi, reduced to a 64-colour palette: plots have few colours (a palette's anti-aliased
+    """80 dpi, reduced to a 32-colour palette: plots have few colours (a palette's anti-aliased
     edges are what the rest of it went to), and the files travel with every GPU call, whose
-    transfers are capped, in a repository kept under 4 MB (4-5x smaller than full colour,
-    deterministic; 80 dpi rather than 90: 14% less, still 1100 pixels across the widest)."""
+    transfers are capped, in a repository kept under 4 MB (5x smaller than full colour,
+    deterministic; 80 dpi rather than 90: 14% less, still 1100 pixels across the widest; 32
+    colours rather than 64: 11% less; the series stay apart, a little duller)."""
     import io
 
     from PIL import Image
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=80, bbox_inches="tight")
     image = Image.open(io.BytesIO(buf.getvalue())).convert("RGB")
-    image.quantize(colors=64, method=Image.Quantize.MEDIANCUT).save(path, format="PNG",
+    image.quantize(colors=32, method=Image.Quantize.MEDIANCUT).save(path, format="PNG",
                                                                      optimize=True)
 
 
