@@ -528,3 +528,16 @@ def test_every_experiments_sweeps_parse():
     experiments = discover(Path(__file__).parent.parent / "experiments")
     owned = {name: e.specs for name, e in experiments.items()}
     assert owned["kernel_drift"]["kernel_drift"].grid and owned["step_time"]["step_time"].grid
+
+
+def test_tune_does_not_write_a_winner_timed_on_a_slowed_gpu():
+    """A lent H100 once ran a whole call 4.4x slow with normal-looking ratios to cuDNN: a winner
+    under half the speed the table recorded for its key is refused (a new key, or one without
+    a speed, is written)."""
+    from wavefront.measure.tune import SLOWED_GPU, slowed_gpu
+    recorded = {"tflops": 652.7}
+    assert "slowed GPU" in slowed_gpu({"tflops": 148.4}, recorded)
+    assert slowed_gpu({"tflops": SLOWED_GPU * 652.7 + 1}, recorded) is None
+    assert slowed_gpu({"tflops": 670.7}, recorded) is None
+    assert slowed_gpu({"tflops": 148.4}, None) is None
+    assert slowed_gpu({"tflops": 148.4}, {"schedule": "persistent+linear"}) is None

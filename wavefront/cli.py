@@ -821,7 +821,9 @@ def _steal_share(jiffies) -> str:
                    "each shape's winner, in rounds of their own.")
 @click.option("--write/--no-write", default=False, show_default=True,
               help="Write each shape's fastest configuration into wavefront/kernel/tuned.json "
-                   "(keyed by GPU, head dim, mask and this batch/heads/K/V heads/length).")
+                   "(keyed by GPU, head dim, mask and this batch/heads/K/V heads/length); "
+                   "not a winner under half the speed the table recorded there (a slowed "
+                   "GPU), which exits non-zero.")
 @click.option("--only", "only", multiple=True, metavar="LEVER=V[,V]",
               help="Hold a lever of the first stage to these of its searched values "
                    "(repeatable; e.g. --only tiles=128x128): a search around known winners.")
@@ -845,7 +847,7 @@ def tune(batch, heads, kv_heads, seqlen, head_dims, dtype, causal, rounds, per_r
     except ValueError as exc:
         raise click.BadParameter(str(exc), param_hint="--only") from None
     dev = _require_gpu()
-    from wavefront.kernel.tuning import write_entry
+    from wavefront.kernel.tuning import entry_key, load_table, write_entry
     causals = (False, True) if causal is None else (causal,)
     try:
         shape_points = [Point(batch, heads, kv_heads, seqlen, d, dtype, c)
@@ -897,8 +899,15 @@ def tune(batch, heads, kv_heads, seqlen, head_dims, dtype, causal, rounds, per_r
             failed += 1
             continue
         if write:
-            entry = tuning.tuned_entry(best, (batch, heads, kv_heads or heads, seqlen), dtype,
-                                       first_levers)
+            dims = (batch, heads, kv_heads or heads, seqlen)
+            previous = load_table().get(dev.name, {}).get(
+                entry_key(shape.head_dim, shape.causal, dims))
+            refused = tuning.slowed_gpu(best, previous)
+            if refused:
+                click.echo(f"{what}: {refused}", err=True)
+                failed += 1
+                continue
+            entry = tuning.tuned_entry(best, dims, dtype, first_levers)
             key = write_entry(dev.name, shape.head_dim, shape.causal, entry)
             click.echo(f"{what}: wrote {dev.name} {key}", err=True)
     sink.close()

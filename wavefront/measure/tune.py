@@ -266,6 +266,24 @@ def lever_records(gpu_name: str, shape: Point, stage: str, record: list[dict]) -
                                  **row}) for row in record]
 
 
+# A winner under this fraction of the speed the table recorded for the same GPU, head dim,
+# mask and shape was timed on a slowed GPU, not found faster: one lent H100 ran a whole call
+# 4.4x slow (123-148 TFLOP/s at B1 H32 S8k D128), and its ratios to cuDNN looked normal
+# because cuDNN slowed as much. `wavefront tune --write` does not write such a winner.
+SLOWED_GPU = 0.5
+
+
+def slowed_gpu(best: dict, previous: dict | None) -> str | None:
+    """Why the search's winner `best` must not replace `previous` (the table's entry it would
+    overwrite), or None."""
+    recorded = (previous or {}).get("tflops")
+    if recorded and best["tflops"] < SLOWED_GPU * recorded:
+        return (f"the winner ran {best['tflops']:.0f} TFLOP/s, under {SLOWED_GPU:.0%} of the "
+                f"{recorded:.0f} the table recorded here: a slowed GPU, not a better "
+                "configuration; not written")
+    return None
+
+
 def tuned_entry(best: dict, dims: tuple[int, int, int, int], dtype: str,
                 searched: dict = LEVERS) -> dict:
     """The tuned table's entry for a shape's winner (`wavefront tune --write`): its
