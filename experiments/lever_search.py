@@ -3,8 +3,9 @@
 `wavefront tune` compiles every candidate (tile shape, CTAs per SM, consumer warps, clusters,
 the K/V latency hint, static or dynamic assignment), reads its SASS, times the rest and the
 peers in interleaved rounds, then searches FlashAttention-4's softmax levers around the
-winner. Each search lies in data/tune/<search>/ (tune.jsonl.gz: every candidate; levers.jsonl.gz:
-the best per lever value), with the command in its manifest. No figure: the draft prints the
+winner. Each search's records (tune: every candidate; levers: the best per lever value) are
+folded into data/tune/tune_runs.jsonl.gz and levers_runs.jsonl.gz, each record's `source` naming
+its search, with the command in the manifest (its `folder`). No figure: the draft prints the
 tables.
 """
 import pandas as pd
@@ -18,10 +19,15 @@ DATASETS = ()
 RECORDS = ("tune",)
 
 
+# The searches' records, folded into one file per kind (scripts/fold_runs.py); a new search's
+# folder (data/tune/<search>/tune.jsonl, levers.jsonl) is read beside them.
+FOLDED = {"tune": "tune_runs.jsonl", "levers": "levers_runs.jsonl"}
+
+
 def searches(study) -> dict[str, list[dict]]:
     """Every search's candidates, by search name."""
-    return {name.split("/")[0]: rows
-            for name, rows in study.records(TUNE_RECORDS, "tune", "*/tune.jsonl.gz").items()}
+    return {name.split("/")[0]: rows for name, rows in study.folded_records(
+        TUNE_RECORDS, "tune", FOLDED["tune"], "*/tune.jsonl").items()}
 
 
 def lever_record(study) -> pd.DataFrame:
@@ -32,7 +38,8 @@ def lever_record(study) -> pd.DataFrame:
          "shape": shape_name(r["shape"]), "lever": r["lever"], "value": r["value"],
          "timed": r["timed"], "best TFLOP/s": r["best_tflops"], "of best": r["of_best"],
          "binary": r["best_label"]}
-        for name, rows in study.records(LEVER_RECORDS, "tune", "*/levers.jsonl").items()
+        for name, rows in study.folded_records(LEVER_RECORDS, "tune", FOLDED["levers"],
+                                               "*/levers.jsonl").items()
         for r in rows])
 
 

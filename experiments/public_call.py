@@ -8,7 +8,7 @@ the configuration it resolves to, paired by round, is what the call's host work 
 asks for 0.97 at B1 H32 S8k D128 and 0.9 at B1 H8 S1k D64.
 
 Every commit's runs are kept: a new run lands in `data/public_call/<commit>/`, and
-`scripts/fold_public_call.py` folds the committed ones into `data/public_call/bench_runs.jsonl.gz`
+`scripts/fold_runs.py` folds the committed ones into `data/public_call/bench_runs.jsonl.gz`
 (each record's `source` names the file it was); this experiment reads all of them. The call changed between those commits: a launcher cache, a positional hot path,
 prepared launches. The kernel's source is 571b462's from that commit on. Runs before e9fadbe
 record no calls per round: the bench's default, 5, unless the run's or file's name says 20 or
@@ -34,7 +34,6 @@ from wavefront.report.draft import Section, md_table, paragraphs, span
 from wavefront.report.experiments import run_as_script
 from wavefront.report.figures import short_gpu
 from wavefront.results.records import BENCH_RECORDS, shape_name
-from wavefront.results.store import SchemaError
 
 DATASETS = ()
 RECORDS = ("public_call",)
@@ -75,29 +74,13 @@ def measure(out_dir) -> int:
     return failed
 
 
-FOLDED = "bench_runs.jsonl"  # the committed runs' records, one file (scripts/fold_public_call.py)
+FOLDED = "bench_runs.jsonl"  # the committed runs' records, one file (scripts/fold_runs.py)
 
 
 def bench_files(study) -> dict:
     """{'<commit>/<file name without .jsonl>': records} of every run: the committed ones
-    folded into FOLDED (each record's `source`), and any still in their commit's folder (a
-    new run's bench.jsonl), in name order. A source in both is refused."""
-    files: dict = {}
-    try:
-        for r in study.records(BENCH_RECORDS, "public_call", pattern=FOLDED)[FOLDED.split(".")[0]]:
-            files.setdefault(r["source"], []).append(r)
-    except SchemaError:  # nothing folded yet
-        pass
-    try:
-        loose = study.records(BENCH_RECORDS, "public_call", pattern="*/bench*.jsonl")
-    except SchemaError:
-        loose = {}
-    for source, records in loose.items():
-        if source in files:
-            raise ValueError(f"data/public_call: {source} is both in {FOLDED} and a file of its "
-                             "own; keep one")
-        files[source] = records
-    return dict(sorted(files.items()))
+    folded into FOLDED, and any still in their commit's folder (a new run's bench.jsonl)."""
+    return study.folded_records(BENCH_RECORDS, "public_call", FOLDED, "*/bench*.jsonl")
 
 
 def _measured_on(study) -> dict:

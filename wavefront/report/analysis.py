@@ -291,6 +291,29 @@ class Study:
             raise SchemaError(f"{directory}: no {kind.name} records ({pattern})")
         return {str(p.relative_to(directory)).split(".")[0]: kind.read(p) for p in paths}
 
+    def folded_records(self, kind: RecordKind, dataset: str, folded: str,
+                       loose: str) -> dict:
+        """{'<folder>/<file name without .jsonl>': records} of a data set whose runs are
+        folded into one file (`folded`, each record's `source`: scripts/fold_runs.py), and any
+        run still in a folder of its own (`loose`, e.g. '*/bench*.jsonl'), in name order. A
+        source in both is refused."""
+        files: dict = {}
+        try:
+            for r in self.records(kind, dataset, pattern=folded)[folded.split(".")[0]]:
+                files.setdefault(r["source"], []).append(r)
+        except SchemaError:  # nothing folded yet
+            pass
+        try:
+            loose_files = self.records(kind, dataset, pattern=loose)
+        except SchemaError:
+            loose_files = {}
+        for source, records in loose_files.items():
+            if source in files:
+                raise ValueError(f"data/{dataset}: {source} is both in {folded} and a file of "
+                                 "its own; keep one")
+            files[source] = records
+        return dict(sorted(files.items()))
+
     @cached_property
     def knee_counters(self) -> pd.DataFrame:
         return self.counters("knee")
