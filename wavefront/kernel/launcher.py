@@ -942,7 +942,7 @@ def attention_plain(q, k, v, causal):
     makes (`wavefront.attention(q, k, v, causal=...)`). On torch tensors or CuPy arrays with a
     bool mask it keys by the arrays and the mask alone: building the full key's options tuple and their
     types (which tell True from 1), and passing them, cost 1.7-2.0 us a call on the H100 hosts
-    (data/public_call/a99b7fd/). A miss takes the full path and remembers the launcher that
+    (data/public_call/RUNS.md#a99b7fd). A miss takes the full path and remembers the launcher that
     path cached."""
     kind = type(q)
     if type(k) is not kind or type(v) is not kind or type(causal) is not bool:
@@ -1616,7 +1616,7 @@ def _output_maker(vq: _ArrayView):
     """A function of q that returns a new contiguous output of q's shape, dtype and device,
     made once per launcher: for a contiguous torch q, `torch.empty_like` (2.1-3.3 us a call on
     the H100 hosts against 4.7-5.4 us for `new_empty` of a shape and 8.4-8.9 us for
-    `torch.empty`: scripts/profile_call.py, data/public_call/4448846/)."""
+    `torch.empty`: scripts/profile_call.py, data/public_call/RUNS.md#4448846)."""
     if vq.library == "torch" and vq.strides == contiguous_strides(vq.shape):
         import torch
         return torch.empty_like

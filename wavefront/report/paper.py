@@ -108,7 +108,7 @@ def _build_into(data_dir, paper_dir: Path, experiments_dir, log) -> dict:
 # (16 KB of one claim's evidence was a DataFrame's dictionary), and the repository travels to
 # every GPU call; the whole evidence is what `wavefront paper` computes from data/ each time,
 # and a claim that fails prints it.
-EVIDENCE_KEPT = 1500
+EVIDENCE_KEPT = 600
 
 
 def kept_evidence(evidence: str) -> str:
