@@ -282,10 +282,10 @@ def section(study) -> Section:
             f"{float(poly['x winner'].min()):.2f}-{float(poly['x winner'].max()):.2f}x; no "
             f"shape's best used either.",
             len(tried) > 0 and bool((tried["x winner"] < 1.0).all()), tried["x winner"].tolist())
-    spilled = [r for name in wide_searches for r in searches(study)[name]
-               if "_128x256_" in (r.get("label") or "") and "spills" in (r.get("not_timed") or "")]
-    wide_rows = [r for name in wide_searches for r in searches(study)[name]
-                 if "_128x256_" in (r.get("label") or "")]
+    # the 128x256 candidates of the searches that tried them (the records read once)
+    wide_rows = [r for name, rows in searches(study).items() if name in wide_searches
+                 for r in rows if "_128x256_" in (r.get("label") or "")]
+    spilled = [r for r in wide_rows if "spills" in (r.get("not_timed") or "")]
     plain = [r for r in wide_rows if r["levers"]["qk_ahead"] == 0
              and r["levers"]["worker_warps"] == 8 and r["levers"]["cluster"] == 1]
     s.claim(f"The 128x256 candidates that spill ({len(spilled)} of {len(wide_rows)}, recorded "
