@@ -74,8 +74,8 @@ def save(fig, name: str, directory, pdf: bool = False) -> list[Path]:
 
 def _save_png(fig, path: Path) -> None:
     """80 dpi, reduced to a 32-colour palette: plots have few colours (a palette's anti-aliased
-    edges are what the rest of it went to), and the files travel with every GPU call, whose
-    transfers are capped, in a repository kept under 4 MB (5x smaller than full colour,
+    edges are what the rest of it went to), and small files copy fast (they were committed
+    until the repository's 4 MB left them out; 5x smaller than full colour,
     deterministic; 80 dpi rather than 90: 14% less, still 1100 pixels across the widest; 32
     colours rather than 64: 11% less; the series stay apart, a little duller)."""
     import io
