@@ -296,7 +296,7 @@ class Study:
         """{'<folder>/<file name without .jsonl>': records} of a data set whose runs are
         folded into one file (`folded`, each record's `source`: scripts/fold_runs.py), and any
         run still in a folder of its own (`loose`, e.g. '*/bench*.jsonl'), in name order. A
-        source in both is refused."""
+        source in both is refused, and a data set with neither fails with its name."""
         files: dict = {}
         try:
             for r in self.records(kind, dataset, pattern=folded)[folded.split(".")[0]]:
@@ -312,6 +312,9 @@ class Study:
                 raise ValueError(f"data/{dataset}: {source} is both in {folded} and a file of "
                                  "its own; keep one")
             files[source] = records
+        if not files:
+            raise SchemaError(f"{self.data_dir / dataset}: no {kind.name} records ({folded} "
+                              f"or {loose})")
         return dict(sorted(files.items()))
 
     @cached_property
