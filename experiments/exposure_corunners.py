@@ -60,14 +60,27 @@ def measure(out_dir) -> int:
     spare = dev.sms - ATTENTION_CTAS
     envs = environments()
     specs = {name: spec for name, spec in envs.items() if spec is not None}
+    from wavefront.measure.exposure_profile import profile_contenders
+    failures = 0
     with JsonlSink(out_dir, "rounds.jsonl") as sink:
         for row in solo_traffic(specs, [spare, dev.sms]):
             sink.write(EXPOSURE_RECORDS.stamp({"kind": "solo", **row}))
+        # what each co-runner's own count is worth: DRAM bytes (ncu, cold L2) of a fixed
+        # amount of its work alone on the spare SMs, against what it counted
+        only = ",".join(f"corunner:{s.kind}:{s.load}:{s.store}" for s in specs.values())
+        try:
+            for row in profile_contenders((8, 1, 131072, 64), causal=False, peers=False,
+                                          repeats=2, only=only, timeout_s=300):
+                sink.write(EXPOSURE_RECORDS.stamp({"kind": "ncu", "gpu": dev.name, **row}))
+        except Exception as exc:  # recorded; the rounds still run
+            failures += 1
+            sink.write(EXPOSURE_RECORDS.stamp({"kind": "ncu", "gpu": dev.name,
+                                               "error": str(exc)[:300]}))
         with click.progressbar(length=len(envs) * ROUNDS, label="co-runner rounds") as bar:
             for row in paired_rounds(points(), envs, rounds=ROUNDS, spare_ctas=spare,
                                      progress=lambda env, r: bar.update(1)):
                 sink.write(EXPOSURE_RECORDS.stamp({"kind": "round", **row}))
-    return 0
+    return failures
 
 
 def table(study) -> pd.DataFrame:
@@ -83,16 +96,40 @@ def table(study) -> pd.DataFrame:
         t.insert(2, "mask", mask)
         rows.append(t)
     t = pd.concat(rows, ignore_index=True)
+    # what a counted byte is worth in DRAM bytes, per co-runner (its ncu check alone)
+    n = d[d["kind"] == "ncu"]
+    n = n[n["error"].isna()] if "error" in n else n
+    worth = pd.DataFrame({"DRAM/counted read": [], "DRAM/counted write": []},
+                         index=pd.MultiIndex.from_tuples([], names=["GPU", "environment"]))
+    if len(n):
+        g = n.groupby(["GPU", "corunner"])
+        worth = pd.DataFrame({
+            "DRAM/counted read": g["dram__bytes_read.sum"].sum()
+            / g["corunner_read_bytes"].sum().replace(0, np.nan),
+            "DRAM/counted write": g["dram__bytes_write.sum"].sum()
+            / g["corunner_write_bytes"].sum().replace(0, np.nan)})
+        worth.index.names = ["GPU", "environment"]
     traffic = r.groupby(["GPU", "environment"])[["corunner_read_gbps",
                                                  "corunner_write_gbps"]].median()
-    # the fastest any co-runner moved alone on every SM: this GPU's DRAM ceiling here
-    full = solo[solo["corunner_ctas"] == solo["corunner_ctas"].max()]
-    ceiling = (full["corunner_read_gbps"] + full["corunner_write_gbps"]).groupby(
-        full["GPU"]).max()
+    traffic = traffic.join(worth)
     t = t.join(traffic, on=["GPU", "environment"])
-    t[["corunner_read_gbps", "corunner_write_gbps"]] = t[
-        ["corunner_read_gbps", "corunner_write_gbps"]].fillna(0.0)
-    t["co-runner GB/s"] = t["corunner_read_gbps"] + t["corunner_write_gbps"]
+    for side in ("read", "write"):
+        counted = t[f"corunner_{side}_gbps"].fillna(0.0)
+        ratio = t.get(f"DRAM/counted {side}", pd.Series(np.nan, index=t.index))
+        t[f"co-runner counted {side} GB/s"] = counted
+        # no byte counted: no DRAM bytes either; a check missing: the count stands, flagged
+        t[f"co-runner DRAM {side} GB/s"] = np.where(counted == 0, 0.0,
+                                                    counted * ratio.fillna(1.0))
+    t["checked"] = t.get("DRAM/counted read", pd.Series(np.nan, index=t.index)).notna() | \
+        t.get("DRAM/counted write", pd.Series(np.nan, index=t.index)).notna()
+    t["co-runner GB/s"] = t["co-runner DRAM read GB/s"] + t["co-runner DRAM write GB/s"]
+    # this GPU's DRAM ceiling here: the most any co-runner moved to and from DRAM alone on
+    # every SM (its count, at its checked worth)
+    full = solo[solo["corunner_ctas"] == solo["corunner_ctas"].max()].join(
+        worth, on=["GPU", "environment"])
+    full_dram = (full["corunner_read_gbps"] * full["DRAM/counted read"].fillna(1.0)
+                 + full["corunner_write_gbps"] * full["DRAM/counted write"].fillna(1.0))
+    ceiling = full_dram.groupby(full["GPU"]).max()
     t["GB/s left per attention SM"] = [
         max(ceiling.get(g, np.nan) - used, 0.0) / ATTENTION_CTAS
         for g, used in zip(t["GPU"], t["co-runner GB/s"])]
@@ -134,11 +171,15 @@ def section(study) -> Section:
     m = multiplicity(t)
     shown = t.assign(**{
         "co-runner GB/s": t["co-runner GB/s"].round(0).astype(int),
+        "DRAM/counted": [f"{a:.2f}/{b:.2f}" for a, b in zip(
+            t.get("DRAM/counted read", pd.Series(np.nan, index=t.index)),
+            t.get("DRAM/counted write", pd.Series(np.nan, index=t.index)))],
         "GB/s left per attention SM": t["GB/s left per attention SM"].round(1),
         "linear slowdown": [f"{x:+.1%}" for x in t["linear slowdown"]],
         "sawtooth vs linear [95%]": [interval_text(r) for _, r in t.iterrows()],
         "linear ms": t["linear ms"].round(1), "SM MHz": t["SM MHz"].round(0)})[
-        ["GPU", "mask", "environment", "co-runner GB/s", "GB/s left per attention SM",
+        ["GPU", "mask", "environment", "co-runner GB/s", "DRAM/counted",
+         "GB/s left per attention SM",
          "linear ms", "linear slowdown", "sawtooth vs linear [95%]", "rounds",
          "dropped (clock state)", "throttled rounds", "SM MHz"]]
     worst = t.loc[t["linear slowdown"].idxmax()]

@@ -5,7 +5,8 @@ the L2 as persisting lines (the context's persisting-L2 limit plus a stream acce
 window, `wavefront.measure.corunners.L2Hold`), so normal accesses see the rest. Process-level
 only: no device setting changes; the limit and the lines are reset after each level. At each
 level the capacity actually left is measured (all SMs reading a buffer round and round: the
-largest size still read at the L2's rate), then the paper's launch (B8 H1 S128k D64, 64x64,
+largest buffer that every SM reads 8 times in one launch with DRAM reads under half of 8
+passes' worth, by Nsight Compute), then the paper's launch (B8 H1 S128k D64, 64x64,
 48 persistent CTAs) is timed, sawtooth against linear paired by round, and its DRAM bytes are
 read by Nsight Compute with the hold in place (caches not flushed, so the held lines stay).
 
@@ -39,8 +40,7 @@ def points():
 def measure(out_dir) -> int:
     import click
     from wavefront.device import current_device
-    from wavefront.measure.corunners import (L2Hold, max_persisting_bytes, paired_rounds,
-                                             probe_l2_left)
+    from wavefront.measure.corunners import max_persisting_bytes, paired_rounds
     from wavefront.measure.exposure_profile import profile_contenders
     from wavefront.measure.sink import JsonlSink
     from wavefront.results.records import EXPOSURE_RECORDS
@@ -49,21 +49,17 @@ def measure(out_dir) -> int:
     held = sorted({int(f * most) // (1 << 20) << 20 for f in LEVELS})
     failures = 0
     with JsonlSink(out_dir, "rounds.jsonl") as sink:
-        for nbytes in held:
-            with L2Hold(nbytes):
-                for row in probe_l2_left([mb << 20 for mb in PROBE_MB]):
-                    sink.write(EXPOSURE_RECORDS.stamp({"kind": "probe", "gpu": dev.name,
-                                                       "held_bytes": nbytes,
-                                                       "max_persisting_bytes": most, **row}))
         envs = {f"held {n / 2**20:.0f} MiB": n for n in held}
         with click.progressbar(length=len(envs) * ROUNDS, label="held-L2 rounds") as bar:
             for row in paired_rounds(points(), envs, rounds=ROUNDS, spare_ctas=0,
                                      progress=lambda env, r: bar.update(1)):
                 sink.write(EXPOSURE_RECORDS.stamp({"kind": "round", **row}))
+        probes = ",".join(f"probe:{mb}" for mb in PROBE_MB)
         for causal in (False, True):
+            only = "persistent+linear,persistent+sawtooth" + ("" if causal else "," + probes)
             try:
                 rows = profile_contenders(SHAPE, causal=causal, peers=False, repeats=2,
-                                          hold_bytes=held, timeout_s=500)
+                                          hold_bytes=held, only=only, timeout_s=500)
             except Exception as exc:  # recorded, the rest goes on
                 failures += 1
                 sink.write(EXPOSURE_RECORDS.stamp({"kind": "ncu", "gpu": dev.name,
@@ -71,21 +67,29 @@ def measure(out_dir) -> int:
                 continue
             for row in rows:
                 sink.write(EXPOSURE_RECORDS.stamp({"kind": "ncu", "gpu": dev.name,
-                                                   "causal": causal, **row}))
+                                                   "causal": causal,
+                                                   "max_persisting_bytes": most, **row}))
     return failures
 
 
-def l2_left(study) -> pd.DataFrame:
-    from wavefront.measure.corunners import l2_left_from_probe
+def _ncu(study) -> pd.DataFrame:
     d = records(study, "exposure_small_l2")
-    p = d[d["kind"] == "probe"]
+    n = d[d["kind"] == "ncu"]
+    return n[n["error"].isna()] if "error" in n else n
+
+
+def l2_left(study) -> pd.DataFrame:
+    """Per GPU and hold: the probe's DRAM reads per size, and the L2 left it implies."""
+    from wavefront.measure.corunners import l2_left_from_probe
+    n = _ncu(study)
+    p = n[n["contender"].str.startswith("probe:")]
     rows = []
     for (gpu, held), g in p.groupby(["GPU", "held_bytes"]):
-        left = l2_left_from_probe(g.to_dict("records"))
+        per = g.groupby("probe_bytes")["dram__bytes_read.sum"].median().reset_index()
+        left = l2_left_from_probe(per.to_dict("records"))
         rows.append({"GPU": gpu, "held MiB": held / 2**20,
                      "L2 left (probe), MiB": np.nan if left is None else left / 2**20,
-                     "probe L2 GB/s": g["probe_read_gbps"].max(),
-                     "probe DRAM GB/s": g["probe_read_gbps"].min()})
+                     "largest probed, MiB": per["probe_bytes"].max() / 2**20})
     return pd.DataFrame(rows)
 
 
@@ -99,9 +103,8 @@ def table(study) -> pd.DataFrame:
     left = l2_left(study).set_index(["GPU", "held MiB"])["L2 left (probe), MiB"]
     t["L2 left (probe), MiB"] = [left.get((g, h), np.nan) for g, h in zip(t["GPU"],
                                                                          t["held MiB"])]
-    n = d[(d["kind"] == "ncu") & d.get("contender", pd.Series(dtype=str)).notna()]
-    if "error" in n:
-        n = n[n["error"].isna()]
+    n = _ncu(study)
+    n = n[n["contender"].str.startswith("persistent")]
     if len(n):
         n = n.assign(mask=np.where(n["causal"].astype(bool), "causal", "non-causal"),
                      held=n["held_bytes"] / 2**20)
@@ -172,7 +175,8 @@ def section(study) -> Section:
 The L2 the attention sees is reduced without touching its code: a buffer is held as
 persisting lines through an access-policy window (the most a context may set aside: the
 table's largest "held"), and the capacity left is measured by a probe reading a buffer round
-and round from every SM (the largest size still read at the L2's rate). Then the paper's
+and round from every SM (the largest buffer that every SM reads 8 times in one launch with
+DRAM reads under half of 8 passes' worth, by Nsight Compute). Then the paper's
 launch is timed, sawtooth against linear paired by round ({ROUNDS} rounds), and its DRAM reads
 are counted by Nsight Compute with the hold in place (`experiments/exposure_small_l2.py`).
 

@@ -36,6 +36,7 @@ BUFFER_BYTES = 2 << 30  # 40x the L2: every streaming access misses it
 OPERAND_BYTES = 8 << 20  # gemm_like's operand: stays in the L2
 THREADS = 512
 RESERVE_SHARED_BYTES = 200 << 10  # leaves too little shared memory for any other CTA
+NO_LIMIT = (1 << 64) - 1
 
 
 def _load(policy: str) -> str:
@@ -89,6 +90,7 @@ def corunner_source(kind: str, load: str = "ca", store: str = "wb") -> str:
 extern "C" __global__ void corunner(const int4* __restrict__ src, long long src_vec,
                                     int4* __restrict__ dst, long long dst_vec,
                                     unsigned long long deadline_ns,
+                                    unsigned long long step_limit,
                                     unsigned long long* counts, int* sink) {{
     extern __shared__ int reserve[];  // only reserved: keeps other CTAs off this SM
     {_policy_register(load, store)}
@@ -107,7 +109,7 @@ extern "C" __global__ void corunner(const int4* __restrict__ src, long long src_
         steps += 32;
         unsigned long long now;
         asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now));
-        if (now >= deadline_ns) break;
+        if (now >= deadline_ns || steps >= step_limit) break;
     }}
     atomicAdd(counts + 0, {16 if reads else 0} * steps);
     atomicAdd(counts + 1, {16 if writes else 0} * steps);
@@ -160,18 +162,21 @@ class CoRunner:
         self.sink = cupy.zeros(1, dtype=cupy.int32)
         self.stream = cupy.cuda.Stream(non_blocking=True)
 
-    def start(self, ctas: int, seconds: float) -> None:
+    def start(self, ctas: int, seconds: float | None, step_limit: int = NO_LIMIT) -> None:
+        """Runs until `seconds` have passed on the GPU's clock (None: no deadline) or each
+        thread has moved `step_limit` vectors (a fixed amount of work: what a profiler, which
+        delays a launch, can replay)."""
         cupy = self.cupy
         src = self.buffers.operand if self.spec.kind == "gemm_like" else self.buffers.src
         self.counts.fill(0)
         cupy.cuda.Device().synchronize()
-        deadline = gpu_now_ns() + int(seconds * 1e9)
+        deadline = NO_LIMIT if seconds is None else gpu_now_ns() + int(seconds * 1e9)
         self.began, self.ended = cupy.cuda.Event(), cupy.cuda.Event()
         self.began.record(self.stream)
         self.kernel((ctas,), (THREADS,),
                     (src, cupy.int64(src.nbytes // 16), self.buffers.dst,
                      cupy.int64(self.buffers.dst.nbytes // 16), cupy.uint64(deadline),
-                     self.counts, self.sink),
+                     cupy.uint64(step_limit), self.counts, self.sink),
                     shared_mem=RESERVE_SHARED_BYTES, stream=self.stream)
         self.ended.record(self.stream)
 
@@ -311,46 +316,57 @@ class L2Hold:
         del self.buffer
 
 
-def probe_l2_left(sizes_bytes, *, seconds: float = 0.05) -> list[dict]:
-    """The L2 capacity normal loads see: for each buffer size, all SMs read it round and
-    round (the `read` co-runner, default loads) and its read rate is timed. A size that fits
-    reads at the L2's rate, one that does not at DRAM's; the knee is the capacity left."""
-    import cupy
-    from wavefront.device import current_device
-    sms = current_device().sms
-    kernel = cupy.RawKernel(corunner_source("read"), "corunner")
-    kernel.max_dynamic_shared_size_bytes = RESERVE_SHARED_BYTES
-    counts, sink = cupy.zeros(2, dtype=cupy.uint64), cupy.zeros(1, dtype=cupy.int32)
-    dummy = cupy.zeros(4, dtype=cupy.int32)
-    out = []
-    for size in sizes_bytes:
-        buf = cupy.random.default_rng(3).integers(0, 1 << 30, int(size) // 4, dtype=cupy.int32)
-        for _ in range(2):  # the first warms the buffer into the L2; the second is timed
-            counts.fill(0)
-            cupy.cuda.Device().synchronize()
-            deadline = gpu_now_ns() + int(seconds * 1e9)
-            began, ended = cupy.cuda.Event(), cupy.cuda.Event()
-            began.record()
-            kernel((sms,), (THREADS,), (buf, cupy.int64(buf.nbytes // 16), dummy,
-                                        cupy.int64(1), cupy.uint64(deadline), counts, sink),
-                   shared_mem=RESERVE_SHARED_BYTES)
-            ended.record()
-            ended.synchronize()
-        ms = cupy.cuda.get_elapsed_time(began, ended)
-        out.append({"probe_bytes": int(size),
-                    "probe_read_gbps": int(counts.get()[0]) / (ms * 1e-3) / 1e9})
-        del buf
-    return out
+PROBE_SOURCE = r"""
+extern "C" __global__ void probe_passes(const int4* __restrict__ buf, long long n_vec,
+                                        int passes, int* sink) {
+    // Every SM reads the whole buffer `passes` times; each pass shifts which SM reads which
+    // line, as the CTAs of an attention launch all read the same K/V.
+    const long long stride = (long long)gridDim.x * blockDim.x;
+    const long long me = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    int acc = 0;
+    for (int pass = 0; pass < passes; ++pass) {
+        long long shift = (long long)pass * 7 * blockDim.x;
+        for (long long i = me; i < n_vec; i += stride) {
+            long long at = i + shift;
+            if (at >= n_vec) at -= n_vec * (at / n_vec);
+            int4 v = buf[at];
+            acc ^= v.x ^ v.y ^ v.z ^ v.w;
+        }
+    }
+    if (acc == 0x13572468) sink[0] = acc;
+}
+"""
+PROBE_PASSES = 8
+
+
+class Probe:
+    """The L2 capacity normal loads see, from DRAM bytes: every SM reads a buffer of a given
+    size PROBE_PASSES times in one launch; a size that fits reads DRAM about once (a miss
+    fraction near 1/PROBE_PASSES), one that does not nearly every pass. Profiled by Nsight
+    Compute (`exposure_profile`), not timed: the co-runners' own rates showed loads served
+    faster than DRAM allows, so the probe counts DRAM bytes instead of trusting a rate."""
+
+    def __init__(self, nbytes: int):
+        import cupy
+        from wavefront.device import current_device
+        self.cupy, self.nbytes = cupy, int(nbytes)
+        self.sms = current_device().sms
+        self.kernel = cupy.RawKernel(PROBE_SOURCE, "probe_passes")
+        self.buf = cupy.random.default_rng(3).integers(0, 1 << 30, self.nbytes // 4,
+                                                       dtype=cupy.int32)
+        self.sink = cupy.zeros(1, dtype=cupy.int32)
+
+    def __call__(self):
+        cupy = self.cupy
+        self.kernel((2 * self.sms,), (THREADS,), (self.buf, cupy.int64(self.nbytes // 16),
+                                                  cupy.int32(PROBE_PASSES), self.sink))
 
 
 def l2_left_from_probe(rows: list[dict]) -> float | None:
-    """The largest probed size still read at close to the L2's rate: above the geometric mean
-    of the fastest and slowest rates probed. None when the probe never left the L2."""
-    rates = [r["probe_read_gbps"] for r in rows]
-    if not rates or max(rates) < 1.5 * min(rates):
-        return None
-    cut = (max(rates) * min(rates)) ** 0.5
-    fits = [r["probe_bytes"] for r in rows if r["probe_read_gbps"] >= cut]
+    """The largest probed size whose DRAM reads stayed under half of what reading it on
+    every pass would cost; None when none did."""
+    fits = [r["probe_bytes"] for r in rows
+            if r["dram__bytes_read.sum"] < 0.5 * PROBE_PASSES * r["probe_bytes"]]
     return float(max(fits)) if fits else None
 
 

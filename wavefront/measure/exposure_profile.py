@@ -35,25 +35,64 @@ def _point(shape, schedule, causal, tiles, ctas):
                  occupancy=1 if ctas else None, ctas=ctas, schedule=schedule)
 
 
+CORUNNER_STEPS = 2048  # vectors per thread: tens of milliseconds on the spare SMs
+
+
+def _extra(name: str):
+    """A contender named `probe:<MiB>` (the L2 probe over that size) or
+    `corunner:<kind>:<load>:<store>` (a co-runner on the SMs the paper's launch leaves, a fixed
+    amount of work): -> (launch, after) where after() returns what it counted, or None."""
+    from wavefront.device import current_device
+    from wavefront.measure import corunners
+    kind, _, rest = name.partition(":")
+    if kind == "probe":
+        probe = corunners.Probe(int(rest) << 20)
+        return probe, lambda: {"probe_bytes": probe.nbytes,
+                               "probe_passes": corunners.PROBE_PASSES}
+    if kind == "corunner":
+        what, load, store = rest.split(":")
+        spec = corunners.CoRunnerSpec(what, load, store)
+        runner = corunners.CoRunner(spec, _extra.buffers)
+        ctas = current_device().sms - 48
+
+        def launch():
+            runner.start(ctas, None, CORUNNER_STEPS)
+            runner.ended.synchronize()
+        return launch, lambda: {"corunner": spec.label, "corunner_ctas": ctas,
+                                **runner.finish()}
+    return None
+
+
 def _contenders(shape, causal, tiles, ctas, peers: bool, only: str | None = None):
-    """{name: launch()} for ours (linear, sawtooth) and, with `peers`, the production kernels."""
+    """{name: (launch(), after())} for ours (linear, sawtooth), with `peers` the production
+    kernels, and any probe or co-runner `only` names."""
     import cupy
     from wavefront.kernel.launcher import launcher_for
     from wavefront.measure.bench import peer_runners, random_inputs
+    names = only.split(",") if only else None
     out = {}
-    base = _point(shape, OURS[0], causal, tiles, ctas)
-    q, k, v = random_inputs(base, 5)
-    o = cupy.empty_like(q)
-    for schedule in OURS:
-        launcher, _ = launcher_for(q, k, v, **_point(shape, schedule, causal, tiles,
-                                                     ctas).attention_kwargs())
-        out[schedule] = (lambda launcher=launcher: launcher(
-            q, k, v, o, cupy.cuda.get_current_stream().ptr))
-    if peers:
-        for name, run in peer_runners(base, [(q, k, v)], tilegym=True).items():
-            out[name] = (lambda run=run: run(0))
-    if only:
-        out = {name: launch for name, launch in out.items() if name in only.split(",")}
+    nothing = (lambda: None)
+    if names is None or any("+" in n or n in ("cudnn", "fa2", "tilegym") for n in names):
+        base = _point(shape, OURS[0], causal, tiles, ctas)
+        q, k, v = random_inputs(base, 5)
+        o = cupy.empty_like(q)
+        for schedule in OURS:
+            launcher, _ = launcher_for(q, k, v, **_point(shape, schedule, causal, tiles,
+                                                         ctas).attention_kwargs())
+            out[schedule] = (lambda launcher=launcher: launcher(
+                q, k, v, o, cupy.cuda.get_current_stream().ptr), nothing)
+        if peers:
+            for name, run in peer_runners(base, [(q, k, v)], tilegym=True).items():
+                out[name] = ((lambda run=run: run(0)), nothing)
+    if names and any(":" in n for n in names):
+        from wavefront.measure.corunners import Buffers
+        _extra.buffers = Buffers()
+        for n in names:
+            made = _extra(n) if ":" in n else None
+            if made is not None:
+                out[n] = made
+    if names:
+        out = {name: pair for name, pair in out.items() if name in names}
     return out
 
 
@@ -70,11 +109,11 @@ def run_worker(args) -> None:
                              args.only)
     push, pop = _nvtx()
     usable = {}
-    for name, launch in contenders.items():  # warm-up: compiles, autotunes, loads
+    for name, (launch, _) in contenders.items():  # warm-up: compiles, autotunes, loads
         try:
             launch()
             cupy.cuda.Device().synchronize()
-            usable[name] = launch
+            usable[name] = contenders[name]
         except Exception as exc:  # a backend that refuses the shape is a result
             print(RESULT_MARK + json.dumps({"contender": name,
                                             "error": f"{type(exc).__name__}: {exc}"[:200]}),
@@ -83,7 +122,7 @@ def run_worker(args) -> None:
     for held in (int(x) for x in args.hold_bytes.split(",")):
         with L2Hold(held) as hold:
             for repeat in range(args.repeats):
-                for name, launch in usable.items():
+                for name, (launch, after) in usable.items():
                     hold.refill()
                     cupy.cuda.Device().synchronize()
                     tag = tag_for(n)
@@ -94,8 +133,8 @@ def run_worker(args) -> None:
                     cupy.cuda.runtime.profilerStop()
                     pop()
                     print(RESULT_MARK + json.dumps({"tag": tag, "contender": name,
-                                                    "repeat": repeat, "held_bytes": held}),
-                          flush=True)
+                                                    "repeat": repeat, "held_bytes": held,
+                                                    **(after() or {})}), flush=True)
                     n += 1
 
 
@@ -164,9 +203,7 @@ def profile_contenders(shape, *, causal: bool, tiles: str = "64x64", ctas: int |
             rows.append({"contender": mark["contender"], "error": mark["error"]})
             continue
         mine = [a for a in actions if a["tag"] == mark["tag"]]
-        row = {"contender": mark["contender"], "repeat": mark["repeat"],
-               "held_bytes": mark["held_bytes"], "cache_control": replay[
-                   replay.index("--cache-control") + 1],
+        row = {**mark, "cache_control": replay[replay.index("--cache-control") + 1],
                "kernels": len(mine), "kernel_names": sorted({a["kernel"][:60] for a in mine})}
         for metric in DRAM_METRICS:
             row[metric] = sum(a["metrics"].get(metric, 0.0) for a in mine)
@@ -177,6 +214,7 @@ def profile_contenders(shape, *, causal: bool, tiles: str = "64x64", ctas: int |
                              if "issue_stalled" in name and name.endswith("per_warp_active.pct")
                              or ("warp_latency_issue_stalled" in name)
                              or ("issue_stalled" in name and "ratio" in name)}
+        row.pop("tag", None)
         rows.append(row)
     return rows
 
