@@ -48,39 +48,68 @@ def points():
         for causal in (False, True) for kv in ("linear", "sawtooth")}
 
 
+APPEND_LEVELS = (21, 42, 63)  # CTAs of the append co-runner below the 84 spare SMs
+
+
 def measure(out_dir) -> int:
-    """Each co-runner alone (spare SMs and every SM), then the paired rounds; appended to
+    """Each co-runner alone (spare SMs and every SM), its count checked against DRAM bytes,
+    the paired rounds, then the append co-runner at fewer CTAs; appended to
     <out_dir>/rounds.jsonl. -> failures."""
-    from wavefront.device import current_device
-    from wavefront.measure.corunners import paired_rounds, solo_traffic
+    from wavefront.measure.corunners import solo_traffic
     from wavefront.measure.sink import JsonlSink
     from wavefront.results.records import EXPOSURE_RECORDS
-    import click
+    from wavefront.device import current_device
     dev = current_device()
-    spare = dev.sms - ATTENTION_CTAS
-    envs = environments()
-    specs = {name: spec for name, spec in envs.items() if spec is not None}
-    from wavefront.measure.exposure_profile import profile_contenders
-    failures = 0
+    specs = {name: spec for name, spec in environments().items() if spec is not None}
     with JsonlSink(out_dir, "rounds.jsonl") as sink:
-        for row in solo_traffic(specs, [spare, dev.sms]):
+        for row in solo_traffic(specs, [dev.sms - ATTENTION_CTAS, dev.sms]):
             sink.write(EXPOSURE_RECORDS.stamp({"kind": "solo", **row}))
-        # what each co-runner's own count is worth: DRAM bytes (ncu, cold L2) of a fixed
-        # amount of its work alone on the spare SMs, against what it counted
-        only = ",".join(f"corunner:{s.kind}:{s.load}:{s.store}" for s in specs.values())
+    failures = measure_check(out_dir)
+    _rounds(out_dir, environments())
+    _rounds(out_dir, append_levels())
+    return failures
+
+
+def append_levels():
+    from wavefront.measure.corunners import CoRunnerSpec
+    return {f"append st.wb @{n} CTAs": (CoRunnerSpec("append", store="wb"), n)
+            for n in APPEND_LEVELS}
+
+
+def measure_check(out_dir) -> int:
+    """What each co-runner's own count is worth: DRAM bytes (ncu, cold L2) of a fixed amount
+    of its work alone on the spare SMs, against what it counted."""
+    from wavefront.device import current_device
+    from wavefront.measure.exposure_profile import profile_contenders
+    from wavefront.measure.sink import JsonlSink
+    from wavefront.results.records import EXPOSURE_RECORDS
+    dev = current_device()
+    specs = [s for s in environments().values() if s is not None]
+    only = ",".join(f"corunner:{s.kind}:{s.load}:{s.store}" for s in specs)
+    with JsonlSink(out_dir, "rounds.jsonl") as sink:
         try:
             for row in profile_contenders((8, 1, 131072, 64), causal=False, peers=False,
                                           repeats=2, only=only, timeout_s=300):
                 sink.write(EXPOSURE_RECORDS.stamp({"kind": "ncu", "gpu": dev.name, **row}))
         except Exception as exc:  # recorded; the rounds still run
-            failures += 1
             sink.write(EXPOSURE_RECORDS.stamp({"kind": "ncu", "gpu": dev.name,
                                                "error": str(exc)[:300]}))
+            return 1
+    return 0
+
+
+def _rounds(out_dir, envs) -> None:
+    import click
+    from wavefront.device import current_device
+    from wavefront.measure.corunners import paired_rounds
+    from wavefront.measure.sink import JsonlSink
+    from wavefront.results.records import EXPOSURE_RECORDS
+    spare = current_device().sms - ATTENTION_CTAS
+    with JsonlSink(out_dir, "rounds.jsonl") as sink:
         with click.progressbar(length=len(envs) * ROUNDS, label="co-runner rounds") as bar:
             for row in paired_rounds(points(), envs, rounds=ROUNDS, spare_ctas=spare,
                                      progress=lambda env, r: bar.update(1)):
                 sink.write(EXPOSURE_RECORDS.stamp({"kind": "round", **row}))
-    return failures
 
 
 def table(study) -> pd.DataFrame:
@@ -111,7 +140,10 @@ def table(study) -> pd.DataFrame:
         worth.index.names = ["GPU", "environment"]
     traffic = r.groupby(["GPU", "environment"])[["corunner_read_gbps",
                                                  "corunner_write_gbps"]].median()
-    traffic = traffic.join(worth)
+    traffic = traffic.reset_index()
+    traffic["label"] = traffic["environment"].str.split(" @").str[0]
+    traffic = traffic.join(worth.rename_axis(["GPU", "label"]), on=["GPU", "label"]).drop(
+        columns="label").set_index(["GPU", "environment"])
     t = t.join(traffic, on=["GPU", "environment"])
     for side in ("read", "write"):
         counted = t[f"corunner_{side}_gbps"].fillna(0.0)

@@ -4,8 +4,8 @@ The kernel settings that decide how far ahead the K/V loads run: the `kv_latency
 compiler's load pipelining), one worker warpgroup instead of two (`worker_warps=4`), the
 occupancy hint, and 128x64 tiles against the paper's 64x64. Each at the paper's launch (B8 H1
 S128k D64, 48 persistent CTAs, non-causal), sawtooth against linear paired by round, alone,
-beside the heaviest writing co-runner (a streaming copy with default policies on the 84 spare
-SMs) and with the most L2 a context may hold taken away (`exposure_small_l2`'s largest hold).
+beside the co-runner that slowed the launch most (a KV-cache append, stores only, on the 84
+spare SMs: `exposure_corunners`) and with the most L2 a context may hold taken away (`exposure_small_l2`'s largest hold).
 
     python experiments/exposure_latency.py run            # on a GPU: data/exposure_latency/
     python experiments/exposure_latency.py plot --out DIR # anywhere: figure, table
@@ -48,7 +48,7 @@ def measure(out_dir) -> int:
     from wavefront.results.records import EXPOSURE_RECORDS
     dev = current_device()
     held = max_persisting_bytes() // (1 << 20) << 20
-    envs = {"alone": None, "copy ld.ca st.wb": CoRunnerSpec("copy", "ca", "wb"),
+    envs = {"alone": None, "append st.wb": CoRunnerSpec("append", store="wb"),
             f"held {held / 2**20:.0f} MiB": held}
     # the held environment has no co-runner: paired_rounds treats an int as bytes held
     with JsonlSink(out_dir, "rounds.jsonl") as sink:
@@ -115,7 +115,7 @@ def section(study) -> Section:
 
 The settings that decide how far the K/V loads run ahead of their use, at the paper's launch
 (`experiments/exposure_latency.py`): the `kv_latency` hint, one worker warpgroup instead of
-two, the occupancy hint, 128x64 tiles; each alone, beside a streaming copy on the spare SMs and
+two, the occupancy hint, 128x64 tiles; each alone, beside an append co-runner on the spare SMs and
 with the most L2 a context may hold taken away. Sawtooth against linear paired by round.
 
 {md_table(shown)}

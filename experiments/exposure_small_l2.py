@@ -25,7 +25,7 @@ DATASETS = ()
 RECORDS = ("exposure_small_l2",)
 ROUNDS = 6
 LEVELS = (0.0, 0.25, 0.5, 0.75, 1.0)  # fractions of the most this GPU lets a context hold
-PROBE_MB = tuple(range(4, 81, 4))
+PROBE_MB = tuple(range(8, 81, 8))
 SHAPE = (8, 1, 131072, 64)
 
 
@@ -54,9 +54,8 @@ def measure(out_dir) -> int:
             for row in paired_rounds(points(), envs, rounds=ROUNDS, spare_ctas=0,
                                      progress=lambda env, r: bar.update(1)):
                 sink.write(EXPOSURE_RECORDS.stamp({"kind": "round", **row}))
-        probes = ",".join(f"probe:{mb}" for mb in PROBE_MB)
         for causal in (False, True):
-            only = "persistent+linear,persistent+sawtooth" + ("" if causal else "," + probes)
+            only = "persistent+linear,persistent+sawtooth"
             try:
                 rows = profile_contenders(SHAPE, causal=causal, peers=False, repeats=2,
                                           hold_bytes=held, only=only, timeout_s=500)
@@ -69,7 +68,32 @@ def measure(out_dir) -> int:
                 sink.write(EXPOSURE_RECORDS.stamp({"kind": "ncu", "gpu": dev.name,
                                                    "causal": causal,
                                                    "max_persisting_bytes": most, **row}))
-    return failures
+    return failures + measure_probe(out_dir)
+
+
+def measure_probe(out_dir) -> int:
+    """The L2 left at each hold: the probe's DRAM bytes (ncu) per buffer size."""
+    from wavefront.device import current_device
+    from wavefront.measure.corunners import max_persisting_bytes
+    from wavefront.measure.exposure_profile import profile_contenders
+    from wavefront.measure.sink import JsonlSink
+    from wavefront.results.records import EXPOSURE_RECORDS
+    dev = current_device()
+    most = max_persisting_bytes()
+    held = sorted({int(f * most) // (1 << 20) << 20 for f in LEVELS})
+    with JsonlSink(out_dir, "rounds.jsonl") as sink:
+        try:
+            rows = profile_contenders(SHAPE, causal=False, peers=False, repeats=1,
+                                      hold_bytes=held, timeout_s=400,
+                                      only=",".join(f"probe:{mb}" for mb in PROBE_MB))
+        except Exception as exc:
+            sink.write(EXPOSURE_RECORDS.stamp({"kind": "ncu", "gpu": dev.name,
+                                               "error": str(exc)[:300]}))
+            return 1
+        for row in rows:
+            sink.write(EXPOSURE_RECORDS.stamp({"kind": "ncu", "gpu": dev.name,
+                                               "max_persisting_bytes": most, **row}))
+    return 0
 
 
 def _ncu(study) -> pd.DataFrame:

@@ -374,7 +374,8 @@ def l2_left_from_probe(rows: list[dict]) -> float | None:
 
 def paired_rounds(points: dict, environments: dict, *, rounds: int = 6, seed: int = 0,
                   spare_ctas: int, progress=None) -> list[dict]:
-    """For each environment ({name: CoRunnerSpec | int (bytes held) | None}), `rounds` rounds;
+    """For each environment ({name: CoRunnerSpec | (CoRunnerSpec, CTAs) | int (bytes held) |
+    None}), `rounds` rounds;
     in each, the co-runner runs (or the hold is refilled) and every point ({name: Point}) is
     launched once, in a random order, on its own stream, timed with CUDA events and its SM
     clock and throttle state sampled while it ran. -> one record per (environment, round,
@@ -407,18 +408,21 @@ def paired_rounds(points: dict, environments: dict, *, rounds: int = 6, seed: in
         alone[name] = time.perf_counter() - began
     # the co-runner outlasts a round even if it doubled every launch
     seconds = 2.5 * sum(alone.values()) + 0.3
-    needs_buffers = any(isinstance(e, CoRunnerSpec) for e in environments.values())
+    environments = {name: (env, spare_ctas) if isinstance(env, CoRunnerSpec) else env
+                    for name, env in environments.items()}
+    needs_buffers = any(isinstance(e, tuple) for e in environments.values())
     buffers = Buffers() if needs_buffers else None
     rng = np.random.default_rng(seed)
     records = []
     for env_name, env in environments.items():
-        corunner = CoRunner(env, buffers) if isinstance(env, CoRunnerSpec) else None
+        corunner, ctas = (CoRunner(env[0], buffers), env[1]) if isinstance(env, tuple) else (
+            None, 0)
         hold = L2Hold(env if isinstance(env, int) else 0)
         with hold:
             for r in range(rounds):
                 hold.refill()
                 if corunner:
-                    corunner.start(spare_ctas, seconds)
+                    corunner.start(ctas, seconds)
                     time.sleep(0.02)  # the co-runner takes its SMs before the attention starts
                 times, stop = {}, None
                 for idx in rng.permutation(len(runs)):
@@ -439,8 +443,7 @@ def paired_rounds(points: dict, environments: dict, *, rounds: int = 6, seed: in
                 for name, (ms, cond) in times.items():
                     records.append({"gpu": dev.name, "sms": dev.sms, "environment": env_name,
                                     "round": r, "point": name, "ms": ms,
-                                    "held_bytes": hold.nbytes, "corunner_ctas":
-                                        spare_ctas if corunner else 0,
+                                    "held_bytes": hold.nbytes, "corunner_ctas": ctas,
                                     "sm_clock_mhz": cond.sm_clock_mhz,
                                     "throttle_reasons": cond.throttle_reasons,
                                     "throttled": cond.throttled, "overran": overran,
