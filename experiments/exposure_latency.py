@@ -60,6 +60,31 @@ def measure(out_dir) -> int:
     return 0
 
 
+CONTROL_SEQLEN = 16384  # K+V of a head: 4 MiB, in the L2 on both GPUs: no scan can save
+
+
+def measure_control(out_dir) -> int:
+    """The variants where sawtooth and linear differed, at a sequence whose K/V stays in the
+    L2 (every DRAM read compulsory for both scans): a difference left there is not misses."""
+    import click
+    from wavefront.measure.corunners import paired_rounds
+    from wavefront.measure.sink import JsonlSink
+    from wavefront.point import Point
+    from wavefront.results.records import EXPOSURE_RECORDS
+    chosen = ("64x64 (paper)", "64x64 kv_latency=10")
+    # 8x the batch keeps the launch's work (and its waves) as at S=128k over 16k
+    pts = {f"S16k {variant}|{kv}": Point(batch=64, heads=1, seqlen=CONTROL_SEQLEN,
+                                         head_dim=64, causal=False, ctas=48,
+                                         schedule=f"persistent+{kv}", **VARIANTS[variant])
+           for variant in chosen for kv in ("linear", "sawtooth")}
+    with JsonlSink(out_dir, "rounds.jsonl") as sink:
+        with click.progressbar(length=ROUNDS, label="control rounds") as bar:
+            for row in paired_rounds(pts, {"alone": None}, rounds=ROUNDS, spare_ctas=0,
+                                     progress=lambda env, r: bar.update(1)):
+                sink.write(EXPOSURE_RECORDS.stamp({"kind": "round", **row}))
+    return 0
+
+
 def table(study) -> pd.DataFrame:
     d = records(study, "exposure_latency")
     r = d[d["kind"] == "round"].copy()

@@ -46,7 +46,7 @@ def paired(rounds: pd.DataFrame, keys: list[str], linear: str, sawtooth: str) ->
         common = sorted(set(lin.index) & set(saw.index))
         kept = [r for r in common if _same_state(lin.loc[r], saw.loc[r])]
         ratios = [lin.loc[r, "ms"] / saw.loc[r, "ms"] for r in kept]
-        lo, hi = median_ci95(ratios) if len(ratios) >= 2 else (np.nan, np.nan)
+        lo, hi = median_ci95(ratios) if len(ratios) >= 6 else (np.nan, np.nan)
         row = dict(zip(keys, key if isinstance(key, tuple) else (key,)))
         row.update({"linear ms": float(lin["ms"].median()) if len(lin) else np.nan,
                     "sawtooth vs linear": float(np.median(ratios)) if ratios else np.nan,
