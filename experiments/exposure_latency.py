@@ -72,8 +72,8 @@ def measure_control(out_dir) -> int:
     from wavefront.point import Point
     from wavefront.results.records import EXPOSURE_RECORDS
     chosen = ("64x64 (paper)", "64x64 kv_latency=10")
-    # 8x the batch keeps the launch's work (and its waves) as at S=128k over 16k
-    pts = {f"S16k {variant}|{kv}": Point(batch=64, heads=1, seqlen=CONTROL_SEQLEN,
+    # 64x the batch keeps the FLOPs of the launch at S=128k
+    pts = {f"S16k {variant}|{kv}": Point(batch=512, heads=1, seqlen=CONTROL_SEQLEN,
                                          head_dim=64, causal=False, ctas=48,
                                          schedule=f"persistent+{kv}", **VARIANTS[variant])
            for variant in chosen for kv in ("linear", "sawtooth")}
