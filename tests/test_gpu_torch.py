@@ -34,9 +34,7 @@ def _error(out, ref):
 @pytest.mark.parametrize("causal", [False, True])
 def test_repeated_calls_reuse_one_launcher_and_stay_correct(causal):
     import wavefront
-    from wavefront.kernel import call as kernel_call, launcher as kernel_launcher  # noqa: F401
-    from wavefront.kernel import streams as kernel_streams  # noqa: F401
-    from wavefront.kernel import tuning as kernel_tuning, varlen as kernel_varlen  # noqa: F401
+    from wavefront.kernel import call as kernel_call
     kernel_call.clear_launcher_cache()
     for seed in range(3):
         q, k, v = _inputs(seed)
@@ -59,9 +57,7 @@ def test_repeated_calls_reuse_one_launcher_and_stay_correct(causal):
 
 def test_the_cache_is_bounded():
     import wavefront
-    from wavefront.kernel import call as kernel_call, launcher as kernel_launcher  # noqa: F401
-    from wavefront.kernel import streams as kernel_streams  # noqa: F401
-    from wavefront.kernel import tuning as kernel_tuning, varlen as kernel_varlen  # noqa: F401
+    from wavefront.kernel import call as kernel_call
     kernel_call.clear_launcher_cache()
     for n in range(kernel_call.LAUNCHER_CACHE_SIZE + 5):
         q, k, v = _inputs(n, batch=1, heads=1, kv_heads=1, seqlen=64 + n)
@@ -75,9 +71,7 @@ def test_the_plain_call_shares_the_cached_launcher_and_forgets_evicted_ones(monk
     with any option take the full path, and a launcher the cache lets go leaves the plain map
     too (it must not keep, or launch, what the cache evicted)."""
     import wavefront
-    from wavefront.kernel import call as kernel_call, launcher as kernel_launcher  # noqa: F401
-    from wavefront.kernel import streams as kernel_streams  # noqa: F401
-    from wavefront.kernel import tuning as kernel_tuning, varlen as kernel_varlen  # noqa: F401
+    from wavefront.kernel import call as kernel_call
     kernel_call.clear_launcher_cache()
     q, k, v = _inputs(40)
     first = wavefront.attention(q, k, v, causal=True)  # a miss: the full path, remembered
@@ -110,9 +104,8 @@ def test_the_plain_calls_own_launch_is_the_whole_ways_bit_for_bit(causal):
     memory freed NaN just before (the caching allocator hands the block back); on a stream the
     launcher has not launched on, it goes the whole way and is right there too."""
     import wavefront
-    from wavefront.kernel import call as kernel_call, launcher as kernel_launcher  # noqa: F401
-    from wavefront.kernel import streams as kernel_streams  # noqa: F401
-    from wavefront.kernel import tuning as kernel_tuning, varlen as kernel_varlen  # noqa: F401
+    from wavefront.kernel import call as kernel_call
+    from wavefront.kernel import launcher as kernel_launcher
     kernel_call.clear_launcher_cache()
     q, k, v = _inputs(90, batch=1, heads=8, kv_heads=8, seqlen=1024)
     ref = _reference(q, k, v, causal)
@@ -185,9 +178,8 @@ def test_cuda_graph_replay_equals_eager(schedule, prepared, monkeypatch):
     `prepared`: launchers prepare after their first launch, so the capture records a prepared
     launch (cuLaunchKernel from the packed buffer) and the eager calls launch prepared too."""
     import wavefront.torch  # noqa: F401  (registers torch.ops.wavefront.attention)
-    from wavefront.kernel import call as kernel_call, launcher as kernel_launcher  # noqa: F401
-    from wavefront.kernel import streams as kernel_streams  # noqa: F401
-    from wavefront.kernel import tuning as kernel_tuning, varlen as kernel_varlen  # noqa: F401
+    from wavefront.kernel import call as kernel_call
+    from wavefront.kernel import launcher as kernel_launcher
     if prepared:
         monkeypatch.setattr(kernel_launcher, "PREPARE_AFTER_LAUNCHES", 1)
     kernel_call.clear_launcher_cache()
@@ -223,9 +215,8 @@ def test_a_launcher_in_a_graph_outlives_the_cache_until_released():
     import weakref
 
     import wavefront.torch as wft
-    from wavefront.kernel import call as kernel_call, launcher as kernel_launcher  # noqa: F401
-    from wavefront.kernel import streams as kernel_streams  # noqa: F401
-    from wavefront.kernel import tuning as kernel_tuning, varlen as kernel_varlen  # noqa: F401
+    from wavefront.kernel import call as kernel_call
+    from wavefront.kernel import streams as kernel_streams
     kernel_call.clear_launcher_cache()
     static = [x.clone() for x in _inputs(26)]
     schedule = "dynamic+linear"  # writes its counter: a replay on freed buffers would show
@@ -267,9 +258,8 @@ def test_a_capture_before_the_table_is_known_done():
     import cupy
 
     import wavefront.torch  # noqa: F401  (registers torch.ops.wavefront.attention)
-    from wavefront.kernel import call as kernel_call, launcher as kernel_launcher  # noqa: F401
-    from wavefront.kernel import streams as kernel_streams  # noqa: F401
-    from wavefront.kernel import tuning as kernel_tuning, varlen as kernel_varlen  # noqa: F401
+    from wavefront.kernel import call as kernel_call
+    from wavefront.kernel import streams as kernel_streams
     q, k, v = _inputs(25)
     schedule = "persistent+sawtooth"  # static: the replay equals the eager call bit for bit
     kernel_call.clear_launcher_cache()
@@ -405,9 +395,7 @@ def _release_cupy_launchers() -> None:
     on a destroyed stream (that crashed the process)."""
     import cupy
 
-    from wavefront.kernel import call as kernel_call, launcher as kernel_launcher  # noqa: F401
-    from wavefront.kernel import streams as kernel_streams  # noqa: F401
-    from wavefront.kernel import tuning as kernel_tuning, varlen as kernel_varlen  # noqa: F401
+    from wavefront.kernel import call as kernel_call
     gc.collect()
     kernel_call.clear_launcher_cache()
     gc.collect()
@@ -424,9 +412,8 @@ def test_a_cupy_call_on_its_current_stream_is_noted_there(causal):
     import cupy
 
     import wavefront
-    from wavefront.kernel import call as kernel_call, launcher as kernel_launcher  # noqa: F401
-    from wavefront.kernel import streams as kernel_streams  # noqa: F401
-    from wavefront.kernel import tuning as kernel_tuning, varlen as kernel_varlen  # noqa: F401
+    from wavefront.kernel import call as kernel_call
+    from wavefront.kernel import launcher as kernel_launcher
     kernel_call.clear_launcher_cache()
     q, k, v = (cupy.from_dlpack(x) for x in _inputs(82))
     ref = _reference(*(torch.from_dlpack(x) for x in (q, k, v)), causal)
@@ -457,9 +444,8 @@ def test_the_plain_cupy_calls_own_launch_is_the_whole_ways_bit_for_bit(causal):
     import cupy
 
     import wavefront
-    from wavefront.kernel import call as kernel_call, launcher as kernel_launcher  # noqa: F401
-    from wavefront.kernel import streams as kernel_streams  # noqa: F401
-    from wavefront.kernel import tuning as kernel_tuning, varlen as kernel_varlen  # noqa: F401
+    from wavefront.kernel import call as kernel_call
+    from wavefront.kernel import launcher as kernel_launcher
     kernel_call.clear_launcher_cache()
     q, k, v = (cupy.from_dlpack(x) for x in _inputs(91, batch=1, heads=8, kv_heads=8,
                                                    seqlen=1024))
@@ -497,9 +483,7 @@ def test_two_streams_at_once_keep_their_own_work(schedule, causal, on_two_stream
     other's items) or the tiled schedules' partial states. (When they shared them, 12-20 of
     24 such calls came out different on the H100; the tuned causal call is grouped_dynamic.)"""
     import wavefront
-    from wavefront.kernel import call as kernel_call, launcher as kernel_launcher  # noqa: F401
-    from wavefront.kernel import streams as kernel_streams  # noqa: F401
-    from wavefront.kernel import tuning as kernel_tuning, varlen as kernel_varlen  # noqa: F401
+    from wavefront.kernel import call as kernel_call
     kernel_call.clear_launcher_cache()
     input_sets = [_inputs(60 + i, batch=4, heads=32, kv_heads=8, seqlen=4096, head_dim=128)
                   for i in range(2)]
@@ -520,9 +504,7 @@ def test_a_static_schedule_is_one_launcher_on_every_stream():
     """A launch that only reads its launcher's buffers (persistent, linear) needs no copy per
     stream: nothing is built for a second stream."""
     import wavefront
-    from wavefront.kernel import call as kernel_call, launcher as kernel_launcher  # noqa: F401
-    from wavefront.kernel import streams as kernel_streams  # noqa: F401
-    from wavefront.kernel import tuning as kernel_tuning, varlen as kernel_varlen  # noqa: F401
+    from wavefront.kernel import call as kernel_call
     kernel_call.clear_launcher_cache()
     q, k, v = _inputs(70)
     wavefront.attention(q, k, v, schedule="persistent+linear")
@@ -546,9 +528,7 @@ def test_a_dropped_launcher_keeps_its_buffers_until_its_launches_are_done(droppe
     table built before the launch that reads it has run. (Let go at once, 9 of 12 such calls
     came out wrong on the H100.)"""
     import wavefront
-    from wavefront.kernel import call as kernel_call, launcher as kernel_launcher  # noqa: F401
-    from wavefront.kernel import streams as kernel_streams  # noqa: F401
-    from wavefront.kernel import tuning as kernel_tuning, varlen as kernel_varlen  # noqa: F401
+    from wavefront.kernel import call as kernel_call
     q, k, v = _inputs(80, batch=2, heads=16, kv_heads=16, seqlen=4096, head_dim=128)
     configs = [(causal, schedule) for schedule in ("persistent+linear", "persistent+sawtooth")
                for causal in (False, True)]
@@ -574,9 +554,7 @@ def test_a_launcher_in_a_graph_outlives_its_eviction(monkeypatch):
     where the evicted one's memory would go): the graph's replay must still read its own
     table, bit for bit the eager call."""
     import wavefront
-    from wavefront.kernel import call as kernel_call, launcher as kernel_launcher  # noqa: F401
-    from wavefront.kernel import streams as kernel_streams  # noqa: F401
-    from wavefront.kernel import tuning as kernel_tuning, varlen as kernel_varlen  # noqa: F401
+    from wavefront.kernel import call as kernel_call
     monkeypatch.setattr(kernel_call, "LAUNCHER_CACHE_SIZE", 1)
     kernel_call.clear_launcher_cache()
     static = _inputs(90, batch=2, heads=16, kv_heads=16, seqlen=2048, head_dim=128)
@@ -627,9 +605,7 @@ def test_tensors_on_a_gpu_other_than_the_current_one():
     the current device is cuda:0. Dense (a static and a dynamic schedule) and packed (host and
     GPU cu_seqlens) calls, on the tensors' GPU, right."""
     import wavefront
-    from wavefront.kernel import call as kernel_call, launcher as kernel_launcher  # noqa: F401
-    from wavefront.kernel import streams as kernel_streams  # noqa: F401
-    from wavefront.kernel import tuning as kernel_tuning, varlen as kernel_varlen  # noqa: F401
+    from wavefront.kernel import call as kernel_call
     kernel_call.clear_launcher_cache()
     torch.cuda.set_device(0)
     other = torch.device("cuda", 1)
@@ -727,9 +703,7 @@ def test_a_padding_free_batch_through_transformers_llama_runs_packed(monkeypatch
     Skips where transformers is not installed."""
     pytest.importorskip("transformers")
     import wavefront.torch as wft
-    from wavefront.kernel import call as kernel_call, launcher as kernel_launcher  # noqa: F401
-    from wavefront.kernel import streams as kernel_streams  # noqa: F401
-    from wavefront.kernel import tuning as kernel_tuning, varlen as kernel_varlen  # noqa: F401
+    from wavefront.kernel import varlen as kernel_varlen
     staged, packed_calls = [], []
     stage = kernel_varlen._stage
     monkeypatch.setattr(kernel_varlen, "_stage", lambda *a: (staged.append(1), stage(*a)))
@@ -903,9 +877,8 @@ def test_a_prepared_launch_on_a_gpu_other_than_the_current_one(monkeypatch):
     preparing after its first launch: right every time (an illegal address on the two-H100
     host before, with or without prepared launches), and the current device left as it was."""
     import wavefront
-    from wavefront.kernel import call as kernel_call, launcher as kernel_launcher  # noqa: F401
-    from wavefront.kernel import streams as kernel_streams  # noqa: F401
-    from wavefront.kernel import tuning as kernel_tuning, varlen as kernel_varlen  # noqa: F401
+    from wavefront.kernel import call as kernel_call
+    from wavefront.kernel import launcher as kernel_launcher
     monkeypatch.setattr(kernel_launcher, "PREPARE_AFTER_LAUNCHES", 1)
     kernel_call.clear_launcher_cache()
     other = torch.device("cuda", 1)
@@ -939,9 +912,8 @@ def test_a_measured_carry_over_times_the_entries_and_launches_the_fastest(monkey
 
     import wavefront
     from wavefront.device import current_device
-    from wavefront.kernel import call as kernel_call, launcher as kernel_launcher  # noqa: F401
-    from wavefront.kernel import streams as kernel_streams  # noqa: F401
-    from wavefront.kernel import tuning as kernel_tuning, varlen as kernel_varlen  # noqa: F401
+    from wavefront.kernel import call as kernel_call
+    from wavefront.kernel import tuning as kernel_tuning
     from wavefront.kernel.carry_over import CARRY_OVER_FILE_VARIABLE
     from wavefront.kernel.tuning import CARRY_OVER_VARIABLE, carry_over_configs
     monkeypatch.setenv(CARRY_OVER_VARIABLE, "measure")

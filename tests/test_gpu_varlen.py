@@ -126,9 +126,7 @@ def test_new_lengths_reuse_the_problems_launcher(schedule):
     import cupy
 
     from wavefront import attention_varlen
-    from wavefront.kernel import call as kernel_call, launcher as kernel_launcher  # noqa: F401
-    from wavefront.kernel import streams as kernel_streams  # noqa: F401
-    from wavefront.kernel import tuning as kernel_tuning, varlen as kernel_varlen  # noqa: F401
+    from wavefront.kernel import call as kernel_call
     kernel_call.clear_launcher_cache()
     q, k, v, first = _packed(LENGTHS, 4, 2, 64, seed=21)
     second = [0, 5, 900, 901, 1500, 3000, 3001, 5600, q.shape[0]]  # as many sequences
@@ -243,9 +241,8 @@ def test_lengths_on_the_gpu_change_without_a_new_launcher(monkeypatch):
     import torch
 
     from wavefront import attention_varlen
-    from wavefront.kernel import call as kernel_call, launcher as kernel_launcher  # noqa: F401
-    from wavefront.kernel import streams as kernel_streams  # noqa: F401
-    from wavefront.kernel import tuning as kernel_tuning, varlen as kernel_varlen  # noqa: F401
+    from wavefront.kernel import call as kernel_call
+    from wavefront.kernel import launcher as kernel_launcher
     monkeypatch.setattr(kernel_launcher, "PREPARE_AFTER_LAUNCHES", 1)
     kernel_call.clear_launcher_cache()
     q, k, v, first = _packed(LENGTHS, 4, 2, 128, seed=37)
@@ -305,9 +302,8 @@ def test_layers_that_share_cu_seqlens_write_the_table_once(monkeypatch):
     import torch
 
     from wavefront import attention_varlen
-    from wavefront.kernel import call as kernel_call, launcher as kernel_launcher  # noqa: F401
-    from wavefront.kernel import streams as kernel_streams  # noqa: F401
-    from wavefront.kernel import tuning as kernel_tuning, varlen as kernel_varlen  # noqa: F401
+    from wavefront.kernel import call as kernel_call
+    from wavefront.kernel import varlen as kernel_varlen
     kernel_call.clear_launcher_cache()
     staged = []
     stage = kernel_varlen._stage
@@ -455,9 +451,7 @@ def test_lengths_on_the_gpu_on_two_streams_at_once(on_two_streams_at_once):
     launch the other's lengths), bit for bit the calls made one at a time."""
     import torch
     from wavefront import attention_varlen
-    from wavefront.kernel import call as kernel_call, launcher as kernel_launcher  # noqa: F401
-    from wavefront.kernel import streams as kernel_streams  # noqa: F401
-    from wavefront.kernel import tuning as kernel_tuning, varlen as kernel_varlen  # noqa: F401
+    from wavefront.kernel import call as kernel_call
     kernel_call.clear_launcher_cache()
     batches = []
     for seed, lengths in ((61, [3000, 100, 9000, 4284]), (62, [16000, 10, 200, 174])):
@@ -507,9 +501,7 @@ def test_lengths_on_the_gpu_of_other_sequence_counts_share_a_launcher():
     import torch
 
     from wavefront import attention_varlen
-    from wavefront.kernel import call as kernel_call, launcher as kernel_launcher  # noqa: F401
-    from wavefront.kernel import streams as kernel_streams  # noqa: F401
-    from wavefront.kernel import tuning as kernel_tuning, varlen as kernel_varlen  # noqa: F401
+    from wavefront.kernel import call as kernel_call
     q, k, v, every = _packed(LENGTHS, 4, 2, 64, seed=57)
     tq, tk, tv = _on_torch(q, k, v)
     total = q.shape[0]

@@ -15,6 +15,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, fields, replace
 
+from wavefront.kernel.arrays import _call_key, _check_inputs
 from wavefront.point import LEVERS, check_levers, parse_schedule, parse_tiles, plan
 from wavefront.schedules import Launch, positive_int
 
@@ -66,10 +67,12 @@ class CallOptions:
         for name in ("l2_bytes", "ctas", "chunk_tiles"):
             positive_int(name, getattr(self, name), optional=True)
         check_levers(**self.levers())
+        # made once: the torch op and `plan_for` key on them every call
+        object.__setattr__(self, "_values", tuple(getattr(self, f.name) for f in fields(self)))
 
     def values(self) -> tuple:
         """The fields' values in declaration order (`CALL_OPTIONS`): the public call's key."""
-        return tuple(getattr(self, name) for name in CALL_OPTIONS)
+        return self._values
 
     def levers(self) -> dict:
         """The kernel levers chosen, by name (those not chosen left out)."""
@@ -137,7 +140,6 @@ class Plan:
             raise RuntimeError(
                 "this Plan was made from shapes, for the model only: it holds no binary or work "
                 "table to run. Make it from GPU arrays, wavefront.plan(q, k, v, ...), to run it")
-        from wavefront.kernel.arrays import _call_key
         if _call_key(q, k, v, ()) == self._arrays:
             return launcher.launch_call(q, k, v, out, stream)
         q, k, v = self._checked(q, k, v)
@@ -146,7 +148,6 @@ class Plan:
     def _checked(self, q, k, v) -> tuple:
         """q, k, v as cuTile takes them, checked against this Plan: its shapes, dtype, device
         and library (strides may differ); else an error naming the argument."""
-        from wavefront.kernel.arrays import _check_inputs
         vq, arrays = _check_inputs(q, k, v)
         mine = self.launcher.view
         for what, got, wanted in (("library", vq.library, mine.library),
@@ -180,14 +181,30 @@ class Plan:
         return self.launch.num_items
 
     def prediction(self):
-        """The cache model's prediction for this launch (`wavefront.model.fits.predict`: the
-        lock-step trace through a fully associative LRU at the effective L2 capacity), made
-        once. Good where CTAs move together (non-causal: within a few percent); it misses where
-        CTA timing decides (causal, grouped, GQA with many heads in flight)."""
+        """The lock-step cache model's prediction for this launch, as `wavefront simulate
+        --no-clock` makes it (`wavefront.model.fits.predict`: the lock-step trace through the
+        partition model, per partition an LRU of the L2 over its partitions; one LRU of the
+        whole L2 on a GPU of one partition), made once. Good where
+        CTAs move together (non-causal: within a few percent); it misses where CTA timing
+        decides (causal, grouped, GQA with many heads in flight)."""
         if self._prediction is None:
             from wavefront.model.fits import predict
-            self._prediction = predict(self.launch, model_gpu(self.gpu))
+            gpu = model_gpu(self.gpu)
+            partitions = gpu.l2_partitions
+            self._prediction = predict(self.launch, gpu,
+                                       capacity_bytes=gpu.l2_bytes / partitions,
+                                       partitions=partitions if partitions > 1 else None)
         return self._prediction
+
+    @property
+    def predicted_dram_bytes(self) -> int:
+        """DRAM bytes read, as the model predicts them (`prediction`): the partitioned cache's
+        where it ran."""
+        from wavefront.point import SECTOR_BYTES
+        p = self.prediction()
+        if p.partitioned:
+            return p.partitioned["dram_read_sectors"] * SECTOR_BYTES
+        return p.dram_read_bytes
 
     def _prediction_text(self) -> str:
         if self._prediction is None:
@@ -196,11 +213,11 @@ class Plan:
             if accesses > PRINT_PREDICTION_ACCESSES:
                 return (f"not predicted for printing (up to {accesses:.3g} accesses to "
                         f"simulate): call plan.prediction()")
-        p = self.prediction()
-        caveat = " (causal: the model misses where CTAs drift apart)" if (
+        compulsory = self.prediction().compulsory_read_bytes
+        caveat = "; causal: the model misses where CTAs drift apart" if (
             self.launch.problem.causal) else ""
-        return (f"{p.dram_read_bytes / 1e6:,.1f} MB (compulsory "
-                f"{p.compulsory_read_bytes / 1e6:,.1f} MB; lock-step LRU model){caveat}")
+        return (f"{self.predicted_dram_bytes / 1e6:,.1f} MB (compulsory "
+                f"{compulsory / 1e6:,.1f} MB; lock-step partition model{caveat})")
 
     def _problem_text(self) -> str:
         p = self.launch.problem
@@ -219,8 +236,7 @@ class Plan:
         levers = {k: v for k, v in self.config.items()
                   if k not in ("schedule", "tiles", "occupancy")}
         if self.launcher is not None:
-            kernel = self.launcher.variant
-            bound = (f"binary {type(kernel).__name__} for {self.dtype}, work table of "
+            bound = (f"binary {self.launcher.variant.label}, work table of "
                      f"{self.work_items} rows on cuda:{self.launcher.view.device}"
                      f"{', tiled partial states' if self.launcher.tiled else ''}"
                      f"{', LSE' if self.options.return_lse else ''}")
@@ -328,6 +344,8 @@ def plan_of_shapes(q_shape, k_shape, options: CallOptions, gpu: PlannedGpu,
     from wavefront.point import DTYPES
     if dtype not in DTYPES:
         raise ValueError(f"dtype must be one of {DTYPES}, got {dtype!r}")
+    # the shapes checked (each error names q_shape or k_shape) before the table reads them
+    plan(q_shape, k_shape, sms=gpu.sms, l2_bytes=gpu.l2_bytes)
     # a GPU the table does not know gets a name no entry has: the defaults, not this host's
     tuned_gpu = replace(gpu, name=gpu.tuned_name or f"(untuned) {gpu.name}")
     config, source = chosen_config(options, q_shape, k_shape, dev=tuned_gpu)
