@@ -196,3 +196,51 @@ def test_a_big_launch_is_not_simulated_just_to_print(monkeypatch):
     monkeypatch.setattr(plan_module, "PRINT_PREDICTION_ACCESSES", 10)
     plan = wavefront.plan(SHAPE, SHAPE, gpu="h100")
     assert "call plan.prediction()" in repr(plan) and plan._prediction is None
+
+
+class _RecordingLauncher:
+    """What `Plan.run` hands a launch to, recorded (no GPU)."""
+
+    plain_ready = True
+
+    def __init__(self, view):
+        self.view, self.calls = view, []
+
+    def launch_plain(self, q, k, v):
+        self.calls.append(("plain", q))
+        return "out"
+
+    def launch_call(self, q, k, v, out=None, stream=None, vouched=True):
+        self.calls.append(("call", q, out, stream, vouched))
+        return "out"
+
+
+def test_plan_run_vouches_only_for_the_arrays_it_was_made_from(monkeypatch):
+    """`Plan.run` with q, k, v laid out as those the Plan was made from launches as the public
+    call does (the plain call's one frame where nothing else is asked); q of other strides is
+    checked against the Plan and launched unvouched (the launcher checks its layout); another
+    shape is refused by name. CPU tensors and a recording launcher: only metadata is read."""
+    torch = pytest.importorskip("torch")
+    import wavefront.kernel.plan as plan_module
+    from wavefront.kernel.arrays import _ArrayView, _call_key
+    q = torch.zeros(1, 4, 64, 64, dtype=torch.bfloat16)
+    k = torch.zeros(1, 2, 64, 64, dtype=torch.bfloat16)
+
+    def view(x):
+        return _ArrayView("torch", tuple(x.shape), "bfloat16", 0, tuple(x.stride()))
+    monkeypatch.setattr(plan_module, "_check_inputs",
+                        lambda q, k, v: (view(q), (q, k, v)))  # CPU tensors as if on the GPU
+    base = wavefront.plan(tuple(q.shape), tuple(k.shape), gpu="h100")
+    launcher = _RecordingLauncher(view(q))
+    plan = Plan(base.launch, base.config, base.source, base.options, base.gpu, "bfloat16",
+                tuple(k.shape), launcher, _call_key(q, k, k, ()))
+    plan.run(q, k, k)
+    plan.run(q, k, k, out="mine", stream=7)
+    strided = q.transpose(1, 2).contiguous().transpose(1, 2)
+    plan.run(strided, k, k)
+    assert launcher.calls == [("plain", q), ("call", q, "mine", 7, True),
+                              ("call", strided, None, None, False)]
+    with pytest.raises(ValueError, match=re.escape("q shape must be this Plan's")):
+        plan.run(q[:, :, :32], k, k)
+    with pytest.raises(ValueError, match=re.escape("k shape must be this Plan's")):
+        plan.run(q, k[:, :1], k[:, :1])
