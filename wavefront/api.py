@@ -39,10 +39,11 @@ def attention(q, k, v, *, causal: bool = False, schedule: str | None = None,
     (`wavefront.kernel.carry_over`; the first call pays their compiles), and in the JSON file
     WAVEFRONT_CARRY_OVER_FILE names, if set, for later processes.
 
-    The first call of a shape builds its launcher (binary, work table); later calls with the
-    same shapes, strides, dtype, device and options reuse it from a bounded cache and cost
-    about what the launch costs. PyTorch users: `wavefront.torch` has the same call as a
-    custom op (torch.compile, CUDA graphs) and an SDPA-shaped entry point.
+    The first call of a shape makes its `Plan` (configuration, binary, work table, buffers);
+    later calls with the same shapes, strides, dtype, device and options find it in a bounded
+    cache and run it, costing about what the launch costs. `wavefront.plan(q, k, v, ...)`
+    hands you that Plan, to print and run. PyTorch users: `wavefront.torch` has the same call
+    as a custom op (torch.compile, CUDA graphs) and an SDPA-shaped entry point.
 
     {levers}
     """

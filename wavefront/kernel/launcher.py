@@ -67,16 +67,10 @@ from wavefront.schedules import WORK_COLUMNS, Launch
 # The kernel's parameters that change from call to call lead its parameter list, so a launch
 # is the per-call arrays followed by the launcher's bound arguments.
 PER_CALL_PARAMS = ("Q", "K", "V", "Out", "Lse")
-
-
 assert tuple(prm.name for prm in ATTENTION_PARAMS[:len(PER_CALL_PARAMS)]) == PER_CALL_PARAMS
-
-
 # Where a bound argument sits in a launcher's bound tuple (the parameters after the per-call ones).
 BOUND_INDEX = {prm.name: i - len(PER_CALL_PARAMS) for i, prm in enumerate(ATTENTION_PARAMS)
                if i >= len(PER_CALL_PARAMS)}
-
-
 _streams_lock = threading.Lock()  # a launcher's copies for other streams (on_stream)
 
 
@@ -506,8 +500,6 @@ class AttentionLauncher:
 # Packed batches' launchers never prepare (`_launch_packed`).
 # WAVEFRONT_PREPARED_LAUNCH=0 keeps `ct.launch` for every launch (to compare).
 PREPARED_LAUNCHES = os.environ.get("WAVEFRONT_PREPARED_LAUNCH", "1") != "0"
-
-
 PREPARE_AFTER_LAUNCHES = 64
 
 

@@ -18,25 +18,17 @@ from wavefront.schedules import WORK_COLUMNS
 
 
 _table_streams: dict = {}
-
-
 # cudaEventWaitExternal: a wait captured into a graph as an external event node.
 _EVENT_WAIT_EXTERNAL = 1
-
-
 # Table events that a captured graph waits on: never destroyed, since a graph can be replayed
 # after its launcher is gone (one per launcher captured before its table was known done).
 _waited_on_in_graphs: list = []
-
-
 # (events, buffers): buffers kept until the GPU is done with them, which those events say. A
 # varlen table's pinned host copy (CuPy's pinned pool would hand a freed buffer to the next
 # copy while the GPU still reads it), and a dropped launcher's GPU buffers
 # (`_release_when_done`). A deque, appended to by finalizers, which run inside whatever code
 # drops a launcher: no lock.
 _kept: deque = deque()
-
-
 # Cached launchers that the public call launched into a CUDA graph capture, by id: kept for
 # good. A graph replays its launches on the launcher's buffers for as long as it lives, and
 # no one tells us when that ends; were the launcher evicted from the cache, its buffers would
