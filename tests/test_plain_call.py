@@ -258,3 +258,44 @@ def test_the_cupy_plain_launch_reads_cupys_addresses_and_notes_its_stream(monkey
     out = misaligned.launch_plain(q, k, v)
     assert jit == [(7, (3, 1, 1), "kernel", (q, k, v, out, misaligned._lse_argument, "bound"))]
     assert misaligned.recorded == [(FakeEvent.ptr, 7)]
+
+
+def test_a_miss_makes_the_plan_from_the_options_and_the_tuned_table(monkeypatch):
+    """The miss path as it runs, but for the launcher's binding (recorded) and the GPU (a
+    stand-in named after the committed table's H100): the launcher gets the call's own options
+    and the configuration chosen (the table's entry where the call chose nothing, the caller's
+    otherwise), the Plan says which, and later calls and `plan_for` find that very Plan."""
+    from types import SimpleNamespace
+
+    from wavefront.kernel import tuning
+    from wavefront.kernel.tuning import tuned_config
+    gpu = SimpleNamespace(name="NVIDIA H100 80GB HBM3", sms=132, l2_bytes=50 << 20)
+    monkeypatch.setattr(tuning, "current_device", lambda: gpu)
+    monkeypatch.setattr(C, "current_device", lambda: gpu)
+    monkeypatch.setenv(tuning.CARRY_OVER_VARIABLE, "nearest")
+    bound = []
+
+    def planned(vq, k_shape, **arguments):
+        bound.append(arguments)
+        return SimpleNamespace(launch=f"launch {len(bound)}", launch_call=lambda *a: "out")
+    monkeypatch.setattr(L.AttentionLauncher, "planned", staticmethod(planned))
+    monkeypatch.setattr(C, "_check_inputs", lambda q, k, v: (SimpleNamespace(
+        shape=tuple(q.shape), dtype="bfloat16"), (q, k, v)))
+    C.clear_launcher_cache()
+    shape = (1, 32, 8192, 128)
+    q = torch.zeros(shape, dtype=torch.bfloat16)
+    tuned = tuned_config(gpu.name, shape, shape, True)
+    assert C.attention_plain(q, q, q, True) == "out"
+    (plan,) = C._plans.values()
+    assert plan.source == "tuned" and plan.config == tuned and plan.gpu is gpu
+    assert bound == [{"causal": True, "scale": None, "return_lse": False, "l2_bytes": None,
+                      "ctas": None, "chunk_tiles": None, **tuned}]
+    assert C.plan_for(q, q, q, CallOptions(causal=True)) is plan and len(bound) == 1
+    values = CallOptions(causal=True, scale=0.5, schedule="persistent+sawtooth").values()
+    C.attention_with(q, q, q, values)
+    C.attention_with(q, q, q, values)
+    assert len(bound) == 2 and bound[1]["schedule"] == "persistent+sawtooth"
+    assert bound[1]["scale"] == 0.5 and bound[1]["tiles"] is None
+    mine = C.plan_for(q, q, q, CallOptions(*values))
+    assert mine.source == "caller" and mine is not plan and len(C._plans) == 2
+    C.clear_launcher_cache()
