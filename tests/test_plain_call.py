@@ -299,3 +299,21 @@ def test_a_miss_makes_the_plan_from_the_options_and_the_tuned_table(monkeypatch)
     mine = C.plan_for(q, q, q, CallOptions(*values))
     assert mine.source == "caller" and mine is not plan and len(C._plans) == 2
     C.clear_launcher_cache()
+
+
+def test_launch_call_never_prepares_from_arrays_it_does_not_vouch_for(monkeypatch):
+    """`launch_call` tells the launch what it knows of the arrays: its own new output and
+    vouched arrays -> the prepared launch may take them (True); arrays a Plan was not made
+    from (`vouched=False`) -> `ct.launch` and no counting towards preparing (False), so the
+    launcher the public call shares is never prepared from another layout."""
+    launched = []
+    monkeypatch.setattr(L.AttentionLauncher, "__call__",
+                        lambda self, q, k, v, out, stream, lse=None, prepared_ok=None:
+                        launched.append(prepared_ok) or out)
+    launcher = _ready_launcher()
+    launcher.view = A._ArrayView("torch", (1, 1, 8, 64), "bfloat16", 0, (512, 512, 64, 1))
+    launcher.return_lse = False
+    q = torch.zeros(1, 1, 8, 64, dtype=torch.bfloat16)
+    launcher.launch_call(q, q, q)
+    launcher.launch_call(q, q, q, vouched=False)
+    assert launched == [True, False]

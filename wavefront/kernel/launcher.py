@@ -258,7 +258,9 @@ class AttentionLauncher:
         """The public call's launch (and `Plan.run`'s): a new output (or the caller's,
         checked), on the caller's stream (None: the current one). `vouched`: q, k and v are
         laid out as those this launcher was made from (the public call's cache key holds their
-        layout); False: a prepared launch checks them (`__call__`)."""
+        layout); False (`Plan.run` given arrays of other strides): `ct.launch`, which reads
+        any layout, counting nothing towards preparing: a launcher prepared from such arrays
+        would launch the public call's vouched arrays with their strides."""
         view = self.view
         # An output the caller gave goes through the prepared launch only where it is laid out
         # as the launcher's own would be and overlaps none of q, k and v (`__call__`).
@@ -272,7 +274,7 @@ class AttentionLauncher:
                 out = self.new_output(q) if out is None else _checked_output(view, out)
                 lse = _empty(view, view.shape[:3], "float32") if self.return_lse else None
         if not vouched:
-            prepared_ok = None
+            prepared_ok = False
         elif not prepared_ok:
             prepared_ok = _lays_out_as_own(view, out, (q, k, v))
         if self.capturing(stream if type(stream) is int else _stream_handle(stream)):

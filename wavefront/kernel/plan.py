@@ -134,7 +134,8 @@ class Plan:
         (None: a new output) on `stream` (a raw handle, a torch or a CuPy stream; None: the
         current one). Returns the output, and the LSE where the Plan was made with
         `return_lse=True`. q, k, v of other strides than those it was made from run too,
-        checked by the launcher (a few microseconds)."""
+        checked here and launched by `ct.launch` (not the prepared launch, which fixes the
+        strides it was prepared with)."""
         launcher = self.launcher
         if launcher is None:
             raise RuntimeError(
