@@ -14,7 +14,7 @@ import dataclasses
 
 from wavefront.device import current_device
 from wavefront.kernel.arrays import (_ArrayView, _call_key, _check_inputs, _empty, _in_library,
-                                     _owned, _view, tensors_stamp, stamp_matches)
+                                     _owned, _view, stamp_matches, tensors_stamp)
 from wavefront.kernel.call import (VARLEN_LAUNCHER_CACHE_SIZE, _cached, _cached_or_built, _keep,
                                    _varlen_templates)
 from wavefront.kernel.launcher import AttentionLauncher
