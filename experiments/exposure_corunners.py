@@ -24,7 +24,7 @@ from wavefront.report.experiments import run_as_script
 from wavefront.report.exposure import interval_text, multiplicity, paired, records
 
 DATASETS = ()
-RECORDS = ("exposure_corunners",)
+RECORDS = ("exposure_corunners", "production_bytes")
 ATTENTION_CTAS = 48
 ROUNDS = 6
 GB10_GBPS_PER_SM = 273 / 48  # 273 GB/s LPDDR5X over 48 SMs (published)
@@ -174,6 +174,19 @@ def table(study) -> pd.DataFrame:
     t["GB/s left per attention SM"] = [
         max(ceiling.get(g, np.nan) - used, 0.0) / ATTENTION_CTAS
         for g, used in zip(t["GPU"], t["co-runner GB/s"])]
+    # the attention's own DRAM bandwidth beside the co-runner: its DRAM bytes from one cold
+    # launch alone (ncu, `production_bytes`: ncu cannot profile it beside another kernel)
+    # over its time beside the co-runner
+    try:
+        import importlib
+        own = importlib.import_module(f"{__package__ or 'experiments'}.production_bytes").table(
+            study)
+        own = own[own["shape"].str.contains("paper") & (own["contender"] == "persistent+linear")]
+        own_bytes = own.set_index(["GPU", "mask"])["median"]
+        t["attention GB/s"] = [own_bytes.get((g, m), np.nan) / (ms * 1e6)
+                               for g, m, ms in zip(t["GPU"], t["mask"], t["linear ms"])]
+    except Exception:  # no production_bytes data: the column stays unknown
+        t["attention GB/s"] = np.nan
     none = t[t["environment"] == "none"].set_index(["GPU", "mask"])["linear ms"]
     t["linear slowdown"] = [ms / none.get((g, mk), np.nan) - 1
                             for g, mk, ms in zip(t["GPU"], t["mask"], t["linear ms"])]
@@ -219,9 +232,10 @@ def section(study) -> Section:
                                        for x in t["GB/s left per attention SM"]],
         "linear slowdown": [f"{x:+.1%}" for x in t["linear slowdown"]],
         "sawtooth vs linear [95%]": [interval_text(r) for _, r in t.iterrows()],
-        "linear ms": t["linear ms"].round(1), "SM MHz": t["SM MHz"].round(0)})[
+        "linear ms": t["linear ms"].round(1), "SM MHz": t["SM MHz"].round(0),
+        "attention GB/s": t["attention GB/s"].round(1)})[
         ["GPU", "mask", "environment", "co-runner GB/s", "DRAM/counted",
-         "GB/s left per attention SM",
+         "GB/s left per attention SM", "attention GB/s",
          "linear ms", "linear slowdown", "sawtooth vs linear [95%]", "rounds",
          "dropped (clock state)", "dropped (co-runner ended first)", "throttled rounds",
          "SM MHz"]]
@@ -261,7 +275,9 @@ exposure_corunners.py`, `wavefront.measure.corunners`): streaming reads, a strea
 KV-cache append and a GEMM-shaped load-from-L2/store-out, each with the PTX cache policies of
 its loads and stores. The co-runner's bandwidth is its own byte count over its elapsed time
 while the attention ran; the bandwidth left per attention SM is the fastest co-runner alone
-on every SM less that, over 48 (GB10 has {GB10_GBPS_PER_SM:.1f} GB/s per SM). Sawtooth against
+on every SM less that, over 48 (GB10 has {GB10_GBPS_PER_SM:.1f} GB/s per SM); the attention's
+own bandwidth is linear's DRAM bytes from one cold launch alone over its time beside the
+co-runner (Nsight Compute profiles one kernel at a time). Sawtooth against
 linear is paired by round ({ROUNDS} rounds); a round whose two scans ran under different clock
 states is dropped and counted. The largest sawtooth gain measured here:
 {interval_text(best)} ({best['environment']}, {best['GPU']} {best['mask']}).
