@@ -53,3 +53,23 @@ def test_code_without_the_shape_is_refused_by_name():
         kv_pipeline(CONSUMER)
     with pytest.raises(ValueError, match="consumer K/V loop"):
         kv_pipeline(PRODUCER)
+
+
+def test_the_committed_depths_reach_the_launches(tmp_path):
+    """The committed summaries give the paper launch's binary (D64 64x64 non-causal, one CTA per
+    SM) three steps in flight and a 128-row tile one; a variant not read is assumed two; a
+    malformed file is refused naming it."""
+    from wavefront.model.pipeline import loads_ahead_of, read_depths
+    from wavefront.point import plan
+
+    def launch(tiles, occupancy, head_dim=64):
+        s = (1, 1, 8192, head_dim)
+        return plan(s, s, sms=132, l2_bytes=50 << 20, tiles=tiles, occupancy=occupancy,
+                    schedule="persistent+linear")
+    assert loads_ahead_of(launch("64x64", 1)) == (3, "read from the binary's SASS")
+    assert loads_ahead_of(launch("128x64", 2))[0] == 1
+    assert loads_ahead_of(launch("64x64", 4))[1].startswith("assumed")
+    bad = tmp_path / "pipeline.json"
+    bad.write_text('{"binaries": {"x": {"head_dim": 64}}}')
+    with pytest.raises(ValueError, match="pipeline.json"):
+        read_depths(bad)

@@ -260,3 +260,52 @@ def test_fewer_loads_in_flight_expose_more_latency():
     t = [simulate_timed(launch, MEMORY, compute, l2_bytes=L2, partitions=2,
                         loads_ahead=d).kernel_ns for d in (1, 2, 3)]
     assert t[0] > 1.1 * t[2] and abs(t[1] / t[2] - 1) < 0.01  # two steps already hide it
+
+
+@pytest.mark.parametrize("corrupt, field", [
+    (lambda d: d.pop("item_ns"), "item_ns"),
+    (lambda d: d.update(step_ns=[]), "step_ns"),
+    (lambda d: d["step_ns"][0].update(ns=0), "step_ns[0].ns"),
+    (lambda d: d["step_ns"].append(dict(d["step_ns"][0])), "appears twice"),
+    (lambda d: d["step_ns"][0].pop("tile_m"), "step_ns[0]"),
+])
+def test_a_malformed_calibration_is_refused_by_field(corrupt, field):
+    """fits.json's calibrations are checked when read: each corruption names the file (here
+    `where`) and the field."""
+    cal = Calibration("H100", 7000.0, 1100.0, {(64, 64, 64, False, 1): 540.0,
+                                               (64, 128, 64, False, 2): 1200.0},
+                      "step_time", 5, {"median": 0.01, "max": 0.02})
+    d = json.loads(json.dumps(cal.as_dict()))
+    assert Calibration.from_dict(d).step_ns == cal.step_ns
+    corrupt(d)
+    with pytest.raises(ValueError, match="fits.json") as err:
+        Calibration.from_dict(d, "fits.json: timed_model.calibrations['H100']")
+    assert field in str(err.value)
+    with pytest.raises(ValueError, match="mapping"):
+        Calibration.from_dict([1, 2], "fits.json")
+
+
+def test_the_timed_guard_is_sized_to_the_timed_model():
+    """The paper's launch passes with an estimate in seconds; a launch past the step limit or
+    the memory is refused by name before anything is allocated."""
+    from wavefront.model.timed import check_timed, timed_cost
+    paper = plan((8, 1, 131072, 64), (8, 1, 131072, 64), sms=48, l2_bytes=24 << 20,
+                 schedule="persistent+linear", tiles="64x64", occupancy=1, ctas=48)
+    need, steps = timed_cost(paper)
+    assert steps == 8 * 2048 * 2048 and need < 2 << 30
+    assert 0 < check_timed(paper) < 600
+    huge = plan((8, 32, 262144, 64), (8, 32, 262144, 64), sms=132, l2_bytes=L2,
+                schedule="persistent+linear", tiles="64x64")
+    with pytest.raises(ValueError, match="K/V steps"):
+        check_timed(huge)
+    with pytest.raises(ValueError, match="GiB"):
+        check_timed(paper, memory_bytes=1 << 20)
+
+
+def test_a_capacity_from_one_length_warns():
+    import pandas as pd
+    from wavefront.model.fits import fit_capacity
+    rows = pd.DataFrame({"seqlen": [4096, 4096]})
+    with pytest.warns(UserWarning, match="1 sequence length"):
+        with pytest.raises(Exception):  # the toy rows hold no counters: only the warning counts
+            fit_capacity(rows, "H100")

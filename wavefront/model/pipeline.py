@@ -11,8 +11,11 @@ ring (a power-of-two ring wraps with `idx &= N - 1` instead). Parsed here from t
 """
 from __future__ import annotations
 
+import json
 import re
 from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
 
 _ADDRESSED = re.compile(r"/\*([0-9a-f]{4,})\*/\s+(@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)([^;]*);")
 _WRAP = re.compile(r"UR\w+,\s*UR\w+,\s*-0x([0-9a-f]+),\s*UR\w+")
@@ -106,3 +109,39 @@ def kv_pipeline(sass: str) -> KvPipeline:
     return KvPipeline(k_stages=k_stages, v_stages=v_stages, bytes_per_load=max(k_bytes, v_bytes),
                       consumer_waits=sum(op.startswith("SYNCS.PHASECHK") for _, op, _ in step),
                       consumer_releases=sum(op.startswith("SYNCS.ARRIVE") for _, op, _ in step))
+
+
+# The binaries' pipelines as read (data/kv_pipeline/pipeline.json in the checkout)
+PIPELINE_DATA = Path(__file__).resolve().parents[2] / "data" / "kv_pipeline" / "pipeline.json"
+# Where a binary was not read (a variant not compiled, or no checkout): two steps, the
+# assumption the timed model used before the SASS was read
+ASSUMED_LOADS_AHEAD = 2
+
+
+@lru_cache(maxsize=4)
+def read_depths(path: Path = PIPELINE_DATA) -> dict[tuple, int]:
+    """(head_dim, tile_m, tile_n, causal, occupancy) -> K/V steps in flight, from the file
+    `kv_pipeline` summaries were saved to ({} when it is absent). A malformed file is an
+    error naming it and the field."""
+    if not Path(path).exists():
+        return {}
+    try:
+        binaries = json.loads(Path(path).read_text())["binaries"]
+        return {(int(b["head_dim"]), int(b["tile_m"]), int(b["tile_n"]), bool(b["causal"]),
+                 int(b["occupancy"])): int(b["loads_ahead"]) for b in binaries.values()}
+    except (ValueError, KeyError, TypeError, AttributeError) as exc:
+        raise ValueError(f"{path}: every entry of 'binaries' needs head_dim, tile_m, tile_n, "
+                         f"causal, occupancy and loads_ahead ({exc.__class__.__name__}: "
+                         f"{exc})") from None
+
+
+def loads_ahead_of(launch, path: Path = PIPELINE_DATA) -> tuple[int, str]:
+    """(K/V steps in flight, where that comes from) for the binary a launch runs: read from
+    its SASS (static binary of its variant; dynamic schedules' binaries share its pipeline
+    code) or assumed."""
+    p = launch.problem
+    key = (p.head_dim, p.tile_m, p.tile_n, bool(p.causal), launch.ctas_per_sm)
+    depth = read_depths(path).get(key)
+    if depth is None:
+        return ASSUMED_LOADS_AHEAD, "assumed (binary not read)"
+    return depth, "read from the binary's SASS"

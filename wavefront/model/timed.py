@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 import numba
 import numpy as np
 
+from wavefront.model.pipeline import loads_ahead_of
 from wavefront.model.simulation import (
     KIND_O, KIND_PARTIAL_READ, _combine_pass, _hash64, _item_table, lru_touch, slots_of)
 from wavefront.point import SECTOR_BYTES
@@ -106,10 +107,9 @@ class ComputeTiming:
     source: str = ""
 
 
-# The kernel's K/V pipeline: tileiras multi-buffers the K and V tiles of a loop. How many steps
-# it loads ahead was not read from the SASS: two (double buffering) is an assumption, a
-# parameter of `simulate_timed`, not fitted.
-LOADS_AHEAD = 2
+# The kernel's K/V pipeline: tileiras multi-buffers the K and V tiles of a loop; how many steps
+# it loads ahead is read from each binary's SASS (`model.pipeline`, data/kv_pipeline), two
+# where a binary was not read. Not fitted.
 # The DRAM series is kept in this many bins over the launch (rebinned for comparisons).
 SERIES_BINS = 4096
 
@@ -465,14 +465,59 @@ def ctas_per_sm(launch: Launch) -> int:
     return max(1, -(-n_slots // launch.sms))
 
 
+# The timed model's pace on one core here (K/V steps simulated per second, paper launch: ~3 M/s)
+# and the work it takes on without being asked to
+TIMED_STEPS_PER_S = 3e6
+MAX_TIMED_STEPS = 3_000_000_000
+
+
+def timed_cost(launch: Launch) -> tuple[int, int]:
+    """(bytes the simulation allocates, K/V steps it simulates) for one launch: the LRU's
+    per-partition arrays over every tile id (three of 8 bytes and a flag, per partition, plus
+    the line sizes) and the work table's steps."""
+    p = launch.problem
+    n_ids = (p.kv_units * p.kv_tiles + 2 * p.batch * p.heads * p.q_tiles
+             + (p.batch * p.heads * p.q_tiles * launch.n_chunks
+                if launch.kv.writes_partials else 0))
+    table_bytes = launch.num_items * 8 * 16
+    steps = int(_item_steps_of(launch).sum())
+    return 2 * n_ids * (3 * 8 + 1) + 8 * n_ids + table_bytes + 4 * 8 * launch.num_items, steps
+
+
+def _item_steps_of(launch: Launch) -> np.ndarray:
+    table = _item_table(launch)
+    return table[:, WORK_SCAN_COUNT] + table[:, WORK_MASKED_HI] - table[:, WORK_MASKED_LO]
+
+
+def check_timed(launch: Launch, memory_bytes: int | None = None) -> float:
+    """Refuse, before allocating, a launch the timed model cannot hold in memory or would take
+    hours on; -> its expected seconds here (for a progress message)."""
+    from wavefront.model.simulation import available_memory_bytes
+    need, steps = timed_cost(launch)
+    memory = memory_bytes or available_memory_bytes()
+    if steps > MAX_TIMED_STEPS:
+        raise ValueError(f"this launch has {steps:.3g} K/V steps, more than the "
+                         f"{MAX_TIMED_STEPS:.0e} the timed model takes (about "
+                         f"{MAX_TIMED_STEPS / TIMED_STEPS_PER_S / 60:.0f} min): shorten seqlen "
+                         "or batch x heads")
+    if need > 0.8 * memory:
+        raise ValueError(f"the timed model needs ~{need / 2**30:.1f} GiB for this launch, more "
+                         f"than 80% of the {memory / 2**30:.1f} GiB available: shorten seqlen "
+                         "or batch x heads")
+    return steps / TIMED_STEPS_PER_S
+
+
 def simulate_timed(launch: Launch, memory: MemoryTiming, compute: ComputeTiming, *,
-                   l2_bytes: int, partitions: int = 2, loads_ahead: int = LOADS_AHEAD,
+                   l2_bytes: int, partitions: int = 2, loads_ahead: int | None = None,
                    horizon_ns: float | None = None,
                    exposure: Exposure = NO_EXPOSURE) -> TimedPrediction:
     """Simulate one launch with clocks (see the module docstring). `l2_bytes` is the whole
     L2, split over `partitions` (1 or 2) as in `simulation.LruL2`'s partition model;
     `loads_ahead` the K/V steps whose loads the binary keeps in flight per consumer (read
-    from its SASS: `model.pipeline`); `exposure` what else runs beside it (`Exposure`)."""
+    from its SASS: `model.pipeline`; None: the launch's binary's, as read, else assumed 2);
+    `exposure` what else runs beside it (`Exposure`)."""
+    if loads_ahead is None:
+        loads_ahead, _ = loads_ahead_of(launch)
     if partitions not in (1, 2):
         raise ValueError(f"partitions must be 1 or 2, got {partitions!r}")
     if loads_ahead < 1:
@@ -623,12 +668,20 @@ class Calibration:
         source = f"fitted on {self.training} ({variant_label(v)})"
         if step is None:
             near = [(k, s) for k, s in self.step_ns.items() if k[:4] == v[:4]]
+            if near:
+                k, s = min(near, key=lambda ks: abs(ks[0][4] - v[4]))
+                step = s * v[4] / k[4]
+                source = (f"fitted on {self.training} for {variant_label(k)}, scaled to "
+                          f"{v[4]} CTA/SM")
+        if step is None:  # tiles never calibrated: PROJECTED at the closest tiles' FLOP rate
+            near = [(k, s) for k, s in self.step_ns.items() if k[0] == v[0] and k[3] == v[3]]
             if not near:
                 return None
-            k, s = min(near, key=lambda ks: abs(ks[0][4] - v[4]))
-            step = s * v[4] / k[4]
-            source = (f"fitted on {self.training} for {variant_label(k)}, scaled to "
-                      f"{v[4]} CTA/SM")
+            k, s = min(near, key=lambda ks: (abs(np.log(ks[0][1] * ks[0][2] / (v[1] * v[2]))),
+                                             abs(ks[0][4] - v[4])))
+            step = s * (v[1] * v[2]) / (k[1] * k[2]) * v[4] / k[4]
+            source = (f"PROJECTED (not calibrated): {variant_label(k)}'s step on "
+                      f"{self.training} scaled by the tile's FLOPs to {variant_label(v)}")
         return ComputeTiming(step, self.item_ns, self.launch_ns, source)
 
     def as_dict(self) -> dict:
@@ -640,11 +693,46 @@ class Calibration:
                 "training": self.training, "points": self.points, "errors": self.errors}
 
     @classmethod
-    def from_dict(cls, d: dict) -> "Calibration":
-        step = {(int(r["head_dim"]), int(r["tile_m"]), int(r["tile_n"]), bool(r["causal"]),
-                 int(r["ctas_per_sm"])): float(r["ns"]) for r in d["step_ns"]}
-        return cls(d["gpu"], float(d["launch_ns"]), float(d["item_ns"]), step, d["training"],
-                   int(d["points"]), dict(d["errors"]))
+    def from_dict(cls, d: dict, where: str = "calibration") -> "Calibration":
+        """Read back `as_dict`; anything malformed (not a mapping, a missing key, a step list
+        that is empty, has a zero or negative time, or names one variant twice) is a
+        ValueError naming `where` (the file and entry) and the field."""
+        def bad(field, expected):
+            return ValueError(f"{where}: field {field!r} must be {expected}")
+        if not isinstance(d, dict):
+            raise bad("(entry)", f"a mapping of the calibration's fields, got "
+                                 f"{type(d).__name__}")
+        for key in ("gpu", "launch_ns", "item_ns", "step_ns", "training", "points", "errors"):
+            if key not in d:
+                raise bad(key, "present (missing)")
+        for key in ("launch_ns", "item_ns"):
+            value = d[key]
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not (
+                    np.isfinite(value) and value >= 0):
+                raise bad(key, f"a finite number >= 0, got {value!r}")
+        rows = d["step_ns"]
+        if not isinstance(rows, list) or not rows:
+            raise bad("step_ns", f"a non-empty list of per-variant steps, got {rows!r}")
+        step = {}
+        for i, r in enumerate(rows):
+            try:
+                key = (int(r["head_dim"]), int(r["tile_m"]), int(r["tile_n"]),
+                       bool(r["causal"]), int(r["ctas_per_sm"]))
+                ns = float(r["ns"])
+            except (KeyError, TypeError, ValueError) as exc:
+                raise bad(f"step_ns[{i}]", "a mapping with head_dim, tile_m, tile_n, causal, "
+                                           f"ctas_per_sm and ns ({exc.__class__.__name__}: "
+                                           f"{exc})") from None
+            if not np.isfinite(ns) or ns <= 0:
+                raise bad(f"step_ns[{i}].ns", f"a finite time > 0 ns, got {r['ns']!r}")
+            if key in step:
+                raise bad(f"step_ns[{i}]", f"one entry per variant; {variant_label(key)} "
+                                           "appears twice")
+            step[key] = ns
+        if not isinstance(d["errors"], dict):
+            raise bad("errors", f"a mapping, got {d['errors']!r}")
+        return cls(str(d["gpu"]), float(d["launch_ns"]), float(d["item_ns"]), step,
+                   str(d["training"]), int(d["points"]), dict(d["errors"]))
 
 
 def calibrate(gpu: str, launches: list[Launch], measured_ns, memory: MemoryTiming, *,
