@@ -10,7 +10,6 @@ the appendix of full tables with its figure and table."""
 
 DRAFT = (
     "paper_launch",
-    "headline",
     "ablation",
     "starved_launch",
     "dram_bound",
@@ -33,5 +32,5 @@ APPENDICES = {
     "call": ("public_call", "untuned_shapes", "varlen_batches"),
     "first_kernel": ("foundation", "bench_rounds", "scaling"),
     "counters": ("counter_variance", "kernel_drift", "throughput_vs_misses"),
-    "tables": ("tiled_fit", "predictions"),
+    "tables": ("headline", "tiled_fit", "predictions"),
 }

@@ -192,8 +192,8 @@ def figure(study):
         ax.set(xlabel="schedule", ylabel=label)
         if col == 0:
             ax.set_yscale("log")
-            ax.legend(fontsize=7, title="each kernel in its own profile harness",
-                      title_fontsize=7)
+            ax.legend(fontsize=9, title="each kernel in its own profile harness",
+                      title_fontsize=9)
     for col, gpu in enumerate(gpus):
         ax = fig.add_subplot(grid[1, col])
         sub = t[t["GPU"] == gpu]
@@ -203,7 +203,7 @@ def figure(study):
                title=f"{gpu}, PM sampling in one harness: {sub['launch'].nunique()} "
                      "persistent+linear launches", ylim=(0, None))
         ax.title.set_fontsize(9)
-        ax.legend(fontsize=7)
+        ax.legend(fontsize=9)
     fig.suptitle("B1 H1 S256k D128 bf16, 128x64 tiles, 264 CTAs, non-causal (ncu, cold L2)\n"
                  "Top: DRAM reads and duration per launch. Bottom: DRAM read rate over each "
                  "launch (~100 us bins), one line per launch", fontsize=9)

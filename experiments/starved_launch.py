@@ -96,7 +96,7 @@ def figure(study):
         ax.axhline(0, color="k", lw=0.8)
     axes[0].set_ylabel("linear's time vs no stream (%)")
     axes[1].set_ylabel("sawtooth vs linear, TFLOP/s (%)")
-    axes[0].legend(fontsize=8)
+    axes[0].legend(fontsize=9)
     axes[1].set_title(f"paired by round ({int(t['rounds'].min())} rounds), 95% CI", fontsize=9)
     fig.suptitle(f"The paper's launch beside a DRAM stream on {gpus}: B8 H1 S128k D64 bf16, "
                  "64x64, 48 persistent CTAs; the stream on the other SMs")

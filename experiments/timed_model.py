@@ -220,7 +220,7 @@ def section(study) -> Section:
 {md_table(pd.DataFrame(cal_rows))}
 
 Held out, per family and GPU: |relative error| of the median DRAM reads and kernel time
-(CUDA-event median) of each point. The issue's targets: DRAM within 10% (median) and 25%
+(CUDA-event median) of each point. The targets: DRAM within 10% (median) and 25%
 (p90), time within 10% (median). "Above knee": points reading more than 1.5x the compulsory
 bytes, where the L2 matters.
 

@@ -75,8 +75,7 @@ def _manifest_versions(study: Study, names) -> dict[str, str]:
 # commits of the committed data that are not descendants of 620f2ce (a test checks the list
 # against git ancestry wherever the history is at hand); any other commit is today's kernel.
 TABLE_KERNEL_COMMIT = "620f2ce"
-FIRST_KERNEL_COMMITS = frozenset({"320c6c3", "36a0e28", "44567bf", "5162d1e", "549e9ee",
-                                  "5abac02", "97247a7", "b69a0a2", "cf9c55b", "db2c9e7"})
+FIRST_KERNEL_COMMITS = frozenset({"36a0e28", "5abac02", "b69a0a2", "cf9c55b", "db2c9e7"})
 
 
 def _runs_of(path) -> list[dict]:

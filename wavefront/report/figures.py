@@ -57,7 +57,29 @@ def schedule_label(df: pd.DataFrame) -> pd.Series:
     return df["cta_schedule"] + "+" + df["kv_schedule"]
 
 
+# The smallest text a figure may carry, in points at the figure's own size.
+MIN_FONT_PT = 9.0
+
+
+def small_text(fig) -> list[tuple[str, float]]:
+    """(text, size) of every visible text in `fig` smaller than MIN_FONT_PT."""
+    from matplotlib.text import Text
+    found = []
+    for t in fig.findobj(Text):
+        if t.get_visible() and t.get_text().strip() and t.get_fontsize() < MIN_FONT_PT - 1e-6:
+            found.append((t.get_text()[:40], float(t.get_fontsize())))
+    return found
+
+
 def save(fig, name: str, directory, pdf: bool = False) -> list[Path]:
+    """Write `fig` as `name`.png (and .pdf) into `directory`, every text at MIN_FONT_PT or
+    more (a figure must stay readable in print: smaller text is raised to it)."""
+    from matplotlib.text import Text
+    for t in fig.findobj(Text):
+        if t.get_fontsize() < MIN_FONT_PT:
+            t.set_fontsize(MIN_FONT_PT)
+    if small_text(fig):  # cannot happen: a guard against a matplotlib that ignores sizes
+        raise ValueError(f"figure {name}: text under {MIN_FONT_PT:g} pt: {small_text(fig)}")
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     paths = []
@@ -180,59 +202,6 @@ def l1_vs_l2(df: pd.DataFrame):
             "(TMA loads bypass L1)", transform=ax.transAxes, va="top", fontsize=9)
     plt.setp(ax.get_xticklabels(), rotation=20, ha="right", rotation_mode="anchor")
     return fig
-
-
-def hit_rate_vs_ctas(df: pd.DataFrame):
-    d = df.copy()
-    d["GPU"] = d["gpu"].map(short_gpu)
-    d["schedule"] = schedule_label(d)
-    d["reads from DRAM / compulsory"] = (d["dram_read_sectors"] * SECTOR_BYTES
-                                         / d["compulsory_read_bytes"])
-    fig, axes = plt.subplots(1, 2, figsize=(9, 3.4))
-    # median and range over repeats: no bootstrap, so `plot` and the paper draw the same bytes
-    band = dict(estimator="median", errorbar=("pi", 100))
-    sns.lineplot(data=d, x="resident_ctas", y="sm_hit_rate", hue="schedule", style="GPU",
-                 marker="o", ax=axes[0], **band)
-    axes[0].set(xscale="log", xlabel="CTAs in flight (persistent grid)",
-                ylabel="L2 hit rate seen by the SMs (L2-side)")
-    sns.lineplot(data=d, x="resident_ctas", y="reads from DRAM / compulsory", hue="schedule",
-                 style="GPU", marker="o", ax=axes[1], legend=False, **band)
-    axes[1].set(xscale="log", yscale="log", xlabel="CTAs in flight (persistent grid)",
-                ylabel="DRAM read bytes / compulsory")
-    fig.suptitle("Hit rate vs CTAs in flight, S=128k D=64 B=1 H=1 bf16 128x64 "
-                 f"({', '.join(sorted(d['GPU'].unique()))}; median and range over repeats)")
-    fig.tight_layout()
-    return fig
-
-
-def ablation(joined: pd.DataFrame):
-    """`joined`: counter rows with their timing (`records.with_timing`)."""
-    d = joined.copy()
-    d["GPU"] = d["gpu"].map(short_gpu)
-    d["schedule"] = schedule_label(d)
-    d["shape"] = ("B" + d["batch"].astype(str) + " H" + d["heads"].astype(str) + " S"
-                  + (d["seqlen"] // 1024).astype(str) + "k D" + d["head_dim"].astype(str)
-                  + " " + d["tile_m"].astype(str) + "x" + d["tile_n"].astype(str)
-                  + np.where(d["causal"], " causal", ""))
-    d["DRAM reads / compulsory"] = d["dram_read_bytes"] / d["compulsory_read_bytes"]
-    long = pd.concat([d.assign(metric="DRAM reads / compulsory", value=d["DRAM reads / compulsory"]),
-                      d.assign(metric="TFLOP/s", value=d["tflops"])], ignore_index=True)
-    g = sns.catplot(data=long, y="shape", x="value", hue="schedule", col="metric", row="GPU",
-                    kind="bar", height=5.0, aspect=1.1, sharex=False, estimator="median",
-                    errorbar=("pi", 100))
-    g.set_titles("{row_name}: {col_name}")
-    for (gpu, metric), ax in g.axes_dict.items():
-        if metric.startswith("DRAM"):
-            ax.set_xscale("log")
-            ax.set_xlabel("DRAM reads / compulsory (log)")
-        else:
-            ax.set_xlabel("TFLOP/s (useful FLOPs)")
-    reps = d.groupby(["GPU", "point"]).size()
-    g.figure.suptitle("Schedule ablation, bf16, "
-                      f"{' and '.join(sorted(d['GPU'].unique()))}: counters and timing from the "
-                      f"same sweep, {reps.min()}-{reps.max()} repeats, bars median, whiskers range",
-                      y=1.03)
-    return g.figure
 
 
 def tile_size(joined: pd.DataFrame):
@@ -399,31 +368,13 @@ def schedule_cost(d: pd.DataFrame):
                     ax.axvline(1 / float(grid_vs_cudnn.iloc[0]), color="k", ls="--", lw=1)
                 ax.axvline(1.0, color="gray", lw=0.8)
                 ax.set_yticks(range(len(order)))
-                ax.set_yticklabels(order, fontsize=7)
+                ax.set_yticklabels(order, fontsize=9)
                 gpu = sub["GPU"].iloc[0] if len(sub) else ""
-                ax.set_title(f"{gpu} {shape.replace('B1 H32 S8k ', '')}, {run}", fontsize=8)
-                ax.set_xlabel("speed vs grid+linear", fontsize=8)
+                ax.set_title(f"{gpu} {shape.replace('B1 H32 S8k ', '')}, {run}", fontsize=9)
+                ax.set_xlabel("speed vs grid+linear", fontsize=9)
         fig.suptitle("What a schedule costs by itself (table-driven kernel, B=1 H=32 S=8k bf16, "
                      "K/V in L2): speed vs grid+linear paired by interleaved round, 95% "
                      "intervals; blue linear, orange sawtooth, dashed cuDNN", fontsize=9)
-        fig.tight_layout()
-    return fig
-
-
-def tiled_fit(table: pd.DataFrame):
-    """DRAM reads per K/V schedule, absolute (GB, log scale), per length and mask."""
-    t = table.copy()
-    t["shape"] = t["S"].map(lambda s: f"S={s // 1024}k") + np.where(t["causal"], " causal", "")
-    gpus = ", ".join(sorted(set(t["GPU"])))
-    with style():
-        fig, ax = plt.subplots(figsize=(8, 4))
-        sns.barplot(data=t, x="shape", y="read GB", hue="schedule", ax=ax)
-        ax.set_yscale("log")
-        ax.set_ylabel("DRAM reads (GB, log scale; medians of 2)")
-        ax.set_xlabel("")
-        ax.set_title(f"{gpus}: tiled vs tiled_fit vs the scans, B=1 H=1 D=128 bf16, 128x64 "
-                     "tiles (ncu, cold L2)")
-        ax.legend(fontsize=8)
         fig.tight_layout()
     return fig
 
@@ -445,7 +396,7 @@ def varlen_batches(d: pd.DataFrame, title: str):
                                                   sub["hi"] - sub["TFLOP/s"]],
                         fmt="none", ecolor="k", capsize=2, lw=1)
             ax.set_yticks(y)
-            ax.set_yticklabels(contenders, fontsize=8)
+            ax.set_yticklabels(contenders, fontsize=9)
             ax.set_title("causal" if causal else "non-causal", fontsize=9)
             ax.set_xlabel("TFLOP/s (useful; median, 95% interval)")
         axes[0].invert_yaxis()
@@ -477,11 +428,11 @@ def untuned_shapes(d: pd.DataFrame):
             ax.set_xscale("log")
             plain_log(ax.xaxis, ticks=[0.6, 0.8, 1.0, 1.5, 2.0, 3.0])
             ax.set_yticks(range(len(shapes)))
-            ax.set_yticklabels(shapes, fontsize=8)
+            ax.set_yticklabels(shapes, fontsize=9)
             ax.set_title(gpu, fontsize=9)
             ax.set_xlabel("speed vs cuDNN (same rounds; > 1: faster; log)")
         axes[0][0].invert_yaxis()
-        axes[0][-1].legend(fontsize=8, loc="lower right")
+        axes[0][-1].legend(fontsize=9, loc="lower right")
         fig.suptitle("The public call on shapes absent from the tuned table (held out), bf16: "
                      "ratios paired by interleaved round, 95% intervals; dashed: cuDNN",
                      fontsize=9)
@@ -512,7 +463,7 @@ def carry_over(d: pd.DataFrame):
                             fmt="o", ms=4, capsize=2, color=color, label=label)
             ax.axvline(1.0, color="k", ls="--", lw=1)
             ax.set_title(f"{gpu}: measured choice vs 'nearest'", fontsize=9)
-            ax.legend(fontsize=7, loc="lower right")
+            ax.legend(fontsize=9, loc="lower right")
             ax = row[1]
             ax.errorbar(sub["call x cudnn"], y, xerr=[sub["call x cudnn"] - sub["call x cudnn lo"],
                                                       sub["call x cudnn hi"] - sub["call x cudnn"]],
@@ -522,7 +473,7 @@ def carry_over(d: pd.DataFrame):
             plain_log(ax.xaxis, ticks=[0.9, 1.0, 1.2, 1.5, 2.0, 3.0])
             ax.set_title(f"{gpu}: the call, measured carry-over", fontsize=9)
             row[0].set_yticks(range(len(shapes)))
-            row[0].set_yticklabels(shapes, fontsize=8)
+            row[0].set_yticklabels(shapes, fontsize=9)
         axes[0][0].invert_yaxis()
         axes[-1][0].set_xlabel("chosen / nearest's configuration, time ratio (> 1: faster)")
         axes[-1][1].set_xlabel("public call / cuDNN, time ratio (> 1: faster; log)")
@@ -562,7 +513,7 @@ def public_call(d: pd.DataFrame, targets: dict, gpus: str, rounds: pd.DataFrame 
                           "log scale;\nhigher: a slower host)")
             ax.set_ylabel("public call vs bound launch, per round", fontsize=9)
             ax.set_title(f"{rounds_shape}: each round against its host's speed", fontsize=9)
-            ax.legend(fontsize=7, loc="lower left")
+            ax.legend(fontsize=9, loc="lower left")
         for ax, shape in zip(axes[0], shapes):
             sub = d[d["shape"] == shape]
             runs = list(dict.fromkeys(sub["run"]))
@@ -573,15 +524,15 @@ def public_call(d: pd.DataFrame, targets: dict, gpus: str, rounds: pd.DataFrame 
                                                    m["x bound hi"] - m["x bound"]],
                             fmt="o", ms=4, capsize=2, color=color, label=mask)
             ax.axhline(targets[shape], color="k", ls="--", lw=1,
-                       label=f"issue 20's target ({targets[shape]:g})")
+                       label=f"the call's target ({targets[shape]:g})")
             ax.axhline(1.0, color="gray", ls=":", lw=1)
             ax.set_xticks(range(len(runs)))
-            ax.set_xticklabels(runs, rotation=60, ha="right", fontsize=7)
+            ax.set_xticklabels(runs, rotation=60, ha="right", fontsize=9)
             ax.set_ylabel("public call vs bound launch\n(same rounds; 1: no host cost)",
                           fontsize=9)
             ax.set_xlabel("run: commit, calls per round (in the order measured)")
             ax.set_title(shape, fontsize=9)
-            ax.legend(fontsize=7, loc="lower left")
+            ax.legend(fontsize=9, loc="lower left")
         fig.suptitle(f"{gpus}: `wavefront.attention` as users call it against the bound "
                      "launcher it resolves to, `wavefront bench` rounds, bf16; ratios paired "
                      "by round, 95% intervals", fontsize=9)

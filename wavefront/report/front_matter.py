@@ -38,7 +38,7 @@ PUBLISHED_GB10 = {
 }
 
 
-def _chance_bound(tests: int, level: float = 0.05, quantile: float = 0.95) -> int:
+def chance_bound(tests: int, level: float = 0.05, quantile: float = 0.95) -> int:
     """How many of `tests` independent 95% intervals may exclude no change by chance alone
     (the `quantile` of the binomial count)."""
     return int(binom.ppf(quantile, tests, level))
@@ -73,7 +73,7 @@ def opening(n, study, experiments) -> None:
     widest = float(max((1 - t["lo"]).abs().max(), (t["hi"] - 1).abs().max()))
     regimes = experiments["regimes"].module.configurations(study)
     above, below = int((regimes["lo"] > 1).sum()), int((regimes["hi"] < 1).sum())
-    chance = _chance_bound(len(regimes))
+    chance = chance_bound(len(regimes))
     best = regimes.loc[regimes["ratio"].idxmax()]
     gpus = sorted(t["GPU"].unique())
     v.update(
@@ -156,6 +156,6 @@ def appendix(letter: str, name: str, body: str, study, experiments, numbering,
 def chance_note(tests: int) -> str:
     """A sentence naming how many of `tests` 95% intervals exclude no change by chance."""
     return (f"{tests} independent 95% intervals exclude no change about {0.05 * tests:.1f} "
-            f"times by chance, and up to {_chance_bound(tests)} times in 95% of such sets")
+            f"times by chance, and up to {chance_bound(tests)} times in 95% of such sets")
 
 
