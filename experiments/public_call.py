@@ -29,7 +29,6 @@ import pandas as pd
 from scipy.stats import spearmanr
 
 from wavefront.measure.rounds import SLOW_HOST
-from wavefront.report import figures
 from wavefront.report.draft import Section, md_table, paragraphs, span
 from wavefront.report.experiments import run_as_script
 from wavefront.report.figures import short_gpu
@@ -179,13 +178,32 @@ def probe_rounds(study) -> pd.DataFrame:
 USUAL_PROBE, SLOW_PROBE = 1.15, SLOW_HOST
 
 
+CAPTION = ("The public call against the bound launcher it resolves to, per GPU, shape and mask "
+           "(`wavefront bench` rounds, bf16; the latest run of each, the ratio paired by round "
+           "with its 95% interval; dashed: the call's target, dotted: no host cost).")
+
+
 def figure(study):
+    import matplotlib.pyplot as plt
     d = rows(study)
     d = d[d["shape"].isin(TARGETS)]
-    gpus = ", ".join(sorted(set(d["GPU"])))
-    per_round = probe_rounds(study)
-    return figures.public_call(d, TARGETS, gpus,
-                               per_round[per_round["shape"] == SHORT], SHORT)
+    latest = d.groupby(["shape", "GPU", "mask"], sort=False).tail(1)
+    shapes = list(TARGETS)
+    fig, axes = plt.subplots(1, len(shapes), figsize=(5.5 * len(shapes), 3.8), squeeze=False)
+    for ax, shape in zip(axes[0], shapes):
+        sub = latest[latest["shape"] == shape].reset_index(drop=True)
+        labels = [f"{short_gpu(r['GPU'])} {r['mask']}\n({r['run']})" for _, r in sub.iterrows()]
+        ax.errorbar(range(len(sub)), sub["x bound"],
+                    yerr=[sub["x bound"] - sub["x bound lo"], sub["x bound hi"] - sub["x bound"]],
+                    fmt="o", capsize=3)
+        ax.axhline(TARGETS[shape], color="k", ls="--", lw=1)
+        ax.axhline(1.0, color="gray", ls=":", lw=1)
+        ax.set_xticks(range(len(sub)), labels)
+        ax.set_xlim(-0.5, len(sub) - 0.5)
+        ax.set(title=shape, ylabel="public call / bound launch (TFLOP/s)")
+    fig.suptitle("`wavefront.attention` as users call it against its bound launcher")
+    fig.tight_layout()
+    return fig
 
 
 def table(study) -> pd.DataFrame:

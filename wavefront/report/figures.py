@@ -179,31 +179,6 @@ def sectors_vs_closed_form(df: pd.DataFrame):
     return g.figure
 
 
-def l1_vs_l2(df: pd.DataFrame):
-    d = df[df["l1_global_load_sectors"].notna()].copy()
-    d["GPU"] = d["gpu"].map(short_gpu)
-    long = pd.concat([
-        d.assign(level="L1 global-load sectors (LSU)", sectors=d["l1_global_load_sectors"]),
-        d.assign(level="L1 hits", sectors=d["l1_global_load_hit_sectors"]),
-        d.assign(level="L2 read sectors (TMA)", sectors=d["l2_tex_read_sectors"]),
-    ], ignore_index=True)
-    long["config"] = ("S=" + (long["seqlen"] // 1024).astype(str) + "k D="
-                      + long["head_dim"].astype(str)
-                      + np.where(long["causal"], " causal", ""))
-    fig, ax = plt.subplots(figsize=(8, 3.6))
-    sns.barplot(data=long, x="config", y="sectors", hue="level", ax=ax, errorbar=None)
-    ax.set_yscale("log")
-    ax.set_ylabel("sectors per launch (log)")
-    ax.set_xlabel("configuration (persistent+linear)")
-    ax.set_title(f"L1 vs L2 traffic on the TMA path, {', '.join(sorted(d['GPU'].unique()))}, "
-                 "B=1 H=1 bf16 128x64")
-    l1_total = float(d["l1_global_load_sectors"].sum())
-    ax.text(0.01, 0.97, f"L1 global-load sectors over all points: {l1_total:.0f} "
-            "(TMA loads bypass L1)", transform=ax.transAxes, va="top", fontsize=9)
-    plt.setp(ax.get_xticklabels(), rotation=20, ha="right", rotation_mode="anchor")
-    return fig
-
-
 def tile_size(joined: pd.DataFrame):
     """`joined`: counter rows with their timing (`records.with_timing`)."""
     d = joined.copy()
@@ -231,26 +206,6 @@ def tile_size(joined: pd.DataFrame):
     g.figure.suptitle("Tile size, persistent grid, S=128k B=1 H=1 bf16, "
                       f"{' and '.join(sorted(d['GPU'].unique()))}; bars median, whiskers range "
                       "over repeats", y=1.04)
-    return g.figure
-
-
-def throughput_vs_misses(d: pd.DataFrame, fits: dict):
-    """`fits`: short GPU name -> ThroughputFit."""
-    d = d.copy()
-    d["GPU"] = d["gpu"].map(short_gpu)
-    d["DRAM bytes / FLOP"] = (d["dram_read_bytes"] + d["dram_write_bytes"]) / d["executed_flops"]
-    g = sns.relplot(data=d, x="DRAM bytes / FLOP", y="tflops", hue="head_dim", style="causal",
-                    col="GPU", height=3.3, aspect=1.2, palette="deep")
-    for gpu, ax in g.axes_dict.items():
-        fit = fits.get(gpu)
-        if fit:
-            x = np.logspace(np.log10(d["DRAM bytes / FLOP"].min()),
-                            np.log10(d["DRAM bytes / FLOP"].max()), 100)
-            ax.plot(x, fit.roof_tflops(x), color="k", lw=1, label="fitted max(FLOP, DRAM) bound")
-    g.set(xscale="log")
-    g.set_axis_labels("DRAM bytes per executed FLOP (log)", "TFLOP/s (useful FLOPs)")
-    g.figure.suptitle("Throughput vs DRAM traffic, every measured point (line: fitted "
-                      "time = max(FLOPs/R, bytes/B) bound)", y=1.03)
     return g.figure
 
 
@@ -305,22 +260,6 @@ def headline_pairs(h: pd.DataFrame):
                  "((!): repeats disagree by more than 10%)")
     fig.tight_layout()
     return fig
-
-
-def repeat_spread(d: pd.DataFrame):
-    """Every repeat of each configuration: DRAM reads over the compulsory bytes, per metric set
-    (several replay passes vs one)."""
-    g = sns.catplot(data=d, x="DRAM read / compulsory", y="configuration", hue="metric_set",
-                    col="GPU", kind="strip", dodge=True, height=3.4, aspect=1.6, jitter=False)
-    g.set(xscale="log")
-    from matplotlib.ticker import FuncFormatter
-    for ax in g.axes.flat:
-        ax.xaxis.set_major_formatter(FuncFormatter(lambda x, _: f"{x:g}"))
-        ax.xaxis.set_minor_formatter(FuncFormatter(lambda x, _: ""))
-    g.set_axis_labels("DRAM reads / compulsory (log; a dot per launch)", "")
-    g.figure.suptitle("Counters over repeated launches, B=1 H=1 S=128k bf16 (ncu, cold L2 each "
-                      "launch)", y=1.04)
-    return g.figure
 
 
 def scaling(p: pd.DataFrame, wall_one: float, wall_two: float):
@@ -483,58 +422,3 @@ def carry_over(d: pd.DataFrame):
     return fig
 
 
-def public_call(d: pd.DataFrame, targets: dict, gpus: str, rounds: pd.DataFrame | None = None,
-                rounds_shape: str | None = None):
-    """The public call's speed against its bound launcher (paired by round, 95% interval),
-    one panel per shape, one point per run (commit, calls per round) in the order measured,
-    per mask; `targets`: shape -> the ratio asked for, drawn dashed. `rounds` (one row per
-    round: "probe us", "x bound", "per round", "mask"), where given, adds a panel of each
-    round's ratio against the host's speed after it."""
-    shapes = list(dict.fromkeys(d["shape"]))
-    masks = {"full": "tab:blue", "causal": "tab:orange"}
-    probed = rounds is not None and len(rounds) > 0
-    with style():
-        fig, axes = plt.subplots(1, len(shapes) + probed,
-                                 figsize=(6.2 * (len(shapes) + probed), 4.4), squeeze=False)
-        if probed:
-            ax = axes[0][-1]
-            for mask, color in masks.items():
-                for per_round, marker in ((20, "o"), (5, "x")):
-                    m = rounds[(rounds["mask"] == mask) & (rounds["per round"] == per_round)]
-                    if len(m):
-                        ax.scatter(m["probe us"], m["x bound"], s=12, marker=marker,
-                                   color=color, alpha=0.7,
-                                   label=f"{mask}, {per_round} calls a round")
-            ax.axhline(targets[rounds_shape], color="k", ls="--", lw=1)
-            ax.axhline(1.0, color="gray", ls=":", lw=1)
-            ax.set_xscale("log")  # the usual 2.7-3 us beside slow spells of up to 10x that
-            plain_log(ax.xaxis, [3, 4, 6, 10, 20, 30])
-            ax.set_xlabel("host probe after the round (us per run of a fixed Python task, "
-                          "log scale;\nhigher: a slower host)")
-            ax.set_ylabel("public call vs bound launch, per round", fontsize=9)
-            ax.set_title(f"{rounds_shape}: each round against its host's speed", fontsize=9)
-            ax.legend(fontsize=9, loc="lower left")
-        for ax, shape in zip(axes[0], shapes):
-            sub = d[d["shape"] == shape]
-            runs = list(dict.fromkeys(sub["run"]))
-            for i, (mask, color) in enumerate(masks.items()):
-                m = sub[sub["mask"] == mask]
-                x = m["run"].map({r: k for k, r in enumerate(runs)}) + (i - 0.5) * 0.2
-                ax.errorbar(x, m["x bound"], yerr=[m["x bound"] - m["x bound lo"],
-                                                   m["x bound hi"] - m["x bound"]],
-                            fmt="o", ms=4, capsize=2, color=color, label=mask)
-            ax.axhline(targets[shape], color="k", ls="--", lw=1,
-                       label=f"the call's target ({targets[shape]:g})")
-            ax.axhline(1.0, color="gray", ls=":", lw=1)
-            ax.set_xticks(range(len(runs)))
-            ax.set_xticklabels(runs, rotation=60, ha="right", fontsize=9)
-            ax.set_ylabel("public call vs bound launch\n(same rounds; 1: no host cost)",
-                          fontsize=9)
-            ax.set_xlabel("run: commit, calls per round (in the order measured)")
-            ax.set_title(shape, fontsize=9)
-            ax.legend(fontsize=9, loc="lower left")
-        fig.suptitle(f"{gpus}: `wavefront.attention` as users call it against the bound "
-                     "launcher it resolves to, `wavefront bench` rounds, bf16; ratios paired "
-                     "by round, 95% intervals", fontsize=9)
-        fig.tight_layout(rect=(0, 0, 1, 0.95))
-    return fig
