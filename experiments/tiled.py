@@ -55,8 +55,8 @@ def tiled_table(df: pd.DataFrame) -> pd.DataFrame:
         for kv in ("linear", "sawtooth", "tiled"):
             row[f"{kv} DRAM/min"] = round(by.loc[kv, "dram_read_bytes"]
                                           / by.loc[kv, "compulsory_read_bytes"], 2)
-        row["tiled TFLOP/s vs linear"] = pct(by.loc["tiled", "tflops"]
-                                              / by.loc["linear", "tflops"] - 1)
+        row["tiled speed"] = by.loc["tiled", "tflops"] / by.loc["linear", "tflops"] - 1
+        row["tiled TFLOP/s vs linear"] = pct(row["tiled speed"])
         row["sawtooth TFLOP/s vs linear"] = pct(by.loc["sawtooth", "tflops"]
                                                  / by.loc["linear", "tflops"] - 1)
         out.append(row)
@@ -98,14 +98,38 @@ def table(study):
 
 
 def section(study) -> Section:
-    return Section(f"""## Tiling K/V to the L2
+    s = Section()
+    df = study.load("tiled")
+    t = tiled_table(df)
+    reps = int(df[df["measurement"] == "counters"].groupby(["gpu", "point"])["repeat"]
+               .nunique().min())
+    worst_linear = t["linear DRAM/min"].max()
+    more = t[t["tiled DRAM/min"] > t["linear DRAM/min"]]
+    s.claim(f"The tiled schedule keeps DRAM reads within {t['tiled DRAM/min'].max():.1f}x the "
+            f"minimum at every length, mask and head dimension on both GPUs, where linear reads "
+            f"up to {worst_linear:.0f}x and sawtooth up to {t['sawtooth DRAM/min'].max():.0f}x "
+            f"(in {len(more)} of {len(t)} configurations, where the scans already stay near the "
+            f"minimum, it reads a little more than linear: at most "
+            f"{more['tiled DRAM/min'].max() if len(more) else 0:.1f}x). Its TFLOP/s against "
+            f"linear's ranges from {t['tiled speed'].min():+.0%} to "
+            f"{t['tiled speed'].max():+.0%} (medians, not paired): the bytes it saves buy no "
+            "consistent speed either.",
+            t["GPU"].nunique() == 2 and t["tiled DRAM/min"].max() * 10 < worst_linear
+            and (more["tiled DRAM/min"] <= 2.5).all() and (more["linear DRAM/min"] <= 2).all()
+            and t["tiled speed"].min() < 0 < t["tiled speed"].max(), t.to_dict())
+    shown = t.drop(columns=["tiled speed"])
+    s.text = f"""## Tiling K/V to the L2
 
-B=1 H=1, persistent, one CTA order and three scans, today's kernel; medians of 3 repeats (DRAM
-reads under ncu, cold L2; TFLOP/s with CUDA events):
+B=1 H=1, persistent, one CTA order and three scans (the tiled scan cuts K/V into chunks sized
+to the L2, every CTA sweeps chunk by chunk, partial states merged at the end), today's kernel;
+medians of {reps} repeats (DRAM reads under ncu, cold L2; TFLOP/s with CUDA events):
 
-{md_table(table(study))}
+{md_table(shown)}
 
-![tiled](figures/tiled.png)""")
+{s.claims[0].text}
+
+![tiled](figures/tiled.png)"""
+    return s
 
 
 if __name__ == "__main__":  # the same as `wavefront experiment ACTION NAME`

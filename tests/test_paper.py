@@ -140,7 +140,8 @@ def test_the_draft_is_the_experiments_sections_in_order(built):
         assert starts == sorted(starts), appendix
 
 
-@pytest.mark.parametrize("name", discover(EXPERIMENTS).draft)
+@pytest.mark.parametrize("name", [*discover(EXPERIMENTS).draft, *(
+    n for names in discover(EXPERIMENTS).appendices.values() for n in names)])
 def test_a_section_without_its_data_fails_naming_it(tmp_path, name):
     """A missing data set fails the build with its name; it never empties a section."""
     from wavefront.results.store import SchemaError
