@@ -139,7 +139,7 @@ def section(study) -> Section:
             "do not separate: a balanced order that does not group heads (dynamic+linear) is the "
             "missing control.",
             bool((gain["min"] > 1).all()) and min(fewer) > 5, gain.to_dict())
-    s.text = f"""### Causal GQA at long S: the CTA order decides the heads in flight
+    s.text = f"""## Causal GQA at long S: the CTA order decides the heads in flight
 
 B=1, 32 query heads over 8 K/V heads, S=32k, D=128, causal, 128x64 tiles: the K/V of every head
 is 2.7x the H100's L2 (`experiments/causal_gqa.py`; today's kernel, {int(t["repeats"].min())} repeats, counters and

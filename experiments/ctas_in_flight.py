@@ -113,7 +113,7 @@ def section(study) -> Section:
             "slows DRAM for it).",
             bool((few_cut > 0.5).all() and (speed.abs() <= 0.02).all()), t.to_dict())
     reps = int(t["repeats"].min())
-    s.text = f"""### Few CTAs in flight (today's kernel)
+    s.text = f"""## Few CTAs in flight (today's kernel)
 
 A persistent grid of 8 to 264 CTAs at B=1 H=1 S=128k D=64, 128x64 tiles
 (`experiments/ctas_in_flight.py`; today's kernel, H100 and H200, {reps} repeats, counters and

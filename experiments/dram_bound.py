@@ -212,7 +212,7 @@ def section(study) -> Section:
                                    == -np.sign(big["DRAM, sawtooth vs linear"])).all()),
             f"{big.to_dict()}")
     reps = int(study.load("dram_bound").groupby(["gpu", "point", "measurement"])["repeat"].nunique().min())
-    s.text = f"""### Where DRAM binds (today's kernel)
+    s.text = f"""## Where DRAM binds (today's kernel)
 
 A DRAM-bound regime built on purpose (`experiments/dram_bound.py`; today's kernel, H100 and
 H200, {reps} repeats): longest-first

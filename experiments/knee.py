@@ -71,7 +71,7 @@ def _capacity_claims(s: Section, v: pd.DataFrame) -> None:
             f"reads better than the fitted effective capacity on both GPUs (MAPE {text}); a "
             "fitted fraction of the L2 buys nothing out of sample. The errors are heavy-tailed "
             "(median near 0, 90th percentile far above): the tail is causal and grouped "
-            "launches, where the lock-step order is wrong (next section).",
+            "launches, where the lock-step order is wrong (the timed model's section).",
             all(overall.loc[(g, "partitions"), "mape"] < overall.loc[(g, "fitted LRU"), "mape"]
                 for g in gpus), f"best by GPU {best}")
     rnd = {g: overall.loc[(g, "random, half L2"), "mape"] for g in gpus}

@@ -30,6 +30,12 @@ ATTENTION_CTAS = 48
 ROUNDS = 6
 
 
+CAPTION = ("The paper's launch beside a streaming read kernel on the SMs it leaves idle, per "
+           "GPU and mask (B8 H1 S128k D64 bf16, 64x64 tiles, 48 persistent CTAs, today's "
+           "kernel): linear's time against the number of stream CTAs, and sawtooth's TFLOP/s "
+           "against linear's, paired by round with 95% intervals. The bandwidth the stream "
+           "leaves the attention is not measured.")
+
 def measure(out_dir) -> int:
     """The rounds on this GPU, appended to <out_dir>/rounds.jsonl. -> failures (0)."""
     from wavefront.device import current_device

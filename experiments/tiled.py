@@ -41,6 +41,11 @@ schedule = ["persistent+linear", "persistent+sawtooth", "persistent+tiled"]
 """
 
 
+CAPTION = ("The tiled K/V scan against linear and sawtooth at 64k-256k on each GPU (B=1 H=1 "
+           "bf16, persistent, 64x64 tiles at D=64 and 128x64 at D=128, today's kernel): DRAM "
+           "reads over the minimum (log) and TFLOP/s; bars median, whiskers the range over "
+           "repeats.")
+
 def tiled_table(df: pd.DataFrame) -> pd.DataFrame:
     d = with_timing(df)
     d["GPU"] = d["gpu"].map(short_gpu)

@@ -23,7 +23,7 @@ APPENDIX_TITLES = {
     "call": "The public call, untuned shapes and ragged batches",
     "first_kernel": "First-kernel history",
     "counters": "Counter methodology",
-    "tables": "Full per-configuration tables",
+    "tables": "Capacity models, the knee, and full per-configuration tables",
 }
 
 # Zhu, Pan, Ding, arXiv 2601.16032 (v1, 22 Jan 2026), abstract: GB10, bf16 cuTile and CUDA
