@@ -16,18 +16,20 @@ DRAFT = (
     "ctas_in_flight",
     "causal_gqa",
     "tiled",
-    "regimes",
-    "exposure_corunners",
-    "exposure_small_l2",
     "exposure_latency",
     "warp_states",
+    "exposure_corunners",
+    "exposure_small_l2",
     "production_bytes",
+    "regimes",
     "timed_model",
+    "phase_diagram",
 )
 
 # the part of the paper a section opens (its heading, before that section)
 PARTS = {
     "paper_launch": "Results",
+    "exposure_latency": "Where a miss costs time",
     "timed_model": "The model",
 }
 
