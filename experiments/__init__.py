@@ -27,6 +27,7 @@ DRAFT = (
     "causal_gqa",
     "regimes",
     "timed_model",
+    "phase_diagram",
     "predictions",
     "scaling",
 )
