@@ -1,7 +1,8 @@
 """Can one simulation with clocks predict DRAM reads and kernel time, out of sample?
 
 The timed model (`wavefront.model.timed`) gives every resident CTA a clock over the work table
-the kernel reads: a K/V pipeline two steps deep, a partitioned LRU L2 whose lines carry their
+the kernel reads: a K/V pipeline as deep as the binary's rings (read from its SASS,
+data/kv_pipeline), a partitioned LRU L2 whose lines carry their
 fill times (a load of a line still being filled waits for that fill), a DRAM that serves misses
 in arrival order at its measured bandwidth, dynamic schedules handing out rows in simulated
 time. Its memory parameters come from `wavefront microbench` (data/microbench), its compute
@@ -86,6 +87,27 @@ def figure(study):
                  "only). Bottom: four PM-sampled launches (cold L2, ncu's locked clocks)")
     fig.tight_layout()
     return fig
+
+
+def _paper_seconds(gb10: pd.DataFrame) -> np.ndarray:
+    """The paper's linear launch time per mask (s), from its TFLOP/s and the launch's FLOPs."""
+    from wavefront.model.counting import launch_counts
+    flops = [launch_counts(timed.paper_launch_on(PRESETS["gb10"], bool(c), "persistent+linear")
+                           .problem).useful_flops for c in gb10["causal"]]
+    return np.array(flops) / (gb10["linear_tflops_paper"].to_numpy() * 1e12)
+
+
+def _exposure_predictions(study) -> pd.DataFrame:
+    return pd.read_csv(study.data_dir.parent / "paper" / "exposure_predictions.csv")
+
+
+def _exposure_shown(e: pd.DataFrame) -> pd.DataFrame:
+    return pd.DataFrame({
+        "GPU": e["gpu"].str.upper(), "regime": e["regime"],
+        "value": e["value"].fillna("").astype(str), "K/V steps in flight": e["kv_steps_in_flight"],
+        "sawtooth / linear time": e["time_ratio"].map(lambda x: f"{x:.4f}"),
+        "DRAM GB linear / sawtooth": [f"{a:.2f} / {b:.2f}" for a, b in zip(
+            e["linear_dram_read_gb"], e["sawtooth_dram_read_gb"])]})
 
 
 def _fmt(x, spec=".0%"):
@@ -184,12 +206,34 @@ def section(study) -> Section:
             "; ".join(t for texts in m.values() for t in texts) or "-" for m in moved]})
     unstable = [(r, rate) for r, m in zip(pred.itertuples(), moved) for rate, texts in m.items()
                 if texts]
-    gb10 = pred[(pred["preset"] == "gb10") & ~pred["causal"]].set_index("schedule")
-    gb10_unmoved = not any(r.preset == "gb10" and not r.causal for r, _ in unstable)
-    lin, saw = gb10.loc["persistent+linear"], gb10.loc["persistent+sawtooth"]
-    gain_mid = saw["tflops"] / lin["tflops"] - 1
-    gain_fast = saw["tflops_fast"] / lin["tflops_fast"] - 1
-    dram_cut = 1 - saw["dram_read_gb"] / lin["dram_read_gb"]
+    b200_rows = (pred["preset"] == "b200").to_numpy()
+    pshow = pshow[b200_rows]
+    unstable = [(r, rate) for r, rate in unstable if r.preset == "b200"]
+    gb10 = timed.gb10_postdictions(study)
+    gb10_shown = pd.DataFrame({
+        "mask": gb10["causal"].map({False: "non-causal", True: "causal"}),
+        "step (ns), calibrated": gb10["step_ns"].map(lambda x: f"{x:.0f}"),
+        "linear TFLOP/s, paper / model": [f"{a:.0f} / {b:.1f}" for a, b in zip(
+            gb10["linear_tflops_paper"], gb10["linear_tflops_model"])],
+        "sawtooth TFLOP/s, paper / model": [f"{a:.0f} / {b:.1f}" for a, b in zip(
+            gb10["sawtooth_tflops_paper"], gb10["sawtooth_tflops_model"])],
+        "gain, paper / model": [f"{a:+.0%} / {b:+.1%}" for a, b in zip(gb10["gain_paper"],
+                                                                      gb10["gain_model"])],
+        "DRAM GB, linear / sawtooth (model)": [f"{a:.1f} / {b:.1f}" for a, b in zip(
+            gb10["linear_dram_gb"], gb10["sawtooth_dram_gb"])],
+        "K/V steps in flight": gb10["kv_steps_in_flight"]})
+    exposure = _exposure_predictions(study)
+    gb10_demand = pd.DataFrame({
+        "mask": gb10["causal"].map({False: "non-causal", True: "causal"}),
+        "demand": gb10["linear_dram_gb"].to_numpy() / _paper_seconds(gb10)})
+    gap = gb10["gain_paper"] - gb10["gain_model"]
+    gb10_verdict = (
+        "The postdiction falls short of the paper's gain for both masks (by "
+        + " and ".join(f"{g:.0%}" for g in gap) + " of throughput): the model does not "
+        "explain the paper's gains with these latencies and depths."
+        if (gap > 0.02).all() else
+        "The postdiction is within two points of the paper's gain for "
+        + ", ".join(m for m, g in zip(gb10_demand["mask"], gap) if abs(g) <= 0.02) + ".")
 
     met = v[v["meets targets"]]
     time_ok = v[v["time median"] <= timed.TIME_MEDIAN_TARGET]
@@ -207,8 +251,9 @@ def section(study) -> Section:
     "The lock-step model above assumes the order in which tiles reach the L2. The timed model "
     "derives it: every resident CTA has a clock and walks the work table the kernel reads; a "
     "K/V step computes for a calibrated time once its K and V have arrived, the buffer it "
-    "frees takes the load two steps further on (an assumed depth: the SASS was not read for "
-    "it); a hit returns after the L2 latency, a miss "
+    "frees takes the load as many steps further on as the binary's shorter K/V ring holds "
+    "(read from each binary's SASS, data/kv_pipeline: 3 for D64 64x64 non-causal, 2 causal, 1 "
+    "for every 128-row tile); a hit returns after the L2 latency, a miss "
     "after the DRAM latency plus its wait in a queue served at the measured bandwidth; a load "
     "of a line whose fill is under way waits for that fill; dynamic schedules hand out rows "
     "when a CTA frees up in simulated time. Order, convoys, drift and imbalance come out of "
@@ -229,7 +274,8 @@ Held out, per family and GPU, **above the knee only** (points reading more than 
 compulsory bytes, where the L2 matters): |relative error| of the median DRAM reads, the timed
 model's beside the lock-step partition model's on the same points, and of kernel time
 (CUDA-event median), the timed model's beside a no-cache model's (launch + the busiest CTA's
-items x item cost + steps x step time, the same calibration, no memory at all). The
+items x item cost + steps x step time, no memory at all, its costs fitted on the same
+training launches by the same least squares). The
 targets: DRAM within 10% (median) and 25% (p90), time within 10% (median). "Clock vs
 no-cache": beats or loses where the medians differ by at least
 {timed.CLOCK_MARGIN:.1%} (points), ties otherwise.
@@ -301,12 +347,26 @@ schedule-neutral), so a pick within 3% says little about the ranking below it.
 
 {md_table(adv_shown)}
 
-**Predictions before measurements, with the clock.** The paper's launch
-({", ".join(f"{k}={v}" for k, v in PAPER_LAUNCH.items())}, one persistent CTA per SM) on GB10
-and B200. Compute is projected from the H100's calibration at the same fraction of each
-GPU's peak per SM (the point prediction) and, in brackets, at FA2's fraction of GB10's peak
-({timed.FA2_FRACTION_OF_PEAK:.0%}, the fast end); memory from the presets (GB10's and B200's latencies are guesses: see
-the preset sources in the next section). Written before any GB10 or B200 measurement.
+**GB10 from the paper's own baseline (one postdiction per mask).** The paper's launch
+({", ".join(f"{k}={v}" for k, v in PAPER_LAUNCH.items())}, 48 persistent CTAs) on the GB10
+preset, its step time calibrated so that the simulated linear launch runs at the paper's own
+linear TFLOP/s ({gb10["source"].iloc[0]}); sawtooth then simulated at that step. Memory from the
+preset (its latencies are guesses: see the preset sources in the next section); K/V steps in
+flight: our sm_90 binary's (the GB10 binary was not read). This replaces the two earlier GB10
+predictions (the H100's fraction of peak, and FA2's).
+
+{md_table(gb10_shown)}
+
+{paragraphs(
+    "At the paper's own linear throughput the model's GB10 launch reads DRAM at "
+    + " and ".join(f"{r.demand:.0f} GB/s ({r.mask})" for r in gb10_demand.itertuples())
+    + f", {gb10_demand['demand'].max() / (PRESETS['gb10'].dram_bytes_per_s / 1e9):.0%} of the "
+    "273 GB/s at most: the bandwidth does not bind, so in the model sawtooth's saving turns into "
+    "time only where a miss's latency is exposed (few K/V steps in flight; the phase diagram). "
+    + gb10_verdict)}
+
+**B200, projected** (compute at the H100's fraction of peak per SM and, in brackets, at FA2's
+fraction; memory latencies guessed). Written before any B200 measurement.
 {paragraphs(
     "Each prediction was also simulated with the calibration's per-item cost nudged by "
     f"{', '.join(f'{k:+d}' for k in timed.CALIBRATION_NUDGES)} x "
@@ -315,15 +375,13 @@ the preset sources in the next section). Written before any GB10 or B200 measure
 
 {md_table(pshow)}
 
-{paragraphs(_nudge_prose(unstable, len(pred)))}
+{paragraphs(_nudge_prose(unstable, int(b200_rows.sum())))}
 
-{paragraphs(
-    f"On GB10 the model predicts sawtooth cuts the non-causal launch's DRAM reads by "
-    f"{dram_cut:.0%} and changes its speed by {gain_mid:+.1%} at the calibrated compute rate and "
-    f"{gain_fast:+.1%} at FA2's: the clock turns part of the saving into time only when compute "
-    "is fast enough for the "
-    f"{PRESETS['gb10'].dram_read_bytes_per_s / 1e9:.0f} GB/s DRAM to matter. The paper's +60% "
-    "is not reproduced by this model at either rate.")}
+**Issue 49's exposure regimes, predicted before measurement** (`paper/exposure_predictions.csv`,
+committed {exposure["predicted_on"].iloc[0]}): the paper's launch on the H100 and H200 with the
+L2 taken by persisting lines, a co-runner's DRAM traffic, and fewer K/V steps in flight.
+
+{md_table(_exposure_shown(exposure))}
 """
     claims = [
         Claim("The timed model's kernel time is within 10% (median) of the measured time in "
@@ -338,7 +396,7 @@ the preset sources in the next section). Written before any GB10 or B200 measure
               above[["GPU", "family", "timed time median", "no-cache time median"]]
               .round(4).to_dict("records")),
         Claim("The predicted sawtooth/linear time ratio does not yet track the measured one "
-              "(correlation below the issue's 0.7), while the DRAM ratio does",
+              "(correlation below the target of 0.7), while the DRAM ratio does",
               bool(skill["time pearson"] < 0.7 and skill["DRAM pearson"] > 0.7), skill),
         Claim("The DRAM targets (10% median, 25% p90) are not met in every family: the p90 "
               "target fails in most, from causal long-sequence launches over-predicted and "
@@ -349,23 +407,23 @@ the preset sources in the next section). Written before any GB10 or B200 measure
         Claim("The advisor's pick is within 3% of the measured best on most held-out ablation "
               "shapes", bool(within.sum() >= 0.75 * len(adv)),
               adv[["GPU", "shape", "advised / best, measured time"]].to_dict("records")),
-        Claim("The held-out scores do not rest on tied event times: under the calibration's "
-              "nudges the DRAM and time medians of every family move by under half a "
-              "percentage point",
+        Claim("The held-out scores barely rest on tied event times: under the calibration's "
+              "nudges the DRAM and time medians of every family move by under 1.5 percentage "
+              "points",
               bool(len(nudged) == 2 * len(v)
                    and score_moves[["DRAM median change", "time median change"]].max().max()
-                   < 0.005),
+                   < 0.015),
               nudged.round(4).to_dict("records")),
-        Claim("The in-sample calibration error is under 3% on the training launches",
-              bool(all(c.errors["max"] < 0.03 for c in cals.values())),
+        Claim("The in-sample calibration error is under 2% (median) on the training launches, "
+              "its worst launch within 12% (the one-step pipelines of the 128-row tiles fit "
+              "worse than the assumed two did: under 3%)",
+              bool(all(c.errors["median"] < 0.02 and c.errors["max"] < 0.12
+                       for c in cals.values())),
               {g: c.errors for g, c in cals.items()}),
-        Claim("The GB10 non-causal predictions the text compares do not move under the "
-              "calibration's nudges", gb10_unmoved,
-              [{"gpu": r.preset, "causal": r.causal, "schedule": r.schedule,
-                "rate": rate or "mid"} for r, rate in unstable]),
-        Claim("On GB10 the timed model predicts a sawtooth speed-up far below the paper's +60%",
-              bool(max(gain_mid, gain_fast) < 0.3),
-              {"gain_mid": float(gain_mid), "gain_fast": float(gain_fast)}),
+        Claim("The GB10 calibration reproduces the paper's linear throughput within 1% for "
+              "both masks", bool((abs(gb10["linear_tflops_model"] / gb10["linear_tflops_paper"]
+                                      - 1) < 0.01).all()),
+              gb10.drop(columns="source").round(4).to_dict("records")),
     ]
     return Section(text, claims)
 

@@ -309,3 +309,17 @@ def test_a_capacity_from_one_length_warns():
     with pytest.warns(UserWarning, match="1 sequence length"):
         with pytest.raises(Exception):  # the toy rows hold no counters: only the warning counts
             fit_capacity(rows, "H100")
+
+
+def test_the_no_cache_baseline_is_fitted_on_its_own():
+    """Times made by the no-cache model itself are fitted back to its costs (the baseline is
+    calibrated as carefully as the clock, not handed the clock's step times)."""
+    from wavefront.model.timed import no_cache_ns
+    from wavefront.report.timed import _fit_no_cache
+    truth = ComputeTiming(step_ns=600.0, item_ns=1500.0, launch_ns=8000.0)
+    launches = [_launch(seqlen=s, heads=h, ctas=c, sms=c, occupancy=1)
+                for s, h, c in ((2048, 2, 3), (4096, 1, 5), (2048, 4, 7), (8192, 1, 4))]
+    measured = [no_cache_ns(l, truth) for l in launches]
+    fit = _fit_no_cache(launches, measured, "H100")
+    assert fit.errors["max"] < 1e-6
+    assert fit.compute(launches[0]).step_ns == pytest.approx(600.0, rel=1e-6)
