@@ -1,10 +1,10 @@
 """What holds the tuned D=128 kernel behind cuDNN? Where the warps wait, per SASS instruction.
 
 Nsight Compute's warp-state sampler on one launch each of the tuned kernel and cuDNN (B1 H32
-S8k D128 bf16, both masks; `scripts/d128_limits.py`, whose `--summarise` groups each kernel's
+S8k D128 bf16, both masks; data/d128_limits/sass/README.md; `wavefront stalls` groups each kernel's
 instructions by how many times they ran), then the changes the profile suggested and a
 hand-made ping-pong, each timed against the tuned configuration in interleaved rounds
-(`scripts/lever_ab.py`, the changes applied as patches: data/d128_limits/sass/). No figure:
+(`lever_ab.py`, the changes applied as patches: data/d128_limits/sass/). No figure:
 the draft prints tables.
 """
 import gzip
@@ -20,7 +20,8 @@ DATASETS = ()
 RECORDS = ("d128_limits",)
 # The profiled launch: 32 heads x 64 Q tiles of 128 rows, two consumer warpgroups (8 warps).
 ITEMS, CONSUMER_WARPS = 32 * 8192 // 128, 8
-# The lever A/B runs (`scripts/lever_ab.py`) of the two changes to the item boundary.
+# The lever A/B runs (`lever_ab.py`, data/d128_limits/sass/README.md) of the two changes to
+# the item boundary.
 ATTEMPTS = {"direct_store=1": "output written without TMA (direct_store)",
             "item_pairs=1": "two items' Q tiles loaded at once (item_pairs)"}
 # The hand-made ping-pong's A/B run (on an H200: data/d128_limits/README.md).
@@ -60,7 +61,7 @@ def where_warps_wait(study) -> pd.DataFrame:
 
 
 def _lever_ab(study, lever: str) -> list[dict]:
-    """The `scripts/lever_ab.py` records of one lever that ran, each with its shape named."""
+    """The `lever_ab.py` records of one lever that ran, each with its shape named."""
     with gzip.open(_sass_dir(study) / "lever_ab.jsonl.gz", "rt") as f:
         records = [json.loads(line) for line in f]
     for r in records:
@@ -97,8 +98,8 @@ def ping_pong_probe(study) -> pd.DataFrame:
 
 
 def kv_loop(study) -> pd.DataFrame:
-    """Per binary (`scripts/kv_loop_instructions.py`): one consumer warp's instructions in the
-    steady K/V step, by what they do, per 128 keys."""
+    """Per binary (`kv_loop_instructions.py`, data/d128_limits/sass/README.md): one consumer
+    warp's instructions in the steady K/V step, by what they do, per 128 keys."""
     with gzip.open(_sass_dir(study) / "kv_loop.json.gz", "rt") as f:
         record = json.load(f)
     columns = [name for name, _ in LOOP_CLASSES] + ["other", "all"]
@@ -157,7 +158,7 @@ def section(study) -> Section:
         c: loop[c].map(lambda x: f"{x:g}").values
         for c in loop.columns if c != "keys per step"})
     loop_text = wrap(
-        "What the 128x256 tiles change, in the machine code (`scripts/kv_loop_instructions.py`: "
+        "What the 128x256 tiles change, in the machine code (data/d128_limits/sass/README.md: "
         "the binaries compiled again and disassembled; each count is the warp instructions of "
         "one consumer warp's steady, unmasked K/V step, scaled to 128 keys). The exponentials "
         "and the conversions of P scale with the scores, so they stay; what a step costs "

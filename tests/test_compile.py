@@ -227,7 +227,7 @@ def test_the_wide_kv_tile_builds_without_spills_and_halves_a_steps_fixed_work():
     """128x256 tiles at D=128 (8 worker warps, one CTA per SM, no qk_ahead: the non-causal
     entries): pipelined and without spills; per key, the steady K/V step keeps its exponentials
     and halves what a step costs whatever its width (the row reductions' shuffles), against
-    128x128 tiles (`kv_loop_mix`, as `scripts/kv_loop_instructions.py` counts it)."""
+    128x128 tiles (`kv_loop_mix`, as data/d128_limits/sass/kv_loop.json.gz counts it)."""
     from wavefront.kernel.sass import disassemble, find_cuobjdump, kv_loop_mix, summarise
     if find_cuobjdump() is None:
         pytest.skip("cuobjdump not found")

@@ -229,16 +229,12 @@ def test_the_public_call_experiment_reads_each_rounds_ratio_against_its_hosts_sp
 
 
 def test_folded_public_call_runs_read_as_their_files(tmp_path):
-    """`scripts/fold_runs.py` moves each commit folder's bench files into one records
+    """`wavefront fold` (results/fold.py) moves each commit folder's bench files into one records
     file, each record marked with its file; the experiment reads the same runs from it, a new
     run's file beside it too, and refuses a run that is in both (so does a second fold)."""
-    import importlib.util
+    from wavefront.results import fold
     public_call = _public_call_run(tmp_path, PROBES, CALL_MS)
     before = public_call.probe_rounds(Study(tmp_path))
-    spec = importlib.util.spec_from_file_location(
-        "fold_runs", Path(__file__).parent.parent / "scripts" / "fold_runs.py")
-    fold = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(fold)
     directory = tmp_path / "public_call"
     assert fold.fold(directory) == 2
     assert not list(directory.glob("*/bench*")) and (directory / fold.FOLDED).exists()
@@ -254,7 +250,7 @@ def test_folded_public_call_runs_read_as_their_files(tmp_path):
     again.write_text((new / "bench.jsonl").read_text())
     with pytest.raises(ValueError, match="abc1234/bench_s1k is both in bench_runs.jsonl"):
         public_call.bench_files(Study(tmp_path))
-    with pytest.raises(SystemExit, match="folded already"):
+    with pytest.raises(ValueError, match="folded already"):
         fold.fold(directory)
     assert again.exists()  # nothing written by the refused fold
 

@@ -1472,6 +1472,47 @@ def fit(results_path, out_dir, as_json):
 
 
 @main.command()
+@click.argument("exports", nargs=-1, required=True, type=click.Path(exists=True, dir_okay=False))
+@click.option("--json", "json_path", type=click.Path(dir_okay=False), default=None,
+              help="Also write the summaries here, keyed by each export's name.")
+def stalls(exports, json_path):
+    """Where each kernel's warps wait, per instruction group, from Nsight Compute source-page
+    exports (`ncu -i R.ncu-rep --page source --csv --print-source sass > sass_full.csv`);
+    data/d128_limits/sass/ holds what it made."""
+    from wavefront.measure.stalls import summarise, summary_text
+    summaries = {}
+    for path in exports:  # keyed by the export's name: sass_full.csv -> "full"
+        key = Path(path).name.split(".")[0].removeprefix("sass_")
+        summaries[key] = summarise(path)
+        click.echo(f"== {key}" + summary_text(summaries[key]))
+    if json_path:
+        Path(json_path).write_text(json.dumps(summaries, indent=0))
+
+
+@main.command()
+@click.argument("directory", type=click.Path(exists=True, file_okay=False))
+@click.option("--files", default="bench*", show_default=True,
+              help="The run files' name in each run folder, without .jsonl.")
+@click.option("--into", default="bench_runs.jsonl", show_default=True,
+              help="The folded records file, in DIRECTORY.")
+@click.option("--manifests", is_flag=True, help="Merge the run folders' manifests too.")
+def fold(directory, files, into, manifests):
+    """Fold a data set's per-run record files (DIRECTORY/<run>/<files>.jsonl[.gz]) into one
+    records file, each record marked with its `source`; the experiments read either. Then
+    `wavefront compress DIRECTORY --significant-digits 7`."""
+    from wavefront.results.fold import fold as fold_runs
+    from wavefront.results.fold import merge_manifests
+    try:
+        n = fold_runs(Path(directory), files, into)
+        click.echo(f"{n} files folded into {Path(directory) / into}")
+        if manifests:
+            click.echo(f"{merge_manifests(Path(directory))} folder manifests merged")
+    except ValueError as exc:
+        raise click.ClickException(str(exc)) from None
+    click.echo(f"now `wavefront compress {directory} --significant-digits 7`")
+
+
+@main.command()
 @click.argument("directories", nargs=-1, required=True,
                 type=click.Path(exists=True, file_okay=False))
 @click.option("--significant-digits", "digits", type=click.IntRange(4, 17), default=None,

@@ -294,7 +294,7 @@ class Study:
     def folded_records(self, kind: RecordKind, dataset: str, folded: str,
                        loose: str) -> dict:
         """{'<folder>/<file name without .jsonl>': records} of a data set whose runs are
-        folded into one file (`folded`, each record's `source`: scripts/fold_runs.py), and any
+        folded into one file (`folded`, each record's `source`: `wavefront fold`), and any
         run still in a folder of its own (`loose`, e.g. '*/bench*.jsonl'), in name order. A
         source in both is refused, and a data set with neither fails with its name."""
         files: dict = {}
