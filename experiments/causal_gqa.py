@@ -39,7 +39,8 @@ dtype = ["bfloat16"]
 causal = [true]
 tiles = ["128x64"]
 schedule = ["persistent+linear", "persistent+sawtooth", "longest_first+linear",
-            "longest_first+sawtooth", "grouped_dynamic+linear", "grouped_dynamic+sawtooth"]
+            "longest_first+sawtooth", "grouped_dynamic+linear", "grouped_dynamic+sawtooth",
+            "dynamic+linear", "dynamic+sawtooth"]
 """
 
 

@@ -34,7 +34,7 @@ print(' '.join(l('experiments/$step.py').datasets))"); do
             cp -r "data/$ds/orders" "$work/$ds/" 2>/dev/null
         done
         timeout "$(( $(left) - 15 ))" python3 "experiments/$step.py" run --data "$work" 2>&1 \
-            | tail -3 ;;
+            | tee "$OUT/$step.log" | tail -3 ;;
     esac
     echo "[$step done at $((SECONDS - start)) s]"
 done

@@ -118,6 +118,10 @@ PRINTOUT_RECORDS = RecordKind("bench_printout", 1, ("contender", "seqlen", "head
 # `experiments/starved_launch.py`: the stream's bandwidth alone, and the attention's rounds
 # beside a stream on the spare SMs.
 STARVED_RECORDS = RecordKind("starved", 1, ("kind", "gpu"))
+# The exposure experiments (`experiments/exposure_*.py`, `production_bytes.py`,
+# `warp_states.py`): a co-runner's or probe's solo row, a paired round beside a co-runner or an
+# L2 hold, or one ncu row of a contender.
+EXPOSURE_RECORDS = RecordKind("exposure", 1, ("kind", "gpu"))
 # `wavefront timeline`: one launch's PM-sampling series and totals
 TIMELINE_RECORDS = RecordKind("timeline", 1, ("launch", "gpu", "series", "totals"))
 # one `profile` row of a launch as another harness measured it (kernel_drift's harness check)
@@ -132,7 +136,7 @@ VARLEN_BENCH_RECORDS = RecordKind(
 
 KINDS = {k.name: k for k in (BENCH_RECORDS, TUNE_RECORDS, LEVER_RECORDS, BENCH_ONCE_RECORDS,
                               PRINTOUT_RECORDS, STARVED_RECORDS, TIMELINE_RECORDS,
-                              HARNESS_RECORDS, VARLEN_BENCH_RECORDS)}
+                              HARNESS_RECORDS, VARLEN_BENCH_RECORDS, EXPOSURE_RECORDS)}
 
 
 def shape_name(shape: dict) -> str:

@@ -1,0 +1,249 @@
+"""Does a co-runner that reads and writes through the L2 make the paper's misses cost time?
+
+The paper's launch (B8 H1 S128k D64 bf16, 64x64 tiles, 48 persistent CTAs, one per SM) beside
+a co-runner on every SM it leaves free, for each kind a deployment overlaps with attention (a
+streaming read, a streaming copy, a KV-cache append, a GEMM-shaped load-from-L2/store-out) and
+each cache policy PTX offers its loads and stores (`wavefront.measure.corunners`). A read-only
+stream (the earlier starvation experiment) is the one co-runner a launch needing ~60 GB/s can
+ignore; stores allocate dirty lines in the L2 and turn the bus around. Per co-runner: its own
+achieved read and write bandwidth while the attention ran (its byte count over its elapsed
+time), the bandwidth left per attention SM (the fastest co-runner alone on every SM, less what
+this one took, over 48), linear's slowdown against no co-runner, and sawtooth against linear
+paired by round (6 rounds, rounds whose two scans ran under different clock states dropped).
+
+    python experiments/exposure_corunners.py run            # on a GPU: data/exposure_corunners/
+    python experiments/exposure_corunners.py plot --out DIR # anywhere: figure, table
+"""
+import matplotlib.pyplot as plt
+import numpy as np
+import pandas as pd
+import seaborn as sns
+
+from wavefront.report.draft import Section, md_table
+from wavefront.report.experiments import run_as_script
+from wavefront.report.exposure import interval_text, multiplicity, paired, records
+
+DATASETS = ()
+RECORDS = ("exposure_corunners",)
+ATTENTION_CTAS = 48
+ROUNDS = 6
+GB10_GBPS_PER_SM = 273 / 48  # 273 GB/s LPDDR5X over 48 SMs (published)
+
+
+def environments():
+    from wavefront.measure.corunners import CoRunnerSpec as C
+    specs = [C("read", "ca"), C("read", "cs"), C("read", "evict_last"),
+             *(C("copy", "ca", s) for s in ("wb", "cs", "wt", "cg", "no_allocate",
+                                             "evict_first", "evict_last")),
+             C("copy", "cs", "cs"), C("append", store="wb"), C("append", store="evict_last"),
+             C("gemm_like", "ca", "wb"), C("gemm_like", "ca", "cs")]
+    return {"none": None, **{s.label: s for s in specs}}
+
+
+def points():
+    from wavefront.point import Point
+    return {f"{kv}{' causal' if causal else ''}": Point(
+        batch=8, heads=1, seqlen=131072, head_dim=64, causal=causal, tiles="64x64",
+        occupancy=1, ctas=ATTENTION_CTAS, schedule=f"persistent+{kv}")
+        for causal in (False, True) for kv in ("linear", "sawtooth")}
+
+
+APPEND_LEVELS = (21, 42, 63)  # CTAs of the append co-runner below the 84 spare SMs
+
+
+def measure(out_dir) -> int:
+    """Each co-runner alone (spare SMs and every SM), its count checked against DRAM bytes,
+    the paired rounds, then the append co-runner at fewer CTAs; appended to
+    <out_dir>/rounds.jsonl. -> failures."""
+    from wavefront.measure.corunners import solo_traffic
+    from wavefront.measure.sink import JsonlSink
+    from wavefront.results.records import EXPOSURE_RECORDS
+    from wavefront.device import current_device
+    dev = current_device()
+    specs = {name: spec for name, spec in environments().items() if spec is not None}
+    with JsonlSink(out_dir, "rounds.jsonl") as sink:
+        for row in solo_traffic(specs, [dev.sms - ATTENTION_CTAS, dev.sms]):
+            sink.write(EXPOSURE_RECORDS.stamp({"kind": "solo", **row}))
+    failures = measure_check(out_dir)
+    _rounds(out_dir, environments())
+    _rounds(out_dir, append_levels())
+    return failures
+
+
+def append_levels():
+    from wavefront.measure.corunners import CoRunnerSpec
+    return {f"append st.wb @{n} CTAs": (CoRunnerSpec("append", store="wb"), n)
+            for n in APPEND_LEVELS}
+
+
+def measure_check(out_dir) -> int:
+    """What each co-runner's own count is worth: DRAM bytes (ncu, cold L2) of a fixed amount
+    of its work alone on the spare SMs, against what it counted."""
+    from wavefront.device import current_device
+    from wavefront.measure.exposure_profile import profile_contenders
+    from wavefront.measure.sink import JsonlSink
+    from wavefront.results.records import EXPOSURE_RECORDS
+    dev = current_device()
+    specs = [s for s in environments().values() if s is not None]
+    only = ",".join(f"corunner:{s.kind}:{s.load}:{s.store}" for s in specs)
+    with JsonlSink(out_dir, "rounds.jsonl") as sink:
+        try:
+            for row in profile_contenders((8, 1, 131072, 64), causal=False, peers=False,
+                                          repeats=2, only=only, timeout_s=300):
+                sink.write(EXPOSURE_RECORDS.stamp({"kind": "ncu", "gpu": dev.name, **row}))
+        except Exception as exc:  # recorded; the rounds still run
+            sink.write(EXPOSURE_RECORDS.stamp({"kind": "ncu", "gpu": dev.name,
+                                               "error": str(exc)[:300]}))
+            return 1
+    return 0
+
+
+def _rounds(out_dir, envs) -> None:
+    import click
+    from wavefront.device import current_device
+    from wavefront.measure.corunners import paired_rounds
+    from wavefront.measure.sink import JsonlSink
+    from wavefront.results.records import EXPOSURE_RECORDS
+    spare = current_device().sms - ATTENTION_CTAS
+    with JsonlSink(out_dir, "rounds.jsonl") as sink:
+        with click.progressbar(length=len(envs) * ROUNDS, label="co-runner rounds") as bar:
+            for row in paired_rounds(points(), envs, rounds=ROUNDS, spare_ctas=spare,
+                                     progress=lambda env, r: bar.update(1)):
+                sink.write(EXPOSURE_RECORDS.stamp({"kind": "round", **row}))
+
+
+def table(study) -> pd.DataFrame:
+    d = records(study, "exposure_corunners")
+    solo = d[d["kind"] == "solo"]
+    r = d[d["kind"] == "round"].copy()
+    r["causal"] = r["point"].str.endswith("causal")
+    r["mask"] = r["causal"].map({True: "causal", False: "non-causal"})
+    rows = []
+    for mask, m in r.groupby("mask"):
+        m = m.assign(point=m["point"].str.replace(" causal", "", regex=False))
+        t = paired(m, ["GPU", "environment"], "linear", "sawtooth")
+        t.insert(2, "mask", mask)
+        rows.append(t)
+    t = pd.concat(rows, ignore_index=True)
+    # what a counted byte is worth in DRAM bytes, per co-runner (its ncu check alone)
+    n = d[d["kind"] == "ncu"]
+    n = n[n["error"].isna()] if "error" in n else n
+    worth = pd.DataFrame({"DRAM/counted read": [], "DRAM/counted write": []},
+                         index=pd.MultiIndex.from_tuples([], names=["GPU", "environment"]))
+    if len(n):
+        g = n.groupby(["GPU", "corunner"])
+        worth = pd.DataFrame({
+            "DRAM/counted read": g["dram__bytes_read.sum"].sum()
+            / g["corunner_read_bytes"].sum().replace(0, np.nan),
+            "DRAM/counted write": g["dram__bytes_write.sum"].sum()
+            / g["corunner_write_bytes"].sum().replace(0, np.nan)})
+        worth.index.names = ["GPU", "environment"]
+    traffic = r.groupby(["GPU", "environment"])[["corunner_read_gbps",
+                                                 "corunner_write_gbps"]].median()
+    traffic = traffic.reset_index()
+    traffic["label"] = traffic["environment"].str.split(" @").str[0]
+    traffic = traffic.join(worth.rename_axis(["GPU", "label"]), on=["GPU", "label"]).drop(
+        columns="label").set_index(["GPU", "environment"])
+    t = t.join(traffic, on=["GPU", "environment"])
+    for side in ("read", "write"):
+        counted = t[f"corunner_{side}_gbps"].fillna(0.0)
+        ratio = t.get(f"DRAM/counted {side}", pd.Series(np.nan, index=t.index))
+        t[f"co-runner counted {side} GB/s"] = counted
+        # no byte counted: no DRAM bytes either; a check missing: the count stands, flagged
+        t[f"co-runner DRAM {side} GB/s"] = np.where(counted == 0, 0.0,
+                                                    counted * ratio.fillna(1.0))
+    t["checked"] = t.get("DRAM/counted read", pd.Series(np.nan, index=t.index)).notna() | \
+        t.get("DRAM/counted write", pd.Series(np.nan, index=t.index)).notna()
+    t["co-runner GB/s"] = t["co-runner DRAM read GB/s"] + t["co-runner DRAM write GB/s"]
+    # this GPU's DRAM ceiling here: the most any co-runner moved to and from DRAM alone on
+    # every SM (its count, at its checked worth)
+    full = solo[solo["corunner_ctas"] == solo["corunner_ctas"].max()].join(
+        worth, on=["GPU", "environment"])
+    full_dram = (full["corunner_read_gbps"] * full["DRAM/counted read"].fillna(1.0)
+                 + full["corunner_write_gbps"] * full["DRAM/counted write"].fillna(1.0))
+    ceiling = full_dram.groupby(full["GPU"]).max()
+    t["GB/s left per attention SM"] = [
+        max(ceiling.get(g, np.nan) - used, 0.0) / ATTENTION_CTAS
+        for g, used in zip(t["GPU"], t["co-runner GB/s"])]
+    none = t[t["environment"] == "none"].set_index(["GPU", "mask"])["linear ms"]
+    t["linear slowdown"] = [ms / none.get((g, mk), np.nan) - 1
+                            for g, mk, ms in zip(t["GPU"], t["mask"], t["linear ms"])]
+    return t
+
+
+def figure(study):
+    t = table(study)
+    gpus = ", ".join(sorted(set(t["GPU"])))
+    t = t.assign(**{"sawtooth vs linear (%)": (t["sawtooth vs linear"] - 1) * 100,
+                    "linear's slowdown (%)": t["linear slowdown"] * 100,
+                    "series": t["GPU"] + " " + t["mask"]})
+    order = list(dict.fromkeys(t["environment"]))
+    fig, axes = plt.subplots(1, 2, figsize=(12, 6.5), sharey=True)
+    sns.barplot(data=t, y="environment", x="linear's slowdown (%)", hue="series", order=order,
+                ax=axes[0], orient="h")
+    for i, (series, sub) in enumerate(t.groupby("series")):
+        sub = sub.set_index("environment").reindex(order)
+        y = np.arange(len(order)) + (i - 1.5) * 0.18
+        x = sub["sawtooth vs linear (%)"]
+        err = np.vstack([x - (sub["lo"] - 1) * 100, (sub["hi"] - 1) * 100 - x])
+        axes[1].errorbar(x, y, xerr=err, fmt="o", ms=4, capsize=2, label=series)
+    axes[1].axvline(0, color="k", lw=0.8)
+    axes[0].set(xlabel="linear's time beside the co-runner vs alone (%)", ylabel="co-runner")
+    axes[1].set(xlabel="sawtooth vs linear TFLOP/s (%), median of rounds, 95% interval")
+    axes[1].legend(fontsize=9)
+    fig.suptitle(f"Co-runners on the 84 spare SMs, {gpus}: B8 H1 S128k D64 bf16, 64x64 tiles, "
+                 f"48 persistent CTAs, {ROUNDS} rounds", fontsize=11)
+    fig.tight_layout()
+    return fig
+
+
+def section(study) -> Section:
+    s = Section()
+    t = table(study)
+    m = multiplicity(t)
+    shown = t.assign(**{
+        "co-runner GB/s": t["co-runner GB/s"].round(0).astype(int),
+        "DRAM/counted": [f"{a:.2f}/{b:.2f}" for a, b in zip(
+            t.get("DRAM/counted read", pd.Series(np.nan, index=t.index)),
+            t.get("DRAM/counted write", pd.Series(np.nan, index=t.index)))],
+        "GB/s left per attention SM": t["GB/s left per attention SM"].round(1),
+        "linear slowdown": [f"{x:+.1%}" for x in t["linear slowdown"]],
+        "sawtooth vs linear [95%]": [interval_text(r) for _, r in t.iterrows()],
+        "linear ms": t["linear ms"].round(1), "SM MHz": t["SM MHz"].round(0)})[
+        ["GPU", "mask", "environment", "co-runner GB/s", "DRAM/counted",
+         "GB/s left per attention SM",
+         "linear ms", "linear slowdown", "sawtooth vs linear [95%]", "rounds",
+         "dropped (clock state)", "throttled rounds", "SM MHz"]]
+    worst = t.loc[t["linear slowdown"].idxmax()]
+    best = t.loc[t["sawtooth vs linear"].idxmax()]
+    s.claim(f"Beside a co-runner, sawtooth's interval excludes no change in {m['above']} "
+            f"(above) and {m['below']} (below) of {m['intervals']} configurations; "
+            f"{m['expected_by_chance']:.1f} would by chance at 95%",
+            m["intervals"] == len(t), m)
+    s.claim(f"The co-runner that slowed linear most ({worst['environment']}, {worst['GPU']} "
+            f"{worst['mask']}) slowed it by {worst['linear slowdown']:+.1%}, leaving "
+            f"{worst['GB/s left per attention SM']:.1f} GB/s per attention SM (GB10: "
+            f"{GB10_GBPS_PER_SM:.1f})", bool(np.isfinite(worst["linear slowdown"])),
+            worst.to_dict())
+    s.text = f"""## Co-runners that write through the L2
+
+The paper's launch beside a co-runner on the 84 SMs it leaves idle (`experiments/
+exposure_corunners.py`, `wavefront.measure.corunners`): streaming reads, a streaming copy, a
+KV-cache append and a GEMM-shaped load-from-L2/store-out, each with the PTX cache policies of
+its loads and stores. The co-runner's bandwidth is its own byte count over its elapsed time
+while the attention ran; the bandwidth left per attention SM is the fastest co-runner alone
+on every SM less that, over 48 (GB10 has {GB10_GBPS_PER_SM:.1f} GB/s per SM). Sawtooth against
+linear is paired by round ({ROUNDS} rounds); a round whose two scans ran under different clock
+states is dropped and counted. The largest sawtooth gain measured here:
+{interval_text(best)} ({best['environment']}, {best['GPU']} {best['mask']}).
+
+{md_table(shown)}
+
+{s.claims[0].text}. {s.claims[1].text}.
+
+![exposure_corunners](figures/exposure_corunners.png)"""
+    return s
+
+
+if __name__ == "__main__":  # the same as `wavefront experiment ACTION NAME`
+    run_as_script(__file__)

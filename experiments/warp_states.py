@@ -1,0 +1,130 @@
+"""Where do the warps of linear and sawtooth wait, and does it change with the misses?
+
+Nsight Compute's warp-state sampling (`WarpStateStats`: warps stalled per issued instruction,
+by reason) of the paper's launch (B8 H1 S128k D64, 64x64, 48 persistent CTAs, non-causal),
+linear and sawtooth, with the whole L2 and with the most L2 a context may hold taken away
+(`exposure_small_l2`'s hold; caches are not flushed between passes, so the held lines stay,
+for both levels alike). If the K/V loads' waits were what time depends on, the reasons that
+wait on memory (long scoreboard, the barrier the TMA completes on) would fall with sawtooth's
+misses; if the warps wait on the tensor cores and math, they would not.
+
+    python experiments/warp_states.py run            # on a GPU: data/warp_states/
+    python experiments/warp_states.py plot --out DIR # anywhere: figure, table
+"""
+import matplotlib.pyplot as plt
+import numpy as np
+import pandas as pd
+import seaborn as sns
+
+from wavefront.report.draft import Section, md_table
+from wavefront.report.experiments import run_as_script
+from wavefront.report.exposure import records
+
+DATASETS = ()
+RECORDS = ("warp_states",)
+REPEATS = 2
+SHAPE = (8, 1, 131072, 64)
+TOP = 8
+
+
+def measure(out_dir) -> int:
+    from wavefront.device import current_device
+    from wavefront.measure.corunners import max_persisting_bytes
+    from wavefront.measure.exposure_profile import profile_contenders
+    from wavefront.measure.sink import JsonlSink
+    from wavefront.results.records import EXPOSURE_RECORDS
+    dev = current_device()
+    held = max_persisting_bytes() // (1 << 20) << 20
+    with JsonlSink(out_dir, "ncu.jsonl") as sink:
+        try:
+            rows = profile_contenders(SHAPE, causal=False, peers=False, repeats=REPEATS,
+                                      hold_bytes=(0, held), warp_states=True, timeout_s=500)
+        except Exception as exc:
+            sink.write(EXPOSURE_RECORDS.stamp({"kind": "ncu", "gpu": dev.name,
+                                               "error": str(exc)[:300]}))
+            return 1
+        for row in rows:
+            sink.write(EXPOSURE_RECORDS.stamp({"kind": "ncu", "gpu": dev.name, **row}))
+    return 0
+
+
+def _reason(metric: str) -> str:
+    for prefix in ("smsp__average_warps_issue_stalled_", "smsp__average_warp_latency_issue_"
+                   "stalled_"):
+        if metric.startswith(prefix):
+            metric = metric[len(prefix):]
+    return metric.split("_per_")[0].replace(".ratio", "")
+
+
+def stalls(study) -> pd.DataFrame:
+    d = records(study, "warp_states")
+    d = d[d.get("stalls").notna()] if "stalls" in d else d.iloc[:0]
+    rows = []
+    for _, r in d.iterrows():
+        for metric, value in r["stalls"].items():
+            if "per_issue_active" not in metric:
+                continue
+            rows.append({"GPU": r["GPU"], "held MiB": r["held_bytes"] / 2**20,
+                         "scan": r["contender"].split("+")[1], "repeat": r["repeat"],
+                         "reason": _reason(metric), "warps stalled per issue": value,
+                         "DRAM GB": r["dram__bytes_read.sum"] / 1e9,
+                         "ncu ms": r["gpu__time_duration.sum"] / 1e6})
+    return pd.DataFrame(rows)
+
+
+def table(study) -> pd.DataFrame:
+    s = stalls(study)
+    med = s.groupby(["GPU", "held MiB", "reason", "scan"])["warps stalled per issue"].median()
+    t = med.unstack("scan").reset_index()
+    t["sawtooth - linear"] = t["sawtooth"] - t["linear"]
+    top = (t.groupby("reason")["linear"].max().sort_values(ascending=False).index[:TOP])
+    t = t[t["reason"].isin(top)]
+    dram = s.groupby(["GPU", "held MiB", "scan"])["DRAM GB"].median().unstack("scan")
+    t = t.join(dram.add_prefix("DRAM GB ").reset_index().set_index(["GPU", "held MiB"]),
+               on=["GPU", "held MiB"])
+    return t.sort_values(["GPU", "held MiB", "linear"], ascending=[True, True, False])
+
+
+def figure(study):
+    s = stalls(study)
+    t = table(study)
+    s = s[s["reason"].isin(set(t["reason"]))]
+    gpus = ", ".join(sorted(set(s["GPU"])))
+    s = s.assign(setting=s["GPU"] + ", " + s["held MiB"].map(lambda m: f"{m:.0f} MiB held"))
+    g = sns.catplot(data=s, kind="bar", y="reason", x="warps stalled per issue", hue="scan",
+                    col="setting", height=4, aspect=1.0, errorbar=("pi", 100))
+    g.set_axis_labels("warps stalled per issued instruction (bars: range over repeats)",
+                      "stall reason")
+    g.figure.suptitle(f"Warp states, linear vs sawtooth, {gpus}: B8 H1 S128k D64 bf16 "
+                      f"non-causal, 64x64, 48 persistent CTAs (ncu WarpStateStats)", fontsize=10)
+    g.figure.tight_layout()
+    return g.figure
+
+
+def section(study) -> Section:
+    s = Section()
+    t = table(study)
+    shown = t.round(3)
+    moved = t.loc[t["sawtooth - linear"].abs().idxmax()]
+    s.claim(f"The stall reason that moved most between the scans: {moved['reason']} "
+            f"({moved['linear']:.3f} -> {moved['sawtooth']:.3f} warps per issue, {moved['GPU']}, "
+            f"{moved['held MiB']:.0f} MiB held), while the DRAM reads moved "
+            f"{moved['DRAM GB linear']:.1f} -> {moved['DRAM GB sawtooth']:.1f} GB",
+            bool(np.isfinite(moved["sawtooth - linear"])), moved.to_dict())
+    s.text = f"""## Where the warps wait
+
+Nsight Compute's warp-state sampling of the paper's launch, linear against sawtooth, with the
+whole L2 and with the most a context may hold taken away (`experiments/warp_states.py`; the
+{TOP} reasons with the most stalled warps per issued instruction; median of {REPEATS}
+launches).
+
+{md_table(shown)}
+
+{s.claims[0].text}.
+
+![warp_states](figures/warp_states.png)"""
+    return s
+
+
+if __name__ == "__main__":  # the same as `wavefront experiment ACTION NAME`
+    run_as_script(__file__)

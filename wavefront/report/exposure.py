@@ -1,0 +1,73 @@
+"""What the exposure experiments share: their records as DataFrames, and sawtooth against
+linear paired by round with the rounds whose two contenders ran under different clock states
+left out (and counted).
+
+A round's pair is kept only where both scans ran with the same throttle state (NVML: a
+power/thermal reason seen with the SM clock below 97% of its maximum) and within 2% of each
+other's median SM clock: a pair that straddles a clock change compares clocks, not scans.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from wavefront.report.figures import short_gpu
+from wavefront.results.measurement import median_ci95
+from wavefront.results.records import EXPOSURE_RECORDS
+
+CLOCK_TOLERANCE = 0.02
+
+
+def records(study, dataset: str, pattern: str = "*.jsonl") -> pd.DataFrame:
+    rows = study.records(EXPOSURE_RECORDS, dataset, pattern)
+    frame = pd.DataFrame([r for file_rows in rows.values() for r in file_rows])
+    if "gpu" in frame:
+        frame["GPU"] = frame["gpu"].map(short_gpu)
+    return frame
+
+
+def _same_state(a: pd.Series, b: pd.Series) -> bool:
+    if bool(a.get("throttled")) != bool(b.get("throttled")):
+        return False
+    ca, cb = a.get("sm_clock_mhz"), b.get("sm_clock_mhz")
+    if ca is None or cb is None or np.isnan(ca) or np.isnan(cb):
+        return True
+    return abs(ca - cb) <= CLOCK_TOLERANCE * max(ca, cb)
+
+
+def paired(rounds: pd.DataFrame, keys: list[str], linear: str, sawtooth: str) -> pd.DataFrame:
+    """Per `keys` group: linear's median ms, sawtooth's speed over linear's (linear ms over
+    sawtooth ms, > 1: sawtooth faster) paired by round, its 95% interval, the rounds kept, the
+    rounds dropped for a clock-state mismatch, the rounds throttled, the median SM clock."""
+    out = []
+    for key, g in rounds.groupby(keys, sort=True):
+        lin = g[g["point"] == linear].set_index("round")
+        saw = g[g["point"] == sawtooth].set_index("round")
+        common = sorted(set(lin.index) & set(saw.index))
+        kept = [r for r in common if _same_state(lin.loc[r], saw.loc[r])]
+        ratios = [lin.loc[r, "ms"] / saw.loc[r, "ms"] for r in kept]
+        lo, hi = median_ci95(ratios) if len(ratios) >= 2 else (np.nan, np.nan)
+        row = dict(zip(keys, key if isinstance(key, tuple) else (key,)))
+        row.update({"linear ms": float(lin["ms"].median()) if len(lin) else np.nan,
+                    "sawtooth vs linear": float(np.median(ratios)) if ratios else np.nan,
+                    "lo": lo, "hi": hi, "rounds": len(kept),
+                    "dropped (clock state)": len(common) - len(kept),
+                    "throttled rounds": int(g["throttled"].fillna(False).astype(bool).sum()),
+                    "SM MHz": float(g["sm_clock_mhz"].median())
+                    if g["sm_clock_mhz"].notna().any() else np.nan})
+        out.append(row)
+    return pd.DataFrame(out)
+
+
+def multiplicity(table: pd.DataFrame) -> dict:
+    """How many intervals exclude no change, against how many 95% intervals would by chance."""
+    valid = table.dropna(subset=["lo", "hi"])
+    above = int((valid["lo"] > 1).sum())
+    below = int((valid["hi"] < 1).sum())
+    return {"intervals": len(valid), "above": above, "below": below,
+            "expected_by_chance": 0.05 * len(valid)}
+
+
+def interval_text(row) -> str:
+    return (f"{row['sawtooth vs linear'] - 1:+.2%} [{row['lo'] - 1:+.2%}, {row['hi'] - 1:+.2%}]"
+            if pd.notna(row["lo"]) else "n/a")
