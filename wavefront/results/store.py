@@ -19,7 +19,7 @@ import re
 import subprocess
 import sys
 import tempfile
-from dataclasses import fields
+from dataclasses import dataclass, fields
 from pathlib import Path
 
 from wavefront.point import (
@@ -769,3 +769,71 @@ class DirectoryLock:
             fcntl.flock(self._fd, fcntl.LOCK_UN)
             os.close(self._fd)
             self._fd = None
+
+
+class NothingToCompress(ValueError):
+    """A directory `compress_dir` was given holds no file to pack (nor, repacking, a packed
+    one)."""
+
+
+@dataclass(frozen=True)
+class Packed:
+    """One file `compress_dir` packed: its packed path, sizes before and after, and what it
+    holds (runs of a manifest, rows of a table), or the digits it was repacked at."""
+
+    path: Path
+    before: int
+    after: int
+    holds: str = ""  # "12 runs", "340 rows"
+    digits: int | None = None
+
+    def __str__(self) -> str:
+        what = (f"at {self.digits} significant digits, " if self.digits
+                else f"{self.holds}, " if self.holds else "")
+        return f"{self.path}: {what}{self.before} -> {self.after} bytes"
+
+
+def compress_dir(directory, digits: int | None = None):
+    """Pack a data directory as data is committed (`wavefront compress`), yielding each file
+    packed (`Packed`): its plain results.csv as results.csv.gz, every manifest.json as
+    manifest.json.gz and every record file (*.jsonl, in subdirectories too) as *.jsonl.gz. Each
+    packed file is checked to hold what it was made from before the plain file goes (a failed
+    check raises ValueError, the packed file left for inspection). With `digits`, every packed
+    table and record file is then packed again with each fraction at that many significant
+    digits (`repack_significant`: whole numbers stay exact, each line checked)."""
+    import gzip
+    directory = Path(directory)
+    plain = directory / RESULTS_FILE
+    records = sorted(directory.rglob("*.jsonl"))
+    manifests = sorted(directory.rglob(MANIFEST_FILE))
+    packed_files = [*directory.rglob("*.jsonl.gz"), *directory.rglob(COMPRESSED_RESULTS_FILE)]
+    if not plain.is_file() and not records and not manifests and not (digits and packed_files):
+        raise NothingToCompress(f"{directory}: no {RESULTS_FILE}, {MANIFEST_FILE} or *.jsonl "
+                                "record file to compress"
+                                + (", nor a packed one" if digits else ""))
+    for manifest in manifests:
+        runs = read_manifest(manifest.parent)
+        size = manifest.stat().st_size
+        packed = compress_manifest(manifest.parent)
+        if read_manifest(manifest.parent) != runs:
+            raise ValueError(f"{packed}: does not hold the runs it was made from")
+        yield Packed(packed, size, packed.stat().st_size, f"{len(runs)} runs")
+    for record in records:
+        text = record.read_bytes()
+        packed = gzip_file(record)
+        if gzip.decompress(packed.read_bytes()) != text:
+            raise ValueError(f"{packed}: does not hold the lines it was made from")
+        yield Packed(packed, len(text), packed.stat().st_size)
+    if plain.is_file():
+        rows = len(load_results(plain, require_manifest=False))
+        text = plain.read_bytes()
+        packed = compress_results(directory)
+        if read_results_bytes(packed) != text:  # the plain file is gone: say so loudly
+            raise ValueError(f"{packed}: does not hold the rows it was made from")
+        yield Packed(packed, len(text), packed.stat().st_size, f"{rows} rows")
+    if digits is None:
+        return
+    for path in sorted([*directory.rglob("*.jsonl.gz"),
+                        *directory.rglob(COMPRESSED_RESULTS_FILE)]):
+        before, after = repack_significant(path, digits)
+        yield Packed(path, before, after, digits=digits)
