@@ -115,6 +115,19 @@ def section(study) -> Section:
                 f"{max(lin):.2f}x the DRAM bytes of our linear scan "
                 f"({', '.join(f'{g} {m} {p} {a:.2f}x' for g, m, p, a, _ in rows)})",
                 True, rows)
+    for shape in [n for n in SHAPES if "paper" not in n]:
+        sub = t[t["shape"] == shape].pivot_table(index=["GPU", "mask"], columns="contender",
+                                                 values="median")
+        peers = [p for p in ("cudnn", "fa2", "tilegym") if p in sub]
+        if not peers or "persistent+linear" not in sub:
+            continue
+        over = sub[peers].div(sub["persistent+linear"], axis=0)
+        s.claim(f"At {shape} the production kernels read "
+                + "; ".join(f"{g} {m}: " + ", ".join(f"{p} {over.loc[(g, m), p]:.2f}x"
+                                                     for p in peers)
+                            for g, m in over.index)
+                + " the DRAM bytes of our linear scan",
+                bool(over.notna().all().all()), over.round(3).to_dict())
     s.text = f"""## The production kernels' own DRAM bytes
 
 cuDNN's and FlashAttention-2's forward kernels (torch SDPA) and TileGym's, profiled like ours:
@@ -125,7 +138,9 @@ a shape, an autotune past its time limit) are listed under the table.
 
 {md_table(shown)}
 
-Failed: {t.attrs['failed'] or 'none'}.
+Failed: {t.attrs['failed'] or 'none'}. The production kernels launch a full grid of 128-row
+query tiles (more CTAs in flight, fewer passes over K/V per wave) where ours runs the paper's
+48 CTAs of 64 rows; at the paper's launch that, not the scan, is what the comparison shows.
 
 {' '.join(c.text + '.' for c in s.claims)}
 

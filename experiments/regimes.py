@@ -1,4 +1,4 @@
-"""Where, if anywhere, does sawtooth's L2 saving become speed on Hopper? The five regimes side by side.
+"""Where, if anywhere, does sawtooth's L2 saving become speed on Hopper? The regimes side by side.
 
 No measurement of its own: it reads the regimes' experiments (a: paper_launch, b:
 starved_launch, c: dram_bound, d: causal_gqa, e: ctas_in_flight), puts sawtooth's TFLOP/s
@@ -23,7 +23,8 @@ DATASETS = ("paper_launch", "dram_bound", "causal_gqa", "ctas_in_flight")
 RECORDS = ("paper_launch", "starved_launch")
 REGIMES = {"a": "the paper's launch (48 CTAs)", "b": "beside a DRAM stream",
            "c": "DRAM-bound head counts", "d": "causal GQA, CTA orders",
-           "e": "few CTAs in flight"}
+           "e": "few CTAs in flight", "f": "co-runners that read and write",
+           "g": "a smaller L2 (persisting lines held)", "h": "less latency hiding"}
 
 
 def _regime_modules():
@@ -32,13 +33,14 @@ def _regime_modules():
     import importlib
     package = __package__ or "experiments"
     return [importlib.import_module(f"{package}.{name}")
-            for name in ("paper_launch", "starved_launch")]
+            for name in ("paper_launch", "starved_launch", "exposure_corunners",
+                         "exposure_small_l2", "exposure_latency")]
 
 
 def configurations(study) -> pd.DataFrame:
     """One row per regime, GPU and configuration: sawtooth's TFLOP/s over linear's (median,
     lowest and highest of the paired ratios), and the pairing."""
-    paper_launch, starved_launch = _regime_modules()
+    paper_launch, starved_launch, corunners, small_l2, latency = _regime_modules()
     frames = []
     t = paper_launch.table(study)
     frames.append(pd.DataFrame({
@@ -67,6 +69,17 @@ def configurations(study) -> pd.DataFrame:
                          "ratio": float(np.median(ratios)), "lo": lo, "hi": hi,
                          "paired by": f"{len(ratios)} repeats"})
         frames.append(pd.DataFrame(rows))
+    for regime, t, name in (
+            ("f", corunners.table(study), lambda r: f"{r['mask']}, {r['environment']}"),
+            ("g", small_l2.table(study),
+             lambda r: f"{r['mask']}, {r['held MiB']:.0f} MiB held"),
+            ("h", latency.table(study), lambda r: f"{r['variant']}, {r['environment']}")):
+        t = t.dropna(subset=["lo"])
+        frames.append(pd.DataFrame({
+            "regime": regime, "GPU": t["GPU"],
+            "configuration": [name(r) for _, r in t.iterrows()],
+            "ratio": t["sawtooth vs linear"], "lo": t["lo"], "hi": t["hi"],
+            "paired by": t["rounds"].map(lambda n: f"{n} rounds")}))
     out = pd.concat(frames, ignore_index=True)
     out["regime name"] = out["regime"].map(lambda r: f"{r}: {REGIMES[r]}")
     return out
@@ -84,6 +97,7 @@ def table(study) -> pd.DataFrame:
                      "best configuration": best["configuration"],
                      "interval above 1": len(faster),
                      "interval below 1": int((sub["hi"] < 1).sum()),
+                     "by chance (5%)": round(0.05 * len(sub), 1),
                      "paired by": best["paired by"]})
     return pd.DataFrame(rows)
 
@@ -97,8 +111,8 @@ def figure(study):
     ax.axvline(1.0, color="grey", lw=0.8, ls="--")
     ax.set(ylabel="regime", xlabel="sawtooth / linear TFLOP/s per configuration (median of "
                                    "paired ratios)")
-    fig.suptitle("Sawtooth against linear in the five regimes, today's kernel, H100 and H200: "
-                 "one dot per configuration", fontsize=10)
+    fig.suptitle(f"Sawtooth against linear in the {len(REGIMES)} regimes, today's kernel, H100 "
+                 "and H200: one dot per configuration", fontsize=10)
     fig.tight_layout()
     return fig
 
@@ -110,7 +124,7 @@ def section(study) -> Section:
     faster = c[c["lo"] > 1]
     best = c.loc[c["ratio"].idxmax()]
     pairs = c["paired by"].str.split().str[0].astype(int)
-    s.claim(f"Over {len(c)} configurations of the five regimes on the two GPUs, sawtooth's "
+    s.claim(f"Over {len(c)} configurations of the {len(REGIMES)} regimes on the two GPUs, sawtooth's "
             f"interval lies above no change in {len(faster)}"
             + (f" ({', '.join(faster['regime'] + ' ' + faster['GPU'] + ' ' + faster['configuration'])},"
                f" by {(faster['ratio'] - 1).min():+.1%} to {(faster['ratio'] - 1).max():+.1%})"
@@ -118,15 +132,16 @@ def section(study) -> Section:
             + f" and below it in {int((c['hi'] < 1).sum())}; its best median "
             f"change is {best['ratio'] - 1:+.1%} ({best['regime']}, {best['GPU']}, "
             f"{best['configuration']}).",
-            len(c) > 20 and c["regime"].nunique() == 5 and bool((pairs >= 6).all()),
+            len(c) > 20 and c["regime"].nunique() == len(REGIMES) and bool((pairs >= 6).all()),
             c.to_dict("records"))
-    s.text = f"""## The five regimes side by side: where sawtooth's saving becomes speed
+    s.text = f"""## The regimes side by side: where sawtooth's saving becomes speed
 
 Per regime and GPU, sawtooth's TFLOP/s over linear's in the configuration where it does best
 (the median of the paired ratios and, in brackets, its distribution-free 95% interval), and how
-many configurations have their whole interval above or below no change (`experiments/regimes.py`,
-from the five regimes' own data). The pairs are bench rounds in a and b and sweep repeats in c-e
-(a repeat times every point once, so its two scans ran side by side).
+many configurations have their whole interval above or below no change, beside how many of
+them 95% intervals would exclude by chance (`experiments/regimes.py`, from the regimes' own
+data). The pairs are bench rounds in a, b and f-h and sweep repeats in c-e (a repeat times
+every point once, so its two scans ran side by side).
 
 {md_table(t)}
 

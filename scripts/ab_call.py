@@ -40,11 +40,30 @@ def _ours(modules) -> dict:
 
 
 class Version:
-    """One version's `wavefront` modules, put in place for its calls."""
+    """One version's `wavefront` modules, put in place for its calls. A version with
+    `wavefront.kernel.call` (the public call split out of launcher.py, options as one
+    `CallOptions` values tuple) is called there; an older one through launcher.py's
+    `attention_positional`."""
 
     def __init__(self, modules: dict):
         self.modules = modules
         self.launcher = modules["wavefront.kernel.launcher"]
+        self.call = modules.get("wavefront.kernel.call")
+
+    def with_options(self, q, k, v, arguments):
+        """The public call's options path (`arguments`: `public_call_arguments`)."""
+        if self.call is None:
+            return self.launcher.attention_positional(q, k, v, *arguments)
+        return self.call.attention_with(q, k, v, arguments[:6] + arguments[8:])  # no out, stream
+
+    def clear_launcher_cache(self):
+        (self.call or self.launcher).clear_launcher_cache()
+
+    def a_bound_launcher(self):
+        """The launcher of the first entry of the public call's cache."""
+        if self.call is None:
+            return next(iter(self.launcher._launchers.values()))
+        return next(iter(self.call._plans.values())).launcher
 
     @contextlib.contextmanager
     def active(self):
@@ -62,16 +81,14 @@ def load_versions(tree: Path) -> tuple[Version, Version]:
     if not (tree / "wavefront" / "kernel" / "launcher.py").is_file():
         raise SystemExit(f"{tree}: no wavefront/kernel/launcher.py there (extract a commit's "
                          f"wavefront/)")
-    importlib.import_module("wavefront.kernel.launcher")
-    importlib.import_module("wavefront.api")
+    _import_the_call()
     this = Version(_ours(sys.modules))
     for name in this.modules:
         del sys.modules[name]
     sys.path.insert(0, str(tree.resolve()))
     try:
         # later imports of its submodules follow its package's own path, not sys.path
-        importlib.import_module("wavefront.kernel.launcher")
-        importlib.import_module("wavefront.api")
+        _import_the_call()
         other = Version(_ours(sys.modules))
     finally:
         sys.path.remove(str(tree.resolve()))
@@ -82,6 +99,15 @@ def load_versions(tree: Path) -> tuple[Version, Version]:
             this.launcher.__file__).resolve().parent:
         raise SystemExit(f"{tree}: imported this tree's package, not the other's")
     return other, this
+
+
+def _import_the_call():
+    importlib.import_module("wavefront.kernel.launcher")
+    importlib.import_module("wavefront.api")
+    try:
+        importlib.import_module("wavefront.kernel.call")
+    except ModuleNotFoundError:  # a version from before the split
+        pass
 
 
 def main():
@@ -112,12 +138,12 @@ def main():
         q, k, v = (cupy.from_dlpack(x) for x in (q, k, v))
     arguments = public_call_arguments(args.causal)
     for version in (other, this):
-        with version.active() as launcher:
-            launcher.attention_positional(q, k, v, *arguments)
+        with version.active():
+            version.with_options(q, k, v, arguments)
     versions = {f"other ({args.other.name})": other, "this tree": this}
     if args.first:
         return first_calls(versions, q, k, v, arguments, args)
-    bound = next(iter(this.launcher._launchers.values()))
+    bound = this.a_bound_launcher()
     out = cupy.empty_like(q) if args.cupy else torch.empty_like(q)
     raw = torch._C._cuda_getCurrentRawStream(torch.cuda.current_device())
     bound(q, k, v, out, raw)
@@ -125,8 +151,8 @@ def main():
         calls = {name: (version, lambda _, api=version.modules["wavefront.api"]: api.attention(
             q, k, v, causal=args.causal)) for name, version in versions.items()}
     else:
-        calls = {name: (version, lambda launcher: launcher.attention_positional(
-            q, k, v, *arguments)) for name, version in versions.items()}
+        calls = {name: (version, lambda _, version=version: version.with_options(
+            q, k, v, arguments)) for name, version in versions.items()}
     # vouched (prepared_ok=True), as the bench's bound launcher is: no per-call layout check
     calls["bound launch (this tree, same out)"] = (this, lambda _: bound(q, k, v, out, raw,
                                                                          None, True))
@@ -153,11 +179,12 @@ def first_calls(versions: dict, q, k, v, arguments, args):
         order = list(versions)
         random.shuffle(order)
         for name in order:
-            with versions[name].active() as launcher:
-                launcher.clear_launcher_cache()
+            version = versions[name]
+            with version.active():
+                version.clear_launcher_cache()
                 torch.cuda.synchronize()
                 began = time.perf_counter()
-                launcher.attention_positional(q, k, v, *arguments)
+                version.with_options(q, k, v, arguments)
                 samples[name].append((time.perf_counter() - began) * 1e3)
             torch.cuda.synchronize()
     report(samples, args, "host ms of a first call", tuple(q.shape))

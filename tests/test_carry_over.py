@@ -67,14 +67,21 @@ def test_the_fastest_median_wins_and_a_tie_keeps_the_nearer_entry():
 
 @pytest.fixture
 def launcher_on_fake_gpu(monkeypatch, tmp_path):
-    """The launcher module with a GPU named after the committed table's H100 and that table."""
-    L = pytest.importorskip("wavefront.kernel.launcher")
+    """The configuration choice (`kernel.tuning`) with a GPU named after the committed table's
+    H100 and that table."""
+    pytest.importorskip("wavefront.kernel.call")
     import wavefront.kernel.tuning as tuning
     gpu = SimpleNamespace(name="NVIDIA H100 80GB HBM3", sms=132, l2_bytes=50 << 20)
-    monkeypatch.setattr(L, "current_device", lambda: gpu)
-    L.clear_launcher_cache()
-    yield L, tuning, gpu
-    L.clear_launcher_cache()
+    monkeypatch.setattr(tuning, "current_device", lambda: gpu)
+    clear_cache()
+    yield tuning, tuning, gpu
+    clear_cache()
+
+
+def clear_cache():
+    """The public call's cache cleared (and with it the measured carry-overs)."""
+    from wavefront.kernel.call import clear_launcher_cache
+    clear_launcher_cache()
 
 
 def _resolve(L, shape, causal, measure):
@@ -107,7 +114,7 @@ def test_a_shape_without_its_own_entry_is_timed_once_and_keeps_its_choice(
     assert _resolve(L, shape, False, None) == chosen  # a later launcher, nothing to time with
     key = (gpu.name, shape, shape, False)
     assert L.carry_over_choices()[key].config == chosen
-    L.clear_launcher_cache()
+    clear_cache()
     assert L.carry_over_choices() == {}
 
 
@@ -173,7 +180,8 @@ def test_a_bench_under_measure_times_the_choice_beside_what_nearest_takes(
         L._carry_over_choices[(gpu.name, q, q, causal)] = choice
         return choice
     monkeypatch.setattr(bench, "random_inputs", lambda point, seed: ("q", "k", "v"))
-    monkeypatch.setattr(L, "measure_carry_over", measure)
+    from wavefront.kernel import call
+    monkeypatch.setattr(call, "measure_carry_over", measure)
     shapes, bound_of_api = bench_shapes([shape], gpu.name, tuned=False, api=True,
                                         log=lambda m: None)
     (members,) = shapes.values()
@@ -228,7 +236,7 @@ def test_a_later_process_takes_the_stored_choice_without_timing(
         return CarryOverChoice(configs[-1], tuple((c, 1.0, (1.0, 1.0)) for c in configs))
     chosen = _resolve(L, shape, False, measure)
     assert path.exists() and len(json.loads(path.read_text())) == 1
-    L.clear_launcher_cache()
+    clear_cache()
 
     def must_not_time(configs):
         raise AssertionError("timed again")

@@ -199,7 +199,7 @@ def test_tuned_table_takes_the_nearest_tuned_shape(tmp_path):
 def test_a_causal_launch_of_one_wave_takes_64_row_tiles():
     """Its longest item bounds such a launch; more items than a wave, or no mask, keep the
     entry."""
-    launcher = pytest.importorskip("wavefront.kernel.launcher")
+    from wavefront.kernel import tuning as launcher
     entry = {"schedule": "grouped_dynamic+linear", "tiles": "128x64", "occupancy": 2,
              "worker_warps": 8, "kv_latency": 8, "qk_ahead": 1}
     small, big = (1, 8, 1024, 64), (1, 32, 8192, 64)  # 64 and 2048 items of 128 rows

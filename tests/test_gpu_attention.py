@@ -121,7 +121,7 @@ def test_a_first_call_on_another_stream_waits_for_its_table():
     default stream, must still read a finished table."""
     torch = pytest.importorskip("torch")
     from wavefront import attention
-    from wavefront.kernel.launcher import clear_launcher_cache
+    from wavefront.kernel.call import clear_launcher_cache
     clear_launcher_cache()
     gen = torch.Generator(device="cuda").manual_seed(21)
     q, k, v = (torch.randn(2, 16, 8192, 64, device="cuda", dtype=torch.bfloat16,
@@ -155,7 +155,8 @@ def test_recorded_order_is_one_ticket_per_event_and_changes_nothing(schedule, ca
     import cupy
     import numpy as np
 
-    from wavefront.kernel.launcher import current_stream, launcher_for
+    from wavefront.kernel.launcher import launcher_for
+    from wavefront.kernel.streams import current_stream
     from wavefront.measure.bench import check_tickets, random_inputs
     cfg = Config(batch=2, heads=4, kv_heads=2, seqlen=1000, head_dim=64, causal=causal,
                  schedule=schedule, ctas=7)
@@ -191,7 +192,8 @@ def test_dynamic_schedules_stay_correct_launch_after_launch(schedule, levers, ca
     the counter back at [0, 0] after each (else the next launch would skip items)."""
     import cupy
 
-    from wavefront.kernel.launcher import current_stream, launcher_for
+    from wavefront.kernel.launcher import launcher_for
+    from wavefront.kernel.streams import current_stream
     from wavefront.measure.bench import random_inputs
     from wavefront.measure.reference import reference_attention
     cfg = Config(batch=2, heads=4, kv_heads=2, seqlen=700, head_dim=64, causal=causal,
@@ -239,7 +241,7 @@ def test_attention_defaults_to_the_tuned_table_for_this_gpu():
     import cupy
     from wavefront import attention, reference_attention
     from wavefront.device import current_device
-    from wavefront.kernel.launcher import _one_wave_causal, resolve_config
+    from wavefront.kernel.tuning import _one_wave_causal, resolve_config
     from wavefront.kernel.tuning import tuned_config
     from wavefront.point import KERNEL_LEVERS
     from wavefront.measure.bench import random_inputs
@@ -318,7 +320,8 @@ def test_the_prepared_launch_is_the_jit_launch_bit_for_bit(schedule, causal):
     poisoned with NaN first, must be equal bit for bit: the same binary on the same inputs."""
     import cupy
 
-    from wavefront.kernel.launcher import current_stream, launcher_for
+    from wavefront.kernel.launcher import launcher_for
+    from wavefront.kernel.streams import current_stream
     from wavefront.measure.bench import random_inputs
     cfg = Config(batch=2, heads=4, kv_heads=2, seqlen=333, head_dim=64, causal=causal,
                  schedule=schedule, ctas=7, chunk_tiles=2 if "tiled" in schedule else None)
@@ -346,17 +349,17 @@ def test_the_public_call_falls_back_where_the_prepared_launch_does_not_fit():
     ct.launch and still be right."""
     torch = pytest.importorskip("torch")
     from wavefront import attention
-    from wavefront.kernel import launcher as L
+    from wavefront.kernel import call as C
     torch.manual_seed(5)
     shape = (1, 2, 256, 64)
     base = torch.randn(1 + 2 * 256 * 64, device="cuda", dtype=torch.bfloat16)
     k = torch.randn(shape, device="cuda", dtype=torch.bfloat16)
     v = torch.randn(shape, device="cuda", dtype=torch.bfloat16)
     aligned = base[:-1].view(shape)
-    L.clear_launcher_cache()
+    C.clear_launcher_cache()
     attention(aligned, k, v)
     attention(aligned, k, v)
-    (launcher,) = L._launchers.values()
+    (launcher,) = (plan.launcher for plan in C._plans.values())
     assert launcher.launches_prepared, launcher.prepare_failure
 
     def ref(q):
@@ -442,7 +445,8 @@ def test_a_launcher_prepares_only_once_used_a_while():
     import cupy
 
     from wavefront.kernel import launcher as L
-    from wavefront.kernel.launcher import current_stream, launcher_for
+    from wavefront.kernel.launcher import launcher_for
+    from wavefront.kernel.streams import current_stream
     from wavefront.measure.bench import random_inputs
     cfg = Config(batch=1, heads=2, seqlen=256, head_dim=64, schedule="persistent+linear")
     q, k, v = random_inputs(cfg, 3)

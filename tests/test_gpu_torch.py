@@ -34,17 +34,17 @@ def _error(out, ref):
 @pytest.mark.parametrize("causal", [False, True])
 def test_repeated_calls_reuse_one_launcher_and_stay_correct(causal):
     import wavefront
-    from wavefront.kernel import launcher as kernel_launcher
-    kernel_launcher.clear_launcher_cache()
+    from wavefront.kernel import call as kernel_call
+    kernel_call.clear_launcher_cache()
     for seed in range(3):
         q, k, v = _inputs(seed)
         out = torch.full_like(q, float("nan"))
         wavefront.attention(q, k, v, causal=causal, out=out)
         assert _error(out, _reference(q, k, v, causal)) < TOLERANCE
-    assert len(kernel_launcher._launchers) == 1
+    assert len(kernel_call._plans) == 1
     q, k, v = _inputs(9, seqlen=333)
     wavefront.attention(q, k, v, causal=causal)
-    assert len(kernel_launcher._launchers) == 2
+    assert len(kernel_call._plans) == 2
     # Each call returns its own LSE: the second call must not overwrite the first's.
     q, k, v = _inputs(10)
     _, lse1 = wavefront.attention(q, k, v, causal=causal, return_lse=True)
@@ -57,12 +57,12 @@ def test_repeated_calls_reuse_one_launcher_and_stay_correct(causal):
 
 def test_the_cache_is_bounded():
     import wavefront
-    from wavefront.kernel import launcher as kernel_launcher
-    kernel_launcher.clear_launcher_cache()
-    for n in range(kernel_launcher.LAUNCHER_CACHE_SIZE + 5):
+    from wavefront.kernel import call as kernel_call
+    kernel_call.clear_launcher_cache()
+    for n in range(kernel_call.LAUNCHER_CACHE_SIZE + 5):
         q, k, v = _inputs(n, batch=1, heads=1, kv_heads=1, seqlen=64 + n)
         wavefront.attention(q, k, v)
-    assert len(kernel_launcher._launchers) == kernel_launcher.LAUNCHER_CACHE_SIZE
+    assert len(kernel_call._plans) == kernel_call.LAUNCHER_CACHE_SIZE
 
 
 def test_the_plain_call_shares_the_cached_launcher_and_forgets_evicted_ones(monkeypatch):
@@ -71,27 +71,27 @@ def test_the_plain_call_shares_the_cached_launcher_and_forgets_evicted_ones(monk
     with any option take the full path, and a launcher the cache lets go leaves the plain map
     too (it must not keep, or launch, what the cache evicted)."""
     import wavefront
-    from wavefront.kernel import launcher as kernel_launcher
-    kernel_launcher.clear_launcher_cache()
+    from wavefront.kernel import call as kernel_call
+    kernel_call.clear_launcher_cache()
     q, k, v = _inputs(40)
     first = wavefront.attention(q, k, v, causal=True)  # a miss: the full path, remembered
-    (launcher,) = kernel_launcher._launchers.values()
-    assert list(kernel_launcher._plain_launchers.values()) == [launcher]
+    (launcher,) = (p.launcher for p in kernel_call._plans.values())
+    assert list((p.launcher for p in kernel_call._plain_plans.values())) == [launcher]
     again = wavefront.attention(q, k, v, causal=True)  # a plain hit
     _, lse = wavefront.attention(q, k, v, causal=True, return_lse=True)  # the full path
-    assert len(kernel_launcher._launchers) == 2 and len(kernel_launcher._plain_launchers) == 1
+    assert len(kernel_call._plans) == 2 and len(kernel_call._plain_plans) == 1
     torch.cuda.synchronize()
     ref = _reference(q, k, v, True)
     assert _error(first, ref) < TOLERANCE and torch.equal(first, again)
     assert torch.isfinite(lse).all()
-    monkeypatch.setattr(kernel_launcher, "LAUNCHER_CACHE_SIZE", 3)
+    monkeypatch.setattr(kernel_call, "LAUNCHER_CACHE_SIZE", 3)
     for n in range(4):
         small = _inputs(41 + n, batch=1, heads=1, kv_heads=1, seqlen=100 + n)
         wavefront.attention(*small, causal=False)
-    cached = list(kernel_launcher._launchers.values())
+    cached = list((p.launcher for p in kernel_call._plans.values()))
     assert len(cached) == 3
     assert all(any(kept is c for c in cached)
-               for kept in kernel_launcher._plain_launchers.values())
+               for kept in (p.launcher for p in kernel_call._plain_plans.values()))
     out = wavefront.attention(q, k, v, causal=True)  # found or built anew, right either way
     torch.cuda.synchronize()
     assert _error(out, ref) < TOLERANCE
@@ -100,23 +100,24 @@ def test_the_plain_call_shares_the_cached_launcher_and_forgets_evicted_ones(monk
 @pytest.mark.parametrize("causal", [False, True])
 def test_the_plain_calls_own_launch_is_the_whole_ways_bit_for_bit(causal):
     """Once its launcher is prepared, the plain call launches through `launch_plain` (one
-    frame): the same output, bit for bit, as the whole way (`_launch_call`), each output's
+    frame): the same output, bit for bit, as the whole way (`launch_call`), each output's
     memory freed NaN just before (the caching allocator hands the block back); on a stream the
     launcher has not launched on, it goes the whole way and is right there too."""
     import wavefront
+    from wavefront.kernel import call as kernel_call
     from wavefront.kernel import launcher as kernel_launcher
-    kernel_launcher.clear_launcher_cache()
+    kernel_call.clear_launcher_cache()
     q, k, v = _inputs(90, batch=1, heads=8, kv_heads=8, seqlen=1024)
     ref = _reference(q, k, v, causal)
     for _ in range(kernel_launcher.PREPARE_AFTER_LAUNCHES + 1):
         wavefront.attention(q, k, v, causal=causal)
-    (launcher,) = kernel_launcher._plain_launchers.values()
+    (launcher,) = (p.launcher for p in kernel_call._plain_plans.values())
     assert launcher.plain_ready, launcher.prepare_failure
     outs = []
     for way in ("plain", "whole"):
         torch.full_like(q, float("nan"))  # freed at once: the next output's block
         outs.append(wavefront.attention(q, k, v, causal=causal) if way == "plain" else
-                    kernel_launcher._launch_call(launcher, q, k, v, None, None))
+                    launcher.launch_call(q, k, v, None, None))
         torch.cuda.synchronize()
     assert _error(outs[0], ref) < TOLERANCE
     assert torch.equal(outs[0].view(torch.int16), outs[1].view(torch.int16))
@@ -177,10 +178,11 @@ def test_cuda_graph_replay_equals_eager(schedule, prepared, monkeypatch):
     `prepared`: launchers prepare after their first launch, so the capture records a prepared
     launch (cuLaunchKernel from the packed buffer) and the eager calls launch prepared too."""
     import wavefront.torch  # noqa: F401  (registers torch.ops.wavefront.attention)
+    from wavefront.kernel import call as kernel_call
     from wavefront.kernel import launcher as kernel_launcher
     if prepared:
         monkeypatch.setattr(kernel_launcher, "PREPARE_AFTER_LAUNCHES", 1)
-    kernel_launcher.clear_launcher_cache()
+    kernel_call.clear_launcher_cache()
     q, k, v = _inputs(21)
     static = [x.clone() for x in (q, k, v)]
     side = torch.cuda.Stream()
@@ -202,7 +204,7 @@ def test_cuda_graph_replay_equals_eager(schedule, prepared, monkeypatch):
         assert torch.equal(static_out, eager), seed
         assert _error(static_out, _reference(*fresh, True)) < TOLERANCE
     if prepared:
-        (launcher,) = kernel_launcher._launchers.values()
+        (launcher,) = (p.launcher for p in kernel_call._plans.values())
         assert launcher.launches_prepared, launcher.prepare_failure
 
 
@@ -213,8 +215,9 @@ def test_a_launcher_in_a_graph_outlives_the_cache_until_released():
     import weakref
 
     import wavefront.torch as wft
-    from wavefront.kernel import launcher as kernel_launcher
-    kernel_launcher.clear_launcher_cache()
+    from wavefront.kernel import call as kernel_call
+    from wavefront.kernel import streams as kernel_streams
+    kernel_call.clear_launcher_cache()
     static = [x.clone() for x in _inputs(26)]
     schedule = "dynamic+linear"  # writes its counter: a replay on freed buffers would show
     side = torch.cuda.Stream()
@@ -225,10 +228,10 @@ def test_a_launcher_in_a_graph_outlives_the_cache_until_released():
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         static_out = torch.ops.wavefront.attention(*static, True, None, schedule, None)
-    (launcher,) = kernel_launcher._launchers.values()
+    (launcher,) = (p.launcher for p in kernel_call._plans.values())
     alive = weakref.ref(launcher)
     del launcher
-    kernel_launcher.clear_launcher_cache()
+    kernel_call.clear_launcher_cache()
     gc.collect()
     assert alive() is not None, "a launcher a graph replays on was let go"
     for _ in range(3):
@@ -237,7 +240,7 @@ def test_a_launcher_in_a_graph_outlives_the_cache_until_released():
         torch.cuda.synchronize()
         assert _error(static_out, _reference(*static, True)) < TOLERANCE
     del graph
-    assert wft.release_graph_launchers() >= 1 and not kernel_launcher._in_graphs
+    assert wft.release_graph_launchers() >= 1 and not kernel_streams._in_graphs
     gc.collect()
     assert alive() is None, "released, the launcher is still held"
 
@@ -255,19 +258,20 @@ def test_a_capture_before_the_table_is_known_done():
     import cupy
 
     import wavefront.torch  # noqa: F401  (registers torch.ops.wavefront.attention)
-    from wavefront.kernel import launcher as kernel_launcher
+    from wavefront.kernel import call as kernel_call
+    from wavefront.kernel import streams as kernel_streams
     q, k, v = _inputs(25)
     schedule = "persistent+sawtooth"  # static: the replay equals the eager call bit for bit
-    kernel_launcher.clear_launcher_cache()
+    kernel_call.clear_launcher_cache()
     static = [x.clone() for x in (q, k, v)]
     torch.ops.wavefront.attention(*static, True, None, schedule, None)  # launcher, compiled
     torch.cuda.synchronize()
-    (launcher,) = kernel_launcher._launchers.values()
+    (launcher,) = (p.launcher for p in kernel_call._plans.values())
     held = torch.cuda.Stream()
     with torch.cuda.stream(held):
         torch.cuda._sleep(400_000_000)  # about 0.2 s of GPU cycles
     pending = cupy.cuda.Event(disable_timing=True)
-    pending.record(kernel_launcher.cupy_stream(held.cuda_stream))
+    pending.record(kernel_streams.cupy_stream(held.cuda_stream))
     launcher._table_built = pending
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
@@ -276,10 +280,10 @@ def test_a_capture_before_the_table_is_known_done():
     assert launcher._table_built is pending, "the eager call found the sleep over"
     torch.cuda.current_stream().wait_stream(side)
     graph = torch.cuda.CUDAGraph()
-    waits_in_graphs = len(kernel_launcher._waited_on_in_graphs)
+    waits_in_graphs = len(kernel_streams._waited_on_in_graphs)
     with torch.cuda.graph(graph):
         static_out = torch.ops.wavefront.attention(*static, True, None, schedule, None)
-    assert len(kernel_launcher._waited_on_in_graphs) == waits_in_graphs + 1
+    assert len(kernel_streams._waited_on_in_graphs) == waits_in_graphs + 1
     static_out.fill_(float("nan"))
     graph.replay()
     torch.cuda.synchronize()
@@ -391,9 +395,9 @@ def _release_cupy_launchers() -> None:
     on a destroyed stream (that crashed the process)."""
     import cupy
 
-    from wavefront.kernel import launcher as kernel_launcher
+    from wavefront.kernel import call as kernel_call
     gc.collect()
-    kernel_launcher.clear_launcher_cache()
+    kernel_call.clear_launcher_cache()
     gc.collect()
     cupy.cuda.Device().synchronize()
 
@@ -408,8 +412,9 @@ def test_a_cupy_call_on_its_current_stream_is_noted_there(causal):
     import cupy
 
     import wavefront
+    from wavefront.kernel import call as kernel_call
     from wavefront.kernel import launcher as kernel_launcher
-    kernel_launcher.clear_launcher_cache()
+    kernel_call.clear_launcher_cache()
     q, k, v = (cupy.from_dlpack(x) for x in _inputs(82))
     ref = _reference(*(torch.from_dlpack(x) for x in (q, k, v)), causal)
     side = cupy.cuda.Stream(non_blocking=True)
@@ -423,7 +428,7 @@ def test_a_cupy_call_on_its_current_stream_is_noted_there(causal):
         assert _error(torch.from_dlpack(out), ref) < TOLERANCE
         assert _error(torch.from_dlpack(on_null), ref) < TOLERANCE
         assert _error(torch.from_dlpack(given_null), ref) < TOLERANCE
-    launcher = next(x for x in kernel_launcher._launchers.values()
+    launcher = next(x for x in (p.launcher for p in kernel_call._plans.values())
                     if x.view.library == "cupy")
     assert launcher.launches_prepared or launcher.on_stream(side.ptr).launches_prepared
     assert _noted_handles(launcher) == {side.ptr}
@@ -439,21 +444,22 @@ def test_the_plain_cupy_calls_own_launch_is_the_whole_ways_bit_for_bit(causal):
     import cupy
 
     import wavefront
+    from wavefront.kernel import call as kernel_call
     from wavefront.kernel import launcher as kernel_launcher
-    kernel_launcher.clear_launcher_cache()
+    kernel_call.clear_launcher_cache()
     q, k, v = (cupy.from_dlpack(x) for x in _inputs(91, batch=1, heads=8, kv_heads=8,
                                                    seqlen=1024))
     ref = _reference(*(torch.from_dlpack(x) for x in (q, k, v)), causal)
     for _ in range(kernel_launcher.PREPARE_AFTER_LAUNCHES + 1):
         wavefront.attention(q, k, v, causal=causal)
-    (launcher,) = kernel_launcher._plain_launchers.values()
+    (launcher,) = (p.launcher for p in kernel_call._plain_plans.values())
     assert launcher.plain_ready, launcher.prepare_failure
     assert launcher.view.library == "cupy"
     outs = []
     for way in ("plain", "whole"):
         cupy.full_like(q, float("nan"))  # freed at once: the next output's block
         outs.append(wavefront.attention(q, k, v, causal=causal) if way == "plain" else
-                    kernel_launcher._launch_call(launcher, q, k, v, None, None))
+                    launcher.launch_call(q, k, v, None, None))
         cupy.cuda.Device().synchronize()
     assert _error(torch.from_dlpack(outs[0]), ref) < TOLERANCE
     assert bool((outs[0].view(cupy.int16) == outs[1].view(cupy.int16)).all())
@@ -477,8 +483,8 @@ def test_two_streams_at_once_keep_their_own_work(schedule, causal, on_two_stream
     other's items) or the tiled schedules' partial states. (When they shared them, 12-20 of
     24 such calls came out different on the H100; the tuned causal call is grouped_dynamic.)"""
     import wavefront
-    from wavefront.kernel import launcher as kernel_launcher
-    kernel_launcher.clear_launcher_cache()
+    from wavefront.kernel import call as kernel_call
+    kernel_call.clear_launcher_cache()
     input_sets = [_inputs(60 + i, batch=4, heads=32, kv_heads=8, seqlen=4096, head_dim=128)
                   for i in range(2)]
     alone, together = on_two_streams_at_once(
@@ -488,7 +494,7 @@ def test_two_streams_at_once_keep_their_own_work(schedule, causal, on_two_stream
         for n, out in enumerate(outs):
             assert torch.equal(out, want), f"call {n}"
     # The launcher itself on the stream of the calls made alone, a copy for each side stream.
-    (launcher,) = kernel_launcher._launchers.values()
+    (launcher,) = (p.launcher for p in kernel_call._plans.values())
     owns = [launcher, *launcher._streams.values()]
     assert len(launcher._launched_on) == 1 and len(launcher._streams) == 2
     assert len({own._table.data.ptr for own in owns}) == 3
@@ -498,11 +504,11 @@ def test_a_static_schedule_is_one_launcher_on_every_stream():
     """A launch that only reads its launcher's buffers (persistent, linear) needs no copy per
     stream: nothing is built for a second stream."""
     import wavefront
-    from wavefront.kernel import launcher as kernel_launcher
-    kernel_launcher.clear_launcher_cache()
+    from wavefront.kernel import call as kernel_call
+    kernel_call.clear_launcher_cache()
     q, k, v = _inputs(70)
     wavefront.attention(q, k, v, schedule="persistent+linear")
-    (launcher,) = kernel_launcher._launchers.values()
+    (launcher,) = (p.launcher for p in kernel_call._plans.values())
     side = torch.cuda.Stream()
     with torch.cuda.stream(side):
         out = wavefront.attention(q, k, v, schedule="persistent+linear")
@@ -522,14 +528,14 @@ def test_a_dropped_launcher_keeps_its_buffers_until_its_launches_are_done(droppe
     table built before the launch that reads it has run. (Let go at once, 9 of 12 such calls
     came out wrong on the H100.)"""
     import wavefront
-    from wavefront.kernel import launcher as kernel_launcher
+    from wavefront.kernel import call as kernel_call
     q, k, v = _inputs(80, batch=2, heads=16, kv_heads=16, seqlen=4096, head_dim=128)
     configs = [(causal, schedule) for schedule in ("persistent+linear", "persistent+sawtooth")
                for causal in (False, True)]
     tiles = [128, 128] if dropped_by == "no cache key" else "128x128"
     if dropped_by == "eviction":
-        monkeypatch.setattr(kernel_launcher, "LAUNCHER_CACHE_SIZE", 2)
-    kernel_launcher.clear_launcher_cache()
+        monkeypatch.setattr(kernel_call, "LAUNCHER_CACHE_SIZE", 2)
+    kernel_call.clear_launcher_cache()
 
     def call(causal, schedule):
         return wavefront.attention(q, k, v, causal=causal, schedule=schedule, tiles=tiles)
@@ -548,9 +554,9 @@ def test_a_launcher_in_a_graph_outlives_its_eviction(monkeypatch):
     where the evicted one's memory would go): the graph's replay must still read its own
     table, bit for bit the eager call."""
     import wavefront
-    from wavefront.kernel import launcher as kernel_launcher
-    monkeypatch.setattr(kernel_launcher, "LAUNCHER_CACHE_SIZE", 1)
-    kernel_launcher.clear_launcher_cache()
+    from wavefront.kernel import call as kernel_call
+    monkeypatch.setattr(kernel_call, "LAUNCHER_CACHE_SIZE", 1)
+    kernel_call.clear_launcher_cache()
     static = _inputs(90, batch=2, heads=16, kv_heads=16, seqlen=2048, head_dim=128)
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
@@ -599,8 +605,8 @@ def test_tensors_on_a_gpu_other_than_the_current_one():
     the current device is cuda:0. Dense (a static and a dynamic schedule) and packed (host and
     GPU cu_seqlens) calls, on the tensors' GPU, right."""
     import wavefront
-    from wavefront.kernel import launcher as kernel_launcher
-    kernel_launcher.clear_launcher_cache()
+    from wavefront.kernel import call as kernel_call
+    kernel_call.clear_launcher_cache()
     torch.cuda.set_device(0)
     other = torch.device("cuda", 1)
     q, k, v = (x.to(other) for x in _inputs(110))
@@ -697,12 +703,12 @@ def test_a_padding_free_batch_through_transformers_llama_runs_packed(monkeypatch
     Skips where transformers is not installed."""
     pytest.importorskip("transformers")
     import wavefront.torch as wft
-    from wavefront.kernel import launcher as kernel_launcher
+    from wavefront.kernel import varlen as kernel_varlen
     staged, packed_calls = [], []
-    stage = kernel_launcher._stage
-    monkeypatch.setattr(kernel_launcher, "_stage", lambda *a: (staged.append(1), stage(*a)))
-    launch_varlen = kernel_launcher.attention_varlen
-    monkeypatch.setattr(kernel_launcher, "attention_varlen",
+    stage = kernel_varlen._stage
+    monkeypatch.setattr(kernel_varlen, "_stage", lambda *a: (staged.append(1), stage(*a)))
+    launch_varlen = kernel_varlen.attention_varlen
+    monkeypatch.setattr(kernel_varlen, "attention_varlen",
                         lambda *a, **kw: (packed_calls.append(1), launch_varlen(*a, **kw))[1])
     forward, masks = _noting_masks()
     name = wft.register_with_transformers(forward=forward)
@@ -871,9 +877,10 @@ def test_a_prepared_launch_on_a_gpu_other_than_the_current_one(monkeypatch):
     preparing after its first launch: right every time (an illegal address on the two-H100
     host before, with or without prepared launches), and the current device left as it was."""
     import wavefront
+    from wavefront.kernel import call as kernel_call
     from wavefront.kernel import launcher as kernel_launcher
     monkeypatch.setattr(kernel_launcher, "PREPARE_AFTER_LAUNCHES", 1)
-    kernel_launcher.clear_launcher_cache()
+    kernel_call.clear_launcher_cache()
     other = torch.device("cuda", 1)
     q, k, v = (x.to(other) for x in _inputs(120))
     want = _reference(q, k, v, False)
@@ -888,7 +895,7 @@ def test_a_prepared_launch_on_a_gpu_other_than_the_current_one(monkeypatch):
                 assert torch.cuda.current_device() == current
     finally:
         torch.cuda.set_device(0)
-    (launcher,) = kernel_launcher._launchers.values()
+    (launcher,) = (p.launcher for p in kernel_call._plans.values())
     assert launcher.launches_prepared, launcher.prepare_failure
 
 
@@ -905,12 +912,13 @@ def test_a_measured_carry_over_times_the_entries_and_launches_the_fastest(monkey
 
     import wavefront
     from wavefront.device import current_device
-    from wavefront.kernel import launcher as kernel_launcher
+    from wavefront.kernel import call as kernel_call
+    from wavefront.kernel import tuning as kernel_tuning
     from wavefront.kernel.carry_over import CARRY_OVER_FILE_VARIABLE
     from wavefront.kernel.tuning import CARRY_OVER_VARIABLE, carry_over_configs
     monkeypatch.setenv(CARRY_OVER_VARIABLE, "measure")
     monkeypatch.setenv(CARRY_OVER_FILE_VARIABLE, str(tmp_path / "choices.json"))
-    kernel_launcher.clear_launcher_cache()
+    kernel_call.clear_launcher_cache()
     q, k, v = _inputs(31, batch=1, heads=8, kv_heads=8, seqlen=1024)
     gpu = current_device().name
     exact, configs = carry_over_configs(gpu, tuple(q.shape), tuple(k.shape), False)
@@ -924,20 +932,20 @@ def test_a_measured_carry_over_times_the_entries_and_launches_the_fastest(monkey
     torch.cuda.current_stream().wait_stream(side)
     assert _error(out, _reference(q, k, v, False)) < TOLERANCE
     key = (gpu, tuple(q.shape), tuple(k.shape), False)
-    choice = kernel_launcher.carry_over_choices()[key]
+    choice = kernel_tuning.carry_over_choices()[key]
     assert [c for c, _, _ in choice.timed] == configs and choice.left_out == ()
     assert all(lo <= ms <= hi and ms > 0 for _, ms, (lo, hi) in choice.timed)
     assert choice.seconds > 0
     assert choice.config == min(choice.timed, key=lambda t: t[1])[0]
     (stored,) = json.loads((tmp_path / "choices.json").read_text()).values()
     assert stored["config"] == choice.config
-    (launcher,) = kernel_launcher._launchers.values()
+    (launcher,) = (p.launcher for p in kernel_call._plans.values())
     launch = launcher.launch
     assert (f"{launch.cta.name}+{launch.kv.name}", launch.ctas_per_sm) == (
         choice.config["schedule"], choice.config["occupancy"])
     plain = wavefront.attention(q, k, v)
     assert _error(plain, _reference(q, k, v, False)) < TOLERANCE
     cq, ck, cv = (cupy.from_dlpack(x) for x in (q, k, v))
-    assert kernel_launcher.measure_carry_over(cq, ck, cv) is choice
-    assert kernel_launcher.carry_over_choices() == {key: choice}
-    kernel_launcher.clear_launcher_cache()
+    assert kernel_call.measure_carry_over(cq, ck, cv) is choice
+    assert kernel_tuning.carry_over_choices() == {key: choice}
+    kernel_call.clear_launcher_cache()

@@ -126,16 +126,16 @@ def test_new_lengths_reuse_the_problems_launcher(schedule):
     import cupy
 
     from wavefront import attention_varlen
-    from wavefront.kernel import launcher as kernel_launcher
-    kernel_launcher.clear_launcher_cache()
+    from wavefront.kernel import call as kernel_call
+    kernel_call.clear_launcher_cache()
     q, k, v, first = _packed(LENGTHS, 4, 2, 64, seed=21)
     second = [0, 5, 900, 901, 1500, 3000, 3001, 5600, q.shape[0]]  # as many sequences
     for bounds in (first, second, first):
         out = cupy.full(q.shape, cupy.nan, dtype=q.dtype)
         attention_varlen(q, k, v, bounds, bounds, causal=True, schedule=schedule, out=out)
         assert _check(q, k, v, bounds, out, True) < TOLERANCE, bounds
-    (made,) = kernel_launcher._varlen_templates.values()  # the first lengths' launcher
-    cached = list(kernel_launcher._varlen_launchers.values())
+    (made,) = kernel_call._varlen_templates.values()  # the first lengths' launcher
+    cached = list(kernel_call._varlen_launchers.values())
     (copied,) = [launcher for launcher in cached if launcher is not made]
     assert len(cached) == 2 and made in cached
     assert copied.kernel is made.kernel and copied.variant == made.variant
@@ -241,9 +241,10 @@ def test_lengths_on_the_gpu_change_without_a_new_launcher(monkeypatch):
     import torch
 
     from wavefront import attention_varlen
+    from wavefront.kernel import call as kernel_call
     from wavefront.kernel import launcher as kernel_launcher
     monkeypatch.setattr(kernel_launcher, "PREPARE_AFTER_LAUNCHES", 1)
-    kernel_launcher.clear_launcher_cache()
+    kernel_call.clear_launcher_cache()
     q, k, v, first = _packed(LENGTHS, 4, 2, 128, seed=37)
     tq, tk, tv = _on_torch(q, k, v)
     second = [0, 5, 900, 901, 1500, 3000, 3001, 5600, q.shape[0]]
@@ -255,8 +256,8 @@ def test_lengths_on_the_gpu_change_without_a_new_launcher(monkeypatch):
                          causal=True, schedule="dynamic+sawtooth", out=out)
         assert _check(q[:rows], k[:rows], v[:rows], bounds, cupy.from_dlpack(out),
                       True) < TOLERANCE, bounds
-    assert len(kernel_launcher._varlen_launchers) == 1
-    (made,) = kernel_launcher._varlen_launchers.values()
+    assert len(kernel_call._varlen_launchers) == 1
+    (made,) = kernel_call._varlen_launchers.values()
     assert made.next_item.tolist() == [0, 0]
     # its arrays' row counts change call by call: never a prepared launch (addresses only)
     assert not made.launches_prepared
@@ -301,11 +302,12 @@ def test_layers_that_share_cu_seqlens_write_the_table_once(monkeypatch):
     import torch
 
     from wavefront import attention_varlen
-    from wavefront.kernel import launcher as kernel_launcher
-    kernel_launcher.clear_launcher_cache()
+    from wavefront.kernel import call as kernel_call
+    from wavefront.kernel import varlen as kernel_varlen
+    kernel_call.clear_launcher_cache()
     staged = []
-    stage = kernel_launcher._stage
-    monkeypatch.setattr(kernel_launcher, "_stage", lambda *a: (staged.append(1), stage(*a)))
+    stage = kernel_varlen._stage
+    monkeypatch.setattr(kernel_varlen, "_stage", lambda *a: (staged.append(1), stage(*a)))
     q, k, v, first = _packed(LENGTHS, 4, 2, 64, seed=53)
     tq, tk, tv = _on_torch(q, k, v)
     other = [0, 5, 900, 901, 1500, 3000, 3001, 5600, q.shape[0]]
@@ -339,9 +341,9 @@ def test_layers_that_share_cu_seqlens_write_the_table_once(monkeypatch):
     graph.replay()  # the launcher's table now holds `first`
     layer(cu, other)
     assert len(staged) == 7
-    assert len(kernel_launcher._varlen_launchers) == 1
-    kernel_launcher.clear_launcher_cache()
-    monkeypatch.setattr(kernel_launcher, "REUSE_UNCHANGED_LENGTHS", False)
+    assert len(kernel_call._varlen_launchers) == 1
+    kernel_call.clear_launcher_cache()
+    monkeypatch.setattr(kernel_varlen, "REUSE_UNCHANGED_LENGTHS", False)
     for _ in range(3):
         layer(cu, other)
     assert len(staged) == 10
@@ -449,8 +451,8 @@ def test_lengths_on_the_gpu_on_two_streams_at_once(on_two_streams_at_once):
     launch the other's lengths), bit for bit the calls made one at a time."""
     import torch
     from wavefront import attention_varlen
-    from wavefront.kernel import launcher as kernel_launcher
-    kernel_launcher.clear_launcher_cache()
+    from wavefront.kernel import call as kernel_call
+    kernel_call.clear_launcher_cache()
     batches = []
     for seed, lengths in ((61, [3000, 100, 9000, 4284]), (62, [16000, 10, 200, 174])):
         q, k, v, bounds = _packed(lengths, 32, 8, 128, seed=seed)
@@ -499,13 +501,13 @@ def test_lengths_on_the_gpu_of_other_sequence_counts_share_a_launcher():
     import torch
 
     from wavefront import attention_varlen
-    from wavefront.kernel import launcher as kernel_launcher
+    from wavefront.kernel import call as kernel_call
     q, k, v, every = _packed(LENGTHS, 4, 2, 64, seed=57)
     tq, tk, tv = _on_torch(q, k, v)
     total = q.shape[0]
-    kernel_launcher.clear_launcher_cache()
+    kernel_call.clear_launcher_cache()
     for bounds in ([0, 1000, 1001, total], every, [0, 5, 700, 701, 4000, total]):
         out = torch.full_like(tq, float("nan"))
         attention_varlen(tq, tk, tv, _cu(bounds), _cu(bounds), causal=True, out=out)
         assert _check(q, k, v, bounds, cupy.from_dlpack(out), True) < TOLERANCE, bounds
-    assert len(kernel_launcher._varlen_launchers) == 1
+    assert len(kernel_call._varlen_launchers) == 1

@@ -87,7 +87,7 @@ def test_what_a_direct_call_is_checked_against():
     the pieces of that check, on host arrays."""
     import numpy as np
 
-    from wavefront.kernel.launcher import _layout, _overlaps_an_input
+    from wavefront.kernel.arrays import _layout, _overlaps_an_input
     q = np.zeros((1, 2, 8, 4), np.float16)
     other_strides = np.zeros((1, 8, 2, 4), np.float16).transpose(0, 2, 1, 3)
     assert _layout([q]) == _layout([np.ones_like(q)])

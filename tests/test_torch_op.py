@@ -297,8 +297,8 @@ def test_the_transformers_mask_builder_runs_padded_batches_as_packed_ones(monkey
             scores.masked_fill_(torch.ones_like(scores, dtype=torch.bool).triu(1), -torch.inf)
             out[first:last] = (scores.softmax(-1) @ vs).transpose(0, 1)
         return out
-    from wavefront.kernel import launcher
-    monkeypatch.setattr(launcher, "attention_varlen", varlen)
+    from wavefront.kernel import varlen as kernel_varlen
+    monkeypatch.setattr(kernel_varlen, "attention_varlen", varlen)
     g = torch.Generator().manual_seed(5)
     q = torch.randn(3, 4, rows, 8, generator=g, dtype=torch.float64)
     k, v = (torch.randn(3, 2, rows, 8, generator=g, dtype=torch.float64) for _ in range(2))
@@ -346,7 +346,7 @@ def test_the_launcher_cache_key_separates_what_a_launch_depends_on():
     """The public call's cache key (computed on CPU tensors: the key reads metadata only):
     equal for a new tensor of the same shape, strides, dtype and device, different wherever a
     launch would differ, including an option given as 1 rather than True."""
-    from wavefront.kernel.launcher import _call_key
+    from wavefront.kernel.arrays import _call_key
     options = (False, None, None, None, None, False, None, None, None)
     q = torch.randn(1, 8, 64, 64, dtype=torch.bfloat16)
     k = torch.randn(1, 2, 64, 64, dtype=torch.bfloat16)
@@ -375,29 +375,29 @@ def test_packed_batches_do_not_push_the_dense_launchers_out():
     """Launchers of packed batches, new lengths every call, live in a cache of their own,
     bounded on its own: a loop of ragged batches leaves the dense shapes' launchers cached
     (stand-in builds: the cache does not look inside what it keeps)."""
-    from wavefront.kernel import launcher as L
+    from wavefront.kernel import call as L
     L.clear_launcher_cache()
-    dense = L._cached_launcher(("dense",), _StandIn)
+    dense = L._cached_or_built(("dense",), _StandIn)
     for n in range(L.VARLEN_LAUNCHER_CACHE_SIZE + 5):
-        L._cached_launcher(("varlen", n), _StandIn, varlen=True)
-    assert L._cached_launcher(("dense",), _StandIn) is dense
+        L._cached_or_built(("varlen", n), _StandIn, varlen=True)
+    assert L._cached_or_built(("dense",), _StandIn) is dense
     assert len(L._varlen_launchers) == L.VARLEN_LAUNCHER_CACHE_SIZE
     assert ("varlen", 0) not in L._varlen_launchers and ("varlen", 20) in L._varlen_launchers
-    assert list(L._launchers) == [("dense",)]
+    assert list(L._plans) == [("dense",)]
     L.clear_launcher_cache()
-    assert not L._launchers and not L._varlen_launchers
+    assert not L._plans and not L._varlen_launchers
 
 
 def test_a_packed_batch_launcher_in_use_outlives_one_off_ones():
     """Among packed batches the least recently used launcher goes first: a loop's launcher
     (lengths on the GPU, one launcher for every call) called between one-off launchers (host
     lengths, new every call) stays cached, however many one-offs pass."""
-    from wavefront.kernel import launcher as L
+    from wavefront.kernel import call as L
     L.clear_launcher_cache()
-    loop = L._cached_launcher(("loop",), _StandIn, varlen=True)
+    loop = L._cached_or_built(("loop",), _StandIn, varlen=True)
     for n in range(3 * L.VARLEN_LAUNCHER_CACHE_SIZE):
-        L._cached_launcher(("one-off", n), _StandIn, varlen=True)
-        assert L._cached_launcher(("loop",), _StandIn, varlen=True) is loop
+        L._cached_or_built(("one-off", n), _StandIn, varlen=True)
+        assert L._cached_or_built(("loop",), _StandIn, varlen=True) is loop
     assert len(L._varlen_launchers) == L.VARLEN_LAUNCHER_CACHE_SIZE
     L.clear_launcher_cache()
 
@@ -407,33 +407,33 @@ def test_a_dense_launcher_in_use_outlives_one_off_shapes():
     lengths), stays cached however many pass; with no calls between, launchers go oldest
     first; and where every launcher was called since, the next one kept still evicts only the
     oldest (one pass clears the marks)."""
-    from wavefront.kernel import launcher as L
+    from wavefront.kernel import call as L
     L.clear_launcher_cache()
     size = L.LAUNCHER_CACHE_SIZE
-    model = L._cached_launcher(("model",), _StandIn)
+    model = L._cached_or_built(("model",), _StandIn)
     for n in range(3 * size):
-        L._cached_launcher(("one-off", n), _StandIn)
-        assert L._cached_launcher(("model",), _StandIn) is model
-        assert len(L._launchers) <= size
-    assert ("model",) in L._launchers and ("one-off", 3 * size - 1) in L._launchers
+        L._cached_or_built(("one-off", n), _StandIn)
+        assert L._cached_or_built(("model",), _StandIn) is model
+        assert len(L._plans) <= size
+    assert ("model",) in L._plans and ("one-off", 3 * size - 1) in L._plans
     L.clear_launcher_cache()
     for n in range(size + 5):
-        L._cached_launcher(("unused", n), _StandIn)
-    assert list(L._launchers) == [("unused", n) for n in range(5, size + 5)]
-    kept = dict(L._launchers)
+        L._cached_or_built(("unused", n), _StandIn)
+    assert list(L._plans) == [("unused", n) for n in range(5, size + 5)]
+    kept = dict(L._plans)
     for key in kept:  # every one used once since: the next insert evicts the oldest anyway
-        L._cached_launcher(key, _StandIn)
-    L._cached_launcher(("new",), _StandIn)
-    assert ("unused", 5) not in L._launchers and len(L._launchers) == size
-    assert all(L._launchers[key] is launcher for key, launcher in kept.items()
-               if key in L._launchers)
+        L._cached_or_built(key, _StandIn)
+    L._cached_or_built(("new",), _StandIn)
+    assert ("unused", 5) not in L._plans and len(L._plans) == size
+    assert all(L._plans[key] is launcher for key, launcher in kept.items()
+               if key in L._plans)
     L.clear_launcher_cache()
 
 
 def test_the_public_call_allocates_a_contiguous_output_whatever_q_strides():
     """What the fake implementation promises torch.compile: a contiguous output of q's shape
     and dtype, also for a q whose heads and sequence are transposed in memory."""
-    from wavefront.kernel.launcher import _ArrayView, _output_maker
+    from wavefront.kernel.arrays import _ArrayView, _output_maker
     for q in (torch.randn(2, 4, 48, 64, dtype=torch.bfloat16),
               torch.randn(2, 48, 4, 64, dtype=torch.bfloat16).transpose(1, 2)):
         # the view `_view` takes of a CUDA q (CPU tensors here: only metadata is read)
@@ -446,7 +446,7 @@ def test_gpu_lengths_are_padded_to_the_launchers_bucket_of_sequences():
     """A launcher with cu_seqlens on the GPU serves a bucket of sequence counts: a call with
     fewer sequences is padded with empty ones (the last bound repeated), by `_padded` inside a
     caller's capture and by `_stage` into the table writer's inputs alike."""
-    from wavefront.kernel.launcher import _padded, _sequences_bucket, _stage
+    from wavefront.kernel.varlen import _padded, _sequences_bucket, _stage
     assert [_sequences_bucket(n) for n in (1, 8, 9, 16, 17, 100)] == [8, 8, 16, 16, 32, 128]
     cu = torch.tensor([0, 3, 3, 10], dtype=torch.int32)
     assert _padded(cu, 4) is cu
@@ -470,7 +470,7 @@ def test_the_table_written_from_lengths_is_the_hosts(cta_name):
     import numpy as np
 
     import wavefront.kernel.torch_arrays  # noqa: F401  (registers torch's operations)
-    from wavefront.kernel.launcher import _table_from_lengths
+    from wavefront.kernel.varlen import _table_from_lengths
     from wavefront.schedules import (AttentionProblem, DeviceVarlenLaunch, VarlenLaunch,
                                      cta_schedule, kv_schedule)
     lengths = [300, 0, 129, 1000, 64]
@@ -495,7 +495,7 @@ def test_a_lengths_stamp_knows_the_same_unmodified_tensors():
     inference tensor keeps no version counter, so it gets no stamp (always written)."""
     import gc
 
-    from wavefront.kernel.launcher import _lengths_stamp, _same_lengths
+    from wavefront.kernel.varlen import _lengths_stamp, _same_lengths
     cu_q, cu_k = torch.tensor([0, 5, 9]), torch.tensor([0, 7, 9])
     stamp = _lengths_stamp(cu_q, cu_k, 9, 12)
     assert _same_lengths(stamp, cu_q, cu_k, 9, 12)

@@ -4,8 +4,9 @@ import pytest
 
 from wavefront.api import attention, parse_schedule, parse_tiles, plan
 
-kernel = pytest.importorskip("wavefront.kernel.launcher", reason="needs cuda-tile (gpu extra)")
-_ArrayView, validate_views = kernel._ArrayView, kernel.validate_views
+pytest.importorskip("wavefront.kernel.launcher", reason="needs cuda-tile (gpu extra)")
+from wavefront.kernel import arrays, streams  # noqa: E402
+_ArrayView, validate_views = arrays._ArrayView, arrays.validate_views
 
 
 def view(shape=(1, 4, 128, 64), dtype="bfloat16", device=0, strides=None, library="cupy"):
@@ -63,22 +64,31 @@ def test_schedule_and_tiles_parse():
 
 def test_plan_validates_occupancy_and_defaults():
     launch = plan((1, 32, 8192, 128), (1, 32, 8192, 128), schedule="persistent+sawtooth",
-                  sms=132, l2_bytes=50 << 20)
+                  sms=132, l2_bytes=50 << 20).launch
     assert (launch.problem.tile_m, launch.problem.tile_n, launch.ctas_per_sm) == (128, 64, 2)
     assert launch.num_ctas == 264
     with pytest.raises(ValueError, match="occupancy"):
         plan((1, 1, 64, 64), (1, 1, 64, 64), occupancy=0, sms=132, l2_bytes=50 << 20)
 
 
-def test_the_positional_hot_path_takes_the_levers_in_their_declared_order():
-    """The options go positionally (keywords cost microseconds per call), levers last."""
-    import inspect
+def test_the_public_call_passes_its_options_in_call_options_order(monkeypatch):
+    """`wavefront.attention`'s keywords go to the kernel as one tuple (keywords cost
+    microseconds per call), in `CallOptions`' field order, levers last in their declared
+    order: each keyword given a value of its own lands in the field of its name."""
+    import wavefront.api as api
+    from wavefront.kernel.plan import CALL_OPTIONS
     from wavefront.point import LEVERS, lever_values
-    ours = inspect.signature(kernel.attention_positional).parameters
-    api = inspect.signature(__import__("wavefront.api").api.attention).parameters
-    assert list(ours)[:-1] == list(api)[:-1]
-    assert ours[list(ours)[-1]].kind is inspect.Parameter.VAR_POSITIONAL
-    assert api[list(api)[-1]].kind is inspect.Parameter.VAR_KEYWORD
+    passed = []
+    monkeypatch.setattr(api, "_launch", (lambda q, k, v, values, out, stream: passed.append(
+        (values, out, stream)), lambda q, k, v, causal: passed.append(("plain", causal))))
+    names = [n for n in CALL_OPTIONS if n != "causal"]
+    given = {name: f"<{name}>" for name in names}
+    api.attention("q", "k", "v", causal="<causal>", out="<out>", stream="<stream>", **given)
+    (values, out, stream), = passed
+    assert dict(zip(CALL_OPTIONS, values)) == {"causal": "<causal>", **given}
+    assert (out, stream) == ("<out>", "<stream>")
+    api.attention("q", "k", "v", causal=True)
+    assert passed[-1] == ("plain", True)
     assert lever_values({"cluster": 2, "exp2_poly": 1}) == tuple(
         {"cluster": 2, "exp2_poly": 1}.get(lever.name) for lever in LEVERS)
     with pytest.raises(TypeError, match="unknown kernel levers"):
@@ -90,15 +100,15 @@ def test_kept_buffers_go_once_their_events_are_done():
     the first keeping after all its events are done, not before (stand-in events, no GPU)."""
     class Event:
         done = False
-    kept = kernel._kept
+    kept = streams._kept
     kept.clear()
     first, second = Event(), Event()
-    kernel._keep_until_done([first, second], "table A")
-    kernel._keep_until_done([], "pinned copy B")
+    streams._keep_until_done([first, second], "table A")
+    streams._keep_until_done([], "pinned copy B")
     second.done = True
-    kernel._keep_until_done([Event()], "table C")
+    streams._keep_until_done([Event()], "table C")
     assert [buffers for _, buffers in kept] == ["table A", "table C"]  # B had no events
     first.done = True
-    kernel._keep_until_done([], "table D")
+    streams._keep_until_done([], "table D")
     assert [buffers for _, buffers in kept] == ["table C", "table D"]
     kept.clear()

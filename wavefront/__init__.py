@@ -4,11 +4,12 @@ L2 reuse, DRAM traffic and throughput of FlashAttention on NVIDIA GPUs.
 Importing the package loads no GPU library: `attention` and `reference_attention` load cuTile
 and CuPy on first use, so the model and the report run on any machine.
 """
-from wavefront.point import Point, plan
+from wavefront.api import Plan, plan
+from wavefront.point import Point
 from wavefront.schedules import CTA_SCHEDULES, KV_SCHEDULES, AttentionProblem, Launch
 
-__all__ = ["attention", "attention_varlen", "plan", "reference_attention", "Point", "AttentionProblem", "Launch",
-           "CTA_SCHEDULES", "KV_SCHEDULES"]
+__all__ = ["attention", "attention_varlen", "plan", "Plan", "reference_attention", "Point",
+           "AttentionProblem", "Launch", "CTA_SCHEDULES", "KV_SCHEDULES"]
 __version__ = "0.2.0"
 
 _LAZY = {"attention": "wavefront.api", "attention_varlen": "wavefront.api", "reference_attention": "wavefront.measure.reference"}

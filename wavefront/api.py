@@ -1,14 +1,17 @@
-"""The public API: `wavefront.attention` (run the kernel) and `wavefront.plan` (what it runs).
+"""The public API: `wavefront.attention` (run the kernel) and `wavefront.plan` (what it runs,
+held: a `Plan` to print and run).
 
-Importing this module needs no GPU stack; `attention` loads cuTile and CuPy when called.
+Importing this module needs no GPU stack; `attention` loads cuTile and CuPy when called, and
+`plan` when given GPU arrays (a Plan of shapes is for the model, on any machine).
 """
 from __future__ import annotations
 
+from wavefront.kernel.plan import CallOptions, Plan, gpu_for_shapes, plan_of_shapes
 from wavefront.point import (LEVERS, NO_LEVER_VALUES, Point, lever_values, parse_schedule,
-                             parse_tiles, plan, plan_varlen)
+                             parse_tiles, plan_varlen)
 
-__all__ = ["attention", "attention_varlen", "plan", "plan_varlen", "Point", "parse_schedule",
-           "parse_tiles"]
+__all__ = ["attention", "attention_varlen", "plan", "plan_varlen", "Plan", "CallOptions",
+           "Point", "parse_schedule", "parse_tiles"]
 
 
 def attention(q, k, v, *, causal: bool = False, schedule: str | None = None,
@@ -36,26 +39,89 @@ def attention(q, k, v, *, causal: bool = False, schedule: str | None = None,
     (`wavefront.kernel.carry_over`; the first call pays their compiles), and in the JSON file
     WAVEFRONT_CARRY_OVER_FILE names, if set, for later processes.
 
-    The first call of a shape builds its launcher (binary, work table); later calls with the
-    same shapes, strides, dtype, device and options reuse it from a bounded cache and cost
-    about what the launch costs. PyTorch users: `wavefront.torch` has the same call as a
-    custom op (torch.compile, CUDA graphs) and an SDPA-shaped entry point.
+    The first call of a shape makes its `Plan` (configuration, binary, work table, buffers);
+    later calls with the same shapes, strides, dtype, device and options find it in a bounded
+    cache and run it, costing about what the launch costs. `wavefront.plan(q, k, v, ...)`
+    hands you that Plan, to print and run. PyTorch users: `wavefront.torch` has the same call
+    as a custom op (torch.compile, CUDA graphs) and an SDPA-shaped entry point.
 
     {levers}
     """
     if (schedule is None and tiles is None and occupancy is None and scale is None
             and return_lse is False and out is None and stream is None and l2_bytes is None
             and ctas is None and chunk_tiles is None and not levers):
-        return _launcher_attention()[1](q, k, v, causal)  # the call a model makes
-    # positional: keyword passing costs microseconds, what a short launch costs
-    return _launcher_attention()[0](q, k, v, causal, schedule, tiles, occupancy, scale,
-                                    return_lse, out, stream, l2_bytes, ctas, chunk_tiles,
-                                    *(lever_values(levers) if levers else NO_LEVER_VALUES))
+        return _calls()[1](q, k, v, causal)  # the call a model makes
+    # The options as `CallOptions.values()` orders them (`kernel.plan.CALL_OPTIONS`), passed
+    # as one tuple: keyword passing costs microseconds, what a short launch costs.
+    return _calls()[0](q, k, v, (causal, schedule, tiles, occupancy, scale, return_lse, l2_bytes,
+                                 ctas, chunk_tiles,
+                                 *(lever_values(levers) if levers else NO_LEVER_VALUES)),
+                       out, stream)
 
 
 _LEVER_DOC = "\n    ".join(f"- `{lever.name}`: {lever.help} Values: {lever.expected}."
                           for lever in LEVERS)
 attention.__doc__ = attention.__doc__.replace("{levers}", "Kernel levers:\n    " + _LEVER_DOC)
+
+
+def plan(q, k, v=None, *, causal: bool = False, schedule: str | None = None, tiles=None,
+         occupancy: int | None = None, scale: float | None = None, return_lse: bool = False,
+         l2_bytes: int | None = None, ctas: int | None = None, chunk_tiles: int | None = None,
+         gpu=None, sms: int | None = None, dtype: str | None = None, stream=None,
+         **levers) -> Plan:
+    """The `Plan` `wavefront.attention` runs for these arrays and options, to hold, print and
+    run (`plan.run(q, k, v, out=None, stream=None)`): its schedule, tiles, CTAs, work items,
+    the DRAM bytes the cache model predicts, and its binary, work table and buffers.
+
+    q, k, v: GPU arrays as `attention` takes them, and the options `attention` takes (not
+    `out`). The Plan is the one the public call caches for them, so holding it costs no second
+    binary or table. `stream`: where a measured carry-over times its candidates.
+
+    Or shapes, for the model only (no GPU needed; `run` refuses): q (batch, heads, seqlen,
+    head_dim), k (batch, kv_heads, seqlen, head_dim), v (default k's), on `gpu` (a preset:
+    "h100", "h200", "b200", "gb10", or a `wavefront.model.presets.GPUSpec`; default the GPU
+    this process sees), with `sms` and `l2_bytes` overriding its SMs and L2 (or both alone for
+    a GPU of no preset), `dtype` (default bfloat16). Where the options choose no schedule,
+    tiles, occupancy or lever, a preset's GPU takes the tuned table's entry it would run.
+    `plan(q.shape, k.shape, sms=132, l2_bytes=50 << 20, schedule=...)` is the old call, whose
+    `Launch` is now the Plan's `.launch`."""
+    options = CallOptions(causal=causal, schedule=schedule, tiles=tiles, occupancy=occupancy,
+                          scale=scale, return_lse=return_lse, l2_bytes=l2_bytes, ctas=ctas,
+                          chunk_tiles=chunk_tiles, **_levers(levers))
+    if _is_shape(q):
+        if not _is_shape(k):
+            raise ValueError(f"k must be a shape like q's (batch, kv_heads, seqlen, head_dim), "
+                             f"got {type(k).__name__}")
+        if v is not None and (not _is_shape(v) or tuple(v) != tuple(k)):
+            raise ValueError(f"v must be k's shape {tuple(k)}, got {v!r}")
+        if stream is not None:
+            raise ValueError("stream applies to a Plan of GPU arrays, not of shapes")
+        return plan_of_shapes(q, k, options, gpu_for_shapes(gpu, sms, l2_bytes),
+                              "bfloat16" if dtype is None else dtype)
+    for name, given in (("gpu", gpu), ("sms", sms), ("dtype", dtype)):
+        if given is not None:
+            raise ValueError(f"{name} applies to a Plan of shapes (for the model); a Plan of "
+                             f"arrays is for the GPU they are on and their dtype, got "
+                             f"{name}={given!r}")
+    if v is None:
+        raise ValueError("v must be given with GPU arrays q and k")
+    from wavefront.device import require_gpu_stack
+    require_gpu_stack("wavefront.plan")
+    from wavefront.kernel.call import plan_for
+    return plan_for(q, k, v, options, stream)
+
+
+def _levers(levers: dict) -> dict:
+    """The kernel levers named, checked by name (an unknown name is a TypeError, as an
+    unknown keyword is)."""
+    lever_values(levers)
+    return levers
+
+
+def _is_shape(x) -> bool:
+    """A shape (a tuple or list of ints, torch.Size among them), not an array."""
+    return isinstance(x, (tuple, list)) and all(
+        isinstance(n, int) and not isinstance(n, bool) for n in x)
 
 
 def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q=None,
@@ -74,7 +140,7 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q=None,
     from them, without waiting for the GPU, so a CUDA graph of the call replays it for the
     lengths they hold then; a call with the very tensors the table was last written from,
     unmodified since by torch (their version counters), keeps it (a model's layers; see
-    `wavefront.kernel.launcher.REUSE_UNCHANGED_LENGTHS` for writes torch does not see). They are not checked (that would wait): lengths are clamped to
+    `wavefront.kernel.varlen.REUSE_UNCHANGED_LENGTHS` for writes torch does not see). They are not checked (that would wait): lengths are clamped to
     the packed rows. The first call of a packed problem (arrays, options, and buckets of
     packed rows and of sequence counts, powers of two: fewer sequences are padded as empty
     ones) waits for the GPU once, recording the table's writing in a CUDA graph. CuPy
@@ -91,7 +157,7 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q=None,
     """
     from wavefront.device import require_gpu_stack
     require_gpu_stack("wavefront.attention_varlen")
-    from wavefront.kernel.launcher import attention_varlen as launch_varlen
+    from wavefront.kernel.varlen import attention_varlen as launch_varlen
     return launch_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                          causal=causal, schedule=schedule, tiles=tiles, occupancy=occupancy,
                          scale=scale, return_lse=return_lse, out=out, stream=stream,
@@ -101,13 +167,13 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q=None,
 _launch = None
 
 
-def _launcher_attention():
-    """The kernel-side calls (every option in order; the mask alone), found once: checking for
-    the GPU stack on every call would cost more than the launch."""
+def _calls():
+    """The kernel-side calls (with options; the mask alone), found once: checking for the GPU
+    stack on every call would cost more than the launch."""
     global _launch
     if _launch is None:
         from wavefront.device import require_gpu_stack
         require_gpu_stack("wavefront.attention")
-        from wavefront.kernel.launcher import attention_plain, attention_positional
-        _launch = attention_positional, attention_plain
+        from wavefront.kernel.call import attention_plain, attention_with
+        _launch = attention_with, attention_plain
     return _launch

@@ -35,10 +35,23 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = 
               tiles: Optional[str] = None) -> torch.Tensor:
     """softmax(q k^T * scale) v per (batch, head); q (B, H, S_q, D), k and v (B, H_kv, S_kv, D),
     H a multiple of H_kv. `schedule` and `tiles` as in `wavefront.attention` (None: the tuned
-    configuration for this GPU and shape)."""
-    from wavefront.kernel.launcher import attention as launch_attention
-    return launch_attention(q, k, v, causal=causal, scale=scale, schedule=schedule,
-                            tiles=tiles)
+    configuration for this GPU and shape). The Plan the public call caches for them, run
+    (`wavefront.kernel.plan.Plan.run`)."""
+    from wavefront.kernel.call import plan_for
+    return plan_for(q, k, v, _options(causal, scale, schedule, tiles)).run(q, k, v)
+
+
+@functools.lru_cache(maxsize=256, typed=True)  # typed: True and 1 are other options
+def _options(causal, scale, schedule, tiles):
+    """The op's options as a `CallOptions`, made (and checked) once per combination."""
+    from wavefront.kernel.plan import CallOptions
+    return CallOptions(causal=causal, scale=scale, schedule=schedule, tiles=tiles)
+
+
+@functools.lru_cache(maxsize=256, typed=True)
+def _values(causal, scale):
+    """The values (`CallOptions.values()`) of a call with the mask and a scale, made once."""
+    return _options(causal, scale, None, None).values()
 
 
 @attention.register_fake
@@ -58,7 +71,7 @@ def attention_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     (the work table is written from them on the call's stream: asynchronous, and a CUDA graph
     replays the call for the lengths they hold then; every schedule); on
     the CPU they are checked and the table is built on the host, once per lengths."""
-    from wavefront.kernel.launcher import attention_varlen as launch_varlen
+    from wavefront.kernel.varlen import attention_varlen as launch_varlen
     return launch_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                          causal=causal, scale=scale, schedule=schedule, tiles=tiles)
 
@@ -72,8 +85,8 @@ def _attention_varlen_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
 def release_graph_launchers() -> int:
     """Let go of the launchers that calls launched into CUDA-graph captures (kept for good
     until then), once every graph that captured a wavefront call is destroyed; -> how many
-    were held. See `wavefront.kernel.launcher.release_graph_launchers`."""
-    from wavefront.kernel.launcher import release_graph_launchers as release
+    were held. See `wavefront.kernel.call.release_graph_launchers`."""
+    from wavefront.kernel.call import release_graph_launchers as release
     return release()
 
 
@@ -82,8 +95,10 @@ def _attention(q, k, v, causal, scale):
     which saves the custom op's dispatch (tens of microseconds a call)."""
     if torch.compiler.is_compiling():
         return attention(q, k, v, causal, scale, None, None)
-    from wavefront.kernel.launcher import attention as launch_attention
-    return launch_attention(q, k, v, causal=causal, scale=scale)
+    from wavefront.kernel.call import attention_plain, attention_with
+    if scale is None:
+        return attention_plain(q, k, v, causal)
+    return attention_with(q, k, v, _values(causal, scale))
 
 
 def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.0,
@@ -185,7 +200,7 @@ class SequencesMask:
     def run(self, query, key, value, scale):
         """Attention over the sequences: the output as (batch, seqlen, heads, head_dim),
         zero at tokens of no sequence."""
-        from wavefront.kernel.launcher import attention_varlen as launch_varlen
+        from wavefront.kernel.varlen import attention_varlen as launch_varlen
         batch, heads, rows, head_dim = query.shape
         # (batch x rows, heads, D): a view where the heads were split off the last dimension
         # of a (batch, rows, heads x D) projection, as transformers' attention modules do
@@ -339,7 +354,7 @@ def _packed_sequences(mask, query, key):
     if (query.shape[0] != 1 or key.shape[2] != rows or mask.dtype != torch.bool
             or tuple(mask.shape) != (1, 1, rows, rows) or mask.device != query.device):
         return None
-    from wavefront.kernel.launcher import stamp_matches, tensors_stamp
+    from wavefront.kernel.arrays import stamp_matches, tensors_stamp
     for stamp, cu_seqlens in _packed_checked:
         if stamp_matches(stamp, mask):
             return cu_seqlens

@@ -9,7 +9,7 @@ the other 1.027x (data/untuned_shapes/tie_s4k/). The entries' configurations are
 three distinct ones per head dim and mask), so timing them all on the caller's own arrays costs
 a few launches each, and a compile each: seconds, once. `WAVEFRONT_CARRY_OVER=measure` turns it
 on (`wavefront.kernel.tuning.carry_over_mode`); the choice is kept per (GPU, shapes, mask) for
-the process (`wavefront.kernel.launcher.carry_over_choices`), and with
+the process (`wavefront.kernel.tuning.carry_over_choices`), and with
 `WAVEFRONT_CARRY_OVER_FILE=<path>` in a JSON file too, which later processes read before
 timing again (`stored_choice`, `store_choice`).
 """
@@ -127,7 +127,7 @@ def choose(configs, make_launcher, q, k, v, stream, make_lse=None, *, rounds=CAR
     stream (the caller makes `stream` current); the caller's are not touched."""
     import cupy
 
-    from wavefront.kernel.launcher import _stream_handle, cupy_stream
+    from wavefront.kernel.streams import _stream_handle, cupy_stream
     handle = stream if type(stream) is int else _stream_handle(stream)
     if cupy.cuda.runtime.streamIsCapturing(handle):
         return None

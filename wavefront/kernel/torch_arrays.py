@@ -9,7 +9,7 @@ import functools
 
 import torch
 
-from wavefront.kernel.launcher import cupy_stream
+from wavefront.kernel.streams import cupy_stream
 from wavefront.schedules import group_by_budget, register_array_library
 
 

@@ -1,4 +1,5 @@
-"""The tuned kernel configurations `wavefront.attention` uses by default.
+"""Choosing the configuration a call runs: the tuned table `wavefront.attention` uses by default,
+the one-wave causal tiles, and the carry-over to shapes nobody tuned (`resolve_config`).
 
 `wavefront tune` measures the kernel's levers on a GPU and writes the fastest configuration
 per (GPU, head dim, causal, shape) into `tuned.json` beside this module (committed, small). A
@@ -24,7 +25,9 @@ import os
 import re
 from pathlib import Path
 
-from wavefront.point import KERNEL_LEVERS
+from wavefront.device import current_device
+from wavefront.kernel import carry_over
+from wavefront.point import KERNEL_LEVERS, plan
 
 TUNED_TABLE = Path(__file__).with_name("tuned.json")
 # The fields of an entry that become `attention` arguments; the rest is its evidence. Entries
@@ -218,3 +221,112 @@ def write_entry(gpu_name: str, head_dim: int, causal: bool, entry: dict,
     _parsed_table.cache_clear()  # a rewrite within the file system's clock tick keeps its stamp
     _candidates.cache_clear()
     return key
+
+
+DEFAULT_SCHEDULE = "persistent+linear"
+
+
+# A causal launch of at most one wave of CTAs lasts as long as its longest work item, the last
+# Q tile, which scans every K/V tile up to the diagonal; 64-row tiles halve that item. Under
+# CUDA-graph replay on the H100 (data/public_call/graph_replay/) they ran 1.42x the nearest
+# entry's 128-row tiles at B1 H8 S1k D64 causal and 1.59x at B1 H16 S2k D128 causal; without
+# the mask, where items are equal, they lost (0.94x, 0.86x).
+ONE_WAVE_CAUSAL = dict(tiles="64x64", occupancy=2, worker_warps=None, cluster=1, qk_ahead=0)
+
+
+def _one_wave_causal(config: dict, q_shape, k_shape, causal: bool, *, sms: int,
+                     l2_bytes: int) -> dict:
+    """A tuned entry's configuration, or for a causal launch whose work items (as the entry
+    would plan them) fit one wave of resident CTAs, the same with ONE_WAVE_CAUSAL's tiles."""
+    if not causal:
+        return config
+    launch = plan(q_shape, k_shape, sms=sms, l2_bytes=l2_bytes, causal=True,
+                  schedule=config["schedule"], tiles=config["tiles"],
+                  occupancy=config["occupancy"])
+    return config if launch.num_items > launch.resident_ctas else {**config, **ONE_WAVE_CAUSAL}
+
+
+def resolve_config(q_shape, k_shape, causal: bool, schedule, tiles, occupancy,
+                   levers: dict, measure=None, dev=None) -> dict:
+    """The caller's choices, or where the caller chose nothing, the tuned table's entry for this
+    GPU and the nearest tuned shape (`wavefront tune`; 64x64 tiles for a causal launch of one
+    wave, `ONE_WAVE_CAUSAL`), or the defaults. `levers`: the kernel levers by name, None where
+    not chosen. `measure(configs)` -> `carry_over.CarryOverChoice` or None: how a measured
+    carry-over times the candidates (`WAVEFRONT_CARRY_OVER=measure`, `_carried_over`). `dev`:
+    the GPU (its name, sms and l2_bytes; a `wavefront.device.DeviceInfo`), default the current
+    one (none: the defaults)."""
+    chosen = dict(schedule=schedule, tiles=tiles, occupancy=occupancy, **levers)
+    if all(v is None for v in chosen.values()):
+        dev = dev or current_device()
+        tuned = _carried_over(dev, q_shape, k_shape, causal, measure) if dev else None
+        if tuned is not None:
+            return tuned
+    chosen["schedule"] = schedule or DEFAULT_SCHEDULE
+    for name, default in KERNEL_LEVERS.items():
+        if chosen.get(name) is None:
+            chosen[name] = default
+    return chosen
+
+
+# Per (GPU, q shape, k shape, mask): what a measured carry-over timed and chose
+# (`carry_over.CarryOverChoice`), kept for the process: later launchers of the same problem
+# (another dtype, strides, options) take its choice without timing again.
+_carry_over_choices: dict = {}
+
+
+def carry_over_choices() -> dict:
+    """{(GPU name, q shape, k shape, causal): CarryOverChoice} of this process's measured
+    carry-overs (`WAVEFRONT_CARRY_OVER=measure`)."""
+    return dict(_carry_over_choices)
+
+
+def _carried_over(dev, q_shape, k_shape, causal: bool, measure) -> dict | None:
+    """The tuned configuration for a call that chose nothing: the nearest entry's, or under
+    `WAVEFRONT_CARRY_OVER=measure`, for a shape without an entry of its own, the fastest of
+    the entries' distinct configurations timed on its first call (`measure`; None: not
+    timed now, the nearest's then). None: no entry for this GPU, head dim and mask."""
+
+    def fitted(config):
+        return _one_wave_causal(config, q_shape, k_shape, causal, sms=dev.sms,
+                                l2_bytes=dev.l2_bytes)
+    if carry_over_mode() == "measure":
+        exact, configs = carry_over_configs(dev.name, q_shape, k_shape, causal)
+        candidates = []
+        for config in map(fitted, configs):  # as each would run: alike there, counted once
+            if config not in candidates:
+                candidates.append(config)
+        if not exact and len(candidates) > 1:
+            key = (dev.name, tuple(q_shape), tuple(k_shape), causal)
+            choice = _carry_over_choices.get(key)
+            if choice is None:
+                choice = _stored_or_measured(key, candidates, measure)
+            if choice is not None:
+                return choice.config
+    return nearest_config(q_shape, k_shape, causal, dev)
+
+
+def _stored_or_measured(key, candidates, measure):
+    """A choice for `key` from the choices file (`WAVEFRONT_CARRY_OVER_FILE`), else timed now
+    (`measure`) and stored there; kept for the process either way. None: neither."""
+    path = carry_over.choices_file()
+    table = table_digest()
+    choice = None if path is None else carry_over.stored_choice(path, *key, table, candidates)
+    if choice is None and measure is not None:
+        choice = measure(candidates)
+        if choice is not None and path is not None:
+            carry_over.store_choice(path, *key, table, choice)
+    if choice is not None:
+        _carry_over_choices[key] = choice
+    return choice
+
+
+def nearest_config(q_shape, k_shape, causal: bool, dev=None) -> dict | None:
+    """The configuration a call that chose nothing takes by "nearest": the nearest tuned
+    entry's (`ONE_WAVE_CAUSAL`'s tiles for a causal launch of one wave). None: no entry for
+    this GPU (default: the current one), head dim and mask."""
+    dev = dev or current_device()
+    tuned = tuned_config(dev.name, q_shape, k_shape, causal) if dev is not None else None
+    if tuned is None:
+        return None
+    return _one_wave_causal(tuned, q_shape, k_shape, causal, sms=dev.sms,
+                            l2_bytes=dev.l2_bytes)

@@ -8,8 +8,8 @@ from __future__ import annotations
 import math
 
 from wavefront.device import current_device
-from wavefront.kernel.launcher import (current_stream, kernel_arrays, launcher_for,
-                                       launcher_for_launch)
+from wavefront.kernel.launcher import kernel_arrays, launcher_for, launcher_for_launch
+from wavefront.kernel.streams import current_stream
 from wavefront.measure.reference import reference_attention
 from wavefront.measure.timing import input_sets_needed, time_gpu
 from wavefront.model.counting import launch_counts

@@ -28,11 +28,12 @@ WARP_STATE_SECTION = "WarpStateStats"
 OURS = ("persistent+linear", "persistent+sawtooth")
 
 
-def _point(shape, schedule, causal, tiles, ctas):
+def _point(shape, schedule, causal, tiles, ctas, levers=None):
     from wavefront.point import Point
     b, h, s, d = shape
     return Point(batch=b, heads=h, seqlen=s, head_dim=d, causal=causal, tiles=tiles,
-                 occupancy=1 if ctas else None, ctas=ctas, schedule=schedule)
+                 occupancy=1 if ctas else None, ctas=ctas, schedule=schedule,
+                 **(levers or {}))
 
 
 CORUNNER_STEPS = 2048  # vectors per thread: tens of milliseconds on the spare SMs
@@ -63,7 +64,8 @@ def _extra(name: str):
     return None
 
 
-def _contenders(shape, causal, tiles, ctas, peers: bool, only: str | None = None):
+def _contenders(shape, causal, tiles, ctas, peers: bool, only: str | None = None,
+                levers=None):
     """{name: (launch(), after())} for ours (linear, sawtooth), with `peers` the production
     kernels, and any probe or co-runner `only` names."""
     import cupy
@@ -78,7 +80,7 @@ def _contenders(shape, causal, tiles, ctas, peers: bool, only: str | None = None
         o = cupy.empty_like(q)
         for schedule in OURS:
             launcher, _ = launcher_for(q, k, v, **_point(shape, schedule, causal, tiles,
-                                                         ctas).attention_kwargs())
+                                                         ctas, levers).attention_kwargs())
             out[schedule] = (lambda launcher=launcher: launcher(
                 q, k, v, o, cupy.cuda.get_current_stream().ptr), nothing)
         if peers:
@@ -106,7 +108,7 @@ def run_worker(args) -> None:
     from wavefront.measure.corunners import L2Hold
     shape = tuple(int(x) for x in args.shape.split(","))
     contenders = _contenders(shape, args.causal, args.tiles, args.ctas, args.peers,
-                             args.only)
+                             args.only, json.loads(args.levers))
     push, pop = _nvtx()
     usable = {}
     for name, (launch, _) in contenders.items():  # warm-up: compiles, autotunes, loads
@@ -164,7 +166,7 @@ def _read_actions(report: str, ncu: str) -> list[dict]:
 
 def profile_contenders(shape, *, causal: bool, tiles: str = "64x64", ctas: int | None = 48,
                        peers: bool = True, repeats: int = 3, hold_bytes=(0,),
-                       only: str | None = None,
+                       only: str | None = None, levers: dict | None = None,
                        warp_states: bool = False, timeout_s: float = 900,
                        keep: str | None = None) -> list[dict]:
     """Runs the worker under ncu; -> one row per contender and repeat: its kernels, summed
@@ -187,6 +189,7 @@ def profile_contenders(shape, *, causal: bool, tiles: str = "64x64", ctas: int |
                    "--ctas", str(ctas or 0), "--repeats", str(repeats),
                    "--hold-bytes", ",".join(map(str, hold_bytes))]
         program += ["--only", only] if only else []
+        program += ["--levers", json.dumps(levers or {})]
         program += ["--causal"] if causal else []
         program += ["--peers"] if peers else []
         cmd = [ncu, *replay, "--nvtx", *what, "--export", report, "--force-overwrite", *program]
@@ -229,6 +232,7 @@ def main(argv=None) -> None:
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--hold-bytes", default="0", help="comma-separated: one pass per hold")
     p.add_argument("--only", default=None, help="comma-separated contender names")
+    p.add_argument("--levers", default="{}", help="kernel levers of ours, as JSON")
     p.add_argument("--peers", action="store_true")
     args = p.parse_args(argv)
     args.ctas = args.ctas or None

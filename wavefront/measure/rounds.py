@@ -242,8 +242,8 @@ def shape_contenders(points, *, peers: bool = True, seed: int = 1,
     import cupy
 
     from wavefront.device import current_device
-    from wavefront.kernel.launcher import (PREPARE_AFTER_LAUNCHES, current_stream,
-                                           launcher_for_launch)
+    from wavefront.kernel.launcher import PREPARE_AFTER_LAUNCHES, launcher_for_launch
+    from wavefront.kernel.streams import current_stream
     from wavefront.measure.bench import (
         IncorrectResult,
         peer_runners,
@@ -355,8 +355,9 @@ def bench_shapes(points, gpu_name: str, *, tuned: bool, api: bool, log=print):
     (`WAVEFRONT_CARRY_OVER=measure`) the call's choice is timed first, and the configuration
     "nearest" would have taken joins the contenders. -> ({shape: [points]},
     {shape: the api contender's bound reference})."""
-    from wavefront.kernel.launcher import measure_carry_over, nearest_config, resolve_config
-    from wavefront.kernel.tuning import carry_over_mode, tuned_config
+    from wavefront.kernel.call import measure_carry_over
+    from wavefront.kernel.tuning import (carry_over_mode, nearest_config, resolve_config,
+                                         tuned_config)
     shapes: dict = {}
     for point in points:
         shapes.setdefault(point.problem_only(), []).append(point)
@@ -403,7 +404,7 @@ def carry_over_record(gpu_name: str, shape, members) -> dict | None:
     """What the measured carry-over timed and chose for this shape in this process
     (`CarryOverChoice.as_dict`) and `nearest`: the contender of the configuration "nearest"
     resolves to (`bench_shapes` times it), None where it timed nothing."""
-    from wavefront.kernel.launcher import carry_over_choices, nearest_config
+    from wavefront.kernel.tuning import carry_over_choices, nearest_config
     q = (shape.batch, shape.heads, shape.seqlen, shape.head_dim)
     kv = (shape.batch, shape.kv_heads_, shape.seqlen, shape.head_dim)
     choice = carry_over_choices().get((gpu_name, q, kv, shape.causal))

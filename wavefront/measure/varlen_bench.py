@@ -39,7 +39,7 @@ def varlen_contenders(lengths, *, heads: int, kv_heads: int, head_dim: int, caus
     """-> Contenders (see `measure.rounds`) for one packed batch, every one checked first."""
     import torch
 
-    from wavefront.kernel.launcher import attention_varlen
+    from wavefront.kernel.varlen import attention_varlen
     from wavefront.measure.bench import IncorrectResult
     from wavefront.measure.rounds import Contender
     from wavefront.results.measurement import CORRECTNESS_TOLERANCE
@@ -89,14 +89,16 @@ def varlen_contenders(lengths, *, heads: int, kv_heads: int, head_dim: int, caus
     if len(set(lengths)) == 1:
         # Equal lengths: the same batch through the dense call (strided views, no copy) says
         # what slicing sequences out of packed arrays costs the kernel.
-        from wavefront.kernel.launcher import attention as dense_attention
+        from wavefront.kernel.call import attention_with
+        from wavefront.kernel.plan import CallOptions
+        options = CallOptions(causal=causal).values()
         n, s = len(lengths), lengths[0]
         dq, dk, dv = (x.view(n, s, x.shape[1], head_dim).transpose(1, 2) for x in (q, k, v))
         packed_out = torch.empty_like(q)
         dense_out = packed_out.view(n, s, heads, head_dim).transpose(1, 2)
 
         def dense():
-            dense_attention(dq, dk, dv, causal=causal, out=dense_out)
+            attention_with(dq, dk, dv, options, out=dense_out)
             return packed_out
         runs["wavefront dense, same batch"] = dense
     try:

@@ -42,7 +42,8 @@ def _launch_for_counters(task: dict) -> int:
     import cupy
     from cupy.cuda import nvtx
 
-    from wavefront.kernel.launcher import current_stream, launcher_for
+    from wavefront.kernel.launcher import launcher_for
+    from wavefront.kernel.streams import current_stream
     from wavefront.measure.bench import random_inputs
     point = Point.from_record(task)
     q, k, v = random_inputs(point, seed=7 + int(task.get("repeat", 0)))

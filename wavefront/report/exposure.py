@@ -4,7 +4,8 @@ left out (and counted).
 
 A round's pair is kept only where both scans ran with the same throttle state (NVML: a
 power/thermal reason seen with the SM clock below 97% of its maximum) and within 2% of each
-other's median SM clock: a pair that straddles a clock change compares clocks, not scans.
+other's median SM clock: a pair that straddles a clock change compares clocks, not scans. A
+round whose co-runner ended before the attention did is dropped too.
 """
 from __future__ import annotations
 
@@ -44,14 +45,19 @@ def paired(rounds: pd.DataFrame, keys: list[str], linear: str, sawtooth: str) ->
         lin = g[g["point"] == linear].set_index("round")
         saw = g[g["point"] == sawtooth].set_index("round")
         common = sorted(set(lin.index) & set(saw.index))
-        kept = [r for r in common if _same_state(lin.loc[r], saw.loc[r])]
+        # a round whose co-runner ended before the attention did is no co-run round (seen: a
+        # launch queued behind the co-runner for its whole run, 8x its time)
+        ran_beside = [r for r in common if not (bool(lin.loc[r].get("overran"))
+                                                or bool(saw.loc[r].get("overran")))]
+        kept = [r for r in ran_beside if _same_state(lin.loc[r], saw.loc[r])]
         ratios = [lin.loc[r, "ms"] / saw.loc[r, "ms"] for r in kept]
-        lo, hi = median_ci95(ratios) if len(ratios) >= 2 else (np.nan, np.nan)
+        lo, hi = median_ci95(ratios) if len(ratios) >= 6 else (np.nan, np.nan)
         row = dict(zip(keys, key if isinstance(key, tuple) else (key,)))
         row.update({"linear ms": float(lin["ms"].median()) if len(lin) else np.nan,
                     "sawtooth vs linear": float(np.median(ratios)) if ratios else np.nan,
                     "lo": lo, "hi": hi, "rounds": len(kept),
-                    "dropped (clock state)": len(common) - len(kept),
+                    "dropped (clock state)": len(ran_beside) - len(kept),
+                    "dropped (co-runner ended first)": len(common) - len(ran_beside),
                     "throttled rounds": int(g["throttled"].fillna(False).astype(bool).sum()),
                     "SM MHz": float(g["sm_clock_mhz"].median())
                     if g["sm_clock_mhz"].notna().any() else np.nan})
