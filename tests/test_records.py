@@ -322,3 +322,26 @@ def test_a_held_out_shape_measured_again_is_read_from_its_latest_run(tmp_path):
     (directory / "manifest.json").write_text(json.dumps(manifest))
     with pytest.raises(ValueError, match="keep one run per GPU"):
         untuned.rows(Study(tmp_path))
+
+
+def test_the_fold_command_folds_and_names_a_source_folded_twice(tmp_path):
+    """`wavefront fold DIR`: the run folders' files into one, each record with its `source`;
+    a run folded already and present again is refused by name, nothing written."""
+    from click.testing import CliRunner
+
+    from wavefront.cli import main
+    for run, value in (("abc1234", 1), ("def5678", 2)):
+        (tmp_path / run).mkdir()
+        (tmp_path / run / "bench.jsonl").write_text(json.dumps({"value": value}) + "\n")
+    done = CliRunner().invoke(main, ["fold", str(tmp_path)])
+    assert done.exit_code == 0, done.output
+    assert "2 files folded" in done.output and "wavefront compress" in done.output
+    folded = [json.loads(line) for line in (tmp_path / "bench_runs.jsonl").read_text()
+              .splitlines()]
+    assert folded == [{"source": "abc1234/bench", "value": 1},
+                      {"source": "def5678/bench", "value": 2}]
+    (tmp_path / "abc1234" / "bench.jsonl").write_text(json.dumps({"value": 3}) + "\n")
+    refused = CliRunner().invoke(main, ["fold", str(tmp_path)])
+    assert refused.exit_code == 1 and "abc1234/bench is folded already" in refused.output
+    assert (tmp_path / "abc1234" / "bench.jsonl").exists()
+    assert "Traceback" not in refused.output
