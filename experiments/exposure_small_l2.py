@@ -19,7 +19,8 @@ import pandas as pd
 
 from wavefront.report.draft import Section, md_table
 from wavefront.report.experiments import run_as_script
-from wavefront.report.exposure import interval_text, multiplicity, paired, records
+from wavefront.report.exposure import (interval_text, multiplicity, multiplicity_text,
+                                       paired, records)
 
 DATASETS = ()
 RECORDS = ("exposure_small_l2",)
@@ -111,8 +112,12 @@ def l2_left(study) -> pd.DataFrame:
     for (gpu, held), g in p.groupby(["GPU", "held_bytes"]):
         per = g.groupby("probe_bytes")["dram__bytes_read.sum"].median().reset_index()
         left = l2_left_from_probe(per.to_dict("records"))
+        sizes = sorted(per["probe_bytes"])
+        above = [b for b in sizes if left is not None and b > left]
         rows.append({"GPU": gpu, "held MiB": held / 2**20,
                      "L2 left (probe), MiB": np.nan if left is None else left / 2**20,
+                     # the probe steps in PROBE_MB: the capacity lies below the next size
+                     "L2 left below, MiB": above[0] / 2**20 if above else np.nan,
                      "largest probed, MiB": per["probe_bytes"].max() / 2**20})
     return pd.DataFrame(rows)
 
@@ -184,16 +189,24 @@ def section(study) -> Section:
         shown["linear DRAM GB"] = t["linear DRAM GB"].round(2)
         shown["DRAM, sawtooth vs linear"] = [f"{x:+.0%}" for x in t["DRAM, sawtooth vs linear"]]
         cols[4:4] = ["linear DRAM GB", "DRAM, sawtooth vs linear"]
-    smallest = left.loc[left["L2 left (probe), MiB"].idxmin()] if left[
-        "L2 left (probe), MiB"].notna().any() else None
-    s.claim(f"With the L2 held down, sawtooth's interval excludes no change in {m['above']} "
-            f"(above) and {m['below']} (below) of {m['intervals']} configurations; "
-            f"{m['expected_by_chance']:.1f} would by chance at 95%",
-            m["intervals"] == len(t), m)
+    s.claim(f"With the L2 held down, {multiplicity_text(m)}", m["intervals"] == len(t), m)
+    ranges = left.dropna(subset=["L2 left (probe), MiB"])
+    smallest = ranges.loc[ranges["L2 left (probe), MiB"].idxmin()] if len(ranges) else None
     if smallest is not None:
         s.claim(f"The smallest L2 the hold left, as the probe measured it: "
-                f"{smallest['L2 left (probe), MiB']:.0f} MiB ({smallest['GPU']}, "
-                f"{smallest['held MiB']:.0f} MiB held)", True, smallest.to_dict())
+                f"{smallest['L2 left (probe), MiB']:.0f} to {smallest['L2 left below, MiB']:.0f} "
+                f"MiB ({smallest['GPU']}, {smallest['held MiB']:.0f} MiB held; the probe "
+                f"steps in {PROBE_MB[1] - PROBE_MB[0]} MiB, one launch per size)",
+                bool(smallest["L2 left (probe), MiB"] < 24), smallest.to_dict())
+    if "linear DRAM GB" in t:
+        rise = t.groupby(["GPU", "mask"])["linear DRAM GB"].agg(lambda x: x.max() / x.min())
+        saving = t.groupby(["GPU", "mask"])["DRAM, sawtooth vs linear"].agg(["min", "max"])
+        s.claim("But the hold moved linear's misses little: its DRAM reads rose by at most "
+                f"{rise.max() - 1:.0%} from the whole L2 to the smallest (linear at this launch "
+                "already re-reads K/V every wave), and sawtooth's saving stayed "
+                f"{saving['max'].max():+.0%} to {saving['min'].min():+.0%}; so this regime says "
+                "that less L2 does not slow the launch, not whether a miss costs time",
+                bool(rise.max() < 2.0), {"rise": rise.to_dict(), "saving": saving.to_dict()})
     s.text = f"""## A smaller L2: persisting lines held by another stream
 
 The L2 the attention sees is reduced without touching its code: a buffer is held as

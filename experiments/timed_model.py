@@ -29,7 +29,21 @@ RECORDS = ("kernel_drift_timeline",)
 
 
 def table(study) -> pd.DataFrame:
-    return timed.validation_table(study)
+    return timed.honest_scores(study)
+
+
+def _honest_shown(h: pd.DataFrame, split: str) -> pd.DataFrame:
+    h = h[h["points"] == split]
+    return pd.DataFrame({
+        "GPU": h["GPU"], "held out": h["family"], "n": h["n"],
+        "DRAM |err| median, timed / lock-step": [f"{_fmt(a)} / {_fmt(b)}" for a, b in zip(
+            h["timed DRAM median"], h["lock-step DRAM median"])],
+        "DRAM MAPE, timed / lock-step": [f"{_fmt(a)} / {_fmt(b)}" for a, b in zip(
+            h["timed DRAM MAPE"], h["lock-step DRAM MAPE"])],
+        "time |err| median, timed / no-cache": [f"{_fmt(a, '.1%')} / {_fmt(b, '.1%')}" for a, b
+                                                in zip(h["timed time median"],
+                                                       h["no-cache time median"])],
+        "clock vs no-cache": h["clock vs no-cache on time"]})
 
 
 def figure(study):
@@ -129,18 +143,10 @@ def section(study) -> Section:
     nudge_span = max(abs(k) for k in timed.CALIBRATION_NUDGES) * timed.CALIBRATION_NUDGE
     moved = _moved_by_nudges(pred)
 
-    shown = pd.DataFrame({
-        "GPU": v["GPU"], "held out": v["family"], "n": v["n"],
-        "DRAM |err| median": v["DRAM median"].map(_fmt),
-        "DRAM |err| p90": v["DRAM p90"].map(_fmt),
-        "time |err| median": v["time median"].map(_fmt),
-        "time |err| p90": v["time p90"].map(_fmt),
-        "time bias": v["time bias"].map(lambda x: f"{x:+.0%}"),
-        "n above knee": v["n above knee"],
-        "DRAM median / p90 above knee": [f"{_fmt(a)} / {_fmt(b)}" for a, b in
-                                         zip(v["DRAM median above knee"],
-                                             v["DRAM p90 above knee"])],
-        "all three targets": v["meets targets"].map({True: "yes", False: "no"})})
+    honest = timed.honest_scores(study)
+    skill = timed.ratio_skill(timed.sawtooth_pairs(timed.baseline_rows(study)))
+    above = honest[honest["points"] == timed.KNEE_SPLITS[0]]
+    beats = above[above["clock vs no-cache on time"] == "beats"]
     cal_rows = []
     for gpu, c in cals.items():
         cal_rows.append({"GPU": short_gpu(gpu), "training points": c.points,
@@ -219,12 +225,33 @@ def section(study) -> Section:
 
 {md_table(pd.DataFrame(cal_rows))}
 
-Held out, per family and GPU: |relative error| of the median DRAM reads and kernel time
-(CUDA-event median) of each point. The issue's targets: DRAM within 10% (median) and 25%
-(p90), time within 10% (median). "Above knee": points reading more than 1.5x the compulsory
-bytes, where the L2 matters.
+Held out, per family and GPU, **above the knee only** (points reading more than 1.5x the
+compulsory bytes, where the L2 matters): |relative error| of the median DRAM reads, the timed
+model's beside the lock-step partition model's on the same points, and of kernel time
+(CUDA-event median), the timed model's beside a no-cache model's (launch + the busiest CTA's
+items x item cost + steps x step time, the same calibration, no memory at all). The issue's
+targets: DRAM within 10% (median) and 25% (p90), time within 10% (median). "Clock vs
+no-cache": beats or loses where the medians differ by at least
+{timed.CLOCK_MARGIN:.1%} (points), ties otherwise.
 
-{md_table(shown)}
+{md_table(_honest_shown(honest, timed.KNEE_SPLITS[0]))}
+
+At the compulsory bytes (every cache model near exact there; shown apart so they do not
+dilute the line above):
+
+{md_table(_honest_shown(honest, timed.KNEE_SPLITS[1]))}
+
+{paragraphs(
+    f"The clock beats the no-cache model on time above the knee in {len(beats)} of "
+    f"{len(above)} family-GPU pairs"
+    + (f" ({', '.join(f'{g} {f}' for g, f in zip(beats['GPU'], beats['family']))})"
+       if len(beats) else "") +
+    ". Skill on the quantity the study is about, over every measured linear/sawtooth pair "
+    f"({skill['pairs']} pairs, medians over repeats): the predicted sawtooth/linear time ratio "
+    f"correlates with the measured one at {skill['time pearson']:+.2f} (Pearson; Spearman "
+    f"{skill['time spearman']:+.2f}); {skill['predicted within 1% of 1']} predicted ratios and "
+    f"{skill['measured within 1% of 1']} measured ones lie within 1% of 1. The DRAM ratio "
+    f"correlates at {skill['DRAM pearson']:+.2f}: the model has the misses, not their cost.")}
 
 {paragraphs(
     "The same validation with every calibration's per-item cost nudged by "
@@ -304,6 +331,14 @@ the preset sources in the next section). Written before any GB10 or B200 measure
                     <= timed.TIME_MEDIAN_TARGET).all()
                    and (gqa["time median"] > timed.TIME_MEDIAN_TARGET).all()),
               v[["GPU", "family", "time median"]].to_dict("records")),
+        Claim("Above the knee the clock beats the no-cache time model in a minority of "
+              "family-GPU pairs: most of its time skill is the step-time calibration",
+              bool(0 < len(beats) < len(above) / 2),
+              above[["GPU", "family", "timed time median", "no-cache time median"]]
+              .round(4).to_dict("records")),
+        Claim("The predicted sawtooth/linear time ratio does not yet track the measured one "
+              "(correlation below the issue's 0.7), while the DRAM ratio does",
+              bool(skill["time pearson"] < 0.7 and skill["DRAM pearson"] > 0.7), skill),
         Claim("The DRAM targets (10% median, 25% p90) are not met in every family: the p90 "
               "target fails in most, from causal long-sequence launches over-predicted and "
               "long non-causal launches under-predicted",

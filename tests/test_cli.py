@@ -404,12 +404,19 @@ def test_simulate_writes_per_cta_timelines(tmp_path):
 
 def test_advise_ranks_configurations_by_predicted_time():
     res = CliRunner().invoke(main, ["advise", "--seqlen", "16384", "--head-dim", "64",
-                                    "--schedule", "persistent+linear,grid+linear", "--json"])
+                                    "--schedule", "persistent+linear,grid+linear",
+                                    "--no-budgets", "--json"])
     assert res.exit_code == 0, res.output
     ranking = json.loads(res.stdout)["ranking"]
-    assert len(ranking) == 4  # two schedules x two tile shapes
+    assert len(ranking) == 8  # two schedules x every tile shape the kernel compiles
     times = [r["time_ms"] for r in ranking]
     assert times == sorted(times) and ranking[0]["vs_best"] == 1.0
+    assert {r["step"] for r in ranking} >= {"calibrated"}
+    text = CliRunner().invoke(main, ["advise", "--seqlen", "4096", "--heads", "24",
+                                     "--schedule", "grouped+linear", "--no-causal"])
+    assert text.exit_code == 0, text.output
+    assert "H24 S4096" in text.output and "None" not in text.output
+    assert "FlashAttention-3 dense (32 MB)" in text.output
     two = CliRunner().invoke(main, ["advise", "--seqlen", "1024,2048"])
     assert two.exit_code == 2 and "one shape" in two.output
 

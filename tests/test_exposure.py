@@ -100,4 +100,16 @@ def test_too_few_rounds_give_no_interval_and_multiplicity_counts_what_has_one():
     assert np.isnan(few.iloc[0]["lo"])
     many = paired(_rounds([10.0] * 6, [9.0] * 6), ["GPU", "env"], "linear", "sawtooth")
     m = multiplicity(pd.concat([few, many]))
-    assert m == {"intervals": 1, "above": 1, "below": 0, "expected_by_chance": 0.05}
+    assert (m["intervals"], m["above"], m["below"], m["above by > 1%"]) == (1, 1, 0, 1)
+    assert m["expected_by_chance"] == pytest.approx(1 / 32, abs=0.01)
+
+
+def test_the_driver_structs_have_the_cuda_layouts():
+    """CUaccessPolicyWindow (base, bytes, hit ratio, two properties) and the 64-byte union
+    CUlaunchAttributeValue the stream attribute takes: a wrong layout would hold other bytes."""
+    import ctypes
+    from wavefront.measure.corunners import _AccessPolicyWindow, _StreamAttrValue
+    assert ctypes.sizeof(_AccessPolicyWindow) == 32
+    assert [getattr(_AccessPolicyWindow, f).offset for f in
+            ("base_ptr", "num_bytes", "hitRatio", "hitProp", "missProp")] == [0, 8, 16, 20, 24]
+    assert ctypes.sizeof(_StreamAttrValue) == 64

@@ -151,3 +151,161 @@ def test_the_presets_memory_timings_are_the_microbenchmarks_medians():
         assert timing.dram_bytes_per_s == pytest.approx(
             np.median([r["dram_read_gbps"] for r in mine]) * 1e9, rel=0.01)
     assert "guess" in memory_timing(PRESETS["gb10"]).source
+
+
+def test_no_cache_time_is_the_busiest_cta_of_items_and_steps():
+    """The no-cache baseline: launch + the busiest CTA's item costs + its steps x step time;
+    the timed model with free memory reaches it, and never beats it."""
+    from wavefront.model.timed import no_cache_ns
+    launch = _launch(seqlen=4096, heads=2, ctas=3, sms=3, occupancy=1)
+    compute = ComputeTiming(step_ns=500.0, item_ns=1000.0, launch_ns=2000.0)
+    items = launch.num_items  # 2 heads x 64 Q tiles, 64 steps each, over 3 CTAs
+    busiest = -(-items // 3)
+    expected = 2000.0 + busiest * (1000.0 + 64 * 500.0)
+    assert no_cache_ns(launch, compute) == pytest.approx(expected)
+    free = MemoryTiming(0.0, 0.0, 0.0, 1e15)
+    pred = simulate_timed(launch, free, compute, l2_bytes=L2, partitions=1)
+    assert pred.kernel_ns >= expected - 1e-6
+    assert pred.kernel_ns == pytest.approx(expected, rel=1e-6)
+    dynamic = _launch(seqlen=4096, heads=2, schedule="grid+linear", sms=3, occupancy=1)
+    assert no_cache_ns(dynamic, compute) >= expected - 1e-6  # a grid is balanced at best
+
+
+def test_honest_scores_split_at_the_knee_and_pair_the_scans():
+    """Scores are per split (above the knee, at compulsory), and the linear/sawtooth pairs
+    come out of the point strings, their ratios from the rows."""
+    import pandas as pd
+    from wavefront.report.timed import honest_scores, ratio_skill, sawtooth_pairs
+    rows = []
+    for i, (measured, saw_ms) in enumerate(((100.0, 0.9), (300.0, 1.0), (500.0, 0.8))):
+        for scan, ms in (("linear", 1.0), ("sawtooth", saw_ms)):
+            rows.append({"gpu": "NVIDIA H100", "family": "f", "causal": False, "seqlen": i,
+                         "schedule": f"persistent+{scan}",
+                         "point": f"seqlen={i},cta_schedule=persistent,kv_schedule={scan}",
+                         "measured_dram_bytes": measured, "compulsory_bytes": 100.0,
+                         "predicted_dram_bytes": measured * (1.1 if scan == "linear"
+                                                             else 1.1 - i / 10),
+                         "lockstep_dram_bytes": measured * 1.2,
+                         "measured_ms": ms, "predicted_ms": ms * (1.0 if scan == "linear"
+                                                                else 1.01),
+                         "no_cache_ms": 1.0})
+    rows = pd.DataFrame(rows)
+    h = honest_scores(None, rows).set_index("points")
+    assert h.loc["above knee", "n"] == 4 and h.loc["at compulsory", "n"] == 2
+    assert h.loc["at compulsory", "timed DRAM median"] == pytest.approx(0.1)
+    assert h.loc["above knee", "lock-step DRAM median"] == pytest.approx(0.2)
+    pairs = sawtooth_pairs(rows)
+    assert len(pairs) == 3
+    assert sorted(pairs["measured_time_ratio"]) == pytest.approx([0.8, 0.9, 1.0])
+    skill = ratio_skill(pairs)
+    assert skill["pairs"] == 3 and skill["time pearson"] == pytest.approx(1.0)
+
+
+def _paper_like(schedule="persistent+linear", seqlen=32768):
+    shape = (2, 1, seqlen, 64)
+    return plan(shape, shape, sms=132, l2_bytes=L2, causal=False, schedule=schedule,
+                tiles="64x64", occupancy=1, ctas=48)
+
+
+def test_exposure_takes_l2_and_dram_from_the_attention():
+    """L2 held by a co-runner or flushed by its streaming lines costs the attention DRAM
+    reads (its K/V fits in 50 MiB, not in 10); a co-runner whose lines do not allocate leaves
+    the L2 alone; its DRAM traffic loads every miss's latency."""
+    from wavefront.model.timed import Exposure
+    compute = ComputeTiming(540.0, 1100.0, 7000.0)
+    launch = _paper_like()
+
+    def run(**kw):
+        return simulate_timed(launch, MEMORY, compute, l2_bytes=L2, partitions=2,
+                              loads_ahead=3, exposure=Exposure(**kw))
+    base = run()
+    compulsory = 2 * 2 * 32768 * 64 * 2 + 2 * 32768 * 64 * 2  # K, V and Q of two heads
+    assert base.dram_read_bytes == pytest.approx(compulsory, rel=0.01)
+    assert run(l2_bytes_taken=40 << 20).dram_read_bytes > 3 * base.dram_read_bytes
+    assert run(corunner_dram_bytes_per_s=2e12).dram_read_bytes > 3 * base.dram_read_bytes
+    assert run(corunner_dram_bytes_per_s=2e12, corunner_l2_fraction=0.0
+               ).dram_read_bytes == pytest.approx(base.dram_read_bytes, rel=0.01)
+    loaded = [Exposure(corunner_dram_bytes_per_s=r).loaded_dram_ns(MEMORY)
+              for r in (0, 1e12, 2e12, 2.9e12)]
+    assert loaded[0] == MEMORY.dram_ns and all(np.diff(loaded) > 0)
+    with pytest.raises(ValueError, match="l2_bytes_taken"):
+        run(l2_bytes_taken=L2)
+    with pytest.raises(ValueError, match="corunner_l2_fraction"):
+        run(corunner_dram_bytes_per_s=1e12, corunner_l2_fraction=2.0)
+
+
+def test_cta_speeds_slow_the_launch_by_its_slowest_cta():
+    """A measured per-CTA speed distribution is an input: one slow CTA of a persistent launch
+    stretches it by about its slowness; a sample of another length is drawn from."""
+    from wavefront.model.timed import Exposure, cta_speeds
+    compute = ComputeTiming(540.0, 0.0, 0.0)
+    launch = _paper_like(seqlen=8192)
+    base = simulate_timed(launch, MEMORY, compute, l2_bytes=L2, partitions=1)
+    speed = np.ones(48)
+    speed[7] = 0.5
+    slow = simulate_timed(launch, MEMORY, compute, l2_bytes=L2, partitions=1,
+                          exposure=Exposure(cta_speed=tuple(speed)))
+    assert 1.8 < slow.kernel_ns / base.kernel_ns < 2.1
+    drawn = cta_speeds(Exposure(cta_speed=(0.9, 1.1), seed=3), 48)
+    assert len(drawn) == 48 and set(np.unique(drawn)) <= {0.9, 1.1}
+    with pytest.raises(ValueError, match="cta_speed"):
+        cta_speeds(Exposure(cta_speed=(1.0, -1.0)), 4)
+
+
+def test_fewer_loads_in_flight_expose_more_latency():
+    """With one K/V step in flight a step waits for its loads; with three they hide behind
+    compute (steps longer than the L2 latency)."""
+    compute = ComputeTiming(540.0, 1100.0, 7000.0)
+    launch = _paper_like(seqlen=8192)
+    t = [simulate_timed(launch, MEMORY, compute, l2_bytes=L2, partitions=2,
+                        loads_ahead=d).kernel_ns for d in (1, 2, 3)]
+    assert t[0] > 1.1 * t[2] and abs(t[1] / t[2] - 1) < 0.01  # two steps already hide it
+
+
+@pytest.mark.parametrize("corrupt, field", [
+    (lambda d: d.pop("item_ns"), "item_ns"),
+    (lambda d: d.update(step_ns=[]), "step_ns"),
+    (lambda d: d["step_ns"][0].update(ns=0), "step_ns[0].ns"),
+    (lambda d: d["step_ns"].append(dict(d["step_ns"][0])), "appears twice"),
+    (lambda d: d["step_ns"][0].pop("tile_m"), "step_ns[0]"),
+])
+def test_a_malformed_calibration_is_refused_by_field(corrupt, field):
+    """fits.json's calibrations are checked when read: each corruption names the file (here
+    `where`) and the field."""
+    cal = Calibration("H100", 7000.0, 1100.0, {(64, 64, 64, False, 1): 540.0,
+                                               (64, 128, 64, False, 2): 1200.0},
+                      "step_time", 5, {"median": 0.01, "max": 0.02})
+    d = json.loads(json.dumps(cal.as_dict()))
+    assert Calibration.from_dict(d).step_ns == cal.step_ns
+    corrupt(d)
+    with pytest.raises(ValueError, match="fits.json") as err:
+        Calibration.from_dict(d, "fits.json: timed_model.calibrations['H100']")
+    assert field in str(err.value)
+    with pytest.raises(ValueError, match="mapping"):
+        Calibration.from_dict([1, 2], "fits.json")
+
+
+def test_the_timed_guard_is_sized_to_the_timed_model():
+    """The paper's launch passes with an estimate in seconds; a launch past the step limit or
+    the memory is refused by name before anything is allocated."""
+    from wavefront.model.timed import check_timed, timed_cost
+    paper = plan((8, 1, 131072, 64), (8, 1, 131072, 64), sms=48, l2_bytes=24 << 20,
+                 schedule="persistent+linear", tiles="64x64", occupancy=1, ctas=48)
+    need, steps = timed_cost(paper)
+    assert steps == 8 * 2048 * 2048 and need < 2 << 30
+    assert 0 < check_timed(paper) < 600
+    huge = plan((8, 32, 262144, 64), (8, 32, 262144, 64), sms=132, l2_bytes=L2,
+                schedule="persistent+linear", tiles="64x64")
+    with pytest.raises(ValueError, match="K/V steps"):
+        check_timed(huge)
+    with pytest.raises(ValueError, match="GiB"):
+        check_timed(paper, memory_bytes=1 << 20)
+
+
+def test_a_capacity_from_one_length_warns():
+    import pandas as pd
+    from wavefront.model.fits import fit_capacity
+    rows = pd.DataFrame({"seqlen": [4096, 4096]})
+    with pytest.warns(UserWarning, match="1 sequence length"):
+        with pytest.raises(Exception):  # the toy rows hold no counters: only the warning counts
+            fit_capacity(rows, "H100")

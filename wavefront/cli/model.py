@@ -14,7 +14,6 @@ from wavefront.cli.common import (
     POINT_COLUMNS,
     FiniteFloatRange,
     _echo_json,
-    _list,
     main,
     point_options,
     print_table,
@@ -76,14 +75,22 @@ def _simulate_timed(points, gpu, gpu_name, partitions, fits_path, timeline_dir, 
     from wavefront.model.counting import launch_counts
     from wavefront.model.timed import simulate_timed
     from wavefront.results.progress import peak_rss_mib
+    from wavefront.model.timed import check_timed
     memory, compute_of = _timed_setup(gpu, gpu_name, fits_path)
     partitions = partitions or gpu.l2_partitions
     rows, start = [], time.perf_counter()
-    for point, launch in _simulable_launches(points, gpu):
+    launches = []
+    for point in points:
+        try:
+            launch = point.launch(gpu)
+            launches.append((point, launch, check_timed(launch)))
+        except ValueError as exc:
+            raise click.UsageError(str(exc)) from None
+    for point, launch, expected_s in launches:
         t0 = time.perf_counter()
         click.echo(f"simulating {launch.name} S={point.seqlen} D={point.head_dim} "
-                   f"{'causal' if point.causal else 'non-causal'} with the clock ...", err=True,
-                   nl=False)
+                   f"{'causal' if point.causal else 'non-causal'} with the clock (~"
+                   f"{max(expected_s, 0.1):.0f} s) ...", err=True, nl=False)
         compute = compute_of(launch)
         pred = simulate_timed(launch, memory, compute, l2_bytes=gpu.l2_bytes,
                               partitions=partitions)
@@ -258,17 +265,18 @@ ADVISE_SCHEDULES = ("grid+linear,persistent+linear,persistent+sawtooth,grouped+l
               help=f"GPU preset: {', '.join(PRESETS)}.")
 @point_options(default_schedule=ADVISE_SCHEDULES, default_seqlen="131072",
                default_head_dim="64", causal_default=False, default_heads=1)
-@click.option("--tiles-to-try", "tile_list", default="64x64,128x64", show_default=True,
-              help="Tile shapes to rank (each with every schedule).")
 @click.option("--top", type=click.IntRange(min=1), default=10, show_default=True)
+@click.option("--budgets/--no-budgets", default=True, show_default=True,
+              help="Also predict the best L2 budget (head-group size) for grouped+linear "
+                   "against the fixed 8/32/50 MB of production kernels.")
 @_fits_option
 @click.option("--json", "as_json", is_flag=True)
-def advise(gpu_name, points, tile_list, top, fits_path, as_json):
-    """Rank schedules and tile shapes for one shape on a GPU preset by the timed model's
-    predicted kernel time (CPU only; nothing is measured)."""
-    from dataclasses import replace
+def advise(gpu_name, points, top, budgets, fits_path, as_json):
+    """Rank every schedule and tile shape the kernel offers for one shape on a GPU preset by
+    the timed model's predicted kernel time (CPU only; nothing is measured). Uncalibrated
+    tiles are projected and marked so; kernel levers are not modelled."""
+    from wavefront.model import advise as advisor
     from wavefront.model.presets import gpu_preset
-    from wavefront.model.timed import simulate_timed
     try:
         gpu = gpu_preset(gpu_name)
     except ValueError as exc:
@@ -277,37 +285,43 @@ def advise(gpu_name, points, tile_list, top, fits_path, as_json):
     if len(shapes) > 1:
         raise click.UsageError("advise ranks configurations of one shape: give one --seqlen, "
                                "--head-dim and mask")
-    tiles = _list(str, tile_list, "--tiles-to-try")
     memory, compute_of = _timed_setup(gpu, gpu_name, fits_path)
-    rows = []
-    candidates = [replace(p, tiles=t, occupancy=None) for p in points for t in tiles]
-    with click.progressbar(candidates, label="simulating", file=sys.stderr) as bar:
-        for point in bar:
-            try:
-                launch = point.launch(gpu)
-            except ValueError:
-                continue  # a tile shape this schedule or head dim does not take
-            pred = simulate_timed(launch, memory, compute_of(launch), l2_bytes=gpu.l2_bytes,
-                                  partitions=gpu.l2_partitions)
-            rows.append({"schedule": launch.name, "tiles": point.tiles,
-                         "time_ms": pred.kernel_ns * 1e-6,
-                         "dram_mb": pred.dram_read_bytes / 1e6})
-    rows.sort(key=lambda r: r["time_ms"])
-    for r in rows:
-        r["vs_best"] = r["time_ms"] / rows[0]["time_ms"]
     p = points[0]
+    schedules = sorted({q.schedule for q in points}, key=[q.schedule for q in points].index)
+
+    def progress(items):
+        with click.progressbar(items, label="simulating", file=sys.stderr) as bar:
+            yield from bar
+    try:
+        ranked = advisor.rank(p, gpu, memory, compute_of, schedules, progress=progress)
+        groups = (advisor.group_budgets(p, gpu, memory, compute_of, tiles=ranked[0].tiles)
+                  if budgets and ranked else [])
+    except ValueError as exc:
+        raise click.UsageError(str(exc)) from None
+    rows = [{**r.__dict__, "vs_best": r.time_ms / ranked[0].time_ms,
+             "step": "PROJECTED" if r.projected else "calibrated"} for r in ranked]
+    label = (f"{gpu.name}: B{p.batch} {advisor.head_label(p.heads, p.kv_heads)} S{p.seqlen} "
+             f"D{p.head_dim} {'causal' if p.causal else 'non-causal'}")
     if as_json:
         _echo_json({"gpu": gpu.name, "shape": {"batch": p.batch, "heads": p.heads,
-                                               "kv_heads": p.kv_heads, "seqlen": p.seqlen,
-                                               "head_dim": p.head_dim, "causal": p.causal},
-                    "ranking": rows})
+                                               "kv_heads": p.kv_heads or p.heads,
+                                               "seqlen": p.seqlen, "head_dim": p.head_dim,
+                                               "causal": p.causal},
+                    "ranking": rows, "group_budgets": groups,
+                    "not_modelled_levers": advisor.not_modelled_levers()})
         return
     print_table(rows[:top], [("schedule", "schedule", ""), ("tiles", "tiles", ""),
-                             ("time_ms", "predicted ms", ".3f"),
-                             ("vs_best", "x best", ".3f"), ("dram_mb", "DRAM rd MB", ".1f")],
-                title=f"{gpu.name}: B{p.batch} H{p.heads}/{p.kv_heads} S{p.seqlen} "
-                      f"D{p.head_dim} {'causal' if p.causal else 'non-causal'}, ranked by the "
-                      "timed model's predicted time")
+                             ("occupancy", "CTA/SM", "d"), ("time_ms", "predicted ms", ".3f"),
+                             ("vs_best", "x best", ".3f"), ("dram_mb", "DRAM rd MB", ".1f"),
+                             ("step", "step time", "")],
+                title=f"{label}, ranked by the timed model's predicted time")
+    if groups:
+        print_table(groups, [("budget", "L2 budget", ""), ("group_units", "heads/group", "d"),
+                             ("time_ms", "predicted ms", ".3f"), ("vs_best", "x best", ".3f"),
+                             ("dram_mb", "DRAM rd MB", ".1f")],
+                    title=f"grouped+linear {ranked[0].tiles}: head-group size by L2 budget")
+    click.echo("not modelled (code generation; measure with `wavefront tune`): "
+               + ", ".join(advisor.not_modelled_levers()))
 
 
 @main.command()

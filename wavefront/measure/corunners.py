@@ -281,20 +281,30 @@ class L2Hold:
         _check(self.lib.cuCtxGetLimit(ctypes.byref(old), _CU_LIMIT_PERSISTING_L2_CACHE_SIZE),
                "cuCtxGetLimit")
         self.old_limit = old.value
-        _check(self.lib.cuCtxSetLimit(_CU_LIMIT_PERSISTING_L2_CACHE_SIZE, self.nbytes),
-               "cuCtxSetLimit(persisting L2)")
-        self.buffer = cupy.random.default_rng(11).integers(0, 1 << 30, self.nbytes // 4,
-                                                           dtype=cupy.int32)
-        self.stream = cupy.cuda.Stream(non_blocking=True)
+        try:  # whatever fails after the limit is set, the limit goes back
+            _check(self.lib.cuCtxSetLimit(_CU_LIMIT_PERSISTING_L2_CACHE_SIZE, self.nbytes),
+                   "cuCtxSetLimit(persisting L2)")
+            got = ctypes.c_size_t()
+            _check(self.lib.cuCtxGetLimit(ctypes.byref(got), _CU_LIMIT_PERSISTING_L2_CACHE_SIZE),
+                   "cuCtxGetLimit")
+            self.granted = got.value  # what the driver set aside, which it may round
+            self.buffer = cupy.random.default_rng(11).integers(0, 1 << 30, self.nbytes // 4,
+                                                               dtype=cupy.int32)
+            self.stream = cupy.cuda.Stream(non_blocking=True)
+            self._window(self.buffer.data.ptr, min(self.buffer.nbytes, self.granted))
+            self.refill()
+        except BaseException:
+            self.__exit__(None, None, None)
+            raise
+        return self
+
+    def _window(self, base: int, nbytes: int) -> None:
         value = _StreamAttrValue()
         value.accessPolicyWindow = _AccessPolicyWindow(
-            self.buffer.data.ptr, self.buffer.nbytes, 1.0, _CU_ACCESS_PROPERTY_PERSISTING,
-            _CU_ACCESS_PROPERTY_STREAMING)
+            base, nbytes, 1.0, _CU_ACCESS_PROPERTY_PERSISTING, _CU_ACCESS_PROPERTY_STREAMING)
         _check(self.lib.cuStreamSetAttribute(self.stream.ptr,
                                              _CU_STREAM_ATTRIBUTE_ACCESS_POLICY_WINDOW,
                                              ctypes.byref(value)), "cuStreamSetAttribute")
-        self.refill()
-        return self
 
     def refill(self) -> None:
         """Reads the held buffer through the window (its lines persisting)."""
@@ -306,14 +316,19 @@ class L2Hold:
         self.stream.synchronize()
 
     def __exit__(self, *exc):
-        if not self.nbytes:
+        if not self.nbytes or not hasattr(self, "old_limit"):
             return
         import cupy
         cupy.cuda.Device().synchronize()
-        _check(self.lib.cuCtxResetPersistingL2Cache(), "cuCtxResetPersistingL2Cache")
-        _check(self.lib.cuCtxSetLimit(_CU_LIMIT_PERSISTING_L2_CACHE_SIZE, self.old_limit),
-               "cuCtxSetLimit(reset)")
-        del self.buffer
+        try:
+            if hasattr(self, "stream"):
+                self._window(0, 0)  # the stream's window cleared
+            _check(self.lib.cuCtxResetPersistingL2Cache(), "cuCtxResetPersistingL2Cache")
+        finally:
+            _check(self.lib.cuCtxSetLimit(_CU_LIMIT_PERSISTING_L2_CACHE_SIZE, self.old_limit),
+                   "cuCtxSetLimit(reset)")
+            self.__dict__.pop("buffer", None)
+            del self.old_limit
 
 
 PROBE_SOURCE = r"""
@@ -443,7 +458,9 @@ def paired_rounds(points: dict, environments: dict, *, rounds: int = 6, seed: in
                 for name, (ms, cond) in times.items():
                     records.append({"gpu": dev.name, "sms": dev.sms, "environment": env_name,
                                     "round": r, "point": name, "ms": ms,
-                                    "held_bytes": hold.nbytes, "corunner_ctas": ctas,
+                                    "held_bytes": hold.nbytes,
+                                    "granted_bytes": getattr(hold, "granted", 0),
+                                    "corunner_ctas": ctas,
                                     "sm_clock_mhz": cond.sm_clock_mhz,
                                     "throttle_reasons": cond.throttle_reasons,
                                     "throttled": cond.throttled, "overran": overran,

@@ -27,7 +27,12 @@ def read_calibrations(path) -> dict[str, Calibration]:
     except (OSError, ValueError, KeyError, TypeError) as exc:
         raise ValueError(f"{path}: no timed-model calibration ({exc.__class__.__name__}: "
                          f"{exc}); run `wavefront paper` or pass --fits") from None
-    return {name: Calibration.from_dict(c) for name, c in cals.items()}
+    try:
+        return {name: Calibration.from_dict(c, f"{path}: timed_model.calibrations[{name!r}]")
+                for name, c in cals.items()}
+    except AttributeError:
+        raise ValueError(f"{path}: timed_model.calibrations must be a mapping of GPU name to "
+                         "calibration") from None
 
 
 def calibration_for(preset: str, gpu, calibrations: dict[str, Calibration]):

@@ -263,8 +263,17 @@ class MissCurves:
 
 def fit_capacity(counter_rows, gpu_name: str, *, lo_mib: float = 1.0,
                  hi_mib: float = 256.0, curves: MissCurves | None = None) -> CapacityFit:
-    """Effective LRU capacity minimising the mean squared log error of read misses."""
+    """Effective LRU capacity minimising the mean squared log error of read misses. Fitted on
+    one sequence length it is one knee point, not a curve: that warns (UserWarning)."""
+    import warnings
+
     from scipy.optimize import minimize_scalar
+    if counter_rows is not None and "seqlen" in getattr(counter_rows, "columns", ()):
+        lengths = counter_rows["seqlen"].nunique()
+        if lengths < 2:
+            warnings.warn(f"{gpu_name}: the L2 capacity is fitted on {lengths} sequence length "
+                          "only; a capacity needs points on both sides of the knee (several "
+                          "lengths) to mean anything", UserWarning, stacklevel=2)
     curves = curves or MissCurves(counter_rows)
     measured = np.asarray(curves.measured)
 

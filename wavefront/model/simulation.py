@@ -564,6 +564,42 @@ def miss_bytes_at(distances: np.ndarray, nbytes: np.ndarray, capacity: float) ->
 # L2 simulator
 # ---------------------------------------------------------------------------------------------
 
+@numba.njit(cache=True, inline="always")
+def lru_touch(q, a, w, capacity, prev, nxt, present, size, head, tail, used):
+    """The LRU's one rule, for partition q's list over tile ids: line `a` (`w` bytes) goes to
+    the head (unlinked first if present, else allocated), then the tail is evicted until the
+    partition's bytes fit `capacity` (never the line just touched)."""
+    size[a] = w
+    if present[q, a]:  # unlink, then relink at the head
+        if prev[q, a] >= 0:
+            nxt[q, prev[q, a]] = nxt[q, a]
+        else:
+            head[q] = nxt[q, a]
+        if nxt[q, a] >= 0:
+            prev[q, nxt[q, a]] = prev[q, a]
+        else:
+            tail[q] = prev[q, a]
+    else:
+        present[q, a] = True
+        used[q] += w
+    prev[q, a] = -1
+    nxt[q, a] = head[q]
+    if head[q] >= 0:
+        prev[q, head[q]] = a
+    head[q] = a
+    if tail[q] < 0:
+        tail[q] = a
+    while used[q] > capacity and tail[q] >= 0 and tail[q] != a:
+        victim = tail[q]
+        tail[q] = prev[q, victim]
+        if tail[q] >= 0:
+            nxt[q, tail[q]] = -1
+        else:
+            head[q] = -1
+        present[q, victim] = False
+        used[q] -= size[victim]
+
+
 @numba.njit(cache=True)
 def _lru_feed(address, nbytes, is_read_access, part_of_access, home_of_id, capacity, prev, nxt,
               present, size, head, tail, used, counts):
@@ -606,38 +642,7 @@ def _lru_feed(address, nbytes, is_read_access, part_of_access, home_of_id, capac
             targets[1] = p
             n_targets = 2
         for k in range(n_targets):
-            q = targets[k]
-            # The list operations below are repeated in `timed._serve` on purpose: shared as
-            # numba functions (inlined or not), they made this loop 2.7x slower (the paper's
-            # launch on the GB10 preset: 5 s -> 13-14 s).
-            if present[q, a]:  # unlink, then relink at the head
-                if prev[q, a] >= 0:
-                    nxt[q, prev[q, a]] = nxt[q, a]
-                else:
-                    head[q] = nxt[q, a]
-                if nxt[q, a] >= 0:
-                    prev[q, nxt[q, a]] = prev[q, a]
-                else:
-                    tail[q] = prev[q, a]
-            else:
-                present[q, a] = True
-                used[q] += w
-            prev[q, a] = -1
-            nxt[q, a] = head[q]
-            if head[q] >= 0:
-                prev[q, head[q]] = a
-            head[q] = a
-            if tail[q] < 0:
-                tail[q] = a
-            while used[q] > capacity and tail[q] >= 0 and tail[q] != a:
-                victim = tail[q]
-                tail[q] = prev[q, victim]
-                if tail[q] >= 0:
-                    nxt[q, tail[q]] = -1
-                else:
-                    head[q] = -1
-                present[q, victim] = False
-                used[q] -= size[victim]
+            lru_touch(targets[k], a, w, capacity, prev, nxt, present, size, head, tail, used)
 
 
 class LruL2:

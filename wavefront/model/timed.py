@@ -33,8 +33,9 @@ from dataclasses import dataclass, field
 import numba
 import numpy as np
 
+from wavefront.model.pipeline import loads_ahead_of
 from wavefront.model.simulation import (
-    KIND_O, KIND_PARTIAL_READ, _combine_pass, _hash64, _item_table, slots_of)
+    KIND_O, KIND_PARTIAL_READ, _combine_pass, _hash64, _item_table, lru_touch, slots_of)
 from wavefront.point import SECTOR_BYTES
 from wavefront.schedules import (
     WORK_BATCH, WORK_CHUNK, WORK_HEAD, WORK_MASKED_HI, WORK_MASKED_LO, WORK_Q_TILE,
@@ -50,6 +51,50 @@ class MemoryTiming:
     dram_ns: float  # a miss, unloaded
     dram_bytes_per_s: float  # sustained read bandwidth
     source: str = ""
+    # L2 bandwidth where it binds (bytes/s over all slices; 0: unbounded). Hits queue for it
+    # in arrival order like misses for the DRAM.
+    l2_bytes_per_s: float = 0.0
+
+
+@dataclass(frozen=True)
+class Exposure:
+    """What else runs on the GPU beside the attention, as inputs of the simulation (issue 49's
+    regimes): all default to nothing.
+
+    - `l2_bytes_taken`: L2 held by someone else for the whole launch (a co-runner's lines kept
+      by a persisting access-policy window): the attention's LRU gets the rest.
+    - `corunner_dram_bytes_per_s`: a co-runner's DRAM traffic (reads + writes). It takes that
+      much of the DRAM's bandwidth from the attention's queue and loads the DRAM: a miss's
+      latency grows as an M/D/1 queue's wait at that utilisation, `dram_queue_service_ns` the
+      assumed service time (a guess until a loaded pointer chase measures it).
+    - `corunner_l2_fraction`: the share of the co-runner's bytes that allocate in the L2 as
+      normal lines (1: default policy; near 0: evict-first/streaming or no-allocate stores).
+      Those lines stream through the attention's LRU in simulated time, in chunks, half of them
+      copied into both partitions (co-runner SMs sit in both).
+    - `cta_speed`: per-CTA speed multipliers (a step takes step_ns / speed), one per slot, or
+      a measured sample of any length drawn from with `seed` (e.g. per-CTA start/end clocks
+      recorded by the kernel). None: every CTA at the calibrated speed."""
+
+    l2_bytes_taken: int = 0
+    corunner_dram_bytes_per_s: float = 0.0
+    corunner_l2_fraction: float = 1.0
+    dram_queue_service_ns: float = 80.0
+    cta_speed: tuple | None = None
+    seed: int = 0
+
+    def loaded_dram_ns(self, memory: "MemoryTiming") -> float:
+        """A miss's latency with the co-runner's DRAM load (M/D/1 wait at its utilisation,
+        capped at 98%)."""
+        u = min(0.98, self.corunner_dram_bytes_per_s / memory.dram_bytes_per_s)
+        return memory.dram_ns + u * self.dram_queue_service_ns / (2 * (1 - u))
+
+
+NO_EXPOSURE = Exposure()
+# The co-runner's lines enter the LRU in chunks of this many bytes
+CORUNNER_CHUNK_BYTES = 1 << 16
+# The DRAM bandwidth left to the attention never falls below this share (arbitration keeps
+# serving every requester)
+MIN_DRAM_SHARE = 0.05
 
 
 @dataclass(frozen=True)
@@ -62,10 +107,9 @@ class ComputeTiming:
     source: str = ""
 
 
-# The kernel's K/V pipeline: tileiras multi-buffers the K and V tiles of a loop. How many steps
-# it loads ahead was not read from the SASS: two (double buffering) is an assumption, a
-# parameter of `simulate_timed`, not fitted.
-LOADS_AHEAD = 2
+# The kernel's K/V pipeline: tileiras multi-buffers the K and V tiles of a loop; how many steps
+# it loads ahead is read from each binary's SASS (`model.pipeline`, data/kv_pipeline), two
+# where a binary was not read. Not fitted.
 # The DRAM series is kept in this many bins over the launch (rebinned for comparisons).
 SERIES_BINS = 4096
 
@@ -116,6 +160,39 @@ _TEX, _NEAR, _FABRIC, _FAR, _DRAM, _WAITS = range(6)
 
 
 @numba.njit(cache=True, inline="always")
+def _l2_queue(now, w, timing, free):
+    """When a hit of `w` bytes issued at `now` has crossed the L2's bandwidth (timing[5]
+    bytes/ns, 0: unbounded; free[1]: when the L2 is next free)."""
+    if timing[5] <= 0:
+        return now
+    start = max(now, free[1])
+    free[1] = start + w / timing[5]
+    return free[1]
+
+
+@numba.njit(cache=True)
+def _corunner_until(now, state, rate, chunk, base, n_chunks, home_of, capacity, prev, nxt,
+                    present, size, head, tail, used):
+    """Stream the co-runner's L2 lines into the LRU up to time `now`: `rate` bytes/ns in
+    chunks of `chunk` bytes cycling over ids base..base+n_chunks (more than the L2 holds, so
+    every chunk is new to it). state = (time streamed to, bytes pending, next chunk)."""
+    if rate <= 0 or now <= state[0]:
+        return
+    state[1] += (now - state[0]) * rate
+    state[0] = now
+    partitions = prev.shape[0]
+    while state[1] >= chunk:
+        state[1] -= chunk
+        k = int(state[2])
+        state[2] = (k + 1) % n_chunks
+        a = base + k
+        q = home_of[a]
+        lru_touch(q, a, chunk, capacity, prev, nxt, present, size, head, tail, used)
+        if partitions == 2 and (k // 2) % 2 == 0:  # read by an SM of the other partition
+            lru_touch(1 - q, a, chunk, capacity, prev, nxt, present, size, head, tail, used)
+
+
+@numba.njit(cache=True, inline="always")
 def _serve(n_acc, acc_id, acc_bytes, acc_read, acc_ready, p, now, home_of, timing, capacity,
            prev, nxt, present, size, head, tail, used, fill, dram_free, series, counts):
     """Serve the accesses one event issues at time `now` from a CTA in partition p; each
@@ -137,7 +214,7 @@ def _serve(n_acc, acc_id, acc_bytes, acc_read, acc_ready, p, now, home_of, timin
         elif present[p, a]:
             counts[_TEX] += w
             counts[_NEAR] += w
-            ready = now + timing[0]
+            ready = _l2_queue(now, w, timing, dram_free) + timing[0]
             if fill[p, a] > ready:
                 ready = fill[p, a]
                 counts[_WAITS] += 1
@@ -151,7 +228,7 @@ def _serve(n_acc, acc_id, acc_bytes, acc_read, acc_ready, p, now, home_of, timin
                     far = True
             if far:
                 counts[_FAR] += w
-                ready = now + timing[1]
+                ready = _l2_queue(now, w, timing, dram_free) + timing[1]
                 if fill[home, a] > ready:
                     ready = fill[home, a]
                     counts[_WAITS] += 1
@@ -168,38 +245,12 @@ def _serve(n_acc, acc_id, acc_bytes, acc_read, acc_ready, p, now, home_of, timin
         acc_ready[i] = ready
         for k in range(n_targets):
             q = targets[k]
-            # `simulation._lru_feed`'s list operations, with fill times (kept inline: see there)
-            if present[q, a]:  # unlink, then relink at the head
-                if prev[q, a] >= 0:
-                    nxt[q, prev[q, a]] = nxt[q, a]
-                else:
-                    head[q] = nxt[q, a]
-                if nxt[q, a] >= 0:
-                    prev[q, nxt[q, a]] = prev[q, a]
-                else:
-                    tail[q] = prev[q, a]
+            if present[q, a]:
                 if ready > fill[q, a] and not acc_read[i]:
                     fill[q, a] = ready
             else:
-                present[q, a] = True
-                used[q] += w
                 fill[q, a] = ready
-            prev[q, a] = -1
-            nxt[q, a] = head[q]
-            if head[q] >= 0:
-                prev[q, head[q]] = a
-            head[q] = a
-            if tail[q] < 0:
-                tail[q] = a
-            while used[q] > capacity and tail[q] >= 0 and tail[q] != a:
-                victim = tail[q]
-                tail[q] = prev[q, victim]
-                if tail[q] >= 0:
-                    nxt[q, tail[q]] = -1
-                else:
-                    head[q] = -1
-                present[q, victim] = False
-                used[q] -= size[victim]
+            lru_touch(q, a, w, capacity, prev, nxt, present, size, head, tail, used)
 
 
 @numba.njit(cache=True, inline="always")
@@ -244,9 +295,9 @@ def _q_rows(q_index, q_tiles, tile_m, seqlen_q):
 @numba.njit(cache=True, error_model="numpy")
 def _run(table, n_slots, dynamic, stride, alternate, heads, kv_heads, q_tiles, kv_tiles, tile_m,
          tile_n, seqlen_q, seqlen_kv, row_bytes, partial_row_bytes, tiled, batch_heads,
-         q_base, o_base, partial_base, step_ns, item_ns, loads_ahead, part_of_slot, home_of, timing, capacity, prev, nxt,
-         present, size, head, tail, used, fill, dram_free, series, counts, item_start, item_end,
-         item_slot):
+         q_base, o_base, partial_base, step_ns, item_ns, loads_ahead, part_of_slot, home_of,
+         timing, capacity, prev, nxt, present, size, head, tail, used, fill, dram_free, series,
+         counts, item_start, item_end, item_slot, co_rate, co_chunk, co_base, co_chunks):
     """Simulate the launch; returns the time the last CTA finished (ns, from launch)."""
     n_items = table.shape[0]
     qpk = heads // kv_heads
@@ -273,6 +324,7 @@ def _run(table, n_slots, dynamic, stride, alternate, heads, kv_heads, q_tiles, k
     acc_bytes = np.empty(depth + 2, np.int64)
     acc_read = np.empty(depth + 2, np.bool_)
     acc_ready = np.empty(depth + 2, np.float64)
+    co_state = np.zeros(3, np.float64)
     n = 0
     next_item = min(n_slots, n_items)
     for s in range(min(n_slots, n_items)):
@@ -339,6 +391,8 @@ def _run(table, n_slots, dynamic, stride, alternate, heads, kv_heads, q_tiles, k
                 acc_bytes[n_acc] = q_rows * row_bytes
             acc_read[n_acc] = False
             n_acc += 1
+        _corunner_until(now, co_state, co_rate, co_chunk, co_base, co_chunks, home_of, capacity,
+                        prev, nxt, present, size, head, tail, used)
         _serve(n_acc, acc_id, acc_bytes, acc_read, acc_ready, part_of_slot[s], now, home_of,
                timing, capacity, prev, nxt, present, size, head, tail, used, fill, dram_free,
                series, counts)
@@ -384,7 +438,7 @@ def _combine(address, nbytes, kind, slot, start, sms, partitions, home_of, timin
     CTA's clock advancing with its loads (a CTA per output tile); returns when the last is
     done."""
     clock = np.full(sms, start)
-    dram_free = np.full(1, start)
+    dram_free = np.array([start, start])
     acc_id = np.empty(1, np.int64)
     acc_bytes = np.empty(1, np.int64)
     acc_read = np.empty(1, np.bool_)
@@ -411,11 +465,59 @@ def ctas_per_sm(launch: Launch) -> int:
     return max(1, -(-n_slots // launch.sms))
 
 
+# The timed model's pace on one core here (K/V steps simulated per second, paper launch: ~3 M/s)
+# and the work it takes on without being asked to
+TIMED_STEPS_PER_S = 3e6
+MAX_TIMED_STEPS = 3_000_000_000
+
+
+def timed_cost(launch: Launch) -> tuple[int, int]:
+    """(bytes the simulation allocates, K/V steps it simulates) for one launch: the LRU's
+    per-partition arrays over every tile id (three of 8 bytes and a flag, per partition, plus
+    the line sizes) and the work table's steps."""
+    p = launch.problem
+    n_ids = (p.kv_units * p.kv_tiles + 2 * p.batch * p.heads * p.q_tiles
+             + (p.batch * p.heads * p.q_tiles * launch.n_chunks
+                if launch.kv.writes_partials else 0))
+    table_bytes = launch.num_items * 8 * 16
+    steps = int(_item_steps_of(launch).sum())
+    return 2 * n_ids * (3 * 8 + 1) + 8 * n_ids + table_bytes + 4 * 8 * launch.num_items, steps
+
+
+def _item_steps_of(launch: Launch) -> np.ndarray:
+    table = _item_table(launch)
+    return table[:, WORK_SCAN_COUNT] + table[:, WORK_MASKED_HI] - table[:, WORK_MASKED_LO]
+
+
+def check_timed(launch: Launch, memory_bytes: int | None = None) -> float:
+    """Refuse, before allocating, a launch the timed model cannot hold in memory or would take
+    hours on; -> its expected seconds here (for a progress message)."""
+    from wavefront.model.simulation import available_memory_bytes
+    need, steps = timed_cost(launch)
+    memory = memory_bytes or available_memory_bytes()
+    if steps > MAX_TIMED_STEPS:
+        raise ValueError(f"this launch has {steps:.3g} K/V steps, more than the "
+                         f"{MAX_TIMED_STEPS:.0e} the timed model takes (about "
+                         f"{MAX_TIMED_STEPS / TIMED_STEPS_PER_S / 60:.0f} min): shorten seqlen "
+                         "or batch x heads")
+    if need > 0.8 * memory:
+        raise ValueError(f"the timed model needs ~{need / 2**30:.1f} GiB for this launch, more "
+                         f"than 80% of the {memory / 2**30:.1f} GiB available: shorten seqlen "
+                         "or batch x heads")
+    return steps / TIMED_STEPS_PER_S
+
+
 def simulate_timed(launch: Launch, memory: MemoryTiming, compute: ComputeTiming, *,
-                   l2_bytes: int, partitions: int = 2, loads_ahead: int = LOADS_AHEAD,
-                   horizon_ns: float | None = None) -> TimedPrediction:
+                   l2_bytes: int, partitions: int = 2, loads_ahead: int | None = None,
+                   horizon_ns: float | None = None,
+                   exposure: Exposure = NO_EXPOSURE) -> TimedPrediction:
     """Simulate one launch with clocks (see the module docstring). `l2_bytes` is the whole
-    L2, split over `partitions` (1 or 2) as in `simulation.LruL2`'s partition model."""
+    L2, split over `partitions` (1 or 2) as in `simulation.LruL2`'s partition model;
+    `loads_ahead` the K/V steps whose loads the binary keeps in flight per consumer (read
+    from its SASS: `model.pipeline`; None: the launch's binary's, as read, else assumed 2);
+    `exposure` what else runs beside it (`Exposure`)."""
+    if loads_ahead is None:
+        loads_ahead, _ = loads_ahead_of(launch)
     if partitions not in (1, 2):
         raise ValueError(f"partitions must be 1 or 2, got {partitions!r}")
     if loads_ahead < 1:
@@ -424,6 +526,14 @@ def simulate_timed(launch: Launch, memory: MemoryTiming, compute: ComputeTiming,
         if not np.isfinite(getattr(compute, name)) or getattr(compute, name) < 0:
             raise ValueError(f"compute.{name} must be a finite number >= 0, got "
                              f"{getattr(compute, name)!r}")
+    if not 0 <= exposure.l2_bytes_taken < l2_bytes:
+        raise ValueError(f"exposure.l2_bytes_taken must be in [0, l2_bytes={l2_bytes}), got "
+                         f"{exposure.l2_bytes_taken!r}")
+    if exposure.corunner_dram_bytes_per_s < 0 or not 0 <= exposure.corunner_l2_fraction <= 1:
+        raise ValueError("exposure.corunner_dram_bytes_per_s must be >= 0 and "
+                         "exposure.corunner_l2_fraction in [0, 1], got "
+                         f"{exposure.corunner_dram_bytes_per_s!r}, "
+                         f"{exposure.corunner_l2_fraction!r}")
     p = launch.problem
     table = _item_table(launch)
     n_slots, dynamic = slots_of(launch)
@@ -433,7 +543,11 @@ def simulate_timed(launch: Launch, memory: MemoryTiming, compute: ComputeTiming,
     n_q = p.batch * p.heads * p.q_tiles
     q_base, o_base, partial_base = n_kv, n_kv + n_q, n_kv + 2 * n_q
     n_ids = partial_base + (n_q * launch.n_chunks if launch.kv.writes_partials else 0)
-    capacity = int(l2_bytes // partitions)
+    co_rate = (exposure.corunner_dram_bytes_per_s * exposure.corunner_l2_fraction * 1e-9)
+    co_base = n_ids
+    co_chunks = int(2 * l2_bytes // CORUNNER_CHUNK_BYTES) + 2 if co_rate > 0 else 0
+    n_ids += co_chunks
+    capacity = int((l2_bytes - exposure.l2_bytes_taken) // partitions)
     prev = np.full((partitions, n_ids), -1, np.int64)
     nxt = np.full((partitions, n_ids), -1, np.int64)
     present = np.zeros((partitions, n_ids), np.bool_)
@@ -458,9 +572,11 @@ def simulate_timed(launch: Launch, memory: MemoryTiming, compute: ComputeTiming,
     item_start = np.zeros(len(table), np.float64)
     item_end = np.zeros(len(table), np.float64)
     item_slot = np.zeros(len(table), np.int64)
-    step_ns = np.full(n_slots, float(compute.step_ns))
-    timing = np.array([memory.l2_ns, memory.far_ns, memory.dram_ns,
-                       memory.dram_bytes_per_s * 1e-9, bin_ns], np.float64)
+    step_ns = float(compute.step_ns) / cta_speeds(exposure, n_slots)
+    dram_left = max(memory.dram_bytes_per_s - exposure.corunner_dram_bytes_per_s,
+                    MIN_DRAM_SHARE * memory.dram_bytes_per_s)
+    timing = np.array([memory.l2_ns, memory.far_ns, exposure.loaded_dram_ns(memory),
+                       dram_left * 1e-9, bin_ns, memory.l2_bytes_per_s * 1e-9], np.float64)
     lru = (capacity, prev, nxt, present, size, head, tail, used, fill)
     end = _run(table, n_slots, dynamic, launch.num_ctas, bool(launch.alternate), p.heads,
                p.kv_heads, p.q_tiles, p.kv_tiles, p.tile_m, p.tile_n, p.seqlen_q, p.seqlen_kv,
@@ -468,7 +584,8 @@ def simulate_timed(launch: Launch, memory: MemoryTiming, compute: ComputeTiming,
                bool(launch.kv.writes_partials), p.batch * p.heads, q_base, o_base, partial_base,
                step_ns,
                float(compute.item_ns), int(loads_ahead), part_of_slot, home_of, timing, *lru,
-               np.zeros(1), series, counts, item_start, item_end, item_slot)
+               np.zeros(2), series, counts, item_start, item_end, item_slot, co_rate,
+               CORUNNER_CHUNK_BYTES, co_base, max(co_chunks, 1))
     if launch.kv.writes_partials:  # the combine kernel, a second launch
         address, nbytes, kind, slot = _combine_pass(launch, launch.sms)
         address = np.where(kind == KIND_O, o_base + (address - KIND_O) // 8,
@@ -481,6 +598,20 @@ def simulate_timed(launch: Launch, memory: MemoryTiming, compute: ComputeTiming,
         fill_waits=int(counts[_WAITS]), bin_ns=bin_ns, dram_series=series,
         item_start_ns=item_start, item_end_ns=item_end, item_slot=item_slot)
 
+
+
+def cta_speeds(exposure: Exposure, n_slots: int) -> np.ndarray:
+    """Per slot, the speed multiplier of its steps: `exposure.cta_speed` as given (one per
+    slot), drawn from it with the exposure's seed (a measured sample of another length), or 1."""
+    if exposure.cta_speed is None:
+        return np.ones(n_slots)
+    speed = np.asarray(exposure.cta_speed, np.float64)
+    if speed.ndim != 1 or len(speed) == 0 or not np.all(np.isfinite(speed)) or (speed <= 0).any():
+        raise ValueError("exposure.cta_speed must be a non-empty 1-D sequence of positive "
+                         f"numbers, got {exposure.cta_speed!r}")
+    if len(speed) == n_slots:
+        return speed
+    return np.random.default_rng(exposure.seed).choice(speed, size=n_slots, replace=True)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -537,12 +668,20 @@ class Calibration:
         source = f"fitted on {self.training} ({variant_label(v)})"
         if step is None:
             near = [(k, s) for k, s in self.step_ns.items() if k[:4] == v[:4]]
+            if near:
+                k, s = min(near, key=lambda ks: abs(ks[0][4] - v[4]))
+                step = s * v[4] / k[4]
+                source = (f"fitted on {self.training} for {variant_label(k)}, scaled to "
+                          f"{v[4]} CTA/SM")
+        if step is None:  # tiles never calibrated: PROJECTED at the closest tiles' FLOP rate
+            near = [(k, s) for k, s in self.step_ns.items() if k[0] == v[0] and k[3] == v[3]]
             if not near:
                 return None
-            k, s = min(near, key=lambda ks: abs(ks[0][4] - v[4]))
-            step = s * v[4] / k[4]
-            source = (f"fitted on {self.training} for {variant_label(k)}, scaled to "
-                      f"{v[4]} CTA/SM")
+            k, s = min(near, key=lambda ks: (abs(np.log(ks[0][1] * ks[0][2] / (v[1] * v[2]))),
+                                             abs(ks[0][4] - v[4])))
+            step = s * (v[1] * v[2]) / (k[1] * k[2]) * v[4] / k[4]
+            source = (f"PROJECTED (not calibrated): {variant_label(k)}'s step on "
+                      f"{self.training} scaled by the tile's FLOPs to {variant_label(v)}")
         return ComputeTiming(step, self.item_ns, self.launch_ns, source)
 
     def as_dict(self) -> dict:
@@ -554,11 +693,46 @@ class Calibration:
                 "training": self.training, "points": self.points, "errors": self.errors}
 
     @classmethod
-    def from_dict(cls, d: dict) -> "Calibration":
-        step = {(int(r["head_dim"]), int(r["tile_m"]), int(r["tile_n"]), bool(r["causal"]),
-                 int(r["ctas_per_sm"])): float(r["ns"]) for r in d["step_ns"]}
-        return cls(d["gpu"], float(d["launch_ns"]), float(d["item_ns"]), step, d["training"],
-                   int(d["points"]), dict(d["errors"]))
+    def from_dict(cls, d: dict, where: str = "calibration") -> "Calibration":
+        """Read back `as_dict`; anything malformed (not a mapping, a missing key, a step list
+        that is empty, has a zero or negative time, or names one variant twice) is a
+        ValueError naming `where` (the file and entry) and the field."""
+        def bad(field, expected):
+            return ValueError(f"{where}: field {field!r} must be {expected}")
+        if not isinstance(d, dict):
+            raise bad("(entry)", f"a mapping of the calibration's fields, got "
+                                 f"{type(d).__name__}")
+        for key in ("gpu", "launch_ns", "item_ns", "step_ns", "training", "points", "errors"):
+            if key not in d:
+                raise bad(key, "present (missing)")
+        for key in ("launch_ns", "item_ns"):
+            value = d[key]
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not (
+                    np.isfinite(value) and value >= 0):
+                raise bad(key, f"a finite number >= 0, got {value!r}")
+        rows = d["step_ns"]
+        if not isinstance(rows, list) or not rows:
+            raise bad("step_ns", f"a non-empty list of per-variant steps, got {rows!r}")
+        step = {}
+        for i, r in enumerate(rows):
+            try:
+                key = (int(r["head_dim"]), int(r["tile_m"]), int(r["tile_n"]),
+                       bool(r["causal"]), int(r["ctas_per_sm"]))
+                ns = float(r["ns"])
+            except (KeyError, TypeError, ValueError) as exc:
+                raise bad(f"step_ns[{i}]", "a mapping with head_dim, tile_m, tile_n, causal, "
+                                           f"ctas_per_sm and ns ({exc.__class__.__name__}: "
+                                           f"{exc})") from None
+            if not np.isfinite(ns) or ns <= 0:
+                raise bad(f"step_ns[{i}].ns", f"a finite time > 0 ns, got {r['ns']!r}")
+            if key in step:
+                raise bad(f"step_ns[{i}]", f"one entry per variant; {variant_label(key)} "
+                                           "appears twice")
+            step[key] = ns
+        if not isinstance(d["errors"], dict):
+            raise bad("errors", f"a mapping, got {d['errors']!r}")
+        return cls(str(d["gpu"]), float(d["launch_ns"]), float(d["item_ns"]), step,
+                   str(d["training"]), int(d["points"]), dict(d["errors"]))
 
 
 def calibrate(gpu: str, launches: list[Launch], measured_ns, memory: MemoryTiming, *,
@@ -633,3 +807,29 @@ def replace_launch_sms(launch: Launch, sms: int) -> Launch:
     """The same launch on a GPU of `sms` SMs (the CTAs it runs are kept)."""
     from dataclasses import replace
     return replace(launch, sms=sms)
+
+
+# ---------------------------------------------------------------------------------------------
+# The baseline a clock must beat: the same compute timings without any memory
+# ---------------------------------------------------------------------------------------------
+
+def no_cache_ns(launch: Launch, compute: ComputeTiming) -> float:
+    """Kernel time with no memory system at all: launch + the busiest CTA's items x item cost
+    + its K/V steps x step time. Static schedules give each CTA its rows (s, s + stride, ...);
+    dynamic ones (and a grid's next CTA) hand the next row to the first CTA that frees up.
+    The timed model earns its clock only where it beats this on time."""
+    import heapq
+    table = _item_table(launch)
+    n_slots, dynamic = slots_of(launch)
+    steps = (table[:, WORK_SCAN_COUNT] + table[:, WORK_MASKED_HI]
+             - table[:, WORK_MASKED_LO]).astype(np.float64)
+    cost = compute.item_ns + steps * compute.step_ns
+    if not dynamic:
+        stride = launch.num_ctas
+        busiest = max(float(cost[s::stride].sum()) for s in range(min(stride, len(cost))))
+        return compute.launch_ns + busiest
+    free = [0.0] * min(n_slots, len(cost))
+    heapq.heapify(free)
+    for c in cost:
+        heapq.heappush(free, heapq.heappop(free) + float(c))
+    return compute.launch_ns + max(free)

@@ -1,0 +1,238 @@
+"""When does the sawtooth scan pay? Its predicted speed-up over DRAM bandwidth per SM, DRAM latency, step time, K/V steps in flight and L2 left.
+
+The timed model (`wavefront.model.timed`) on a scaled copy of the paper's launch: 48 persistent
+CTAs, one per SM, B2 H1 S16k D64, 64x64 tiles, one LRU of 3 MiB, so one head's K/V (4 MiB) is
+1.33x the L2, as the paper's 32 MiB head is of GB10's 24 MiB. Every other parameter is swept:
+the DRAM bandwidth each CTA gets, its latency, a K/V step's compute time, the steps the binary
+keeps in flight (read from SASS for real binaries: data/kv_pipeline) and, in a second slice, the
+L2 left to the launch. Speed-up = linear time / sawtooth time - 1. The four GPUs are placed at
+their own parameters: H100 and H200 at the paper's 48-CTA launch (the bandwidth of the whole
+DRAM over 48 CTAs, the measured step of D64 64x64 at one CTA per SM), GB10 at its calibrated
+step (experiments/timed_model.py: from the paper's own linear throughput) and B200 projected
+(guessed latencies, marked). Nothing is measured by this file: a model's map, not data.
+
+    python experiments/phase_diagram.py plot --out DIR # anywhere: figure and table
+"""
+from pathlib import Path
+
+import matplotlib.pyplot as plt
+import numpy as np
+import pandas as pd
+import seaborn as sns
+
+from wavefront.model import presets as presets_module
+from wavefront.model import simulation as simulation_module
+from wavefront.model import timed as timed_module
+from wavefront.model.presets import PRESETS
+from wavefront.model.timed import ComputeTiming, MemoryTiming, simulate_timed
+from wavefront.point import plan
+from wavefront.report.analysis import cached_table
+from wavefront.report.draft import Claim, Section, md_table, paragraphs
+from wavefront.report.experiments import run_as_script
+
+DATASETS = ()
+SMS = 48
+SHAPE = (2, 1, 16384, 64)
+L2_MIB = 3.0  # one head's K/V is 4 MiB: 1.33x the L2, the paper's ratio on GB10
+L2_NS = 143.4  # the H100's measured L2 hit
+ITEM_NS, LAUNCH_NS = 1150.0, 7000.0  # the H100's calibrated item and launch costs (rounded)
+BANDWIDTH_GBS_PER_SM = (2.0, 5.7, 10.0, 20.0, 40.0, 80.0)
+STEP_NS = (250.0, 540.0, 1000.0, 1600.0, 3000.0)
+DRAM_NS = (367.0, 600.0, 1200.0)
+DEPTHS = (1, 2, 3)
+L2_LEFT_FRACTIONS = (1.0, 0.75, 0.5, 0.25)
+SCHEDULES = ("persistent+linear", "persistent+sawtooth")
+
+
+def _launch(schedule: str):
+    return plan(SHAPE, SHAPE, sms=SMS, l2_bytes=int(L2_MIB * 2**20), causal=False,
+                schedule=schedule, tiles="64x64", occupancy=1, ctas=SMS)
+
+
+def speedup(bandwidth_per_sm: float, step_ns: float, dram_ns: float, depth: int,
+            l2_fraction: float = 1.0) -> dict:
+    """Sawtooth against linear at one point of the map (one simulation per scan)."""
+    memory = MemoryTiming(L2_NS, L2_NS, dram_ns, bandwidth_per_sm * 1e9 * SMS)
+    compute = ComputeTiming(step_ns, ITEM_NS, LAUNCH_NS)
+    out = {}
+    for schedule in SCHEDULES:
+        pred = simulate_timed(_launch(schedule), memory, compute,
+                              l2_bytes=int(L2_MIB * l2_fraction * 2**20), partitions=1,
+                              loads_ahead=depth)
+        scan = schedule.split("+")[1]
+        out[f"{scan}_ms"] = pred.kernel_ns * 1e-6
+        out[f"{scan}_dram_mb"] = pred.dram_read_bytes / 1e6
+    out["speed-up"] = out["linear_ms"] / out["sawtooth_ms"] - 1
+    return out
+
+
+def _grid() -> pd.DataFrame:
+    rows = []
+    for depth in DEPTHS:
+        for dram_ns in DRAM_NS:
+            for step in STEP_NS:
+                for bw in BANDWIDTH_GBS_PER_SM:
+                    rows.append({"slice": "map", "depth": depth, "dram_ns": dram_ns,
+                                 "step_ns": step, "bandwidth_gbs_per_sm": bw, "l2_left": 1.0,
+                                 **speedup(bw, step, dram_ns, depth)})
+    for fraction in L2_LEFT_FRACTIONS:  # the L2 slice at GB10-like bandwidth and step
+        for bw in BANDWIDTH_GBS_PER_SM:
+            rows.append({"slice": "l2", "depth": 3, "dram_ns": 600.0, "step_ns": 1600.0,
+                         "bandwidth_gbs_per_sm": bw, "l2_left": fraction,
+                         **speedup(bw, 1600.0, 600.0, 3, fraction)})
+    return pd.DataFrame(rows)
+
+
+def grid(study) -> pd.DataFrame:
+    """Every point of the map (cached in data/model_cache, keyed by the model's source)."""
+    inputs = [Path(timed_module.__file__), Path(simulation_module.__file__), Path(__file__)]
+    return cached_table(study, "phase_diagram", inputs, _grid)
+
+
+def gpu_points(study) -> pd.DataFrame:
+    """Where each GPU sits: its DRAM bandwidth per CTA of the 48, its DRAM latency and its
+    step (measured, calibrated, or projected and marked)."""
+    rows = []
+    step = {"h100": 542.0, "h200": 546.0}  # step_time's D64 64x64 1/SM calibration
+    source = {"h100": "measured step", "h200": "measured step"}
+    gb10 = _gb10_step(study)
+    if gb10 is not None:
+        step["gb10"], source["gb10"] = gb10, "step calibrated on the paper's linear TFLOP/s"
+    step["b200"] = step["h100"] * (PRESETS["h100"].peak_bf16_flops / PRESETS["h100"].sms) / (
+        PRESETS["b200"].peak_bf16_flops / PRESETS["b200"].sms)
+    source["b200"] = "projected (H100's fraction of peak; latencies guessed)"
+    for key in ("h100", "h200", "gb10", "b200"):
+        if key not in step:
+            continue
+        g = PRESETS[key]
+        rows.append({"GPU": g.name, "bandwidth_gbs_per_sm": g.dram_read_bytes_per_s / 1e9 / SMS,
+                     "dram_ns": g.dram_latency_ns, "step_ns": step[key], "source": source[key]})
+    return pd.DataFrame(rows)
+
+
+def _gb10_step(study):
+    """GB10's step calibrated from the paper's non-causal linear throughput, where the timed
+    model's experiment has computed it (None otherwise)."""
+    from wavefront.report import timed
+    try:
+        table = timed.gb10_postdictions(study)
+    except (AttributeError, FileNotFoundError, KeyError):
+        return None
+    row = table[~table["causal"]]
+    return float(row["step_ns"].iloc[0]) if len(row) else None
+
+
+def table(study) -> pd.DataFrame:
+    g = grid(study)
+    return g[g["slice"] == "map"].pivot_table(index=["depth", "dram_ns", "step_ns"],
+                                              columns="bandwidth_gbs_per_sm",
+                                              values="speed-up").reset_index()
+
+
+def figure(study):
+    g = grid(study)
+    m = g[g["slice"] == "map"]
+    gpus = gpu_points(study)
+    fig, axes = plt.subplots(len(DRAM_NS), len(DEPTHS) + 1, figsize=(17, 11.5),
+                             gridspec_kw={"width_ratios": [1] * len(DEPTHS) + [1.1]})
+    vmax = max(0.05, float(m["speed-up"].abs().max()))
+    for i, dram_ns in enumerate(DRAM_NS):
+        for j, depth in enumerate(DEPTHS):
+            ax = axes[i, j]
+            cell = m[(m["dram_ns"] == dram_ns) & (m["depth"] == depth)].pivot_table(
+                index="step_ns", columns="bandwidth_gbs_per_sm", values="speed-up")
+            sns.heatmap(cell.iloc[::-1], ax=ax, cmap="RdBu", center=0, vmin=-vmax, vmax=vmax,
+                        annot=True, fmt=".0%", annot_kws={"size": 7}, cbar=j == len(DEPTHS) - 1,
+                        cbar_kws={"label": "sawtooth speed-up over linear"})
+            ax.set_title(f"DRAM latency {dram_ns:.0f} ns, {depth} K/V step(s) in flight",
+                         fontsize=9)
+            ax.set_xlabel("DRAM bandwidth per CTA (GB/s)")
+            ax.set_ylabel("K/V step compute time (ns)")
+            near = gpus[(gpus["dram_ns"] - dram_ns).abs() == (gpus["dram_ns"].map(
+                lambda x: min(abs(x - d) for d in DRAM_NS)))] if depth == 3 else gpus.iloc[:0]
+            cols, idx = list(cell.columns), list(cell.index[::-1])
+            for k, r in near.iterrows():
+                x = np.interp(np.log(r["bandwidth_gbs_per_sm"]), np.log(cols),
+                              np.arange(len(cols))) + 0.5
+                y = np.interp(-r["step_ns"], [-s for s in idx], np.arange(len(idx))) + 0.5
+                ax.plot(x, y, marker="*", ms=13, color="k")
+                ax.annotate(r["GPU"], (x, y), xytext=(4, 4), textcoords="offset points",
+                            fontsize=8, weight="bold")
+    l2 = g[g["slice"] == "l2"].assign(**{"L2 left (fraction of 3 MiB)": lambda d: d["l2_left"]})
+    for i in range(len(DRAM_NS)):
+        ax = axes[i, -1]
+        if i == 0:
+            sns.lineplot(data=l2, x="bandwidth_gbs_per_sm", y="speed-up",
+                         hue="L2 left (fraction of 3 MiB)", marker="o", ax=ax, palette="viridis")
+            ax.set_xscale("log")
+            ax.axhline(0, color="k", lw=0.5)
+            ax.set_xlabel("DRAM bandwidth per CTA (GB/s)")
+            ax.set_ylabel("sawtooth speed-up over linear")
+            ax.set_title("L2 left: step 1600 ns, latency 600 ns, 3 steps in flight", fontsize=9)
+        else:
+            ax.axis("off")
+    axes[1, -1].text(0, 0.9, "GPUs (stars, 3 steps in flight):\n" + "\n".join(
+        f"{r.GPU}: {r.bandwidth_gbs_per_sm:.0f} GB/s per CTA, {r.dram_ns:.0f} ns, "
+        f"step {r.step_ns:.0f} ns\n  ({r.source})" for r in gpus.itertuples()),
+        fontsize=8, va="top", transform=axes[1, -1].transAxes)
+    fig.suptitle("Timed model's map of sawtooth's speed-up over linear (a model, not a "
+                 "measurement): scaled paper launch, 48 persistent CTAs, B2 H1 S16k D64 64x64, "
+                 "one 3 MiB LRU\n(K/V per head 1.33x the L2, the paper's GB10 ratio); bf16, "
+                 "non-causal", fontsize=10)
+    fig.tight_layout()
+    return fig
+
+
+def section(study) -> Section:
+    g = grid(study)
+    m = g[g["slice"] == "map"]
+    gpus = gpu_points(study)
+    pays = m[m["speed-up"] > 0.05]
+    at_gpu = []
+    for r in gpus.itertuples():
+        dram = min(DRAM_NS, key=lambda d: abs(d - r.dram_ns))
+        s = speedup(r.bandwidth_gbs_per_sm, r.step_ns, r.dram_ns, 3)
+        at_gpu.append({"GPU": r.GPU, "GB/s per CTA": f"{r.bandwidth_gbs_per_sm:.1f}",
+                       "DRAM ns": f"{r.dram_ns:.0f}", "step ns": f"{r.step_ns:.0f}",
+                       "speed-up (3 in flight)": f"{s['speed-up']:+.1%}",
+                       "DRAM MB linear / sawtooth": f"{s['linear_dram_mb']:.0f} / "
+                                                    f"{s['sawtooth_dram_mb']:.0f}",
+                       "step from": r.source, "map row": f"{dram:.0f} ns"})
+    at_gpu = pd.DataFrame(at_gpu)
+    hopper = at_gpu[at_gpu["GPU"].str.startswith("H")]
+    hopper_gain = [float(x.strip("%+")) / 100 for x in hopper["speed-up (3 in flight)"]]
+    text = f"""## When the scan pays: the timed model's map
+
+{paragraphs(
+    "The timed model on a scaled copy of the paper's launch (48 persistent CTAs, one head's K/V "
+    "1.33x a 3 MiB L2, as the paper's head is of GB10's 24 MiB), every machine parameter swept: "
+    "DRAM bandwidth per CTA, DRAM latency, a K/V step's compute time, the K/V steps the binary "
+    "keeps in flight, and the L2 left. Sawtooth's speed-up over linear at each point, and the "
+    "four GPUs placed at their own parameters (stars, at the map's nearest latency row).")}
+
+![phase_diagram](figures/phase_diagram.png)
+
+{md_table(at_gpu)}
+
+{paragraphs(
+    f"Sawtooth gains more than 5% at {len(pays)} of {len(m)} points of the map, all where "
+    "the DRAM bandwidth per CTA is low against the bytes a step needs from it (step time short "
+    "or bandwidth small): the scan's saving turns into time only where linear is DRAM-bound. "
+    "With the bandwidth a 48-CTA launch gets on Hopper, the map predicts no gain at any step "
+    "time or depth, which is what the Hopper measurements show (paper_launch, regimes).")}
+"""
+    claims = [
+        Claim("On Hopper (H100, H200 at the paper's 48-CTA launch) the map predicts sawtooth's "
+              "speed-up under 2%", bool(len(hopper) == 2 and max(hopper_gain) < 0.02),
+              at_gpu.to_dict("records")),
+        Claim("Every point of the map where sawtooth gains more than 5% has at most 10 GB/s of "
+              "DRAM bandwidth per CTA", bool(len(pays) == 0
+                                             or pays["bandwidth_gbs_per_sm"].max() <= 10),
+              pays[["depth", "dram_ns", "step_ns", "bandwidth_gbs_per_sm", "speed-up"]]
+              .round(4).to_dict("records")),
+    ]
+    return Section(text, claims)
+
+
+if __name__ == "__main__":  # the same as `wavefront experiment ACTION NAME`
+    run_as_script(__file__)
