@@ -1,30 +1,21 @@
 """The experiments, one module each (see `wavefront.report.experiments` for what a module
-defines). `DRAFT` is the paper draft: the experiments whose sections it prints, in order,
-between the report's front matter (question, method) and its closing lists."""
+defines).
+
+`DRAFT` is the paper (`paper/draft.md`): the experiments whose sections make its results and its
+model, in order, between the paper's front matter (abstract, introduction, related work, method)
+and its closing parts (what would make the scan pay, threats to validity, conclusion). A name in
+`PARTS` opens a new part of the paper before its section. `APPENDICES` are the rest, each rendered
+the same way into `paper/appendix_<name>.md`; an experiment with a figure and no section joins
+the appendix of full tables with its figure and table."""
 
 DRAFT = (
-    "foundation",
-    "bench_rounds",
-    "schedule_cost",
-    "lever_search",
-    "untuned_shapes",
-    "carry_over",
-    "public_call",
-    "d128_limits",
-    "varlen_batches",
-    "headline",
-    "ablation",
     "paper_launch",
+    "ablation",
     "starved_launch",
-    "counter_variance",
-    "knee",
-    "tiled",
-    "tiled_fit",
-    "kernel_drift",
-    "throughput_vs_misses",
     "dram_bound",
     "ctas_in_flight",
     "causal_gqa",
+    "tiled",
     "regimes",
     "exposure_corunners",
     "exposure_small_l2",
@@ -32,6 +23,18 @@ DRAFT = (
     "warp_states",
     "production_bytes",
     "timed_model",
-    "predictions",
-    "scaling",
 )
+
+# the part of the paper a section opens (its heading, before that section)
+PARTS = {
+    "paper_launch": "Results",
+    "timed_model": "The model",
+}
+
+APPENDICES = {
+    "kernel": ("schedule_cost", "lever_search", "d128_limits", "carry_over"),
+    "call": ("public_call", "untuned_shapes", "varlen_batches"),
+    "first_kernel": ("foundation", "bench_rounds", "scaling"),
+    "counters": ("counter_variance", "kernel_drift", "throughput_vs_misses"),
+    "tables": ("knee", "headline", "tiled_fit", "predictions"),
+}

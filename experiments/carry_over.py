@@ -16,13 +16,13 @@ round, with 95% intervals. The first-call timing is not the evidence: the rounds
     mv data/carry_over/bench.jsonl data/carry_over/h100.jsonl   # that GPU's rounds
     python experiments/carry_over.py plot --out DIR
 """
+import matplotlib.pyplot as plt
 import pandas as pd
 
 from wavefront.point import KERNEL_LEVERS
-from wavefront.report import figures
 from wavefront.report.draft import Section, md_table, wrap
 from wavefront.report.experiments import run_as_script
-from wavefront.report.figures import short_gpu
+from wavefront.report.figures import plain_log, short_gpu, style
 from wavefront.results.measurement import paired_ratio
 from wavefront.results.records import BENCH_RECORDS, by_shape
 
@@ -83,8 +83,51 @@ def rows(study) -> pd.DataFrame:
     return pd.DataFrame(out)
 
 
+def _draw(d: pd.DataFrame):
+    """Per held-out shape-mask, one row of panels per GPU: the configuration the measured
+    carry-over chose against the one "nearest" takes (paired by round, 95% interval), and the
+    public call against cuDNN."""
+    shapes = list(dict.fromkeys(d["shape"]))
+    gpus = sorted(set(d["GPU"]))
+    with style():
+        fig, axes = plt.subplots(len(gpus), 2, figsize=(11.5, len(gpus) * (0.36 * len(shapes)
+                                                                              + 1.2) + 0.6),
+                                 sharey=True, sharex="col", squeeze=False)
+        for row, gpu in zip(axes, gpus):
+            sub = d[d["GPU"] == gpu]
+            y = sub["shape"].map({s: i for i, s in enumerate(shapes)})
+            ax = row[0]
+            for differs, color, label in ((True, "tab:blue", "chose another configuration"),
+                                          (False, "tab:gray", "chose the nearest's")):
+                part = sub["differs"] == differs
+                ax.errorbar(sub["chosen vs nearest"][part], y[part],
+                            xerr=[(sub["chosen vs nearest"] - sub["lo"])[part],
+                                  (sub["hi"] - sub["chosen vs nearest"])[part]],
+                            fmt="o", ms=4, capsize=2, color=color, label=label)
+            ax.axvline(1.0, color="k", ls="--", lw=1)
+            ax.set_title(f"{gpu}: measured choice vs 'nearest'", fontsize=9)
+            ax.legend(fontsize=9, loc="lower right")
+            ax = row[1]
+            ax.errorbar(sub["call x cudnn"], y, xerr=[sub["call x cudnn"] - sub["call x cudnn lo"],
+                                                      sub["call x cudnn hi"] - sub["call x cudnn"]],
+                        fmt="o", ms=4, capsize=2, color="tab:orange", label="public call")
+            ax.axvline(1.0, color="k", ls="--", lw=1)
+            ax.set_xscale("log")
+            plain_log(ax.xaxis, ticks=[0.9, 1.0, 1.2, 1.5, 2.0, 3.0])
+            ax.set_title(f"{gpu}: the call, measured carry-over", fontsize=9)
+            row[0].set_yticks(range(len(shapes)))
+            row[0].set_yticklabels(shapes, fontsize=9)
+        axes[0][0].invert_yaxis()
+        axes[-1][0].set_xlabel("chosen / nearest's configuration, time ratio (> 1: faster)")
+        axes[-1][1].set_xlabel("public call / cuDNN, time ratio (> 1: faster; log)")
+        fig.suptitle("Measured carry-over on held-out shapes, bf16: 15 interleaved rounds x 5 "
+                     "launches, ratios paired by round, 95% intervals", fontsize=9)
+        fig.tight_layout()
+    return fig
+
+
 def figure(study):
-    return figures.carry_over(rows(study))
+    return _draw(rows(study))
 
 
 def table(study) -> pd.DataFrame:

@@ -16,9 +16,9 @@ test in this sweep:
 """
 import pandas as pd
 
-from wavefront.report import figures
 from wavefront.report.draft import Section, md_table, paragraphs
 from wavefront.report.experiments import run_as_script
+from wavefront.report.figures import short_gpu
 from wavefront.results.measurement import spread
 
 GRID = """
@@ -59,7 +59,7 @@ def repeats(study) -> pd.DataFrame:
         c = study.counters(dataset)
         frames.append(c.assign(metric_set=metric_set))
     d = pd.concat(frames, ignore_index=True)
-    d["GPU"] = d["gpu"].map(figures.short_gpu)
+    d["GPU"] = d["gpu"].map(short_gpu)
     d["configuration"] = ("D" + d["head_dim"].astype(str) + " "
                           + d["cta_schedule"] + "+" + d["kv_schedule"]
                           + d["causal"].map({True: " causal", False: ""}))
@@ -67,8 +67,29 @@ def repeats(study) -> pd.DataFrame:
     return d
 
 
+CAPTION = ("Counters over repeated launches on each GPU (B=1 H=1 S=128k bf16, Nsight Compute, "
+           "cold L2 each launch): DRAM reads over the compulsory bytes, one dot per launch, per "
+           "metric set (several replay passes, or one).")
+
+
 def figure(study):
-    return figures.repeat_spread(repeats(study))
+    """Every repeat of each configuration: DRAM reads over the compulsory bytes, per metric set
+    (several replay passes vs one); ticks spread over the data's own range."""
+    import numpy as np
+    import seaborn as sns
+    from wavefront.report.figures import plain_log
+    d = repeats(study)
+    g = sns.catplot(data=d, x="DRAM read / compulsory", y="configuration", hue="metric_set",
+                    col="GPU", kind="strip", dodge=True, height=3.6, aspect=1.6, jitter=False)
+    g.set(xscale="log")
+    lo, hi = float(d["DRAM read / compulsory"].min()), float(d["DRAM read / compulsory"].max())
+    ticks = sorted({float(f"{x:.2g}") for x in np.geomspace(lo, hi, 6)})
+    for ax in g.axes.flat:
+        plain_log(ax.xaxis, ticks)
+    g.set_axis_labels("DRAM reads / compulsory (log; a dot per launch)", "")
+    g.figure.suptitle("Counters over repeated launches, B=1 H=1 S=128k bf16 (ncu, cold L2 each "
+                      "launch)", y=1.04)
+    return g.figure
 
 
 def table(study):

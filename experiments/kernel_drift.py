@@ -180,30 +180,37 @@ def figure(study):
     t = timelines(sampled_launches(study))
     t = t[t["schedule"] == "persistent+linear"]
     gpus = sorted(t["GPU"].unique())
+    d = d.assign(kernel=d["kernel"] + ", " + d["GPU"])
+    t = t.assign(kernel=t["kernel"] + ", " + t["GPU"])
+    # one colour per kernel and GPU, the same in every panel, none reused
+    names = sorted(set(d["kernel"]) | set(t["kernel"]))
+    palette = dict(zip(names, sns.color_palette("tab20" if len(names) > 10 else "tab10",
+                                                len(names))))
     fig = plt.figure(figsize=(12, 8.4))
     grid = fig.add_gridspec(2, max(2, len(gpus)))
     for col, (y, label) in enumerate((("x compulsory", "DRAM reads / compulsory bytes (log)"),
                                       ("ncu ms", "launch duration under ncu (ms)"))):
         ax = fig.add_subplot(grid[0, col])
         # no random jitter: `plot` and `wavefront paper` draw the same bytes
-        sns.stripplot(data=d.assign(kernel=d["kernel"] + ", " + d["GPU"]), x="schedule", y=y,
-                      hue="kernel", dodge=True, ax=ax, size=6,
+        sns.stripplot(data=d, x="schedule", y=y, hue="kernel", palette=palette,
+                      hue_order=[k for k in names if k in set(d["kernel"])], dodge=True, ax=ax,
+                      size=6,
                       jitter=False, alpha=0.8, legend=col == 0)
         ax.set(xlabel="schedule", ylabel=label)
         if col == 0:
             ax.set_yscale("log")
-            ax.legend(fontsize=7, title="each kernel in its own profile harness",
-                      title_fontsize=7)
+            ax.legend(fontsize=9, title="each kernel in its own profile harness",
+                      title_fontsize=9)
     for col, gpu in enumerate(gpus):
         ax = fig.add_subplot(grid[1, col])
         sub = t[t["GPU"] == gpu]
-        sns.lineplot(data=sub, x="ms", y="DRAM read TB/s", hue="kernel", units="launch",
+        sns.lineplot(data=sub, x="ms", y="DRAM read TB/s", hue="kernel", palette=palette,
+                     units="launch",
                      estimator=None, lw=0.6, alpha=0.8, ax=ax)
         ax.set(xlabel="time since the launch began (ms)", ylabel="DRAM read (TB/s)",
                title=f"{gpu}, PM sampling in one harness: {sub['launch'].nunique()} "
                      "persistent+linear launches", ylim=(0, None))
-        ax.title.set_fontsize(9)
-        ax.legend(fontsize=7)
+        ax.legend(fontsize=9)
     fig.suptitle("B1 H1 S256k D128 bf16, 128x64 tiles, 264 CTAs, non-causal (ncu, cold L2)\n"
                  "Top: DRAM reads and duration per launch. Bottom: DRAM read rate over each "
                  "launch (~100 us bins), one line per launch", fontsize=9)

@@ -29,7 +29,6 @@ import pandas as pd
 from scipy.stats import spearmanr
 
 from wavefront.measure.rounds import SLOW_HOST
-from wavefront.report import figures
 from wavefront.report.draft import Section, md_table, paragraphs, span
 from wavefront.report.experiments import run_as_script
 from wavefront.report.figures import short_gpu
@@ -179,13 +178,32 @@ def probe_rounds(study) -> pd.DataFrame:
 USUAL_PROBE, SLOW_PROBE = 1.15, SLOW_HOST
 
 
+CAPTION = ("The public call against the bound launcher it resolves to, per GPU, shape and mask "
+           "(`wavefront bench` rounds, bf16; the latest run of each, the ratio paired by round "
+           "with its 95% interval; dashed: the call's target, dotted: no host cost).")
+
+
 def figure(study):
+    import matplotlib.pyplot as plt
     d = rows(study)
     d = d[d["shape"].isin(TARGETS)]
-    gpus = ", ".join(sorted(set(d["GPU"])))
-    per_round = probe_rounds(study)
-    return figures.public_call(d, TARGETS, gpus,
-                               per_round[per_round["shape"] == SHORT], SHORT)
+    latest = d.groupby(["shape", "GPU", "mask"], sort=False).tail(1)
+    shapes = list(TARGETS)
+    fig, axes = plt.subplots(1, len(shapes), figsize=(5.5 * len(shapes), 3.8), squeeze=False)
+    for ax, shape in zip(axes[0], shapes):
+        sub = latest[latest["shape"] == shape].reset_index(drop=True)
+        labels = [f"{short_gpu(r['GPU'])} {r['mask']}\n({r['run']})" for _, r in sub.iterrows()]
+        ax.errorbar(range(len(sub)), sub["x bound"],
+                    yerr=[sub["x bound"] - sub["x bound lo"], sub["x bound hi"] - sub["x bound"]],
+                    fmt="o", capsize=3)
+        ax.axhline(TARGETS[shape], color="k", ls="--", lw=1)
+        ax.axhline(1.0, color="gray", ls=":", lw=1)
+        ax.set_xticks(range(len(sub)), labels)
+        ax.set_xlim(-0.5, len(sub) - 0.5)
+        ax.set(title=shape, ylabel="public call / bound launch (TFLOP/s)")
+    fig.suptitle("`wavefront.attention` as users call it against its bound launcher")
+    fig.tight_layout()
+    return fig
 
 
 def table(study) -> pd.DataFrame:
@@ -357,7 +375,7 @@ def section(study) -> Section:
             and bool((wide["x cudnn"] >= 1.0).all()),
             _evidence(d, "x cudnn", shape=True))
     intro = paragraphs(
-        "Issue 20 began with a user's view: the kernel was fast in `wavefront bench`, but "
+        "This part began with a user's view: the kernel was fast in `wavefront bench`, but "
         "`wavefront.attention` as a model calls it was not, because every call built a "
         "launcher and its work table. `experiments/public_call.py` reads "
         "every bench run that timed the call (contender `api`) beside the bound launcher it "
@@ -365,8 +383,8 @@ def section(study) -> Section:
         "ratios paired by round, 95% intervals; each run's commit and calls per round "
         "named). Where the launch is long the call costs what the launcher costs. Where it "
         "is as short as the host work around it, it does not. The table holds each shape's "
-        "runs at its latest two commits, the figure every run of the two shapes issue 20 "
-        "names. Three more runs at a20efe1 printed their tables, but their records did not "
+        "runs at its latest two commits, the figure every run of the two shapes the "
+        "targets name. Three more runs at a20efe1 printed their tables, but their records did not "
         "come back from the host: `data/public_call/RUNS.md`, section a20efe1, lists them (one "
         "below 0.9 on both masks).")
     s.text = f"""## The call users make

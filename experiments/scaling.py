@@ -10,9 +10,9 @@ come from the runs' manifests.
     wavefront sweep experiments/knee.py --out data/scaling_2gpu --gpus 2     # every GPU
     python experiments/scaling.py plot --out DIR                  # anywhere: the figure
 """
+import matplotlib.pyplot as plt
 import pandas as pd
 
-from wavefront.report import figures
 from wavefront.report.draft import Section, md_table
 from wavefront.report.experiments import run_as_script
 from wavefront.report.analysis import medians
@@ -45,8 +45,24 @@ def paired(study) -> pd.DataFrame:
     return pd.concat(out, ignore_index=True)
 
 
+def _draw(p: pd.DataFrame, wall_one: float, wall_two: float):
+    """`p`: per point, the median on one GPU and on two (`experiments/scaling.py`)."""
+    fig, axes = plt.subplots(1, 2, figsize=(9, 3.8))
+    for ax, (metric, sub) in zip(axes, p.groupby("metric")):
+        ax.scatter(sub["one"], sub["two"], s=18)
+        lo, hi = min(sub["one"].min(), sub["two"].min()), max(sub["one"].max(), sub["two"].max())
+        ax.plot([lo, hi], [lo, hi], color="k", lw=0.8)
+        scale = "log" if metric.startswith("DRAM") else "linear"
+        ax.set(xscale=scale, yscale=scale, xlabel=f"{metric}, one GPU (median of 3)",
+               ylabel=f"{metric}, two GPUs (median of 3)")
+    fig.suptitle(f"H200 x2: knee sweep (216 tasks) on one GPU in {wall_one:.0f} s and on two "
+                 f"in {wall_two:.0f} s ({wall_two / wall_one:.2f}x); a dot per point ({len(p) // 2})")
+    fig.tight_layout()
+    return fig
+
+
 def figure(study):
-    return figures.scaling(paired(study), _wall(study, "scaling_1gpu", 1),
+    return _draw(paired(study), _wall(study, "scaling_1gpu", 1),
                            _wall(study, "scaling_2gpu", 2))
 
 

@@ -8,12 +8,13 @@ tuned ones (128x128, two consumer warpgroups), on the H100 (twice) and the H200.
     python experiments/schedule_cost.py run            # on a GPU: bench into data/schedule_cost/
     python experiments/schedule_cost.py plot --out DIR # anywhere: the paper's figure
 """
+import matplotlib.pyplot as plt
+import numpy as np
 import pandas as pd
 
-from wavefront.report import figures
 from wavefront.report.draft import Section, md_table, wrap
 from wavefront.report.experiments import run_as_script
-from wavefront.report.figures import short_gpu
+from wavefront.report.figures import short_gpu, style
 from wavefront.results.measurement import PEER_NAMES, paired_ratio, paired_references
 from wavefront.results.records import BENCH_RECORDS, PRINTOUT_RECORDS, by_shape
 
@@ -104,8 +105,47 @@ def summary(d: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(out)
 
 
+def _draw(d: pd.DataFrame):
+    """Every schedule's speed against grid+linear of the same rounds (paired by round, 95%
+    interval) at B=1 H=32 S=8k, per shape (columns) and bench run (rows); dashed: cuDNN."""
+    d = d[d["shape"].str.startswith("B1 H32 S8k") & ~d["schedule"].str.contains(r"\[")]
+    runs = list(dict.fromkeys(d["run"]))
+    shapes = list(dict.fromkeys(d["shape"]))
+    order = list(dict.fromkeys(d["schedule"]))  # the bench's order, the same in every panel
+    where = {name: i for i, name in enumerate(order)}
+    with style():
+        fig, axes = plt.subplots(len(runs), len(shapes), figsize=(3.3 * len(shapes) + 1.5,
+                                                                 2.9 * len(runs) + 0.8),
+                                 sharey=True, squeeze=False)
+        for i, run in enumerate(runs):
+            for j, shape in enumerate(shapes):
+                ax = axes[i][j]
+                sub = d[(d["run"] == run) & (d["shape"] == shape)]
+                y = sub["schedule"].map(where).to_numpy()
+                colors = np.where(sub["schedule"].str.endswith("sawtooth"), "tab:orange",
+                                  "tab:blue")
+                ax.errorbar(sub["vs grid"], y, xerr=[sub["vs grid"] - sub["vs grid lo"],
+                                                     sub["vs grid hi"] - sub["vs grid"]],
+                            fmt="none", ecolor="gray", capsize=2)
+                ax.scatter(sub["vs grid"], y, c=colors, zorder=3, s=18)
+                grid_vs_cudnn = sub.loc[sub["schedule"] == "grid+linear", "vs cudnn"]
+                if len(grid_vs_cudnn):
+                    ax.axvline(1 / float(grid_vs_cudnn.iloc[0]), color="k", ls="--", lw=1)
+                ax.axvline(1.0, color="gray", lw=0.8)
+                ax.set_yticks(range(len(order)))
+                ax.set_yticklabels(order, fontsize=9)
+                gpu = sub["GPU"].iloc[0] if len(sub) else ""
+                ax.set_title(f"{gpu} {shape.replace('B1 H32 S8k ', '')}, {run}", fontsize=9)
+                ax.set_xlabel("speed vs grid+linear", fontsize=9)
+        fig.suptitle("What a schedule costs by itself (table-driven kernel, B=1 H=32 S=8k bf16, "
+                     "K/V in L2): speed vs grid+linear paired by interleaved round, 95% "
+                     "intervals; blue linear, orange sawtooth, dashed cuDNN", fontsize=9)
+        fig.tight_layout()
+    return fig
+
+
 def figure(study):
-    return figures.schedule_cost(study_rows(study))
+    return _draw(study_rows(study))
 
 
 def table(study):

@@ -30,6 +30,12 @@ ATTENTION_CTAS = 48
 ROUNDS = 6
 
 
+CAPTION = ("The paper's launch beside a streaming read kernel on the SMs it leaves idle, per "
+           "GPU and mask (B8 H1 S128k D64 bf16, 64x64 tiles, 48 persistent CTAs, today's "
+           "kernel): linear's time against the number of stream CTAs, and sawtooth's TFLOP/s "
+           "against linear's, paired by round with 95% intervals. The bandwidth the stream "
+           "leaves the attention is not measured.")
+
 def measure(out_dir) -> int:
     """The rounds on this GPU, appended to <out_dir>/rounds.jsonl. -> failures (0)."""
     from wavefront.device import current_device
@@ -96,7 +102,7 @@ def figure(study):
         ax.axhline(0, color="k", lw=0.8)
     axes[0].set_ylabel("linear's time vs no stream (%)")
     axes[1].set_ylabel("sawtooth vs linear, TFLOP/s (%)")
-    axes[0].legend(fontsize=8)
+    axes[0].legend(fontsize=9)
     axes[1].set_title(f"paired by round ({int(t['rounds'].min())} rounds), 95% CI", fontsize=9)
     fig.suptitle(f"The paper's launch beside a DRAM stream on {gpus}: B8 H1 S128k D64 bf16, "
                  "64x64, 48 persistent CTAs; the stream on the other SMs")
@@ -127,8 +133,8 @@ stream's loads reach DRAM is checked by a probe (data/starved_launch/NOTES.md) a
 bytes on a short run (not part of this data set). How much bandwidth it leaves the attention
 is not measured: the stream's own clock-based rate over longer runs exceeds what HBM3 can
 deliver, so this section states SMs streaming, not GB/s left. What it does show: on Hopper a
-launch that asks DRAM for a few percent of its bandwidth (the section above) is barely slowed by a
-DRAM stream on every other SM, and sawtooth's saving of DRAM traffic does not become speed.
+launch that asks DRAM for under 5% of its bandwidth (the section above) is slowed by less than 2%
+by a DRAM stream on every other SM, and sawtooth's saving of DRAM traffic does not become speed.
 
 {md_table(shown)}
 
@@ -136,11 +142,11 @@ DRAM stream on every other SM, and sawtooth's saving of DRAM traffic does not be
 """
     claims = [
         ("Sawtooth runs at linear's speed beside the DRAM stream at every level: every paired "
-         "95% interval includes no change and lies within a few percent of it",
-         bool(((t["lo"] <= 1) & (t["hi"] >= 1) & (t["lo"] > 0.97) & (t["hi"] < 1.03)).all()),
+         "95% interval includes no change and lies within 2.5% of it",
+         bool(((t["lo"] <= 1) & (t["hi"] >= 1) & (t["lo"] > 0.975) & (t["hi"] < 1.025)).all()),
          f"intervals {list(zip(t['lo'].round(4), t['hi'].round(4)))}"),
-        ("and the stream changes linear's time by a few percent at most", bool(
-            (t["linear slowdown"].abs() < 0.05).all()),
+        ("and the stream changes linear's time by less than 2%", bool(
+            (t["linear slowdown"].abs() < 0.02).all()),
          f"slowdowns {t['linear slowdown'].round(4).tolist()}"),
         ("and the stream outlasted every round it was meant to starve",
          bool((t["overran"] == 0).all()), f"overran {t['overran'].tolist()}"),

@@ -6,7 +6,6 @@
 import pandas as pd
 
 from wavefront.model.fits import BOOTSTRAP
-from wavefront.report import figures
 from wavefront.report.analysis import TIMED_EXPERIMENTS
 from wavefront.report.draft import Section, errors_row, interval, md_table
 from wavefront.report.experiments import run_as_script
@@ -14,9 +13,36 @@ from wavefront.report.experiments import run_as_script
 DATASETS = TIMED_EXPERIMENTS
 
 
+CAPTION = ("Throughput against DRAM traffic per executed FLOP, every timed point on each GPU "
+           "(today's kernel). The line is the fitted throughput model's max(compute, DRAM) "
+           "time turned into TFLOP/s: a fit through the points (in sample), not an upper "
+           "bound, so points lie on both sides of it.")
+
+
 def figure(study):
+    import numpy as np
+    import seaborn as sns
+    from wavefront.report.figures import short_gpu
     fits, joined = study.throughput
-    return figures.throughput_vs_misses(joined, fits)
+    d = joined.copy()
+    d["GPU"] = d["gpu"].map(short_gpu)
+    d["DRAM bytes / FLOP"] = (d["dram_read_bytes"] + d["dram_write_bytes"]) / d["executed_flops"]
+    g = sns.relplot(data=d, x="DRAM bytes / FLOP", y="tflops", hue="head_dim", style="causal",
+                    col="GPU", height=3.6, aspect=1.2, palette="deep")
+    for gpu, ax in g.axes_dict.items():
+        fit = fits.get(gpu)
+        if fit:
+            x = np.logspace(np.log10(d["DRAM bytes / FLOP"].min()),
+                            np.log10(d["DRAM bytes / FLOP"].max()), 100)
+            ax.plot(x, fit.roof_tflops(x), color="k", lw=1)
+            above = (d.loc[d["GPU"] == gpu, "tflops"] > fit.roof_tflops(
+                d.loc[d["GPU"] == gpu, "DRAM bytes / FLOP"].to_numpy())).mean()
+            ax.set_title(f"{gpu}: {above:.0%} of the points above the fitted line")
+    g.set(xscale="log")
+    g.set_axis_labels("DRAM bytes per executed FLOP (log)", "TFLOP/s (useful FLOPs)")
+    g.figure.suptitle("Throughput vs DRAM traffic, every timed point (line: the fitted "
+                      "max(compute, DRAM) model, in sample)", y=1.03)
+    return g.figure
 
 
 def section(study) -> Section:

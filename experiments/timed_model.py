@@ -229,7 +229,7 @@ Held out, per family and GPU, **above the knee only** (points reading more than 
 compulsory bytes, where the L2 matters): |relative error| of the median DRAM reads, the timed
 model's beside the lock-step partition model's on the same points, and of kernel time
 (CUDA-event median), the timed model's beside a no-cache model's (launch + the busiest CTA's
-items x item cost + steps x step time, the same calibration, no memory at all). The issue's
+items x item cost + steps x step time, the same calibration, no memory at all). The
 targets: DRAM within 10% (median) and 25% (p90), time within 10% (median). "Clock vs
 no-cache": beats or loses where the medians differ by at least
 {timed.CLOCK_MARGIN:.1%} (points), ties otherwise.
@@ -275,7 +275,8 @@ dilute the line above):
     "do not spread as far. The non-causal persistent launch at S=256k (one of the four below) "
     f"is under-predicted ({s256.min():.2f}-{s256.max():.2f}x of the measured bytes): with "
     "every CTA at the same step time the simulated convoy never breaks, while the measured "
-    "launch's reads pile up in its second half as its CTAs drift apart (the figure; the "
+    "launch's reads pile up in its second half as its CTAs drift apart, we suppose (the "
+    "figure; the "
     "kernel-drift section). Both point at "
     "the one thing the clock does not have: CTA-to-CTA variation in speed (SM clocks, L2 "
     "slice distance, co-resident CTAs), which neither the microbenchmarks nor the training "
@@ -285,7 +286,7 @@ dilute the line above):
 
 Time-resolved (the figure's lower panels): PM sampling's DRAM read series of four launches
 against the simulated series, as the cumulative fraction of the launch's reads over its
-duration (ncu locks clocks, so the time axis is normalised; ncu 2025.3.1 offers no L2
+duration (normalised to the launch, as the two clocks differ; ncu 2025.3.1 offers no L2
 hit-rate series to compare).
 
 {md_table(series_shown)}

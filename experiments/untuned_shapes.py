@@ -13,15 +13,15 @@ SDPA. Ratios are paired by round, with 95% intervals.
     mv data/untuned_shapes/bench.jsonl data/untuned_shapes/h100.jsonl   # replace that GPU's rounds
     python experiments/untuned_shapes.py plot --out DIR
 """
+import matplotlib.pyplot as plt
 import pandas as pd
 
 from wavefront.kernel.tuning import (CONFIG_FIELDS, entry_key, entry_shapes, ranked_entries,
                                      tuned_entry)
 from wavefront.point import KERNEL_LEVERS
-from wavefront.report import figures
 from wavefront.report.draft import Section, md_table, span, wrap
 from wavefront.report.experiments import run_as_script
-from wavefront.report.figures import short_gpu
+from wavefront.report.figures import plain_log, short_gpu, style
 from wavefront.results.measurement import PEER_NAMES, paired_ratio
 from wavefront.results.records import BENCH_RECORDS, by_shape, shape_name
 
@@ -130,8 +130,43 @@ def held_out(d: pd.DataFrame) -> pd.Series:
     return d.apply(absent, axis=1)
 
 
+def _draw(d: pd.DataFrame):
+    """Speed against cuDNN (paired by round, 95% interval) per held-out shape, one panel per
+    GPU: the plain default, the configuration the public call resolved to (bound) and the
+    call itself."""
+    shapes = list(dict.fromkeys(d["shape"]))
+    gpus = sorted(set(d["GPU"]))
+    roles = ("plain default", "resolved, bound", "public call")
+    colors = dict(zip(roles, ("tab:gray", "tab:blue", "tab:orange")))
+    with style():
+        fig, axes = plt.subplots(1, len(gpus), figsize=(4.6 * len(gpus) + 1.8,
+                                                        0.42 * len(shapes) + 1.6),
+                                 sharey=True, squeeze=False)
+        for ax, gpu in zip(axes[0], gpus):
+            for i, role in enumerate(roles):
+                sub = d[(d["contender"] == role) & (d["GPU"] == gpu)]
+                y = sub["shape"].map({s: k for k, s in enumerate(shapes)}) + (i - 1) * 0.22
+                ax.errorbar(sub["x cudnn"], y, xerr=[sub["x cudnn"] - sub["x cudnn lo"],
+                                                     sub["x cudnn hi"] - sub["x cudnn"]],
+                            fmt="o", ms=4, capsize=2, color=colors[role], label=role)
+            ax.axvline(1.0, color="k", ls="--", lw=1)
+            ax.set_xscale("log")
+            plain_log(ax.xaxis, ticks=[0.6, 0.8, 1.0, 1.5, 2.0, 3.0])
+            ax.set_yticks(range(len(shapes)))
+            ax.set_yticklabels(shapes, fontsize=9)
+            ax.set_title(gpu, fontsize=9)
+            ax.set_xlabel("speed vs cuDNN (same rounds; > 1: faster; log)")
+        axes[0][0].invert_yaxis()
+        axes[0][-1].legend(fontsize=9, loc="lower right")
+        fig.suptitle("The public call on shapes absent from the tuned table (held out), bf16: "
+                     "ratios paired by interleaved round, 95% intervals; dashed: cuDNN",
+                     fontsize=9)
+        fig.tight_layout()
+    return fig
+
+
 def figure(study):
-    return figures.untuned_shapes(rows(study))
+    return _draw(rows(study))
 
 
 def table(study) -> pd.DataFrame:

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The main job. On a GPU: measure (the foundation bench, then every experiment file's own
-# sweeps and bench runs: `python experiments/<name>.py run`). On a CPU-only machine:
-# regenerate figures, tables and the paper draft from data/ and run the cache model on the
-# H100 preset.
+# sweeps and bench runs: `python experiments/<name>.py run`). On a CPU-only machine: run the
+# cache model on the H100 preset, then regenerate the paper (paper/draft.md, its appendices,
+# figures) from data/; the job's last lines are the paper's finding, the timed model's held-out
+# scores and where the paper and its figures were written.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/venv.sh

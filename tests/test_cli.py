@@ -365,7 +365,10 @@ def test_an_experiments_own_section_and_claims_join_the_draft():
         numbers = draft.DraftNumbers()
         experiments = Experiments({"a": section("## A", True), "b": section("## B", ok),
                                    "c": SimpleNamespace()}, draft=("b", "a"))
-        assert draft.sections(numbers, None, experiments) == "## B\n\n## A"
+        found = ("\n\nFindings, each checked against the data when the paper is built:\n\n"
+                 "- claim of ## {}")
+        assert draft.sections(numbers, None, experiments) == \
+            "## B" + found.format("B") + "\n\n## A" + found.format("A")
         failed = [c for c in numbers.claims if not c.holds]
         assert (not failed) == ok
         if not ok:

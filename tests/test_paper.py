@@ -31,7 +31,7 @@ def test_every_experiment_figure_is_written(built):
     out, _ = built
     experiments = discover(EXPERIMENTS)
     for name, exp in experiments.items():
-        path = out / "figures" / f"{name}.png"
+        path = paper.figure_dir(out, name, experiments) / f"{name}.png"
         assert path.exists() == exp.has_figure, path
         assert not exp.has_figure or path.stat().st_size > 5000, path
     assert sum(e.has_figure for e in experiments.values()) >= 15
@@ -39,7 +39,8 @@ def test_every_experiment_figure_is_written(built):
 
 def test_draft_numbers_come_from_data(built):
     out, summary = built
-    text = (out / "draft.md").read_text()
+    text = "\n".join(p.read_text() for p in [out / "draft.md",
+                                            *sorted(out.glob("appendix_*.md"))])
     assert "nan" not in text.lower().replace("nanos", "")
     assert "{" not in text.replace("{:", "")  # every template field filled
     # the out-of-sample scores the draft shows are the ones fits.json carries
@@ -47,8 +48,8 @@ def test_draft_numbers_come_from_data(built):
         if e["held out"].startswith("all"):
             assert f"| {e['GPU']} | {e['held out']} | {e['model']} | {e['n']} | " \
                    f"{e['mape']:.0%} |" in text
-    for ref in re.findall(r"\(figures/([a-z_]+)\.png\)", text):
-        assert (out / "figures" / f"{ref}.png").exists()
+    refs = re.findall(r"\((figures/[a-z0-9_/]+\.png)\)", text)
+    assert refs and all((out / ref).exists() for ref in refs)
     assert all(c["holds"] for c in summary["claims"])
 
 
@@ -58,7 +59,8 @@ def test_plot_writes_the_same_bytes_as_the_paper(built, tmp_path):
     out, _ = built
     before = subprocess.run(["git", "-C", str(ROOT), "status", "--porcelain"],
                             capture_output=True, text=True).stdout
-    for name, exp in discover(EXPERIMENTS).items():
+    experiments = discover(EXPERIMENTS)
+    for name, exp in experiments.items():
         target = tmp_path / name
         res = subprocess.run([sys.executable, str(EXPERIMENTS / f"{name}.py"), "plot",
                               "--out", str(target)], capture_output=True, text=True,
@@ -67,8 +69,8 @@ def test_plot_writes_the_same_bytes_as_the_paper(built, tmp_path):
         if not exp.has_figure:
             assert "has no figure" in res.stderr and not list(target.glob("*.png")), name
             continue
-        assert (target / f"{name}.png").read_bytes() == (out / "figures" / f"{name}.png"
-                                                          ).read_bytes(), name
+        assert (target / f"{name}.png").read_bytes() == (
+            paper.figure_dir(out, name, experiments) / f"{name}.png").read_bytes(), name
     after = subprocess.run(["git", "-C", str(ROOT), "status", "--porcelain"],
                            capture_output=True, text=True).stdout
     assert after == before
@@ -131,10 +133,16 @@ def test_the_draft_is_the_experiments_sections_in_order(built):
     starts = [text.index(experiments[name].section(study).text.strip().splitlines()[0])
               for name in experiments.draft]
     assert starts == sorted(starts) and len(set(starts)) == len(starts)
-    assert len(experiments.draft) >= 16
+    assert len(experiments.draft) >= 8
+    for appendix, names in experiments.appendices.items():
+        body = (out / f"appendix_{appendix}.md").read_text()
+        starts = [body.index(experiments[name].section(study).text.strip().splitlines()[0])
+                  for name in names]
+        assert starts == sorted(starts), appendix
 
 
-@pytest.mark.parametrize("name", discover(EXPERIMENTS).draft)
+@pytest.mark.parametrize("name", [*discover(EXPERIMENTS).draft, *(
+    n for names in discover(EXPERIMENTS).appendices.values() for n in names)])
 def test_a_section_without_its_data_fails_naming_it(tmp_path, name):
     """A missing data set fails the build with its name; it never empties a section."""
     from wavefront.results.store import SchemaError
@@ -184,8 +192,11 @@ def test_the_paper_regenerates_byte_for_byte(built, tmp_path):
                     "--experiments", str(EXPERIMENTS), "--out", str(fresh)], check=True,
                    cwd=tmp_path, capture_output=True, env={**os.environ,
                                                            "PYTHONHASHSEED": "12345"})
-    names = ["draft.md", "fits.json"] + [f"figures/{p.name}"
-                                         for p in sorted((out / "figures").glob("*.png"))]
+    names = (["draft.md", "fits.json"] + [p.name for p in sorted(out.glob("appendix_*.md"))]
+             + [str(p.relative_to(out)) for p in sorted((out / "figures").rglob("*.png"))])
+    committed_pngs = {p.name for p in (ROOT / "paper" / "figures").glob("*.png")}
+    assert committed_pngs == {p.name for p in (out / "figures").glob("*.png")}, \
+        "paper/figures/ holds exactly the paper's figures (appendix figures are not committed)"
     for name in names:
         built_bytes = (out / name).read_bytes()
         assert (fresh / name).read_bytes() == built_bytes, f"{name}: a fresh process differs"
@@ -264,3 +275,57 @@ def test_fits_json_keeps_the_start_of_a_long_evidence():
     committed = json.loads((ROOT / "paper" / "fits.json").read_text())["claims"]
     assert all(len(c["evidence"]) <= len(kept_evidence("z" * (EVIDENCE_KEPT + 99999)))
                for c in committed)
+
+
+MAIN_PARTS = ("Abstract", "Introduction", "Background and related work", "Method", "Results",
+              "The model", "What would make the scan pay", "Threats to validity", "Conclusion",
+              "References")
+
+
+def test_the_paper_has_its_outline_and_length(built):
+    """The paper reads as a paper: its parts in order, Table 1 first, 40-56 KB of markdown (about
+    10-12 printed pages), the appendices beside it; numbered figures with captions."""
+    out, _ = built
+    text = (out / "draft.md").read_text()
+    heads = [re.search(rf"^## (\d+\. )?{re.escape(part)}$", text, re.MULTILINE)
+             for part in MAIN_PARTS]
+    assert all(heads), [p for p, h in zip(MAIN_PARTS, heads) if not h]
+    starts = [h.start() for h in heads]
+    assert starts == sorted(starts)
+    numbers = [int(h.group(1)[:-2]) for h in heads if h.group(1)]
+    assert numbers == list(range(1, len(numbers) + 1))
+    assert 40_000 <= len(text.encode()) <= 56_000, len(text.encode())
+    assert text.index("*Table 1.") < text.index("## 2. Background")
+    experiments = discover(EXPERIMENTS)
+    assert sorted(p.name for p in out.glob("appendix_*.md")) == sorted(
+        f"appendix_{a}.md" for a in experiments.appendices)
+    figures = re.findall(r"!\[Figure (\d+)\]\(figures/[a-z0-9_]+\.png\)\n\n\*Figure (\d+)\. ",
+                         text)
+    assert figures and [int(a) for a, _ in figures] == list(range(1, len(figures) + 1))
+    assert all(a == b for a, b in figures)
+
+
+TRACKER_WORDS = re.compile(r"\bissue #?\d+|\bissues #\d+|the issue's|this issue\b",
+                           re.IGNORECASE)
+
+
+def test_no_tracker_words_in_the_paper(built):
+    """The paper and its appendices speak of the study, not of the tracker it was run from."""
+    out, _ = built
+    for path in [out / "draft.md", *sorted(out.glob("appendix_*.md"))]:
+        found = TRACKER_WORDS.findall(path.read_text())
+        assert not found, (path.name, found[:5])
+
+
+def test_evidence_numbers_are_written_at_the_stated_precision():
+    """fits.json's numbers, inside evidence strings too, carry at most PRECISION significant
+    digits, so another machine's last-digit differences do not reach the file."""
+    from wavefront.report.paper import PRECISION, rounded_numbers
+    assert rounded_numbers("a 2731997494940.15 b -0.26210260096825927 c 12 d 1e-07") == \
+        "a 2.732e+12 b -0.262103 c 12 d 1e-07"
+    assert rounded_numbers("2731997495555.377") == rounded_numbers("2731997494940.15")
+    committed = json.loads((ROOT / "paper" / "fits.json").read_text())
+    for claim in committed["claims"]:
+        for number in re.findall(r"(?<![\w.])-?\d+\.\d+(?:[eE][-+]?\d+)?", claim["evidence"]):
+            digits = number.lstrip("-").split("e")[0].split("E")[0].replace(".", "").lstrip("0")
+            assert len(digits) <= PRECISION, (claim["text"][:60], number)

@@ -179,20 +179,6 @@ def knees(c: pd.DataFrame, predicted: dict) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def predicted_curve(c: pd.DataFrame, fits: dict[str, GpuCapacity]) -> pd.DataFrame:
-    rows = []
-    for gpu, entry in fits.items():
-        fit = entry.fit
-        sub = c[c["gpu"] == gpu].drop_duplicates("point").set_index("point")
-        for point, pred in zip(fit.points, fit.predicted):
-            r = sub.loc[point]
-            rows.append({"GPU": short_gpu(gpu), "head_dim": r["head_dim"],
-                         "seqlen": r["seqlen"],
-                         "schedule": f"{r['cta_schedule']}+{r['kv_schedule']}",
-                         "x compulsory": pred / r["compulsory_read_bytes"]})
-    return pd.DataFrame(rows).sort_values("seqlen")
-
-
 PAIR_KEYS = ["gpu", "sms", "l2_bytes", "batch", "heads", "kv_heads", "seqlen", "head_dim",
              "dtype", "causal", "tile_m", "tile_n", "occupancy", "cta_schedule",
              "resident_ctas"]

@@ -96,12 +96,21 @@ class Experiment:
 
 
 class Experiments(dict):
-    """The experiments of a package by name (name order), and `draft`: the names whose
-    sections make the draft, in the draft's order."""
+    """The experiments of a package by name (name order); `draft`: the names whose sections
+    make the paper, in its order; `parts`: the part heading a draft section opens;
+    `appendices`: appendix name -> the names whose sections make it."""
 
-    def __init__(self, items, draft: tuple[str, ...]):
+    def __init__(self, items, draft: tuple[str, ...], parts: dict | None = None,
+                 appendices: dict | None = None):
         super().__init__(items)
         self.draft = draft
+        self.parts = dict(parts or {})
+        self.appendices = {k: tuple(v) for k, v in (appendices or {}).items()}
+
+    @property
+    def in_appendix(self) -> dict[str, str]:
+        """Experiment name -> the appendix that prints its section."""
+        return {n: a for a, names in self.appendices.items() for n in names}
 
 
 def _import_package(directory: Path) -> ModuleType:
@@ -155,20 +164,31 @@ def discover(experiments_dir) -> Experiments:
         raise ValueError(f"{directory}: no experiment files (*.py) in it")
     found = {name: load_experiment(directory / f"{name}.py") for name in names}
     draft = tuple(getattr(package, "DRAFT", ()))
-    unknown = [n for n in draft if n not in found]
+    parts = dict(getattr(package, "PARTS", {}))
+    appendices = {k: tuple(v) for k, v in getattr(package, "APPENDICES", {}).items()}
+    listed = list(draft) + [n for names in appendices.values() for n in names]
+    unknown = [n for n in listed if n not in found]
     if unknown:
-        raise ValueError(f"{directory / '__init__.py'}: DRAFT names {unknown}, which are not "
-                         "experiment files")
-    silent = [n for n in draft if not callable(getattr(found[n].module, "section", None))]
+        raise ValueError(f"{directory / '__init__.py'}: DRAFT or APPENDICES name {unknown}, "
+                         "which are not experiment files")
+    twice = sorted({n for n in listed if listed.count(n) > 1})
+    if twice:
+        raise ValueError(f"{directory / '__init__.py'}: {twice} listed more than once in DRAFT "
+                         "and APPENDICES (a section is printed once)")
+    stray = [n for n in parts if n not in draft]
+    if stray:
+        raise ValueError(f"{directory / '__init__.py'}: PARTS names {stray}, which DRAFT does "
+                         "not list")
+    silent = [n for n in listed if not callable(getattr(found[n].module, "section", None))]
     if silent:
-        raise ValueError(f"{directory / '__init__.py'}: DRAFT names {silent}, which define no "
-                         "section(study)")
-    left_out = [n for n, e in found.items() if n not in draft
+        raise ValueError(f"{directory / '__init__.py'}: DRAFT or APPENDICES name {silent}, "
+                         "which define no section(study)")
+    left_out = [n for n, e in found.items() if n not in listed
                 and callable(getattr(e.module, "section", None))]
     if left_out:
         raise ValueError(f"{directory / '__init__.py'}: {left_out} define section(study) but "
-                         "DRAFT does not list them")
-    return Experiments(found, draft)
+                         "neither DRAFT nor APPENDICES lists them")
+    return Experiments(found, draft, parts, appendices)
 
 
 def spec_for(dataset: str, experiments: dict[str, Experiment]) -> SweepSpec | None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import time
 from pathlib import Path
@@ -46,6 +47,7 @@ def build(data_dir, paper_dir, experiments_dir, log=print) -> dict:
         shutil.rmtree(scratch, ignore_errors=True)
         shutil.rmtree(old, ignore_errors=True)
     log(f"{paper_dir / 'draft.md'} written in {summary['seconds']:.0f} s")
+    summary["paper_dir"] = str(paper_dir)
     return summary
 
 
@@ -53,14 +55,23 @@ def _build_into(data_dir, paper_dir: Path, experiments_dir, log) -> dict:
     start = time.perf_counter()
     experiments = discover(experiments_dir)
     study = Study(data_dir)
+    # the paper's figures in figures/ (committed), every other one in figures/appendix/; a
+    # figure that moved between them, or whose experiment is gone, is not left behind
+    for old in list((paper_dir / "figures").glob("*.png")) + list(
+            (paper_dir / "figures" / "appendix").glob("*.png")):
+        old.unlink()
     for name, exp in experiments.items():
         began = time.perf_counter()
-        draw(exp, study, paper_dir / "figures")
+        draw(exp, study, figure_dir(paper_dir, name, experiments))
         # the time includes what this figure computed first for the rest (Study caches it)
         log(f"figure {name}: {time.perf_counter() - began:.1f} s, peak memory so far "
             f"{peak_rss_mib():.0f} MiB")
     numbers = draft.compute(study, experiments)
     (paper_dir / "draft.md").write_text(draft.render(numbers))
+    for old in paper_dir.glob("appendix_*.md"):
+        old.unlink()
+    for name, text in numbers.appendices.items():
+        (paper_dir / f"appendix_{name}.md").write_text(text)
     # Per-point medians, ranges and flags of every repeated data set: what the figures
     # summarise (single-shot data sets have nothing to summarise).
     (paper_dir / "summary").mkdir(parents=True, exist_ok=True)
@@ -94,14 +105,36 @@ def _build_into(data_dir, paper_dir: Path, experiments_dir, log) -> dict:
             "out_of_sample": timed.validation_table(study).to_dict(orient="records"),
             "advisor_on_held_out_shapes": timed.advisor_check(study).to_dict(orient="records"),
             "predictions": timed.predictions(study).to_dict(orient="records")},
-        "claims": [{"text": c.text, "holds": c.holds, "evidence": kept_evidence(c.evidence)}
+        "claims": [{"text": c.text, "holds": c.holds,
+                    "evidence": kept_evidence(rounded_numbers(c.evidence))}
                    for c in numbers.claims],
     }
     # Written without the elapsed time, so regenerating from the same data changes nothing;
-    # at 7 significant digits, as the data it is computed from are kept.
-    (paper_dir / "fits.json").write_text(_json_lines(round_significant(summary, 7)))
+    # at PRECISION significant digits, numbers inside evidence strings too: fits' optimisers
+    # end a few ulps apart on another CPU's BLAS, and those digits must not reach the file.
+    (paper_dir / "fits.json").write_text(_json_lines(round_significant(summary, PRECISION)))
+    summary["finding"] = numbers.values.get("finding", "")  # for the main job's last lines
     summary["seconds"] = time.perf_counter() - start
     return summary
+
+
+# Significant digits of every number fits.json holds (in evidence strings too): relative
+# differences of 1e-9 to 2e-6 between two x86 machines' BLAS stay below the last digit kept.
+PRECISION = 6
+_NUMBER = re.compile(r"(?<![\w.])-?\d+\.\d+(?:[eE][-+]?\d+)?|(?<![\w.])-?\d+[eE][-+]?\d+")
+
+
+def figure_dir(paper_dir: Path, name: str, experiments) -> Path:
+    """Where an experiment's figure goes: the paper's in figures/, the appendices' in
+    figures/appendix/."""
+    main = getattr(experiments, "draft", ())
+    return paper_dir / "figures" if name in main else paper_dir / "figures" / "appendix"
+
+
+def rounded_numbers(text: str, digits: int = PRECISION) -> str:
+    """`text` with every decimal number in it written at `digits` significant digits
+    (integers stay as they are)."""
+    return _NUMBER.sub(lambda m: f"{float(m.group()):.{digits}g}", text)
 
 
 # A claim's evidence in fits.json: its first characters. A few claims check whole tables
@@ -139,11 +172,25 @@ def _json_lines(summary: dict) -> str:
 
 
 def main_summary(summary: dict) -> str:
-    """Out-of-sample DRAM-read errors of every capacity model over all held-out points."""
+    """What the main job ends with: the paper's finding (its abstract's first claim), the timed
+    model's held-out scores per GPU, and where the paper was written."""
     lines = []
-    for e in summary["out_of_sample"]["capacity"]:
-        if e["held out"].startswith("all"):
-            lines.append(f"{e['GPU']}: {e['model']}: out-of-sample DRAM-read MAPE {e['mape']:.0%}, "
-                         f"R^2 {e['r2']:.2f}, over {e['n']} held-out points above the knee")
-    return "\n".join(lines)
-
+    finding = summary.get("finding")
+    if finding:
+        lines.append(f"Finding: {finding}")
+    scores = summary.get("timed_model", {}).get("out_of_sample", [])
+    by_gpu: dict[str, list] = {}
+    for e in scores:
+        by_gpu.setdefault(e["GPU"], []).append(e)
+    for gpu, rows in sorted(by_gpu.items()):
+        time = sorted(r["time median"] for r in rows)
+        dram = sorted(r["DRAM median above knee"] for r in rows if r.get("n above knee"))
+        lines.append(f"{gpu}: timed model, held out ({len(rows)} families): median |time error| "
+                     f"{time[0]:.1%}-{time[-1]:.1%} per family; median |DRAM error| above the "
+                     f"knee {dram[0]:.0%}-{dram[-1]:.0%}" if dram else "")
+    if summary.get("paper_dir"):
+        paper_dir = Path(summary["paper_dir"])
+        lines.append(f"Paper: {paper_dir / 'draft.md'} (appendices {paper_dir}/appendix_*.md); "
+                     f"figures: {paper_dir / 'figures'}/ (appendix figures in "
+                     f"{paper_dir / 'figures' / 'appendix'}/)")
+    return "\n".join(line for line in lines if line)

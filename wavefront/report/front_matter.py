@@ -1,0 +1,161 @@
+"""The paper's own text around the experiments' sections: abstract, introduction (with Table 1,
+the GB10 paper's published numbers beside ours at its launch), related work, the closing parts
+(what would make the scan pay, threats to validity, conclusion) and the appendices' frames.
+
+Every number here is computed from the study; every sentence that depends on the data is a
+claim checked as strictly as it is worded (`report.draft.Claim`); an attribution without a
+measured control is worded as a hypothesis. The published numbers of other work are constants
+with their source beside them.
+"""
+from __future__ import annotations
+
+import pandas as pd
+from scipy.stats import binom
+
+from wavefront.model.presets import gpu_preset
+
+# The part number of the first part the experiments' sections open (1-3: introduction,
+# background and related work, method).
+FIRST_RESULTS_PART = 4
+
+APPENDIX_TITLES = {
+    "kernel": "Kernel tuning and the lever search",
+    "call": "The public call, untuned shapes and ragged batches",
+    "first_kernel": "First-kernel history",
+    "counters": "Counter methodology",
+    "tables": "Capacity models, the knee, and full per-configuration tables",
+}
+
+# Zhu, Pan, Ding, arXiv 2601.16032 (v1, 22 Jan 2026), abstract: GB10, bf16 cuTile and CUDA
+# kernels. Only the headline figures could be checked against a source reachable from here; the
+# per-launch TFLOP/s behind "up to 60%" are in the paper's figures, not in a source we could read.
+PAPER = "Zhu, Pan and Ding, arXiv 2601.16032"
+PUBLISHED_GB10 = {
+    "misses, CUDA": "-50% or more",
+    "misses, cuTile": "up to -67%",
+    "throughput": "up to +60%",
+    "source": "arXiv 2601.16032, abstract (https://arxiv.org/abs/2601.16032)",
+}
+
+
+def chance_bound(tests: int, level: float = 0.05, quantile: float = 0.95) -> int:
+    """How many of `tests` independent 95% intervals may exclude no change by chance alone
+    (the `quantile` of the binomial count)."""
+    return int(binom.ppf(quantile, tests, level))
+
+
+def _paper_launch(experiments, study) -> pd.DataFrame:
+    return experiments["paper_launch"].table(study)
+
+
+def table_one(t: pd.DataFrame) -> str:
+    """Table 1: the GB10 paper's published numbers beside ours at its launch."""
+    rows = [f"| GB10 (48 SMs, 24 MiB L2, LPDDR5X) | published [1] | both | L2 misses "
+            f"{PUBLISHED_GB10['misses, cuTile']} (cuTile), {PUBLISHED_GB10['misses, CUDA']} "
+            f"(CUDA) | {PUBLISHED_GB10['throughput']} | not in the abstract |"]
+    for _, r in t.iterrows():
+        rows.append(
+            f"| {r['GPU']} | measured here | {'causal' if r['causal'] else 'non-causal'} | "
+            f"DRAM reads {r['DRAM reads, sawtooth vs linear']:+.0%} "
+            f"[{r['range lo']:+.0%}, {r['range hi']:+.0%}] | "
+            f"{r['sawtooth vs linear'] - 1:+.3%} [{r['lo'] - 1:+.3%}, {r['hi'] - 1:+.3%}] | "
+            f"{r['linear TFLOP/s']:.1f} |")
+    return "\n".join(["| GPU | source | mask | misses, sawtooth vs linear | TFLOP/s, sawtooth "
+                      "vs linear | linear TFLOP/s |", "|---|---|---|---|---|---|", *rows])
+
+
+def opening(n, study, experiments) -> None:
+    """Abstract, introduction with Table 1 and contributions; their claims join `n`."""
+    v = n.values
+    t = _paper_launch(experiments, study)
+    cut = -t["DRAM reads, sawtooth vs linear"]
+    speed = (t["sawtooth vs linear"] - 1).abs()
+    widest = float(max((1 - t["lo"]).abs().max(), (t["hi"] - 1).abs().max()))
+    regimes = experiments["regimes"].module.configurations(study)
+    above, below = int((regimes["lo"] > 1).sum()), int((regimes["hi"] < 1).sum())
+    chance = chance_bound(len(regimes))
+    best = regimes.loc[regimes["ratio"].idxmax()]
+    gpus = sorted(t["GPU"].unique())
+    v.update(
+        cut_lo=f"{cut.min():.0%}", cut_hi=f"{cut.max():.0%}", speed_max=f"{speed.max():.3%}",
+        widest=f"{widest:.2%}", rounds=int(t["rounds"].min()), gpus=" and ".join(gpus),
+        n_regime_configs=len(regimes), n_regimes=regimes["regime"].nunique(),
+        regimes_above=above, regimes_below=below, chance_bound=chance,
+        best_regime_gain=f"{best['ratio'] - 1:+.1%}", table_one=table_one(t))
+    v["finding"] = (f"on {' and '.join(gpus)}, at the GB10 paper's launch, sawtooth reads "
+                    f"{cut.min():.0%}-{cut.max():.0%} less DRAM than linear and runs within "
+                    f"{speed.max():.3%} of it; over {len(regimes)} configurations of "
+                    f"{regimes['regime'].nunique()} regimes, {above} intervals above no change "
+                    f"and {below} below (chance allows {chance}).")
+    n.claim("At the paper's launch sawtooth reads less DRAM than linear on every GPU and mask "
+            "and its speed differs from linear's by less than the stated bound",
+            bool((t["range hi"] < 0).all()) and speed.max() < 0.001 and widest < 0.001
+            and gpus == ["H100", "H200"],
+            f"range hi {t['range hi'].round(4).tolist()}, speed {speed.round(6).tolist()}, "
+            f"widest {widest:.6f}", listed=False)
+    n.claim("The regimes' count of intervals that exclude no change is within what chance "
+            "gives for that many 95% intervals",
+            above + below <= chance and regimes["GPU"].nunique() == 2,
+            f"{above} above, {below} below, chance bound {chance} of {len(regimes)}",
+            listed=False)
+    from wavefront.report import timed
+    val = timed.validation_table(study)
+    v["timed_time_median"] = (f"{val['time median'].min():.1%}-{val['time median'].max():.1%}")
+    v["timed_families"] = int(val["family"].nunique())
+    v["timed_dram_above"] = (f"{val['DRAM median above knee'].min():.0%}-"
+                             f"{val['DRAM median above knee'].max():.0%}")
+
+
+def closing(n, study, experiments) -> None:
+    """Threats to validity and the conclusion: their numbers and claims."""
+    v = n.values
+    last = v.get("last_part", FIRST_RESULTS_PART + 1)
+    v["pay_part"], v["threats_part"], v["conclusion_part"] = last + 1, last + 2, last + 3
+    v["model_part"] = v.get("part_numbers", {}).get("The model", last)
+    from wavefront.report.analysis import timing
+    frames = [df for df in study.timed_frames.values()]
+    flagged = []
+    for df in frames:
+        rows = timing(df)
+        if "throttle_reasons" in rows.columns:
+            flagged.append(rows["throttle_reasons"].fillna("").astype(str).str.contains(
+                "power", case=False))
+    v["throttle_share"] = (f"{pd.concat(flagged).mean():.0%}" if flagged else "an unknown share")
+    presets = {k: gpu_preset(k) for k in ("gb10", "h100", "h200")}
+    v["gb10_bw"] = f"{presets['gb10'].dram_bytes_per_s / 1e9:.0f}"
+    v["hbm_ratio"] = (f"{presets['h100'].dram_bytes_per_s / presets['gb10'].dram_bytes_per_s:.0f}"
+                      f"-{presets['h200'].dram_bytes_per_s / presets['gb10'].dram_bytes_per_s:.0f}")
+    v["l2_ratio"] = (f"{presets['h100'].l2_bytes / presets['gb10'].l2_bytes:.1f}"
+                     f"-{presets['h200'].l2_bytes / presets['gb10'].l2_bytes:.1f}")
+    v["gb10_bw_per_sm"] = f"{presets['gb10'].dram_bytes_per_s / presets['gb10'].sms / 1e9:.1f}"
+    v["h100_bw_per_sm"] = f"{presets['h100'].dram_bytes_per_s / presets['h100'].sms / 1e9:.1f}"
+
+
+def appendix(letter: str, name: str, body: str, study, experiments, numbering,
+             is_last: bool) -> str:
+    """An appendix: its heading, the experiments' sections (figures numbered A1, A2, ...), and,
+    in the last one, every figure no section shows, with its table."""
+    from wavefront.report.draft import md_table
+    title = APPENDIX_TITLES.get(name, name)
+    parts = [f"# Appendix {letter}. {title}",
+             f"*Part of the paper in `paper/draft.md`, generated the same way by `wavefront "
+             "paper` from `data/`; figures in `paper/figures/appendix/`.*", body]
+    if is_last:
+        shown = set(numbering.shown)
+        for exp_name, exp in experiments.items():
+            if not exp.has_figure or exp_name in shown:
+                continue
+            text = f"## {exp.question}\n\n![{exp_name}](figures/{exp_name}.png)"
+            table = exp.table(study)
+            if isinstance(table, pd.DataFrame) and len(table) and len(table) <= 80:
+                text += "\n\n" + md_table(table.round(4) if hasattr(table, "round") else table)
+            parts.append(numbering.number(text, experiments))
+    return "\n\n".join(parts).rstrip() + "\n"
+
+
+def chance_note(tests: int) -> str:
+    """A sentence naming how many of `tests` 95% intervals exclude no change by chance."""
+    return (f"{tests} independent 95% intervals exclude no change about {0.05 * tests:.1f} "
+            f"times by chance, and up to {chance_bound(tests)} times in 95% of such sets")
+
+
