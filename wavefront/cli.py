@@ -900,15 +900,21 @@ def tune(batch, heads, kv_heads, seqlen, head_dims, dtype, causal, rounds, per_r
             continue
         if write:
             dims = (batch, heads, kv_heads or heads, seqlen)
-            previous = load_table().get(dev.name, {}).get(
-                entry_key(shape.head_dim, shape.causal, dims))
-            refused = tuning.slowed_gpu(best, previous)
+            try:  # a table that does not load, or a write refused: named, the table untouched
+                previous = load_table().get(dev.name, {}).get(
+                    entry_key(shape.head_dim, shape.causal, dims))
+                refused = tuning.slowed_gpu(best, previous)
+                if not refused:
+                    entry = tuning.tuned_entry(best, dims, dtype, first_levers)
+                    key = write_entry(dev.name, shape.head_dim, shape.causal, entry)
+            except ValueError as exc:
+                refused = str(exc)
+            except OSError as exc:
+                refused = os_error_text(exc) + " (the tuned table is unchanged)"
             if refused:
                 click.echo(f"{what}: {refused}", err=True)
                 failed += 1
                 continue
-            entry = tuning.tuned_entry(best, dims, dtype, first_levers)
-            key = write_entry(dev.name, shape.head_dim, shape.causal, entry)
             click.echo(f"{what}: wrote {dev.name} {key}", err=True)
     sink.close()
     levers_sink.close()
@@ -1483,9 +1489,8 @@ def compress(directories, digits):
     """Pack each data directory's plain results.csv as results.csv.gz, its manifest.json as
     manifest.json.gz and its record files (*.jsonl, in subdirectories too) as *.jsonl.gz, the
     form committed data takes (about 8x smaller); the store and the report read either. Each
-    packed file is checked to hold what it was made from before the plain file goes."""
-    import gzip
-
+    packed file is checked to hold what it was made from before the plain file goes; a plain
+    file beside a packed one that holds something else is refused, nothing replaced."""
     from wavefront.results.store import (
         COMPRESSED_RESULTS_FILE, MANIFEST_FILE, RESULTS_FILE, SchemaError, compress_manifest,
         compress_results, gzip_file, load_results, read_manifest, read_results_bytes,
@@ -1508,14 +1513,20 @@ def compress(directories, digits):
             except SchemaError as exc:
                 raise click.ClickException(str(exc)) from None
             size = manifest.stat().st_size
-            packed = compress_manifest(manifest.parent)
+            try:
+                packed = compress_manifest(manifest.parent)
+            except SchemaError as exc:
+                raise click.ClickException(str(exc)) from None
             if read_manifest(manifest.parent) != runs:
                 raise click.ClickException(f"{packed}: does not hold the runs it was made from")
             click.echo(f"{packed}: {len(runs)} runs, {size} -> {packed.stat().st_size} bytes")
         for record in records:
-            text = record.read_bytes()
-            packed = gzip_file(record)
-            if gzip.decompress(packed.read_bytes()) != text:
+            try:
+                text = read_results_bytes(record, "a record file")
+                packed = gzip_file(record)
+            except SchemaError as exc:
+                raise click.ClickException(str(exc)) from None
+            if read_results_bytes(packed) != text:
                 raise click.ClickException(f"{packed}: does not hold the lines it was made from")
             click.echo(f"{packed}: {len(text)} -> {packed.stat().st_size} bytes")
         if not plain.is_file():
@@ -1524,8 +1535,11 @@ def compress(directories, digits):
             rows = len(load_results(plain, require_manifest=False))
         except SchemaError as exc:
             raise click.ClickException(str(exc)) from None
-        text = plain.read_bytes()
-        packed = compress_results(directory)
+        try:
+            text = read_results_bytes(plain, "a results file")
+            packed = compress_results(directory)
+        except SchemaError as exc:
+            raise click.ClickException(str(exc)) from None
         if read_results_bytes(packed) != text:  # the plain file is gone: say so loudly
             raise click.ClickException(f"{packed}: does not hold the rows it was made from")
         click.echo(f"{packed}: {rows} rows, {len(text)} -> {packed.stat().st_size} bytes")

@@ -22,6 +22,7 @@ peers of the same rounds) goes to the record; the fastest goes to the tuned tabl
 from __future__ import annotations
 
 import itertools
+import math
 from concurrent.futures import ProcessPoolExecutor
 
 from wavefront.device import usable_cpus
@@ -276,7 +277,15 @@ SLOWED_GPU = 0.5
 def slowed_gpu(best: dict, previous: dict | None) -> str | None:
     """Why the search's winner `best` must not replace `previous` (the table's entry it would
     overwrite), or None."""
+    from wavefront.kernel.table_schema import MAX_TFLOPS, plausible
     recorded = (previous or {}).get("tflops")
+    if recorded is not None and not plausible(recorded, MAX_TFLOPS):
+        return (f"the table's entry here records {recorded!r} TFLOP/s, not a measured speed "
+                f"(a finite number above 0 and at most {MAX_TFLOPS:g}): fix or remove that "
+                "entry of wavefront/kernel/tuned.json; not written")
+    if not plausible(best.get("tflops"), MAX_TFLOPS):
+        return (f"the winner's speed {best.get('tflops')!r} TFLOP/s is not a measurement; "
+                "not written")
     if recorded and best["tflops"] < SLOWED_GPU * recorded:
         return (f"the winner ran {best['tflops']:.0f} TFLOP/s, under {SLOWED_GPU:.0%} of the "
                 f"{recorded:.0f} the table recorded here: a slowed GPU, not a better "
@@ -295,7 +304,9 @@ def tuned_entry(best: dict, dims: tuple[int, int, int, int], dtype: str,
     held = held_to(searched)
     return {**{k: best["levers"][k] for k in CONFIG_FIELDS},
             "tflops": round(best["tflops"], 1),
-            "x_cudnn": round(best.get("x_cudnn", float("nan")), 3),
+            # None, not NaN, where cuDNN did not run: the table is strict JSON
+            "x_cudnn": round(best["x_cudnn"], 3) if best.get("x_cudnn") is not None
+            and math.isfinite(best["x_cudnn"]) else None,
             "measured": datetime.datetime.now(datetime.timezone.utc).isoformat(
                 timespec="seconds"),
             "shape": f"{shape_text(dims)} {dtype}",
