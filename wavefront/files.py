@@ -30,6 +30,7 @@ import stat
 import tempfile
 import warnings
 import zlib
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Callable
 
@@ -304,14 +305,35 @@ def write_file(path, data: bytes | str, *, what: str = "file", pack_it: bool | N
     payload = pack(text) if pack_it else text
     if pack_it and gzip.decompress(payload) != text:  # paranoia costs one unpack
         raise DamagedFile(f"{path}: packing did not reproduce the text; nothing written")
-    directory = path.parent
-    fd, tmp = tempfile.mkstemp(dir=directory, prefix=f".{path.name}.", suffix=".tmp")
-    try:
+    with replacing(path, what, mode=mode if mode is not None else old_mode) as tmp:
+        fd = os.open(tmp, os.O_WRONLY | os.O_NOFOLLOW)
         try:
-            os.fchmod(fd, mode if mode is not None else (old_mode if old_mode is not None
-                                                         else 0o644))
             _write_all(fd, payload)
+        finally:
+            os.close(fd)
+    return path
+
+
+@contextmanager
+def replacing(path, what: str = "file", *, mode: int | None = None):
+    """The writer for what is written by another library (numpy, matplotlib): yields a fresh
+    temporary path in `path`'s directory to write; on leaving without an error it is fsync'd
+    and renamed over `path` (a link at `path` refused, before and after); on an error it is
+    removed and `path` left as it was. `mode`: the new file's permissions (default: the
+    replaced file's, else 0644)."""
+    path = Path(path)
+    refuse_link(path, what)
+    if mode is None and path.exists():
+        require_regular(path, what)
+        mode = stat.S_IMODE(os.stat(path).st_mode)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        os.close(fd)
+        yield Path(tmp)
+        fd = os.open(tmp, os.O_RDONLY | os.O_NOFOLLOW)
+        try:
             os.fsync(fd)
+            os.fchmod(fd, 0o644 if mode is None else mode)  # not mkstemp's 0600
         finally:
             os.close(fd)
         refuse_link(path, what)  # planted while we wrote
@@ -322,8 +344,7 @@ def write_file(path, data: bytes | str, *, what: str = "file", pack_it: bool | N
         except FileNotFoundError:
             pass
         raise
-    _sync_directory(directory)
-    return path
+    _sync_directory(path.parent)
 
 
 def _sync_directory(directory: Path) -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import time
 from pathlib import Path
 
@@ -22,11 +23,17 @@ from wavefront.results.store import round_significant, write_csv_gz
 def build(data_dir, paper_dir, experiments_dir, log=print) -> dict:
     """Build the paper into a scratch copy of `paper_dir` beside it and put the copy in its
     place only when the whole build succeeded: a build that fails (a data set that does not
-    load, a claim the data contradicts, a full disk) leaves the existing paper as it was."""
+    load, a claim the data contradicts, a full disk) leaves the existing paper as it was.
+    `paper_dir` must not be, nor hold, a symbolic link (the build would replace the link and
+    leave its target stale, or write through it). A build that was killed (SIGTERM ends this
+    one cleanly; SIGKILL cannot be caught) leaves its scratch copy, removed by the next."""
     paper_dir = Path(paper_dir)
+    _refuse_links(paper_dir)
+    _remove_abandoned(paper_dir)
     scratch = paper_dir.with_name(f".{paper_dir.name}.building-{os.getpid()}")
     old = paper_dir.with_name(f".{paper_dir.name}.old-{os.getpid()}")
     shutil.rmtree(scratch, ignore_errors=True)
+    previous = _terminate_as_interrupt()
     try:
         if paper_dir.is_dir():  # files the build does not write are kept
             shutil.copytree(paper_dir, scratch, symlinks=True)
@@ -45,8 +52,52 @@ def build(data_dir, paper_dir, experiments_dir, log=print) -> dict:
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
         shutil.rmtree(old, ignore_errors=True)
+        previous()
     log(f"{paper_dir / 'draft.md'} written in {summary['seconds']:.0f} s")
     return summary
+
+
+def _refuse_links(paper_dir: Path) -> None:
+    from wavefront.files import UnsafePath
+    if paper_dir.is_symlink():
+        raise UnsafePath(f"--out {paper_dir}: is a symbolic link; the paper is built beside it "
+                         "and put in its place, which would replace the link and leave its "
+                         "target stale: name the target directory itself")
+    if paper_dir.is_dir():
+        for root, dirs, names in os.walk(paper_dir):
+            for name in dirs + names:
+                if os.path.islink(os.path.join(root, name)):
+                    raise UnsafePath(f"{os.path.join(root, name)}: is a symbolic link; the "
+                                     "paper build writes only files of its own (remove it)")
+
+
+def _remove_abandoned(paper_dir: Path) -> None:
+    """Scratch copies (`.<name>.building-<pid>`, `.<name>.old-<pid>`) of builds whose process
+    is gone: a build killed before its own cleanup ran."""
+    for stale in paper_dir.parent.glob(f".{paper_dir.name}.*-*"):
+        kind, _, pid = stale.name[len(paper_dir.name) + 2:].rpartition("-")
+        if kind not in ("building", "old") or not pid.isdigit() or stale.is_symlink():
+            continue
+        try:
+            os.kill(int(pid), 0)
+        except ProcessLookupError:
+            shutil.rmtree(stale, ignore_errors=True)
+        except OSError:
+            pass  # alive, another user's: not ours to remove
+
+
+def _terminate_as_interrupt():
+    """SIGTERM raises KeyboardInterrupt while the build runs, so its cleanup runs; -> what
+    puts the handler it replaced back (nothing where signals cannot be set: not the main
+    thread)."""
+    def interrupt(signum, frame):
+        raise KeyboardInterrupt(f"signal {signum}")
+    try:
+        replaced = signal.signal(signal.SIGTERM, interrupt)
+    except ValueError:
+        return lambda: None
+    return lambda: signal.signal(signal.SIGTERM, signal.SIG_DFL if replaced is None
+                                 else replaced)
 
 
 def _build_into(data_dir, paper_dir: Path, experiments_dir, log) -> dict:
