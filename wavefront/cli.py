@@ -338,9 +338,10 @@ def _compile_one(args):
             sass = None
     if out_dir:
         saved = str(Path(out_dir) / f"{variant.label}.{arch}.cubin")
-        Path(saved).write_bytes(cubin)
+        from wavefront.files import write_file
+        write_file(saved, cubin, what="a cubin")  # atomic, a link refused
         if sass:
-            Path(saved).with_suffix(".sass").write_text(sass)
+            write_file(Path(saved).with_suffix(".sass"), sass, what="a SASS listing")
     res = kernel_resources(cubin)
     return (variant, res[0] if res else None, time.perf_counter() - start, None, saved,
             summarise(sass) if sass else None)
@@ -1150,8 +1151,9 @@ def _timed_setup(gpu, gpu_name: str, fits_path):
     from wavefront.model.timed import Calibration, memory_timing, projected_compute
     path = Path(fits_path) if fits_path else _default_fits()
     try:
-        cals = json.loads(path.read_text())["timed_model"]["calibrations"]
-    except (OSError, ValueError, KeyError) as exc:
+        from wavefront.files import read_json  # a regular file, bounded (a FIFO hung here)
+        cals = read_json(path, "fits.json", limit=64 << 20, nan_ok=True)["timed_model"]["calibrations"]
+    except (OSError, ValueError, KeyError, TypeError) as exc:
         raise click.UsageError(f"{path}: no timed-model calibration ({exc.__class__.__name__}"
                                f": {exc}); run `wavefront paper` or pass --fits") from None
     cals = {name: Calibration.from_dict(c) for name, c in cals.items()}
@@ -1460,7 +1462,12 @@ def fit(results_path, out_dir, as_json):
         raise click.BadParameter(str(exc), param_hint="RESULTS_PATH") from None
     if out_dir:
         Path(out_dir).mkdir(parents=True, exist_ok=True)
-        (Path(out_dir) / "fits.json").write_text(json.dumps(fits, indent=1) + "\n")
+        from wavefront.files import FileRefused, write_file
+        try:
+            write_file(Path(out_dir) / "fits.json", json.dumps(fits, indent=1) + "\n",
+                       what="fits.json")
+        except FileRefused as exc:
+            raise click.BadParameter(str(exc), param_hint="--out") from None
     if as_json:
         _echo_json(fits)
         return

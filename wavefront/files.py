@@ -204,15 +204,17 @@ def read_packed(path, what: str = "packed file", *, limit: int = MAX_UNPACKED_BY
     return text
 
 
-def read_json(path, what: str = "JSON file", limit: int = MAX_TABLE_BYTES):
+def read_json(path, what: str = "JSON file", limit: int = MAX_TABLE_BYTES, *,
+              nan_ok: bool = False):
     """A small JSON file, parsed; errors name the file. Duplicated keys in one object are
-    refused (JSON readers keep the last silently)."""
+    refused (JSON readers keep the last silently), and so are NaN and Infinity unless
+    `nan_ok` (they are not JSON; Python writes them)."""
     import json
     path = Path(path)
     data = read_packed(path, what, limit=limit, file_limit=limit)
     try:
         return json.loads(data.decode("utf-8"), object_pairs_hook=_unique_keys,
-                          parse_constant=_no_constant)
+                          **({} if nan_ok else {"parse_constant": _no_constant}))
     except UnicodeDecodeError as exc:
         raise FileRefused(f"{path}: {what} is not UTF-8 text ({exc.reason})") from None
     except _DuplicateKey as exc:

@@ -181,7 +181,8 @@ def table_digest(path: Path = TUNED_TABLE) -> str:
 @functools.lru_cache(maxsize=8)
 def _digest(path: str, stamp: tuple) -> str:
     import hashlib
-    return hashlib.sha1(Path(path).read_bytes()).hexdigest()[:12]
+    from wavefront.files import read_file
+    return hashlib.sha1(read_file(path, "the tuned table")).hexdigest()[:12]
 
 
 def carry_over_configs(gpu_name: str, q_shape, k_shape, causal: bool,

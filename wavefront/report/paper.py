@@ -13,6 +13,7 @@ import signal
 import time
 from pathlib import Path
 
+from wavefront.files import write_file
 from wavefront.report import draft, timed
 from wavefront.report.analysis import Study
 from wavefront.report.experiments import discover, draw
@@ -111,7 +112,7 @@ def _build_into(data_dir, paper_dir: Path, experiments_dir, log) -> dict:
         log(f"figure {name}: {time.perf_counter() - began:.1f} s, peak memory so far "
             f"{peak_rss_mib():.0f} MiB")
     numbers = draft.compute(study, experiments)
-    (paper_dir / "draft.md").write_text(draft.render(numbers))
+    write_file(paper_dir / "draft.md", draft.render(numbers), what="the draft")
     # Per-point medians, ranges and flags of every repeated data set: what the figures
     # summarise (single-shot data sets have nothing to summarise).
     (paper_dir / "summary").mkdir(parents=True, exist_ok=True)
@@ -150,7 +151,8 @@ def _build_into(data_dir, paper_dir: Path, experiments_dir, log) -> dict:
     }
     # Written without the elapsed time, so regenerating from the same data changes nothing;
     # at 7 significant digits, as the data it is computed from are kept.
-    (paper_dir / "fits.json").write_text(_json_lines(round_significant(summary, 7)))
+    write_file(paper_dir / "fits.json", _json_lines(round_significant(summary, 7)),
+               what="fits.json")
     summary["seconds"] = time.perf_counter() - start
     return summary
 
