@@ -36,8 +36,8 @@ from typing import Callable
 
 # Bounds on what one read may take: committed data files unpack to a few MB (the largest,
 # data/tune/tune_runs.jsonl.gz, 3.3 MB); a sweep's results table grows by ~1 KB a row.
-MAX_FILE_BYTES = 1 << 30            # on disk
-MAX_UNPACKED_BYTES = 1 << 30        # a packed file's text
+MAX_FILE_BYTES = 512 << 20          # on disk
+MAX_UNPACKED_BYTES = 512 << 20      # a packed file's text (what a bomb can cost at most)
 MAX_TABLE_BYTES = 16 << 20          # a small JSON file (tuned table, carry-over choices)
 # The store appends one row per gzip member, a few hundred bytes packed; a torn remainder much
 # larger than any appended row was not a torn append but a cut committed file.
@@ -102,9 +102,11 @@ def require_regular(path, what: str = "file") -> None:
     os.close(_open_regular(Path(path), what))
 
 
-def read_file(path, what: str = "file", limit: int = MAX_FILE_BYTES) -> bytes:
-    """A regular file's bytes, at most `limit` of them (more is refused by name)."""
+def read_file(path, what: str = "file", limit: int | None = None) -> bytes:
+    """A regular file's bytes, at most `limit` of them (default MAX_FILE_BYTES; more is
+    refused by name)."""
     path = Path(path)
+    limit = MAX_FILE_BYTES if limit is None else limit
     fd = _open_regular(path, what)
     try:
         size = os.fstat(fd).st_size
@@ -128,11 +130,12 @@ def read_file(path, what: str = "file", limit: int = MAX_FILE_BYTES) -> bytes:
         os.close(fd)
 
 
-def unpack_members(data: bytes, name: str, limit: int = MAX_UNPACKED_BYTES,
+def unpack_members(data: bytes, name: str, limit: int | None = None,
                    what: str = "packed file") -> tuple[bytes, int]:
     """-> (the text of every complete gzip member of `data`, bytes of a torn final append
     left out). Raises DamagedFile for anything else that does not unpack, FileRefused when the
-    text would pass `limit`."""
+    text would pass `limit` (default MAX_UNPACKED_BYTES)."""
+    limit = MAX_UNPACKED_BYTES if limit is None else limit
     if not data:
         raise DamagedFile(f"{name}: {what} is empty (0 bytes): not gzip data; a packed file "
                           "holds at least one gzip member")
@@ -188,8 +191,8 @@ def unpack_members(data: bytes, name: str, limit: int = MAX_UNPACKED_BYTES,
     return b"".join(out), len(data) - used
 
 
-def read_packed(path, what: str = "packed file", *, limit: int = MAX_UNPACKED_BYTES,
-                file_limit: int = MAX_FILE_BYTES) -> bytes:
+def read_packed(path, what: str = "packed file", *, limit: int | None = None,
+                file_limit: int | None = None) -> bytes:
     """The text of a stored file, packed (`.gz`) or plain, through the bounds and checks above.
     A torn final append of a packed file is left out with a `TornAppend` warning."""
     path = Path(path)
@@ -204,13 +207,14 @@ def read_packed(path, what: str = "packed file", *, limit: int = MAX_UNPACKED_BY
     return text
 
 
-def read_json(path, what: str = "JSON file", limit: int = MAX_TABLE_BYTES, *,
+def read_json(path, what: str = "JSON file", limit: int | None = None, *,
               nan_ok: bool = False):
     """A small JSON file, parsed; errors name the file. Duplicated keys in one object are
     refused (JSON readers keep the last silently), and so are NaN and Infinity unless
     `nan_ok` (they are not JSON; Python writes them)."""
     import json
     path = Path(path)
+    limit = MAX_TABLE_BYTES if limit is None else limit
     data = read_packed(path, what, limit=limit, file_limit=limit)
     try:
         return json.loads(data.decode("utf-8"), object_pairs_hook=_unique_keys,

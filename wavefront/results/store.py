@@ -94,10 +94,10 @@ def gzip_file(plain, target=None) -> Path:
     content: both forms of one file are refused by name (merge them, or remove one)."""
     plain = Path(plain)
     target = Path(target) if target else plain.with_name(plain.name + ".gz")
-    files.refuse_link(plain, "a file to pack")
+    _refuse_link(plain, "a file to pack")
     text = read_results_bytes(plain, "a file to pack")
     if target.exists() or target.is_symlink():
-        files.refuse_link(target, "a packed file")
+        _refuse_link(target, "a packed file")
         if read_results_bytes(target, "a packed file") != text:
             raise SchemaError(f"{plain} and {target} both exist and differ: packing would "
                               f"replace what {target.name} holds; merge the two or remove one "
@@ -109,6 +109,13 @@ def gzip_file(plain, target=None) -> Path:
         raise SchemaError(f"{target}: does not hold what {plain.name} held; {plain.name} kept")
     plain.unlink()
     return target
+
+
+def _refuse_link(path: Path, what: str) -> None:
+    try:
+        files.refuse_link(path, what)
+    except files.UnsafePath as exc:
+        raise UnsafePath(str(exc)) from None
 
 
 def write_csv_gz(frame, path, **to_csv) -> Path:
@@ -171,7 +178,7 @@ def repack_significant(path, digits: int) -> tuple[int, int]:  # noqa: C901
     path = Path(path)
     if not 4 <= digits <= 17:
         raise ValueError(f"digits: {digits}; expected 4 to 17 significant digits")
-    files.refuse_link(path, "a packed data file")
+    _refuse_link(path, "a packed data file")
     before = path.stat().st_size
     text = read_results_bytes(path, "a packed data file").decode()
     if path.name.endswith(".jsonl.gz"):

@@ -416,7 +416,6 @@ def run_sweep(spec: SweepSpec, out_dir, *, gpu: str, sms: int, l2_bytes: int, ru
         if results_path.exists():
             # refuse to append to data whose provenance is broken, or that was measured another
             # way: its rows would be kept (skipped as done) beside rows measured this way
-            check_same_settings(out_dir, read_manifest(out_dir), spec)
             # and to append to a table `fit` and the paper would refuse (rows whose point,
             # GPU or numbers do not hold, rows duplicated): more rows would not make it load
             if load_results(results_path, require_manifest=False).shape[0]:
@@ -426,6 +425,7 @@ def run_sweep(spec: SweepSpec, out_dir, *, gpu: str, sms: int, l2_bytes: int, ru
                     raise SchemaError(f"{exc}; not resumed: the table as it is would not "
                                       "load for `fit`. Measure into a new --out directory, "
                                       "or repair the table") from None
+            check_same_settings(out_dir, read_manifest(out_dir), spec)
         done = done_keys(results_path, retry_failed)
         todo = [t for t in tasks if (gpu, t["point"], t["measurement"], t["repeat"]) not in done]
         summary = {"points": len(tasks), "skipped": len(tasks) - len(todo), "ok": 0,
