@@ -487,7 +487,7 @@ def load_results(path, *, require_manifest: bool = True, strict: bool = False):
         raise SchemaError(f"{path}: no such results file")
     require_regular_file(path, "a results file")
     try:
-        data = read_results_bytes(path)  # once: a compressed table is decompressed once
+        data = read_results_bytes(path, "results table")  # once: decompressed once
         header = _header_of(data)
     except (OSError, UnicodeDecodeError, csv.Error) as exc:
         raise SchemaError(f"{path}: not a readable CSV: {exc}") from None
@@ -622,7 +622,7 @@ def read_manifest(directory) -> dict:
         raise SchemaError(f"{path}: missing; results without a manifest are not accepted")
     require_regular_file(path, "a manifest")
     try:
-        runs = json.loads(read_results_bytes(path))
+        runs = json.loads(read_results_bytes(path, "manifest"))
     except (OSError, ValueError) as exc:
         raise SchemaError(f"{path}: not valid JSON: {exc}") from None
     except RecursionError:
