@@ -1154,3 +1154,43 @@ def test_there_are_at_least_150_new_cases():
 
 if __name__ == "__main__":
     print(_table_of_cases())
+
+
+SINK = [
+    ("a link as the record file", "link", "refused"),
+    ("a cut packed record file", "cut", "refused"),
+    ("a packed file with a torn last member", "torn", "recovered"),
+    ("a plain file with a torn last line", "torn_plain", "recovered"),
+    ("a packed file as it is", "packed", "accepted"),
+]
+
+
+@_cases("record sink (bench/tune --out)", SINK)
+def test_a_run_appends_records_only_behind_whole_ones(tmp_path, case):
+    from wavefront.measure.sink import JsonlSink
+    name, how, outcome = case
+    d = tmp_path / "d"
+    d.mkdir()
+    if how == "link":
+        (tmp_path / "victim.jsonl").write_text('{"a": 1}\n')
+        (d / "tune.jsonl").symlink_to(tmp_path / "victim.jsonl")
+    elif how == "cut":
+        (d / "tune.jsonl.gz").write_bytes(_ONE[:len(_ONE) // 2])
+    elif how == "torn":
+        (d / "tune.jsonl.gz").write_bytes(_TWO[:-8])
+    elif how == "torn_plain":
+        (d / "tune.jsonl").write_bytes(_JSONL + b'{"gpu": "G", "sh')
+    else:
+        (d / "tune.jsonl.gz").write_bytes(_ONE)
+    before = snapshot(tmp_path)
+    if outcome == "refused":
+        with pytest.raises(SchemaError) as err:
+            JsonlSink(d, "tune.jsonl", manifest_files=())
+        assert str(d) in str(err.value)
+        assert snapshot(tmp_path) == before
+        return
+    with JsonlSink(d, "tune.jsonl", manifest_files=()) as sink:
+        sink.write({"gpu": "G", "shape": {"seqlen": 99}})
+    rows = TUNE_RECORDS.read(d / ("tune.jsonl" if how == "torn_plain" else "tune.jsonl.gz"))
+    assert len(rows) == 51 and rows[-1]["shape"]["seqlen"] == 99
+    assert (how == "packed") != (d / "repairs.log").exists()  # what was cut is logged

@@ -81,8 +81,12 @@ class CleanErrors(click.Group):
     and fsync'd one by one); the message says so. Bugs still raise: they should be seen."""
 
     def invoke(self, ctx):
+        from wavefront.files import FileRefused
+        from wavefront.results.store import SchemaError
         try:
             return super().invoke(ctx)
+        except (FileRefused, SchemaError) as exc:  # a file refused or not loading, named
+            raise click.ClickException(str(exc)) from None
         except OSError as exc:
             raise click.ClickException(os_error_text(exc)) from None
         except MemoryError:
