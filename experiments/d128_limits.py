@@ -7,7 +7,6 @@ hand-made ping-pong, each timed against the tuned configuration in interleaved r
 (`lever_ab.py`, the changes applied as patches: data/d128_limits/sass/). No figure:
 the draft prints tables.
 """
-import gzip
 import json
 
 import pandas as pd
@@ -15,6 +14,7 @@ import pandas as pd
 from wavefront.kernel.sass import LOOP_CLASSES
 from wavefront.report.draft import Section, md_table, wrap
 from wavefront.report.experiments import run_as_script
+from wavefront.results.store import read_results_bytes
 
 DATASETS = ()
 RECORDS = ("d128_limits",)
@@ -33,9 +33,8 @@ def _sass_dir(study):
 
 
 def stalls(study) -> dict:
-    """{mask: [ours, cuDNN]}: each kernel's summary (`d128_limits.py --summarise`)."""
-    with gzip.open(_sass_dir(study) / "stalls.json.gz", "rt") as f:
-        return json.load(f)
+    """{mask: [ours, cuDNN]}: each kernel's summary (`wavefront stalls`)."""
+    return json.loads(read_results_bytes(_sass_dir(study) / "stalls.json.gz", "stall summary"))
 
 
 def where_warps_wait(study) -> pd.DataFrame:
@@ -62,8 +61,8 @@ def where_warps_wait(study) -> pd.DataFrame:
 
 def _lever_ab(study, lever: str) -> list[dict]:
     """The `lever_ab.py` records of one lever that ran, each with its shape named."""
-    with gzip.open(_sass_dir(study) / "lever_ab.jsonl.gz", "rt") as f:
-        records = [json.loads(line) for line in f]
+    text = read_results_bytes(_sass_dir(study) / "lever_ab.jsonl.gz", "lever A/B record file")
+    records = [json.loads(line) for line in text.splitlines() if line.strip()]
     for r in records:
         b, h, hkv, s, d = r["shape"]
         r["shape name"] = f"B{b} H{h}" + (f" KV{hkv}" if hkv != h else "") + f" S{s // 1024}k D{d}"
@@ -100,8 +99,7 @@ def ping_pong_probe(study) -> pd.DataFrame:
 def kv_loop(study) -> pd.DataFrame:
     """Per binary (`kv_loop_instructions.py`, data/d128_limits/sass/README.md): one consumer
     warp's instructions in the steady K/V step, by what they do, per 128 keys."""
-    with gzip.open(_sass_dir(study) / "kv_loop.json.gz", "rt") as f:
-        record = json.load(f)
+    record = json.loads(read_results_bytes(_sass_dir(study) / "kv_loop.json.gz", "K/V loop record"))
     columns = [name for name, _ in LOOP_CLASSES] + ["other", "all"]
     return pd.DataFrame([
         {"binary": name, "keys per step": b["keys_per_step"],

@@ -71,8 +71,12 @@ class CleanErrors(click.Group):
     and fsync'd one by one); the message says so. Bugs still raise: they should be seen."""
 
     def invoke(self, ctx):
+        from wavefront.files import FileRefused
+        from wavefront.results.store import SchemaError
         try:
             return super().invoke(ctx)
+        except (FileRefused, SchemaError) as exc:  # a file refused or not loading, named
+            raise click.ClickException(str(exc)) from None
         except OSError as exc:
             raise click.ClickException(os_error_text(exc)) from None
         except MemoryError:
@@ -259,3 +263,8 @@ def _require_gpu():
 @click.version_option(package_name="wavefront")
 def main():
     """wavefront: cache behaviour of attention kernels on NVIDIA GPUs."""
+    from wavefront.schedules import table_threads_setting
+    try:  # a setting read deep inside a command is checked before any command runs
+        table_threads_setting()
+    except ValueError as exc:
+        raise click.ClickException(str(exc)) from None

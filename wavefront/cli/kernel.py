@@ -58,11 +58,14 @@ def schedules(as_json):
 
 def _compile_one(args):
     variant, arch, out_dir = args
+    from wavefront.kernel.arch_support import UnsupportedVariant
     from wavefront.kernel.attention import compile_variant
     from wavefront.kernel.cubin import kernel_resources
     start = time.perf_counter()
     try:
         cubin = compile_variant(variant, arch)
+    except UnsupportedVariant as exc:  # refused by name: not a failure of this build
+        return (variant, None, time.perf_counter() - start, f"REFUSED: {exc}", None, None)
     except Exception as exc:
         return (variant, None, time.perf_counter() - start, f"{type(exc).__name__}: {exc}",
                 None, None)
@@ -75,9 +78,10 @@ def _compile_one(args):
             sass = None
     if out_dir:
         saved = str(Path(out_dir) / f"{variant.label}.{arch}.cubin")
-        Path(saved).write_bytes(cubin)
+        from wavefront.files import write_file
+        write_file(saved, cubin, what="a cubin")  # atomic, a link refused
         if sass:
-            Path(saved).with_suffix(".sass").write_text(sass)
+            write_file(Path(saved).with_suffix(".sass"), sass, what="a SASS listing")
     res = kernel_resources(cubin)
     return (variant, res[0] if res else None, time.perf_counter() - start, None, saved,
             summarise(sass) if sass else None)
@@ -139,7 +143,7 @@ def compile_cmd(arch, all_variants, name_filter, list_only, out_dir, jobs, as_js
     if out_dir:
         Path(out_dir).mkdir(parents=True, exist_ok=True)
     jobs = min(jobs or usable_cpus(), len(variants))
-    failures, rows = 0, []
+    failures, refused, rows = 0, 0, []
     start = time.perf_counter()
     click.echo(f"compiling {len(variants)} variants for {arch} with {jobs} processes", err=True)
     with ProcessPoolExecutor(max_workers=jobs) as pool:
@@ -149,9 +153,15 @@ def compile_cmd(arch, all_variants, name_filter, list_only, out_dir, jobs, as_js
                    "registers": res.registers if res else None,
                    "shared_kib": res.shared_bytes / 1024 if res else None, "cubin": saved,
                    "sass": sass.as_dict() if sass else None}
+            is_refused = bool(error) and error.startswith("REFUSED: ")
+            row["refused"] = is_refused
             rows.append(row)
-            failures += error is not None
+            failures += error is not None and not is_refused
+            refused += is_refused
             if not as_json:
+                if is_refused:
+                    click.echo(f"{variant.label:<52} REFUSED {error[len('REFUSED: '):]}")
+                    continue
                 if error:
                     click.echo(f"{variant.label:<52} FAILED {seconds:6.1f} s  {error}")
                     continue
@@ -163,10 +173,11 @@ def compile_cmd(arch, all_variants, name_filter, list_only, out_dir, jobs, as_js
                              f"spills {sass.local_loads + sass.local_stores:3d}")
                 click.echo(f"{variant.label:<52} regs {row['registers'] or '?':>4}  smem "
                            f"{row['shared_kib']:6.0f} KiB  {seconds:6.1f} s{facts}")
-    summary = (f"{len(variants) - failures} compiled, {failures} failed in "
-               f"{time.perf_counter() - start:.0f} s" + (f" -> {out_dir}" if out_dir else ""))
+    summary = (f"{len(variants) - failures - refused} compiled, {failures} failed"
+               + (f", {refused} refused by name (not buildable for {arch})" if refused else "")
+               + f" in {time.perf_counter() - start:.0f} s" + (f" -> {out_dir}" if out_dir else ""))
     if as_json:
-        _echo_json({"arch": arch, "variants": rows, "failed": failures})
+        _echo_json({"arch": arch, "variants": rows, "failed": failures, "refused": refused})
     else:
         click.echo(summary)
     if failures:

@@ -474,8 +474,13 @@ def profile(points, repeats, out_dir, timeout_s, as_json):
     target = out_dir or tempfile.mkdtemp(prefix="wavefront-profile-")
     summary = _run_sweep(spec, target, dev, retry_failed=True)
     from wavefront.results.store import load_results, results_path
+    from wavefront.results.sweep import expand
     df = load_results(results_path(target))
-    df = df[df["run_id"] == df["run_id"].iloc[-1]]
+    # this command's points on this GPU (a resumed --out holds other configurations' rows,
+    # and the last run may be another's: everything here may have been measured before)
+    keys = {t["point"] for t in expand(spec, gpu=dev.name, sms=dev.sms, l2_bytes=dev.l2_bytes)}
+    df = df[df["point"].isin(keys) & (df["gpu"] == dev.name)
+            & (df["measurement"] == "counters")]
     if as_json:
         _echo_json({"gpu": dev.name, "inputs": [p.as_dict() for p in points],
                     "results": str(results_path(target)), "summary": summary,
@@ -521,15 +526,19 @@ def _run_sweep_on_dask(spec, out_dir, gpus, scheduler, retry_failed=False):
     from wavefront.device import software_versions
     from wavefront.results.store import SchemaError, StoreLocked
     from wavefront.results.sweep import run_sweep
+    from wavefront.measure.distributed import visible_gpu_count
+    if not scheduler:  # the host's GPUs first: the same answer with or without Dask installed
+        present = visible_gpu_count()
+        n = present if gpus == "all" else int(gpus)
+        if n < 1 or present < 1:
+            raise click.ClickException("--gpus: no GPU is visible on this host")
+        if n > present:
+            raise click.ClickException(f"--gpus {n}: this host has {present} GPU"
+                                       f"{'s' if present != 1 else ''}")
     try:
         from distributed import Client
 
-        from wavefront.measure.distributed import (
-            DaskRunner,
-            cluster_gpu,
-            local_gpu_cluster,
-            visible_gpu_count,
-        )
+        from wavefront.measure.distributed import DaskRunner, cluster_gpu, local_gpu_cluster
     except (ImportError, RuntimeError):
         raise click.ClickException("--gpus and --scheduler need Dask: pip install "
                                    "'wavefront[distributed]'") from None
@@ -542,13 +551,6 @@ def _run_sweep_on_dask(spec, out_dir, gpus, scheduler, retry_failed=False):
                 raise click.ClickException(f"--scheduler {scheduler!r}: cannot connect "
                                            f"({exc})") from None
         else:
-            present = visible_gpu_count()
-            n = present if gpus == "all" else int(gpus)
-            if n < 1 or present < 1:
-                raise click.ClickException("--gpus: no GPU is visible on this host")
-            if n > present:
-                raise click.ClickException(f"--gpus {n}: this host has {present} GPU"
-                                           f"{'s' if present != 1 else ''}")
             cluster = local_gpu_cluster(n)
             client = Client(cluster)
         gpu = cluster_gpu(client)
@@ -613,15 +615,17 @@ def sweep(spec_path, out_dir, retry_failed, dry_run, preset, gpus, scheduler, as
         spec = load_any_spec(spec_path)
     except ValueError as exc:
         raise click.BadParameter(str(exc), param_hint="SPEC_PATH") from None
-    if dry_run:
-        from wavefront.model.presets import gpu_preset
-        from wavefront.results.sweep import describe, expand
-        try:
-            gpu = gpu_preset(preset)
-            tasks = expand(spec, gpu=gpu.name, sms=gpu.sms, l2_bytes=gpu.l2_bytes,
-                           source=spec_path)
-        except ValueError as exc:
+    from wavefront.model.presets import gpu_preset
+    from wavefront.results.sweep import describe, expand
+    try:  # every value checked on the preset's shape before a GPU is looked for
+        gpu = gpu_preset(preset)
+        tasks = expand(spec, gpu=gpu.name, sms=gpu.sms, l2_bytes=gpu.l2_bytes,
+                       source=spec_path)
+    except ValueError as exc:
+        if dry_run:
             raise click.BadParameter(str(exc)) from None
+        raise click.ClickException(str(exc)) from None
+    if dry_run:
         if as_json:
             _echo_json({"spec": spec.as_dict(), "gpu": gpu.name, "tasks": tasks})
         else:

@@ -3,6 +3,7 @@
 results file)."""
 from __future__ import annotations
 
+import contextlib
 import json
 import sys
 import time
@@ -71,6 +72,18 @@ def _simulable_launches(points, gpu) -> list:
     return launches
 
 
+@contextlib.contextmanager
+def _replacing(path: Path, option: str):
+    """The one writer (`wavefront.files.replacing`) for an output another library writes: a
+    link at `path` is refused by the option's name, the file replaced only when written."""
+    from wavefront.files import FileRefused, replacing
+    try:
+        with replacing(path, f"{option} output") as tmp:
+            yield tmp
+    except FileRefused as exc:
+        raise click.BadParameter(str(exc), param_hint=option) from None
+
+
 def _simulate_timed(points, gpu, gpu_name, partitions, fits_path, timeline_dir, as_json):
     from wavefront.model.counting import launch_counts
     from wavefront.model.timed import simulate_timed
@@ -100,10 +113,11 @@ def _simulate_timed(points, gpu, gpu_name, partitions, fits_path, timeline_dir, 
             Path(timeline_dir).mkdir(parents=True, exist_ok=True)
             name = (f"{launch.name}_s{point.seqlen}_d{point.head_dim}"
                     f"{'_causal' if point.causal else ''}.timeline.csv")
-            np.savetxt(Path(timeline_dir) / name, np.column_stack(
-                [np.arange(launch.num_items), pred.item_slot, pred.item_start_ns,
-                 pred.item_end_ns]), fmt=["%d", "%d", "%.1f", "%.1f"], delimiter=",",
-                header="work_item,cta,start_ns,end_ns", comments="")
+            with _replacing(Path(timeline_dir) / name, "--timeline-out") as tmp:
+                np.savetxt(tmp, np.column_stack(
+                    [np.arange(launch.num_items), pred.item_slot, pred.item_start_ns,
+                     pred.item_end_ns]), fmt=["%d", "%d", "%.1f", "%.1f"], delimiter=",",
+                    header="work_item,cta,start_ns,end_ns", comments="")
             click.echo(f"timeline -> {Path(timeline_dir) / name}", err=True)
         counts = launch_counts(launch.problem, launch.n_chunks, launch.partial_row_bytes)
         rows.append({"inputs": point.as_dict(), "schedule": launch.name, **pred.summary(),
@@ -203,7 +217,8 @@ def simulate(points, gpu_name, sms, l2_mib, capacity_mib, partitions, jitter, tr
             Path(trace_dir).mkdir(parents=True, exist_ok=True)
             name = (f"{launch.name}_s{point.seqlen}_d{point.head_dim}"
                     f"{'_causal' if point.causal else ''}.oracleGeneral.bin")
-            write_oracle_general(access_trace(launch, jitter=jitter), Path(trace_dir) / name)
+            with _replacing(Path(trace_dir) / name, "--trace-out") as tmp:
+                write_oracle_general(access_trace(launch, jitter=jitter), tmp)
             click.echo(f"trace -> {Path(trace_dir) / name}", err=True)
         row = {"inputs": point.as_dict(), **pred.as_dict(),
                "model": (f"{partitions} partitions x LRU {capacity / 2**20:.1f} MiB"
@@ -342,7 +357,12 @@ def fit(results_path, out_dir, as_json):
         raise click.BadParameter(str(exc), param_hint="RESULTS_PATH") from None
     if out_dir:
         Path(out_dir).mkdir(parents=True, exist_ok=True)
-        (Path(out_dir) / "fits.json").write_text(json.dumps(fits, indent=1) + "\n")
+        from wavefront.files import FileRefused, write_file
+        try:
+            write_file(Path(out_dir) / "fits.json", json.dumps(fits, indent=1) + "\n",
+                       what="fits.json")
+        except FileRefused as exc:
+            raise click.BadParameter(str(exc), param_hint="--out") from None
     if as_json:
         _echo_json(fits)
         return

@@ -22,6 +22,7 @@ peers of the same rounds) goes to the record; the fastest goes to the tuned tabl
 from __future__ import annotations
 
 import itertools
+import math
 from dataclasses import dataclass, field
 from concurrent.futures import ProcessPoolExecutor
 
@@ -277,7 +278,15 @@ SLOWED_GPU = 0.5
 def slowed_gpu(best: dict, previous: dict | None) -> str | None:
     """Why the search's winner `best` must not replace `previous` (the table's entry it would
     overwrite), or None."""
+    from wavefront.kernel.table_schema import MAX_TFLOPS, plausible
     recorded = (previous or {}).get("tflops")
+    if recorded is not None and not plausible(recorded, MAX_TFLOPS):
+        return (f"the table's entry here records {recorded!r} TFLOP/s, not a measured speed "
+                f"(a finite number above 0 and at most {MAX_TFLOPS:g}): fix or remove that "
+                "entry of wavefront/kernel/tuned.json; not written")
+    if not plausible(best.get("tflops"), MAX_TFLOPS):
+        return (f"the winner's speed {best.get('tflops')!r} TFLOP/s is not a measurement; "
+                "not written")
     if recorded and best["tflops"] < SLOWED_GPU * recorded:
         return (f"the winner ran {best['tflops']:.0f} TFLOP/s, under {SLOWED_GPU:.0%} of the "
                 f"{recorded:.0f} the table recorded here: a slowed GPU, not a better "
@@ -296,7 +305,9 @@ def tuned_entry(best: dict, dims: tuple[int, int, int, int], dtype: str,
     held = held_to(searched)
     return {**{k: best["levers"][k] for k in CONFIG_FIELDS},
             "tflops": round(best["tflops"], 1),
-            "x_cudnn": round(best.get("x_cudnn", float("nan")), 3),
+            # None, not NaN, where cuDNN did not run: the table is strict JSON
+            "x_cudnn": round(best["x_cudnn"], 3) if best.get("x_cudnn") is not None
+            and math.isfinite(best["x_cudnn"]) else None,
             "measured": datetime.datetime.now(datetime.timezone.utc).isoformat(
                 timespec="seconds"),
             "shape": f"{shape_text(dims)} {dtype}",
@@ -370,16 +381,23 @@ def run(shapes: list[Point], gpu, dtype: str, *, rounds: int, per_round: int,
         result.best[shape] = best
         if write_dims is None:
             continue
-        previous = load_table().get(gpu.name, {}).get(
-            entry_key(shape.head_dim, shape.causal, write_dims))
-        refused = slowed_gpu(best, previous)
+        try:  # a table that does not load, or a write refused: named, the table untouched
+            previous = load_table().get(gpu.name, {}).get(
+                entry_key(shape.head_dim, shape.causal, write_dims))
+            refused = slowed_gpu(best, previous)
+            if not refused:
+                key = write_entry(gpu.name, shape.head_dim, shape.causal,
+                                  tuned_entry(best, write_dims, dtype, levers))
+        except ValueError as exc:
+            refused = str(exc)
+        except OSError as exc:
+            refused = (f"{exc.filename or 'the tuned table'}: {exc.strerror or exc} (the tuned "
+                       "table is unchanged)")
         if refused:
             log(f"{what}: {refused}")
             result.refused[shape] = refused
             result.failed += 1
             continue
-        key = write_entry(gpu.name, shape.head_dim, shape.causal,
-                          tuned_entry(best, write_dims, dtype, levers))
         log(f"{what}: wrote {gpu.name} {key}")
         result.written[shape] = key
     return result

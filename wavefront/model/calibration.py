@@ -6,9 +6,6 @@ Kept beside `timed` rather than in it: the committed model cache is keyed by `ti
 bytes, and reading a file changes no prediction."""
 from __future__ import annotations
 
-import json
-from pathlib import Path
-
 from wavefront.model.presets import gpu_preset, preset_for_device
 from wavefront.model.timed import (
     Calibration,
@@ -22,8 +19,10 @@ from wavefront.schedules import Launch
 
 def read_calibrations(path) -> dict[str, Calibration]:
     """The calibrations in a fits file (`timed_model.calibrations`), by measured GPU name."""
+    from wavefront.files import read_json  # a regular file, bounded (a FIFO hung here)
     try:
-        cals = json.loads(Path(path).read_text())["timed_model"]["calibrations"]
+        cals = read_json(path, "fits.json", limit=64 << 20,
+                         nan_ok=True)["timed_model"]["calibrations"]
     except (OSError, ValueError, KeyError, TypeError) as exc:
         raise ValueError(f"{path}: no timed-model calibration ({exc.__class__.__name__}: "
                          f"{exc}); run `wavefront paper` or pass --fits") from None

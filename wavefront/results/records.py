@@ -84,7 +84,12 @@ class RecordKind:
         require_regular_file(path, f"a {self.name} record file")
         rows = []
         # Plain or packed alike; a gzip member cut by a crash mid-append is left out.
-        for number, line in enumerate(read_results_bytes(path).decode().splitlines(), 1):
+        try:
+            text = read_results_bytes(path, f"{self.name} record file").decode()
+        except UnicodeDecodeError as exc:
+            raise SchemaError(f"{path}: not UTF-8 text ({exc.reason} at byte {exc.start})") \
+                from None
+        for number, line in enumerate(text.splitlines(), 1):
             if not line.strip():
                 continue
             where = f"{path}:{number}"
