@@ -1,13 +1,12 @@
 """What holds the tuned D=128 kernel behind cuDNN? Where the warps wait, per SASS instruction.
 
 Nsight Compute's warp-state sampler on one launch each of the tuned kernel and cuDNN (B1 H32
-S8k D128 bf16, both masks; `scripts/d128_limits.py`, whose `--summarise` groups each kernel's
+S8k D128 bf16, both masks; data/d128_limits/sass/README.md; `wavefront stalls` groups each kernel's
 instructions by how many times they ran), then the changes the profile suggested and a
 hand-made ping-pong, each timed against the tuned configuration in interleaved rounds
-(`scripts/lever_ab.py`, the changes applied as patches: data/d128_limits/sass/). No figure:
+(`lever_ab.py`, the changes applied as patches: data/d128_limits/sass/). No figure:
 the draft prints tables.
 """
-import gzip
 import json
 
 import pandas as pd
@@ -15,12 +14,14 @@ import pandas as pd
 from wavefront.kernel.sass import LOOP_CLASSES
 from wavefront.report.draft import Section, md_table, wrap
 from wavefront.report.experiments import run_as_script
+from wavefront.results.store import read_results_bytes
 
 DATASETS = ()
 RECORDS = ("d128_limits",)
 # The profiled launch: 32 heads x 64 Q tiles of 128 rows, two consumer warpgroups (8 warps).
 ITEMS, CONSUMER_WARPS = 32 * 8192 // 128, 8
-# The lever A/B runs (`scripts/lever_ab.py`) of the two changes to the item boundary.
+# The lever A/B runs (`lever_ab.py`, data/d128_limits/sass/README.md) of the two changes to
+# the item boundary.
 ATTEMPTS = {"direct_store=1": "output written without TMA (direct_store)",
             "item_pairs=1": "two items' Q tiles loaded at once (item_pairs)"}
 # The hand-made ping-pong's A/B run (on an H200: data/d128_limits/README.md).
@@ -32,9 +33,8 @@ def _sass_dir(study):
 
 
 def stalls(study) -> dict:
-    """{mask: [ours, cuDNN]}: each kernel's summary (`d128_limits.py --summarise`)."""
-    with gzip.open(_sass_dir(study) / "stalls.json.gz", "rt") as f:
-        return json.load(f)
+    """{mask: [ours, cuDNN]}: each kernel's summary (`wavefront stalls`)."""
+    return json.loads(read_results_bytes(_sass_dir(study) / "stalls.json.gz", "stall summary"))
 
 
 def where_warps_wait(study) -> pd.DataFrame:
@@ -60,9 +60,9 @@ def where_warps_wait(study) -> pd.DataFrame:
 
 
 def _lever_ab(study, lever: str) -> list[dict]:
-    """The `scripts/lever_ab.py` records of one lever that ran, each with its shape named."""
-    with gzip.open(_sass_dir(study) / "lever_ab.jsonl.gz", "rt") as f:
-        records = [json.loads(line) for line in f]
+    """The `lever_ab.py` records of one lever that ran, each with its shape named."""
+    text = read_results_bytes(_sass_dir(study) / "lever_ab.jsonl.gz", "lever A/B record file")
+    records = [json.loads(line) for line in text.splitlines() if line.strip()]
     for r in records:
         b, h, hkv, s, d = r["shape"]
         r["shape name"] = f"B{b} H{h}" + (f" KV{hkv}" if hkv != h else "") + f" S{s // 1024}k D{d}"
@@ -97,10 +97,9 @@ def ping_pong_probe(study) -> pd.DataFrame:
 
 
 def kv_loop(study) -> pd.DataFrame:
-    """Per binary (`scripts/kv_loop_instructions.py`): one consumer warp's instructions in the
-    steady K/V step, by what they do, per 128 keys."""
-    with gzip.open(_sass_dir(study) / "kv_loop.json.gz", "rt") as f:
-        record = json.load(f)
+    """Per binary (`kv_loop_instructions.py`, data/d128_limits/sass/README.md): one consumer
+    warp's instructions in the steady K/V step, by what they do, per 128 keys."""
+    record = json.loads(read_results_bytes(_sass_dir(study) / "kv_loop.json.gz", "K/V loop record"))
     columns = [name for name, _ in LOOP_CLASSES] + ["other", "all"]
     return pd.DataFrame([
         {"binary": name, "keys per step": b["keys_per_step"],
@@ -157,7 +156,7 @@ def section(study) -> Section:
         c: loop[c].map(lambda x: f"{x:g}").values
         for c in loop.columns if c != "keys per step"})
     loop_text = wrap(
-        "What the 128x256 tiles change, in the machine code (`scripts/kv_loop_instructions.py`: "
+        "What the 128x256 tiles change, in the machine code (data/d128_limits/sass/README.md: "
         "the binaries compiled again and disassembled; each count is the warp instructions of "
         "one consumer warp's steady, unmasked K/V step, scaled to 128 keys). The exponentials "
         "and the conversions of P scale with the scores, so they stay; what a step costs "

@@ -38,6 +38,7 @@ from wavefront.report.experiments import run_as_script
 from wavefront.report.figures import short_gpu
 from wavefront.results.orders import ORDERS_DIR, load_order
 from wavefront.results.records import HARNESS_RECORDS, TIMELINE_RECORDS
+from wavefront.results.store import read_results_bytes
 
 SEQLEN = 262144  # the launch this experiment is about; timelines of other shapes are left out
 GRID = """
@@ -172,7 +173,7 @@ def sass(study) -> dict:
     path = study.data_dir / "kernel_drift" / "sass.json"
     if not path.exists():
         raise ValueError(f"{path}: no SASS record")
-    return json.loads(path.read_text())["binaries"]
+    return json.loads(read_results_bytes(path, "SASS record"))["binaries"]
 
 
 def figure(study):

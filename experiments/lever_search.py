@@ -19,7 +19,7 @@ DATASETS = ()
 RECORDS = ("tune",)
 
 
-# The searches' records, folded into one file per kind (scripts/fold_runs.py); a new search's
+# The searches' records, folded into one file per kind (`wavefront fold`); a new search's
 # folder (data/tune/<search>/tune.jsonl, levers.jsonl) is read beside them.
 FOLDED = {"tune": "tune_runs.jsonl", "levers": "levers_runs.jsonl"}
 

@@ -8,7 +8,7 @@ the configuration it resolves to, paired by round, is what the call's host work 
 asks for 0.97 at B1 H32 S8k D128 and 0.9 at B1 H8 S1k D64.
 
 Every commit's runs are kept: a new run lands in `data/public_call/<commit>/`, and
-`scripts/fold_runs.py` folds the committed ones into `data/public_call/bench_runs.jsonl.gz`
+`wavefront fold` folds the committed ones into `data/public_call/bench_runs.jsonl.gz`
 (each record's `source` names the file it was); this experiment reads all of them. The call changed between those commits: a launcher cache, a positional hot path,
 prepared launches. The kernel's source is 571b462's from that commit on. Runs before e9fadbe
 record no calls per round: the bench's default, 5, unless the run's or file's name says 20 or
@@ -73,7 +73,7 @@ def measure(out_dir) -> int:
     return failed
 
 
-FOLDED = "bench_runs.jsonl"  # the committed runs' records, one file (scripts/fold_runs.py)
+FOLDED = "bench_runs.jsonl"  # the committed runs' records, one file (`wavefront fold`)
 
 
 def bench_files(study) -> dict:
@@ -293,7 +293,7 @@ def section(study) -> Section:
                            for _, r in short_of.iterrows()) + ")"
                if len(short_of) else "none reached it")
             + ". The same code's host time moves from process to process, and within one, on "
-            "the H100 hosts (`scripts/process_speed.py`, `data/public_call/RUNS.md#aec4edd`, "
+            "the H100 hosts (`data/public_call/RUNS.md#aec4edd`, "
             "`#f597be2`), so where a run falls is the host's as much as the call's. With 5 "
             f"calls a round, the bench's default, {len(five_met)} of {len(five)} runs and "
             f"masks reached {TARGETS[SHORT]:g} ({span(five['x bound'], '.3f')}x"

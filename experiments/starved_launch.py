@@ -129,7 +129,7 @@ evict-first loads through every round (`experiments/starved_launch.py`,
 SMs, linear's time changed by {most["linear slowdown"].min():+.1%} to {most["linear slowdown"].max():+.1%}, and sawtooth stayed at
 linear's speed at every stream level: the largest median difference is {speed:.2%}, no paired
 95% interval excludes no change, the widest reaches {widest:.1%}. Whether the
-stream's loads reach DRAM is checked by `scripts/stream_check.py` against Nsight Compute's DRAM
+stream's loads reach DRAM is checked by a probe (data/starved_launch/NOTES.md) against Nsight Compute's DRAM
 bytes on a short run (not part of this data set). How much bandwidth it leaves the attention
 is not measured: the stream's own clock-based rate over longer runs exceeds what HBM3 can
 deliver, so this section states SMs streaming, not GB/s left. What it does show: on Hopper a

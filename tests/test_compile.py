@@ -227,7 +227,7 @@ def test_the_wide_kv_tile_builds_without_spills_and_halves_a_steps_fixed_work():
     """128x256 tiles at D=128 (8 worker warps, one CTA per SM, no qk_ahead: the non-causal
     entries): pipelined and without spills; per key, the steady K/V step keeps its exponentials
     and halves what a step costs whatever its width (the row reductions' shuffles), against
-    128x128 tiles (`kv_loop_mix`, as `scripts/kv_loop_instructions.py` counts it)."""
+    128x128 tiles (`kv_loop_mix`, as data/d128_limits/sass/kv_loop.json.gz counts it)."""
     from wavefront.kernel.sass import disassemble, find_cuobjdump, kv_loop_mix, summarise
     if find_cuobjdump() is None:
         pytest.skip("cuobjdump not found")
@@ -266,3 +266,22 @@ def test_the_kv_loop_is_the_shortest_loop_with_mmas_and_exponentials():
     assert mix["FP32 add/mul/fma"] == 1 and mix["shuffle"] == 1 and mix["other"] == 1
     with pytest.raises(ValueError, match="no loop"):
         kv_loop_mix(line(0x10, "HGMMA.64x128x16.F32.BF16 R24, gdesc[UR16], RZ, !UPT"))
+
+
+def test_blackwell_builds_or_refuses_by_name_the_packed_d128_binaries():
+    """sm_100 (issue 55): tileiras 13.4 cannot build the packed variable-length binaries at
+    D=128 with 128-row tiles (24 of `compile --all`'s 272); they are refused by name, before
+    the compiler runs, and every other packed binary at D=128 builds. sm_90 is untouched."""
+    from wavefront.kernel.arch_support import UnsupportedVariant, unsupported_reason
+    varlen = [v for v in all_variants(dtypes=("bfloat16",), head_dims=(128,)) if v.varlen]
+    refused = [v for v in varlen if unsupported_reason(v, "sm_100")]
+    assert {v.tile_m for v in refused} == {128} and len(refused) == 12, [v.label for v in refused]
+    assert not any(unsupported_reason(v, "sm_90") or unsupported_reason(v, "sm_121")
+                   for v in varlen)
+    for v in refused:
+        with pytest.raises(UnsupportedVariant, match=v.label):
+            compile_variant(v, "sm_100")
+    builds = [v for v in varlen if v not in refused]
+    builds.append(replace(refused[0], worker_warps=8))  # the workaround the message names
+    for label, resources, _ in _compile_all(builds, "sm_100"):
+        assert resources and resources[0].registers, label

@@ -152,7 +152,7 @@ def test_rounds_time_every_launch_once_and_keep_the_first_calls_host_time(monkey
 def test_the_hosts_stolen_cpu_time_is_read_from_proc_stat(tmp_path):
     """The steal field and the sum of the first eight of /proc/stat's "cpu" line (guest time
     is inside user and nice already); None for a file that is not one."""
-    from wavefront.cli import _steal_share
+    from wavefront.results.records import steal_share as _steal_share
     stat = tmp_path / "stat"
     stat.write_text("cpu  855284 0 95402 1247609 4171 0 674 350 7 0\n"
                     "cpu0 231052 0 23350 844613 1181 0 126 151 0 0\n")

@@ -1,6 +1,7 @@
 """Nsight Compute output: the parser on real captures, derived columns, and counters attributed
 to their point by NVTX tag (a stand-in ncu drops, reorders and untags kernels)."""
 import gzip
+import json
 import sys
 from pathlib import Path
 
@@ -193,14 +194,10 @@ def test_ncu_command_profiles_only_the_measured_launch_and_keeps_the_report():
 
 
 def test_the_stall_summary_groups_instructions_by_how_often_they_ran(tmp_path):
-    """scripts/d128_limits.py --summarise (data/d128_limits/sass/): an ncu source-page export
-    of two kernels, grouped per kernel by execution count, with its named barriers apart from
-    the MMA waits and the most-sampled instruction first."""
-    import importlib.util
-    spec = importlib.util.spec_from_file_location(
-        "d128_limits", Path(__file__).parents[1] / "scripts" / "d128_limits.py")
-    limits = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(limits)
+    """`wavefront stalls` (data/d128_limits/sass/): an ncu source-page export of two kernels,
+    grouped per kernel by execution count, with its named barriers apart from the MMA waits
+    and the most-sampled instruction first."""
+    from wavefront.measure import stalls as limits
     header = ('"Address","Source","Warp Stall Sampling (All Samples)","Instructions Executed",'
               '"stall_barrier","stall_long_sb","stall_long_sb (Not Issued)"\n')
     text = ('"Kernel Name","ours"\n' + header
@@ -224,3 +221,10 @@ def test_the_stall_summary_groups_instructions_by_how_often_they_ran(tmp_path):
     assert [t["index"] for t in ours["top"]] == [1, 2, 0, 3]
     assert [b["index"] for b in ours["named_barriers"]] == [3]  # not the DEPBAR
     assert [b["executed"] for b in peer["named_barriers"]] == [800]
+    from click.testing import CliRunner
+
+    from wavefront.cli import main
+    out = CliRunner().invoke(main, ["stalls", str(path), "--json", str(tmp_path / "s.json")])
+    assert out.exit_code == 0, out.output
+    assert "== full" in out.output and "ours: 100 samples, 4 instructions" in out.output
+    assert json.loads((tmp_path / "s.json").read_text())["full"] == [ours, peer]

@@ -229,16 +229,12 @@ def test_the_public_call_experiment_reads_each_rounds_ratio_against_its_hosts_sp
 
 
 def test_folded_public_call_runs_read_as_their_files(tmp_path):
-    """`scripts/fold_runs.py` moves each commit folder's bench files into one records
+    """`wavefront fold` (results/fold.py) moves each commit folder's bench files into one records
     file, each record marked with its file; the experiment reads the same runs from it, a new
     run's file beside it too, and refuses a run that is in both (so does a second fold)."""
-    import importlib.util
+    from wavefront.results import fold
     public_call = _public_call_run(tmp_path, PROBES, CALL_MS)
     before = public_call.probe_rounds(Study(tmp_path))
-    spec = importlib.util.spec_from_file_location(
-        "fold_runs", Path(__file__).parent.parent / "scripts" / "fold_runs.py")
-    fold = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(fold)
     directory = tmp_path / "public_call"
     assert fold.fold(directory) == 2
     assert not list(directory.glob("*/bench*")) and (directory / fold.FOLDED).exists()
@@ -254,7 +250,7 @@ def test_folded_public_call_runs_read_as_their_files(tmp_path):
     again.write_text((new / "bench.jsonl").read_text())
     with pytest.raises(ValueError, match="abc1234/bench_s1k is both in bench_runs.jsonl"):
         public_call.bench_files(Study(tmp_path))
-    with pytest.raises(SystemExit, match="folded already"):
+    with pytest.raises(ValueError, match="folded already"):
         fold.fold(directory)
     assert again.exists()  # nothing written by the refused fold
 
@@ -326,3 +322,26 @@ def test_a_held_out_shape_measured_again_is_read_from_its_latest_run(tmp_path):
     (directory / "manifest.json").write_text(json.dumps(manifest))
     with pytest.raises(ValueError, match="keep one run per GPU"):
         untuned.rows(Study(tmp_path))
+
+
+def test_the_fold_command_folds_and_names_a_source_folded_twice(tmp_path):
+    """`wavefront fold DIR`: the run folders' files into one, each record with its `source`;
+    a run folded already and present again is refused by name, nothing written."""
+    from click.testing import CliRunner
+
+    from wavefront.cli import main
+    for run, value in (("abc1234", 1), ("def5678", 2)):
+        (tmp_path / run).mkdir()
+        (tmp_path / run / "bench.jsonl").write_text(json.dumps({"value": value}) + "\n")
+    done = CliRunner().invoke(main, ["fold", str(tmp_path)])
+    assert done.exit_code == 0, done.output
+    assert "2 files folded" in done.output and "wavefront compress" in done.output
+    folded = [json.loads(line) for line in (tmp_path / "bench_runs.jsonl").read_text()
+              .splitlines()]
+    assert folded == [{"source": "abc1234/bench", "value": 1},
+                      {"source": "def5678/bench", "value": 2}]
+    (tmp_path / "abc1234" / "bench.jsonl").write_text(json.dumps({"value": 3}) + "\n")
+    refused = CliRunner().invoke(main, ["fold", str(tmp_path)])
+    assert refused.exit_code == 1 and "abc1234/bench is folded already" in refused.output
+    assert (tmp_path / "abc1234" / "bench.jsonl").exists()
+    assert "Traceback" not in refused.output

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
-import wavefront.cli as cli
+import wavefront.cli.measure as measure_commands
 from wavefront.cli import main
 from wavefront.results.store import manifest_path, read_results_bytes, results_path
 
@@ -347,9 +347,9 @@ class _InstantRunner:
 @pytest.fixture
 def fake_gpu_sweep(monkeypatch):
     """`wavefront sweep` on a fake GPU with an instant in-process runner."""
-    monkeypatch.setattr(cli, "_require_gpu", lambda: _FakeGpu())
-    monkeypatch.setattr(cli, "_sweep_runner", lambda out: _InstantRunner())
-    monkeypatch.setattr(cli, "environment", lambda: {"gpu": {"name": "FakeGPU", "sms": 132}})
+    monkeypatch.setattr(measure_commands, "_require_gpu", lambda: _FakeGpu())
+    monkeypatch.setattr(measure_commands, "_sweep_runner", lambda out: _InstantRunner())
+    monkeypatch.setattr(measure_commands, "environment", lambda: {"gpu": {"name": "FakeGPU", "sms": 132}})
 
 
 SPEC6 = ('[grid]\nseqlen = [128, 256, 384]\nhead_dim = [64]\n'

@@ -666,6 +666,9 @@ def compile_variant(variant, arch: str = "sm_90") -> bytes:
     import io
 
     from cuda.tile.compilation import export_kernel
+
+    from wavefront.kernel.arch_support import check_buildable
+    check_buildable(variant, arch)  # what the target's compiler cannot build, by name
     buf = io.BytesIO()
     export_kernel(variant.kernel(), [variant.signature()], buf, gpu_code=arch,
                   output_format="cubin")

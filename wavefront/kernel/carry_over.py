@@ -18,7 +18,6 @@ from __future__ import annotations
 import json
 import os
 import statistics
-import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -75,17 +74,17 @@ def _file_key(gpu_name: str, q_shape, k_shape, causal: bool, table: str) -> str:
 
 
 def _read_choices(path: Path) -> dict:
+    # the one reader (a regular file, bounded, unique keys) and the file's schema
+    from wavefront.files import read_json
+    from wavefront.kernel.table_schema import check_choices
     try:
-        stored = json.loads(path.read_text())
+        return check_choices(read_json(path, "a file of measured choices"),
+                             f"{CARRY_OVER_FILE_VARIABLE}={path}")
     except FileNotFoundError:
         return {}
-    except (OSError, ValueError) as exc:
+    except OSError as exc:
         raise ValueError(f"{CARRY_OVER_FILE_VARIABLE}={path}: not a file of measured choices "
                          f"({type(exc).__name__}: {exc})") from None
-    if not isinstance(stored, dict):
-        raise ValueError(f"{CARRY_OVER_FILE_VARIABLE}={path}: expected a JSON object of "
-                         f"choices, got {type(stored).__name__}")
-    return stored
 
 
 def stored_choice(path: Path, gpu_name: str, q_shape, k_shape, causal: bool, table: str,
@@ -104,17 +103,13 @@ def store_choice(path: Path, gpu_name: str, q_shape, k_shape, causal: bool, tabl
     """Add this problem's choice to `path` (the others kept), through a temporary file and an
     atomic rename: a reader sees the old file or the new one. Two processes storing at once
     may each keep only its own new choice; the other's is timed again later."""
+    from wavefront.files import write_file
     stored = _read_choices(path)
     stored[_file_key(gpu_name, q_shape, k_shape, causal, table)] = choice.as_dict()
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".")
-    try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(stored, f, indent=1, sort_keys=True)
-        os.replace(tmp, path)
-    except BaseException:
-        os.unlink(tmp)
-        raise
+    # the one writer: atomic, a link refused, never fewer choices than the file held
+    write_file(path, json.dumps(stored, indent=1, sort_keys=True, allow_nan=False),
+               what="a file of measured choices", rows=lambda text: len(json.loads(text or b"{}")))
 
 
 def choose(configs, make_launcher, q, k, v, stream, make_lse=None, *, rounds=CARRY_OVER_ROUNDS,

@@ -87,10 +87,10 @@ def entry_shapes(gpu_name: str, path: Path = TUNED_TABLE) -> list[tuple[int, int
 
 @functools.lru_cache(maxsize=8)
 def _parsed_table(path: str, stamp: tuple) -> dict:
-    table = json.loads(Path(path).read_text())
-    if not isinstance(table, dict):
-        raise ValueError(f"{path}: expected a JSON object of GPUs, got {type(table).__name__}")
-    return table
+    # the one reader (a regular file, bounded, unique keys) and the table's schema
+    from wavefront.files import read_json
+    from wavefront.kernel.table_schema import check_tuned_table
+    return check_tuned_table(read_json(path, "the tuned table"), path)
 
 
 def _stamp(path) -> tuple | None:
@@ -184,7 +184,8 @@ def table_digest(path: Path = TUNED_TABLE) -> str:
 @functools.lru_cache(maxsize=8)
 def _digest(path: str, stamp: tuple) -> str:
     import hashlib
-    return hashlib.sha1(Path(path).read_bytes()).hexdigest()[:12]
+    from wavefront.files import read_file
+    return hashlib.sha1(read_file(path, "the tuned table")).hexdigest()[:12]
 
 
 def carry_over_configs(gpu_name: str, q_shape, k_shape, causal: bool,
@@ -214,10 +215,15 @@ def write_entry(gpu_name: str, head_dim: int, causal: bool, entry: dict,
     missing = [f for f in CONFIG_FIELDS if f not in entry]
     if missing:
         raise ValueError(f"a tuned entry needs {CONFIG_FIELDS}, missing {missing}")
+    from wavefront.files import write_file
+    from wavefront.kernel.table_schema import check_tuned_entry, table_rows
     key = entry_key(head_dim, causal, _entry_shape(entry, "the new entry"))
+    check_tuned_entry(f"the new entry {gpu_name} {key}", key, entry)
     table = load_table(path)
     table.setdefault(gpu_name, {})[key] = entry
-    Path(path).write_text(json.dumps(table, indent=1, sort_keys=True) + "\n")
+    # atomic (a full disk leaves the old table), links refused, never fewer entries
+    write_file(path, json.dumps(table, indent=1, sort_keys=True, allow_nan=False) + "\n",
+               what="the tuned table", rows=table_rows)
     _parsed_table.cache_clear()  # a rewrite within the file system's clock tick keeps its stamp
     _candidates.cache_clear()
     return key

@@ -22,7 +22,7 @@ _BENIGN_REASONS = {0x1: "gpu_idle", 0x2: "applications_clocks", 0x10: "sync_boos
 @functools.lru_cache(maxsize=None)
 def _nvml():
     """pynvml, initialised once per process (None without NVML), not once per sampler: a
-    bench makes a sampler every round (scripts/sampler_cost.py)."""
+    bench makes a sampler every round (data/public_call/RUNS.md#90b37ae)."""
     try:
         import pynvml
         pynvml.nvmlInit()
@@ -83,7 +83,7 @@ class ConditionsSampler:
     def sample(self) -> None:
         """One sample now, on the caller's thread: for a `period_s=None` sampler, which
         samples only when asked, so that timing code can keep NVML out of what it times
-        (`wavefront.measure.rounds.run_rounds`; scripts/sampler_cost.py)."""
+        (`wavefront.measure.rounds.run_rounds`; data/public_call/RUNS.md#90b37ae)."""
         if self._nvml is None:
             return
         try:

@@ -176,7 +176,7 @@ def run_rounds(contenders: list[Contender], *, rounds: int = 15, per_round: int 
         # It samples once, after the round, from this thread, with NVML set up once per
         # process: setting NVML up every round and sampling from a thread during the round
         # made the next burst of public calls 3.3x slower on a fresh H100 host
-        # (scripts/sampler_cost.py, data/public_call/RUNS.md#90b37ae).
+        # (data/public_call/RUNS.md#90b37ae).
         with ConditionsSampler(period_s=None) as sampler:
             for idx in rng.permutation(len(contenders)):
                 c = contenders[idx]

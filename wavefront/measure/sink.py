@@ -42,7 +42,13 @@ class JsonlSink:
             # rows; a plain file beside it would be read as the same records, one of the two
             # shadowing the other, and packing it would overwrite the packed one.
             self.packed = packed.exists() and not path.exists()
-            self.file = open(packed, "ab") if self.packed else open(path, "a")
+            target = packed if self.packed else path
+            # Appends follow no link, and go only after whole lines or members: a torn last one
+            # is cut (and logged, as the results store does), a packed file that is cut or
+            # foreign refused by name before anything is added behind the damage.
+            from wavefront.results.store import repair_tail
+            repair_tail(target)
+            self.file = open(target, "ab" if self.packed else "a")
 
     def write(self, row) -> None:
         if self.file:

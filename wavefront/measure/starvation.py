@@ -8,7 +8,7 @@ until a `%globaltimer` deadline. More stream CTAs leave less bandwidth. Each rou
 the schedules back to back, in random order, beside the streamer; compared round by round.
 
 The streamer counts its bytes (Nsight Compute's DRAM bytes over a short run:
-scripts/stream_check.py); over longer runs its rate exceeds HBM3's peak (not understood):
+data/starved_launch/NOTES.md); over longer runs its rate exceeds HBM3's peak (not understood):
 recorded, not used.
 """
 from __future__ import annotations

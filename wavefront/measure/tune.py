@@ -22,6 +22,8 @@ peers of the same rounds) goes to the record; the fastest goes to the tuned tabl
 from __future__ import annotations
 
 import itertools
+import math
+from dataclasses import dataclass, field
 from concurrent.futures import ProcessPoolExecutor
 
 from wavefront.device import usable_cpus
@@ -276,7 +278,15 @@ SLOWED_GPU = 0.5
 def slowed_gpu(best: dict, previous: dict | None) -> str | None:
     """Why the search's winner `best` must not replace `previous` (the table's entry it would
     overwrite), or None."""
+    from wavefront.kernel.table_schema import MAX_TFLOPS, plausible
     recorded = (previous or {}).get("tflops")
+    if recorded is not None and not plausible(recorded, MAX_TFLOPS):
+        return (f"the table's entry here records {recorded!r} TFLOP/s, not a measured speed "
+                f"(a finite number above 0 and at most {MAX_TFLOPS:g}): fix or remove that "
+                "entry of wavefront/kernel/tuned.json; not written")
+    if not plausible(best.get("tflops"), MAX_TFLOPS):
+        return (f"the winner's speed {best.get('tflops')!r} TFLOP/s is not a measurement; "
+                "not written")
     if recorded and best["tflops"] < SLOWED_GPU * recorded:
         return (f"the winner ran {best['tflops']:.0f} TFLOP/s, under {SLOWED_GPU:.0%} of the "
                 f"{recorded:.0f} the table recorded here: a slowed GPU, not a better "
@@ -295,8 +305,99 @@ def tuned_entry(best: dict, dims: tuple[int, int, int, int], dtype: str,
     held = held_to(searched)
     return {**{k: best["levers"][k] for k in CONFIG_FIELDS},
             "tflops": round(best["tflops"], 1),
-            "x_cudnn": round(best.get("x_cudnn", float("nan")), 3),
+            # None, not NaN, where cuDNN did not run: the table is strict JSON
+            "x_cudnn": round(best["x_cudnn"], 3) if best.get("x_cudnn") is not None
+            and math.isfinite(best["x_cudnn"]) else None,
             "measured": datetime.datetime.now(datetime.timezone.utc).isoformat(
                 timespec="seconds"),
             "shape": f"{shape_text(dims)} {dtype}",
             **({"search held to": held} if held else {})}
+
+
+@dataclass
+class StageResult:
+    """One search stage of one shape (`run`): the lever record (what each lever did) and the
+    stage's fastest timed candidate (None: none was timed)."""
+
+    shape: Point
+    stage: str  # "levers" | "softmax"
+    record: list[dict]
+    best: dict | None
+
+
+@dataclass
+class TuneResult:
+    """What `run` found: each shape's fastest candidate, the tuned-table keys written, the
+    winners refused (a slowed GPU), and how many searches or shapes failed."""
+
+    best: dict = field(default_factory=dict)  # Point -> row
+    written: dict = field(default_factory=dict)  # Point -> table key
+    refused: dict = field(default_factory=dict)  # Point -> why
+    failed: int = 0
+
+
+def run(shapes: list[Point], gpu, dtype: str, *, rounds: int, per_round: int,
+        jobs: int | None = None, levers: dict = LEVERS, softmax_levers: bool = True,
+        write_dims: tuple[int, int, int, int] | None = None, sink=None, levers_sink=None,
+        log=print, on_stage=None) -> TuneResult:
+    """The two-stage search of every shape (`wavefront tune`): the levers (`levers`, from
+    `restricted`) first, then, where `softmax_levers`, FlashAttention-4's softmax levers around
+    the first stage's winner. Every candidate's row goes to `sink` and each stage's lever
+    record to `levers_sink` (`JsonlSink`s, or None); `on_stage(StageResult)` sees each stage as
+    it ends. With `write_dims` (batch, heads, K/V heads, length), each shape's winner becomes
+    its tuned-table entry unless it ran under half the speed the entry recorded
+    (`slowed_gpu`)."""
+    from wavefront.kernel.tuning import entry_key, load_table, write_entry
+    result = TuneResult()
+    for shape in shapes:
+        what = f"D={shape.head_dim} {'causal' if shape.causal else 'non-causal'}"
+        stages = [("levers", lever_space(shape, levers), levers)]
+        if softmax_levers:
+            stages.append(("softmax", None, SOFTMAX_LEVERS))
+        best = None
+        for stage, candidates, searched in stages:
+            if candidates is None:  # the second stage searches around the first's winner
+                candidates = softmax_space(shape.replace(**best["levers"]))
+            rows, ran = search(candidates, gpu, gpu.name, dtype, rounds=rounds,
+                               per_round=per_round, jobs=jobs,
+                               log=lambda m: log(f"{what}, {stage}: {m}"))
+            result.failed += not ran
+            record = lever_record([r for r in rows if not r.get("peer")], searched)
+            for row in candidate_records(rows, stage):
+                if sink:
+                    sink.write(row)
+            for row in lever_records(gpu.name, shape, stage, record):
+                if levers_sink:
+                    levers_sink.write(row)
+            stage_best = best_row(rows)
+            if on_stage:
+                on_stage(StageResult(shape, stage, record, stage_best))
+            if stage_best is None:
+                break
+            best = stage_best
+        if best is None:
+            result.failed += 1
+            continue
+        result.best[shape] = best
+        if write_dims is None:
+            continue
+        try:  # a table that does not load, or a write refused: named, the table untouched
+            previous = load_table().get(gpu.name, {}).get(
+                entry_key(shape.head_dim, shape.causal, write_dims))
+            refused = slowed_gpu(best, previous)
+            if not refused:
+                key = write_entry(gpu.name, shape.head_dim, shape.causal,
+                                  tuned_entry(best, write_dims, dtype, levers))
+        except ValueError as exc:
+            refused = str(exc)
+        except OSError as exc:
+            refused = (f"{exc.filename or 'the tuned table'}: {exc.strerror or exc} (the tuned "
+                       "table is unchanged)")
+        if refused:
+            log(f"{what}: {refused}")
+            result.refused[shape] = refused
+            result.failed += 1
+            continue
+        log(f"{what}: wrote {gpu.name} {key}")
+        result.written[shape] = key
+    return result

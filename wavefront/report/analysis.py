@@ -6,6 +6,7 @@ experiment's `plot` draw from the same numbers.
 """
 from __future__ import annotations
 
+import io
 import json
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -280,7 +281,7 @@ class Study:
     def folded_records(self, kind: RecordKind, dataset: str, folded: str,
                        loose: str) -> dict:
         """{'<folder>/<file name without .jsonl>': records} of a data set whose runs are
-        folded into one file (`folded`, each record's `source`: scripts/fold_runs.py), and any
+        folded into one file (`folded`, each record's `source`: `wavefront fold`), and any
         run still in a folder of its own (`loose`, e.g. '*/bench*.jsonl'), in name order. A
         source in both is refused, and a data set with neither fails with its name."""
         files: dict = {}
@@ -412,8 +413,7 @@ def _inputs_key(paths) -> str:
     for path in paths:
         # A results table counts by its rows, compressed or not (`read_results_bytes`).
         h.update(Path(path).name.removesuffix(".gz").encode())
-        h.update(read_results_bytes(path) if str(path).endswith(".csv.gz")
-                 else Path(path).read_bytes())
+        h.update(read_results_bytes(path))  # the one reader, plain or packed
     for module in (fits_module, simulation_module, schedules_module):
         h.update(Path(module.__file__).name.encode())
         h.update(Path(module.__file__).read_bytes())
@@ -426,8 +426,11 @@ def cached_table(study, name: str, inputs, compute) -> pd.DataFrame:
     key = _inputs_key(inputs)
     cache = study.data_dir / MODEL_CACHE / f"{name}.csv.gz"
     if cache.exists():
-        cached = pd.read_csv(cache)
-        if len(cached) and (cached["inputs_key"] == key).all():
+        try:  # a cache that does not read (cut, foreign) is computed again, not trusted
+            cached = pd.read_csv(io.BytesIO(read_results_bytes(cache, "a model cache")))
+        except (SchemaError, ValueError, pd.errors.ParserError):
+            cached = pd.DataFrame()
+        if len(cached) and "inputs_key" in cached and (cached["inputs_key"] == key).all():
             return cached.drop(columns="inputs_key")
     table = compute()
     cache.parent.mkdir(parents=True, exist_ok=True)

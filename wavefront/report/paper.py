@@ -10,9 +10,11 @@ import json
 import os
 import re
 import shutil
+import signal
 import time
 from pathlib import Path
 
+from wavefront.files import write_file
 from wavefront.report import draft, timed
 from wavefront.report.analysis import Study
 from wavefront.report.experiments import discover, draw
@@ -23,11 +25,17 @@ from wavefront.results.store import round_significant, write_csv_gz
 def build(data_dir, paper_dir, experiments_dir, log=print) -> dict:
     """Build the paper into a scratch copy of `paper_dir` beside it and put the copy in its
     place only when the whole build succeeded: a build that fails (a data set that does not
-    load, a claim the data contradicts, a full disk) leaves the existing paper as it was."""
+    load, a claim the data contradicts, a full disk) leaves the existing paper as it was.
+    `paper_dir` must not be, nor hold, a symbolic link (the build would replace the link and
+    leave its target stale, or write through it). A build that was killed (SIGTERM ends this
+    one cleanly; SIGKILL cannot be caught) leaves its scratch copy, removed by the next."""
     paper_dir = Path(paper_dir)
+    _refuse_links(paper_dir)
+    _remove_abandoned(paper_dir)
     scratch = paper_dir.with_name(f".{paper_dir.name}.building-{os.getpid()}")
     old = paper_dir.with_name(f".{paper_dir.name}.old-{os.getpid()}")
     shutil.rmtree(scratch, ignore_errors=True)
+    previous = _terminate_as_interrupt()
     try:
         if paper_dir.is_dir():  # files the build does not write are kept
             shutil.copytree(paper_dir, scratch, symlinks=True)
@@ -46,9 +54,53 @@ def build(data_dir, paper_dir, experiments_dir, log=print) -> dict:
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
         shutil.rmtree(old, ignore_errors=True)
+        previous()
     log(f"{paper_dir / 'draft.md'} written in {summary['seconds']:.0f} s")
     summary["paper_dir"] = str(paper_dir)
     return summary
+
+
+def _refuse_links(paper_dir: Path) -> None:
+    from wavefront.files import UnsafePath
+    if paper_dir.is_symlink():
+        raise UnsafePath(f"--out {paper_dir}: is a symbolic link; the paper is built beside it "
+                         "and put in its place, which would replace the link and leave its "
+                         "target stale: name the target directory itself")
+    if paper_dir.is_dir():
+        for root, dirs, names in os.walk(paper_dir):
+            for name in dirs + names:
+                if os.path.islink(os.path.join(root, name)):
+                    raise UnsafePath(f"{os.path.join(root, name)}: is a symbolic link; the "
+                                     "paper build writes only files of its own (remove it)")
+
+
+def _remove_abandoned(paper_dir: Path) -> None:
+    """Scratch copies (`.<name>.building-<pid>`, `.<name>.old-<pid>`) of builds whose process
+    is gone: a build killed before its own cleanup ran."""
+    for stale in paper_dir.parent.glob(f".{paper_dir.name}.*-*"):
+        kind, _, pid = stale.name[len(paper_dir.name) + 2:].rpartition("-")
+        if kind not in ("building", "old") or not pid.isdigit() or stale.is_symlink():
+            continue
+        try:
+            os.kill(int(pid), 0)
+        except ProcessLookupError:
+            shutil.rmtree(stale, ignore_errors=True)
+        except OSError:
+            pass  # alive, another user's: not ours to remove
+
+
+def _terminate_as_interrupt():
+    """SIGTERM raises KeyboardInterrupt while the build runs, so its cleanup runs; -> what
+    puts the handler it replaced back (nothing where signals cannot be set: not the main
+    thread)."""
+    def interrupt(signum, frame):
+        raise KeyboardInterrupt(f"signal {signum}")
+    try:
+        replaced = signal.signal(signal.SIGTERM, interrupt)
+    except ValueError:
+        return lambda: None
+    return lambda: signal.signal(signal.SIGTERM, signal.SIG_DFL if replaced is None
+                                 else replaced)
 
 
 def _build_into(data_dir, paper_dir: Path, experiments_dir, log) -> dict:
@@ -67,11 +119,11 @@ def _build_into(data_dir, paper_dir: Path, experiments_dir, log) -> dict:
         log(f"figure {name}: {time.perf_counter() - began:.1f} s, peak memory so far "
             f"{peak_rss_mib():.0f} MiB")
     numbers = draft.compute(study, experiments)
-    (paper_dir / "draft.md").write_text(draft.render(numbers))
+    write_file(paper_dir / "draft.md", draft.render(numbers), what="the draft")
     for old in paper_dir.glob("appendix_*.md"):
         old.unlink()
     for name, text in numbers.appendices.items():
-        (paper_dir / f"appendix_{name}.md").write_text(text)
+        write_file(paper_dir / f"appendix_{name}.md", text, what=f"appendix {name}")
     # Per-point medians, ranges and flags of every repeated data set: what the figures
     # summarise (single-shot data sets have nothing to summarise).
     (paper_dir / "summary").mkdir(parents=True, exist_ok=True)
@@ -112,7 +164,8 @@ def _build_into(data_dir, paper_dir: Path, experiments_dir, log) -> dict:
     # Written without the elapsed time, so regenerating from the same data changes nothing;
     # at PRECISION significant digits, numbers inside evidence strings too: fits' optimisers
     # end a few ulps apart on another CPU's BLAS, and those digits must not reach the file.
-    (paper_dir / "fits.json").write_text(_json_lines(round_significant(summary, PRECISION)))
+    write_file(paper_dir / "fits.json", _json_lines(round_significant(summary, PRECISION)),
+               what="fits.json")
     summary["finding"] = numbers.values.get("finding", "")  # for the main job's last lines
     summary["seconds"] = time.perf_counter() - start
     return summary

@@ -20,6 +20,16 @@ from wavefront.results.store import SchemaError, read_results_bytes, require_reg
 
 
 @dataclass(frozen=True)
+class Column:
+    """One printed column of a record kind: its header, a format spec (numbers; text: "") and
+    how a record gives its value (None: '-')."""
+
+    header: str
+    spec: str
+    value: Callable[[dict], object]
+
+
+@dataclass(frozen=True)
 class RecordKind:
     name: str
     version: int
@@ -32,6 +42,12 @@ class RecordKind:
     # applied to every line after its upgrade: what any line may lack and means a default of
     # (a kernel lever declared after the line was written ran at its default)
     complete: Callable[[dict], dict] = lambda row: row
+    # what a command prints of each record, in order (`cells`)
+    columns: tuple[Column, ...] = ()
+
+    def cells(self, row: dict) -> dict:
+        """{header: value} of one record, for a table of `columns`."""
+        return {c.header: c.value(row) for c in self.columns}
 
     def stamp(self, row: dict) -> dict:
         """A row as a writer appends it: with this kind's current version."""
@@ -68,7 +84,12 @@ class RecordKind:
         require_regular_file(path, f"a {self.name} record file")
         rows = []
         # Plain or packed alike; a gzip member cut by a crash mid-append is left out.
-        for number, line in enumerate(read_results_bytes(path).decode().splitlines(), 1):
+        try:
+            text = read_results_bytes(path, f"{self.name} record file").decode()
+        except UnicodeDecodeError as exc:
+            raise SchemaError(f"{path}: not UTF-8 text ({exc.reason} at byte {exc.start})") \
+                from None
+        for number, line in enumerate(text.splitlines(), 1):
             if not line.strip():
                 continue
             where = f"{path}:{number}"
@@ -90,11 +111,57 @@ def _shape_with_default_levers(row: dict) -> dict:
 
 # `wavefront bench`: one line per contender per shape, from interleaved rounds. Version 2 stamps
 # the version; a line of either names the levers that existed when it was written.
+def steal_share(jiffies) -> str:
+    """'1.2' (% of the host's CPU time stolen over the rounds), '' where not recorded."""
+    if not jiffies:
+        return ""
+    stolen, total = (sum(j[i] for j in jiffies) for i in (0, 1))
+    return f"{100 * stolen / total:.1f}" if total else ""
+
+
+def _interval(low_high, spec: str, sep: str = "-") -> str:
+    return f"{low_high[0]:{spec}}{sep}{low_high[1]:{spec}}"
+
+
+def _paired(key: str):
+    """A paired ratio with its 95% interval ('0.981 [0.975,0.990]'), '' where not paired."""
+    return lambda r: (f"{r[f'x_{key}']:.3f} [{_interval(r[f'x_{key}_ci95'], '.3f', ',')}]"
+                      if f"x_{key}" in r else "")
+
+
+def _probe(r: dict) -> str:
+    probe = r.get("host_probe_us")
+    if not probe:
+        return ""
+    import statistics
+    return f"{statistics.median(probe):.2f} [{min(probe):.2f}-{max(probe):.2f}]"
+
+
 BENCH_RECORDS = RecordKind(
     "bench", 2,
     ("gpu", "shape", "contender", "samples_ms", "median_ms", "tflops", "tflops_ci95", "rounds",
      "throttled_rounds"),
-    measured=lambda row: "contender" in row, complete=_shape_with_default_levers)
+    measured=lambda row: "contender" in row, complete=_shape_with_default_levers,
+    columns=(
+        Column("contender", "", lambda r: r.get("contender", "-")),
+        Column("S", "d", lambda r: r["shape"]["seqlen"]),
+        Column("D", "d", lambda r: r["shape"]["head_dim"]),
+        Column("causal", "", lambda r: r["shape"]["causal"]),
+        Column("TFLOP/s", ".1f", lambda r: r.get("tflops")),
+        Column("95% interval", "",
+               lambda r: _interval(r["tflops_ci95"], ".1f") if "tflops_ci95" in r else ""),
+        Column("/cuDNN", ".3f", lambda r: r.get("x_cudnn")),
+        Column("/FA2", ".3f", lambda r: r.get("x_fa2")),
+        Column("/TileGym", ".3f", lambda r: r.get("x_tilegym")),
+        Column("vs own linear", "", _paired("linear")),
+        Column("vs grid", "", _paired("grid")),
+        Column("api vs bound", "", _paired("bound")),
+        Column("host us/call", ".1f", lambda r: r.get("host_us")),
+        Column("host us, 1st call", ".1f", lambda r: r.get("host_first_us")),
+        Column("host probe us [range]", "", _probe),
+        Column("CPU stolen %", "", lambda r: steal_share(r.get("host_cpu_jiffies"))),
+        Column("throttled rounds", "d", lambda r: r.get("throttled_rounds")),
+        Column("status", "", lambda r: r.get("error", "ok")[:40])))
 
 # `wavefront tune`: one line per candidate (timed or refused on its SASS; `levers`) or peer
 # (`peer`).

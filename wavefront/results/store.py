@@ -18,10 +18,11 @@ import os
 import re
 import subprocess
 import sys
-import tempfile
-from dataclasses import fields
+import stat
+from dataclasses import dataclass, fields
 from pathlib import Path
 
+from wavefront import files
 from wavefront.point import (
     LAUNCH_COLUMNS,
     OPTIONAL_PARAMETER_COLUMNS,
@@ -62,62 +63,66 @@ def _is_compressed(path) -> bool:
     return str(path).endswith(".gz")
 
 
-def _gzip_members(data: bytes) -> tuple[bytes, int]:
-    """-> (the text of every complete gzip member, bytes those members take). A member cut
-    by a crash mid-append is left out, as a torn last line is for a plain table."""
-    import zlib
-    out, used = [], 0
-    while used < len(data):
-        member = zlib.decompressobj(wbits=31)
-        try:
-            text = member.decompress(data[used:])
-        except zlib.error:
-            break
-        if not member.eof:
-            break
-        out.append(text)
-        used = len(data) - len(member.unused_data)
-    return b"".join(out), used
+def read_results_bytes(path, what: str = "stored file") -> bytes:
+    """A stored file's text (as bytes), compressed or not: a results table, a manifest, a
+    record file. Through the one reader (`wavefront.files.read_packed`): a regular file only,
+    bounded, a torn final append left out with a warning, a truncated or foreign packed file
+    refused by name."""
+    try:
+        return files.read_packed(path, what)
+    except files.FileRefused as exc:
+        raise (UnsafePath if isinstance(exc, files.UnsafePath) else SchemaError)(
+            str(exc)) from None
 
 
-def read_results_bytes(path) -> bytes:
-    """A stored file's text (as bytes), compressed or not: a results table, a manifest."""
-    data = Path(path).read_bytes()
-    return _gzip_members(data)[0] if _is_compressed(path) else data
+def write_stored(path, text: bytes | str, *, what: str = "stored file", rows=files.line_rows,
+                 allow_shrink: bool = False, mode: int | None = None) -> Path:
+    """The one writer (`wavefront.files.write_file`) with the store's errors: atomic, links
+    refused, packed where the name ends in .gz, a rewrite to fewer rows refused unless asked."""
+    try:
+        return files.write_file(path, text, what=what, rows=rows, allow_shrink=allow_shrink,
+                                mode=mode)
+    except files.FileRefused as exc:
+        raise (UnsafePath if isinstance(exc, files.UnsafePath) else SchemaError)(
+            str(exc)) from None
 
 
 def gzip_file(plain, target=None) -> Path:
     """`plain` packed as `target` (default: plain + .gz) in one gzip member without a
-    timestamp, so the same bytes always pack alike; written to a temporary file first, then
-    the plain file removed."""
-    import gzip
+    timestamp, so the same bytes always pack alike; written to a temporary file first, checked,
+    then the plain file removed. A packed file already there is never replaced by other
+    content: both forms of one file are refused by name (merge them, or remove one)."""
     plain = Path(plain)
     target = Path(target) if target else plain.with_name(plain.name + ".gz")
-    _write_packed(target, gzip.compress(plain.read_bytes(), compresslevel=9, mtime=0),
-                  os.stat(plain).st_mode & 0o777)
+    _refuse_link(plain, "a file to pack")
+    text = read_results_bytes(plain, "a file to pack")
+    if target.exists() or target.is_symlink():
+        _refuse_link(target, "a packed file")
+        if read_results_bytes(target, "a packed file") != text:
+            raise SchemaError(f"{plain} and {target} both exist and differ: packing would "
+                              f"replace what {target.name} holds; merge the two or remove one "
+                              "(nothing changed)")
+    else:
+        write_stored(target, text, what="a packed file",
+                     mode=stat.S_IMODE(os.stat(plain).st_mode))
+    if read_results_bytes(target, "a packed file") != text:
+        raise SchemaError(f"{target}: does not hold what {plain.name} held; {plain.name} kept")
     plain.unlink()
     return target
 
 
-def _write_packed(target: Path, data: bytes, mode: int) -> None:
-    """`data` as `target`, with file mode `mode`, through a temporary file beside it (a crash
-    leaves the old file or the new one, never half of one)."""
-    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=".pack-", suffix=".tmp")
-    os.fchmod(fd, mode)  # not mkstemp's 0600
-    with os.fdopen(fd, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, target)
+def _refuse_link(path: Path, what: str) -> None:
+    try:
+        files.refuse_link(path, what)
+    except files.UnsafePath as exc:
+        raise UnsafePath(str(exc)) from None
 
 
 def write_csv_gz(frame, path, **to_csv) -> Path:
-    """A DataFrame as a gzip-compressed CSV whose bytes depend only on its rows."""
-    import gzip
-    path = Path(path)
-    text = frame.to_csv(index=False, **to_csv).encode()
-    path.write_bytes(gzip.compress(text, compresslevel=9, mtime=0))
-    return path
+    """A DataFrame as a gzip-compressed CSV whose bytes depend only on its rows (written
+    through the one writer; a derived table, so it may shrink)."""
+    return write_stored(path, frame.to_csv(index=False, **to_csv), what="a derived table",
+                        allow_shrink=True)
 
 
 # Committed data keeps a float to 7 significant digits: CUDA events and Nsight Compute's rates
@@ -165,17 +170,17 @@ def _close(a: str, b: str, digits: int) -> bool:
         return False
 
 
-def repack_significant(path, digits: int) -> tuple[int, int]:
+def repack_significant(path, digits: int) -> tuple[int, int]:  # noqa: C901
     """A packed data file (`*.jsonl.gz` records or a `results.csv.gz` table) packed again, one
     gzip member, with every float that is not a whole number at `digits` significant digits.
     Each line is checked against the old one (the same fields and cells, every number within
     the rounding) before the file is replaced; -> (bytes before, bytes after)."""
-    import gzip
     path = Path(path)
     if not 4 <= digits <= 17:
         raise ValueError(f"digits: {digits}; expected 4 to 17 significant digits")
+    _refuse_link(path, "a packed data file")
     before = path.stat().st_size
-    text = read_results_bytes(path).decode()
+    text = read_results_bytes(path, "a packed data file").decode()
     if path.name.endswith(".jsonl.gz"):
         lines = []
         for number, line in enumerate(text.splitlines(), 1):
@@ -200,8 +205,7 @@ def repack_significant(path, digits: int) -> tuple[int, int]:
             raise SchemaError(f"{path}: {len(rows)} rows became {len(read_back)}")
     else:
         raise ValueError(f"path: {path}; expected a packed *.jsonl.gz or *.csv.gz data file")
-    _write_packed(path, gzip.compress(packed.encode(), compresslevel=9, mtime=0),
-                  os.stat(path).st_mode & 0o777)
+    write_stored(path, packed, what="a packed data file")  # rows may not shrink
     return before, path.stat().st_size
 
 
@@ -348,7 +352,10 @@ def repair_tail(path) -> int:
         if _is_compressed(path):
             f.seek(0)
             data = f.read()
-            keep = _gzip_members(data)[1]  # a member cut mid-append goes
+            try:  # a member cut mid-append goes; a cut or foreign file is refused
+                keep = size - files.unpack_members(data, str(path), what="a results file")[1]
+            except files.FileRefused as exc:
+                raise SchemaError(f"{exc}; nothing appended") from None
             if keep == size:
                 return 0
         else:
@@ -414,7 +421,8 @@ def upgrade_in_place(path: Path) -> None:
     if path.is_symlink():
         raise UnsafePath(f"{path}: is a symbolic link; the store writes only files of its own")
     at = [COLUMNS.index(c) for c in COLUMNS if c not in header]
-    rows = list(csv.reader(io.StringIO(read_results_bytes(path).decode(), newline="")))
+    rows = list(csv.reader(io.StringIO(read_results_bytes(path, "a results file").decode(),
+                                       newline="")))
     for row in rows[1:]:
         for i in at:
             row.insert(i, "")
@@ -422,14 +430,6 @@ def upgrade_in_place(path: Path) -> None:
     buf = io.StringIO()
     csv.writer(buf, lineterminator="\n").writerows(rows)
     data = buf.getvalue().encode()
-    if _is_compressed(path):
-        import gzip
-        data = gzip.compress(data, compresslevel=9, mtime=0)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".results-", suffix=".tmp")
-    with os.fdopen(fd, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
     log_fd = _open_no_follow(path.parent / "repairs.log", os.O_WRONLY | os.O_APPEND | os.O_CREAT)
     try:
         _write_all(log_fd, (json.dumps({"date": _now(), "file": path.name,
@@ -439,7 +439,7 @@ def upgrade_in_place(path: Path) -> None:
         os.fsync(log_fd)
     finally:
         os.close(log_fd)
-    os.replace(tmp, path)
+    write_stored(path, data, what="a results file")
 
 
 def _cell(value):
@@ -487,7 +487,7 @@ def load_results(path, *, require_manifest: bool = True, strict: bool = False):
         raise SchemaError(f"{path}: no such results file")
     require_regular_file(path, "a results file")
     try:
-        data = read_results_bytes(path)  # once: a compressed table is decompressed once
+        data = read_results_bytes(path, "results table")  # once: decompressed once
         header = _header_of(data)
     except (OSError, UnicodeDecodeError, csv.Error) as exc:
         raise SchemaError(f"{path}: not a readable CSV: {exc}") from None
@@ -622,7 +622,7 @@ def read_manifest(directory) -> dict:
         raise SchemaError(f"{path}: missing; results without a manifest are not accepted")
     require_regular_file(path, "a manifest")
     try:
-        runs = json.loads(read_results_bytes(path))
+        runs = json.loads(read_results_bytes(path, "manifest"))
     except (OSError, ValueError) as exc:
         raise SchemaError(f"{path}: not valid JSON: {exc}") from None
     except RecursionError:
@@ -727,20 +727,13 @@ def write_manifest(directory, run_id: str, data: dict) -> Path:
     """Manifests accumulate per run: manifest.json maps run_id -> manifest (kept compressed
     where `wavefront compress` packed it). Written through a unique temporary file and an
     atomic rename."""
-    import gzip
     path = manifest_path(directory)
     if path.is_symlink():  # the rename below would not follow it, but reading it would
         raise UnsafePath(f"{path}: is a symbolic link; the store writes only files of its own")
     runs = read_manifest(directory) if path.exists() else {}
     runs[run_id] = data
-    text = manifest_text(runs).encode()
-    fd, tmp = tempfile.mkstemp(dir=directory, prefix=".manifest-", suffix=".tmp")
-    with os.fdopen(fd, "wb") as f:
-        f.write(gzip.compress(text, compresslevel=9, mtime=0) if _is_compressed(path) else text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    return path
+    # 0644: a manifest is read by whoever reads the data (mkstemp's 0600 hid it)
+    return write_stored(path, manifest_text(runs), what="a manifest", mode=0o644)
 
 
 class DirectoryLock:
@@ -769,3 +762,71 @@ class DirectoryLock:
             fcntl.flock(self._fd, fcntl.LOCK_UN)
             os.close(self._fd)
             self._fd = None
+
+
+class NothingToCompress(ValueError):
+    """A directory `compress_dir` was given holds no file to pack (nor, repacking, a packed
+    one)."""
+
+
+@dataclass(frozen=True)
+class Packed:
+    """One file `compress_dir` packed: its packed path, sizes before and after, and what it
+    holds (runs of a manifest, rows of a table), or the digits it was repacked at."""
+
+    path: Path
+    before: int
+    after: int
+    holds: str = ""  # "12 runs", "340 rows"
+    digits: int | None = None
+
+    def __str__(self) -> str:
+        what = (f"at {self.digits} significant digits, " if self.digits
+                else f"{self.holds}, " if self.holds else "")
+        return f"{self.path}: {what}{self.before} -> {self.after} bytes"
+
+
+def compress_dir(directory, digits: int | None = None):
+    """Pack a data directory as data is committed (`wavefront compress`), yielding each file
+    packed (`Packed`): its plain results.csv as results.csv.gz, every manifest.json as
+    manifest.json.gz and every record file (*.jsonl, in subdirectories too) as *.jsonl.gz. Each
+    packed file is checked to hold what it was made from before the plain file goes (a failed
+    check raises ValueError, the packed file left for inspection). With `digits`, every packed
+    table and record file is then packed again with each fraction at that many significant
+    digits (`repack_significant`: whole numbers stay exact, each line checked). A plain file
+    beside a packed one that holds something else is refused, nothing replaced."""
+    directory = Path(directory)
+    plain = directory / RESULTS_FILE
+    records = sorted(directory.rglob("*.jsonl"))
+    manifests = sorted(directory.rglob(MANIFEST_FILE))
+    packed_files = [*directory.rglob("*.jsonl.gz"), *directory.rglob(COMPRESSED_RESULTS_FILE)]
+    if not plain.is_file() and not records and not manifests and not (digits and packed_files):
+        raise NothingToCompress(f"{directory}: no {RESULTS_FILE}, {MANIFEST_FILE} or *.jsonl "
+                                "record file to compress"
+                                + (", nor a packed one" if digits else ""))
+    for manifest in manifests:
+        runs = read_manifest(manifest.parent)
+        size = manifest.stat().st_size
+        packed = compress_manifest(manifest.parent)
+        if read_manifest(manifest.parent) != runs:
+            raise ValueError(f"{packed}: does not hold the runs it was made from")
+        yield Packed(packed, size, packed.stat().st_size, f"{len(runs)} runs")
+    for record in records:
+        text = read_results_bytes(record, "a record file")
+        packed = gzip_file(record)
+        if read_results_bytes(packed) != text:
+            raise ValueError(f"{packed}: does not hold the lines it was made from")
+        yield Packed(packed, len(text), packed.stat().st_size)
+    if plain.is_file():
+        rows = len(load_results(plain, require_manifest=False))
+        text = read_results_bytes(plain, "a results file")
+        packed = compress_results(directory)
+        if read_results_bytes(packed) != text:  # the plain file is gone: say so loudly
+            raise ValueError(f"{packed}: does not hold the rows it was made from")
+        yield Packed(packed, len(text), packed.stat().st_size, f"{rows} rows")
+    if digits is None:
+        return
+    for path in sorted([*directory.rglob("*.jsonl.gz"),
+                        *directory.rglob(COMPRESSED_RESULTS_FILE)]):
+        before, after = repack_significant(path, digits)
+        yield Packed(path, before, after, digits=digits)

@@ -75,6 +75,8 @@ MAX_REPEATS = 1000
 MAX_REPS = 100_000  # timed repetitions inside one timing measurement
 MAX_BATCH_POINTS = 10_000
 MAX_TIMEOUT_S = 7 * 24 * 3600.0
+# No task starts a process, compiles and measures in less (1e-300 s killed every task at once)
+MIN_TIMEOUT_S = 1.0
 # A spec file: a regular file of at most this many bytes (not a device, a FIFO, a directory).
 MAX_SPEC_BYTES = 1 << 20
 
@@ -179,9 +181,9 @@ def parse_spec(text: str, source: str = "spec") -> SweepSpec:
         values[key] = value
     timeout = raw.get("timeout_s", 120)
     if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) \
-            or not 0 < timeout <= MAX_TIMEOUT_S:
+            or not MIN_TIMEOUT_S <= timeout <= MAX_TIMEOUT_S:
         raise ValueError(f"{source}: timeout_s must be a positive number of seconds up to "
-                         f"{MAX_TIMEOUT_S:.0f}, got {timeout!r}")
+                         f"{MAX_TIMEOUT_S:.0f}, at least {MIN_TIMEOUT_S:.0f}, got {timeout!r}")
     peers = raw.get("peers", False)
     if not isinstance(peers, bool):
         raise ValueError(f"{source}: peers must be true or false, got {peers!r}")
@@ -414,6 +416,15 @@ def run_sweep(spec: SweepSpec, out_dir, *, gpu: str, sms: int, l2_bytes: int, ru
         if results_path.exists():
             # refuse to append to data whose provenance is broken, or that was measured another
             # way: its rows would be kept (skipped as done) beside rows measured this way
+            # and to append to a table `fit` and the paper would refuse (rows whose point,
+            # GPU or numbers do not hold, rows duplicated): more rows would not make it load
+            if load_results(results_path, require_manifest=False).shape[0]:
+                try:
+                    load_results(results_path, strict=True)
+                except SchemaError as exc:
+                    raise SchemaError(f"{exc}; not resumed: the table as it is would not "
+                                      "load for `fit`. Measure into a new --out directory, "
+                                      "or repair the table") from None
             check_same_settings(out_dir, read_manifest(out_dir), spec)
         done = done_keys(results_path, retry_failed)
         todo = [t for t in tasks if (gpu, t["point"], t["measurement"], t["repeat"]) not in done]

@@ -1,0 +1,3 @@
+from wavefront.cli import main
+
+main()
