@@ -1016,7 +1016,7 @@ def test_compress_flags(tmp_path, case):
 THREADS = [
     ("abc", "refused"), ("0", "refused"), ("-1", "refused"), ("1e3", "refused"),
     ("99999", "refused"), ("4.5", "refused"), ("nan", "refused"),
-    ("1", "accepted"), ("8", "accepted"), (" 2 ", "accepted"), ("", "accepted"),
+    ("", "refused"), ("1", "accepted"), ("8", "accepted"), (" 2 ", "accepted"),
 ]
 
 
