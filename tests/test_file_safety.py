@@ -1152,10 +1152,6 @@ def test_there_are_at_least_150_new_cases():
     assert {o for _, _, o in CASES} == {"refused", "recovered", "accepted"}
 
 
-if __name__ == "__main__":
-    print(_table_of_cases())
-
-
 SINK = [
     ("a link as the record file", "link", "refused"),
     ("a cut packed record file", "cut", "refused"),
@@ -1194,3 +1190,7 @@ def test_a_run_appends_records_only_behind_whole_ones(tmp_path, case):
     rows = TUNE_RECORDS.read(d / ("tune.jsonl" if how == "torn_plain" else "tune.jsonl.gz"))
     assert len(rows) == 51 and rows[-1]["shape"]["seqlen"] == 99
     assert (how == "packed") != (d / "repairs.log").exists()  # what was cut is logged
+
+
+if __name__ == "__main__":
+    print(_table_of_cases())
