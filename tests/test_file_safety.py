@@ -1013,7 +1013,7 @@ def test_compress_flags(tmp_path, case):
 THREADS = [
     ("abc", "refused"), ("0", "refused"), ("-1", "refused"), ("1e3", "refused"),
     ("99999", "refused"), ("4.5", "refused"), ("nan", "refused"),
-    ("1", "accepted"), ("8", "accepted"), (" 2 ", "accepted"), ("", "accepted"),
+    ("", "refused"), ("1", "accepted"), ("8", "accepted"), (" 2 ", "accepted"),
 ]
 
 
@@ -1149,10 +1149,6 @@ def test_there_are_at_least_150_new_cases():
     assert {o for _, _, o in CASES} == {"refused", "recovered", "accepted"}
 
 
-if __name__ == "__main__":
-    print(_table_of_cases())
-
-
 SINK = [
     ("a link as the record file", "link", "refused"),
     ("a cut packed record file", "cut", "refused"),
@@ -1191,3 +1187,7 @@ def test_a_run_appends_records_only_behind_whole_ones(tmp_path, case):
     rows = TUNE_RECORDS.read(d / ("tune.jsonl" if how == "torn_plain" else "tune.jsonl.gz"))
     assert len(rows) == 51 and rows[-1]["shape"]["seqlen"] == 99
     assert (how == "packed") != (d / "repairs.log").exists()  # what was cut is logged
+
+
+if __name__ == "__main__":
+    print(_table_of_cases())

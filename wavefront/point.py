@@ -107,6 +107,14 @@ def _launch_choices(head_dim, causal, schedule, tiles, occupancy):
     return (tile_m, tile_n, occupancy, *parse_schedule(schedule))
 
 
+def _check_ctas(ctas) -> None:
+    """The CTA cap within a grid's x dimension (10**12 passed and sized the work table by
+    it); its other checks are the launch's."""
+    if isinstance(ctas, int) and not isinstance(ctas, bool) and ctas > MAX_CTAS:
+        raise ValueError(f"ctas must be a positive integer up to {MAX_CTAS} (a grid's x "
+                         f"dimension), got {ctas!r}")
+
+
 def plan(q_shape, k_shape, *, sms: int, l2_bytes: int, causal=False,
          schedule="persistent+linear", tiles=None, occupancy=None, element_bytes=2,
          ctas=None, chunk_tiles=None) -> Launch:
@@ -118,6 +126,7 @@ def plan(q_shape, k_shape, *, sms: int, l2_bytes: int, causal=False,
         raise ValueError(f"k_shape must have q's batch ({b}) and head_dim ({d}), got "
                          f"{tuple(k_shape)}")
     tile_m, tile_n, occupancy, cta, kv = _launch_choices(d, causal, schedule, tiles, occupancy)
+    _check_ctas(ctas)
     problem = AttentionProblem(b, h, hkv, sq, skv, d, causal, tile_m, tile_n, element_bytes)
     kv_sched = kv_schedule(kv)
     if chunk_tiles is not None:
@@ -158,6 +167,7 @@ def plan_varlen(q_shape, k_shape, cu_seqlens_q, cu_seqlens_k, *, sms: int, l2_by
     """The `VarlenLaunch` for packed q (total_q, heads, D) and k (total_k, kv_heads, D)."""
     problem, cta, kv, occupancy = _packed_problem(q_shape, k_shape, causal, schedule, tiles,
                                                   occupancy, element_bytes)
+    _check_ctas(ctas)
     return VarlenLaunch(problem, seqlens_of("cu_seqlens_q", cu_seqlens_q, problem.seqlen_q),
                         seqlens_of("cu_seqlens_k", cu_seqlens_k, problem.seqlen_kv), cta, kv,
                         sms, occupancy, l2_bytes, ctas)
@@ -183,6 +193,7 @@ def plan_varlen_on_device(q_shape, k_shape, batch: int, *, sms: int, l2_bytes: i
     of `batch` sequences whose lengths stay on the GPU."""
     problem, cta, kv, occupancy = _packed_problem(q_shape, k_shape, causal, schedule, tiles,
                                                   occupancy, element_bytes)
+    _check_ctas(ctas)
     return DeviceVarlenLaunch(problem, batch, cta, kv, sms, occupancy, l2_bytes, ctas)
 
 

@@ -343,28 +343,13 @@ def table_chunks(n_items: int, per_slice: int = TABLE_SLICE_ITEMS) -> list[tuple
     threads, each at least `per_slice` rows."""
     workers = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (
         os.cpu_count() or 1)
-    threads = table_threads_setting()
+    threads = int(os.environ.get("WAVEFRONT_TABLE_THREADS", TABLE_THREADS))
     n = max(1, min(workers, threads, n_items // per_slice))
     bounds = [n_items * k // n for k in range(n + 1)]
     return list(zip(bounds[:-1], bounds[1:]))
 
 
 TABLE_THREADS = 8  # WAVEFRONT_TABLE_THREADS=1 builds every table in one slice
-
-
-def table_threads_setting() -> int:
-    """WAVEFRONT_TABLE_THREADS (default TABLE_THREADS), checked: a whole number 1 to 1024."""
-    raw = os.environ.get("WAVEFRONT_TABLE_THREADS", "").strip()
-    if not raw:
-        return TABLE_THREADS
-    try:
-        threads = int(raw)
-    except ValueError:
-        threads = 0
-    if not 1 <= threads <= 1024:
-        raise ValueError(f"WAVEFRONT_TABLE_THREADS must be a whole number of threads from 1 to "
-                         f"1024, got {raw!r}")
-    return threads
 
 
 def _table_threads():
@@ -804,12 +789,6 @@ def check_placement(launch) -> None:
     positive_int("l2_bytes", launch.l2_bytes)
     if launch.ctas is not None:
         positive_int("ctas", launch.ctas)
-        if launch.ctas > MAX_GRID_CTAS:  # 10**12 passed and sized tables by it
-            raise ValueError(f"ctas must be a positive integer up to {MAX_GRID_CTAS} (a "
-                             f"grid's x dimension), got {launch.ctas!r}")
-
-
-MAX_GRID_CTAS = (1 << 31) - 1
 
 
 @dataclass(frozen=True)

@@ -6,6 +6,7 @@ import dataclasses
 import functools
 import itertools
 import json
+import os
 
 import click
 
@@ -263,8 +264,10 @@ def _require_gpu():
 @click.version_option(package_name="wavefront")
 def main():
     """wavefront: cache behaviour of attention kernels on NVIDIA GPUs."""
-    from wavefront.schedules import table_threads_setting
-    try:  # a setting read deep inside a command is checked before any command runs
-        table_threads_setting()
-    except ValueError as exc:
-        raise click.ClickException(str(exc)) from None
+    # a setting read deep inside a command (the work tables' threads) is checked before any
+    # command runs: 'abc' was a traceback from deep inside the first table built
+    threads = os.environ.get("WAVEFRONT_TABLE_THREADS")
+    if threads is not None and not (threads.strip().isdigit()
+                                    and 1 <= int(threads) <= 1024):
+        raise click.ClickException(f"WAVEFRONT_TABLE_THREADS must be a whole number of "
+                                   f"threads from 1 to 1024, got {threads!r}")

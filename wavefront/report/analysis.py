@@ -15,6 +15,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from wavefront import files
 from wavefront.model.fits import (
     CapacityFit,
     schedule_of,
@@ -413,7 +414,9 @@ def _inputs_key(paths) -> str:
     for path in paths:
         # A results table counts by its rows, compressed or not (`read_results_bytes`).
         h.update(Path(path).name.removesuffix(".gz").encode())
-        h.update(read_results_bytes(path))  # the one reader, plain or packed
+        # (other files by their bytes as stored: the committed caches' keys depend on it)
+        h.update(read_results_bytes(path) if str(path).endswith(".csv.gz")
+                 else files.read_file(path, "a model input"))
     for module in (fits_module, simulation_module, schedules_module):
         h.update(Path(module.__file__).name.encode())
         h.update(Path(module.__file__).read_bytes())
