@@ -95,6 +95,7 @@ def measure_pipeline(out_dir) -> int:
     import json
     from datetime import date
     from pathlib import Path
+    from wavefront.files import write_file
     from wavefront.kernel.attention import KernelVariant, compile_variant
     from wavefront.kernel.sass import disassemble
     from wavefront.model.pipeline import kv_pipeline
@@ -106,7 +107,7 @@ def measure_pipeline(out_dir) -> int:
         rows[name] = {"label": variant.label,
                       **kv_pipeline(disassemble(compile_variant(variant))).as_dict()}
     Path(out_dir).mkdir(parents=True, exist_ok=True)
-    (Path(out_dir) / PIPELINE_FILE).write_text(json.dumps({
+    write_file(Path(out_dir) / PIPELINE_FILE, what="pipeline record", data=json.dumps({
         "what": "each variant's K/V pipeline (D=64, bf16, non-causal, static schedule), read "
                 "from its SASS by wavefront.model.pipeline.kv_pipeline",
         "command": "exposure_latency.measure_pipeline", "date": str(date.today()),
@@ -118,8 +119,8 @@ def pipeline(study) -> pd.DataFrame:
     """Per variant: K/V steps in flight per consumer (SASS), the time one K/V step takes
     (the faster scan alone over the steps each CTA runs) and the time the loads in flight
     cover."""
-    import json
-    depth = json.loads((study.data_dir / "exposure_latency" / PIPELINE_FILE).read_text())
+    from wavefront.files import read_json
+    depth = read_json(study.data_dir / "exposure_latency" / PIPELINE_FILE, "pipeline record")
     t = table(study)
     t = t[(t["environment"] == "alone") & ~t["variant"].str.startswith("S16k")]
     rows = []
