@@ -17,6 +17,7 @@ SPEC = """
 name = "example"
 measure = ["timing"]
 repeats = 2
+batch_points = 1  # one point per Dask task: with --gpus 2 the points spread over both GPUs
 
 [grid]
 batch = [1]

@@ -34,7 +34,7 @@ def _bits(x):
 
 @pytest.mark.parametrize("options", [{"causal": False}, {"causal": True},
                                      {"causal": True, "schedule": "persistent+sawtooth"},
-                                     {"causal": False, "schedule": "grouped+tiled",
+                                     {"causal": False, "schedule": "persistent+tiled",
                                       "chunk_tiles": 2}])
 def test_plan_run_is_the_public_call_bit_for_bit(options):
     import wavefront

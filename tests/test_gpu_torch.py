@@ -417,6 +417,9 @@ def test_a_cupy_call_on_its_current_stream_is_noted_there(causal):
     kernel_call.clear_launcher_cache()
     q, k, v = (cupy.from_dlpack(x) for x in _inputs(82))
     ref = _reference(*(torch.from_dlpack(x) for x in (q, k, v)), causal)
+    # the inputs were made on torch's stream: a non-blocking stream does not wait for them
+    # (seen once in a parallel GPU run: an output from half-written inputs, error 1.29)
+    torch.cuda.synchronize()
     side = cupy.cuda.Stream(non_blocking=True)
     for _ in range(kernel_launcher.PREPARE_AFTER_LAUNCHES + 2):  # ct.launch, then prepared
         with side:
