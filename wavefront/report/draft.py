@@ -15,6 +15,7 @@ from importlib import resources
 
 import pandas as pd
 
+from wavefront.report.markdown import md_table  # noqa: F401  (experiments import it from here)
 from wavefront.model.presets import gpu_preset
 from wavefront.point import SECTOR_BYTES
 from wavefront.report.analysis import GpuCapacity, Study, dram_bound_share, timing
@@ -38,12 +39,6 @@ class Claim:
     # another sentence
 
 
-def md_table(df: pd.DataFrame) -> str:
-    cols = list(df.columns)
-    lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
-    for _, r in df.iterrows():
-        lines.append("| " + " | ".join(str(r[c]) for c in cols) + " |")
-    return "\n".join(lines)
 
 
 def fit_table(fits: dict[str, GpuCapacity]) -> str:

@@ -13,6 +13,7 @@ import pandas as pd
 from scipy.stats import binom
 
 from wavefront.model.presets import gpu_preset
+from wavefront.report.markdown import md_table
 
 # The part number of the first part the experiments' sections open (1-3: introduction,
 # background and related work, method).
@@ -166,7 +167,6 @@ def appendix(letter: str, name: str, body: str, study, experiments, numbering,
              is_last: bool) -> str:
     """An appendix: its heading, the experiments' sections (figures numbered A1, A2, ...), and,
     in the last one, every figure no section shows, with its table."""
-    from wavefront.report.draft import md_table
     title = APPENDIX_TITLES.get(name, name)
     parts = [f"# Appendix {letter}. {title}",
              f"*Part of the paper in `paper/draft.md`, generated the same way by `wavefront "
