@@ -13,7 +13,6 @@ spare SMs: `exposure_corunners`) and with the most L2 a context may hold taken a
 import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
-import seaborn as sns
 
 from wavefront.report.draft import Section, md_table
 from wavefront.report.experiments import run_as_script
@@ -224,6 +223,10 @@ def section(study) -> Section:
             + " against the default settings",
             all(saw / lin - 1 < 0.02 for saw, lin in best.values()),
             {"best": best})
+    top = t.loc[t["sawtooth vs linear"].idxmax()]
+    s.claim(f"With less latency hiding, {multiplicity_text(m)}; the best: "
+            f"{interval_text(top)} ({top['GPU']}, {top['variant']}, {top['environment']})",
+            m["intervals"] == len(t), m)
     p = pipeline(study)
     paid = p[p["lo"] > 1.05]
     flat = p[(p["lo"] <= 1.01) & (p["hi"] >= 0.99)]

@@ -11,7 +11,6 @@ nothing to save for it; if it reads like linear, the scan matters to it too.
     python experiments/production_bytes.py run            # on a GPU: data/production_bytes/
     python experiments/production_bytes.py plot --out DIR # anywhere: figure, table
 """
-import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 import seaborn as sns

@@ -12,7 +12,6 @@ lies above no change.
 import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
-import seaborn as sns
 
 from wavefront.report.analysis import paired_repeat_ratios
 from wavefront.report.draft import Section, md_table

@@ -11,8 +11,6 @@ misses; if the warps wait on the tensor cores and math, they would not.
     python experiments/warp_states.py run            # on a GPU: data/warp_states/
     python experiments/warp_states.py plot --out DIR # anywhere: figure, table
 """
-import matplotlib.pyplot as plt
-import numpy as np
 import pandas as pd
 import seaborn as sns
 

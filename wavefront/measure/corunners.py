@@ -387,6 +387,25 @@ def l2_left_from_probe(rows: list[dict]) -> float | None:
 
 # ---- rounds: the attention's schedules beside a co-runner -----------------------------------
 
+def checked_launchers(points: dict, seed: int) -> dict:
+    """{name: (launcher, q, k, v, out)} for each point ({name: Point}), each checked against
+    the float32 reference first (IncorrectResult otherwise): a wrong kernel is not timed."""
+    import cupy
+
+    from wavefront.kernel.launcher import launcher_for
+    from wavefront.measure.bench import IncorrectResult, random_inputs, relative_error
+    from wavefront.results.measurement import CORRECTNESS_TOLERANCE
+    runs = {}
+    for name, point in points.items():
+        err = relative_error(point, seed)
+        if not err < CORRECTNESS_TOLERANCE:
+            raise IncorrectResult(f"{name}: relative error {err:.3g}")
+        q, k, v = random_inputs(point, seed + 1)
+        launcher, _ = launcher_for(q, k, v, **point.attention_kwargs())
+        runs[name] = (launcher, q, k, v, cupy.empty_like(q))
+    return runs
+
+
 def paired_rounds(points: dict, environments: dict, *, rounds: int = 6, seed: int = 0,
                   spare_ctas: int, progress=None) -> list[dict]:
     """For each environment ({name: CoRunnerSpec | (CoRunnerSpec, CTAs) | int (bytes held) |
@@ -399,19 +418,9 @@ def paired_rounds(points: dict, environments: dict, *, rounds: int = 6, seed: in
     import numpy as np
 
     from wavefront.device import current_device
-    from wavefront.kernel.launcher import launcher_for
-    from wavefront.measure.bench import IncorrectResult, random_inputs, relative_error
     from wavefront.measure.conditions import ConditionsSampler
-    from wavefront.results.measurement import CORRECTNESS_TOLERANCE
     dev = current_device()
-    runs = {}
-    for name, point in points.items():
-        err = relative_error(point, seed)
-        if not err < CORRECTNESS_TOLERANCE:
-            raise IncorrectResult(f"{name}: relative error {err:.3g}")
-        q, k, v = random_inputs(point, seed + 1)
-        launcher, _ = launcher_for(q, k, v, **point.attention_kwargs())
-        runs[name] = (launcher, q, k, v, cupy.empty_like(q))
+    runs = checked_launchers(points, seed)
     stream = cupy.cuda.Stream(non_blocking=True)
     alone = {}
     for name, (launcher, q, k, v, out) in runs.items():

@@ -108,19 +108,10 @@ def starved_rounds(points: dict, stream_ctas: list[int], *, rounds: int = 8,
     import numpy as np
 
     from wavefront.device import current_device
-    from wavefront.kernel.launcher import launcher_for
-    from wavefront.measure.bench import IncorrectResult, random_inputs, relative_error
     from wavefront.measure.conditions import ConditionsSampler
-    from wavefront.results.measurement import CORRECTNESS_TOLERANCE
+    from wavefront.measure.corunners import checked_launchers
     dev = current_device()
-    runs = {}
-    for name, point in points.items():
-        err = relative_error(point, seed)
-        if not err < CORRECTNESS_TOLERANCE:
-            raise IncorrectResult(f"{name}: relative error {err:.3g}")
-        q, k, v = random_inputs(point, seed + 1)
-        launcher, _ = launcher_for(q, k, v, **point.attention_kwargs())
-        runs[name] = (launcher, q, k, v, cupy.empty_like(q))
+    runs = checked_launchers(points, seed)
     streamer = Streamer()
     attention_stream = cupy.cuda.Stream(non_blocking=True)
     rng = np.random.default_rng(seed)
