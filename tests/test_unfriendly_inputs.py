@@ -140,7 +140,7 @@ FLAGS = [
     (["simulate", "--head-dim", "64,96"], 2, "head_dim must be one of"),
     (["simulate", "--schedule", ""], 2, "at least one value"),
     (["simulate", "--schedule", "persistent+"], 2, "names no K/V scan"),
-    (["simulate", "--seqlen", "131072", "--batch", "60000"], 2, "tile accesses"),
+    (["simulate", "--seqlen", "131072", "--batch", "60000"], 2, "K/V steps"),
     (["fit", "{tmp}"], 2, "is a directory"),
     (["fit", "{tmp}/fifo"], 2, "must be a regular file, not a device, FIFO"),
     (["fit", "/dev/zero"], 2, "must be a regular file, not a device, FIFO"),

@@ -141,7 +141,9 @@ class Section:
     claims: list[Claim] = field(default_factory=list)
 
     def claim(self, text: str, holds, evidence: str, listed: bool = True) -> None:
-        self.claims.append(Claim(text, bool(holds), evidence, listed))
+        # the evidence is text (fits.json rounds the numbers in it): a table or dict as printed
+        self.claims.append(Claim(text, bool(holds), evidence if isinstance(evidence, str)
+                                 else str(evidence), listed))
 
 
 @dataclass
