@@ -10,19 +10,13 @@ the appendix of full tables with its figure and table."""
 
 DRAFT = (
     "paper_launch",
-    "ablation",
-    "starved_launch",
-    "dram_bound",
-    "ctas_in_flight",
     "causal_gqa",
-    "tiled",
     "exposure_latency",
     "warp_states",
     "exposure_corunners",
     "exposure_small_l2",
     "production_bytes",
     "regimes",
-    "timed_model",
     "phase_diagram",
 )
 
@@ -30,7 +24,7 @@ DRAFT = (
 PARTS = {
     "paper_launch": "Results",
     "exposure_latency": "Where a miss costs time",
-    "timed_model": "The model",
+    "phase_diagram": "The model",
 }
 
 APPENDICES = {
@@ -39,4 +33,6 @@ APPENDICES = {
     "first_kernel": ("foundation", "bench_rounds", "scaling"),
     "counters": ("counter_variance", "kernel_drift", "throughput_vs_misses"),
     "tables": ("knee", "headline", "tiled_fit", "predictions"),
+    "regimes": ("ablation", "starved_launch", "dram_bound", "ctas_in_flight", "tiled"),
+    "model": ("timed_model",),
 }

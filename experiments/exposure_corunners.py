@@ -224,22 +224,21 @@ def section(study) -> Section:
     s = Section()
     t = table(study)
     m = multiplicity(t)
-    shown = t.assign(**{
-        "co-runner GB/s": [f"{x:.0f}" if x == x else "not known" for x in t["co-runner GB/s"]],
-        "DRAM/counted": [f"{a:.2f}/{b:.2f}" for a, b in zip(
-            t.get("DRAM/counted read", pd.Series(np.nan, index=t.index)),
-            t.get("DRAM/counted write", pd.Series(np.nan, index=t.index)))],
-        "GB/s left per attention SM": [f"{x:.1f}" if x == x else "not known"
-                                       for x in t["GB/s left per attention SM"]],
-        "linear slowdown": [f"{x:+.1%}" for x in t["linear slowdown"]],
-        "sawtooth vs linear [95%]": [interval_text(r) for _, r in t.iterrows()],
-        "linear ms": t["linear ms"].round(1), "SM MHz": t["SM MHz"].round(0),
-        "attention GB/s": t["attention GB/s"].round(1)})[
-        ["GPU", "mask", "environment", "co-runner GB/s", "DRAM/counted",
-         "GB/s left per attention SM", "attention GB/s",
-         "linear ms", "linear slowdown", "sawtooth vs linear [95%]", "rounds",
-         "dropped (clock state)", "dropped (co-runner ended first)", "throttled rounds",
-         "SM MHz"]]
+    # one row per co-runner: its traffic and, per GPU and mask, linear's slowdown and
+    # sawtooth against linear (the full table: `python experiments/exposure_corunners.py plot`)
+    cell = t.assign(cell=[f"{sl:+.0%} / {interval_text(r)}" for sl, (_, r) in
+                          zip(t["linear slowdown"], t.iterrows())],
+                    col=t["GPU"] + " " + t["mask"])
+    shown = cell.pivot_table(index="environment", columns="col", values="cell",
+                             aggfunc="first").reset_index()
+    per_gpu = t.groupby(["environment", "GPU"])[["co-runner GB/s",
+                                                 "GB/s left per attention SM"]].first()
+    fmt = (lambda x: "/".join(f"{v:.0f}" if v == v else "?" for v in x))
+    traffic = pd.DataFrame({
+        "co-runner GB/s (" + "/".join(sorted(set(t["GPU"]))) + ")":
+            per_gpu["co-runner GB/s"].groupby(level=0).agg(fmt),
+        "GB/s left per SM": per_gpu["GB/s left per attention SM"].groupby(level=0).agg(fmt)})
+    shown = shown.join(traffic, on="environment")
     worst = t.loc[t["linear slowdown"].idxmax()]
     best = t.loc[t["sawtooth vs linear"].idxmax()]
     lost = t[t["lo"].isna()]
@@ -286,8 +285,9 @@ on every SM less that, over 48 (GB10 has {GB10_GBPS_PER_SM:.1f} GB/s per SM); th
 own bandwidth is linear's DRAM bytes from one cold launch alone over its time beside the
 co-runner (Nsight Compute profiles one kernel at a time). Sawtooth against
 linear is paired by round ({ROUNDS} rounds); a round whose two scans ran under different clock
-states is dropped and counted. The largest sawtooth gain measured here:
-{interval_text(best)} ({best['environment']}, {best['GPU']} {best['mask']}).
+states is dropped and counted. Each cell: linear's slowdown against no co-runner / sawtooth
+against linear [95%]. The largest sawtooth gain measured here:
+{interval_text(best)} ({best['environment']}, {best['GPU']} {best['mask']}{'; its interval includes no change' if best['lo'] <= 1 <= best['hi'] else ''}).
 
 {md_table(shown)}
 

@@ -180,15 +180,14 @@ def section(study) -> Section:
     t = table(study)
     m = multiplicity(t)
     left = l2_left(study)
-    cols = ["GPU", "mask", "held MiB", "L2 left (probe), MiB", "linear ms", "linear slowdown",
-            "sawtooth vs linear [95%]", "rounds", "dropped (clock state)", "SM MHz"]
-    shown = t.assign(**{"linear slowdown": [f"{x:+.1%}" for x in t["linear slowdown"]],
-                        "sawtooth vs linear [95%]": [interval_text(r) for _, r in t.iterrows()],
-                        "linear ms": t["linear ms"].round(1), "held MiB": t["held MiB"].round(1)})
-    if "DRAM, sawtooth vs linear" in t:
-        shown["linear DRAM GB"] = t["linear DRAM GB"].round(2)
-        shown["DRAM, sawtooth vs linear"] = [f"{x:+.0%}" for x in t["DRAM, sawtooth vs linear"]]
-        cols[4:4] = ["linear DRAM GB", "DRAM, sawtooth vs linear"]
+    shown = pd.DataFrame({
+        "GPU": t["GPU"], "mask": t["mask"], "held MiB": t["held MiB"].round(0).astype(int),
+        "L2 left (probe), MiB": t["L2 left (probe), MiB"],
+        "linear DRAM GB": t.get("linear DRAM GB", pd.Series(np.nan, index=t.index)).round(2),
+        "DRAM, sawtooth vs linear": [f"{x:+.0%}" for x in t.get(
+            "DRAM, sawtooth vs linear", pd.Series(np.nan, index=t.index))],
+        "linear slowdown": [f"{x:+.2%}" for x in t["linear slowdown"]],
+        "sawtooth vs linear [95%]": [interval_text(r) for _, r in t.iterrows()]})
     s.claim(f"With the L2 held down, {multiplicity_text(m)}", m["intervals"] == len(t), m)
     ranges = left.dropna(subset=["L2 left (probe), MiB"])
     smallest = ranges.loc[ranges["L2 left (probe), MiB"].idxmin()] if len(ranges) else None
@@ -217,7 +216,7 @@ DRAM reads under half of 8 passes' worth, by Nsight Compute). Then the paper's
 launch is timed, sawtooth against linear paired by round ({ROUNDS} rounds), and its DRAM reads
 are counted by Nsight Compute with the hold in place (`experiments/exposure_small_l2.py`).
 
-{md_table(shown[cols])}
+{md_table(shown)}
 
 {' '.join(c.text + '.' for c in s.claims)}
 

@@ -194,7 +194,7 @@ def rounded_numbers(text: str, digits: int = PRECISION) -> str:
 # (16 KB of one claim's evidence was a DataFrame's dictionary), and the repository travels to
 # every GPU call; the whole evidence is what `wavefront paper` computes from data/ each time,
 # and a claim that fails prints it.
-EVIDENCE_KEPT = 600
+EVIDENCE_KEPT = 300  # the repository travels to every GPU call: fits.json is its largest text
 
 
 def kept_evidence(evidence: str) -> str:
