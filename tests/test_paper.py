@@ -141,8 +141,15 @@ def test_the_draft_is_the_experiments_sections_in_order(built):
         assert starts == sorted(starts), appendix
 
 
-@pytest.mark.parametrize("name", [*discover(EXPERIMENTS).draft, *(
-    n for names in discover(EXPERIMENTS).appendices.values() for n in names)])
+def _reads_data(name) -> bool:
+    """Whether an experiment reads measured data (the phase diagram is the model's alone)."""
+    exp = discover(EXPERIMENTS)[name]
+    return bool(exp.datasets or exp.records)
+
+
+@pytest.mark.parametrize("name", [n for n in (*discover(EXPERIMENTS).draft, *(
+    n for names in discover(EXPERIMENTS).appendices.values() for n in names))
+    if _reads_data(n)])
 def test_a_section_without_its_data_fails_naming_it(tmp_path, name):
     """A missing data set fails the build with its name; it never empties a section."""
     from wavefront.results.store import SchemaError
@@ -258,7 +265,7 @@ def test_each_prediction_lies_in_its_nudged_spread():
     prediction is one of those simulations, so it lies inside, at both compute rates."""
     from wavefront.report import timed
     pred = timed.predictions(Study(ROOT / "data"))
-    assert len(pred) == 8
+    assert len(pred) == 4  # B200, both masks, both compute rates (GB10: its own postdiction)
     for column in ("dram_read_gb", "dram_read_gb_fast", "tflops", "tflops_fast"):
         assert (pred[f"{column}_min"] <= pred[column]).all(), column
         assert (pred[column] <= pred[f"{column}_max"]).all(), column
@@ -278,8 +285,8 @@ def test_fits_json_keeps_the_start_of_a_long_evidence():
 
 
 MAIN_PARTS = ("Abstract", "Introduction", "Background and related work", "Method", "Results",
-              "The model", "What would make the scan pay", "Threats to validity", "Conclusion",
-              "References")
+              "Where a miss costs time", "The model", "What is still missing",
+              "Threats to validity", "Conclusion", "References")
 
 
 def test_the_paper_has_its_outline_and_length(built):
