@@ -145,22 +145,16 @@ def _read_actions(report: str, ncu: str) -> list[dict]:
     module = find_ncu_report(ncu)
     if module is None:
         raise ProfilerError("ncu_report (Nsight Compute's Python report module) not found")
-    from wavefront.measure.profiling import _action_tag
-    ctx = module.load_report(report)
+    from wavefront.measure.profiling import _action_tag, report_actions
     out = []
-    for r in range(ctx.num_ranges()):
-        rng = ctx.range_by_idx(r)
-        for a in range(rng.num_actions()):
-            action = rng.action_by_idx(a)
-            metrics = {}
-            for name in action.metric_names():
-                m = action.metric_by_name(name)
-                try:
-                    metrics[name] = float(m.as_double())
-                except Exception:
-                    continue
-            out.append({"kernel": action.name(), "tag": _action_tag(action),
-                        "metrics": metrics})
+    for action in report_actions(module, report):
+        metrics = {}
+        for name in action.metric_names():  # all of them: the warp states are read by name
+            try:
+                metrics[name] = float(action.metric_by_name(name).as_double())
+            except Exception:  # a string or missing metric
+                continue
+        out.append({"kernel": action.name(), "tag": _action_tag(action), "metrics": metrics})
     return out
 
 

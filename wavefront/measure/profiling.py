@@ -162,19 +162,24 @@ def _action_tag(action) -> str | None:
     return None
 
 
-def read_report_module(module, path: str) -> list[KernelRecord]:
-    """Every kernel of a report file through `ncu_report` (values in base units)."""
+def report_actions(module, path: str):
+    """Every profiled kernel (an `ncu_report` action) of a report file, in order."""
     ctx = module.load_report(path)
-    out = []
     for r in range(ctx.num_ranges()):
         rng = ctx.range_by_idx(r)
         for a in range(rng.num_actions()):
-            action = rng.action_by_idx(a)
-            metrics = {}
-            for metric, column in METRICS.items():
-                m = action.metric_by_name(metric)
-                metrics[column] = None if m is None else float(m.as_double())
-            out.append(KernelRecord(action.name(), _action_tag(action), metrics))
+            yield rng.action_by_idx(a)
+
+
+def read_report_module(module, path: str) -> list[KernelRecord]:
+    """Every kernel of a report file through `ncu_report` (values in base units)."""
+    out = []
+    for action in report_actions(module, path):
+        metrics = {}
+        for metric, column in METRICS.items():
+            m = action.metric_by_name(metric)
+            metrics[column] = None if m is None else float(m.as_double())
+        out.append(KernelRecord(action.name(), _action_tag(action), metrics))
     return out
 
 

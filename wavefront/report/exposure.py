@@ -13,7 +13,7 @@ import numpy as np
 import pandas as pd
 
 from wavefront.report.figures import short_gpu
-from wavefront.results.measurement import median_ci95
+from wavefront.results.measurement import median_ci95, median_ci95_ranks
 from wavefront.results.records import EXPOSURE_RECORDS
 
 CLOCK_TOLERANCE = 0.02
@@ -75,15 +75,12 @@ def interval_chance(rounds: int) -> float:
     """The chance that a distribution-free interval of the median from `rounds` samples misses
     the true median (median_ci95's order statistics): 1/32 at 6 rounds, not 5%."""
     from scipy.stats import binom
-    import numpy as _np
-    j = int(binom.ppf(0.025, rounds, 0.5))
-    k = rounds - j
-    while binom.cdf(k - 1, rounds, 0.5) - binom.cdf(j - 1, rounds, 0.5) < 0.95 and j > 0:
-        j -= 1
-        k += 1
+    if not rounds:
+        return np.nan
+    j, k = median_ci95_ranks(rounds)
     j = max(j, 1)
-    return float(1 - (binom.cdf(min(k, rounds) - 1, rounds, 0.5) - binom.cdf(j - 1, rounds, 0.5))
-                 ) if rounds else _np.nan
+    return float(1 - (binom.cdf(min(k, rounds) - 1, rounds, 0.5)
+                      - binom.cdf(j - 1, rounds, 0.5)))
 
 
 def multiplicity(table: pd.DataFrame) -> dict:

@@ -153,17 +153,23 @@ def spread(values) -> float:
 def median_ci95(samples) -> tuple[float, float]:
     """Distribution-free 95% interval of the median: order statistics (j, k) with
     P(j <= rank of the median < k) >= 0.95 under Binomial(n, 1/2). Needs n >= 6."""
-    from scipy.stats import binom
     xs = sorted(samples)
     n = len(xs)
     if n < 6:
         raise ValueError(f"a 95% interval of the median needs at least 6 rounds, got {n}")
+    j, k = median_ci95_ranks(n)
+    return xs[max(j - 1, 0)], xs[min(k - 1, n - 1)]
+
+
+def median_ci95_ranks(n: int) -> tuple[int, int]:
+    """The order statistics (1-based j, k) `median_ci95` takes from n samples."""
+    from scipy.stats import binom
     j = int(binom.ppf(0.025, n, 0.5))
     k = n - j
     while binom.cdf(k - 1, n, 0.5) - binom.cdf(j - 1, n, 0.5) < 0.95 and j > 0:
         j -= 1
         k += 1
-    return xs[max(j - 1, 0)], xs[min(k - 1, n - 1)]
+    return j, k
 
 
 def paired_ratio(reference_ms, other_ms) -> tuple[float, float, float]:
