@@ -27,6 +27,7 @@ they share are read while still in L2).
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -61,6 +62,9 @@ MIN_TILE_M = 16
 # A split below this many K/V tiles costs more in its partial state than it saves.
 MIN_TILES_PER_SPLIT = 4
 MAX_SPLITS = 128
+# A split count whose waves are this full of the best's is good enough (FlashAttention's
+# num_splits_heuristic: fewer splits, fewer partial states to merge).
+SPLIT_EFFICIENCY = 0.85
 
 
 def split_tiles(split, splits, tiles):
@@ -175,17 +179,23 @@ class DecodeProblem:
 
 
 def choose_splits(problem: DecodeProblem, slots: int, seqlen_hint: int | None = None) -> int:
-    """Splits per item: enough items to fill `slots` (SMs x CTAs per SM), 1 where the
-    (batch, K/V head, Q tile) items alone fill them; never so many that a split holds fewer
-    than MIN_TILES_PER_SPLIT tiles of `seqlen_hint` keys (default the capacity)."""
+    """Splits per item, FlashAttention's rule: of the split counts that keep at least
+    MIN_TILES_PER_SPLIT tiles of `seqlen_hint` keys (default the capacity) in a split, the
+    smallest whose last wave of items fills at least SPLIT_EFFICIENCY of the best one's over
+    `slots` (SMs x CTAs per SM). 1 where the (batch, K/V head, Q tile) items alone fill the
+    slots."""
     positive_int("slots", slots)
     if problem.units >= slots:
         return 1
     keys = problem.capacity if seqlen_hint is None else max(1, min(seqlen_hint,
                                                                    problem.capacity))
-    tiles = -(-keys // problem.tile_n)
-    wanted = -(-slots // problem.units)
-    return max(1, min(wanted, tiles // MIN_TILES_PER_SPLIT, MAX_SPLITS))
+    most = max(1, min(-(-keys // problem.tile_n) // MIN_TILES_PER_SPLIT, MAX_SPLITS))
+
+    def efficiency(splits):
+        waves = problem.units * splits / slots
+        return waves / math.ceil(waves)
+    best = max(efficiency(s) for s in range(1, most + 1))
+    return next(s for s in range(1, most + 1) if efficiency(s) >= SPLIT_EFFICIENCY * best)
 
 
 @dataclass(frozen=True)

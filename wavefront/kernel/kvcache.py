@@ -248,6 +248,7 @@ class _DeviceFlags:
         from wavefront.kernel.decode import FLAG_WORDS
         self.device = vq.device
         self.buffer = _owned(vq, (FLAG_WORDS,), "int32", zeroed=True)
+        _zeroed_before_use(vq.device)
         self.pinned = cupy.cuda.alloc_pinned_memory(FLAG_WORDS * 4)
         self.host = np.frombuffer(self.pinned, dtype=np.int32, count=FLAG_WORDS)
         self.host[:] = 0
@@ -335,8 +336,18 @@ def _stand_in(vq: _ArrayView, name: str, shape: tuple, dtype: str):
     key = (vq.device, name)
     found = _stand_ins.get(key)
     if found is None:
-        found = _stand_ins.setdefault(key, _owned(vq, shape, dtype, zeroed=True))
+        found = _owned(vq, shape, dtype, zeroed=True)
+        _zeroed_before_use(vq.device)
+        found = _stand_ins.setdefault(key, found)
     return found
+
+
+def _zeroed_before_use(device: int) -> None:
+    """Wait for a buffer's zeroing on CuPy's current stream, which a launch on another stream
+    does not wait for (once per buffer)."""
+    import cupy
+    with cupy.cuda.Device(device):
+        cupy.cuda.get_current_stream().synchronize()
 
 
 def _state_for(vq: _ArrayView, launch: DecodeLaunch, write_lse: bool) -> _LaunchState:
@@ -352,6 +363,8 @@ def _state_for(vq: _ArrayView, launch: DecodeLaunch, write_lse: bool) -> _Launch
     p = launch.problem
     with cupy.cuda.Device(vq.device):
         work = cupy.asarray(launch.work_table())
+        # copied on CuPy's stream, which the launch's need not wait for: once per table
+        cupy.cuda.get_current_stream().synchronize()
     if launch.num_splits > 1:
         rows = (launch.num_splits * p.batch, p.seqlen_q, p.kv_heads, p.group)
         partials = (_owned(vq, rows + (p.head_dim,), "float32"), _owned(vq, rows, "float32"),
@@ -400,7 +413,9 @@ def _grouped(vq: _ArrayView, x, shape: CacheShape):
                shape.head_dim)
     if vq.library == "torch":
         return x.unflatten(2, grouped[2:4])
-    return x.reshape(grouped)
+    from cupy.lib.stride_tricks import as_strided  # a view whatever the strides (no copy)
+    s0, s1, s2, s3 = x.strides
+    return as_strided(x, shape=grouped, strides=(s0, s1, s2 * grouped[3], s2, s3))
 
 
 def attention_with_kvcache(q, k_cache, v_cache, cache_seqlens, *, k=None, v=None,
