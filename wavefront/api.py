@@ -10,7 +10,7 @@ from wavefront.kernel.plan import CallOptions, Plan, gpu_for_shapes, plan_of_sha
 from wavefront.point import (LEVERS, NO_LEVER_VALUES, Point, lever_values, parse_schedule,
                              parse_tiles, plan_varlen)
 
-__all__ = ["attention", "attention_varlen", "plan", "plan_varlen", "Plan", "CallOptions",
+__all__ = ["attention", "attention_varlen", "attention_with_kvcache", "plan", "plan_varlen", "Plan", "CallOptions",
            "Point", "parse_schedule", "parse_tiles"]
 
 
@@ -162,6 +162,48 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q=None,
                          causal=causal, schedule=schedule, tiles=tiles, occupancy=occupancy,
                          scale=scale, return_lse=return_lse, out=out, stream=stream,
                          l2_bytes=l2_bytes, ctas=ctas, **levers)
+
+
+def attention_with_kvcache(q, k_cache, v_cache, cache_seqlens, *, k=None, v=None,
+                           block_table=None, causal: bool = True, scale: float | None = None,
+                           num_splits: int | None = None, cta_order: str | None = None,
+                           return_lse: bool = False, out=None, stream=None):
+    """Attention against a KV cache, FlashAttention's `flash_attn_with_kvcache`: decode (one
+    query per sequence) to chunked prefill (thousands), contiguous or paged K/V.
+
+    q: (batch, seqlen_q, heads, head_dim). Contiguous cache: k_cache, v_cache (batch, S_max,
+    kv_heads, head_dim). Paged cache: k_cache, v_cache a page pool (num_pages, page_size,
+    kv_heads, head_dim) with page_size a power of two from 16 to 256, and `block_table`
+    (batch, max_pages) int32 naming sequence b's pages in order. `cache_seqlens`: an int or
+    (batch,) int32, the keys in the cache before this call. `k`, `v` (batch, seqlen_new,
+    kv_heads, head_dim), if given, are written into the cache at cache_seqlens (in place)
+    and attended; cache_seqlens itself is not changed. heads a multiple of kv_heads (GQA);
+    bfloat16 or float16; head_dim 64 or 128; CuPy arrays or torch tensors.
+
+    `causal`: bottom-right aligned (FlashAttention >= 2.1): query i of sequence b sits at
+    key position cache_seqlens[b] + seqlen_new - seqlen_q + i. A query that sees no key gets
+    output 0 (and LSE -inf). `scale`: default 1/sqrt(head_dim). `num_splits`: K/V splits per
+    (sequence, K/V head, Q tile), merged by a second kernel (default from the shape: enough
+    work items to fill the GPU, 1 where the batch fills it). `cta_order`: the order work items
+    are handed out, one of `wavefront.decode_schedules.CTA_ORDERS` ("batch_major" default,
+    "kv_head_major", "prefix_grouped": sequences whose block tables start with the same page
+    together; a block table on the GPU is then read back once, which waits for the GPU).
+
+    Lengths and block tables given as host data (int, list, NumPy, CPU tensor) are checked
+    before the launch (they are copied to the GPU each call; pass GPU int32 arrays in a
+    decode loop or a CUDA graph). On the GPU they are clamped into the cache by the kernels,
+    which raise a flag that a later call reads without waiting for the GPU and raises as
+    `wavefront.kernel.kvcache.KVCacheLengthError`; WAVEFRONT_CHECK_LENGTHS=1 checks each call
+    before it returns (waits), `wavefront.kernel.kvcache.check_kvcache_flags()` on demand.
+
+    Returns the output (batch, seqlen_q, heads, head_dim) in q's library (and the LSE,
+    float32 (batch, heads, seqlen_q), natural log, if asked)."""
+    from wavefront.device import require_gpu_stack
+    require_gpu_stack("wavefront.attention_with_kvcache")
+    from wavefront.kernel.kvcache import attention_with_kvcache as call
+    return call(q, k_cache, v_cache, cache_seqlens, k=k, v=v, block_table=block_table,
+                causal=causal, scale=scale, num_splits=num_splits, cta_order=cta_order,
+                return_lse=return_lse, out=out, stream=stream)
 
 
 _launch = None

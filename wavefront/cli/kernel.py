@@ -110,6 +110,7 @@ def compile_cmd(arch, all_variants, name_filter, list_only, out_dir, jobs, as_js
     static and a dynamic binary of their own (_varlen). A binary's label is
     <dtype>_d<D>_<M>x<N>_<full|causal>_<static|dynamic>[_partials]_occ<O>[_lse][_varlen], e.g.
     bf_d128_128x64_causal_static_occ2; the combine kernel's is combine_<dtype>_d<D>_m<rows>[_lse].
+    --all adds the KV-cache call's binaries (decode_*, combine_splits_*, append_kv_*).
     Where cuobjdump is found, each line says whether the wgmma pipeline survived and how many
     local-memory spills the binary has.
     """
@@ -125,6 +126,8 @@ def compile_cmd(arch, all_variants, name_filter, list_only, out_dir, jobs, as_js
     if all_variants:
         variants = list(kernels.all_variants(write_lse=(False, True)))
         variants += list(kernels.all_combine_variants())
+        from wavefront.kernel.decode import all_decode_variants
+        variants += list(all_decode_variants())  # the cache call's (decode_*, append_kv_*)
     else:
         variants = list(kernels.all_variants(dtypes=("bfloat16",),
                                              tiles=sorted(set(DEFAULT_TILES.values()))))

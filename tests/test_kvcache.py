@@ -1,0 +1,343 @@
+"""The KV-cache call on the CPU: its argument checks and messages, its work tables (coverage,
+orders), the masks and paged addressing the kernels compute (with the kernels' own integer
+functions, run here on NumPy), and the kernels compiled ahead of time for sm_90."""
+import itertools
+import os
+from concurrent.futures import ProcessPoolExecutor
+
+import numpy as np
+import pytest
+
+from wavefront.decode_schedules import (CTA_ORDERS, DECODE_BATCH, DECODE_KV_COUNT,
+                                        DECODE_KV_HEAD, DECODE_KV_START, DECODE_Q_TILE,
+                                        DECODE_SPLIT, DECODE_SPLITS, DecodeLaunch, DecodeProblem,
+                                        choose_splits, key_span, page_slot, plan_decode,
+                                        split_tiles)
+
+
+# --------------------------------------------------------------------------------------------
+# Work tables
+# --------------------------------------------------------------------------------------------
+
+PROBLEMS = [
+    DecodeProblem(3, 32, 8, 1, 1000, 128),  # decode, GQA 4, ragged capacity
+    DecodeProblem(2, 8, 8, 1, 4096, 64, page_size=16),  # MHA, pages of 16
+    DecodeProblem(2, 12, 4, 300, 700, 128, seqlen_new=300),  # chunked prefill, group 3
+    DecodeProblem(1, 6, 1, 5, 64, 64),  # group 6 (padded to 8), a capacity of one tile
+]
+
+
+@pytest.mark.parametrize("problem", PROBLEMS)
+@pytest.mark.parametrize("splits", [1, 3, 7])
+def test_every_kv_tile_of_every_unit_is_covered_once_over_the_splits(problem, splits):
+    table = DecodeLaunch(problem, splits, 264).work_table()
+    assert len(table) == problem.units * splits
+    assert (table[:, DECODE_SPLITS] == splits).all()
+    seen = {}
+    for row in table:
+        unit = (row[DECODE_BATCH], row[DECODE_KV_HEAD], row[DECODE_Q_TILE])
+        tiles = range(row[DECODE_KV_START], row[DECODE_KV_START] + row[DECODE_KV_COUNT])
+        for tile in tiles:
+            key = unit + (tile,)
+            assert key not in seen, f"tile {key} in splits {seen.get(key)} and {row}"
+            seen[key] = row[DECODE_SPLIT]
+    expected = set(itertools.product(range(problem.batch), range(problem.kv_heads),
+                                     range(problem.q_tiles), range(problem.kv_tiles)))
+    assert set(seen) == expected
+
+
+@pytest.mark.parametrize("tiles,splits", [(0, 1), (0, 5), (1, 4), (7, 3), (64, 16), (1000, 7)])
+def test_split_tiles_covers_any_real_length_exactly_once(tiles, splits):
+    """The kernel splits an item's own key count (read on the GPU), not the capacity."""
+    spans = [split_tiles(s, splits, tiles) for s in range(splits)]
+    assert spans[0][0] == 0 and spans[-1][1] == tiles
+    assert all(a[1] == b[0] for a, b in zip(spans, spans[1:]))
+    sizes = [hi - lo for lo, hi in spans]
+    assert min(sizes) >= 0 and max(sizes) - min(sizes) <= 1
+
+
+@pytest.mark.parametrize("problem", PROBLEMS)
+def test_cta_orders_are_permutations_of_one_set_of_items(problem):
+    sharing = tuple(b % 2 for b in range(problem.batch))
+    tables = {order: DecodeLaunch(problem, 2, 264, order, sharing).work_table()
+              for order in CTA_ORDERS}
+    rows = {order: sorted(map(tuple, t)) for order, t in tables.items()}
+    assert rows["kv_head_major"] == rows["batch_major"] == rows["prefix_grouped"]
+    first = tables["batch_major"]
+    assert (first[: problem.kv_heads * problem.q_tiles * 2, DECODE_BATCH] == 0).all()
+    by_head = tables["kv_head_major"]
+    assert (by_head[: problem.batch * problem.q_tiles * 2, DECODE_KV_HEAD] == 0).all()
+
+
+def test_prefix_grouped_hands_out_the_sharers_items_of_one_head_and_split_together():
+    problem = DecodeProblem(6, 8, 2, 1, 4096, 128, page_size=64)
+    sharing = (7, 3, 7, 3, 7, 9)  # sequences 0, 2, 4 share their first page, 1 and 3 theirs
+    table = DecodeLaunch(problem, 2, 264, "prefix_grouped", sharing).work_table()
+    batches = table[:, DECODE_BATCH]
+    # the first group (first page 7) comes first, its members consecutive per (head, split)
+    assert list(batches[:3]) == [0, 2, 4]
+    assert (table[:3, DECODE_KV_HEAD] == 0).all() and (table[:3, DECODE_SPLIT] == 0).all()
+    assert list(batches[3:6]) == [0, 2, 4] and (table[3:6, DECODE_SPLIT] == 1).all()
+    assert set(batches[:12]) == {0, 2, 4} and set(batches[12:20]) == {1, 3}
+    assert set(batches[20:]) == {5}
+
+
+def test_splits_fill_the_gpu_and_stay_one_where_the_batch_does():
+    slots = 132 * 2
+    assert choose_splits(DecodeProblem(64, 32, 8, 1, 32768, 128), slots) == 1
+    # B8 KV8: 64 items; 4 splits fill 256 of 264 slots in one wave (3 fill 192, 5 spill)
+    assert choose_splits(DecodeProblem(8, 32, 8, 1, 4096, 128), slots) == 4
+    one = choose_splits(DecodeProblem(1, 32, 8, 1, 131072, 128), slots)
+    assert 0.85 * slots <= one * 8 <= slots
+    # a short cache keeps at least four tiles per split
+    assert choose_splits(DecodeProblem(1, 32, 8, 1, 512, 128), slots) == 2
+    assert choose_splits(DecodeProblem(1, 32, 8, 1, 131072, 128), slots, seqlen_hint=100) == 1
+    launch = plan_decode(DecodeProblem(1, 32, 8, 1, 4096, 128), sms=132, ctas_per_sm=2,
+                         num_splits=5)
+    assert launch.num_splits == 5 and launch.grid == min(264, 40)
+
+
+@pytest.mark.parametrize("bad,message", [
+    (dict(num_splits=0), "num_splits must be a positive integer"),
+    (dict(num_splits=129), "num_splits must be at most 128"),
+    (dict(cta_order="random"), "cta_order must be one of"),
+    (dict(sharing=(1, 2)), "sharing must hold one key per sequence"),
+])
+def test_launch_parameters_are_checked(bad, message):
+    args = dict(problem=DecodeProblem(3, 8, 2, 1, 256, 64), num_splits=1, ctas=8)
+    with pytest.raises(ValueError, match=message):
+        DecodeLaunch(**{**args, **bad})
+
+
+def test_problem_shapes_pack_the_group_into_the_tile():
+    p = DecodeProblem(1, 32, 8, 1, 4096, 128)
+    assert (p.group, p.group_tile, p.tile_m, p.rows_per_tile, p.q_tiles) == (4, 4, 16, 4, 1)
+    p = DecodeProblem(1, 12, 4, 100, 4096, 128)  # group 3, padded to 4
+    assert (p.group_tile, p.tile_m, p.rows_per_tile, p.q_tiles) == (4, 128, 32, 4)
+    assert DecodeProblem(1, 8, 8, 1, 100, 64, page_size=16).tile_n == 16
+    with pytest.raises(ValueError, match="page_size must be one of"):
+        DecodeProblem(1, 8, 8, 1, 100, 64, page_size=48)
+    with pytest.raises(ValueError, match="multiple of kv_heads"):
+        DecodeProblem(1, 6, 4, 1, 100, 64)
+
+
+# --------------------------------------------------------------------------------------------
+# What the kernels compute, with their own integer functions
+# --------------------------------------------------------------------------------------------
+
+def _visible_keys(seqlen_k, seqlen_q, causal, rows):
+    """For each query of a tile of rows [first, first + rows): the keys it sees, as the kernel
+    masks them (unmasked tiles below keys_all, masked tiles up to keys_any)."""
+    masks = []
+    for first in range(0, seqlen_q, rows):
+        offset, keys_any, keys_all = key_span(seqlen_k, seqlen_q, causal, first, rows)
+        for s in range(first, min(first + rows, seqlen_q)):
+            end = min(s + offset, seqlen_k)
+            assert end <= keys_any, "a row sees a key its tile does not scan"
+            assert max(end, 0) >= keys_all, "an unmasked key a row must not see"
+            masks.append(np.arange(seqlen_k) < end)
+    return np.array(masks).reshape(seqlen_q, seqlen_k)
+
+
+@pytest.mark.parametrize("seqlen_k,seqlen_q", [(1, 1), (100, 1), (100, 37), (64, 64),
+                                               (5, 9), (0, 3), (513, 512)])
+@pytest.mark.parametrize("rows", [1, 4, 32])
+def test_masks_are_flash_attentions_bottom_right_causal_and_full(seqlen_k, seqlen_q, rows):
+    i = np.arange(seqlen_q)[:, None]
+    j = np.arange(seqlen_k)[None, :]
+    bottom_right = j <= i + seqlen_k - seqlen_q
+    assert (_visible_keys(seqlen_k, seqlen_q, 1, rows) == bottom_right).all()
+    everything = np.ones((seqlen_q, seqlen_k), dtype=bool)
+    assert (_visible_keys(seqlen_k, seqlen_q, 0, rows) == everything).all()
+
+
+@pytest.mark.parametrize("page_size,tile_n", [(16, 16), (64, 64), (256, 64), (128, 64)])
+def test_paged_addressing_reads_what_the_contiguous_cache_holds(page_size, tile_n):
+    """A contiguous cache scattered into a shuffled page pool and read back tile by tile
+    through the block table, as the kernel addresses it, equals the contiguous tiles; the
+    append's (page, key) of each new position lands where the contiguous cache has it."""
+    rng = np.random.default_rng(7)
+    batch, max_pages, kv_heads, dim = 3, 5, 2, 8
+    capacity = max_pages * page_size
+    contiguous = rng.standard_normal((batch, capacity, kv_heads, dim)).astype(np.float32)
+    pages = rng.permutation(batch * max_pages + 4)[: batch * max_pages]
+    block_table = pages.reshape(batch, max_pages)
+    pool = np.zeros((batch * max_pages + 4, page_size, kv_heads, dim), dtype=np.float32)
+    for b, slot in itertools.product(range(batch), range(max_pages)):
+        pool[block_table[b, slot]] = contiguous[b, slot * page_size:(slot + 1) * page_size]
+    tiles_per_page = page_size // tile_n
+    for b, j in itertools.product(range(batch), range(capacity // tile_n)):
+        slot, tile = page_slot(j, tiles_per_page)
+        paged = pool[block_table[b, slot], tile * tile_n:(tile + 1) * tile_n]
+        np.testing.assert_array_equal(paged, contiguous[b, j * tile_n:(j + 1) * tile_n])
+    for b, position in itertools.product(range(batch), range(0, capacity, 7)):
+        slot, key = page_slot(position, page_size)
+        np.testing.assert_array_equal(pool[block_table[b, slot], key], contiguous[b, position])
+
+
+# --------------------------------------------------------------------------------------------
+# Argument checks (on array descriptions: no GPU)
+# --------------------------------------------------------------------------------------------
+
+def _view(shape, dtype="bfloat16", library="torch", device=0, strides=None):
+    from wavefront.kernel.arrays import _ArrayView
+    if strides is None:
+        strides = tuple(int(np.prod(shape[i + 1:])) for i in range(len(shape)))
+    return _ArrayView(library, tuple(shape), dtype, device, strides)
+
+
+def _check(q=(2, 1, 32, 128), k_cache=(2, 1024, 8, 128), v_cache=None, k=None, v=None,
+           table=None):
+    """check_arrays on shapes (contiguous bfloat16 torch arrays on GPU 0) or descriptions."""
+    from wavefront.kernel.kvcache import check_arrays
+    def make(shape):
+        return shape if shape is None or not isinstance(shape, tuple) else _view(shape)
+    return check_arrays(make(q), make(k_cache), make(v_cache or k_cache), make(k), make(v),
+                        table)
+
+
+def test_a_good_call_describes_its_cache():
+    shape = _check()
+    assert (shape.capacity, shape.page_size, shape.seqlen_new) == (1024, None, 0)
+    shape = _check(k_cache=(40, 16, 8, 128), table=(2, 10), k=(2, 3, 8, 128),
+                   v=(2, 3, 8, 128))
+    assert (shape.capacity, shape.page_size, shape.num_pages, shape.seqlen_new) == (
+        160, 16, 40, 3)
+
+
+@pytest.mark.parametrize("arguments,message", [
+    (dict(q=(2, 32, 128)), r"q must be 4-D \(batch, seqlen_q, heads, head_dim\)"),
+    (dict(q=(2, 1, 32, 96), k_cache=(2, 8, 8, 96)), "q head_dim must be one of"),
+    (dict(q=(2, 1, 30, 128)), r"q heads \(30\) must be a multiple of k_cache kv_heads \(8\)"),
+    (dict(k_cache=(3, 1024, 8, 128)), r"k_cache batch must equal q batch \(2\)"),
+    (dict(v_cache=(2, 512, 8, 128)), "v_cache shape must equal k_cache shape"),
+    (dict(k_cache=(2, 1024, 8, 64)), r"k_cache head_dim must equal q head_dim \(128\)"),
+    (dict(k_cache=(40, 48, 8, 128), table=(2, 10)), "k_cache page_size .* must be one of"),
+    (dict(k_cache=(40, 16, 8, 128), table=(3, 10)), r"block_table must be 2-D \(batch=2"),
+    (dict(k=(2, 3, 8, 128)), "k and v must be given together"),
+    (dict(k=(2, 3, 4, 128), v=(2, 3, 4, 128)), r"k must be \(batch=2, seqlen_new >= 1"),
+    (dict(k=(2, 3, 8, 128), v=(2, 4, 8, 128)), "v shape must equal k shape"),
+    (dict(k=(2, 2000, 8, 128), v=(2, 2000, 8, 128)), "more than the cache holds"),
+])
+def test_bad_arrays_are_named(arguments, message):
+    with pytest.raises(ValueError, match=message):
+        _check(**arguments)
+
+
+def test_bad_dtypes_devices_libraries_and_layouts_are_named():
+    q = (2, 1, 32, 128)
+    cache = (2, 64, 8, 128)
+    with pytest.raises(ValueError, match="q dtype must be one of"):
+        _check(q=_view(q, "float32"))
+    with pytest.raises(ValueError, match=r"k_cache dtype must match q \(bfloat16\)"):
+        _check(k_cache=_view(cache, "float16"))
+    with pytest.raises(ValueError, match=r"v_cache must be on q's device \(0\)"):
+        _check(v_cache=_view(cache, device=1))
+    with pytest.raises(ValueError, match="k_cache must come from the same library as q"):
+        _check(k_cache=_view(cache, library="cupy"))
+    with pytest.raises(ValueError, match="k_cache must be contiguous in its last"):
+        _check(k_cache=_view(cache, strides=(1, 2, 3, 4)))
+
+
+def _lengths_check(lengths, table=None, **shape):
+    from wavefront.kernel.kvcache import check_arrays, check_host_lengths
+    cache = (40, 16, 2, 64) if table is not None else (2, 100, 2, 64)
+    new = shape.get("new")
+    checked = check_arrays(_view((2, 1, 4, 64)), _view(cache), _view(cache),
+                           None if new is None else _view((2, new, 2, 64)),
+                           None if new is None else _view((2, new, 2, 64)),
+                           None if table is None else np.asarray(table).shape)
+    check_host_lengths(checked, np.asarray(lengths),
+                       None if table is None else np.asarray(table))
+
+
+@pytest.mark.parametrize("lengths,table,new,message", [
+    ([3, -1], None, None, r"cache_seqlens must be >= 0, got -1 for sequence 1"),
+    ([3, 101], None, None, r"cache_seqlens\[1\] = 101 exceeds the cache's 100 keys .*S_max"),
+    ([99, 3], None, 2, r"cache_seqlens\[0\] = 99 \+ 2 new keys exceeds the cache's 100"),
+    ([3], None, None, r"cache_seqlens must hold one length per sequence \(batch=2\)"),
+    ([49, 0], [[0, 1, 2], [3, 4, 5]], None, r"exceeds the cache's 48 keys .*3 pages"),
+    ([20, 0], [[0, 40, 2], [3, 4, 5]], None, r"block_table\[0, 1\] = 40 is not a page of "
+                                             r"k_cache \(0 to 39\)"),
+    ([0, 16], [[0, 1, 2], [-3, 4, 5]], 1, r"block_table\[1, 0\] = -3"),
+])
+def test_bad_host_lengths_and_block_tables_are_named(lengths, table, new, message):
+    with pytest.raises(ValueError, match=message):
+        _lengths_check(lengths, table, new=new)
+
+
+def test_page_ids_past_a_sequences_length_are_not_read_so_not_checked():
+    _lengths_check([16, 0], [[0, 1, -5], [3, 99, 5]])  # only page 0 of each is read
+
+
+def test_flags_name_what_the_kernels_clamped():
+    pytest.importorskip("cuda.tile", reason="the flag bits live in the kernel module")
+    from wavefront.kernel.decode import FLAG_APPEND, FLAG_PAGE, FLAG_SEQLEN
+    from wavefront.kernel.kvcache import describe_flags
+    assert "cache_seqlens" in describe_flags(FLAG_SEQLEN)
+    assert "block_table" in describe_flags(FLAG_PAGE)
+    assert "appended" in describe_flags(FLAG_APPEND)
+    assert describe_flags(FLAG_SEQLEN | FLAG_PAGE).count(";") == 1
+    assert len({FLAG_SEQLEN, FLAG_PAGE, FLAG_APPEND}) == 3
+
+
+def test_the_public_call_is_exported():
+    import wavefront
+    from wavefront import api
+    assert "attention_with_kvcache" in wavefront.__all__
+    assert wavefront.attention_with_kvcache is api.attention_with_kvcache
+    import inspect
+    params = inspect.signature(api.attention_with_kvcache).parameters
+    assert list(params) == ["q", "k_cache", "v_cache", "cache_seqlens", "k", "v",
+                            "block_table", "causal", "scale", "num_splits", "cta_order",
+                            "return_lse", "out", "stream"]
+    assert params["causal"].default is True
+
+
+# --------------------------------------------------------------------------------------------
+# Ahead-of-time compilation (tileiras, no GPU)
+# --------------------------------------------------------------------------------------------
+
+def _compile(variant):
+    from wavefront.kernel.attention import compile_variant
+    from wavefront.kernel.cubin import kernel_resources
+    try:
+        return variant.label, kernel_resources(compile_variant(variant, "sm_90")), None
+    except Exception as exc:  # reported with the variant's name
+        return variant.label, None, f"{type(exc).__name__}: {exc}"
+
+
+def _compile_all(variants):
+    with ProcessPoolExecutor(max_workers=max(2, os.cpu_count() or 2)) as pool:
+        results = list(pool.map(_compile, variants))
+    failed = [(label, err) for label, _, err in results if err]
+    assert not failed, failed[:3]
+    for label, resources, _ in results:
+        (kernel,) = resources
+        assert 0 < kernel.registers <= 255, label
+        assert kernel.shared_bytes <= 227 * 1024, label
+
+
+@pytest.mark.compile
+def test_each_cache_kernel_compiles_for_sm90():
+    """One binary of each kernel and kind: decode (GQA 4, contiguous), split paged with pages
+    of 16, chunked prefill with the LSE, the combine with the LSE, the paged append."""
+    pytest.importorskip("cuda.tile", reason="compiling needs cuda-tile (the gpu extra)")
+    from wavefront.kernel.decode import (AppendVariant, CombineSplitsVariant, DecodeVariant,
+                                         variants_for)
+    problem = DecodeProblem(4, 32, 8, 1, 8192, 128, page_size=16)
+    append, attention, combine = variants_for(problem, "bfloat16", 4, True, True)
+    assert attention.paged and attention.partials and attention.tile_n == 16
+    assert combine.write_lse and not attention.write_lse and append.paged
+    _compile_all([DecodeVariant("bfloat16", 128, 16, 64, 4, False), attention,
+                  DecodeVariant("float16", 64, 128, 64, 4, False, write_lse=True),
+                  CombineSplitsVariant("bfloat16", 128, 16, 4, True),
+                  AppendVariant("float16", 64, True)])
+
+
+@pytest.mark.compile
+@pytest.mark.slow
+def test_every_cache_binary_compiles_for_sm90():
+    pytest.importorskip("cuda.tile", reason="compiling needs cuda-tile (the gpu extra)")
+    from wavefront.kernel.decode import all_decode_variants
+    _compile_all(list(all_decode_variants()))

@@ -1,0 +1,543 @@
+"""The KV-cache call: `attention_with_kvcache`, FlashAttention's `flash_attn_with_kvcache`
+shape and meaning, on the kernels of `wavefront.kernel.decode`.
+
+Checked on the host before any launch: the arrays (names, shapes, dtypes, devices, layouts)
+and every length or page id that is host data (an int, a list, a NumPy array, a CPU tensor).
+Lengths and block tables on the GPU are not read (that would wait for the GPU): the kernels
+clamp them into the tensors and set a bit in a per-device flags buffer, which is copied to
+pinned host memory behind the launches and read by the next call once that copy is done
+(`_DeviceFlags`); a bad value then raises on that call, naming the argument. With
+WAVEFRONT_CHECK_LENGTHS=1 in the environment every call waits for its launches and checks at
+once (a debug switch: it synchronises the stream).
+
+The work table (one row per (batch, K/V head, Q tile, split), `wavefront.decode_schedules`)
+depends on shapes only, never on lengths, so a decode loop builds it once; it is kept per
+launch with its split-KV workspace in a bounded cache (`_states`). Calls on several streams at
+once with the same shapes and several splits share that workspace: serialise them, or pass
+num_splits=1.
+"""
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+import threading
+from collections import OrderedDict
+from dataclasses import dataclass
+
+import numpy as np
+
+from wavefront.decode_schedules import (CTA_ORDERS, PAGE_SIZES, DecodeLaunch, DecodeProblem,
+                                        plan_decode)
+from wavefront.kernel.arrays import _ArrayView, _checked_output, _empty, _owned, _view
+from wavefront.kernel.streams import _as_current_stream, _stream_handle
+from wavefront.point import DTYPES, HEAD_DIMS
+
+CHECK_LENGTHS_ENV = "WAVEFRONT_CHECK_LENGTHS"
+STATE_CACHE_SIZE = 64
+LOG2_E = 1.0 / math.log(2.0)
+
+
+class KVCacheLengthError(ValueError):
+    """A length or page id outside the cache, found on the GPU by an earlier call's kernels
+    (or by this one's, with WAVEFRONT_CHECK_LENGTHS=1)."""
+
+
+# --------------------------------------------------------------------------------------------
+# Checks on the host (no GPU needed: the CPU tests call them on array descriptions)
+# --------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class CacheShape:
+    """What the arrays say about a cache call, once checked."""
+
+    batch: int
+    seqlen_q: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    capacity: int  # keys one sequence can hold
+    seqlen_new: int
+    page_size: int | None  # None: contiguous
+    num_pages: int  # paged: pages in the pool; contiguous: the batch
+
+
+def check_arrays(vq: _ArrayView, vk_cache: _ArrayView, vv_cache: _ArrayView,
+                 vk: _ArrayView | None, vv: _ArrayView | None,
+                 block_table_shape: tuple | None) -> CacheShape:
+    """Every rule the kernels rely on about the arrays, with an error that names the
+    argument. `block_table_shape`: None for a contiguous cache."""
+    if len(vq.shape) != 4:
+        raise ValueError(f"q must be 4-D (batch, seqlen_q, heads, head_dim), got shape "
+                         f"{vq.shape}")
+    batch, seqlen_q, heads, head_dim = vq.shape
+    layout = ("(num_pages, page_size, kv_heads, head_dim)" if block_table_shape is not None
+              else "(batch, seqlen_cache, kv_heads, head_dim)")
+    for name, view in (("k_cache", vk_cache), ("v_cache", vv_cache)):
+        if len(view.shape) != 4:
+            raise ValueError(f"{name} must be 4-D {layout}, got shape {view.shape}")
+    for name, view in (("q", vq), ("k_cache", vk_cache), ("v_cache", vv_cache), ("k", vk),
+                       ("v", vv)):
+        if view is None:
+            continue
+        if name in ("k", "v") and len(view.shape) != 4:
+            raise ValueError(f"{name} must be 4-D (batch, seqlen_new, kv_heads, head_dim), "
+                             f"got shape {view.shape}")
+        if view.dtype not in DTYPES:
+            raise ValueError(f"{name} dtype must be one of {DTYPES}, got {view.dtype}")
+        if view is not vq:
+            if view.dtype != vq.dtype:
+                raise ValueError(f"{name} dtype must match q ({vq.dtype}), got {view.dtype}")
+            if view.library != vq.library:
+                raise ValueError(f"{name} must come from the same library as q "
+                                 f"({vq.library}), got {view.library}")
+            if view.device != vq.device:
+                raise ValueError(f"{name} must be on q's device ({vq.device}), got "
+                                 f"{view.device}")
+        if view.strides[-1] != 1:
+            raise ValueError(f"{name} must be contiguous in its last (head_dim) dimension, "
+                             f"got strides {view.strides}")
+    for axis, size in zip(("batch", "seqlen_q", "heads"), vq.shape):
+        if size == 0:
+            raise ValueError(f"q {axis} must be at least 1, got q of shape {vq.shape}")
+    if head_dim not in HEAD_DIMS:
+        raise ValueError(f"q head_dim must be one of {HEAD_DIMS}, got {head_dim}")
+    if vv_cache.shape != vk_cache.shape:
+        raise ValueError(f"v_cache shape must equal k_cache shape {vk_cache.shape}, got "
+                         f"{vv_cache.shape}")
+    rows, keys, kv_heads, cache_dim = vk_cache.shape
+    if cache_dim != head_dim:
+        raise ValueError(f"k_cache head_dim must equal q head_dim ({head_dim}), got "
+                         f"{cache_dim}")
+    if kv_heads == 0 or heads % kv_heads:
+        raise ValueError(f"q heads ({heads}) must be a multiple of k_cache kv_heads "
+                         f"({kv_heads})")
+    if block_table_shape is None:
+        if rows != batch:
+            raise ValueError(f"k_cache batch must equal q batch ({batch}), got {rows} "
+                             "(a page pool needs block_table)")
+        if keys == 0:
+            raise ValueError(f"k_cache must hold at least one key per sequence, got shape "
+                             f"{vk_cache.shape}")
+        page_size, capacity, num_pages = None, keys, rows
+    else:
+        if keys not in PAGE_SIZES:
+            raise ValueError(f"k_cache page_size (dimension 1 of the page pool) must be one "
+                             f"of {PAGE_SIZES}, got {keys}")
+        if rows == 0:
+            raise ValueError("k_cache must hold at least one page, got 0")
+        if len(block_table_shape) != 2 or block_table_shape[0] != batch:
+            raise ValueError(f"block_table must be 2-D (batch={batch}, max_pages), got shape "
+                             f"{tuple(block_table_shape)}")
+        if block_table_shape[1] == 0:
+            raise ValueError("block_table must have at least one page per sequence, got "
+                             f"shape {tuple(block_table_shape)}")
+        page_size, capacity, num_pages = keys, block_table_shape[1] * keys, rows
+    seqlen_new = 0
+    if (vk is None) != (vv is None):
+        raise ValueError("k and v must be given together (new keys and their values), got "
+                         f"{'k' if vv is None else 'v'} alone")
+    if vk is not None:
+        expected = (batch, vk.shape[1], kv_heads, head_dim)
+        if vk.shape != expected or vk.shape[1] == 0:
+            raise ValueError(f"k must be (batch={batch}, seqlen_new >= 1, kv_heads={kv_heads}, "
+                             f"head_dim={head_dim}), got shape {vk.shape}")
+        if vv.shape != vk.shape:
+            raise ValueError(f"v shape must equal k shape {vk.shape}, got {vv.shape}")
+        seqlen_new = vk.shape[1]
+        if seqlen_new > capacity:
+            raise ValueError(f"k holds {seqlen_new} new keys, more than the cache holds per "
+                             f"sequence ({capacity})")
+    return CacheShape(batch, seqlen_q, heads, kv_heads, head_dim, capacity, seqlen_new,
+                      page_size, num_pages)
+
+
+def _host_ints(name: str, value, ndim: int):
+    """`value` as an int64 NumPy array if it is host data (a list, a NumPy array, a CPU
+    tensor), else None (a GPU array)."""
+    module = type(value).__module__.split(".")[0]
+    if module == "torch":
+        if value.is_cuda:
+            return None
+        value = value.numpy()
+    elif module == "cupy" or (hasattr(value, "__cuda_array_interface__")
+                              and not isinstance(value, np.ndarray)):
+        return None
+    try:
+        array = np.asarray(value)
+    except (TypeError, ValueError):
+        raise ValueError(f"{name} must be integers, got {type(value).__name__}") from None
+    if array.dtype.kind not in "iu":
+        raise ValueError(f"{name} must be integers, got dtype {array.dtype}")
+    if array.ndim != ndim:
+        raise ValueError(f"{name} must be {ndim}-D, got shape {array.shape}")
+    return array.astype(np.int64)
+
+
+def check_host_lengths(shape: CacheShape, lengths: np.ndarray,
+                       block_table: np.ndarray | None) -> None:
+    """Host lengths (and a host block table) against the cache, naming the argument."""
+    if lengths.shape != (shape.batch,):
+        raise ValueError(f"cache_seqlens must hold one length per sequence (batch="
+                         f"{shape.batch}), got shape {lengths.shape}")
+    negative = np.flatnonzero(lengths < 0)
+    if negative.size:
+        i = int(negative[0])
+        raise ValueError(f"cache_seqlens must be >= 0, got {int(lengths[i])} for sequence {i}")
+    total = lengths + shape.seqlen_new
+    over = np.flatnonzero(total > shape.capacity)
+    if over.size:
+        i = int(over[0])
+        what = ("S_max (k_cache dimension 1)" if shape.page_size is None
+                else f"block_table's {shape.capacity // shape.page_size} pages x page_size "
+                     f"{shape.page_size}")
+        raise ValueError(f"cache_seqlens[{i}] = {int(lengths[i])}"
+                         f"{f' + {shape.seqlen_new} new keys' if shape.seqlen_new else ''} "
+                         f"exceeds the cache's {shape.capacity} keys per sequence ({what})")
+    if block_table is None or shape.page_size is None:
+        return
+    used = -(-total // shape.page_size)  # pages each sequence reads
+    for i in range(shape.batch):
+        ids = block_table[i, :used[i]]
+        bad = np.flatnonzero((ids < 0) | (ids >= shape.num_pages))
+        if bad.size:
+            j = int(bad[0])
+            raise ValueError(f"block_table[{i}, {j}] = {int(ids[j])} is not a page of k_cache "
+                             f"(0 to {shape.num_pages - 1})")
+
+
+def sharing_keys(block_table: np.ndarray | None, batch: int) -> tuple | None:
+    """One key per sequence for the prefix-grouped order: its first page (sequences that
+    share a prefix share its pages)."""
+    if block_table is None:
+        return None
+    return tuple(int(x) for x in block_table[:batch, 0])
+
+
+# --------------------------------------------------------------------------------------------
+# Flags raised on the GPU, checked without waiting
+# --------------------------------------------------------------------------------------------
+
+_FLAG_MEANINGS = None
+
+
+def _flag_meanings():
+    global _FLAG_MEANINGS
+    if _FLAG_MEANINGS is None:
+        from wavefront.kernel.decode import FLAG_APPEND, FLAG_PAGE, FLAG_SEQLEN
+        _FLAG_MEANINGS = (
+            (FLAG_SEQLEN, "cache_seqlens held a length below 0 or, with the new keys, past the "
+                          "cache's capacity (clamped into the cache)"),
+            (FLAG_PAGE, "block_table held a page id outside k_cache's pages (clamped into "
+                        "the pool)"),
+            (FLAG_APPEND, "k/v were appended past the cache's capacity or through a bad "
+                          "length or page id (those keys were not written)"))
+    return _FLAG_MEANINGS
+
+
+def describe_flags(bits: int) -> str:
+    return "; ".join(text for bit, text in _flag_meanings() if bits & bit) or "no fault"
+
+
+class _DeviceFlags:
+    """One device's flags buffer, its pinned host copy and the event the copy is done at."""
+
+    def __init__(self, vq: _ArrayView):
+        import cupy
+
+        from wavefront.kernel.decode import FLAG_WORDS
+        self.device = vq.device
+        self.buffer = _owned(vq, (FLAG_WORDS,), "int32", zeroed=True)
+        _zeroed_before_use(vq.device)
+        self.pinned = cupy.cuda.alloc_pinned_memory(FLAG_WORDS * 4)
+        self.host = np.frombuffer(self.pinned, dtype=np.int32, count=FLAG_WORDS)
+        self.host[:] = 0
+        with cupy.cuda.Device(vq.device):
+            self.event = cupy.cuda.Event(disable_timing=True)
+        self.pending = False
+        self.lock = threading.Lock()
+
+    def copy_behind(self, handle: int) -> None:
+        """Queue the buffer's copy to pinned memory on the launch's stream."""
+        import cupy
+        with cupy.cuda.Device(self.device):
+            cupy.cuda.runtime.memcpyAsync(self.host.ctypes.data, self.buffer.data.ptr,
+                                          self.host.nbytes,
+                                          cupy.cuda.runtime.memcpyDeviceToHost, handle)
+            cupy.cuda.runtime.eventRecord(self.event.ptr, handle)
+        self.pending = True
+
+    def check(self, wait: bool = False) -> None:
+        """Raise if a copy that is done (or, with `wait`, once it is) holds a flag; the flags
+        are cleared first, so that one fault raises once."""
+        with self.lock:
+            if not self.pending:
+                return
+            if wait:
+                self.event.synchronize()
+            elif not self.event.done:
+                return  # the launches are still running: the next call looks again
+            self.pending = False
+            bits = int(np.bitwise_or.reduce(self.host))
+            if not bits:
+                return
+            import cupy
+            with cupy.cuda.Device(self.device):
+                self.buffer.fill(0)
+                cupy.cuda.get_current_stream().synchronize()
+            self.host[:] = 0
+        raise KVCacheLengthError(f"wavefront.attention_with_kvcache on GPU {self.device}: "
+                                 f"{describe_flags(bits)}. Found by the kernels of this call "
+                                 "or an earlier one on this GPU (lengths and block tables on "
+                                 f"the GPU are checked there; set {CHECK_LENGTHS_ENV}=1 to "
+                                 "check each call before it returns)")
+
+
+_flags: dict = {}
+
+
+def _flags_for(vq: _ArrayView) -> _DeviceFlags:
+    found = _flags.get(vq.device)
+    if found is None:
+        found = _flags.setdefault(vq.device, _DeviceFlags(vq))
+    return found
+
+
+def check_kvcache_flags(device: int | None = None) -> None:
+    """Wait for the cache calls queued on `device` (default: every device used) and raise
+    `KVCacheLengthError` if their kernels clamped a length or page id."""
+    for index, flags in list(_flags.items()):
+        if device is None or index == device:
+            flags.check(wait=True)
+
+
+# --------------------------------------------------------------------------------------------
+# The call
+# --------------------------------------------------------------------------------------------
+
+@dataclass
+class _LaunchState:
+    """What a launch keeps across calls: its table on the GPU and split-KV workspace."""
+
+    launch: DecodeLaunch
+    variants: tuple  # (append or None, attention, combine or None)
+    work: object
+    partials: tuple  # (PartO, PartM, PartL): real ones with splits, else stand-ins
+
+
+_states: OrderedDict = OrderedDict()
+_states_lock = threading.Lock()
+_stand_ins: dict = {}
+
+
+def _stand_in(vq: _ArrayView, name: str, shape: tuple, dtype: str):
+    """A small array for a kernel parameter this launch does not use (cuTile needs an array
+    for each), one per parameter and device, so no two parameters alias."""
+    key = (vq.device, name)
+    found = _stand_ins.get(key)
+    if found is None:
+        found = _owned(vq, shape, dtype, zeroed=True)
+        _zeroed_before_use(vq.device)
+        found = _stand_ins.setdefault(key, found)
+    return found
+
+
+def _zeroed_before_use(device: int) -> None:
+    """Wait for a buffer's zeroing on CuPy's current stream, which a launch on another stream
+    does not wait for (once per buffer)."""
+    import cupy
+    with cupy.cuda.Device(device):
+        cupy.cuda.get_current_stream().synchronize()
+
+
+def _state_for(vq: _ArrayView, launch: DecodeLaunch, write_lse: bool) -> _LaunchState:
+    key = (vq.device, vq.dtype, launch, write_lse)
+    with _states_lock:
+        state = _states.get(key)
+        if state is not None:
+            _states.move_to_end(key)
+            return state
+    import cupy
+
+    from wavefront.kernel.decode import variants_for
+    p = launch.problem
+    with cupy.cuda.Device(vq.device):
+        work = cupy.asarray(launch.work_table())
+        # copied on CuPy's stream, which the launch's need not wait for: once per table
+        cupy.cuda.get_current_stream().synchronize()
+    if launch.num_splits > 1:
+        rows = (launch.num_splits * p.batch, p.seqlen_q, p.kv_heads, p.group)
+        partials = (_owned(vq, rows + (p.head_dim,), "float32"), _owned(vq, rows, "float32"),
+                    _owned(vq, rows, "float32"))
+    else:
+        partials = (_stand_in(vq, "PartO", (1, 1, 1, 1, 1), "float32"),
+                    _stand_in(vq, "PartM", (1, 1, 1, 1), "float32"),
+                    _stand_in(vq, "PartL", (1, 1, 1, 1), "float32"))
+    state = _LaunchState(launch, variants_for(p, vq.dtype, launch.num_splits, write_lse,
+                                              p.seqlen_new > 0), work, partials)
+    with _states_lock:
+        state = _states.setdefault(key, state)
+        while len(_states) > STATE_CACHE_SIZE:
+            _states.popitem(last=False)
+    return state
+
+
+def _to_device(vq: _ArrayView, host: np.ndarray):
+    """A host int array as an int32 array of q's library on q's device, copied on the
+    current stream of that library (the launch's)."""
+    data = np.ascontiguousarray(host, dtype=np.int32)
+    if vq.library == "torch":
+        import torch
+        return torch.from_numpy(data).to(device=f"cuda:{vq.device}")
+    import cupy
+    with cupy.cuda.Device(vq.device):
+        return cupy.asarray(data)
+
+
+def _device_ints(name: str, value, vq: _ArrayView, shape: tuple):
+    """A GPU array of lengths or page ids, checked for what can be checked without reading
+    it: int32, its shape, q's device."""
+    view, array = _view(name, value)
+    if view.dtype != "int32":
+        raise ValueError(f"{name} on the GPU must be int32, got {view.dtype}")
+    if view.shape != shape:
+        raise ValueError(f"{name} must have shape {shape}, got {view.shape}")
+    if view.device != vq.device:
+        raise ValueError(f"{name} must be on q's device ({vq.device}), got {view.device}")
+    return array
+
+
+def _grouped(vq: _ArrayView, x, shape: CacheShape):
+    """(batch, seqlen_q, heads, D) -> (batch, seqlen_q, kv_heads, group, D): a view."""
+    grouped = (shape.batch, shape.seqlen_q, shape.kv_heads, shape.heads // shape.kv_heads,
+               shape.head_dim)
+    if vq.library == "torch":
+        return x.unflatten(2, grouped[2:4])
+    from cupy.lib.stride_tricks import as_strided  # a view whatever the strides (no copy)
+    s0, s1, s2, s3 = x.strides
+    return as_strided(x, shape=grouped, strides=(s0, s1, s2 * grouped[3], s2, s3))
+
+
+def attention_with_kvcache(q, k_cache, v_cache, cache_seqlens, *, k=None, v=None,
+                           block_table=None, causal: bool = True, scale: float | None = None,
+                           num_splits: int | None = None, cta_order: str | None = None,
+                           return_lse: bool = False, out=None, stream=None):
+    """Attention of q against a KV cache; see `wavefront.api.attention_with_kvcache`."""
+    vq, q = _view("q", q)
+    flags = _flags_for(vq)
+    flags.check()  # an earlier call's kernels' findings, if their copy has landed
+    vkc, k_cache = _view("k_cache", k_cache)
+    vvc, v_cache = _view("v_cache", v_cache)
+    vk = vv = None
+    if k is not None:
+        vk, k = _view("k", k)
+    if v is not None:
+        vv, v = _view("v", v)
+    table_host = None
+    table_shape = None
+    if block_table is not None:
+        table_host = _host_ints("block_table", block_table, 2)
+        table_shape = (table_host.shape if table_host is not None
+                       else tuple(_view("block_table", block_table)[0].shape))
+    shape = check_arrays(vq, vkc, vvc, vk, vv, table_shape)
+    if isinstance(cache_seqlens, (int, np.integer)) and not isinstance(cache_seqlens, bool):
+        lengths_host = np.full(shape.batch, int(cache_seqlens), dtype=np.int64)
+    elif isinstance(cache_seqlens, bool) or cache_seqlens is None:
+        raise ValueError(f"cache_seqlens must be an int or one length per sequence, got "
+                         f"{cache_seqlens!r}")
+    else:
+        lengths_host = _host_ints("cache_seqlens", cache_seqlens, 1)
+    if lengths_host is not None:
+        check_host_lengths(shape, lengths_host, table_host)
+    if not isinstance(causal, (bool, np.bool_)):
+        raise ValueError(f"causal must be True or False, got {causal!r}")
+    if scale is None:
+        scale = 1.0 / math.sqrt(shape.head_dim)
+    elif not (isinstance(scale, (int, float)) and math.isfinite(scale) and scale > 0):
+        raise ValueError(f"scale must be a finite number above 0, got {scale!r}")
+    if cta_order is not None and cta_order not in CTA_ORDERS:
+        raise ValueError(f"cta_order must be one of {CTA_ORDERS}, got {cta_order!r}")
+    if num_splits is not None and (isinstance(num_splits, bool)
+                                   or not isinstance(num_splits, int) or num_splits < 1):
+        raise ValueError(f"num_splits must be a positive integer or None, got {num_splits!r}")
+    sharing = None
+    if cta_order == "prefix_grouped" and block_table is not None:
+        # (a block table on the GPU is read back once here: this waits for the GPU)
+        sharing = sharing_keys(table_host if table_host is not None
+                               else np.asarray(block_table.tolist()), shape.batch)
+
+    from wavefront.device import current_device, require_gpu_stack
+    require_gpu_stack("wavefront.attention_with_kvcache")
+    import cuda.tile as ct
+
+    from wavefront.kernel.attention import launch_args
+    from wavefront.kernel.decode import (APPEND_PARAMS, COMBINE_SPLITS_PARAMS, DECODE_OCCUPANCY,
+                                         DECODE_PARAMS, append_kv, combine_splits,
+                                         decode_kernel_for)
+    device = current_device()
+    problem = DecodeProblem(shape.batch, shape.heads, shape.kv_heads, shape.seqlen_q,
+                            shape.capacity, shape.head_dim, shape.seqlen_new, shape.page_size)
+    hint = None if lengths_host is None else int(lengths_host.max()) + shape.seqlen_new
+    launch = plan_decode(problem, sms=device.sms, ctas_per_sm=DECODE_OCCUPANCY,
+                         num_splits=num_splits, cta_order=cta_order, sharing=sharing,
+                         seqlen_hint=hint)
+    state = _state_for(vq, launch, bool(return_lse))
+    if out is not None:
+        out = _checked_output(vq, out)
+
+    import cupy
+    on_device = (contextlib.nullcontext() if cupy.cuda.runtime.getDevice() == vq.device
+                 else cupy.cuda.Device(vq.device))
+    in_stream = contextlib.nullcontext() if stream is None else _as_current_stream(vq, stream)
+    with on_device, in_stream:
+        if stream is None:
+            if vq.library == "torch":
+                import torch
+                handle = torch.cuda.current_stream(vq.device).cuda_stream
+            else:
+                handle = cupy.cuda.get_current_stream().ptr
+        else:
+            handle = _stream_handle(stream)
+        lengths = (_to_device(vq, lengths_host) if lengths_host is not None
+                   else _device_ints("cache_seqlens", cache_seqlens, vq, (shape.batch,)))
+        if block_table is None:
+            table = _stand_in(vq, "BlockTable", (1, 1), "int32")
+        elif table_host is not None:
+            table = _to_device(vq, table_host)
+        else:
+            table = _device_ints("block_table", block_table, vq, table_shape)
+        if out is None:
+            out = _empty(vq, vq.shape, vq.dtype)
+        lse = (_empty(vq, (shape.batch, shape.heads, shape.seqlen_q), "float32")
+               if return_lse else None)
+        lse_argument = (lse.reshape((shape.batch, shape.kv_heads, problem.group,
+                                     shape.seqlen_q)) if return_lse
+                        else _stand_in(vq, "Lse", (1, 1, 1, 1), "float32"))
+        append, attention, combine = state.variants
+        if append is not None:
+            ct.launch(handle, (shape.seqlen_new, shape.batch, 1), append_kv,
+                      launch_args(APPEND_PARAMS, {
+                          "KNew": k, "VNew": v, "K": k_cache, "V": v_cache,
+                          "CacheSeqlens": lengths, "BlockTable": table, "Flags": flags.buffer,
+                          **append.constants}))
+        q5, out5 = _grouped(vq, q, shape), _grouped(vq, out, shape)
+        part_o, part_m, part_l = state.partials
+        ct.launch(handle, (launch.grid, 1, 1), decode_kernel_for(attention.occupancy),
+                  launch_args(DECODE_PARAMS, {
+                      "Q": q5, "K": k_cache, "V": v_cache, "Out": out5, "Lse": lse_argument,
+                      "PartO": part_o, "PartM": part_m, "PartL": part_l,
+                      "CacheSeqlens": lengths, "BlockTable": table, "Work": state.work,
+                      "Flags": flags.buffer, "qk_scale_log2": float(scale * LOG2_E),
+                      "num_items": launch.num_items, "seqlen_new": shape.seqlen_new,
+                      "causal": int(bool(causal)), **attention.constants}))
+        if combine is not None:
+            ct.launch(handle, (problem.q_tiles, shape.batch * shape.kv_heads, 1),
+                      combine_splits, launch_args(COMBINE_SPLITS_PARAMS, {
+                          "PartO": part_o, "PartM": part_m, "PartL": part_l, "Out": out5,
+                          "Lse": lse_argument, "num_splits": launch.num_splits,
+                          **combine.constants}))
+        if not cupy.cuda.runtime.streamIsCapturing(handle):
+            flags.copy_behind(handle)
+    if os.environ.get(CHECK_LENGTHS_ENV, "") not in ("", "0"):
+        flags.check(wait=True)
+    return (out, lse) if return_lse else out
