@@ -10,7 +10,7 @@ from wavefront.kernel.plan import CallOptions, Plan, gpu_for_shapes, plan_of_sha
 from wavefront.point import (LEVERS, NO_LEVER_VALUES, Point, lever_values, parse_schedule,
                              parse_tiles, plan_varlen)
 
-__all__ = ["attention", "attention_varlen", "attention_with_kvcache", "plan", "plan_varlen", "Plan", "CallOptions",
+__all__ = ["attention", "attention_backward", "attention_varlen", "attention_with_kvcache", "plan", "plan_varlen", "Plan", "CallOptions",
            "Point", "parse_schedule", "parse_tiles"]
 
 
@@ -204,6 +204,26 @@ def attention_with_kvcache(q, k_cache, v_cache, cache_seqlens, *, k=None, v=None
     return call(q, k_cache, v_cache, cache_seqlens, k=k, v=v, block_table=block_table,
                 causal=causal, scale=scale, num_splits=num_splits, cta_order=cta_order,
                 return_lse=return_lse, out=out, stream=stream)
+
+
+def attention_backward(q, k, v, out, lse, dout, *, causal: bool = False,
+                       scale: float | None = None, schedule: str | None = None,
+                       deterministic: bool = False, tiles=None):
+    """FlashAttention backward: -> (dq, dk, dv), the gradients of `attention`'s output `out`
+    (given `dout`, its gradient) with respect to q, k and v, in their shapes and dtype.
+
+    `lse` is the forward's natural-log LSE (`attention(..., return_lse=True)`), float32
+    (batch, heads, seqlen_q). Layout, dtypes, head dims, GQA and `causal` as `attention`
+    takes them (dk, dv summed over each K/V head's query heads). `schedule`: '<cta>+<scan>',
+    cta one of grid, persistent, grouped, longest_first, scan linear or sawtooth (the order in
+    which each K/V tile visits its Q tiles; `wavefront.backward_schedules`); `tiles`: 'MxN'
+    (Q tile rows x K/V tile rows). `deterministic`: dQ from a second, Q-major kernel instead of
+    float32 atomics, so repeated calls give bit-identical gradients."""
+    from wavefront.device import require_gpu_stack
+    require_gpu_stack("wavefront.attention_backward")
+    from wavefront.kernel.backward_call import attention_backward as launch_backward
+    return launch_backward(q, k, v, out, lse, dout, causal=causal, scale=scale,
+                           schedule=schedule, deterministic=deterministic, tiles=tiles)
 
 
 _launch = None

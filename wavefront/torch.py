@@ -7,8 +7,15 @@ and an entry point shaped like `torch.nn.functional.scaled_dot_product_attention
 
 The op is `wavefront::attention(q, k, v, causal, scale, schedule, tiles) -> Tensor`, with a fake
 (meta) implementation, so a compiled model keeps it in its graph instead of breaking the graph
-around an opaque Python call. It runs on the caller's current stream. Forward only: no
-backward is registered.
+around an opaque Python call. It runs on the caller's current stream.
+
+Training: `wavefront::attention_fwd_lse` is the same forward returning the LSE too, and its
+autograd formula (saving q, k, v, the output and the LSE) calls `wavefront::attention_bwd`, the
+cuTile backward (`wavefront.attention_backward`; deterministic where
+`torch.use_deterministic_algorithms(True)` is on). The SDPA-shaped entry and the transformers
+hook run it whenever an input requires grad, so a compiled model with trainable parameters
+keeps both ops in its graphs. `wavefront::attention` itself has a formula too, which
+recomputes the LSE (one more forward) since that op does not keep it.
 
 Under a CUDA graph: call the op once before capturing (the first call of a shape compiles the
 kernel and uploads its work table, neither of which a capture allows); replays then launch the
@@ -24,7 +31,8 @@ from typing import Optional
 
 import torch
 
-__all__ = ["attention", "attention_varlen", "scaled_dot_product_attention",
+__all__ = ["attention", "attention_fwd_lse", "attention_bwd", "attention_varlen",
+           "scaled_dot_product_attention",
            "hf_attention_forward", "hf_mask", "SequencesMask", "register_with_transformers",
            "release_graph_launchers"]
 
@@ -60,6 +68,85 @@ def _attention_fake(q, k, v, causal=False, scale=None, schedule=None, tiles=None
     return q.new_empty(q.shape)
 
 
+@torch.library.custom_op("wavefront::attention_fwd_lse", mutates_args=(), device_types="cuda")
+def attention_fwd_lse(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False,
+                      scale: Optional[float] = None, schedule: Optional[str] = None,
+                      tiles: Optional[str] = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """`attention` that returns the natural-log LSE too, float32 (B, H, S_q): the forward that
+    training runs (its autograd formula saves both for `attention_bwd`)."""
+    from wavefront.kernel.call import plan_for
+    return plan_for(q, k, v, _options_lse(causal, scale, schedule, tiles)).run(q, k, v)
+
+
+@functools.lru_cache(maxsize=256, typed=True)
+def _options_lse(causal, scale, schedule, tiles):
+    from wavefront.kernel.plan import CallOptions
+    return CallOptions(causal=causal, scale=scale, schedule=schedule, tiles=tiles,
+                       return_lse=True)
+
+
+@attention_fwd_lse.register_fake
+def _attention_fwd_lse_fake(q, k, v, causal=False, scale=None, schedule=None, tiles=None):
+    return q.new_empty(q.shape), q.new_empty(q.shape[:3], dtype=torch.float32)
+
+
+@torch.library.custom_op("wavefront::attention_bwd", mutates_args=(), device_types="cuda")
+def attention_bwd(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                  out: torch.Tensor, lse: torch.Tensor, causal: bool = False,
+                  scale: Optional[float] = None, deterministic: bool = False
+                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(dq, dk, dv) of the attention whose output `out` and LSE `lse` the forward gave, for
+    the output's gradient `dout` (`wavefront.attention_backward`): new contiguous tensors of
+    q's, k's and v's shapes and dtype."""
+    from wavefront.kernel.backward_call import attention_backward
+    if dout.stride(-1) != 1:  # a gradient may arrive as any view
+        dout = dout.contiguous()
+    return attention_backward(q, k, v, out, lse, dout, causal=causal, scale=scale,
+                              deterministic=deterministic)
+
+
+@attention_bwd.register_fake
+def _attention_bwd_fake(dout, q, k, v, out, lse, causal=False, scale=None,
+                        deterministic=False):
+    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
+
+
+def _backward(ctx, dout, q, k, v, out, lse):
+    dq, dk, dv = attention_bwd(dout, q, k, v, out, lse, ctx.causal, ctx.scale,
+                               torch.are_deterministic_algorithms_enabled())
+    return dq, dk, dv, None, None, None, None
+
+
+def _fwd_lse_setup_context(ctx, inputs, output):
+    q, k, v, causal, scale, _, _ = inputs
+    out, lse = output
+    ctx.save_for_backward(q, k, v, out, lse)
+    ctx.causal, ctx.scale = causal, scale
+    ctx.mark_non_differentiable(lse)
+
+
+def _fwd_lse_backward(ctx, dout, _dlse):
+    return _backward(ctx, dout, *ctx.saved_tensors)
+
+
+def _attention_setup_context(ctx, inputs, output):
+    q, k, v, causal, scale, schedule, tiles = inputs
+    ctx.save_for_backward(q, k, v, output)
+    ctx.causal, ctx.scale, ctx.options = causal, scale, (causal, scale, schedule, tiles)
+
+
+def _attention_backward(ctx, dout):
+    q, k, v, out = ctx.saved_tensors
+    _, lse = attention_fwd_lse(q, k, v, *ctx.options)  # this op did not keep its LSE
+    return _backward(ctx, dout, q, k, v, out, lse)
+
+
+torch.library.register_autograd("wavefront::attention_fwd_lse", _fwd_lse_backward,
+                                setup_context=_fwd_lse_setup_context)
+torch.library.register_autograd("wavefront::attention", _attention_backward,
+                                setup_context=_attention_setup_context)
+
+
 @torch.library.custom_op("wavefront::attention_varlen", mutates_args=(), device_types="cuda")
 def attention_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                      cu_seqlens_q: torch.Tensor, cu_seqlens_k: torch.Tensor,
@@ -92,7 +179,10 @@ def release_graph_launchers() -> int:
 
 def _attention(q, k, v, causal, scale):
     """The op where torch.compile traces (it must see the op); in eager code the call itself,
-    which saves the custom op's dispatch (tens of microseconds a call)."""
+    which saves the custom op's dispatch (tens of microseconds a call). Where an input
+    requires grad, the forward that keeps its LSE for the backward."""
+    if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
+        return attention_fwd_lse(q, k, v, causal, scale, None, None)[0]
     if torch.compiler.is_compiling():
         return attention(q, k, v, causal, scale, None, None)
     from wavefront.kernel.call import attention_plain, attention_with

@@ -1,0 +1,350 @@
+"""The backward on the CPU: its float64 reference against torch autograd (and finite
+differences), its work tables (every (batch, K/V head, K/V tile) x (query head, Q tile) pair
+that matters visited exactly once, masks where needed), a NumPy walk of the tables that does
+what the kernels do tile by tile, and the ahead-of-time compile of every backward binary."""
+import math
+import os
+from concurrent.futures import ProcessPoolExecutor
+
+import numpy as np
+import pytest
+
+from wavefront.backward_schedules import (
+    BACKWARD_CTA_SCHEDULES,
+    BACKWARD_SCANS,
+    BWD_BATCH,
+    BWD_HEAD_FIRST,
+    BWD_HEAD_STEP,
+    BWD_KV_HEAD,
+    BWD_KV_TILE,
+    BWD_MASKED_HI,
+    BWD_MASKED_LO,
+    BWD_SCAN_COUNT,
+    BWD_SCAN_START,
+    BWD_SCAN_STEP,
+    BackwardLaunch,
+    q_tile_span,
+)
+from wavefront.measure.backward_reference import reference_attention_backward
+from wavefront.schedules import (
+    WORK_BATCH,
+    WORK_HEAD,
+    WORK_KV_HEAD,
+    WORK_MASKED_HI,
+    WORK_MASKED_LO,
+    WORK_Q_TILE,
+    WORK_SCAN_COUNT,
+    WORK_SCAN_START,
+    WORK_SCAN_STEP,
+    AttentionProblem,
+)
+
+SCHEDULES = [f"{c}+{s}" for c in BACKWARD_CTA_SCHEDULES for s in BACKWARD_SCANS]
+
+
+def _inputs(seed, batch, heads, kv_heads, seqlen_q, seqlen_kv, head_dim):
+    rng = np.random.default_rng(seed)
+    q = rng.standard_normal((batch, heads, seqlen_q, head_dim))
+    k = rng.standard_normal((batch, kv_heads, seqlen_kv, head_dim))
+    v = rng.standard_normal((batch, kv_heads, seqlen_kv, head_dim))
+    do = rng.standard_normal((batch, heads, seqlen_q, head_dim))
+    return q, k, v, do
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("heads,kv_heads", [(2, 2), (4, 2)])
+def test_reference_matches_torch_autograd(causal, heads, kv_heads):
+    torch = pytest.importorskip("torch")
+    q, k, v, do = _inputs(3, 2, heads, kv_heads, 13, 17 if not causal else 13, 8)
+    out, lse, dq, dk, dv = reference_attention_backward(q, k, v, do, causal=causal, scale=0.4)
+    tq, tk, tv = (torch.tensor(x, requires_grad=True) for x in (q, k, v))
+    group = heads // kv_heads
+    s = tq @ tk.repeat_interleave(group, 1).transpose(-1, -2) * 0.4
+    if causal:
+        s = s.masked_fill(~torch.ones(13, 13, dtype=torch.bool).tril(), float("-inf"))
+    tout = torch.softmax(s, -1) @ tv.repeat_interleave(group, 1)
+    tout.backward(torch.tensor(do))
+    np.testing.assert_allclose(out, tout.detach().numpy(), rtol=1e-10, atol=1e-12)
+    np.testing.assert_allclose(lse, torch.logsumexp(s, -1).detach().numpy(), rtol=1e-10)
+    for mine, theirs in ((dq, tq), (dk, tk), (dv, tv)):
+        np.testing.assert_allclose(mine, theirs.grad.numpy(), rtol=1e-9, atol=1e-11)
+
+
+def test_reference_matches_finite_differences():
+    """Without torch too: the loss sum(out * dO) differentiated numerically, a few random
+    directions per input (central differences in float64)."""
+    q, k, v, do = _inputs(4, 1, 4, 2, 6, 6, 4)
+    _, _, dq, dk, dv = reference_attention_backward(q, k, v, do, causal=True)
+
+    def loss(q_, k_, v_):
+        return float((reference_attention_backward(q_, k_, v_, do, causal=True)[0] * do).sum())
+    rng = np.random.default_rng(0)
+    h = 1e-6
+    for which, grad in enumerate((dq, dk, dv)):
+        for _ in range(3):
+            direction = rng.standard_normal(grad.shape)
+            args_plus = [q, k, v]
+            args_minus = [q, k, v]
+            args_plus[which] = args_plus[which] + h * direction
+            args_minus[which] = args_minus[which] - h * direction
+            numeric = (loss(*args_plus) - loss(*args_minus)) / (2 * h)
+            assert numeric == pytest.approx(float((grad * direction).sum()), rel=1e-6, abs=1e-8)
+
+
+def _visible(p: AttentionProblem, q_tile, kv_tile) -> bool:
+    """Whether some real query row of `q_tile` sees some real key of `kv_tile`."""
+    rows = np.arange(q_tile * p.tile_m, min((q_tile + 1) * p.tile_m, p.seqlen_q))
+    cols = np.arange(kv_tile * p.tile_n, min((kv_tile + 1) * p.tile_n, p.seqlen_kv))
+    if not len(rows) or not len(cols):
+        return False
+    return not p.causal or rows.max() >= cols.min()
+
+
+def _needs_no_mask(p: AttentionProblem, q_tile, kv_tile) -> bool:
+    if (kv_tile + 1) * p.tile_n > p.seqlen_kv:
+        return False
+    return not p.causal or q_tile * p.tile_m >= (kv_tile + 1) * p.tile_n - 1
+
+
+PROBLEMS = [
+    AttentionProblem(2, 4, 2, 333, 333, 64, True, 64, 128),
+    AttentionProblem(2, 4, 2, 333, 333, 64, False, 64, 128),
+    AttentionProblem(1, 3, 1, 200, 517, 128, True, 64, 64),
+    AttentionProblem(1, 3, 3, 517, 200, 128, True, 128, 64),
+    AttentionProblem(3, 2, 1, 256, 256, 64, False, 128, 128),
+    AttentionProblem(1, 8, 2, 1024, 1024, 128, True, 64, 64),
+]
+
+
+@pytest.mark.parametrize("schedule", SCHEDULES)
+@pytest.mark.parametrize("problem", PROBLEMS, ids=range(len(PROBLEMS)))
+def test_work_table_visits_every_pair_once(problem, schedule):
+    """Every (batch, K/V head, K/V tile) is one item; its visits cover each (query head of its
+    group, Q tile) pair with a visible key exactly once, any other visit is in the masked
+    range, and the unmasked ones need no mask."""
+    p = problem
+    launch = BackwardLaunch.of(p, schedule, sms=5, ctas_per_sm=1, l2_bytes=200_000)
+    table = launch.work_table
+    assert table.shape[0] == launch.num_items == p.batch * p.kv_heads * p.kv_tiles
+    units = {(int(r[BWD_BATCH]), int(r[BWD_KV_HEAD]), int(r[BWD_KV_TILE])) for r in table}
+    assert len(units) == len(table)
+    group = p.qheads_per_kv
+    for item, row in enumerate(table):
+        batch, kv_head, kv_tile = units_row = (int(row[BWD_BATCH]), int(row[BWD_KV_HEAD]),
+                                               int(row[BWD_KV_TILE]))
+        assert 0 <= batch < p.batch and 0 <= kv_head < p.kv_heads and 0 <= kv_tile < p.kv_tiles
+        visits = launch.q_order(item)
+        assert len(set(visits)) == len(visits), units_row
+        masked = set(range(row[BWD_MASKED_LO], row[BWD_MASKED_HI]))
+        expected = {(h, i) for h in range(kv_head * group, (kv_head + 1) * group)
+                    for i in range(p.q_tiles) if _visible(p, i, kv_tile)}
+        assert expected <= set(visits), units_row
+        for head, q_tile in visits:
+            assert kv_head * group <= head < (kv_head + 1) * group
+            assert 0 <= q_tile < p.q_tiles
+            if q_tile not in masked:
+                assert _needs_no_mask(p, q_tile, kv_tile), (units_row, q_tile)
+
+
+@pytest.mark.parametrize("cta", ["persistent", "grouped", "longest_first"])
+def test_sawtooth_alternates_on_each_ctas_own_items(cta):
+    p = AttentionProblem(2, 4, 2, 1000, 1000, 64, False, 64, 64)
+    for scan in BACKWARD_SCANS:
+        launch = BackwardLaunch.of(p, f"{cta}+{scan}", sms=6, ctas_per_sm=1, l2_bytes=1 << 20)
+        for c in range(launch.num_ctas):
+            steps = [int(launch.work_table[item][BWD_SCAN_STEP])
+                     for item in launch.items_of_cta(c)]
+            heads = [int(launch.work_table[item][BWD_HEAD_STEP])
+                     for item in launch.items_of_cta(c)]
+            if scan == "linear":
+                assert set(steps) == {1} and set(heads) == {1}
+            else:
+                assert steps == [1 - 2 * (n % 2) for n in range(len(steps))] == heads
+
+
+def test_orders_differ_as_named():
+    p = AttentionProblem(2, 4, 2, 512, 512, 64, True, 64, 64)
+
+    def first_items(schedule, n=4, **kw):
+        launch = BackwardLaunch.of(p, schedule, sms=4, ctas_per_sm=1, **kw)
+        return [tuple(int(x) for x in launch.work_table[i][[BWD_BATCH, BWD_KV_HEAD,
+                                                            BWD_KV_TILE]]) for i in range(n)]
+    assert first_items("persistent+linear", l2_bytes=1 << 20) == [(0, 0, j) for j in range(4)]
+    # longest first under the top-left causal mask: the first K/V tile of every unit first
+    assert first_items("longest_first+linear", l2_bytes=1 << 20) == [
+        (0, 0, 0), (0, 1, 0), (1, 0, 0), (1, 1, 0)]
+    # grouped: units of a group fastest (two units' Q and dO, 512 kB, fit half of 1.1 MB)
+    assert first_items("grouped+linear", l2_bytes=1_100_000) == [
+        (0, 0, 0), (0, 1, 0), (0, 0, 1), (0, 1, 1)]
+
+
+def test_bad_schedules_are_refused_by_name():
+    p = AttentionProblem(1, 2, 2, 100, 100, 64)
+    with pytest.raises(ValueError, match="CTA schedule"):
+        BackwardLaunch.of(p, "dynamic+linear", 4, 1, 1 << 20)
+    with pytest.raises(ValueError, match="Q scan"):
+        BackwardLaunch.of(p, "persistent+tiled", 4, 1, 1 << 20)
+    with pytest.raises(ValueError, match="schedule must be"):
+        BackwardLaunch.of(p, "persistent", 4, 1, 1 << 20)
+
+
+def test_q_tile_span_on_arrays_matches_ints():
+    kv = np.arange(9)
+    first, unmasked, q_tiles = q_tile_span(kv, 64, 128, 1000, 1100, True)
+    for j in kv:
+        assert q_tile_span(int(j), 64, 128, 1000, 1100, True) == (first[j], unmasked[j], q_tiles)
+
+
+# --------------------------------------------------------------------------------------------
+# The kernels' walk of the tables, in NumPy: what `flash_attention_bwd_kv` and
+# `flash_attention_bwd_dq` compute, tile by tile, with zero padding and the masks only on the
+# tiles the tables mark (so a table that skipped a mask, or a visit, would fail here).
+# --------------------------------------------------------------------------------------------
+
+def _tile(x, b, h, index, rows):
+    out = np.zeros((rows,) + x.shape[3:])
+    piece = x[b, h, index * rows:(index + 1) * rows]
+    out[:len(piece)] = piece
+    return out
+
+
+def _emulate(launch: BackwardLaunch, q, k, v, do, out, lse, scale, deterministic):
+    p = launch.problem
+    M, N = p.tile_m, p.tile_n
+    delta = (do * out).sum(-1)
+    dq_acc = np.zeros((p.batch, p.heads, p.q_tiles * M, p.head_dim))
+    dk = np.zeros((p.batch, p.kv_heads, p.kv_tiles * N, p.head_dim))
+    dv = np.zeros_like(dk)
+    for row in launch.work_table:
+        b, kvh, j = (int(row[c]) for c in (BWD_BATCH, BWD_KV_HEAD, BWD_KV_TILE))
+        kt, vt = _tile(k, b, kvh, j, N), _tile(v, b, kvh, j, N)
+        dk_acc, dv_acc = np.zeros((N, p.head_dim)), np.zeros((N, p.head_dim))
+        tiles = ([(i, True) for i in range(row[BWD_MASKED_LO], row[BWD_MASKED_HI])]
+                 + [(int(row[BWD_SCAN_START] + row[BWD_SCAN_STEP] * t), False)
+                    for t in range(row[BWD_SCAN_COUNT])])
+        for g in range(p.qheads_per_kv):
+            h = int(row[BWD_HEAD_FIRST] + row[BWD_HEAD_STEP] * g)
+            for i, masked in tiles:
+                qt, dot = _tile(q, b, h, i, M), _tile(do, b, h, i, M)
+                lse_t, delta_t = _tile(lse[..., None], b, h, i, M)[:, 0], _tile(
+                    delta[..., None], b, h, i, M)[:, 0]
+                s_t = kt @ qt.T
+                if masked:
+                    cols = j * N + np.arange(N)[:, None]
+                    keep = cols < p.seqlen_kv
+                    if p.causal:
+                        keep = keep & (i * M + np.arange(M)[None, :] >= cols)
+                    s_t = np.where(keep, s_t, -np.inf)
+                p_t = np.exp(s_t * scale - lse_t[None, :])
+                dv_acc += p_t @ dot
+                ds_t = p_t * (vt @ dot.T - delta_t[None, :]) * scale
+                dk_acc += ds_t @ qt
+                dq_acc[b, h, i * M:(i + 1) * M] += ds_t.T @ kt
+        dk[b, kvh, j * N:(j + 1) * N] = dk_acc
+        dv[b, kvh, j * N:(j + 1) * N] = dv_acc
+    if deterministic:
+        dq_acc[:] = np.nan  # the Q-major pass writes every row
+        for row in launch.dq_launch.work_table:
+            b, h, kvh, i = (int(row[c]) for c in (WORK_BATCH, WORK_HEAD, WORK_KV_HEAD,
+                                                  WORK_Q_TILE))
+            qt, dot = _tile(q, b, h, i, M), _tile(do, b, h, i, M)
+            lse_t = _tile(lse[..., None], b, h, i, M)
+            delta_t = _tile(delta[..., None], b, h, i, M)
+            acc = np.zeros((M, p.head_dim))
+            tiles = ([(int(row[WORK_SCAN_START] + row[WORK_SCAN_STEP] * t), False)
+                      for t in range(row[WORK_SCAN_COUNT])]
+                     + [(j, True) for j in range(row[WORK_MASKED_LO], row[WORK_MASKED_HI])])
+            for j, masked in tiles:
+                kt, vt = _tile(k, b, kvh, j, N), _tile(v, b, kvh, j, N)
+                s = qt @ kt.T
+                if masked:
+                    cols = j * N + np.arange(N)[None, :]
+                    keep = cols < p.seqlen_kv
+                    if p.causal:
+                        keep = keep & (i * M + np.arange(M)[:, None] >= cols)
+                    s = np.where(keep, s, -np.inf)
+                pm = np.exp(s * scale - lse_t)
+                acc += pm * (dot @ vt.T - delta_t) * scale @ kt
+            dq_acc[b, h, i * M:(i + 1) * M] = acc
+    return (dq_acc[:, :, :p.seqlen_q], dk[:, :, :p.seqlen_kv], dv[:, :, :p.seqlen_kv])
+
+
+@pytest.mark.parametrize("deterministic", [False, True])
+@pytest.mark.parametrize("schedule", ["persistent+sawtooth", "grouped+linear",
+                                      "longest_first+sawtooth", "grid+linear"])
+@pytest.mark.parametrize("problem", [
+    AttentionProblem(2, 4, 2, 77, 77, 8, True, 16, 32),
+    AttentionProblem(1, 3, 1, 50, 83, 8, True, 32, 16),
+    AttentionProblem(1, 2, 2, 83, 50, 8, False, 16, 16),
+], ids=["gqa-causal", "long-kv-causal", "long-q-full"])
+def test_the_kernels_walk_of_the_tables_gives_the_reference(problem, schedule, deterministic):
+    p = problem
+    q, k, v, do = _inputs(7, p.batch, p.heads, p.kv_heads, p.seqlen_q, p.seqlen_kv, p.head_dim)
+    scale = 1 / math.sqrt(p.head_dim)
+    out, lse, dq, dk, dv = reference_attention_backward(q, k, v, do, causal=p.causal)
+    launch = BackwardLaunch.of(p, schedule, sms=3, ctas_per_sm=1, l2_bytes=4000)
+    got = _emulate(launch, q, k, v, do, out, lse, scale, deterministic)
+    for mine, want in zip(got, (dq, dk, dv)):
+        np.testing.assert_allclose(mine, want, rtol=1e-9, atol=1e-10)
+
+
+# --------------------------------------------------------------------------------------------
+# Ahead-of-time compilation (no GPU)
+# --------------------------------------------------------------------------------------------
+
+def _compile(variant):
+    from wavefront.kernel.attention import compile_variant
+    from wavefront.kernel.cubin import kernel_resources
+    try:
+        return variant.label, kernel_resources(compile_variant(variant, "sm_90")), None
+    except Exception as exc:  # reported with the variant's name below
+        return variant.label, None, f"{type(exc).__name__}: {exc}"
+
+
+def _compile_all(variants):
+    with ProcessPoolExecutor(max_workers=max(2, os.cpu_count() or 2)) as pool:
+        results = list(pool.map(_compile, variants))
+    failed = [(label, err) for label, _, err in results if err]
+    assert not failed, failed[:3]
+    for label, resources, _ in results:
+        (kernel,) = resources
+        assert kernel.registers is not None and 0 < kernel.registers <= 255, label
+        assert kernel.shared_bytes <= 227 * 1024, label
+    return results
+
+
+@pytest.mark.compile
+def test_backward_binaries_of_one_dtype_compile_for_sm90():
+    pytest.importorskip("cuda.tile", reason="compiling needs cuda-tile (the gpu extra)")
+    from wavefront.kernel.backward import all_backward_variants
+    variants = list(all_backward_variants(dtypes=("bfloat16",)))
+    # per head dim: K/V-major (2 masks x atomic/deterministic), the dQ kernel (2 masks), the
+    # preprocess and the dQ conversion
+    assert len(variants) == 2 * (4 + 2 + 2)
+    _compile_all(variants)
+
+
+@pytest.mark.compile
+@pytest.mark.slow
+def test_every_backward_binary_compiles_for_sm90():
+    pytest.importorskip("cuda.tile", reason="compiling needs cuda-tile (the gpu extra)")
+    from wavefront.backward_schedules import BACKWARD_TILE_SHAPES
+    from wavefront.kernel.backward import all_backward_variants
+    variants = {v for tiles in BACKWARD_TILE_SHAPES for v in all_backward_variants(tiles=tiles)}
+    _compile_all(sorted(variants, key=lambda v: v.label))
+
+
+def test_backward_contracts_follow_the_kernel_signatures():
+    pytest.importorskip("cuda.tile", reason="the kernels need cuda-tile")
+    import inspect
+
+    from wavefront.kernel import backward
+    for params, function in ((backward.BWD_KV_PARAMS, backward.flash_attention_bwd_kv),
+                             (backward.BWD_DQ_PARAMS, backward.flash_attention_bwd_dq),
+                             (backward.PREPROCESS_PARAMS, backward.backward_preprocess._pyfunc),
+                             (backward.CONVERT_DQ_PARAMS, backward.convert_dq._pyfunc)):
+        assert [p.name for p in params] == list(inspect.signature(function).parameters)
+    with pytest.raises(ValueError, match="tiles"):
+        backward.BackwardKvVariant("bfloat16", 64, 32, 64, False, True)
+    with pytest.raises(ValueError, match="head_dim"):
+        backward.BackwardDqVariant("bfloat16", 96, 64, 64, False)

@@ -1,0 +1,69 @@
+"""The backward's PyTorch ops on the CPU: their fake implementations' shapes, and the joint
+forward-backward graph torch traces through them (meta tensors: no GPU), with the autograd
+formulas calling `wavefront::attention_bwd`."""
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from torch.fx.experimental.proxy_tensor import make_fx  # noqa: E402
+
+import wavefront.torch as wft  # noqa: E402
+
+
+def _meta(*shape, dtype=torch.bfloat16):
+    return torch.empty(*shape, dtype=dtype, device="meta")
+
+
+def _ops(graph) -> list[str]:
+    return [str(n.target) for n in graph.graph.nodes
+            if n.op == "call_function" and "wavefront" in str(n.target)]
+
+
+def test_fake_shapes():
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    with FakeTensorMode():
+        q, k = _meta(2, 8, 100, 64), _meta(2, 2, 130, 64)
+        out, lse = torch.ops.wavefront.attention_fwd_lse(q, k, k, True, None, None, None)
+        assert out.shape == q.shape and out.dtype == q.dtype
+        assert lse.shape == (2, 8, 100) and lse.dtype == torch.float32
+        dq, dk, dv = torch.ops.wavefront.attention_bwd(out, q, k, k, out, lse, True, None, False)
+        assert (dq.shape, dk.shape, dv.shape) == (q.shape, k.shape, k.shape)
+        assert dq.dtype == dk.dtype == dv.dtype == q.dtype
+
+
+@pytest.mark.parametrize("entry", ["sdpa", "op"])
+def test_the_joint_graph_runs_the_backward_op(entry):
+    """Gradients of q, k, v traced (make_fx, fake tensors): the SDPA-shaped entry runs the
+    forward that keeps its LSE and hands it to the backward op; the plain op recomputes it."""
+    def step(q, k, v, do):
+        q, k, v = (x.detach().requires_grad_() for x in (q, k, v))
+        if entry == "sdpa":
+            out = wft.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+        else:
+            out = torch.ops.wavefront.attention(q, k, v, True, 0.1, None, None)
+        return torch.autograd.grad(out, (q, k, v), do)
+    args = (_meta(2, 4, 100, 64), _meta(2, 2, 100, 64), _meta(2, 2, 100, 64),
+            _meta(2, 4, 100, 64))
+    graph = make_fx(step, tracing_mode="fake")(*args)
+    ops = _ops(graph)
+    if entry == "sdpa":
+        assert ops == ["wavefront.attention_fwd_lse.default", "wavefront.attention_bwd.default"]
+    else:
+        assert ops == ["wavefront.attention.default", "wavefront.attention_fwd_lse.default",
+                       "wavefront.attention_bwd.default"]
+    bwd = next(n for n in graph.graph.nodes if "attention_bwd" in str(n.target))
+    assert bwd.args[6] is True  # causal reaches the backward
+    shapes = [tuple(n.meta["val"].shape) for n in graph.graph.nodes if n.op == "output"
+              for n in n.args[0]]
+    assert shapes == [(2, 4, 100, 64), (2, 2, 100, 64), (2, 2, 100, 64)]
+
+
+def test_without_grad_the_forward_keeps_no_lse(monkeypatch):
+    """Inference (no input requires grad) keeps the op without the LSE, as traced under
+    torch.compile (`is_compiling`: the eager call skips the op's dispatch)."""
+    monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
+
+    def step(q):
+        return wft.scaled_dot_product_attention(q, q, q)
+    assert _ops(make_fx(step, tracing_mode="fake")(_meta(1, 2, 64, 64))) == [
+        "wavefront.attention.default"]

@@ -1,0 +1,233 @@
+"""Schedules of the FlashAttention backward, in the forward's vocabulary.
+
+The backward's main kernel is K/V-major (FlashAttention-2): one *work item* is one (batch,
+K/V head, K/V tile); it keeps its K and V tile and its dK, dV accumulators on chip and scans
+the Q tiles that see it, for every query head of its group (GQA), re-reading Q, dO, the LSE and
+the row sums dO.O each time. So the roles of the forward swap: what CTAs in flight share is a
+query head's Q and dO, and the order of the Q scan inside an item decides what the next item
+finds in L2, as the K/V scan does in the forward.
+
+The same names apply:
+- CTA schedules (`wavefront.schedules.CTA_SCHEDULES`): `grid` and `persistent` take items in
+  linear order (K/V tiles fastest, then K/V heads, then batch: the CTAs of a wave share one
+  head group's Q and dO); `grouped` cuts the (batch, K/V head) units into groups whose Q and
+  dO fit `l2_fraction` of the L2 and runs the units of a group fastest; `longest_first` hands
+  out the K/V tiles with the most Q tiles first (causal: the first K/V tiles), units fastest.
+  The dynamic schedules are not offered here (the backward kernel has no atomic counter).
+- Q scans: `linear` (every item scans its Q tiles first to last) and `sawtooth` (a CTA's
+  successive items alternate direction, heads of the group included, so wave w+1 starts on the
+  Q tiles wave w just left in L2).
+
+`BackwardLaunch.work_table()` writes it all down, one int32 row per item in the order items
+are handed out (`BWD_*` columns): the kernel has no schedule code (static assignment: CTA c
+takes rows c, c + P, ...). The deterministic dQ pass is Q-major, exactly the forward's work
+(one item = (batch, head, Q tile) scanning K/V), so it runs the forward's `Launch` table.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import cached_property
+from typing import Iterator
+
+import numpy as np
+
+from wavefront.schedules import (
+    CTA_GROUPED,
+    CTA_LONGEST_FIRST,
+    KV_SAWTOOTH,
+    AttentionProblem,
+    CtaSchedule,
+    KvSchedule,
+    Launch,
+    check_placement,
+    cta_schedule,
+    kv_schedule,
+    local_iteration,
+    scans_backward,
+)
+
+# The backward work table's columns. An item's Q tiles are visited, for each query head
+# HEAD_FIRST + HEAD_STEP x g of its group in turn: first the tiles that need a mask,
+# [MASKED_LO, MASKED_HI) forward (the causal diagonal, or every tile of a ragged last K/V
+# tile), then the unmasked ones as SCAN_START + SCAN_STEP x t for t < SCAN_COUNT.
+(BWD_BATCH, BWD_KV_HEAD, BWD_KV_TILE, BWD_HEAD_FIRST, BWD_HEAD_STEP, BWD_SCAN_START,
+ BWD_SCAN_STEP, BWD_SCAN_COUNT, BWD_MASKED_LO, BWD_MASKED_HI) = range(10)
+BWD_COLUMNS = 16  # padded to 64-byte rows, as the forward's table (a stride the AOT signature takes)
+
+BACKWARD_SCANS = ("linear", "sawtooth")
+BACKWARD_CTA_SCHEDULES = ("grid", "persistent", "grouped", "longest_first")
+# Q tile x K/V tile of the backward kernels. Each K/V-major CTA keeps two float32
+# accumulators of TILE_N x D (dK, dV) besides its K and V tile, so 64-row K/V tiles at D=128.
+BACKWARD_TILE_SHAPES = ((64, 64), (64, 128), (128, 64), (128, 128))
+DEFAULT_BACKWARD_TILES = {64: (64, 128), 128: (64, 64)}
+DEFAULT_BACKWARD_SCHEDULE = "persistent+linear"
+
+
+def q_tile_span(kv_tile, tile_m, tile_n, seqlen_q, seqlen_kv, causal):
+    """-> (first Q tile, first Q tile that needs no mask, Q tiles): the Q tiles that see K/V
+    tile `kv_tile`, [first, end), of which [first, unmasked) need a mask.
+
+    Causal is top-left aligned (query row r sees keys 0..r), as the forward's: tile i holds a
+    row that sees column c0 = kv_tile x tile_n from i = c0 // tile_m on, and needs the mask while
+    its first row is below the tile's last column. A ragged last K/V tile (columns past
+    seqlen_kv) takes the mask on every Q tile. Ints or NumPy arrays of K/V tiles."""
+    q_tiles = -(-seqlen_q // tile_m)
+    ragged = (kv_tile + 1) * tile_n > seqlen_kv
+    if causal:
+        first = np.minimum(kv_tile * tile_n // tile_m, q_tiles)
+        diagonal_end = np.minimum((kv_tile * tile_n + tile_n - 2) // tile_m + 1, q_tiles)
+        unmasked = np.maximum(diagonal_end, first)
+    else:
+        first = kv_tile * 0
+        unmasked = first
+    unmasked = np.where(ragged, q_tiles, unmasked)
+    if np.ndim(unmasked) == 0:
+        return int(first), int(unmasked), q_tiles
+    return first, unmasked, q_tiles
+
+
+def backward_group_units(problem: AttentionProblem, l2_fraction: float, l2_bytes: int) -> int:
+    """Units of a `grouped` backward group: the largest power of two of (batch, K/V head)
+    units whose query heads' Q and dO fit `l2_fraction` of the L2 (at least 1, at most all)."""
+    p = problem
+    unit_bytes = 2 * p.qheads_per_kv * p.seqlen_q * p.head_dim * p.element_bytes
+    units = 1
+    while units * 2 <= p.kv_units and units * 2 * unit_bytes <= l2_fraction * l2_bytes:
+        units *= 2
+    return units
+
+
+def backward_order(item, kv_tiles, kv_units, group_units, cta_code):
+    """Item number -> ((batch x kv_heads + kv_head) unit, K/V tile) in the CTA schedule's order.
+    Ints or NumPy arrays."""
+    if cta_code == CTA_GROUPED:
+        per_group = group_units * kv_tiles
+        group, within = np.divmod(item, per_group)
+        units_here = np.minimum(group_units, kv_units - group * group_units)
+        kv_tile, unit_in_group = np.divmod(within, units_here)
+        return group * group_units + unit_in_group, kv_tile
+    if cta_code == CTA_LONGEST_FIRST:
+        # Top-left causal: the first K/V tiles are seen by the most Q tiles.
+        kv_tile, unit = np.divmod(item, kv_units)
+        return unit, kv_tile
+    unit, kv_tile = np.divmod(item, kv_tiles)
+    return unit, kv_tile
+
+
+@dataclass(frozen=True)
+class BackwardLaunch:
+    """A problem, a CTA schedule and a Q scan placed on a GPU: what the backward's K/V-major
+    kernel does. `q_scan` is a K/V schedule of the forward's registry by name (`linear` or
+    `sawtooth`), here ordering the Q tiles an item visits."""
+
+    problem: AttentionProblem
+    cta: CtaSchedule
+    q_scan: KvSchedule
+    sms: int
+    ctas_per_sm: int
+    l2_bytes: int
+    ctas: int | None = None
+
+    def __post_init__(self):
+        check_placement(self)
+        if self.cta.name not in BACKWARD_CTA_SCHEDULES:
+            raise ValueError(f"the backward's CTA schedule must be one of "
+                             f"{list(BACKWARD_CTA_SCHEDULES)}, got {self.cta.name!r}")
+        if self.q_scan.name not in BACKWARD_SCANS:
+            raise ValueError(f"the backward's Q scan must be one of {list(BACKWARD_SCANS)}, "
+                             f"got {self.q_scan.name!r}")
+
+    @classmethod
+    def of(cls, problem: AttentionProblem, schedule: str, sms: int, ctas_per_sm: int,
+           l2_bytes: int, ctas: int | None = None) -> "BackwardLaunch":
+        """From a '<cta>+<scan>' name, e.g. 'persistent+sawtooth'."""
+        if not isinstance(schedule, str) or schedule.count("+") != 1:
+            raise ValueError(f"schedule must be '<cta>+<scan>' with cta one of "
+                             f"{list(BACKWARD_CTA_SCHEDULES)} and scan one of "
+                             f"{list(BACKWARD_SCANS)}, got {schedule!r}")
+        cta, scan = schedule.split("+")
+        return cls(problem, cta_schedule(cta), kv_schedule(scan), sms, ctas_per_sm, l2_bytes,
+                   ctas)
+
+    @property
+    def name(self) -> str:
+        return f"{self.cta.name}+{self.q_scan.name}"
+
+    @cached_property
+    def resident_ctas(self) -> int:
+        return self.ctas if self.ctas is not None else self.sms * self.ctas_per_sm
+
+    @cached_property
+    def num_items(self) -> int:
+        return self.problem.kv_units * self.problem.kv_tiles
+
+    @cached_property
+    def num_ctas(self) -> int:
+        return self.cta.num_ctas(self.num_items, self.resident_ctas)
+
+    @cached_property
+    def group_units(self) -> int:
+        if self.cta.code != CTA_GROUPED:
+            return 1
+        return backward_group_units(self.problem, self.cta.l2_fraction, self.l2_bytes)
+
+    def items_of_cta(self, cta: int) -> range:
+        if not self.cta.persistent:
+            return range(cta, cta + 1)
+        return range(cta, self.num_items, self.num_ctas)
+
+    def _columns(self, items: np.ndarray) -> tuple:
+        p = self.problem
+        unit, kv_tile = backward_order(items, p.kv_tiles, p.kv_units, self.group_units,
+                                       self.cta.code)
+        batch, kv_head = np.divmod(unit, p.kv_heads)
+        first, unmasked, q_tiles = q_tile_span(kv_tile, p.tile_m, p.tile_n, p.seqlen_q,
+                                               p.seqlen_kv, p.causal)
+        backward = scans_backward(local_iteration(items, self.num_ctas, self.resident_ctas,
+                                                  self.cta.code), self.q_scan.code)
+        group = p.qheads_per_kv
+        head_first = kv_head * group + backward * (group - 1)
+        head_step = 1 - 2 * backward
+        scan_start = np.where(backward, q_tiles - 1, unmasked)
+        return (batch, kv_head, kv_tile, head_first, head_step, scan_start, head_step,
+                q_tiles - unmasked, first, unmasked)
+
+    @cached_property
+    def work_table(self) -> np.ndarray:
+        """The K/V-major kernel's input: one int32 row (`BWD_*` columns) per item, in the order
+        items are handed out. A simulator replays it as: CTA c takes rows c, c + P, ...; an
+        item reads its K and V tile once, then for each query head of the row and each Q tile
+        in visiting order (`q_order`) reads the Q and dO tiles and their LSE and row-sum
+        rows, and (atomic mode) adds into the float32 dQ tile; it writes dK and dV once."""
+        if self.num_items >= 1 << 31:
+            raise ValueError(f"a backward launch of {self.num_items} work items does not fit "
+                             "the int32 work table")
+        items = np.arange(self.num_items, dtype=np.int64)
+        rows = np.zeros((self.num_items, BWD_COLUMNS), dtype=np.int32)
+        for column, values in enumerate(self._columns(items)):
+            rows[:, column] = values
+        rows.setflags(write=False)
+        return rows
+
+    def q_order(self, item: int) -> tuple[tuple[int, int], ...]:
+        """Item `item`'s (query head, Q tile) visits in order, as the kernel makes them."""
+        row = self.work_table[item]
+        tiles = (tuple(range(row[BWD_MASKED_LO], row[BWD_MASKED_HI]))
+                 + tuple(row[BWD_SCAN_START] + row[BWD_SCAN_STEP] * t
+                         for t in range(row[BWD_SCAN_COUNT])))
+        heads = [row[BWD_HEAD_FIRST] + row[BWD_HEAD_STEP] * g
+                 for g in range(self.problem.qheads_per_kv)]
+        return tuple((int(h), int(i)) for h in heads for i in tiles)
+
+    def work_of_cta(self, cta: int) -> Iterator[tuple[int, int, int, int]]:
+        """(item, batch, kv_head, kv_tile) of the items CTA `cta` takes, in order."""
+        for item in self.items_of_cta(cta):
+            row = self.work_table[item]
+            yield item, int(row[BWD_BATCH]), int(row[BWD_KV_HEAD]), int(row[BWD_KV_TILE])
+
+    @cached_property
+    def dq_launch(self) -> Launch:
+        """The deterministic dQ pass: Q-major, the forward's work (and its table), under the
+        same CTA schedule, with the scan over K/V tiles in the same direction rule."""
+        return Launch(self.problem, self.cta, self.q_scan, self.sms, self.ctas_per_sm,
+                      self.l2_bytes, self.ctas)

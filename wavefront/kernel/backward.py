@@ -1,0 +1,381 @@
+"""FlashAttention backward in cuTile (FlashAttention-2's algorithm), driven by work tables.
+
+With S = Q K^T, P = exp(scale S - LSE) (the forward's natural-log LSE), D = rowsum(dO * O):
+    dV = P^T dO,   dP = dO V^T,   dS = P * (dP - D),   dK = scale dS^T Q,   dQ = scale dS K.
+
+Kernels:
+- `backward_preprocess`: D = rowsum(dO * O) in float32, one (Q tile, batch x head) per CTA.
+- `flash_attention_bwd_kv`: K/V-major. A work item (a `BackwardLaunch.work_table` row) is one
+  (batch, K/V head, K/V tile); it holds K, V and float32 dK, dV on chip, recomputes P from Q, K
+  and the LSE for every Q tile of every query head of its group (GQA: dK and dV summed over the
+  group) and writes dK, dV once. ATOMIC_DQ: each Q tile's dQ contribution is added into a
+  float32 dQ accumulator with relaxed float atomics (`ct.atomic_add` on a tile of indices),
+  which `convert_dq` casts to the input dtype; the sum's order varies between runs.
+- `flash_attention_bwd_dq`: the deterministic dQ: Q-major, one (batch, head, Q tile) per item
+  scanning its K/V tiles (the forward's work table) and recomputing P and dS; dQ is written
+  once, so dQ, dK and dV are bit-identical across runs.
+
+Every kernel takes its items grid-stride (CTA c takes rows c, c + P, ...), so grid, persistent,
+grouped and longest-first are the same binary with other tables, and so are both Q scans.
+
+Layout as the forward's: Q, O, dO, dQ (batch, heads, seqlen_q, D); K, V, dK, dV (batch,
+kv_heads, seqlen_kv, D); LSE and D (batch, heads, seqlen_q) float32; last dimension contiguous.
+Causal is top-left aligned. Ragged lengths: loads pad with zeros (a padded Q row has dO = 0 and
+contributes nothing; stores and atomics past the end are dropped), and the last K/V tile's
+columns past seqlen_kv are masked.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
+
+import numpy as np
+
+import cuda.tile as ct
+
+from wavefront.backward_schedules import (
+    BACKWARD_TILE_SHAPES,
+    BWD_BATCH,
+    BWD_HEAD_FIRST,
+    BWD_HEAD_STEP,
+    BWD_KV_HEAD,
+    BWD_KV_TILE,
+    BWD_MASKED_HI,
+    BWD_MASKED_LO,
+    BWD_SCAN_COUNT,
+    BWD_SCAN_START,
+    BWD_SCAN_STEP,
+)
+from wavefront.kernel.attention import (IO, LOG2_E, ConstBool, ConstInt, _contract, _work,
+                                        aot_signature)
+from wavefront.point import DTYPES, HEAD_DIMS
+from wavefront.schedules import (
+    WORK_BATCH,
+    WORK_HEAD,
+    WORK_KV_HEAD,
+    WORK_MASKED_HI,
+    WORK_MASKED_LO,
+    WORK_Q_TILE,
+    WORK_SCAN_COUNT,
+    WORK_SCAN_START,
+    WORK_SCAN_STEP,
+)
+
+# Rows per CTA of the small kernels (preprocess, dQ conversion): they stream, any size works.
+ROWS_TILE = 64
+
+
+def _load_rows(A, batch, head, q_tile, HEAD_DIM: ConstInt, TILE_M: ConstInt):
+    """A (TILE_M, HEAD_DIM) tile of a (batch, heads, seqlen, D) array, zero past the end."""
+    return ct.load(A, index=(batch, head, q_tile, 0), shape=(1, 1, TILE_M, HEAD_DIM),
+                   padding_mode=ct.PaddingMode.ZERO).reshape((TILE_M, HEAD_DIM))
+
+
+def _load_row_stats(A, batch, head, q_tile, TILE_M: ConstInt):
+    """A (TILE_M,) piece of a (batch, heads, seqlen) float32 array, zero past the end."""
+    return ct.load(A, index=(batch, head, q_tile), shape=(1, 1, TILE_M),
+                   padding_mode=ct.PaddingMode.ZERO)
+
+
+@ct.kernel
+def backward_preprocess(Out, dOut, Delta, HEAD_DIM: ConstInt, TILE_M: ConstInt):
+    """Delta = rowsum(dO * O) in float32; grid (Q tiles, batch x heads)."""
+    q_tile = ct.bid(0)
+    heads = Out.shape[1]
+    batch = ct.bid(1) // heads
+    head = ct.bid(1) % heads
+    o = _load_rows(Out, batch, head, q_tile, HEAD_DIM, TILE_M).astype(ct.float32)
+    do = _load_rows(dOut, batch, head, q_tile, HEAD_DIM, TILE_M).astype(ct.float32)
+    delta = ct.sum(o * do, axis=1)  # [TILE_M]
+    ct.store(Delta, index=(batch, head, q_tile), tile=delta.reshape((1, 1, TILE_M)))
+
+
+@ct.kernel
+def convert_dq(dQacc, dQ, HEAD_DIM: ConstInt, TILE_M: ConstInt):
+    """dQ = the float32 accumulator in the input dtype; grid (Q tiles, batch x heads)."""
+    q_tile = ct.bid(0)
+    heads = dQ.shape[1]
+    batch = ct.bid(1) // heads
+    head = ct.bid(1) % heads
+    acc = _load_rows(dQacc, batch, head, q_tile, HEAD_DIM, TILE_M)
+    ct.store(dQ, index=(batch, head, q_tile, 0),
+             tile=acc.reshape((1, 1, TILE_M, HEAD_DIM)).astype(dQ.dtype))
+
+
+def _q_tile_step(Q, dOut, Lse, Delta, dQacc, k, v, dk, dv, batch, head, kv_tile, q_tile,
+                 qk_scale_log2, scale, seqlen_kv, HEAD_DIM: ConstInt, TILE_M: ConstInt,
+                 TILE_N: ConstInt, MASKED: ConstBool, CAUSAL: ConstBool,
+                 ATOMIC_DQ: ConstBool):
+    """One Q tile's share of a K/V tile's dK and dV (and of the Q tile's dQ), transposed
+    (K/V rows first) so that dV = P^T dO and dK = dS^T Q are plain products."""
+    q = _load_rows(Q, batch, head, q_tile, HEAD_DIM, TILE_M)  # [TILE_M, D]
+    do = _load_rows(dOut, batch, head, q_tile, HEAD_DIM, TILE_M)  # [TILE_M, D]
+    lse = _load_row_stats(Lse, batch, head, q_tile, TILE_M).reshape((1, TILE_M))
+    delta = _load_row_stats(Delta, batch, head, q_tile, TILE_M).reshape((1, TILE_M))
+    s_t = ct.mma(k, ct.transpose(q), ct.full((TILE_N, TILE_M), 0.0, dtype=ct.float32))
+    if MASKED:
+        cols = kv_tile * TILE_N + ct.arange(TILE_N, dtype=ct.int32)[:, None]  # [TILE_N, 1]
+        keep = cols < seqlen_kv
+        if CAUSAL:
+            rows = q_tile * TILE_M + ct.arange(TILE_M, dtype=ct.int32)[None, :]  # [1, TILE_M]
+            keep = keep & (rows >= cols)
+        s_t = ct.where(keep, s_t, -np.inf)
+    p_t = ct.exp2(s_t * qk_scale_log2 - lse * LOG2_E, flush_to_zero=True)  # [TILE_N, TILE_M]
+    dv = ct.mma(p_t.astype(do.dtype), do, dv)  # [TILE_N, D]
+    dp_t = ct.mma(v, ct.transpose(do), ct.full((TILE_N, TILE_M), 0.0, dtype=ct.float32))
+    ds_t = (p_t * (dp_t - delta) * scale).astype(q.dtype)  # scale dS^T, [TILE_N, TILE_M]
+    dk = ct.mma(ds_t, q, dk)  # [TILE_N, D]
+    if ATOMIC_DQ:
+        dq = ct.mma(ct.transpose(ds_t), k, ct.full((TILE_M, HEAD_DIM), 0.0, dtype=ct.float32))
+        rows_at = q_tile * TILE_M + ct.arange(TILE_M, dtype=ct.int32)[:, None]
+        cols_at = ct.arange(HEAD_DIM, dtype=ct.int32)[None, :]
+        # Relaxed: the sum needs atomicity only; rows past seqlen_q are dropped (bounds check).
+        ct.atomic_add(dQacc, (batch, head, rows_at, cols_at), dq,
+                      memory_order=ct.MemoryOrder.RELAXED)
+    return dk, dv
+
+
+def _kv_work_item(Q, K, V, dOut, Lse, Delta, dK, dV, dQacc, Work, item, qk_scale_log2, scale,
+                  HEAD_DIM: ConstInt, TILE_M: ConstInt, TILE_N: ConstInt, CAUSAL: ConstBool,
+                  ATOMIC_DQ: ConstBool):
+    batch = _work(Work, item, BWD_BATCH)
+    kv_head = _work(Work, item, BWD_KV_HEAD)
+    kv_tile = _work(Work, item, BWD_KV_TILE)
+    head_first = _work(Work, item, BWD_HEAD_FIRST)
+    head_step = _work(Work, item, BWD_HEAD_STEP)
+    start = _work(Work, item, BWD_SCAN_START)
+    step = _work(Work, item, BWD_SCAN_STEP)
+    count = _work(Work, item, BWD_SCAN_COUNT)
+    masked_lo = _work(Work, item, BWD_MASKED_LO)
+    masked_hi = _work(Work, item, BWD_MASKED_HI)
+    seqlen_kv = K.shape[2]
+    group = Q.shape[1] // K.shape[1]
+
+    k = _load_rows(K, batch, kv_head, kv_tile, HEAD_DIM, TILE_N)  # [TILE_N, D]
+    v = _load_rows(V, batch, kv_head, kv_tile, HEAD_DIM, TILE_N)  # [TILE_N, D]
+    dk = ct.full((TILE_N, HEAD_DIM), 0.0, dtype=ct.float32)
+    dv = ct.full((TILE_N, HEAD_DIM), 0.0, dtype=ct.float32)
+    for g in range(group):
+        head = head_first + head_step * g
+        for i in range(masked_lo, masked_hi):
+            dk, dv = _q_tile_step(Q, dOut, Lse, Delta, dQacc, k, v, dk, dv, batch, head,
+                                  kv_tile, i, qk_scale_log2, scale, seqlen_kv, HEAD_DIM,
+                                  TILE_M, TILE_N, True, CAUSAL, ATOMIC_DQ)
+        for t in range(count):
+            dk, dv = _q_tile_step(Q, dOut, Lse, Delta, dQacc, k, v, dk, dv, batch, head,
+                                  kv_tile, start + step * t, qk_scale_log2, scale, seqlen_kv,
+                                  HEAD_DIM, TILE_M, TILE_N, False, CAUSAL, ATOMIC_DQ)
+    ct.store(dK, index=(batch, kv_head, kv_tile, 0),
+             tile=dk.reshape((1, 1, TILE_N, HEAD_DIM)).astype(dK.dtype))
+    ct.store(dV, index=(batch, kv_head, kv_tile, 0),
+             tile=dv.reshape((1, 1, TILE_N, HEAD_DIM)).astype(dV.dtype))
+
+
+def flash_attention_bwd_kv(Q, K, V, dOut, Lse, Delta, dK, dV, dQacc, Work,
+                           qk_scale_log2: float, scale: float, num_items: int,
+                           HEAD_DIM: ConstInt, TILE_M: ConstInt, TILE_N: ConstInt,
+                           CAUSAL: ConstBool, ATOMIC_DQ: ConstBool):
+    """One CTA: take K/V-major items (rows c, c + P, ...) and write each one's dK and dV."""
+    for item in range(ct.bid(0), num_items, ct.num_blocks(0)):
+        _kv_work_item(Q, K, V, dOut, Lse, Delta, dK, dV, dQacc, Work, item, qk_scale_log2,
+                      scale, HEAD_DIM, TILE_M, TILE_N, CAUSAL, ATOMIC_DQ)
+
+
+def _dq_step(K, V, q, do, lse, delta, dq, batch, kv_head, kv_tile, q_tile, qk_scale_log2,
+             scale, seqlen_kv, HEAD_DIM: ConstInt, TILE_M: ConstInt, TILE_N: ConstInt,
+             MASKED: ConstBool, CAUSAL: ConstBool):
+    """K/V tile `kv_tile`'s share of a Q tile's dQ."""
+    k_t = ct.load(K, index=(batch, kv_head, 0, kv_tile), shape=(1, 1, HEAD_DIM, TILE_N),
+                  order=(0, 1, 3, 2), padding_mode=ct.PaddingMode.ZERO).reshape(
+                      (HEAD_DIM, TILE_N))  # K^T, transposed by the load
+    v_t = ct.load(V, index=(batch, kv_head, 0, kv_tile), shape=(1, 1, HEAD_DIM, TILE_N),
+                  order=(0, 1, 3, 2), padding_mode=ct.PaddingMode.ZERO).reshape(
+                      (HEAD_DIM, TILE_N))
+    s = ct.mma(q, k_t, ct.full((TILE_M, TILE_N), 0.0, dtype=ct.float32))  # [TILE_M, TILE_N]
+    if MASKED:
+        cols = kv_tile * TILE_N + ct.arange(TILE_N, dtype=ct.int32)[None, :]  # [1, TILE_N]
+        keep = cols < seqlen_kv
+        if CAUSAL:
+            rows = q_tile * TILE_M + ct.arange(TILE_M, dtype=ct.int32)[:, None]
+            keep = keep & (rows >= cols)
+        s = ct.where(keep, s, -np.inf)
+    p = ct.exp2(s * qk_scale_log2 - lse * LOG2_E, flush_to_zero=True)
+    dp = ct.mma(do, v_t, ct.full((TILE_M, TILE_N), 0.0, dtype=ct.float32))
+    ds = (p * (dp - delta) * scale).astype(q.dtype)
+    return ct.mma(ds, ct.transpose(k_t), dq)  # [TILE_M, D]
+
+
+def flash_attention_bwd_dq(Q, K, V, dOut, Lse, Delta, dQ, Work, qk_scale_log2: float,
+                           scale: float, num_items: int, HEAD_DIM: ConstInt, TILE_M: ConstInt,
+                           TILE_N: ConstInt, CAUSAL: ConstBool):
+    """One CTA: take Q-major items (the forward's work table, rows c, c + P, ...) and write
+    each one's dQ once: deterministic."""
+    seqlen_kv = K.shape[2]
+    for item in range(ct.bid(0), num_items, ct.num_blocks(0)):
+        batch = _work(Work, item, WORK_BATCH)
+        head = _work(Work, item, WORK_HEAD)
+        kv_head = _work(Work, item, WORK_KV_HEAD)
+        q_tile = _work(Work, item, WORK_Q_TILE)
+        start = _work(Work, item, WORK_SCAN_START)
+        step = _work(Work, item, WORK_SCAN_STEP)
+        count = _work(Work, item, WORK_SCAN_COUNT)
+        q = _load_rows(Q, batch, head, q_tile, HEAD_DIM, TILE_M)
+        do = _load_rows(dOut, batch, head, q_tile, HEAD_DIM, TILE_M)
+        lse = _load_row_stats(Lse, batch, head, q_tile, TILE_M).reshape((TILE_M, 1))
+        delta = _load_row_stats(Delta, batch, head, q_tile, TILE_M).reshape((TILE_M, 1))
+        dq = ct.full((TILE_M, HEAD_DIM), 0.0, dtype=ct.float32)
+        for t in range(count):
+            dq = _dq_step(K, V, q, do, lse, delta, dq, batch, kv_head, start + step * t,
+                          q_tile, qk_scale_log2, scale, seqlen_kv, HEAD_DIM, TILE_M, TILE_N,
+                          False, CAUSAL)
+        for j in range(_work(Work, item, WORK_MASKED_LO), _work(Work, item, WORK_MASKED_HI)):
+            dq = _dq_step(K, V, q, do, lse, delta, dq, batch, kv_head, j, q_tile,
+                          qk_scale_log2, scale, seqlen_kv, HEAD_DIM, TILE_M, TILE_N, True,
+                          CAUSAL)
+        ct.store(dQ, index=(batch, head, q_tile, 0),
+                 tile=dq.reshape((1, 1, TILE_M, HEAD_DIM)).astype(dQ.dtype))
+
+
+@lru_cache(maxsize=None)
+def _kernel(function, occupancy: int):
+    return ct.kernel(function, occupancy=occupancy)
+
+
+# --------------------------------------------------------------------------------------------
+# The launch contracts and the specialisations (as the forward's: `attention.KernelVariant`)
+# --------------------------------------------------------------------------------------------
+
+PREPROCESS_PARAMS = _contract(backward_preprocess._pyfunc, {
+    "Out": (IO, 4), "dOut": (IO, 4), "Delta": ("float32", 3)})
+CONVERT_DQ_PARAMS = _contract(convert_dq._pyfunc, {"dQacc": ("float32", 4), "dQ": (IO, 4)})
+BWD_KV_PARAMS = _contract(flash_attention_bwd_kv, {
+    "Q": (IO, 4), "K": (IO, 4), "V": (IO, 4), "dOut": (IO, 4),
+    "Lse": ("float32", 3), "Delta": ("float32", 3),
+    "dK": (IO, 4), "dV": (IO, 4),
+    "dQacc": ("float32", 4),  # ATOMIC_DQ; a 1-element stand-in otherwise
+    "Work": ("int32", 2)})  # (items, BWD_COLUMNS): `BackwardLaunch.work_table`
+BWD_DQ_PARAMS = _contract(flash_attention_bwd_dq, {
+    "Q": (IO, 4), "K": (IO, 4), "V": (IO, 4), "dOut": (IO, 4),
+    "Lse": ("float32", 3), "Delta": ("float32", 3), "dQ": (IO, 4),
+    "Work": ("int32", 2)})  # (items, WORK_COLUMNS): the forward's `Launch.work_table`
+
+
+def _check(dtype, head_dim, tile_m, tile_n):
+    if dtype not in DTYPES:
+        raise ValueError(f"dtype must be one of {DTYPES}, got {dtype!r}")
+    if head_dim not in HEAD_DIMS:
+        raise ValueError(f"head_dim must be one of {HEAD_DIMS}, got {head_dim!r}")
+    if (tile_m, tile_n) not in BACKWARD_TILE_SHAPES:
+        raise ValueError(f"tiles must be one of {BACKWARD_TILE_SHAPES}, got "
+                         f"{(tile_m, tile_n)!r}")
+
+
+@dataclass(frozen=True)
+class _TiledVariant:
+    """What the two tiled backward kernels' binaries have in common. Every CTA schedule and Q
+    (or K/V) scan shares one binary: the schedule is the work table."""
+
+    dtype: str
+    head_dim: int
+    tile_m: int
+    tile_n: int
+    causal: bool
+
+    def __post_init__(self):
+        _check(self.dtype, self.head_dim, self.tile_m, self.tile_n)
+
+    @property
+    def constants(self) -> dict:
+        return {"HEAD_DIM": self.head_dim, "TILE_M": self.tile_m, "TILE_N": self.tile_n,
+                "CAUSAL": self.causal}
+
+    @property
+    def label(self) -> str:
+        return (f"{self.prefix}_{self.dtype[:2]}_d{self.head_dim}_{self.tile_m}x{self.tile_n}"
+                f"_{'causal' if self.causal else 'full'}{self.suffix}_occ{self.occupancy}")
+
+    def kernel(self):
+        return _kernel(self.function, self.occupancy)
+
+    def signature(self):
+        return aot_signature(self.params, self.dtype, self.constants, self.function.__name__)
+
+
+@dataclass(frozen=True)
+class BackwardKvVariant(_TiledVariant):
+    """One binary of the K/V-major kernel.
+    Label: `bwd_kv_<dtype>_d<D>_<M>x<N>_<full|causal>_<atomic|det>_occ<O>`."""
+
+    atomic_dq: bool = True
+    occupancy: int = 1
+    prefix = "bwd_kv"
+    function = staticmethod(flash_attention_bwd_kv)
+    params = BWD_KV_PARAMS
+
+    @property
+    def constants(self) -> dict:
+        return {**super().constants, "ATOMIC_DQ": self.atomic_dq}
+
+    @property
+    def suffix(self) -> str:
+        return "_atomic" if self.atomic_dq else "_det"
+
+
+@dataclass(frozen=True)
+class BackwardDqVariant(_TiledVariant):
+    """One binary of the deterministic Q-major dQ kernel.
+    Label: `bwd_dq_<dtype>_d<D>_<M>x<N>_<full|causal>_occ<O>`."""
+
+    occupancy: int = 1
+    prefix = "bwd_dq"
+    suffix = ""
+    function = staticmethod(flash_attention_bwd_dq)
+    params = BWD_DQ_PARAMS
+
+
+@dataclass(frozen=True)
+class RowsVariant:
+    """The preprocess (`which` = "preprocess") or the dQ conversion ("convert_dq") kernel."""
+
+    which: str
+    dtype: str
+    head_dim: int
+    tile_m: int = ROWS_TILE
+
+    def __post_init__(self):
+        if self.which not in ("preprocess", "convert_dq"):
+            raise ValueError(f"which must be 'preprocess' or 'convert_dq', got {self.which!r}")
+        _check(self.dtype, self.head_dim, 64, 64)
+
+    @property
+    def constants(self) -> dict:
+        return {"HEAD_DIM": self.head_dim, "TILE_M": self.tile_m}
+
+    @property
+    def label(self) -> str:
+        return f"bwd_{self.which}_{self.dtype[:2]}_d{self.head_dim}_m{self.tile_m}"
+
+    def kernel(self):
+        return backward_preprocess if self.which == "preprocess" else convert_dq
+
+    def signature(self):
+        if self.which == "preprocess":
+            return aot_signature(PREPROCESS_PARAMS, self.dtype, self.constants,
+                                 "backward_preprocess")
+        return aot_signature(CONVERT_DQ_PARAMS, self.dtype, self.constants, "convert_dq")
+
+
+def all_backward_variants(dtypes=DTYPES, head_dims=HEAD_DIMS, tiles=None):
+    """Every backward binary: per dtype and head dim, the K/V-major kernel (both masks, atomic
+    and deterministic dQ) and the deterministic dQ kernel at the default tiles (or `tiles`),
+    and the two row kernels."""
+    from wavefront.backward_schedules import DEFAULT_BACKWARD_TILES
+    for dtype in dtypes:
+        for head_dim in head_dims:
+            tile_m, tile_n = tiles or DEFAULT_BACKWARD_TILES[head_dim]
+            for causal in (False, True):
+                for atomic in (True, False):
+                    yield BackwardKvVariant(dtype, head_dim, tile_m, tile_n, causal, atomic)
+                yield BackwardDqVariant(dtype, head_dim, tile_m, tile_n, causal)
+            yield RowsVariant("preprocess", dtype, head_dim)
+            yield RowsVariant("convert_dq", dtype, head_dim)

@@ -1,0 +1,200 @@
+"""The backward's host side: check the arrays, build (once per shape) the work tables, launch.
+
+`attention_backward(q, k, v, out, lse, dout)` runs, on the caller's current stream:
+1. `backward_preprocess`: Delta = rowsum(dO * O) (float32);
+2. `flash_attention_bwd_kv`: dK, dV (and, atomic mode, dQ into a zeroed float32 accumulator);
+3. atomic mode: `convert_dq` casts the accumulator to the input dtype; deterministic mode:
+   `flash_attention_bwd_dq` computes dQ Q-major instead.
+The work tables of a shape and schedule are uploaded once and kept (`_tables`, bounded), as
+CuPy arrays of their own (not torch's, whose CUDA-graph pools must not own them; see
+`wavefront.kernel.arrays._owned`).
+"""
+from __future__ import annotations
+
+import math
+import threading
+from collections import OrderedDict
+
+import cuda.tile as ct
+
+from wavefront.backward_schedules import (
+    BACKWARD_TILE_SHAPES,
+    DEFAULT_BACKWARD_SCHEDULE,
+    DEFAULT_BACKWARD_TILES,
+    BackwardLaunch,
+)
+from wavefront.kernel.arrays import _check_inputs, _view
+from wavefront.kernel.backward import (
+    LOG2_E,
+    ROWS_TILE,
+    BackwardDqVariant,
+    BackwardKvVariant,
+    RowsVariant,
+)
+from wavefront.kernel.streams import _stream_handle, current_stream
+from wavefront.schedules import AttentionProblem
+
+TABLE_CACHE_SIZE = 64
+_tables: OrderedDict = OrderedDict()
+_tables_lock = threading.Lock()
+_gpu_shapes: dict = {}
+
+
+def backward_tiles(tiles, head_dim: int) -> tuple[int, int]:
+    """'MxN' or (M, N) (Q tile rows, K/V tile rows), one of BACKWARD_TILE_SHAPES; None: the
+    default for the head dim."""
+    if tiles is None:
+        return DEFAULT_BACKWARD_TILES[head_dim]
+    if isinstance(tiles, str):
+        try:
+            tiles = tuple(int(x) for x in tiles.lower().split("x"))
+        except ValueError:
+            tiles = None
+    if tiles is None or tuple(tiles) not in BACKWARD_TILE_SHAPES:
+        raise ValueError(f"tiles must be one of "
+                         f"{['%dx%d' % t for t in BACKWARD_TILE_SHAPES]}, got {tiles!r}")
+    return tuple(tiles)
+
+
+def _gpu_shape(device: int) -> tuple[int, int]:
+    if device not in _gpu_shapes:
+        import cupy
+        with cupy.cuda.Device(device):
+            props = cupy.cuda.runtime.getDeviceProperties(device)
+        _gpu_shapes[device] = (props["multiProcessorCount"], props["l2CacheSize"])
+    return _gpu_shapes[device]
+
+
+def _check_like(name, view, expected_shape, expected_dtype, library, device):
+    if view.library != library:
+        raise ValueError(f"{name} must come from the same library as q ({library}), "
+                         f"got {view.library}")
+    if view.shape != tuple(expected_shape):
+        raise ValueError(f"{name} must have shape {tuple(expected_shape)}, got {view.shape}")
+    if view.dtype != expected_dtype:
+        raise ValueError(f"{name} dtype must be {expected_dtype}, got {view.dtype}")
+    if view.device != device:
+        raise ValueError(f"{name} must be on q's device ({device}), got {view.device}")
+    if view.strides[-1] != 1:
+        raise ValueError(f"{name} must be contiguous in its last dimension, got strides "
+                         f"{view.strides}")
+
+
+def _zeros(library: str, device: int, shape, dtype: str):
+    if library == "torch":
+        import torch
+        return torch.zeros(shape, dtype=getattr(torch, dtype), device=f"cuda:{device}")
+    import cupy
+    import ml_dtypes  # noqa: F401  (bfloat16 for CuPy)
+    with cupy.cuda.Device(device):
+        return cupy.zeros(shape, dtype=dtype)
+
+
+def _empty(library: str, device: int, shape, dtype: str):
+    if library == "torch":
+        import torch
+        return torch.empty(shape, dtype=getattr(torch, dtype), device=f"cuda:{device}")
+    import cupy
+    import ml_dtypes  # noqa: F401
+    with cupy.cuda.Device(device):
+        return cupy.empty(shape, dtype=dtype)
+
+
+def _uploaded(launch: BackwardLaunch, deterministic: bool, device: int):
+    """(K/V-major table, dQ table or None, 1-element float32 stand-in) on `device`, kept."""
+    key = (launch, deterministic, device)
+    with _tables_lock:
+        found = _tables.get(key)
+        if found is not None:
+            _tables.move_to_end(key)
+            return found
+    import cupy
+    with cupy.cuda.Device(device):
+        kv_table = cupy.asarray(launch.work_table)
+        dq_table = cupy.asarray(launch.dq_launch.work_table) if deterministic else None
+        stand_in = cupy.zeros((1, 1, 1, 1), dtype="float32")
+        # Uploaded on CuPy's stream: the caller's stream may not wait for it.
+        cupy.cuda.get_current_stream().synchronize()
+    found = (kv_table, dq_table, stand_in)
+    with _tables_lock:
+        _tables[key] = found
+        while len(_tables) > TABLE_CACHE_SIZE:
+            _tables.popitem(last=False)
+    return found
+
+
+def backward_launch(q_shape, k_shape, *, causal=False, schedule=None, tiles=None, sms=132,
+                    l2_bytes=50 << 20, dtype_bytes=2, ctas=None) -> BackwardLaunch:
+    """The `BackwardLaunch` the call runs for these shapes (also for the model, on any
+    machine)."""
+    batch, heads, seqlen_q, head_dim = q_shape
+    _, kv_heads, seqlen_kv, _ = k_shape
+    tile_m, tile_n = backward_tiles(tiles, head_dim)
+    problem = AttentionProblem(batch, heads, kv_heads, seqlen_q, seqlen_kv, head_dim, causal,
+                               tile_m, tile_n, dtype_bytes)
+    return BackwardLaunch.of(problem, schedule or DEFAULT_BACKWARD_SCHEDULE, sms, 1, l2_bytes,
+                             ctas)
+
+
+def attention_backward(q, k, v, out, lse, dout, *, causal: bool = False,
+                       scale: float | None = None, schedule: str | None = None,
+                       deterministic: bool = False, tiles=None, ctas: int | None = None):
+    """Gradients of FlashAttention: -> (dq, dk, dv) of q's, k's and v's shapes and dtype.
+
+    q (B, H, S_q, D), k and v (B, H_kv, S_kv, D), `out` and `dout` of q's shape, `lse` the
+    forward's natural-log LSE (B, H, S_q) float32 (`wavefront.attention(..., return_lse=True)`).
+    `schedule`: '<cta>+<scan>' with cta one of grid, persistent, grouped, longest_first and
+    scan linear or sawtooth (the Q scan of each K/V tile); `tiles`: 'MxN' (Q rows x K/V rows).
+    `deterministic`: dQ from a second, Q-major kernel instead of float atomics, so the three
+    gradients are bit-identical across runs."""
+    if not isinstance(causal, bool):
+        raise ValueError(f"causal must be True or False, got {causal!r}")
+    if not isinstance(deterministic, bool):
+        raise ValueError(f"deterministic must be True or False, got {deterministic!r}")
+    vq, (aq, ak, av) = _check_inputs(q, k, v)
+    library, device = vq.library, vq.device
+    vo, ao = _view("out", out)
+    vdo, ado = _view("dout", dout)
+    vl, al = _view("lse", lse)
+    _check_like("out", vo, vq.shape, vq.dtype, library, device)
+    _check_like("dout", vdo, vq.shape, vq.dtype, library, device)
+    _check_like("lse", vl, vq.shape[:3], "float32", library, device)
+    batch, heads, seqlen_q, head_dim = vq.shape
+    k_shape = tuple(ak.shape)
+    if scale is None:
+        scale = 1.0 / math.sqrt(head_dim)
+    if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not scale > 0:
+        raise ValueError(f"scale must be a positive number, got {scale!r}")
+    sms, l2_bytes = _gpu_shape(device)
+    launch = backward_launch(vq.shape, k_shape, causal=causal, schedule=schedule, tiles=tiles,
+                             sms=sms, l2_bytes=l2_bytes, ctas=ctas)
+    p = launch.problem
+    kv_table, dq_table, stand_in = _uploaded(launch, deterministic, device)
+
+    dtype = vq.dtype
+    dq = _empty(library, device, vq.shape, dtype)
+    dk = _empty(library, device, k_shape, dtype)
+    dv = _empty(library, device, k_shape, dtype)
+    delta = _empty(library, device, vq.shape[:3], "float32")
+    stream = _stream_handle(current_stream(library, device))
+    rows_grid = (-(-seqlen_q // ROWS_TILE), batch * heads, 1)
+    qk_scale_log2 = float(scale) * LOG2_E
+
+    ct.launch(stream, rows_grid, RowsVariant("preprocess", dtype, head_dim).kernel(),
+              (ao, ado, delta, head_dim, ROWS_TILE))
+    atomic = not deterministic
+    dq_acc = _zeros(library, device, vq.shape, "float32") if atomic else stand_in
+    kv_variant = BackwardKvVariant(dtype, head_dim, p.tile_m, p.tile_n, causal, atomic)
+    ct.launch(stream, (launch.num_ctas, 1, 1), kv_variant.kernel(),
+              (aq, ak, av, ado, al, delta, dk, dv, dq_acc, kv_table, qk_scale_log2,
+               float(scale), launch.num_items, head_dim, p.tile_m, p.tile_n, causal, atomic))
+    if atomic:
+        ct.launch(stream, rows_grid, RowsVariant("convert_dq", dtype, head_dim).kernel(),
+                  (dq_acc, dq, head_dim, ROWS_TILE))
+    else:
+        dq_launch = launch.dq_launch
+        dq_variant = BackwardDqVariant(dtype, head_dim, p.tile_m, p.tile_n, causal)
+        ct.launch(stream, (dq_launch.num_ctas, 1, 1), dq_variant.kernel(),
+                  (aq, ak, av, ado, al, delta, dq, dq_table, qk_scale_log2, float(scale),
+                   dq_launch.num_items, head_dim, p.tile_m, p.tile_n, causal))
+    return dq, dk, dv
