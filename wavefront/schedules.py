@@ -1379,8 +1379,9 @@ class DeviceVarlenLaunch(Placed):
     the call for whatever lengths the tensors hold then.
 
     Orders: every CTA schedule's, as `VarlenLaunch` makes them, by the same code
-    (`varlen_order`). Lengths are not checked (that would read them back): they are clamped to
-    the packed rows, so bad ones give wrong rows, never a read or write outside the arrays."""
+    (`varlen_order`). Lengths are clamped to the packed rows, so bad ones give wrong rows,
+    never a read or write outside the arrays; `length_errors` says, where the lengths are,
+    what was malformed (the public call raises on it without waiting for the GPU)."""
 
     problem: AttentionProblem
     batch: int

@@ -317,6 +317,8 @@ def _write_table_from_lengths(launcher, cu_seqlens_q, cu_seqlens_k, stream, rows
             graph, staged = launcher._table_writer
             _stage(staged, cu_seqlens_q, cu_seqlens_k, rows_q, rows_k, max_seqlens)
             graph.replay()
+        if CHECK_LENGTHS and launcher._length_check is not None:
+            _raise_on_bad_lengths(launcher, wait=True)  # a copy from before this writing
         _queue_length_check(launcher)
         if CHECK_LENGTHS:
             _raise_on_bad_lengths(launcher, wait=True)
