@@ -147,6 +147,7 @@ class AttentionLauncher:
         self._lengths_written = None  # and which its table holds (`_lengths_stamp`)
         self._lengths_may_change_unseen = False  # a capture wrote its table (ditto)
         self._length_check = None  # (event, pinned flag) of the lengths' check on the GPU
+        self._length_buffers = None  # the event and pinned flag, made on first use
         self._writes_state = _writes_own_state(launch)
         self.recently_used = False  # called since the cache last looked (`_keep`)
         import cupy
@@ -449,7 +450,7 @@ class AttentionLauncher:
         other._table_writer = None
         other._lengths_written = None
         other._lengths_may_change_unseen = False
-        other._length_check = None
+        other._length_check = other._length_buffers = None
         if other._prepared is not None or other._launches_until_prepared is not None:
             # prepared anew, if ever: its own buffers' addresses
             other._prepared, other._launches_until_prepared = None, PREPARE_AFTER_LAUNCHES

@@ -350,9 +350,11 @@ def _queue_length_check(launcher) -> None:
     import torch
     if launcher._length_check is not None:
         return
-    pinned = torch.empty(1, dtype=torch.int32, pin_memory=True)
+    if launcher._length_buffers is None:  # made once per launcher (and stream copy)
+        launcher._length_buffers = (torch.cuda.Event(),
+                                    torch.empty(1, dtype=torch.int32, pin_memory=True))
+    arrived, pinned = launcher._length_buffers
     pinned.copy_(_length_flag(launcher), non_blocking=True)
-    arrived = torch.cuda.Event()
     arrived.record()
     launcher._length_check = arrived, pinned
 
