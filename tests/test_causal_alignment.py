@@ -503,3 +503,15 @@ def test_a_packed_batch_with_more_queries_than_keys_gives_its_blind_rows_nothing
     table = launch.work_table
     first = table[(table[:, WORK_BATCH] == 0) & (table[:, WORK_Q_TILE] == 0)]
     assert (first[:, WORK_DIAGONAL] == -60).all() and (first[:, WORK_SCAN_COUNT] == 0).all()
+
+
+def test_both_alignments_run_the_same_binaries():
+    """The diagonal is data (the work table's WORK_DIAGONAL), not a compile-time constant: a
+    bottom-right launch of every schedule runs the binary its top-left launch runs."""
+    attention = pytest.importorskip("wavefront.kernel.attention",
+                                    reason="needs cuda-tile (gpu extra)")
+    for schedule in schedule_names():
+        for q, k in SHAPES[:2]:
+            variants = {attention.KernelVariant.for_launch(launch_of(q, k, schedule, a),
+                                                           "bfloat16") for a in ALIGNMENTS}
+            assert len(variants) == 1, schedule

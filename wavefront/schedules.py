@@ -1205,6 +1205,15 @@ def varlen_order(xp, launch, item, tiles: TileRows):
             xp.minimum(seg_kv_lo[block_seg[taken]] * qpk + within, heads - 1))
 
 
+def sequence_diagonals(problem: AttentionProblem, seqlens_q, seqlens_kv):
+    """Each sequence's causal diagonal in a packed batch (`causal_diagonal`: bottom-right
+    aligns each sequence's own last query with its own last key), an array like the lengths;
+    0 without the mask."""
+    if not problem.causal:
+        return seqlens_q * 0
+    return seqlens_q * 0 + causal_diagonal(seqlens_q, seqlens_kv, problem.causal_alignment)
+
+
 @dataclass(frozen=True)
 class VarlenLaunch(Placed):
     """A packed batch of sequences of different lengths (FlashAttention's varlen layout: the
@@ -1278,16 +1287,9 @@ class VarlenLaunch(Placed):
         seq = np.repeat(np.arange(len(sq)), q_tiles)
         q_tile = np.arange(seq.size) - np.repeat(np.cumsum(q_tiles) - q_tiles, q_tiles)
         visited, first_masked = kv_tile_span(q_tile, p.tile_m, p.tile_n, sq[seq], sk[seq],
-                                             p.causal, self._diagonals(sq, sk)[seq])
+                                             p.causal, sequence_diagonals(p, sq, sk)[seq])
         return seq, q_tile, np.asarray(visited), np.asarray(first_masked)
 
-    def _diagonals(self, seqlens_q, seqlens_kv):
-        """Each sequence's causal diagonal (`causal_diagonal`: bottom-right aligns each
-        sequence's own last query with its own last key)."""
-        if not self.problem.causal:
-            return seqlens_q * 0
-        return seqlens_q * 0 + causal_diagonal(seqlens_q, seqlens_kv,
-                                               self.problem.causal_alignment)
 
     def _order(self, seq, q_tile, visited) -> tuple[np.ndarray, np.ndarray]:
         """-> (tile row, head) of every work item, in the order the CTA schedule hands the
@@ -1333,7 +1335,7 @@ class VarlenLaunch(Placed):
         # (one compiled pass, with no item-sized temporaries: a 16k-item table built column
         # by column spent most of its time in page faults on NumPy's temporaries).
         per_row = np.empty((2, seq.size, WORK_DIAGONAL + 1), dtype=np.int32)  # no padding
-        diagonal = self._diagonals(sq, sk)
+        diagonal = sequence_diagonals(self.problem, sq, sk)
         for direction in (0, 1):
             start, step, count, masked_lo, masked_hi = scan_plan(lo, mid, hi, direction)
             columns = {WORK_BATCH: seq, WORK_HEAD: 0, WORK_KV_HEAD: 0, WORK_Q_TILE: q_tile,
@@ -1467,7 +1469,7 @@ class DeviceVarlenLaunch(Placed):
         tile_row = xp.arange(self.tile_rows, like=bounds_q)
         seq = xp.minimum(xp.searchsorted_right(tile_ends, tile_row), n - 1)
         q_tile = tile_row - (tile_ends[seq] - q_tiles[seq])
-        diagonal = VarlenLaunch._diagonals(self, seqlen_q, seqlen_kv)
+        diagonal = sequence_diagonals(p, seqlen_q, seqlen_kv)
         visited, first_masked = kv_tile_span(q_tile, p.tile_m, p.tile_n, seqlen_q[seq],
                                              seqlen_kv[seq], p.causal, diagonal[seq])
         item = xp.arange(self.num_items, like=bounds_q)
