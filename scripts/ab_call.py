@@ -54,7 +54,12 @@ class Version:
         """The public call's options path (`arguments`: `public_call_arguments`)."""
         if self.call is None:
             return self.launcher.attention_positional(q, k, v, *arguments)
-        return self.call.attention_with(q, k, v, arguments[:6] + arguments[8:])  # no out, stream
+        values = arguments[:6] + arguments[8:]  # no out, stream
+        names = getattr(self.modules.get("wavefront.kernel.plan"), "CALL_OPTIONS", ())
+        if "causal_alignment" in names:  # (a version with the option: its default)
+            at = names.index("causal_alignment")
+            values = values[:at] + ("top_left",) + values[at:]
+        return self.call.attention_with(q, k, v, values)
 
     def clear_launcher_cache(self):
         (self.call or self.launcher).clear_launcher_cache()

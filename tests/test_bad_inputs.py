@@ -390,6 +390,12 @@ def _plan(**kw):
     return plan((1, 2, 256, 64), (1, 2, 256, 64), sms=132, l2_bytes=50 << 20, **kw)
 
 
+def _varlen(cu_seqlens_q, **kw):
+    from wavefront.point import plan_varlen
+    return plan_varlen((256, 2, 64), (256, 2, 64), cu_seqlens_q, [0, 128, 256], sms=132,
+                       l2_bytes=50 << 20, **kw)
+
+
 def _schedules(what, **kw):
     from wavefront import schedules as s
     return getattr(s, what)(**kw)
@@ -446,6 +452,17 @@ API = [
     (lambda: _sim(what="simulate", capacity_bytes=1 << 20, partitions=2), "sms"),
     (lambda: _sim(what="sample", rate=0), "rate must be in (0, 1]"),
     (lambda: _sim(what="trace", jitter=1.5), "jitter must be in [0, 1)"),
+    (lambda: _plan(causal=True, causal_alignment="bottom"), "causal_alignment must be one of"),
+    (lambda: _schedules("AttentionProblem", batch=1, heads=2, kv_heads=1, seqlen_q=10,
+                        seqlen_kv=20, head_dim=64, causal=True, causal_alignment=None),
+     "causal_alignment must be one of"),
+    (lambda: _varlen([0, 100, 50, 256]), "cu_seqlens_q must not decrease, got cu_seqlens_q[2]"),
+    (lambda: _varlen([1, 100, 256]), "cu_seqlens_q must start at 0, got cu_seqlens_q[0] = 1"),
+    (lambda: _varlen([0, 300, 256]), "cu_seqlens_q must stay within the packed rows (256)"),
+    (lambda: _varlen([0, 100, 200]), "cu_seqlens_q must end at the packed rows (256)"),
+    (lambda: _varlen([0, 100, 256], max_seqlen_q=155), "max_seqlen_q must be at least the "
+                                                       "longest sequence (156, sequence 1)"),
+    (lambda: _varlen([0, 100, 256], max_seqlen_k=2.5), "max_seqlen_k must be an integer"),
     (lambda: _attention_on_host(), "q must live in GPU memory"),
     (lambda: _attention_on_list(), "q must be a CuPy array, a torch tensor or support DLPack"),
 ]

@@ -62,7 +62,8 @@ def test_a_plain_call_shares_the_full_paths_plan(stand_ins):
     # the full path saw exactly the options of a call that names none: CallOptions' defaults
     assert full[0] == CallOptions(causal=True).values()
     assert dict(zip(CALL_OPTIONS, full[0])) == {**dict.fromkeys(CALL_OPTIONS), "causal": True,
-                                                "return_lse": False}
+                                                "return_lse": False,
+                                                "causal_alignment": "top_left"}
     assert built == [CallOptions(causal=True)]
     C.attention_plain(q, k, v, True)  # a hit: no full path, the same Plan
     assert len(full) == 1 and launched == [cached.launcher] * 2 and cached.recently_used
@@ -289,7 +290,8 @@ def test_a_miss_makes_the_plan_from_the_options_and_the_tuned_table(monkeypatch)
     (plan,) = C._plans.values()
     assert plan.source == "tuned" and plan.config == tuned and plan.gpu is gpu
     assert bound == [{"causal": True, "scale": None, "return_lse": False, "l2_bytes": None,
-                      "ctas": None, "chunk_tiles": None, **tuned}]
+                      "ctas": None, "chunk_tiles": None, "causal_alignment": "top_left",
+                      **tuned}]
     assert C.plan_for(q, q, q, CallOptions(causal=True)) is plan and len(bound) == 1
     values = CallOptions(causal=True, scale=0.5, schedule="persistent+sawtooth").values()
     C.attention_with(q, q, q, values)

@@ -27,7 +27,8 @@ SCHEDULES = schedule_names()
 
 
 def launches(schedule: str, n: int, seed: int):
-    """Random small launches: ragged lengths, GQA, causal or not, several items per CTA."""
+    """Random small launches: ragged lengths, GQA, causal or not (top-left or bottom-right
+    aligned), several items per CTA."""
     rng = random.Random(seed)
     cta_name, kv_name = schedule.split("+")
     for _ in range(n):
@@ -35,7 +36,8 @@ def launches(schedule: str, n: int, seed: int):
         p = AttentionProblem(rng.randint(1, 3), kv_heads * rng.choice([1, 2, 4]), kv_heads,
                              rng.randint(1, 700), rng.randint(1, 700), 64,
                              causal=rng.random() < 0.5, tile_m=rng.choice([64, 128]),
-                             tile_n=rng.choice([64, 128]))
+                             tile_n=rng.choice([64, 128]),
+                             causal_alignment=rng.choice(["top_left", "bottom_right"]))
         cta = cta_schedule(cta_name)
         if isinstance(cta, GroupedSchedule):
             cta = replace(cta, l2_fraction=rng.choice([0.001, 0.05, 0.5, 2.0]))
@@ -74,7 +76,8 @@ def test_kv_order_is_a_permutation_of_the_tiles_to_visit(schedule):
             tiles.setdefault((w.batch, w.head, w.q_tile), []).extend(w.kv_tiles)
         for (_, _, t), got in tiles.items():
             last_row = min((t + 1) * p.tile_m, p.seqlen_q) - 1
-            needed = [j for j in range(p.kv_tiles) if not p.causal or j * p.tile_n <= last_row]
+            needed = [j for j in range(p.kv_tiles)
+                      if not p.causal or j * p.tile_n <= last_row + p.diagonal]
             assert sorted(got) == needed
 
 

@@ -12,7 +12,7 @@ import pytest
 
 from wavefront.kernel import table_kernel as tk
 from wavefront.point import plan
-from wavefront.schedules import schedule_names
+from wavefront.schedules import WORK_DIAGONAL, schedule_names
 
 SHAPES = [  # (q, k): GQA and not, ragged Q tiles, head groups that do not divide the units
     ((2, 6, 333, 64), (2, 3, 333, 64)),
@@ -183,3 +183,40 @@ def test_the_printed_source_compiled_on_the_host_writes_the_host_table(causal, t
                             tmp_path)
         assert np.array_equal(rows[:-1], launch.work_table), schedule
         assert rows[-1, :2].tolist() == [0, 0], schedule  # the dynamic schedules' counter
+
+
+# Bottom-right causal masks: the diagonal (seqlen_kv - seqlen_q) is a launch integer of the
+# trace, so the printed kernel takes it as an argument and writes it into every row.
+UNEQUAL_SHAPES = [((2, 6, 333, 64), (2, 3, 1000, 64)), ((1, 4, 1000, 128), (1, 1, 257, 128)),
+                  ((3, 2, 1, 64), (3, 2, 4133, 64)), ((5, 3, 257, 64), (5, 3, 257, 64))]
+
+
+def bottom_right_launch(q, k, schedule, sms=5, l2_bytes=1 << 20):
+    return plan(q, k, sms=sms, l2_bytes=l2_bytes, causal=True, schedule=schedule,
+                chunk_tiles=3 if "tiled" in schedule else None,
+                causal_alignment="bottom_right")
+
+
+@pytest.mark.parametrize("schedule", schedule_names())
+def test_the_traced_table_is_the_host_table_bottom_right(schedule):
+    for q, k in UNEQUAL_SHAPES:
+        launch = bottom_right_launch(q, k, schedule)
+        rows = traced_rows(launch)
+        assert np.array_equal(rows, launch.work_table), (schedule, q, k)
+        assert (rows[:, WORK_DIAGONAL] == k[2] - q[2]).all()
+    # one printed kernel per schedule serves other diagonals: it is an argument
+    kernel = tk.table_kernel(bottom_right_launch(*UNEQUAL_SHAPES[0], schedule))
+    assert "diagonal" in kernel.parameters
+    top = plan(*UNEQUAL_SHAPES[0], sms=5, l2_bytes=1 << 20, causal=True, schedule=schedule,
+               chunk_tiles=3 if "tiled" in schedule else None)
+    assert tk.table_kernel(top) is not kernel  # the alignment is part of the kernel's key
+
+
+@pytest.mark.skipif(shutil.which("c++") is None, reason="no host C++ compiler")
+def test_the_printed_bottom_right_source_compiled_on_the_host_writes_the_host_table(tmp_path):
+    for schedule in schedule_names():
+        for q, k in UNEQUAL_SHAPES[:2]:
+            launch = bottom_right_launch(q, k, schedule)
+            rows = _run_on_host(tk.table_kernel(launch), launch.table_shape, launch.num_items,
+                                tmp_path)
+            assert np.array_equal(rows[:-1], launch.work_table), schedule

@@ -12,7 +12,8 @@ from torch._subclasses.fake_tensor import FakeTensorMode  # noqa: E402
 def test_the_ops_have_the_schemas_users_call():
     assert str(torch.ops.wavefront.attention.default._schema) == (
         "wavefront::attention(Tensor q, Tensor k, Tensor v, bool causal=False, "
-        "float? scale=None, str? schedule=None, str? tiles=None) -> Tensor")
+        "float? scale=None, str? schedule=None, str? tiles=None, "
+        "str causal_alignment=\"top_left\") -> Tensor")
     schema = str(torch.ops.wavefront.attention_varlen.default._schema)
     assert "Tensor cu_seqlens_q, Tensor cu_seqlens_k, SymInt max_seqlen_q" in schema
 
@@ -83,10 +84,12 @@ def test_transformers_hook_refuses_masks_and_dropout():
 def test_transformers_hook_runs_causal_as_transformers_sdpa_decides(monkeypatch):
     """With no mask, the hook runs causal where transformers' SDPA function would: an
     `is_causal` the model passes, else the module's attribute (True where it has none), and
-    never for one query row (a decoding step)."""
+    never for one query row (a decoding step); top-left where query and key are as long,
+    bottom-right where the query is shorter (a chunk against a cache: transformers' mask)."""
     calls = []
-    monkeypatch.setattr(wft, "_attention",
-                        lambda q, k, v, causal, scale: (calls.append(causal), q)[1])
+    alignments = []
+    monkeypatch.setattr(wft, "_attention", lambda q, k, v, causal, scale, alignment: (
+        calls.append(causal), alignments.append(alignment), q)[2])
 
     class Module:
         pass
@@ -99,9 +102,15 @@ def test_transformers_hook_runs_causal_as_transformers_sdpa_decides(monkeypatch)
         calls.clear()
         wft.hf_attention_forward(module, q, q, q, None, **kwargs)
         assert calls == [want], (kwargs, calls)
+        assert alignments[-1] == "top_left"
     calls.clear()
     wft.hf_attention_forward(Module(), q[:, :, :1], q, q, None)
     assert calls == [False]
+    calls.clear()
+    wft.hf_attention_forward(Module(), q[:, :, :5], q, q, None)
+    assert calls == [True] and alignments[-1] == "bottom_right"
+    wft.hf_attention_forward(encoder, q[:, :, :5], q, q, None)
+    assert calls == [True, False] and alignments[-1] == "top_left"
 
 
 def _packed_mask(lengths, causal=True):
@@ -452,11 +461,11 @@ def test_gpu_lengths_are_padded_to_the_launchers_bucket_of_sequences():
     assert _padded(cu, 4) is cu
     assert _padded(cu, 7).tolist() == [0, 3, 3, 10, 10, 10, 10]
     staged = (torch.full((7,), -1, dtype=torch.int64), torch.full((7,), -1, dtype=torch.int64),
-              torch.zeros(2, dtype=torch.int64))
-    _stage(staged, cu, cu + 1, 10, 12)
+              torch.zeros(4, dtype=torch.int64))
+    _stage(staged, cu, cu + 1, 10, 12, (7, 9))
     assert staged[0].tolist() == _padded(cu, 7).tolist()
     assert staged[1].tolist() == _padded(cu + 1, 7).tolist()
-    assert staged[2].tolist() == [10, 12]
+    assert staged[2].tolist() == [10, 12, 7, 9]
 
 
 @pytest.mark.parametrize("cta_name", ["persistent", "grouped_dynamic"])
@@ -502,6 +511,7 @@ def test_a_lengths_stamp_knows_the_same_unmodified_tensors():
     assert not _same_lengths(stamp, cu_q.clone(), cu_k, 9, 12)
     assert not _same_lengths(stamp, cu_k, cu_q, 9, 12)
     assert not _same_lengths(stamp, cu_q, cu_k, 9, 13)
+    assert not _same_lengths(stamp, cu_q, cu_k, 9, 12, (5, 7))  # other max_seqlens
     cu_k[1] = 7
     assert not _same_lengths(stamp, cu_q, cu_k, 9, 12)
     stamp = _lengths_stamp(cu_q, cu_k, 9, 12)

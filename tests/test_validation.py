@@ -71,6 +71,18 @@ def test_plan_validates_occupancy_and_defaults():
         plan((1, 1, 64, 64), (1, 1, 64, 64), occupancy=0, sms=132, l2_bytes=50 << 20)
 
 
+def test_a_bad_causal_alignment_names_the_argument():
+    from wavefront.kernel.plan import CallOptions
+    for bad in ("bottom-right", "", None, 0):
+        with pytest.raises(ValueError, match="^causal_alignment must be one of"):
+            CallOptions(causal=True, causal_alignment=bad)
+        with pytest.raises(ValueError, match="^causal_alignment must be one of"):
+            plan((1, 2, 64, 64), (1, 2, 128, 64), causal=True, causal_alignment=bad,
+                 sms=132, l2_bytes=50 << 20)
+    assert CallOptions(causal=True, causal_alignment="bottom_right").values()[
+        list(CallOptions.__dataclass_fields__).index("causal_alignment")] == "bottom_right"
+
+
 def test_the_public_call_passes_its_options_in_call_options_order(monkeypatch):
     """`wavefront.attention`'s keywords go to the kernel as one tuple (keywords cost
     microseconds per call), in `CallOptions`' field order, levers last in their declared
@@ -89,6 +101,10 @@ def test_the_public_call_passes_its_options_in_call_options_order(monkeypatch):
     assert (out, stream) == ("<out>", "<stream>")
     api.attention("q", "k", "v", causal=True)
     assert passed[-1] == ("plain", True)
+    # a bottom-right call is not the plain call (whose key holds only the mask)
+    api.attention("q", "k", "v", causal=True, causal_alignment="bottom_right")
+    values = passed[-1][0]
+    assert dict(zip(CALL_OPTIONS, values))["causal_alignment"] == "bottom_right"
     assert lever_values({"cluster": 2, "exp2_poly": 1}) == tuple(
         {"cluster": 2, "exp2_poly": 1}.get(lever.name) for lever in LEVERS)
     with pytest.raises(TypeError, match="unknown kernel levers"):

@@ -17,7 +17,8 @@ __all__ = ["attention", "attention_backward", "attention_varlen", "attention_wit
 def attention(q, k, v, *, causal: bool = False, schedule: str | None = None,
               tiles=None, occupancy: int | None = None, scale: float | None = None,
               return_lse: bool = False, out=None, stream=None, l2_bytes: int | None = None,
-              ctas: int | None = None, chunk_tiles: int | None = None, **levers):
+              ctas: int | None = None, chunk_tiles: int | None = None,
+              causal_alignment: str = "top_left", **levers):
     """FlashAttention forward: softmax(q k^T * scale) v, per (batch, head).
 
     q: (batch, heads, seqlen_q, head_dim); k, v: (batch, kv_heads, seqlen_kv, head_dim) with
@@ -29,6 +30,12 @@ def attention(q, k, v, *, causal: bool = False, schedule: str | None = None,
     Returns the output (and the natural-log LSE, float32 (batch, heads, seqlen_q), if asked)
     as arrays of q's library on q's device. `ctas` caps the persistent grid (default: every
     SM x occupancy); `l2_bytes` overrides the L2 size the grouped schedule budgets for.
+
+    `causal_alignment` places the causal mask's diagonal when seqlen_q != seqlen_kv:
+    "top_left" (default; torch's `is_causal`: query row i sees keys j <= i) or "bottom_right"
+    (FlashAttention >= 2.1's: j <= i + seqlen_kv - seqlen_q, what a chunk of queries against a
+    cache needs). With seqlen_q > seqlen_kv bottom-right leaves the first rows no key: their
+    output is 0 and their LSE -inf.
 
     Kernel levers, by name (listed below, from `wavefront.point.LEVERS`). When none of
     schedule, tiles, occupancy and levers is given, the configuration `wavefront tune` measured fastest on this GPU for this head dim,
@@ -49,12 +56,13 @@ def attention(q, k, v, *, causal: bool = False, schedule: str | None = None,
     """
     if (schedule is None and tiles is None and occupancy is None and scale is None
             and return_lse is False and out is None and stream is None and l2_bytes is None
-            and ctas is None and chunk_tiles is None and not levers):
+            and ctas is None and chunk_tiles is None and causal_alignment == "top_left"
+            and not levers):
         return _calls()[1](q, k, v, causal)  # the call a model makes
     # The options as `CallOptions.values()` orders them (`kernel.plan.CALL_OPTIONS`), passed
     # as one tuple: keyword passing costs microseconds, what a short launch costs.
     return _calls()[0](q, k, v, (causal, schedule, tiles, occupancy, scale, return_lse, l2_bytes,
-                                 ctas, chunk_tiles,
+                                 ctas, chunk_tiles, causal_alignment,
                                  *(lever_values(levers) if levers else NO_LEVER_VALUES)),
                        out, stream)
 
@@ -68,7 +76,7 @@ def plan(q, k, v=None, *, causal: bool = False, schedule: str | None = None, til
          occupancy: int | None = None, scale: float | None = None, return_lse: bool = False,
          l2_bytes: int | None = None, ctas: int | None = None, chunk_tiles: int | None = None,
          gpu=None, sms: int | None = None, dtype: str | None = None, stream=None,
-         **levers) -> Plan:
+         causal_alignment: str = "top_left", **levers) -> Plan:
     """The `Plan` `wavefront.attention` runs for these arrays and options, to hold, print and
     run (`plan.run(q, k, v, out=None, stream=None)`): its schedule, tiles, CTAs, work items,
     the DRAM bytes the cache model predicts, and its binary, work table and buffers.
@@ -87,7 +95,8 @@ def plan(q, k, v=None, *, causal: bool = False, schedule: str | None = None, til
     `Launch` is now the Plan's `.launch`."""
     options = CallOptions(causal=causal, schedule=schedule, tiles=tiles, occupancy=occupancy,
                           scale=scale, return_lse=return_lse, l2_bytes=l2_bytes, ctas=ctas,
-                          chunk_tiles=chunk_tiles, **_levers(levers))
+                          chunk_tiles=chunk_tiles, causal_alignment=causal_alignment,
+                          **_levers(levers))
     if _is_shape(q):
         if not _is_shape(k):
             raise ValueError(f"k must be a shape like q's (batch, kv_heads, seqlen, head_dim), "
@@ -128,28 +137,35 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q=None,
                      max_seqlen_k=None, *, causal: bool = False, schedule: str | None = None,
                      tiles=None, occupancy: int | None = None, scale: float | None = None,
                      return_lse: bool = False, out=None, stream=None,
-                     l2_bytes: int | None = None, ctas: int | None = None, **levers):
+                     l2_bytes: int | None = None, ctas: int | None = None,
+                     causal_alignment: str = "top_left", **levers):
     """FlashAttention forward over a batch of packed sequences of different lengths, with
     FlashAttention's varlen interface.
 
     q: (total_q, heads, head_dim), the rows of every sequence one after another; k, v:
     (total_k, kv_heads, head_dim); `cu_seqlens_q` = [0, len_q(0), len_q(0) + len_q(1), ...]
     (batch + 1 entries, ending at total_q), `cu_seqlens_k` likewise. Host lists, NumPy arrays
-    or CPU tensors are checked, and the work table is built on the host once per lengths.
+    or CPU tensors are checked (start at 0, never decrease, end at the packed rows, and
+    `max_seqlen_*`, where given, at least every length; an error names the argument and the
+    index), and the work table is built on the host once per lengths.
     CUDA tensors (with torch q, k, v) are read on the GPU: each call writes the table there
     from them, without waiting for the GPU, so a CUDA graph of the call replays it for the
     lengths they hold then; a call with the very tensors the table was last written from,
     unmodified since by torch (their version counters), keeps it (a model's layers; see
-    `wavefront.kernel.varlen.REUSE_UNCHANGED_LENGTHS` for writes torch does not see). They are not checked (that would wait): lengths are clamped to
-    the packed rows. The first call of a packed problem (arrays, options, and buckets of
-    packed rows and of sequence counts, powers of two: fewer sequences are padded as empty
-    ones) waits for the GPU once, recording the table's writing in a CUDA graph. CuPy
-    cu_seqlens on the GPU are copied to the host. `max_seqlen_*` are checked where the
-    lengths are on the host, not needed. Causal masks are
-    top-left aligned within each sequence (torch's `is_causal`; the same as FlashAttention's
-    where a sequence has as many queries as keys). Sequences may be empty; one with queries
-    must have keys. Schedules: any CTA schedule with the linear or sawtooth scan, ordering
-    the work items of the whole batch (`wavefront.schedules.VarlenLaunch`).
+    `wavefront.kernel.varlen.REUSE_UNCHANGED_LENGTHS` for writes torch does not see). They
+    are checked on the GPU as the table is written, which clamps every offset to the arrays
+    (no launch reads or writes outside them), into a flag the host reads without waiting: a
+    later call raises, naming cu_seqlens_q/k or max_seqlen_q/k; with WAVEFRONT_CHECK_LENGTHS=1
+    in the environment each call waits for its check and raises before its launch. The first
+    call of a packed problem (arrays, options, and buckets of packed rows and of sequence
+    counts, powers of two: fewer sequences are padded as empty ones) waits for the GPU once,
+    recording the table's writing in a CUDA graph. CuPy cu_seqlens on the GPU are copied to
+    the host. `max_seqlen_*` are not needed. Causal masks are aligned within each sequence as
+    `causal_alignment` says: "top_left" (default, torch's `is_causal`) or "bottom_right"
+    (FlashAttention >= 2.1's: query i of sequence s sees keys j <= i + seqlen_k(s) -
+    seqlen_q(s); rows that see no key give 0). Sequences may be empty; one with queries must
+    have keys. Schedules: any CTA schedule with the linear or sawtooth scan, ordering the work
+    items of the whole batch (`wavefront.schedules.VarlenLaunch`).
 
     Kernel levers as `attention` takes them.
 
@@ -161,7 +177,8 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q=None,
     return launch_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                          causal=causal, schedule=schedule, tiles=tiles, occupancy=occupancy,
                          scale=scale, return_lse=return_lse, out=out, stream=stream,
-                         l2_bytes=l2_bytes, ctas=ctas, **levers)
+                         l2_bytes=l2_bytes, ctas=ctas, causal_alignment=causal_alignment,
+                         **levers)
 
 
 def attention_with_kvcache(q, k_cache, v_cache, cache_seqlens, *, k=None, v=None,

@@ -12,6 +12,7 @@ the kernel compiles it, the model and the CLI validate against it without import
 """
 from __future__ import annotations
 
+import operator
 from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Callable
 
@@ -117,9 +118,10 @@ def _check_ctas(ctas) -> None:
 
 def plan(q_shape, k_shape, *, sms: int, l2_bytes: int, causal=False,
          schedule="persistent+linear", tiles=None, occupancy=None, element_bytes=2,
-         ctas=None, chunk_tiles=None) -> Launch:
+         ctas=None, chunk_tiles=None, causal_alignment="top_left") -> Launch:
     """The `Launch` the kernel runs for these shapes on a GPU of `sms` SMs and `l2_bytes` of
-    L2 (no GPU needed: the model calls this with a preset)."""
+    L2 (no GPU needed: the model calls this with a preset). `causal_alignment`: "top_left"
+    or "bottom_right" (`schedules.causal_diagonal`)."""
     b, h, sq, d = _shape("q_shape", q_shape, "(batch, heads, seqlen, head_dim)")
     bk, hkv, skv, dk = _shape("k_shape", k_shape, "(batch, kv_heads, seqlen, head_dim)")
     if (bk, dk) != (b, d):
@@ -127,7 +129,8 @@ def plan(q_shape, k_shape, *, sms: int, l2_bytes: int, causal=False,
                          f"{tuple(k_shape)}")
     tile_m, tile_n, occupancy, cta, kv = _launch_choices(d, causal, schedule, tiles, occupancy)
     _check_ctas(ctas)
-    problem = AttentionProblem(b, h, hkv, sq, skv, d, causal, tile_m, tile_n, element_bytes)
+    problem = AttentionProblem(b, h, hkv, sq, skv, d, causal, tile_m, tile_n, element_bytes,
+                               causal_alignment)
     kv_sched = kv_schedule(kv)
     if chunk_tiles is not None:
         if not isinstance(kv_sched, TiledScan):
@@ -139,7 +142,8 @@ def plan(q_shape, k_shape, *, sms: int, l2_bytes: int, causal=False,
 
 def seqlens_of(name: str, cu_seqlens, total_rows: int) -> tuple[int, ...]:
     """Sequence lengths from FlashAttention's cumulative form [0, s0, s0 + s1, ...], checked:
-    integers, starting at 0, never decreasing, ending at the packed rows."""
+    integers, starting at 0, never decreasing, ending at the packed rows; an error names the
+    argument and the first bad index."""
     try:
         bounds = [int(x) for x in cu_seqlens]
         if any(b != x for b, x in zip(bounds, cu_seqlens)):
@@ -147,33 +151,60 @@ def seqlens_of(name: str, cu_seqlens, total_rows: int) -> tuple[int, ...]:
     except (TypeError, ValueError):
         raise ValueError(f"{name} must be a sequence of integers (host list, NumPy or CPU "
                          f"tensor), got {cu_seqlens!r}") from None
-    if len(bounds) < 2 or bounds[0] != 0:
-        raise ValueError(f"{name} must start at 0 and hold at least two entries, got "
-                         f"{bounds[:8]}")
-    lengths = tuple(b - a for a, b in zip(bounds, bounds[1:]))
     if any(isinstance(x, bool) for x in cu_seqlens):
         raise ValueError(f"{name} must hold integers, not booleans, got {cu_seqlens!r}")
-    if min(lengths) < 0:
-        raise ValueError(f"{name} must not decrease, got {bounds[:8]}...")
+    if len(bounds) < 2:
+        raise ValueError(f"{name} must hold at least two entries (batch + 1), got {bounds}")
+    if bounds[0] != 0:
+        raise ValueError(f"{name} must start at 0, got {name}[0] = {bounds[0]}")
+    lengths = tuple(b - a for a, b in zip(bounds, bounds[1:]))
+    for i, length in enumerate(lengths):
+        if length < 0:
+            raise ValueError(f"{name} must not decrease, got {name}[{i + 1}] = {bounds[i + 1]} "
+                             f"after {name}[{i}] = {bounds[i]}")
+        if bounds[i + 1] > total_rows:
+            raise ValueError(f"{name} must stay within the packed rows ({total_rows}), got "
+                             f"{name}[{i + 1}] = {bounds[i + 1]}")
     if bounds[-1] != total_rows:
-        raise ValueError(f"{name} must end at the packed rows ({total_rows}), ends at "
-                         f"{bounds[-1]}")
+        raise ValueError(f"{name} must end at the packed rows ({total_rows}), got "
+                         f"{name}[{len(bounds) - 1}] = {bounds[-1]}")
     return lengths
+
+
+def check_max_seqlen(name: str, max_seqlen, lengths) -> None:
+    """`max_seqlen` (None: not given) must be an integer at least every one of `lengths`."""
+    if max_seqlen is None:
+        return
+    try:
+        if isinstance(max_seqlen, bool):
+            raise TypeError
+        max_seqlen = operator.index(max_seqlen)
+    except TypeError:
+        raise ValueError(f"{name} must be an integer, got {max_seqlen!r}") from None
+    longest = max(lengths, default=0)
+    if max_seqlen < longest:
+        raise ValueError(f"{name} must be at least the longest sequence ({longest}, sequence "
+                         f"{list(lengths).index(longest)}), got {max_seqlen}")
 
 
 def plan_varlen(q_shape, k_shape, cu_seqlens_q, cu_seqlens_k, *, sms: int, l2_bytes: int,
                 causal=False, schedule="persistent+linear", tiles=None, occupancy=None,
-                element_bytes=2, ctas=None) -> VarlenLaunch:
-    """The `VarlenLaunch` for packed q (total_q, heads, D) and k (total_k, kv_heads, D)."""
+                element_bytes=2, ctas=None, causal_alignment="top_left", max_seqlen_q=None,
+                max_seqlen_k=None) -> VarlenLaunch:
+    """The `VarlenLaunch` for packed q (total_q, heads, D) and k (total_k, kv_heads, D),
+    the lengths checked (`seqlens_of`, `check_max_seqlen`)."""
     problem, cta, kv, occupancy = _packed_problem(q_shape, k_shape, causal, schedule, tiles,
-                                                  occupancy, element_bytes)
+                                                  occupancy, element_bytes, causal_alignment)
     _check_ctas(ctas)
-    return VarlenLaunch(problem, seqlens_of("cu_seqlens_q", cu_seqlens_q, problem.seqlen_q),
-                        seqlens_of("cu_seqlens_k", cu_seqlens_k, problem.seqlen_kv), cta, kv,
-                        sms, occupancy, l2_bytes, ctas)
+    seqlens_q = seqlens_of("cu_seqlens_q", cu_seqlens_q, problem.seqlen_q)
+    seqlens_k = seqlens_of("cu_seqlens_k", cu_seqlens_k, problem.seqlen_kv)
+    check_max_seqlen("max_seqlen_q", max_seqlen_q, seqlens_q)
+    check_max_seqlen("max_seqlen_k", max_seqlen_k, seqlens_k)
+    return VarlenLaunch(problem, seqlens_q, seqlens_k, cta, kv, sms, occupancy, l2_bytes, ctas)
 
 
-def _packed_problem(q_shape, k_shape, causal, schedule, tiles, occupancy, element_bytes):
+def _packed_problem(q_shape, k_shape, causal, schedule, tiles, occupancy, element_bytes,
+                    causal_alignment="top_left"):
     """-> (the problem of packed q (total_q, heads, D) and k (total_k, kv_heads, D) as the
     kernel sees it, batch 1; its CTA and K/V schedules; CTAs per SM), checked."""
     total_q, h, d = _shape("q_shape", q_shape, "(total_q, heads, head_dim)", 3)
@@ -182,17 +213,18 @@ def _packed_problem(q_shape, k_shape, causal, schedule, tiles, occupancy, elemen
         raise ValueError(f"k_shape must have q's head_dim ({d}), got {tuple(k_shape)}")
     tile_m, tile_n, occupancy, cta, kv = _launch_choices(d, causal, schedule, tiles, occupancy)
     problem = AttentionProblem(1, h, hkv, total_q, total_k, d, causal, tile_m, tile_n,
-                               element_bytes)
+                               element_bytes, causal_alignment)
     return problem, cta_schedule(cta), kv_schedule(kv), occupancy
 
 
 def plan_varlen_on_device(q_shape, k_shape, batch: int, *, sms: int, l2_bytes: int,
                           causal=False, schedule="persistent+linear", tiles=None,
-                          occupancy=None, element_bytes=2, ctas=None) -> DeviceVarlenLaunch:
+                          occupancy=None, element_bytes=2, ctas=None,
+                          causal_alignment="top_left") -> DeviceVarlenLaunch:
     """The `DeviceVarlenLaunch` for packed q (total_q, heads, D) and k (total_k, kv_heads, D)
     of `batch` sequences whose lengths stay on the GPU."""
     problem, cta, kv, occupancy = _packed_problem(q_shape, k_shape, causal, schedule, tiles,
-                                                  occupancy, element_bytes)
+                                                  occupancy, element_bytes, causal_alignment)
     _check_ctas(ctas)
     return DeviceVarlenLaunch(problem, batch, cta, kv, sms, occupancy, l2_bytes, ctas)
 

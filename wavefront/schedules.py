@@ -52,6 +52,10 @@ PARTIAL_ROW_STATS_BYTES = 8
 # Variable-length batches (packed sequences): where the item's sequence starts in the packed
 # Q/O and K/V rows, and its two lengths. WORK_BATCH then holds the sequence's number.
 WORK_Q_START, WORK_KV_START, WORK_SEQLEN_Q, WORK_SEQLEN_KV = range(10, 14)
+# The causal diagonal: query row r of the item's sequence sees key columns c <= r + DIAGONAL.
+# 0 (top-left alignment, torch's `is_causal`) is the padding's own value, so only
+# bottom-right launches write it (seqlen_kv - seqlen_q, per sequence in a packed batch).
+WORK_DIAGONAL = 14
 WORK_COLUMNS = 16  # padded: 64-byte rows, a stride the ahead-of-time signature accepts
 
 
@@ -259,21 +263,44 @@ def chunk_tile_range(chunk, chunk_tiles, visited, first_masked):
     return lo, mid, hi
 
 
-def kv_tile_span(q_tile, tile_m, tile_n, seqlen_q, seqlen_kv, causal):
+def kv_tile_span(q_tile, tile_m, tile_n, seqlen_q, seqlen_kv, causal, diagonal=0):
     """-> (K/V tiles visited, first tile that needs a mask).
 
     Tiles [0, first_masked) are fully visible; tiles [first_masked, visited) need the causal
-    mask or the ragged-end mask. Causal attention is top-left aligned (query row r sees keys
-    0..r), as in torch's `is_causal`.
+    mask or the ragged-end mask. Under the causal mask query row r sees keys c <= r +
+    `diagonal`: 0 is top-left alignment (torch's `is_causal`), seqlen_kv - seqlen_q bottom-right
+    (FlashAttention >= 2.1's; `causal_diagonal`). A Q tile whose rows all see nothing (bottom-
+    right with seqlen_q > seqlen_kv) visits no tile: its output is 0.
     """
     visited = (seqlen_kv + tile_n - 1) // tile_n
     first_masked = seqlen_kv // tile_n
     if causal:
-        # The tile's last real row (a ragged tile's padding rows need nothing).
-        last_row_end = _minimum(_minimum((q_tile + 1) * tile_m, seqlen_q), seqlen_kv)
-        visited = (last_row_end + tile_n - 1) // tile_n
-        first_masked = _minimum((q_tile * tile_m) // tile_n, seqlen_kv // tile_n)
+        # Keys seen by the tile's last real row (a ragged tile's padding rows need nothing),
+        # and by its first row: every tile before the latter's is fully visible.
+        seen = _maximum(_minimum(_minimum((q_tile + 1) * tile_m, seqlen_q) + diagonal,
+                                 seqlen_kv), 0)
+        visited = (seen + tile_n - 1) // tile_n
+        first_masked = _minimum(_maximum(q_tile * tile_m + diagonal, 0) // tile_n,
+                                seqlen_kv // tile_n)
     return visited, first_masked
+
+
+CAUSAL_ALIGNMENTS = ("top_left", "bottom_right")
+
+
+def check_causal_alignment(value) -> str:
+    """`value` if it names a causal alignment, else a ValueError naming the argument."""
+    if not isinstance(value, str) or value not in CAUSAL_ALIGNMENTS:
+        raise ValueError(f"causal_alignment must be one of {CAUSAL_ALIGNMENTS}, got {value!r}")
+    return value
+
+
+def causal_diagonal(seqlen_q, seqlen_kv, alignment: str):
+    """The causal mask's diagonal (`kv_tile_span`, `WORK_DIAGONAL`): 0 for "top_left" (query
+    row r sees keys 0..r, torch's `is_causal`), seqlen_kv - seqlen_q for "bottom_right" (the
+    last query row sees every key: FlashAttention >= 2.1, a chunk of queries against a cache);
+    ints or arrays of lengths (one per sequence)."""
+    return seqlen_kv - seqlen_q if check_causal_alignment(alignment) == "bottom_right" else 0
 
 
 def local_iteration(item, num_ctas, resident_ctas, cta_order):
@@ -410,11 +437,14 @@ class AttentionProblem:
     tile_m: int = 128
     tile_n: int = 64
     element_bytes: int = 2
+    # where the causal mask's diagonal sits when seqlen_q != seqlen_kv (`causal_diagonal`)
+    causal_alignment: str = "top_left"
 
     def __post_init__(self):
         for name in ("batch", "heads", "kv_heads", "seqlen_q", "seqlen_kv", "head_dim",
                      "tile_m", "tile_n", "element_bytes"):
             positive_int(name, getattr(self, name))
+        check_causal_alignment(self.causal_alignment)
         if self.heads % self.kv_heads:
             raise ValueError(f"heads ({self.heads}) must be a multiple of kv_heads "
                              f"({self.kv_heads})")
@@ -445,9 +475,16 @@ class AttentionProblem:
         """K and V of one (batch, K/V head)."""
         return 2 * self.seqlen_kv * self.head_dim * self.element_bytes
 
+    @property
+    def diagonal(self) -> int:
+        """The causal diagonal of a dense batch (`causal_diagonal`); 0 without the mask."""
+        if not self.causal:
+            return 0
+        return causal_diagonal(self.seqlen_q, self.seqlen_kv, self.causal_alignment)
+
     def kv_span(self, q_tile: int) -> tuple[int, int]:
         return kv_tile_span(q_tile, self.tile_m, self.tile_n, self.seqlen_q, self.seqlen_kv,
-                            self.causal)
+                            self.causal, self.diagonal)
 
 
 class CtaSchedule(Protocol):
@@ -811,6 +848,7 @@ class TableShape:
     tile_n: int
     seqlen_q: int
     seqlen_kv: int
+    diagonal: int = 0  # the causal diagonal (`AttentionProblem.diagonal`)
 
 
 @dataclass(frozen=True)
@@ -920,7 +958,13 @@ class Launch(Placed):
         p = self.problem
         return TableShape(p.q_tiles, p.heads, p.kv_heads, p.kv_units, self.group_units,
                           self.n_chunks, self.chunk_tiles, self.num_ctas, self.resident_ctas,
-                          p.tile_m, p.tile_n, p.seqlen_q, p.seqlen_kv)
+                          p.tile_m, p.tile_n, p.seqlen_q, p.seqlen_kv, p.diagonal)
+
+    def _diagonal(self, shape):
+        """The causal diagonal the formulas use: 0 (top-left, the table's padding) as a plain
+        int, so a top-left table is printed and built as before; the shape's otherwise."""
+        p = self.problem
+        return shape.diagonal if p.causal and p.causal_alignment == "bottom_right" else 0
 
     def _plan(self, item, backward=None, iteration_unused=False, shape=None):
         """-> (batch, head, q_tile, chunk, local iteration, lo, mid, hi, backward) of `item`
@@ -943,7 +987,7 @@ class Launch(Placed):
         look_up = xp is not None and not getattr(xp, "fused", False)
         visited, first_masked = kv_tile_span(
             np.arange(s.q_tiles, dtype=np.int32) if look_up else q_tile, s.tile_m, s.tile_n,
-            s.seqlen_q, s.seqlen_kv, self.problem.causal)
+            s.seqlen_q, s.seqlen_kv, self.problem.causal, self._diagonal(s))
         if look_up and _array_module(visited, first_masked) is not None:
             spans = np.stack(np.broadcast_arrays(visited, first_masked)).astype(np.int32)
             visited, first_masked = spans[:, q_tile]
@@ -968,11 +1012,16 @@ class Launch(Placed):
         s = self.table_shape if shape is None else shape
         per_kv = s.heads // s.kv_heads
         kv_head = head if per_kv == 1 else head // per_kv
-        return (batch, head, kv_head, q_tile, start, step, count, masked_lo, masked_hi, chunk)
+        row = (batch, head, kv_head, q_tile, start, step, count, masked_lo, masked_hi, chunk)
+        diagonal = self._diagonal(s)
+        if isinstance(diagonal, int) and diagonal == 0:
+            return row  # the padding holds it
+        return row + (0,) * (WORK_DIAGONAL - WORK_CHUNK - 1) + (diagonal,)
 
     def table_columns(self, items, shape=None) -> tuple:
-        """The work table's columns (WORK_BATCH .. WORK_CHUNK) for item numbers `items`, as
-        the table holds them: static schedules carry each item's direction, a dynamic one's
+        """The work table's columns (WORK_BATCH .. WORK_CHUNK, and up to WORK_DIAGONAL where
+        the causal mask is bottom-right aligned) for item numbers `items`, as the table holds
+        them: static schedules carry each item's direction, a dynamic one's
         rows scan forward (the kernel reverses a CTA's odd-numbered items, `alternate`).
         `shape`: as for `_plan`. A column the schedule fixes is a plain int."""
         return self._row(items, 0 if self.cta.dynamic else None, shape)
@@ -1156,6 +1205,15 @@ def varlen_order(xp, launch, item, tiles: TileRows):
             xp.minimum(seg_kv_lo[block_seg[taken]] * qpk + within, heads - 1))
 
 
+def sequence_diagonals(problem: AttentionProblem, seqlens_q, seqlens_kv):
+    """Each sequence's causal diagonal in a packed batch (`causal_diagonal`: bottom-right
+    aligns each sequence's own last query with its own last key), an array like the lengths;
+    0 without the mask."""
+    if not problem.causal:
+        return seqlens_q * 0
+    return seqlens_q * 0 + causal_diagonal(seqlens_q, seqlens_kv, problem.causal_alignment)
+
+
 @dataclass(frozen=True)
 class VarlenLaunch(Placed):
     """A packed batch of sequences of different lengths (FlashAttention's varlen layout: the
@@ -1171,7 +1229,8 @@ class VarlenLaunch(Placed):
     apply (their partial states are laid out per (batch, head) of equal length).
 
     `problem` describes the packed arrays as the kernel sees them: batch 1, seqlen = total
-    rows. Causal masks are top-left aligned per sequence, as torch's `is_causal`.
+    rows. Causal masks are aligned per sequence as `problem.causal_alignment` says: top-left
+    (torch's `is_causal`) or bottom-right (diagonal seqlen_k(s) - seqlen_q(s), `WORK_DIAGONAL`).
     """
 
     problem: AttentionProblem
@@ -1228,8 +1287,9 @@ class VarlenLaunch(Placed):
         seq = np.repeat(np.arange(len(sq)), q_tiles)
         q_tile = np.arange(seq.size) - np.repeat(np.cumsum(q_tiles) - q_tiles, q_tiles)
         visited, first_masked = kv_tile_span(q_tile, p.tile_m, p.tile_n, sq[seq], sk[seq],
-                                             p.causal)
+                                             p.causal, sequence_diagonals(p, sq, sk)[seq])
         return seq, q_tile, np.asarray(visited), np.asarray(first_masked)
+
 
     def _order(self, seq, q_tile, visited) -> tuple[np.ndarray, np.ndarray]:
         """-> (tile row, head) of every work item, in the order the CTA schedule hands the
@@ -1274,19 +1334,40 @@ class VarlenLaunch(Placed):
         # tile row's columns are written for both directions, and the items copy theirs
         # (one compiled pass, with no item-sized temporaries: a 16k-item table built column
         # by column spent most of its time in page faults on NumPy's temporaries).
-        per_row = np.empty((2, seq.size, WORK_SEQLEN_KV + 1), dtype=np.int32)  # no padding
+        per_row = np.empty((2, seq.size, WORK_DIAGONAL + 1), dtype=np.int32)  # no padding
+        diagonal = sequence_diagonals(self.problem, sq, sk)
         for direction in (0, 1):
             start, step, count, masked_lo, masked_hi = scan_plan(lo, mid, hi, direction)
             columns = {WORK_BATCH: seq, WORK_HEAD: 0, WORK_KV_HEAD: 0, WORK_Q_TILE: q_tile,
                        WORK_SCAN_START: start, WORK_SCAN_STEP: step, WORK_SCAN_COUNT: count,
                        WORK_MASKED_LO: masked_lo, WORK_MASKED_HI: masked_hi, WORK_CHUNK: 0,
                        WORK_Q_START: q_start[seq], WORK_KV_START: kv_start[seq],
-                       WORK_SEQLEN_Q: sq[seq], WORK_SEQLEN_KV: sk[seq]}
+                       WORK_SEQLEN_Q: sq[seq], WORK_SEQLEN_KV: sk[seq],
+                       WORK_DIAGONAL: diagonal[seq]}
             fill_rows(per_row[direction], [columns[c] for c in range(len(columns))])
         direction = (np.zeros(row.size, dtype=np.int8) if np.ndim(backward) == 0
                      else backward.astype(np.int8))
         _compiled("gather_rows", _gather_rows)(per_row, direction, row, head,
                                                head // self.problem.qheads_per_kv, rows)
+
+
+# The bits of `DeviceVarlenLaunch.length_errors`, each shifted left by 0 for cu_seqlens_q and
+# max_seqlen_q, by 1 for cu_seqlens_k and max_seqlen_k.
+LENGTHS_MALFORMED = 1  # not starting at 0, decreasing, or past the packed rows
+LENGTHS_ABOVE_MAX = 4  # a sequence longer than max_seqlen
+
+
+def length_error_text(errors: int) -> str:
+    """What `length_errors` bits say, naming the arguments."""
+    said = []
+    for shift, side in ((0, "q"), (1, "k")):
+        if errors & (LENGTHS_MALFORMED << shift):
+            said.append(f"cu_seqlens_{side} must start at 0, never decrease and end within "
+                        f"the packed rows of {side}")
+        if errors & (LENGTHS_ABOVE_MAX << shift):
+            said.append(f"max_seqlen_{side} must be at least the longest sequence of "
+                        f"cu_seqlens_{side}")
+    return "; ".join(said)
 
 
 @dataclass(frozen=True)
@@ -1300,8 +1381,9 @@ class DeviceVarlenLaunch(Placed):
     the call for whatever lengths the tensors hold then.
 
     Orders: every CTA schedule's, as `VarlenLaunch` makes them, by the same code
-    (`varlen_order`). Lengths are not checked (that would read them back): they are clamped to
-    the packed rows, so bad ones give wrong rows, never a read or write outside the arrays."""
+    (`varlen_order`). Lengths are clamped to the packed rows, so bad ones give wrong rows,
+    never a read or write outside the arrays; `length_errors` says, where the lengths are,
+    what was malformed (the public call raises on it without waiting for the GPU)."""
 
     problem: AttentionProblem
     batch: int
@@ -1330,8 +1412,37 @@ class DeviceVarlenLaunch(Placed):
     def num_items(self) -> int:
         return self.problem.heads * self.tile_rows
 
+    def length_errors(self, cu_seqlens_q, cu_seqlens_kv, rows_q=None, rows_kv=None,
+                      max_seqlen_q=None, max_seqlen_kv=None):
+        """What is malformed about lengths on the GPU, worked out there (nothing read back):
+        a 0-d integer array of the cu_seqlens' library, the sum of the LENGTHS_* bits of
+        `LENGTH_ERRORS` (0: none). cu_seqlens must start at 0, never decrease and end within
+        the packed rows (`rows_*`, default the problem's); `max_seqlen_*` (ints or 0-d arrays;
+        None: not checked) must be at least every sequence's length. The table is written
+        from the clamped lengths whatever this says (`table_columns`): no read or write
+        leaves the arrays, and the call raises where this is not 0."""
+        xp = _array_module(cu_seqlens_q)
+        if xp is None:
+            raise ValueError(f"cu_seqlens must be NumPy arrays or arrays of a registered "
+                             f"library, got {type(cu_seqlens_q).__name__}")
+        if xp is np:
+            xp = NumpyArrays
+        p = self.problem
+        errors = 0
+        for bit, cu, rows, longest, packed in (
+                (0, cu_seqlens_q, rows_q, max_seqlen_q, p.seqlen_q),
+                (1, cu_seqlens_kv, rows_kv, max_seqlen_kv, p.seqlen_kv)):
+            bounds = xp.int64(cu)
+            steps = bounds[1:] - bounds[:-1]
+            bad = ((bounds[0] != 0) | (steps < 0).any()
+                   | (bounds[-1] > (packed if rows is None else rows)))
+            errors = errors + bad * (LENGTHS_MALFORMED << bit)
+            if longest is not None:
+                errors = errors + (steps.max() > longest) * (LENGTHS_ABOVE_MAX << bit)
+        return errors
+
     def table_columns(self, cu_seqlens_q, cu_seqlens_kv, rows_q=None, rows_kv=None):
-        """-> (the table's columns WORK_BATCH .. WORK_SEQLEN_KV, each an int or one value per
+        """-> (the table's columns WORK_BATCH .. WORK_DIAGONAL, each an int or one value per
         row of `num_items`, the real items first; how many are real), as arrays of the
         cu_seqlens' library (NumPy or torch) on their device. The rows after the real ones are
         padding that no CTA reads. `rows_q`, `rows_kv`: this call's packed rows, at most the
@@ -1358,8 +1469,9 @@ class DeviceVarlenLaunch(Placed):
         tile_row = xp.arange(self.tile_rows, like=bounds_q)
         seq = xp.minimum(xp.searchsorted_right(tile_ends, tile_row), n - 1)
         q_tile = tile_row - (tile_ends[seq] - q_tiles[seq])
+        diagonal = sequence_diagonals(p, seqlen_q, seqlen_kv)
         visited, first_masked = kv_tile_span(q_tile, p.tile_m, p.tile_n, seqlen_q[seq],
-                                             seqlen_kv[seq], p.causal)
+                                             seqlen_kv[seq], p.causal, diagonal[seq])
         item = xp.arange(self.num_items, like=bounds_q)
         row, head = varlen_order(xp, self, item, TileRows(
             q_tile, visited, tile_row < tile_ends[n - 1], q_tiles, tile_ends - q_tiles,
@@ -1375,5 +1487,6 @@ class DeviceVarlenLaunch(Placed):
                    WORK_SCAN_START: start, WORK_SCAN_STEP: step, WORK_SCAN_COUNT: count,
                    WORK_MASKED_LO: masked_lo, WORK_MASKED_HI: masked_hi, WORK_CHUNK: 0,
                    WORK_Q_START: start_q[item_seq], WORK_KV_START: start_kv[item_seq],
-                   WORK_SEQLEN_Q: seqlen_q[item_seq], WORK_SEQLEN_KV: seqlen_kv[item_seq]}
+                   WORK_SEQLEN_Q: seqlen_q[item_seq], WORK_SEQLEN_KV: seqlen_kv[item_seq],
+                   WORK_DIAGONAL: diagonal[item_seq]}
         return [columns[c] for c in range(len(columns))], heads * tile_ends[n - 1]

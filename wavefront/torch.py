@@ -5,7 +5,8 @@ and an entry point shaped like `torch.nn.functional.scaled_dot_product_attention
     out = wft.scaled_dot_product_attention(q, k, v, is_causal=True)   # q: (B, H, S, D)
     out = torch.ops.wavefront.attention(q, k, v, True, None, None, None)
 
-The op is `wavefront::attention(q, k, v, causal, scale, schedule, tiles) -> Tensor`, with a fake
+The op is `wavefront::attention(q, k, v, causal, scale, schedule, tiles, causal_alignment)
+-> Tensor` (`causal_alignment`: "top_left", torch's, or "bottom_right", FlashAttention's), with a fake
 (meta) implementation, so a compiled model keeps it in its graph instead of breaking the graph
 around an opaque Python call. It runs on the caller's current stream.
 
@@ -40,30 +41,34 @@ __all__ = ["attention", "attention_fwd_lse", "attention_bwd", "attention_varlen"
 @torch.library.custom_op("wavefront::attention", mutates_args=(), device_types="cuda")
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False,
               scale: Optional[float] = None, schedule: Optional[str] = None,
-              tiles: Optional[str] = None) -> torch.Tensor:
+              tiles: Optional[str] = None, causal_alignment: str = "top_left") -> torch.Tensor:
     """softmax(q k^T * scale) v per (batch, head); q (B, H, S_q, D), k and v (B, H_kv, S_kv, D),
-    H a multiple of H_kv. `schedule` and `tiles` as in `wavefront.attention` (None: the tuned
-    configuration for this GPU and shape). The Plan the public call caches for them, run
-    (`wavefront.kernel.plan.Plan.run`)."""
+    H a multiple of H_kv. `schedule`, `tiles` and `causal_alignment` as in
+    `wavefront.attention` (None: the tuned configuration for this GPU and shape). The Plan the
+    public call caches for them, run (`wavefront.kernel.plan.Plan.run`)."""
     from wavefront.kernel.call import plan_for
-    return plan_for(q, k, v, _options(causal, scale, schedule, tiles)).run(q, k, v)
+    return plan_for(q, k, v, _options(causal, scale, schedule, tiles,
+                                      causal_alignment)).run(q, k, v)
 
 
 @functools.lru_cache(maxsize=256, typed=True)  # typed: True and 1 are other options
-def _options(causal, scale, schedule, tiles):
+def _options(causal, scale, schedule, tiles, causal_alignment="top_left"):
     """The op's options as a `CallOptions`, made (and checked) once per combination."""
     from wavefront.kernel.plan import CallOptions
-    return CallOptions(causal=causal, scale=scale, schedule=schedule, tiles=tiles)
+    return CallOptions(causal=causal, scale=scale, schedule=schedule, tiles=tiles,
+                       causal_alignment=causal_alignment)
 
 
 @functools.lru_cache(maxsize=256, typed=True)
-def _values(causal, scale):
-    """The values (`CallOptions.values()`) of a call with the mask and a scale, made once."""
-    return _options(causal, scale, None, None).values()
+def _values(causal, scale, causal_alignment="top_left"):
+    """The values (`CallOptions.values()`) of a call with the mask, a scale and the mask's
+    alignment, made once."""
+    return _options(causal, scale, None, None, causal_alignment).values()
 
 
 @attention.register_fake
-def _attention_fake(q, k, v, causal=False, scale=None, schedule=None, tiles=None):
+def _attention_fake(q, k, v, causal=False, scale=None, schedule=None, tiles=None,
+                    causal_alignment="top_left"):
     # The output is always a new contiguous (B, H, S_q, D) tensor of q's dtype and device.
     return q.new_empty(q.shape)
 
@@ -152,20 +157,25 @@ def attention_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                      cu_seqlens_q: torch.Tensor, cu_seqlens_k: torch.Tensor,
                      max_seqlen_q: int, max_seqlen_k: int, causal: bool = False,
                      scale: Optional[float] = None, schedule: Optional[str] = None,
-                     tiles: Optional[str] = None) -> torch.Tensor:
+                     tiles: Optional[str] = None,
+                     causal_alignment: str = "top_left") -> torch.Tensor:
     """Packed sequences, FlashAttention's varlen interface: q (total_q, H, D), k and v
     (total_k, H_kv, D), cu_seqlens int32 (batch + 1). cu_seqlens on the GPU are read there
     (the work table is written from them on the call's stream: asynchronous, and a CUDA graph
-    replays the call for the lengths they hold then; every schedule); on
-    the CPU they are checked and the table is built on the host, once per lengths."""
+    replays the call for the lengths they hold then; every schedule; checked there, a later
+    call raising, see `wavefront.attention_varlen`); on the CPU they are checked and the
+    table is built on the host, once per lengths. `causal_alignment` per sequence, as in
+    `wavefront.attention_varlen`."""
     from wavefront.kernel.varlen import attention_varlen as launch_varlen
     return launch_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-                         causal=causal, scale=scale, schedule=schedule, tiles=tiles)
+                         causal=causal, scale=scale, schedule=schedule, tiles=tiles,
+                         causal_alignment=causal_alignment)
 
 
 @attention_varlen.register_fake
 def _attention_varlen_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-                           causal=False, scale=None, schedule=None, tiles=None):
+                           causal=False, scale=None, schedule=None, tiles=None,
+                           causal_alignment="top_left"):
     return q.new_empty(q.shape)
 
 
@@ -177,18 +187,18 @@ def release_graph_launchers() -> int:
     return release()
 
 
-def _attention(q, k, v, causal, scale):
+def _attention(q, k, v, causal, scale, causal_alignment="top_left"):
     """The op where torch.compile traces (it must see the op); in eager code the call itself,
     which saves the custom op's dispatch (tens of microseconds a call). Where an input
     requires grad, the forward that keeps its LSE for the backward."""
     if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
         return attention_fwd_lse(q, k, v, causal, scale, None, None)[0]
     if torch.compiler.is_compiling():
-        return attention(q, k, v, causal, scale, None, None)
+        return attention(q, k, v, causal, scale, None, None, causal_alignment)
     from wavefront.kernel.call import attention_plain, attention_with
-    if scale is None:
+    if scale is None and causal_alignment == "top_left":
         return attention_plain(q, k, v, causal)
-    return attention_with(q, k, v, _values(causal, scale))
+    return attention_with(q, k, v, _values(causal, scale, causal_alignment))
 
 
 def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.0,
@@ -228,7 +238,10 @@ def hf_attention_forward(module, query, key, value, attention_mask, scaling=None
 
     Register it with `register_with_transformers()`, which also registers `hf_mask` as the
     mask builder for its name. The masks it runs:
-    - None: the kernel's own mask, causal or none as the module is;
+    - None: the kernel's own mask, causal or none as the module is; causal with a query
+      shorter than the key (a step against a cache) is bottom-right aligned, the last query
+      seeing every key, as transformers' causal mask is there (torch's `is_causal`, top-left,
+      would hide the cache's last keys from it);
     - a `SequencesMask` (what `hf_mask` builds for padded batches, and for transformers'
       padding-free batches, sequences packed in a row with position_ids restarting at
       each): a packed batch of the sequences' tokens (`attention_varlen`, cu_seqlens on the
@@ -244,8 +257,10 @@ def hf_attention_forward(module, query, key, value, attention_mask, scaling=None
         # module's own
         is_causal = kwargs.get("is_causal")
         causal = (bool(getattr(module, "is_causal", True)) if is_causal is None
-                  else bool(is_causal)) and query.shape[2] > 1
-        out = _attention(query, key, value, causal, scaling)
+                  else bool(is_causal)) and query.shape[2] > 1  # one query sees every key
+        alignment = ("bottom_right" if causal and query.shape[2] < key.shape[2]
+                     else "top_left")
+        out = _attention(query, key, value, causal, scaling, alignment)
         return out.transpose(1, 2), None
     if isinstance(attention_mask, SequencesMask):
         if not attention_mask.fits(query, key):

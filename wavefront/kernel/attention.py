@@ -38,6 +38,7 @@ from wavefront.point import (DEFAULT_OCCUPANCY, DTYPES, HEAD_DIMS, LEVERS, TILE_
 from wavefront.schedules import (
     WORK_BATCH,
     WORK_CHUNK,
+    WORK_DIAGONAL,
     WORK_HEAD,
     WORK_KV_HEAD,
     WORK_KV_START,
@@ -175,12 +176,21 @@ def _fold_scores(qk, q, V, batch, kv_head, j, m_i, l_i, acc, qk_scale_log2, rows
 
 def _store_normalised(Out, Lse, acc, row_max, row_sum, batch, head, q_tile,
                       HEAD_DIM: ConstInt, TILE_M: ConstInt, WRITE_LSE: ConstBool):
-    """Output = acc / row sum in the output dtype; LSE (natural log) if asked."""
-    out = ct.truediv(acc, row_sum, flush_to_zero=True, rounding_mode=ct.RoundingMode.APPROX)
+    """Output = acc / row sum in the output dtype; LSE (natural log) if asked.
+
+    A row that saw no key (bottom-right causal with seqlen_q > seqlen_kv: its keys are all
+    past the diagonal) has row sum 0 and acc 0: its output is 0, as FlashAttention's, not
+    0 / 0, and its LSE -inf, the log of an empty sum (FlashAttention 2 writes +inf there for
+    its backward's sake). Told by its row max, still ROW_MAX_START: its row sum is not 0
+    where the polynomial exp2 (EXP2_POLY) floors a masked score's 2^-inf at 2^-126."""
+    seen = row_max > ROW_MAX_START  # [TILE_M, 1]
+    # x / inf = 0 under the approximate division (x times the reciprocal, 0)
+    out = ct.truediv(acc, ct.where(seen, row_sum, np.inf), flush_to_zero=True,
+                     rounding_mode=ct.RoundingMode.APPROX)
     ct.store(Out, index=(batch, head, q_tile, 0),
              tile=out.reshape((1, 1, TILE_M, HEAD_DIM)).astype(Out.dtype))
     if WRITE_LSE:
-        lse = (row_max + ct.log2(row_sum)) * LN_2  # [TILE_M, 1]
+        lse = ct.where(seen, (row_max + ct.log2(row_sum)) * LN_2, -np.inf)  # [TILE_M, 1]
         ct.store(Lse, index=(batch, head, q_tile), tile=lse.reshape((1, 1, TILE_M)))
 
 
@@ -278,6 +288,10 @@ def _attend_work_item(Q, K, V, Out, Lse, PartO, PartM, PartL, Work, Order, item,
     # direction, so the masked step is compiled once. Its row indices are made here, not
     # before the unmasked loop, so that they do not occupy registers across it.
     rows = q_tile * TILE_M + ct.arange(TILE_M, dtype=ct.int32)[:, None]  # [TILE_M, 1]
+    if CAUSAL:
+        # Row r sees columns c <= r + diagonal (0: top-left; bottom-right: seqlen_kv -
+        # seqlen_q of the item's sequence), a run-time value of the row: one binary for both.
+        rows = rows + _work(Work, item, WORK_DIAGONAL)
     for j in range(_work(Work, item, WORK_MASKED_LO), _work(Work, item, WORK_MASKED_HI)):
         m_i, l_i, acc = _online_softmax_step(q, K, V, batch, kv_head, j, m_i, l_i, acc,
                                              qk_scale_log2, rows, seqlen_kv, HEAD_DIM, TILE_M,

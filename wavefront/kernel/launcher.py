@@ -146,6 +146,8 @@ class AttentionLauncher:
         self._table_writer = None  # cu_seqlens on the GPU: see _write_table_from_lengths
         self._lengths_written = None  # and which its table holds (`_lengths_stamp`)
         self._lengths_may_change_unseen = False  # a capture wrote its table (ditto)
+        self._length_check = None  # (event, pinned flag) of the lengths' check on the GPU
+        self._length_buffers = None  # the event and pinned flag, made on first use
         self._writes_state = _writes_own_state(launch)
         self.recently_used = False  # called since the cache last looked (`_keep`)
         import cupy
@@ -169,7 +171,7 @@ class AttentionLauncher:
     @classmethod
     def planned(cls, vq: _ArrayView, k_shape, *, causal=False, schedule="persistent+linear",
                 tiles=None, occupancy=None, scale=None, return_lse=False, l2_bytes=None,
-                ctas=None, chunk_tiles=None, record_order=False,
+                ctas=None, chunk_tiles=None, record_order=False, causal_alignment="top_left",
                 **levers) -> "AttentionLauncher":
         """A launcher for q (described by `vq`) and k of `k_shape` on the current GPU, its
         launch planned here from the configuration given (`l2_bytes`: the L2 the grouped
@@ -180,7 +182,7 @@ class AttentionLauncher:
         launch = plan(vq.shape, tuple(k_shape), causal=causal, schedule=schedule, tiles=tiles,
                       occupancy=occupancy, sms=dev.sms,
                       l2_bytes=l2_bytes if l2_bytes is not None else dev.l2_bytes, ctas=ctas,
-                      chunk_tiles=chunk_tiles)
+                      chunk_tiles=chunk_tiles, causal_alignment=causal_alignment)
         return cls(launch, vq, scale=scale, return_lse=return_lse, record_order=record_order,
                    **levers)
 
@@ -448,6 +450,7 @@ class AttentionLauncher:
         other._table_writer = None
         other._lengths_written = None
         other._lengths_may_change_unseen = False
+        other._length_check = other._length_buffers = None
         if other._prepared is not None or other._launches_until_prepared is not None:
             # prepared anew, if ever: its own buffers' addresses
             other._prepared, other._launches_until_prepared = None, PREPARE_AFTER_LAUNCHES
@@ -534,14 +537,15 @@ def _table_arguments(table, items: int) -> dict:
 
 def launcher_for(q, k, v, *, causal=False, schedule="persistent+linear", tiles=None,
                  occupancy=None, scale=None, return_lse=False, l2_bytes=None, ctas=None,
-                 chunk_tiles=None, record_order=False,
+                 chunk_tiles=None, record_order=False, causal_alignment="top_left",
                  **levers) -> tuple[AttentionLauncher, tuple]:
     """-> (launcher for these arrays' shapes, the arrays as cuTile takes them)."""
     vq, arrays = _check_inputs(q, k, v)
     return AttentionLauncher.planned(
         vq, arrays[1].shape, causal=causal, schedule=schedule, tiles=tiles, occupancy=occupancy,
         scale=scale, return_lse=return_lse, l2_bytes=l2_bytes, ctas=ctas,
-        chunk_tiles=chunk_tiles, record_order=record_order, **levers), arrays
+        chunk_tiles=chunk_tiles, record_order=record_order,
+        causal_alignment=causal_alignment, **levers), arrays
 
 
 def launcher_for_launch(launch: Launch, q, k, v, *, scale=None, return_lse=False,

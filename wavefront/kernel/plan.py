@@ -17,7 +17,7 @@ from dataclasses import dataclass, fields, replace
 
 from wavefront.kernel.arrays import _call_key, _check_inputs
 from wavefront.point import LEVERS, check_levers, parse_schedule, parse_tiles, plan
-from wavefront.schedules import Launch, positive_int
+from wavefront.schedules import Launch, check_causal_alignment, positive_int
 
 
 def _with_unchosen_levers(cls):
@@ -48,6 +48,7 @@ class CallOptions:
     l2_bytes: int | None = None
     ctas: int | None = None
     chunk_tiles: int | None = None
+    causal_alignment: str = "top_left"  # or "bottom_right" (`schedules.causal_diagonal`)
 
     def __post_init__(self):
         for name in ("causal", "return_lse"):
@@ -66,6 +67,7 @@ class CallOptions:
             raise ValueError(f"scale must be a positive finite number, got {scale!r}")
         for name in ("l2_bytes", "ctas", "chunk_tiles"):
             positive_int(name, getattr(self, name), optional=True)
+        check_causal_alignment(self.causal_alignment)
         check_levers(**self.levers())
         # made once: the torch op and `plan_for` key on them every call
         object.__setattr__(self, "_values", tuple(getattr(self, f.name) for f in fields(self)))
@@ -88,7 +90,8 @@ class CallOptions:
     def launcher_options(self) -> dict:
         """What a launcher takes beside its configuration (`AttentionLauncher.planned`)."""
         return {"causal": self.causal, "scale": self.scale, "return_lse": self.return_lse,
-                "l2_bytes": self.l2_bytes, "ctas": self.ctas, "chunk_tiles": self.chunk_tiles}
+                "l2_bytes": self.l2_bytes, "ctas": self.ctas, "chunk_tiles": self.chunk_tiles,
+                "causal_alignment": self.causal_alignment}
 
     def chose_nothing(self) -> bool:
         """Whether the configuration is left to the tuned table (no schedule, tiles, occupancy
@@ -226,7 +229,8 @@ class Plan:
         p = self.launch.problem
         return (f"q ({p.batch}, {p.heads}, {p.seqlen_q}, {p.head_dim}) k/v ({p.batch}, "
                 f"{p.kv_heads}, {p.seqlen_kv}, {p.head_dim}) {self.dtype}"
-                f"{' causal' if p.causal else ''}")
+                f"{' causal' if p.causal else ''}"
+                f"{' bottom-right' if p.causal and p.causal_alignment == 'bottom_right' else ''}")
 
     def __repr__(self) -> str:
         bound = "bound" if self.launcher is not None else "shapes only"
@@ -356,5 +360,5 @@ def plan_of_shapes(q_shape, k_shape, options: CallOptions, gpu: PlannedGpu,
                   l2_bytes=options.l2_bytes if options.l2_bytes is not None else gpu.l2_bytes,
                   causal=options.causal, schedule=config["schedule"], tiles=config["tiles"],
                   occupancy=config["occupancy"], ctas=options.ctas,
-                  chunk_tiles=options.chunk_tiles)
+                  chunk_tiles=options.chunk_tiles, causal_alignment=options.causal_alignment)
     return Plan(launch, config, source, options, gpu, dtype, k_shape)

@@ -176,7 +176,7 @@ class TableKernel:
     source: str
     parameters: tuple[str, ...]
     branches: tuple  # (traced condition on launch integers, the way it went)
-    columns: tuple  # the traced columns (WORK_BATCH .. WORK_CHUNK), for `evaluate`
+    columns: tuple  # the traced columns (WORK_BATCH .. WORK_CHUNK or WORK_DIAGONAL)
     # `branches` printed as one Python function of the launch integers (`_branch_test`)
     takes_branches: Callable = dataclasses.field(compare=False, repr=False)
 
@@ -294,7 +294,7 @@ def table_kernel(launch: Launch) -> TableKernel:
     """The table kernel that serves `launch`: one traced before for the same schedules and
     mask whose branches the launch's integers take alike, else a new trace. (Besides
     `table_shape`, the formulas read only the schedules and the mask.)"""
-    key = (launch.cta, launch.kv, launch.problem.causal)
+    key = (launch.cta, launch.kv, launch.problem.causal, launch.problem.causal_alignment)
     for kernel in _tables.get(key, ()):
         if kernel.serves(launch.table_shape):
             return kernel

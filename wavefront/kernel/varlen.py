@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import os
 
 from wavefront.device import current_device
 from wavefront.kernel.arrays import (_ArrayView, _call_key, _check_inputs, _empty, _in_library,
@@ -20,7 +21,16 @@ from wavefront.kernel.call import (VARLEN_LAUNCHER_CACHE_SIZE, _cached, _cached_
 from wavefront.kernel.launcher import AttentionLauncher
 from wavefront.kernel.streams import _as_current_stream, _in_graphs, _stream_handle
 from wavefront.kernel.tuning import resolve_config
-from wavefront.point import KERNEL_LEVERS, plan_varlen, plan_varlen_on_device
+from wavefront.point import KERNEL_LEVERS, check_max_seqlen, plan_varlen, plan_varlen_on_device
+from wavefront.schedules import check_causal_alignment, length_error_text
+
+
+# WAVEFRONT_CHECK_LENGTHS=1: a call with cu_seqlens on the GPU waits for their check there
+# (`DeviceVarlenLaunch.length_errors`) and raises before its launch; by default the check's
+# result is read by a later call once it has arrived, and nothing waits.
+CHECK_LENGTHS = os.environ.get("WAVEFRONT_CHECK_LENGTHS", "0") == "1"
+# max_seqlen not given: no sequence is too long (the packed rows bound them anyway)
+NO_MAX_SEQLEN = 1 << 62
 
 
 def _host_bounds(name: str, cu_seqlens) -> tuple[int, ...]:
@@ -51,28 +61,26 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q=None,
                      max_seqlen_k=None, *, causal: bool = False, schedule: str | None = None,
                      tiles=None, occupancy: int | None = None, scale: float | None = None,
                      return_lse: bool = False, out=None, stream=None,
-                     l2_bytes: int | None = None, ctas: int | None = None, **levers):
+                     l2_bytes: int | None = None, ctas: int | None = None,
+                     causal_alignment: str = "top_left", **levers):
     """FlashAttention forward over packed sequences; see `wavefront.api.attention_varlen`."""
+    check_causal_alignment(causal_alignment)
     if _lengths_on_gpu(q, cu_seqlens_q, cu_seqlens_k):
         return _attention_varlen_on_gpu(
             q, k, v, cu_seqlens_q, cu_seqlens_k, causal=causal, schedule=schedule, tiles=tiles,
             occupancy=occupancy, scale=scale, return_lse=return_lse, out=out, stream=stream,
-            l2_bytes=l2_bytes, ctas=ctas, levers=levers)
+            l2_bytes=l2_bytes, ctas=ctas, levers=levers, causal_alignment=causal_alignment,
+            max_seqlens=(max_seqlen_q, max_seqlen_k))
     bounds_q = _host_bounds("cu_seqlens_q", cu_seqlens_q)
     bounds_k = _host_bounds("cu_seqlens_k", cu_seqlens_k)
     problem_options = (causal, schedule, tiles, occupancy, scale, return_lse, l2_bytes, ctas,
-                       len(bounds_q), *(x for item in levers.items() for x in item))
+                       len(bounds_q), causal_alignment,
+                       *(x for item in levers.items() for x in item))
     key = _call_key(q, k, v, (*problem_options, bounds_q, bounds_k, max_seqlen_q, max_seqlen_k))
     q4, k4, v4 = (_packed_as_4d(n, x) for n, x in (("q", q), ("k", k), ("v", v)))
 
     def build():
-        lengths_q = [b - a for a, b in zip(bounds_q, bounds_q[1:])]
-        lengths_k = [b - a for a, b in zip(bounds_k, bounds_k[1:])]
-        for name, given, lengths in (("max_seqlen_q", max_seqlen_q, lengths_q),
-                                     ("max_seqlen_k", max_seqlen_k, lengths_k)):
-            if given is not None and lengths and int(given) < max(lengths):
-                raise ValueError(f"{name} must be at least the longest sequence "
-                                 f"({max(lengths)}), got {given}")
+        # (plan_varlen checks the lengths and max_seqlen_*, each error naming the argument)
         template_key, template = _cached(
             None if key is None else _call_key(q, k, v, problem_options), _varlen_templates)
         if template is not None:  # this problem with other lengths: only the table is new
@@ -82,7 +90,8 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q=None,
                 tuple(q.shape), tuple(k.shape), bounds_q, bounds_k, causal=causal,
                 schedule=made.name, tiles=(made.problem.tile_m, made.problem.tile_n),
                 occupancy=made.ctas_per_sm, sms=made.sms, l2_bytes=made.l2_bytes,
-                ctas=made.ctas))
+                ctas=made.ctas, causal_alignment=causal_alignment,
+                max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k))
         launcher = _first_varlen_launcher()
         # (not what `_keep` hands back: a racing thread's template has other lengths)
         _keep(_varlen_templates, template_key, launcher, VARLEN_LAUNCHER_CACHE_SIZE)
@@ -95,7 +104,9 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q=None,
         launch = plan_varlen(tuple(q.shape), tuple(k.shape), bounds_q, bounds_k,
                              causal=causal, schedule=config.pop("schedule"),
                              tiles=config.pop("tiles"), occupancy=config.pop("occupancy"),
-                             sms=dev.sms, l2_bytes=l2_bytes or dev.l2_bytes, ctas=ctas)
+                             sms=dev.sms, l2_bytes=l2_bytes or dev.l2_bytes, ctas=ctas,
+                             causal_alignment=causal_alignment, max_seqlen_q=max_seqlen_q,
+                             max_seqlen_k=max_seqlen_k)
         return AttentionLauncher(launch, vq, scale=scale, return_lse=return_lse, **config)
     launcher = _cached_or_built(key, build, varlen=True)
     return _launch_packed(launcher, q, q4, k4, v4, out, stream)
@@ -156,7 +167,7 @@ def _lengths_on_gpu(q, cu_seqlens_q, cu_seqlens_k) -> bool:
 
 def _attention_varlen_on_gpu(q, k, v, cu_seqlens_q, cu_seqlens_k, *, causal, schedule, tiles,
                              occupancy, scale, return_lse, out, stream, l2_bytes, ctas,
-                             levers):
+                             levers, causal_alignment="top_left", max_seqlens=(None, None)):
     """`attention_varlen` with cu_seqlens on the GPU, where the host never reads them: one
     launcher per packed problem, bucket of packed rows (`_rows_bucket`) and bucket of numbers
     of sequences (`_sequences_bucket`; `DeviceVarlenLaunch`), whose table each call writes on
@@ -182,7 +193,8 @@ def _attention_varlen_on_gpu(q, k, v, cu_seqlens_q, cu_seqlens_k, *, causal, sch
     # (a serving loop brings a new total and often a new count every call), the options'
     # types included as there.
     options = (rows_q, rows_k, causal, schedule, tiles, occupancy, scale, return_lse, l2_bytes,
-               ctas, batch, "lengths on the GPU", *(x for item in levers.items() for x in item))
+               ctas, batch, "lengths on the GPU", causal_alignment,
+               *(x for item in levers.items() for x in item))
     key = (tuple(q.shape[1:]), q.stride(), q.dtype, q.get_device(), tuple(k.shape[1:]),
            k.stride(), k.dtype, k.get_device(), v.stride(), v.dtype, v.get_device(), options,
            tuple(map(type, options)))
@@ -196,12 +208,13 @@ def _attention_varlen_on_gpu(q, k, v, cu_seqlens_q, cu_seqlens_k, *, causal, sch
             (rows_q,) + tuple(q.shape[1:]), (rows_k,) + tuple(k.shape[1:]), batch,
             causal=causal, schedule=config.pop("schedule"), tiles=config.pop("tiles"),
             occupancy=config.pop("occupancy"), sms=dev.sms, l2_bytes=l2_bytes or dev.l2_bytes,
-            ctas=ctas)
+            ctas=ctas, causal_alignment=causal_alignment)
         return AttentionLauncher(launch, vq, scale=scale, return_lse=return_lse, **config)
     launcher = _cached_or_built(key, build, varlen=True)
     launcher = _write_table_from_lengths(
         launcher, cu_seqlens_q, cu_seqlens_k,
-        launcher.current_stream() if stream is None else stream, q.shape[0], k.shape[0])
+        launcher.current_stream() if stream is None else stream, q.shape[0], k.shape[0],
+        _checked_max_seqlens(max_seqlens))
     return _launch_packed(launcher, q, q4, k4, v4, out, stream)
 
 
@@ -231,7 +244,8 @@ def _rows_bucket(rows: int) -> int:
 
 
 def _write_table_from_lengths(launcher, cu_seqlens_q, cu_seqlens_k, stream, rows_q: int,
-                              rows_k: int) -> AttentionLauncher:
+                              rows_k: int, max_seqlens=(NO_MAX_SEQLEN, NO_MAX_SEQLEN)
+                              ) -> AttentionLauncher:
     """Write a `DeviceVarlenLaunch` launcher's table and item count from the lengths on the
     GPU and the packed rows of this call (`rows_q`, `rows_k`: the lengths are clamped to
     them), on `stream` (the launch's), with torch: nothing is read back. -> the launcher's
@@ -255,7 +269,17 @@ def _write_table_from_lengths(launcher, cu_seqlens_q, cu_seqlens_k, stream, rows
     nor on a launcher copy whose table a captured graph writes (its replays would change the
     lengths unseen). Writes that torch's version counter does not see (a kernel of CuPy's or
     Triton's through the data pointer, the replay of a CUDA graph that writes the tensor)
-    need a new tensor, or `REUSE_UNCHANGED_LENGTHS = False` here."""
+    need a new tensor, or `REUSE_UNCHANGED_LENGTHS = False` here.
+
+    The lengths are checked on the GPU as the table is written (`DeviceVarlenLaunch.
+    length_errors`: cu_seqlens start at 0, never decrease, end within the packed rows; no
+    sequence longer than `max_seqlens`), into a flag beside the item count that stays set
+    until the host reads it; the table is written from the clamped lengths regardless, so no
+    launch reads or writes outside the arrays. The flag's copy to the host is queued after the
+    writing and read by a later call once it has arrived (`_raise_on_bad_lengths`): nothing
+    waits, and that call raises, naming the argument. `WAVEFRONT_CHECK_LENGTHS=1` waits for it
+    instead and raises before the launch (`CHECK_LENGTHS`). Inside a capture the flag is set
+    and read by the first call after it outside one that writes lengths."""
     import torch
 
     import wavefront.kernel.torch_arrays  # noqa: F401  (the formulas' operations on torch)
@@ -268,19 +292,21 @@ def _write_table_from_lengths(launcher, cu_seqlens_q, cu_seqlens_k, stream, rows
             launcher._lengths_may_change_unseen = True
             launcher._lengths_written = None
             _table_from_lengths(launcher, _padded(cu_seqlens_q, entries),
-                                _padded(cu_seqlens_k, entries), rows_q, rows_k)
+                                _padded(cu_seqlens_k, entries), rows_q, rows_k, *max_seqlens)
             return launcher
+        if launcher._length_check is not None:
+            _raise_on_bad_lengths(launcher, wait=False)
         written = launcher._lengths_written
         if written is not None and REUSE_UNCHANGED_LENGTHS and _same_lengths(
-                written, cu_seqlens_q, cu_seqlens_k, rows_q, rows_k):
+                written, cu_seqlens_q, cu_seqlens_k, rows_q, rows_k, max_seqlens):
             return launcher
         launcher._lengths_written = None  # until written
         if launcher._table_writer is None:
             view = launcher.view
             staged = tuple(_in_library(view, _owned(view, n, "int64"))
-                           for n in (entries, entries, 2))
-            _stage(staged, cu_seqlens_q, cu_seqlens_k, rows_q, rows_k)
-            arguments = staged[0], staged[1], staged[2][0], staged[2][1]
+                           for n in (entries, entries, 4))
+            _stage(staged, cu_seqlens_q, cu_seqlens_k, rows_q, rows_k, max_seqlens)
+            arguments = staged[0], staged[1], *staged[2]
             _table_from_lengths(launcher, *arguments)  # this call's table, and a warm-up
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph):
@@ -289,12 +315,66 @@ def _write_table_from_lengths(launcher, cu_seqlens_q, cu_seqlens_k, stream, rows
             launcher._buffers.append(launcher._table_writer)
         else:
             graph, staged = launcher._table_writer
-            _stage(staged, cu_seqlens_q, cu_seqlens_k, rows_q, rows_k)
+            _stage(staged, cu_seqlens_q, cu_seqlens_k, rows_q, rows_k, max_seqlens)
             graph.replay()
+        if CHECK_LENGTHS and launcher._length_check is not None:
+            _raise_on_bad_lengths(launcher, wait=True)  # a copy from before this writing
+        _queue_length_check(launcher)
+        if CHECK_LENGTHS:
+            _raise_on_bad_lengths(launcher, wait=True)
         if not launcher._lengths_may_change_unseen:
             launcher._lengths_written = _lengths_stamp(cu_seqlens_q, cu_seqlens_k, rows_q,
-                                                       rows_k)
+                                                       rows_k, max_seqlens)
     return launcher
+
+
+
+def _checked_max_seqlens(max_seqlens) -> tuple[int, int]:
+    """max_seqlen_q and max_seqlen_k as the GPU check takes them: ints (NO_MAX_SEQLEN where
+    not given), checked to be integers."""
+    checked = []
+    for name, given in zip(("max_seqlen_q", "max_seqlen_k"), max_seqlens):
+        check_max_seqlen(name, given, ())
+        checked.append(NO_MAX_SEQLEN if given is None else int(given))
+    return tuple(checked)
+
+
+def _length_flag(launcher):
+    """The flag of what the lengths' check on the GPU found, beside the table's item count."""
+    return launcher._table[launcher.launch.num_items, 3:4]
+
+
+def _queue_length_check(launcher) -> None:
+    """Queue the flag's copy to the host after the table's writing, unless a copy is still on
+    its way (the flag stays set until read: that copy, or the next, sees it)."""
+    import torch
+    if launcher._length_check is not None:
+        return
+    if launcher._length_buffers is None:  # made once per launcher (and stream copy)
+        launcher._length_buffers = (torch.cuda.Event(),
+                                    torch.empty(1, dtype=torch.int32, pin_memory=True))
+    arrived, pinned = launcher._length_buffers
+    pinned.copy_(_length_flag(launcher), non_blocking=True)
+    arrived.record()
+    launcher._length_check = arrived, pinned
+
+
+def _raise_on_bad_lengths(launcher, wait: bool) -> None:
+    """Raise if the flag's copy has arrived (`wait`: wait for it) and says the lengths were
+    malformed, naming the argument; the flag is then cleared on the GPU."""
+    arrived, pinned = launcher._length_check
+    if not wait and not arrived.query():
+        return
+    arrived.synchronize()
+    launcher._length_check = None
+    errors = int(pinned[0])
+    if errors:
+        _length_flag(launcher).zero_()
+        launcher._lengths_written = None  # written again, and checked, by the next call
+        when = ("" if wait else "; by an earlier call: WAVEFRONT_CHECK_LENGTHS=1 raises in "
+                "the call that passes them")
+        raise ValueError(f"{length_error_text(errors)} (found on the GPU, where the launch "
+                         f"ran on them clamped to the arrays{when})")
 
 
 # Whether a call with cu_seqlens on the GPU may keep the table its launcher last wrote from the
@@ -302,36 +382,45 @@ def _write_table_from_lengths(launcher, cu_seqlens_q, cu_seqlens_k, stream, rows
 REUSE_UNCHANGED_LENGTHS = True
 
 
-def _lengths_stamp(cu_seqlens_q, cu_seqlens_k, rows_q: int, rows_k: int):
+def _lengths_stamp(cu_seqlens_q, cu_seqlens_k, rows_q: int, rows_k: int,
+                   max_seqlens=(NO_MAX_SEQLEN, NO_MAX_SEQLEN)):
     """What identifies the lengths a table is written from: the cu_seqlens tensors'
-    `tensors_stamp` and the packed rows; None where a tensor keeps no version counter."""
+    `tensors_stamp`, the packed rows and the max_seqlens; None where a tensor keeps no
+    version counter."""
     stamp = tensors_stamp(cu_seqlens_q, cu_seqlens_k)
-    return None if stamp is None else (stamp, rows_q, rows_k)
+    return None if stamp is None else (stamp, rows_q, rows_k, max_seqlens)
 
 
-def _same_lengths(stamp, cu_seqlens_q, cu_seqlens_k, rows_q: int, rows_k: int) -> bool:
-    """Whether these cu_seqlens and rows are those `stamp` (`_lengths_stamp`) was taken of,
-    the tensors unmodified since."""
-    tensors, stamped_q, stamped_k = stamp
-    return (stamped_q == rows_q and stamped_k == rows_k
+def _same_lengths(stamp, cu_seqlens_q, cu_seqlens_k, rows_q: int, rows_k: int,
+                  max_seqlens=(NO_MAX_SEQLEN, NO_MAX_SEQLEN)) -> bool:
+    """Whether these cu_seqlens, rows and max_seqlens are those `stamp` (`_lengths_stamp`)
+    was taken of, the tensors unmodified since."""
+    tensors, stamped_q, stamped_k, stamped_max = stamp
+    return (stamped_q == rows_q and stamped_k == rows_k and stamped_max == max_seqlens
             and stamp_matches(tensors, cu_seqlens_q, cu_seqlens_k))
 
 
-def _stage(staged, cu_seqlens_q, cu_seqlens_k, rows_q: int, rows_k: int) -> None:
-    """Copy a call's lengths (`_padded` to the launcher's bucket) and packed rows into the
-    writer graph's inputs, on the GPU (a fill takes its value as a kernel argument: no copy
-    from the host, nothing waits)."""
+def _stage(staged, cu_seqlens_q, cu_seqlens_k, rows_q: int, rows_k: int,
+           max_seqlens) -> None:
+    """Copy a call's lengths (`_padded` to the launcher's bucket), packed rows and
+    max_seqlens into the writer graph's inputs, on the GPU (a fill takes its value as a
+    kernel argument: no copy from the host, nothing waits)."""
     for buffer, cu_seqlens in zip(staged, (cu_seqlens_q, cu_seqlens_k)):
         buffer.copy_(_padded(cu_seqlens, buffer.shape[0]))
-    staged[2][0].fill_(rows_q)
-    staged[2][1].fill_(rows_k)
+    for i, value in enumerate((rows_q, rows_k, *max_seqlens)):
+        staged[2][i].fill_(value)
 
 
-def _table_from_lengths(launcher, cu_seqlens_q, cu_seqlens_k, rows_q, rows_k) -> None:
+def _table_from_lengths(launcher, cu_seqlens_q, cu_seqlens_k, rows_q, rows_k,
+                        max_seqlen_q=NO_MAX_SEQLEN, max_seqlen_k=NO_MAX_SEQLEN) -> None:
     """The table's rows and count from the lengths and packed rows (ints, or 0-d tensors on
-    the GPU), on torch's current stream."""
+    the GPU), on torch's current stream; what the lengths' check finds is or-ed into the
+    flag (`_length_flag`), which stays set until the host reads it."""
     import torch
     launch, table = launcher.launch, launcher._table
+    errors = launch.length_errors(cu_seqlens_q, cu_seqlens_k, rows_q, rows_k, max_seqlen_q,
+                                  max_seqlen_k)
+    _length_flag(launcher).bitwise_or_(errors.to(torch.int32).reshape(1))
     items = launch.num_items
     columns, count = launch.table_columns(cu_seqlens_q, cu_seqlens_k, rows_q, rows_k)
     # One stack and one copy, not a strided copy per column: each is a kernel of its own,

@@ -41,11 +41,12 @@ def useful_pairs_per_head(p: AttentionProblem) -> int:
     """(query, key) pairs that carry weight: all of them, or the causal lower-left triangle."""
     if not p.causal:
         return p.seqlen_q * p.seqlen_kv
-    # Query row r sees keys 0..min(r, seqlen_kv - 1).
-    full = min(p.seqlen_q, p.seqlen_kv)
-    pairs = full * (full + 1) // 2
-    pairs += max(0, p.seqlen_q - p.seqlen_kv) * p.seqlen_kv
-    return pairs
+    # Query row r sees min(r + diagonal + 1, seqlen_kv) keys, none where that is below 1:
+    # rows [0, lo) none, [lo, hi) r + diagonal + 1, [hi, seqlen_q) all of them.
+    d, sq, skv = p.diagonal, p.seqlen_q, p.seqlen_kv
+    lo = min(max(-d, 0), sq)
+    hi = min(max(skv - d - 1, lo), sq)
+    return (hi - lo) * (d + 1) + (lo + hi - 1) * (hi - lo) // 2 + (sq - hi) * skv
 
 
 def launch_counts(p: AttentionProblem, n_chunks: int = 1,
