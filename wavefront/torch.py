@@ -122,6 +122,17 @@ def _backward(ctx, dout, q, k, v, out, lse):
     return dq, dk, dv, None, None, None, None
 
 
+def _check_backward_alignment(q, k, causal, causal_alignment):
+    """The backward runs top-left causal masks; where the alignments differ (a causal mask,
+    S_q != S_kv) a bottom-right forward is refused for training rather than differentiated
+    with the other mask."""
+    if causal and causal_alignment != "top_left" and q.shape[-2] != k.shape[-2]:
+        raise ValueError(f"causal_alignment={causal_alignment!r} with seqlen_q {q.shape[-2]} != "
+                         f"seqlen_kv {k.shape[-2]}: the backward pass runs top-left causal "
+                         "masks only; call without gradients, or with causal_alignment="
+                         "'top_left'")
+
+
 def _fwd_lse_setup_context(ctx, inputs, output):
     q, k, v, causal, scale, _, _ = inputs
     out, lse = output
@@ -135,7 +146,8 @@ def _fwd_lse_backward(ctx, dout, _dlse):
 
 
 def _attention_setup_context(ctx, inputs, output):
-    q, k, v, causal, scale, schedule, tiles = inputs
+    q, k, v, causal, scale, schedule, tiles, causal_alignment = inputs
+    _check_backward_alignment(q, k, causal, causal_alignment)
     ctx.save_for_backward(q, k, v, output)
     ctx.causal, ctx.scale, ctx.options = causal, scale, (causal, scale, schedule, tiles)
 
@@ -192,6 +204,7 @@ def _attention(q, k, v, causal, scale, causal_alignment="top_left"):
     which saves the custom op's dispatch (tens of microseconds a call). Where an input
     requires grad, the forward that keeps its LSE for the backward."""
     if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
+        _check_backward_alignment(q, k, causal, causal_alignment)
         return attention_fwd_lse(q, k, v, causal, scale, None, None)[0]
     if torch.compiler.is_compiling():
         return attention(q, k, v, causal, scale, None, None, causal_alignment)
