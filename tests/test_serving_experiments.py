@@ -129,3 +129,165 @@ def test_the_serving_experiments_tables_read_committed_data(name):
     exp = load_experiment(ROOT / "experiments" / f"{name}.py")
     t = exp.table(Study(ROOT / "data"))
     assert len(t) > 0
+
+
+# ---------------------------------------------------------------------------------------------
+# The transformers hook's routing (wavefront.serving), with the GPU calls faked
+# ---------------------------------------------------------------------------------------------
+
+def _causal_cache_attention(q, k, v, cache_seqlens, causal=True, scale=None):
+    """What `attention_with_kvcache` computes, in float32 on any device: q (B, S_q, H, D),
+    k and v (B, L, H_kv, D), row b seeing keys [0, cache_seqlens[b] - S_q + i] at query i."""
+    import torch
+    b, s_q, h, d = q.shape
+    group = h // k.shape[2]
+    k = k.float().repeat_interleave(group, dim=2).transpose(1, 2)  # (B, H, L, D)
+    v = v.float().repeat_interleave(group, dim=2).transpose(1, 2)
+    scores = q.float().transpose(1, 2) @ k.transpose(2, 3) * (scale or d ** -0.5)
+    limit = (cache_seqlens.view(-1, 1, 1, 1) - s_q
+             + torch.arange(s_q).view(1, 1, -1, 1))
+    scores = scores.masked_fill(torch.arange(k.shape[2]).view(1, 1, 1, -1) > limit,
+                                float("-inf"))
+    return (scores.softmax(-1) @ v).transpose(1, 2).to(q.dtype)
+
+
+@pytest.fixture
+def fake_cache_call(monkeypatch):
+    """`wavefront.attention_with_kvcache` replaced by the reference above, noting each call's
+    key layout and lengths; the hook's memory of the call's layout reset."""
+    torch = pytest.importorskip("torch")
+    import wavefront
+    import wavefront.serving as wfs
+    calls = []
+
+    def fake(q, k_cache, v_cache, cache_seqlens, **kw):
+        calls.append({"k_contiguous": k_cache.is_contiguous(), "k_shape": tuple(k_cache.shape),
+                      "cache_seqlens": cache_seqlens.tolist(), "causal": kw.get("causal")})
+        if fake.refuse_views and not k_cache.is_contiguous():
+            raise ValueError("k_cache must be contiguous")
+        return _causal_cache_attention(q, k_cache, v_cache, cache_seqlens, kw.get("causal"),
+                                       kw.get("scale"))
+    fake.refuse_views = False
+    monkeypatch.setattr(wavefront, "attention_with_kvcache", fake, raising=False)
+    monkeypatch.setattr(wfs, "_views_taken", [None])
+    monkeypatch.setattr(wfs, "_copies", {"calls": 0, "bytes": 0})
+    monkeypatch.setattr(wfs, "_checked_mask", [])
+    monkeypatch.setattr(wfs, "_full_lengths", [])
+    return torch, wfs, fake, calls
+
+
+def _static_mask(torch, valid, s_q, max_len):
+    """transformers' sdpa mask at a StaticCache step: query i of row b sees positions up to
+    its own (valid[b] - s_q + i), and nothing past the row's valid tokens."""
+    valid = torch.as_tensor(valid)
+    pos = valid.view(-1, 1, 1) - s_q + torch.arange(s_q).view(1, -1, 1)
+    cols = torch.arange(max_len).view(1, 1, -1)
+    return ((cols <= pos) & (cols < valid.view(-1, 1, 1)))[:, None]
+
+
+def test_the_hook_routes_by_query_and_key_length_and_mask():
+    torch = pytest.importorskip("torch")
+    from wavefront.serving import Route, route
+    from wavefront.torch import SequencesMask
+    q1, q9 = (2, 32, 1, 64), (2, 32, 9, 64)
+    assert route(q9, (2, 8, 9, 64), None) == Route("prefill")
+    assert route(q1, (2, 8, 300, 64), None) == Route("cache", "key")  # DynamicCache step
+    static = torch.ones(2, 1, 1, 4096, dtype=torch.bool)
+    assert route(q1, (2, 8, 4096, 64), static) == Route("cache", "mask")  # StaticCache step
+    assert route(q9, (2, 8, 4096, 64), static.expand(2, 1, 9, 4096)) == Route("cache", "mask")
+    with pytest.raises(ValueError, match="^attention_mask must be None or a boolean"):
+        route(q1, (2, 8, 300, 64), torch.zeros(2, 1, 1, 300))  # an additive float mask
+    with pytest.raises(ValueError, match="^attention_mask must be None or a boolean"):
+        route(q1, (2, 8, 300, 64), SequencesMask(torch.tensor([0, 1]), 2, 1))
+    with pytest.raises(ValueError, match="query has 9 tokens and key 4"):
+        route(q9, (2, 8, 4, 64), None)
+
+
+@pytest.mark.parametrize("s_q", [1, 3])
+def test_cache_lengths_come_from_the_static_caches_mask_without_reading_it_back(s_q):
+    torch = pytest.importorskip("torch")
+    from wavefront.serving import cache_seqlens_from_mask, mask_matches_lengths
+    mask = _static_mask(torch, [5, 9], s_q, 12)
+    lengths = cache_seqlens_from_mask(mask, 2)
+    assert lengths.dtype == torch.int32 and lengths.tolist() == [5, 9]
+    assert mask_matches_lengths(mask, lengths)
+    padded = mask.clone()
+    padded[0, 0, :, 0] = False  # a left-padded row: a hole no length describes
+    assert not mask_matches_lengths(padded, cache_seqlens_from_mask(padded, 2))
+    # a mask of one row for the whole batch
+    assert cache_seqlens_from_mask(mask[:1], 3).tolist() == [5, 5, 5]
+
+
+def _qkv(torch, b, h, h_kv, s_q, length, d=64, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randn(b, h, s_q, d, generator=g)
+    k = torch.randn(b, h_kv, length, d, generator=g)
+    v = torch.randn(b, h_kv, length, d, generator=g)
+    return q, k, v
+
+
+def _sdpa_reference(torch, q, k, v, mask):
+    group = q.shape[1] // k.shape[1]
+    k, v = (x.repeat_interleave(group, dim=1) for x in (k, v))
+    out = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+    return out.transpose(1, 2)
+
+
+def test_a_dynamic_cache_step_runs_the_cache_call_on_views_of_the_whole_key(fake_cache_call):
+    torch, wfs, fake, calls = fake_cache_call
+    q, k, v = _qkv(torch, 2, 8, 2, 1, 37)
+    out, weights = wfs.hf_cache_attention_forward(object(), q, k, v, None)
+    assert weights is None and out.shape == (2, 1, 8, 64)
+    assert torch.allclose(out, _sdpa_reference(torch, q, k, v, None), atol=1e-5)
+    assert calls[0]["k_shape"] == (2, 37, 2, 64) and not calls[0]["k_contiguous"]
+    assert calls[0]["cache_seqlens"] == [37, 37] and calls[0]["causal"] is True
+    assert wfs.cache_copies() == {"calls": 0, "bytes": 0}
+
+
+@pytest.mark.parametrize("s_q", [1, 5])
+def test_a_static_cache_step_reads_its_lengths_from_the_mask(fake_cache_call, s_q):
+    torch, wfs, fake, calls = fake_cache_call
+    q, k, v = _qkv(torch, 2, 8, 2, s_q, 64)  # the cache's max length: 64
+    mask = _static_mask(torch, [20, 41], s_q, 64)
+    out, _ = wfs.hf_cache_attention_forward(object(), q, k, v, mask)
+    assert calls[0]["cache_seqlens"] == [20, 41]
+    assert torch.allclose(out, _sdpa_reference(torch, q, k, v, mask), atol=1e-5)
+    padded = mask.clone()
+    padded[1, 0, :, :3] = False  # left padding: refused by name in eager code
+    with pytest.raises(ValueError, match="^attention_mask: not the mask of a cache"):
+        wfs.hf_cache_attention_forward(object(), q, k, v, padded)
+
+
+def test_strided_views_the_cache_call_refuses_are_copied_and_counted(fake_cache_call):
+    torch, wfs, fake, calls = fake_cache_call
+    fake.refuse_views = True
+    q, k, v = _qkv(torch, 1, 4, 4, 1, 16)
+    with pytest.warns(UserWarning, match="copying the key and value cache"):
+        out, _ = wfs.hf_cache_attention_forward(object(), q, k, v, None)
+    assert torch.allclose(out, _sdpa_reference(torch, q, k, v, None), atol=1e-5)
+    wfs.hf_cache_attention_forward(object(), q, k, v, None)  # no second try of the views
+    assert [c["k_contiguous"] for c in calls] == [False, True, True]
+    assert wfs.cache_copies() == {"calls": 2, "bytes": 2 * 2 * k.numel() * 4}
+
+
+def test_a_step_without_a_cache_goes_to_the_prefill_hook(fake_cache_call, monkeypatch):
+    torch, wfs, fake, calls = fake_cache_call
+    import wavefront.torch as wft
+    seen = []
+    monkeypatch.setattr(wft, "hf_attention_forward",
+                        lambda module, q, k, v, mask, *a, **kw: seen.append(q.shape) or (q, None))
+    q, k, v = _qkv(torch, 1, 4, 4, 16, 16)
+    wfs.hf_cache_attention_forward(object(), q, k, v, None)
+    assert seen == [q.shape] and calls == []
+
+
+def test_the_cache_op_has_a_fake_for_torch_compile():
+    torch = pytest.importorskip("torch")
+    import wavefront.serving  # noqa: F401  (registers the op)
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    with FakeTensorMode():
+        q = torch.empty(2, 32, 1, 128, dtype=torch.bfloat16)
+        k = torch.empty(2, 8, 4096, 128, dtype=torch.bfloat16)
+        lengths = torch.empty(2, dtype=torch.int32)
+        out = torch.ops.wavefront.hf_kvcache_attention(q, k, k, lengths, None)
+    assert tuple(out.shape) == (2, 1, 32, 128) and out.dtype == torch.bfloat16
