@@ -25,7 +25,7 @@ import pandas as pd
 
 from wavefront.model.page_replay import CTA_ORDERS, SharedPrefixBatch
 from wavefront.report.draft import Section, change_with_range, md_table
-from wavefront.report.experiments import run_as_script
+from wavefront.report.experiments import run_as_script, until_measured
 from wavefront.report.figures import short_gpu
 
 DATASETS = ()
@@ -133,11 +133,9 @@ def ncu_worker() -> None:
 
 
 def _records(study, dataset: str) -> pd.DataFrame:
+    from wavefront.report.exposure import records
     from wavefront.results.records import SERVING_RECORDS
-    rows = study.records(SERVING_RECORDS, dataset)
-    frame = pd.DataFrame([r for file_rows in rows.values() for r in file_rows])
-    frame["GPU"] = frame["gpu"].map(short_gpu)
-    return frame
+    return records(study, dataset, kind=SERVING_RECORDS)
 
 
 def _committed_predictions(study) -> pd.DataFrame:
@@ -284,13 +282,9 @@ measurement in `{PREDICTIONS}`):
     return s
 
 
-# The paper leaves this experiment out until its first data are committed: then the lead
-# lists it in experiments/__init__.py's APPENDICES and sets PAPER_READY (a figure and a section
-# without data would stop `wavefront paper`).
+# Out of the paper until its first data are committed (then listed in APPENDICES).
 PAPER_READY = False
-if not PAPER_READY:
-    figure_when_measured, section_when_measured = figure, section
-    del figure, section
+until_measured(globals(), PAPER_READY)
 
 if __name__ == "__main__":  # the same as `wavefront experiment ACTION NAME`
     run_as_script(__file__)

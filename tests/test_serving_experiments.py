@@ -291,3 +291,83 @@ def test_the_cache_op_has_a_fake_for_torch_compile():
         lengths = torch.empty(2, dtype=torch.int32)
         out = torch.ops.wavefront.hf_kvcache_attention(q, k, k, lengths, None)
     assert tuple(out.shape) == (2, 1, 32, 128) and out.dtype == torch.bfloat16
+
+
+# ---------------------------------------------------------------------------------------------
+# The experiments' analysis on records shaped as their measurements write them (made up here:
+# they test the tables and the guarded prose, not any result)
+# ---------------------------------------------------------------------------------------------
+
+def _write_records(directory, rows):
+    import json
+    directory.mkdir(parents=True)
+    with open(directory / "rounds.jsonl", "w") as f:
+        for row in rows:
+            f.write(json.dumps({**row, "record_version": 1}) + "\n")
+
+
+def test_the_shared_prefix_tables_and_section_read_its_records(tmp_path):
+    pytest.importorskip("pandas")
+    from experiments import shared_prefix as e
+    from wavefront.report.analysis import Study
+    gpu = "NVIDIA H100 80GB HBM3"
+    control, shared = e.BATCHES[0].label(), e.BATCHES[1].label()
+    rows = []
+    for batch, grouped_ms, grouped_bytes in ((control, 1.0, 1.074e9), (shared, 0.8, 0.63e9)):
+        for order in CTA_ORDERS:
+            ms = grouped_ms if order != "batch_major" else 1.0
+            for r in range(8):
+                rows.append({"kind": "round", "gpu": gpu, "batch": batch, "cta_order": order,
+                             "point": order, "round": r, "ms": ms * (1 + 0.001 * r),
+                             "sm_clock_mhz": 1980.0})
+            for repeat in range(2):
+                rows.append({"kind": "ncu", "gpu": gpu, "batch": batch, "cta_order": order,
+                             "repeat": repeat, "dram__bytes_read.sum":
+                             grouped_bytes if order != "batch_major" else
+                             (1.074e9 if batch == control else 0.80e9)})
+    _write_records(tmp_path / "shared_prefix", rows)
+    study = Study(tmp_path)
+    t = e.table(study)
+    assert len(t) == 6 and set(t["cta_order"]) == set(CTA_ORDERS)
+    g = t[(t["batch"] == shared) & (t["cta_order"] == "prefix_grouped")].iloc[0]
+    assert g["speed vs batch_major"] == pytest.approx(1.25) and g["lo"] > 1
+    assert g["predicted MB"] > 0 and abs(g["model error"]) < 0.05
+    section = e.section_when_measured(study)
+    assert [c.holds for c in section.claims] == [True, True, True, True]
+    assert "prefix_grouped reads" in section.text
+
+
+def test_the_generate_table_pairs_its_rounds_and_scores_its_tokens(tmp_path):
+    pytest.importorskip("pandas")
+    from experiments import generate as e
+    from wavefront.report.analysis import Study
+    gpu = "NVIDIA H100 80GB HBM3"
+    rows = []
+    for cache in e.CACHES:
+        for path in e.PATHS:
+            rows.append({"kind": "agreement", "gpu": gpu, "cache": cache, "path": path,
+                         "positionwise": 0.5, "first_difference": [10, 20, 128, 128],
+                         "forced": 0.99, "forced_logits_rel_error": 0.003})
+            for r in range(6):
+                seconds = 1.0 if path == "sdpa" else 0.95
+                rows.append({"kind": "round", "gpu": gpu, "cache": cache, "path": path,
+                             "round": r, "seconds": seconds, "tokens_per_s": 512 / seconds})
+    _write_records(tmp_path / "generate", rows)
+    t = e.table(Study(tmp_path))
+    ours = t[t["path"] == "wavefront"]
+    assert len(t) == 4 and (ours["vs sdpa"].round(4) == round(1 / 0.95, 4)).all()
+    assert (t["first difference (mean step)"] == 71.5).all()
+    section = e.section_when_measured(Study(tmp_path))
+    assert all(c.holds for c in section.claims)
+
+
+def test_the_short_prompt_shapes_and_the_tuned_tables_picks():
+    pytest.importorskip("pandas")
+    from experiments import short_prompts as e
+    shapes = e.shapes()
+    assert {s["seqlen"] for s in shapes} == {512, 1024, 2048, 4096}
+    assert {s["head_dim"] for s in shapes} == {64, 128}
+    assert {s["causal"] for s in shapes} == {False, True}
+    assert {s["kv_heads"] < s["heads"] for s in shapes} == {False, True}  # MHA and GQA
+    picks = e.picks()
+    assert len(picks) == 2 * len(shapes) and picks["schedule"].notna().all()
