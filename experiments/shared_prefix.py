@@ -33,7 +33,9 @@ RECORDS = ("shared_prefix",)
 ROUNDS = 10
 PER_ROUND = 5
 NCU_REPEATS = 2
-CTAS = 132  # the persistent launch's CTAs the replay assumes: one per SM
+# the persistent launch's CTAs the replay assumes: two per SM, as the cache call launches
+# its decode kernel (wavefront.kernel.decode.DECODE_OCCUPANCY)
+CTAS_PER_SM = 2
 PREDICTIONS = "paper/shared_prefix_predictions.csv"
 ROOT = Path(__file__).resolve().parents[1]
 # CTAs drifting apart, in the replay: each starts up to this many pages late (a sensitivity
@@ -64,9 +66,10 @@ def predictions() -> pd.DataFrame:
         spec = PRESETS[gpu]
         for b in BATCHES:
             for order in CTA_ORDERS:
-                locked = replay(b, order, ctas=CTAS, l2_bytes=spec.l2_bytes,
+                ctas = min(spec.sms * CTAS_PER_SM, b.batch * b.kv_heads)
+                locked = replay(b, order, ctas=ctas, l2_bytes=spec.l2_bytes,
                                 partitions=spec.l2_partitions, sms=spec.sms)
-                drift = replay(b, order, ctas=CTAS, l2_bytes=spec.l2_bytes,
+                drift = replay(b, order, ctas=ctas, l2_bytes=spec.l2_bytes,
                                partitions=spec.l2_partitions, sms=spec.sms,
                                stagger=DRIFT_PAGES)
                 rows.append({"gpu": spec.name, "batch": b.label(), **locked.as_dict(),

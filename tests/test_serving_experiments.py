@@ -65,8 +65,28 @@ def test_item_orders_cover_every_item_once_and_group_sharers():
         seen[order] = items
     assert seen["batch_major"][:2, :2].tolist() == [[0, 0], [0, 1]]
     assert seen["kv_head_major"][:2, :2].tolist() == [[0, 0], [1, 0]]
-    # prefix_grouped: the first group's sequences (0, 2, 4, 6 interleaved) come first
-    assert seen["prefix_grouped"][::2, 0][:4].tolist() == [0, 2, 4, 6]
+    # prefix_grouped: the first group's sequences (0, 2, 4, 6 interleaved) for K/V head 0,
+    # then for head 1, then the second group's
+    assert seen["prefix_grouped"][:8].tolist() == [[b, h, 0] for h in (0, 1)
+                                                   for b in (0, 2, 4, 6)]
+    assert seen["prefix_grouped"][8, 0] == 1
+
+
+@pytest.mark.parametrize("order", CTA_ORDERS)
+@pytest.mark.parametrize("layout", ["interleaved", "adjacent"])
+def test_the_replays_item_order_is_the_cache_calls_work_table(order, layout):
+    """The replay hands out items in the order the cache call's work table does (where that
+    module is in this checkout)."""
+    schedules = pytest.importorskip("wavefront.decode_schedules")
+    b = SharedPrefixBatch(batch=12, group=4, prefix=128, context=300, kv_heads=2, heads=8,
+                          layout=layout)
+    problem = schedules.DecodeProblem(batch=12, heads=8, kv_heads=2, seqlen_q=1,
+                                      capacity=320, head_dim=128, page_size=64)
+    launch = schedules.DecodeLaunch(problem, 1, 264, order,
+                                    tuple(int(x) for x in b.block_table()[:, 0]))
+    table = launch.work_table()
+    columns = [schedules.DECODE_BATCH, schedules.DECODE_KV_HEAD, schedules.DECODE_SPLIT]
+    assert table[:, columns].tolist() == item_order(b, order).tolist()
 
 
 def test_the_page_stream_reads_each_items_pages_in_lockstep_rounds():

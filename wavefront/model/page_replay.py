@@ -7,13 +7,15 @@ physical pages for the prefix, each sequence has private pages after it. `layout
 sharers sit in the batch: "interleaved" (sequence b in group b mod groups: requests of
 several prompts arriving in turn) or "adjacent" (group b // group).
 
-Work items (as `wavefront.attention_with_kvcache` cuts them): one item per (sequence, K/V
-head, split); with GQA packing an item reads its K/V head's pages once for all the query heads
-that share it. The orders (`cta_order`):
+Work items (as `wavefront.attention_with_kvcache` cuts them, `wavefront.decode_schedules`):
+one item per (sequence, K/V head, split) for one query token; with GQA packing an item reads
+its K/V head's pages once for all the query heads that share it. The orders (`cta_order`),
+as the cache call's work table hands items out:
 - "batch_major": sequence outermost, K/V head, split innermost (the default);
 - "kv_head_major": K/V head outermost, then sequence, then split;
-- "prefix_grouped": as batch_major over the sequences sorted by their first physical page
-  (stable): sharers of a prefix run next to each other.
+- "prefix_grouped": sequences grouped by their first physical page (groups in order of first
+  appearance); per group K/V head, then split, then the group's sequences: the sharers' items
+  of one page range are handed out together.
 
 `replay` runs them as a persistent launch does: CTA c takes items c, c + P, c + 2P, ... (P
 CTAs), all CTAs advancing one page per round in lock-step (the simulator's rounds,
@@ -135,14 +137,20 @@ def item_order(batch: SharedPrefixBatch, order: str, splits: int = 1) -> np.ndar
         raise ValueError(f"cta_order must be one of {CTA_ORDERS}, got {order!r}")
     positive_int("splits", splits)
     rows = np.arange(batch.batch)
-    if order == "prefix_grouped":
-        rows = np.argsort(batch.block_table()[:, 0], kind="stable")
     heads = np.arange(batch.kv_heads)
     split = np.arange(splits)
     if order == "kv_head_major":
         h, b, s = np.meshgrid(heads, rows, split, indexing="ij")
-    else:
+    elif order == "batch_major":
         b, h, s = np.meshgrid(rows, heads, split, indexing="ij")
+    else:
+        first = batch.block_table()[:, 0]
+        _, appearance = np.unique(first, return_index=True)
+        parts = []
+        for page in first[np.sort(appearance)]:  # groups in order of first appearance
+            h, s, b = np.meshgrid(heads, split, rows[first == page], indexing="ij")
+            parts.append(np.stack([b.ravel(), h.ravel(), s.ravel()], axis=1))
+        return np.concatenate(parts).astype(np.int64)
     return np.stack([b.ravel(), h.ravel(), s.ravel()], axis=1).astype(np.int64)
 
 
