@@ -10,8 +10,8 @@ paper/shared_prefix_predictions.csv before any measurement
 (`python scripts/shared_prefix_predictions.py`). The batches: no sharing (the control: all
 orders read the same pages once), sharers interleaved in the batch (several prompts'
 requests in turn) with prefixes whose pages fit the L2 one group at a time but not all
-together, the same with sharers adjacent (batch_major already groups them), longer prefixes,
-and one prompt shared by the whole batch.
+together, the same with sharers adjacent (batch_major already groups them), twice the batch
+(four waves of items), longer prefixes in one wave, and one prompt shared by the whole batch.
 
     python experiments/shared_prefix.py run            # on a GPU: data/shared_prefix/
     python -c "import experiments.shared_prefix as e; e.measure('$OUT/shared_prefix')"
@@ -49,7 +49,11 @@ BATCHES = (
     SharedPrefixBatch(batch=64, group=8, prefix=2048, context=4096),
     # the same, sharers adjacent: batch_major already runs them together
     SharedPrefixBatch(batch=64, group=8, prefix=2048, context=4096, layout="adjacent"),
-    # 4 prompts of 8k tokens (32 MiB each, 128 MiB together), 8 sequences each, interleaved
+    # 16 prompts of 2k tokens (128 MiB together), 8 sequences each, interleaved: 4 waves of
+    # items, so batch_major reads each prompt's pages once a wave
+    SharedPrefixBatch(batch=128, group=8, prefix=2048, context=3072),
+    # 4 prompts of 8k tokens (32 MiB each, 128 MiB together), 8 sequences each, interleaved:
+    # one wave of items (every order has the same items in flight)
     SharedPrefixBatch(batch=32, group=8, prefix=8192, context=9216),
     # one 16k prompt (64 MiB: more than either L2) shared by the whole batch
     SharedPrefixBatch(batch=16, group=16, prefix=16384, context=17408),
