@@ -95,7 +95,7 @@ def measure(out_dir) -> int:
     gpu = current_device().name
     failed = 0
     import wavefront
-    with JsonlSink(out_dir, "rounds.jsonl") as sink:
+    with JsonlSink(out_dir, "rounds.jsonl", ["rounds.jsonl", "ncu.jsonl"]) as sink:
         with click.progressbar(BATCHES, label="shared-prefix rounds") as bar:
             for b in bar:
                 try:
