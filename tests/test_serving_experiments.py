@@ -391,3 +391,27 @@ def test_the_short_prompt_shapes_and_the_tuned_tables_picks():
     assert {s["kv_heads"] < s["heads"] for s in shapes} == {False, True}  # MHA and GQA
     picks = e.picks()
     assert len(picks) == 2 * len(shapes) and picks["schedule"].notna().all()
+
+
+def test_the_shared_prefix_inputs_and_reference_follow_the_block_tables():
+    """measure.shared_prefix on the CPU: the page pool and tables as the model builds them,
+    and the reference (pages gathered per sequence) equal to attention over each sequence's
+    own keys; a call that reads another group's prefix is caught by `check_order`."""
+    torch = pytest.importorskip("torch")
+    from wavefront.measure import shared_prefix as m
+    spec = SharedPrefixBatch(batch=4, group=2, prefix=32, context=80, page_size=16,
+                             kv_heads=2, heads=4, head_dim=64)
+    q, k, v, table, seqlens = m.make_inputs(spec, device="cpu")
+    assert k.shape == (spec.num_pages, 16, 2, 64) and table.dtype == torch.int32
+    assert torch.equal(table[0, :2], table[2, :2]) and seqlens.tolist() == [80] * 4
+
+    def paged(q, k, v, seqlens, block_table=None, out=None, **kw):
+        gathered = [x[block_table.long()].reshape(spec.batch, -1, 2, 64) for x in (k, v)]
+        out.copy_(_causal_cache_attention(q, *gathered, seqlens))
+    assert m.check_order(spec, (q, k, v, table, seqlens), "batch_major", paged) < 1e-2
+
+    def wrong_prefix(q, k, v, seqlens, block_table=None, out=None, **kw):
+        swapped = block_table.clone()
+        swapped[:, :2] = block_table[[1, 0, 3, 2], :2]  # each sequence reads the other group's
+        paged(q, k, v, seqlens, block_table=swapped, out=out)
+    assert m.check_order(spec, (q, k, v, table, seqlens), "batch_major", wrong_prefix) > 0.1
