@@ -415,3 +415,21 @@ def test_the_shared_prefix_inputs_and_reference_follow_the_block_tables():
         swapped[:, :2] = block_table[[1, 0, 3, 2], :2]  # each sequence reads the other group's
         paged(q, k, v, seqlens, block_table=swapped, out=out)
     assert m.check_order(spec, (q, k, v, table, seqlens), "batch_major", wrong_prefix) > 0.1
+
+
+@pytest.mark.parametrize("static", [False, True])
+def test_the_hook_traces_whole_under_torch_compile(fake_cache_call, static):
+    """transformers compiles a StaticCache's decode step with fullgraph=True: the hook (its
+    routing, the lengths from the mask, the cache op) must trace without a graph break."""
+    torch, wfs, fake, calls = fake_cache_call
+    q, k, v = _qkv(torch, 2, 8, 2, 1, 64)
+    mask = _static_mask(torch, [20, 41], 1, 64) if static else None
+
+    module = torch.nn.Module()  # (made outside: the traced step only reads it)
+
+    def step(q, k, v, mask):
+        return wfs.hf_cache_attention_forward(module, q, k, v, mask)[0]
+    compiled = torch.compile(step, backend="eager", fullgraph=True)
+    out = compiled(q, k, v, mask)
+    assert torch.allclose(out, _sdpa_reference(torch, q, k, v, mask), atol=1e-5)
+    assert calls[-1]["cache_seqlens"] == ([20, 41] if static else [64, 64])

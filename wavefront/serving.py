@@ -38,6 +38,10 @@ from typing import Optional
 
 import torch
 
+# (at the top, not in the function: torch.compile traces the attention function, and a module
+# attribute is all it needs to read there)
+import wavefront.torch as _wft
+
 __all__ = ["hf_cache_attention_forward", "route", "Route", "cache_seqlens_from_mask",
            "register_with_transformers", "cache_copies"]
 
@@ -188,11 +192,10 @@ def hf_cache_attention_forward(module, query, key, value, attention_mask, scalin
     """transformers' attention function for generation: `route` decides between the
     prefill hook (`wavefront.torch.hf_attention_forward`) and the cache call. Returns
     (output (B, S_q, H, D), None) as transformers' SDPA function does."""
-    from wavefront.torch import hf_attention_forward
     decision = route(query.shape, key.shape, attention_mask)
     if decision.kind == "prefill":
-        return hf_attention_forward(module, query, key, value, attention_mask, scaling,
-                                    dropout, **kwargs)
+        return _wft.hf_attention_forward(module, query, key, value, attention_mask, scaling,
+                                         dropout, **kwargs)
     if dropout:
         raise ValueError(f"dropout must be 0 (wavefront has no dropout), got {dropout!r}")
     batch = query.shape[0]
@@ -207,5 +210,4 @@ def hf_cache_attention_forward(module, query, key, value, attention_mask, scalin
 def register_with_transformers(name: str = "wavefront") -> str:
     """Make `attn_implementation=name` run prefill and cached steps through wavefront
     (`wavefront.torch.register_with_transformers` with `hf_cache_attention_forward`)."""
-    from wavefront.torch import register_with_transformers as register
-    return register(name, forward=hf_cache_attention_forward)
+    return _wft.register_with_transformers(name, forward=hf_cache_attention_forward)
