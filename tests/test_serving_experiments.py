@@ -290,6 +290,19 @@ def test_strided_views_the_cache_call_refuses_are_copied_and_counted(fake_cache_
     assert wfs.cache_copies() == {"calls": 2, "bytes": 2 * 2 * k.numel() * 4}
 
 
+def test_a_refusal_that_copies_do_not_cure_is_raised_as_it_is(fake_cache_call, monkeypatch):
+    torch, wfs, fake, calls = fake_cache_call
+    import wavefront
+
+    def refuses(q, *a, **kw):
+        raise ValueError("q head_dim must be one of (64, 128), got 96")
+    monkeypatch.setattr(wavefront, "attention_with_kvcache", refuses)
+    q, k, v = _qkv(torch, 1, 4, 4, 1, 16, d=96)
+    with pytest.raises(ValueError, match="head_dim must be one of"):
+        wfs.hf_cache_attention_forward(object(), q, k, v, None)
+    assert wfs.cache_copies()["calls"] == 0 and wfs._views_taken == [None]
+
+
 def test_a_step_without_a_cache_goes_to_the_prefill_hook(fake_cache_call, monkeypatch):
     torch, wfs, fake, calls = fake_cache_call
     import wavefront.torch as wft

@@ -171,14 +171,25 @@ def kvcache_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
         except ValueError as exc:
             if _views_taken[0]:  # views worked before: this refusal is about something else
                 raise
+            try:  # the layout, or something else? The copies tell.
+                out = _copied(call, q, k, v)
+            except ValueError:
+                raise exc from None
             warnings.warn(f"wavefront.attention_with_kvcache refused transformers' strided "
                           f"cache views ({exc}); copying the key and value cache at every "
                           "call instead (the whole cache, every layer, every step)",
                           stacklevel=2)
             _views_taken[0] = False
+            return out
+    return _copied(call, q, k, v)
+
+
+def _copied(call, q, k, v):
+    """The cache call on contiguous copies of the views, counted in `cache_copies()`."""
+    out = call(q.contiguous(), k.contiguous(), v.contiguous())
     _copies["calls"] += 1
     _copies["bytes"] += 2 * k.numel() * k.element_size()
-    return call(q.contiguous(), k.contiguous(), v.contiguous())
+    return out
 
 
 @kvcache_attention.register_fake
