@@ -185,6 +185,28 @@ def table(study, dataset: str = "generate") -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+def figure(study):
+    import matplotlib.pyplot as plt
+    import seaborn as sns
+    d = _records(study, "generate")
+    rounds = d[d["kind"] == "round"]
+    agree = d[d["kind"] == "agreement"]
+    gpus = sorted(rounds["GPU"].unique())
+    fig, axes = plt.subplots(1, 2, figsize=(11, 3.8))
+    sns.barplot(data=rounds, x="cache", y="tokens_per_s", hue="path", order=list(CACHES),
+                hue_order=list(PATHS), estimator="median", errorbar=("pi", 100), ax=axes[0])
+    axes[0].set(xlabel="transformers' cache", ylabel="generated tokens/s (median, range)")
+    sns.barplot(data=agree, x="cache", y="forced", hue="path", order=list(CACHES),
+                hue_order=list(PATHS), ax=axes[1])
+    axes[1].set(xlabel="transformers' cache", ylim=(0.9, 1.0),
+                ylabel="teacher-forced agreement with SDPA (DynamicCache) tokens")
+    fig.suptitle(f"Generate through transformers, {', '.join(gpus)}: Llama 4 layers H32 KV8 D128 "
+                 f"bf16 (random weights), {BATCH} x {PROMPT}-token prompts, {NEW_TOKENS} greedy "
+                 f"steps, {ROUNDS} rounds", fontsize=10)
+    fig.tight_layout()
+    return fig
+
+
 def section(study) -> Section:
     s = Section()
     t = table(study)

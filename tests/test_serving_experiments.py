@@ -367,6 +367,7 @@ def test_the_shared_prefix_tables_and_section_read_its_records(tmp_path):
     assert g["predicted MB"] > 0 and abs(g["model error"]) < 0.05
     section = e.section_when_measured(study)
     assert [c.holds for c in section.claims] == [True, True, True, True]
+    assert "H100" in e.figure_when_measured(study)._suptitle.get_text()
     assert "prefix_grouped reads" in section.text
 
 
@@ -392,6 +393,7 @@ def test_the_generate_table_pairs_its_rounds_and_scores_its_tokens(tmp_path):
     assert (t["first difference (mean step)"] == 71.5).all()
     section = e.section_when_measured(Study(tmp_path))
     assert all(c.holds for c in section.claims)
+    assert e.figure_when_measured(Study(tmp_path)).axes[0].get_ylabel().startswith("generated")
 
 
 def test_the_short_prompt_shapes_and_the_tuned_tables_picks():
