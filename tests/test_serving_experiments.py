@@ -355,7 +355,8 @@ def test_the_shared_prefix_tables_and_section_read_its_records(tmp_path):
                              "sm_clock_mhz": 1980.0})
             for repeat in range(2):
                 rows.append({"kind": "ncu", "gpu": gpu, "batch": batch, "cta_order": order,
-                             "repeat": repeat, "dram__bytes_read.sum":
+                             "repeat": repeat, "gpu__time_duration.sum": 250e3,
+                             "dram__bytes_read.sum":
                              grouped_bytes if order != "batch_major" else
                              (1.074e9 if batch == control else 0.672e9)})
     _write_records(tmp_path / "shared_prefix", rows)
@@ -365,6 +366,7 @@ def test_the_shared_prefix_tables_and_section_read_its_records(tmp_path):
     g = t[(t["batch"] == shared) & (t["cta_order"] == "prefix_grouped")].iloc[0]
     assert g["speed vs batch_major"] == pytest.approx(1.25) and g["lo"] > 1
     assert g["predicted MB"] > 0 and abs(g["model error"]) < 0.05
+    assert g["ncu kernel us"] == 250
     section = e.section_when_measured(study)
     assert [c.holds for c in section.claims] == [True, True, True, True]
     assert "H100" in e.figure_when_measured(study)._suptitle.get_text()
