@@ -59,7 +59,7 @@ BACKWARD_CTA_SCHEDULES = ("grid", "persistent", "grouped", "longest_first")
 # Q tile x K/V tile of the backward kernels. Each K/V-major CTA keeps two float32
 # accumulators of TILE_N x D (dK, dV) besides its K and V tile, so 64-row K/V tiles at D=128.
 BACKWARD_TILE_SHAPES = ((64, 64), (64, 128), (128, 64), (128, 128))
-DEFAULT_BACKWARD_TILES = {64: (64, 128), 128: (64, 64)}
+DEFAULT_BACKWARD_TILES = {64: (128, 64), 128: (64, 64)}
 DEFAULT_BACKWARD_SCHEDULE = "persistent+linear"
 
 
