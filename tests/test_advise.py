@@ -5,7 +5,7 @@ from wavefront.model.advise import (
     FIXED_BUDGETS_MB, group_budgets, head_label, not_modelled_levers, rank)
 from wavefront.model.presets import PRESETS
 from wavefront.model.timed import Calibration, memory_timing
-from wavefront.point import TILE_SHAPES, Point
+from wavefront.point import DEFAULT_OCCUPANCY, TILE_SHAPES, Point
 
 CAL = Calibration("H100", 7000.0, 1100.0, {(64, 64, 64, False, 2): 700.0,
                                            (64, 128, 64, False, 2): 1200.0},
@@ -26,7 +26,10 @@ def test_every_tile_is_ranked_and_uncalibrated_ones_are_marked_projected():
     gpu = PRESETS["h100"]
     point = Point(batch=1, heads=4, seqlen=2048, head_dim=64)
     ranked = rank(point, gpu, memory_timing(gpu), _compute, ["persistent+linear"])
-    assert sorted(r.tiles for r in ranked) == sorted(f"{m}x{n}" for m, n in TILE_SHAPES)
+    assert {r.tiles for r in ranked} == {f"{m}x{n}" for m, n in TILE_SHAPES}
+    # every CTAs-per-SM count up to the tile's default is a candidate
+    assert sorted((r.tiles, r.occupancy) for r in ranked) == sorted(
+        (f"{m}x{n}", occ) for (m, n), d in DEFAULT_OCCUPANCY.items() for occ in range(1, d + 1))
     assert [r.time_ms for r in ranked] == sorted(r.time_ms for r in ranked)
     projected = {r.tiles for r in ranked if r.projected}
     assert projected == {"128x128", "128x256"}  # not in the calibration
