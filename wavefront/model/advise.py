@@ -21,6 +21,10 @@ from wavefront.point import DEFAULT_OCCUPANCY, LEVERS, TILE_SHAPES
 # The fixed budgets of production kernels (MB = 1e6 bytes as their sources state them)
 FIXED_BUDGETS_MB = {"FlashAttention-3 varlen": 8, "FlashAttention-3 dense": 32,
                     "cuDNN / TileGym": 50}
+# The CTA x K/V schedules the advisor ranks by default (`wavefront advise --schedule`)
+SCHEDULES = ("grid+linear", "persistent+linear", "persistent+sawtooth", "grouped+linear",
+             "grouped+sawtooth", "longest_first+linear", "dynamic+linear",
+             "grouped_dynamic+linear")
 # Work the advisor takes on without being asked: K/V steps over every candidate (the timed
 # model runs about 12 M steps a second here; past this a shape takes minutes)
 MAX_STEPS = 1_500_000_000
