@@ -8,11 +8,14 @@ from wavefront.api import Plan, plan
 from wavefront.point import Point
 from wavefront.schedules import CTA_SCHEDULES, KV_SCHEDULES, AttentionProblem, Launch
 
-__all__ = ["attention", "attention_backward", "attention_varlen", "plan", "Plan", "reference_attention", "Point",
-           "AttentionProblem", "Launch", "CTA_SCHEDULES", "KV_SCHEDULES"]
+__all__ = ["attention", "attention_backward", "attention_backward_varlen", "attention_varlen",
+           "plan", "Plan", "reference_attention", "Point", "AttentionProblem", "Launch",
+           "CTA_SCHEDULES", "KV_SCHEDULES"]
 __version__ = "0.2.0"
 
-_LAZY = {"attention": "wavefront.api", "attention_backward": "wavefront.api", "attention_varlen": "wavefront.api", "reference_attention": "wavefront.measure.reference"}
+_LAZY = {"attention": "wavefront.api", "attention_backward": "wavefront.api",
+         "attention_backward_varlen": "wavefront.api", "attention_varlen": "wavefront.api",
+         "reference_attention": "wavefront.measure.reference"}
 
 
 def __getattr__(name):
