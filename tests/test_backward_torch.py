@@ -80,3 +80,17 @@ def test_the_varlen_op_has_a_backward():
     graph = make_fx(step, tracing_mode="fake")(*args)
     assert _ops(graph) == ["wavefront.attention_varlen.default",
                            "wavefront.attention_varlen_bwd.default"]
+
+
+def test_packed_sequences_of_the_transformers_hook_carry_gradients():
+    """A padded batch's `SequencesMask` runs the varlen op when its inputs require grad, so
+    the projections before it get gradients (a direct call's output would carry none)."""
+    def step(q, k, v, cu, do):
+        q, k, v = (x.detach().requires_grad_() for x in (q, k, v))
+        out = wft.SequencesMask(cu, 2, 50).run(q, k, v, None)
+        return torch.autograd.grad(out, (q, k, v), do)
+    args = (_meta(2, 4, 50, 64), _meta(2, 2, 50, 64), _meta(2, 2, 50, 64),
+            _meta(3, dtype=torch.int32), _meta(2, 50, 4, 64))
+    graph = make_fx(step, tracing_mode="fake")(*args)
+    assert _ops(graph) == ["wavefront.attention_varlen.default",
+                           "wavefront.attention_varlen_bwd.default"]

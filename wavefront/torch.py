@@ -344,8 +344,14 @@ class SequencesMask:
                   for x in (query, key, value)]
         if self.tokens is not None:  # the real tokens' rows, contiguous
             tokens = [x.index_select(0, self.tokens) for x in tokens]
-        out = launch_varlen(*tokens, self.cu_seqlens, self.cu_seqlens, causal=self.causal,
-                            scale=scale)
+        if torch.is_grad_enabled() and any(x.requires_grad for x in tokens):
+            # training: the op, whose autograd formula runs the backward (the direct call's
+            # output would carry no gradient back)
+            out = attention_varlen(*tokens, self.cu_seqlens, self.cu_seqlens, rows, rows,
+                                   self.causal, scale, None, None)
+        else:
+            out = launch_varlen(*tokens, self.cu_seqlens, self.cu_seqlens, causal=self.causal,
+                                scale=scale)
         if self.tokens is not None:
             out = out.new_zeros(batch * rows, heads, head_dim).index_copy_(0, self.tokens, out)
         return out.view(batch, rows, heads, head_dim)
