@@ -96,9 +96,10 @@ def q_tile_span(kv_tile, tile_m, tile_n, seqlen_q, seqlen_kv, causal):
 
 def backward_group_units(problem: AttentionProblem, l2_fraction: float, l2_bytes: int) -> int:
     """Units of a `grouped` backward group: the largest power of two of (batch, K/V head)
-    units whose query heads' Q and dO fit `l2_fraction` of the L2 (at least 1, at most all)."""
+    units whose query heads' Q, dO and float32 dQ accumulator (the atomic mode's) fit
+    `l2_fraction` of the L2 (at least 1, at most all)."""
     p = problem
-    unit_bytes = 2 * p.qheads_per_kv * p.seqlen_q * p.head_dim * p.element_bytes
+    unit_bytes = p.qheads_per_kv * p.seqlen_q * p.head_dim * (2 * p.element_bytes + 4)
     units = 1
     while units * 2 <= p.kv_units and units * 2 * unit_bytes <= l2_fraction * l2_bytes:
         units *= 2
