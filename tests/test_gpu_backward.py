@@ -321,8 +321,9 @@ def test_llama_trains_50_steps_through_the_hook_as_on_sdpa():
     """transformers' `LlamaForCausalLM` (2 layers, hidden 256, 4/2 heads, random weights,
     bf16), 50 AdamW steps over 4 fixed batches, from the same initial weights on its SDPA path
     and with its attention routed to wavefront (`register_with_transformers`): the loss falls,
-    and the two curves agree within bf16 noise (2% per step). The curves are printed (-s).
-    Skips where transformers is not installed."""
+    and the two curves agree within bf16 noise: 2% per step, or 3x the largest step
+    difference between SDPA's default backend and its math backend (two valid bf16 paths),
+    if larger. The curves are printed (-s). Skips where transformers is not installed."""
     pytest.importorskip("transformers")
     import copy
     import json
@@ -339,20 +340,27 @@ def test_llama_trains_50_steps_through_the_hook_as_on_sdpa():
     g = torch.Generator(device="cuda").manual_seed(3)
     batches = [torch.randint(0, 500, (2, 300), device="cuda", generator=g) for _ in range(4)]
     curves = {}
-    for implementation in ("sdpa", name):
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    for run, implementation in (("sdpa", "sdpa"), ("sdpa_math", "sdpa"), ("wavefront", name)):
         model = copy.deepcopy(start).train()
         model.config._attn_implementation = implementation
         opt = torch.optim.AdamW(model.parameters(), lr=2e-3)
-        curves[implementation] = []
-        for step in range(50):
-            ids = batches[step % len(batches)]
-            loss = model(input_ids=ids, labels=ids, use_cache=False).loss
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            opt.step()
-            curves[implementation].append(float(loss))
+        curves[run] = []
+        backends = ([SDPBackend.MATH] if run == "sdpa_math" else
+                    [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION,
+                     SDPBackend.CUDNN_ATTENTION, SDPBackend.MATH])
+        with sdpa_kernel(backends):
+            for step in range(50):
+                ids = batches[step % len(batches)]
+                loss = model(input_ids=ids, labels=ids, use_cache=False).loss
+                opt.zero_grad(set_to_none=True)
+                loss.backward()
+                opt.step()
+                curves[run].append(float(loss))
     print(json.dumps({"loss_curves": curves}))
-    ours, theirs = curves[name], curves["sdpa"]
+    ours, theirs, math = curves["wavefront"], curves["sdpa"], curves["sdpa_math"]
     assert theirs[-1] < 0.8 * theirs[0], theirs  # it trains
+    noise = max(abs(a - b) / b for a, b in zip(math, theirs))
+    bound = max(2e-2, 3 * noise)
     for step, (a, b) in enumerate(zip(ours, theirs)):
-        assert a == pytest.approx(b, rel=2e-2), (step, ours, theirs)
+        assert abs(a - b) / b < bound, (step, bound, ours, theirs)
