@@ -10,6 +10,7 @@ each under Nsight Compute.
     python scripts/backward_bench.py --schedules --json out.jsonl   # + every backward schedule
     python scripts/backward_bench.py --dram --shapes "B1 H32 S8k" --head-dims 128
         # DRAM read/write bytes of the K/V-major kernel per schedule (runs itself under ncu)
+    python scripts/backward_bench.py --predict      # the lock-step model's DRAM reads (CPU)
 
 Every contender is timed as called: wavefront's call from (q, k, v, out, lse, dout) to
 (dq, dk, dv), its preprocessing and dQ conversion included; the peers' `torch.autograd.grad`
@@ -31,7 +32,9 @@ SHAPES = {  # the forward's bench shapes (issue 53): (batch, heads, kv_heads, se
     "B4 H32 KV8 S4k": (4, 32, 8, 4096),
     "B2 H8 S32k": (2, 8, 8, 32768),
 }
-KERNEL_FILTER = "regex:flash_attention_bwd"
+# The K/V-major kernel alone (the atomic mode launches no other kernel of this name); its
+# records are named by their NVTX range (`--print-nvtx-rename kernel`), not by the kernel.
+KERNEL_FILTER = "regex:flash_attention_bwd_kv"
 
 
 def backward_flops(batch, heads, seqlen, head_dim, causal) -> float:
@@ -233,10 +236,39 @@ def dram(args) -> list[dict]:
                                            text=True, check=True).stdout)
     records = []
     for record in kernels:
-        if record.tag in tags and "bwd_kv" in record.kernel_name:
+        if record.tag in tags:
             row = {**tags[record.tag], **record.metrics}
             records.append(row)
             print(json.dumps(row), flush=True)
+    return records
+
+
+def predict(args) -> list[dict]:
+    """The lock-step L2 model's DRAM reads of the K/V-major kernel per schedule (no GPU):
+    `wavefront.model.backward_simulation`, on `--sms` SMs and an L2 of `--l2-mb` (default: an
+    H100's 132 and 50 MB), fitted to nothing (a prediction, to hold against `--dram`)."""
+    from wavefront.backward_schedules import (BACKWARD_CTA_SCHEDULES, BACKWARD_SCANS,
+                                              DEFAULT_BACKWARD_TILES, BackwardLaunch)
+    from wavefront.model.backward_simulation import predict_backward_l2
+    from wavefront.schedules import AttentionProblem
+    records = []
+    for shape_name in args.shapes:
+        batch, heads, kv_heads, seqlen = SHAPES[shape_name]
+        for head_dim in args.head_dims:
+            for causal in args.masks:
+                problem = AttentionProblem(batch, heads, kv_heads, seqlen, seqlen, head_dim,
+                                           causal, *DEFAULT_BACKWARD_TILES[head_dim])
+                for cta in BACKWARD_CTA_SCHEDULES:
+                    for scan in BACKWARD_SCANS:
+                        launch = BackwardLaunch.of(problem, f"{cta}+{scan}", args.sms, 1,
+                                                   int(args.l2_mb * (1 << 20)))
+                        got = predict_backward_l2(launch)
+                        row = {"shape": shape_name, "head_dim": head_dim, "causal": causal,
+                               "schedule": launch.name, "sms": args.sms, "l2_mb": args.l2_mb,
+                               "predicted_dram_read_bytes": got.dram_read_sectors * 32,
+                               "predicted_l2_read_bytes": got.tex_read_sectors * 32}
+                        records.append(row)
+                        print(json.dumps(row), flush=True)
     return records
 
 
@@ -253,11 +285,15 @@ def main(argv=None) -> int:
                         help="also time every backward schedule (CTA order x Q scan)")
     parser.add_argument("--dram", action="store_true",
                         help="DRAM bytes per schedule under ncu, instead of timing")
+    parser.add_argument("--predict", action="store_true",
+                        help="the lock-step L2 model's DRAM reads per schedule (no GPU)")
+    parser.add_argument("--sms", type=int, default=132, help="--predict: SMs (H100: 132)")
+    parser.add_argument("--l2-mb", type=float, default=50.0, help="--predict: L2 MiB")
     parser.add_argument("--profile-once", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--json", help="append the records to this JSON-lines file")
     raw = sys.argv[1:] if argv is None else argv
     args = parser.parse_args(raw)
-    args.passed = [a for a in raw if a not in ("--dram", "--schedules")]
+    args.passed = [a for a in raw if a not in ("--dram", "--schedules", "--predict")]
     args.shapes = [s.strip() for s in args.shapes.split(",") if s.strip()]
     unknown = [s for s in args.shapes if s not in SHAPES]
     if unknown:
@@ -265,11 +301,14 @@ def main(argv=None) -> int:
     args.head_dims = [int(d) for d in args.head_dims.split(",")]
     args.masks = [m for m in (False, True)
                   if not (args.causal_only and not m) and not (args.full_only and m)]
-    import torch
-    if args.profile_once:
-        profile_once(args, torch)
-        return 0
-    records = dram(args) if args.dram else bench(args, torch)
+    if args.predict:
+        records = predict(args)
+    else:
+        import torch
+        if args.profile_once:
+            profile_once(args, torch)
+            return 0
+        records = dram(args) if args.dram else bench(args, torch)
     if args.json:
         with open(args.json, "a") as f:
             for record in records:
