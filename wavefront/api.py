@@ -177,8 +177,10 @@ def attention_with_kvcache(q, k_cache, v_cache, cache_seqlens, *, k=None, v=None
     (batch, max_pages) int32 naming sequence b's pages in order. `cache_seqlens`: an int or
     (batch,) int32, the keys in the cache before this call. `k`, `v` (batch, seqlen_new,
     kv_heads, head_dim), if given, are written into the cache at cache_seqlens (in place)
-    and attended; cache_seqlens itself is not changed. heads a multiple of kv_heads (GQA);
-    bfloat16 or float16; head_dim 64 or 128; CuPy arrays or torch tensors.
+    and attended; cache_seqlens itself is not changed. heads a multiple of kv_heads (GQA, at
+    most 64 query heads per K/V head); bfloat16 or float16; head_dim 64 or 128; CuPy arrays or
+    torch tensors. Pages of 16 or 32 keys are read in K/V tiles of their size (a tile never
+    spans two pages), larger pages in 64-key tiles.
 
     `causal`: bottom-right aligned (FlashAttention >= 2.1): query i of sequence b sits at
     key position cache_seqlens[b] + seqlen_new - seqlen_q + i. A query that sees no key gets
