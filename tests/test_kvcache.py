@@ -365,3 +365,20 @@ def test_every_cache_binary_compiles_for_sm90():
     pytest.importorskip("cuda.tile", reason="compiling needs cuda-tile (the gpu extra)")
     from wavefront.kernel.decode import all_decode_variants
     _compile_all(list(all_decode_variants()))
+
+
+@pytest.mark.parametrize("argv,expected", [
+    (["--batch", "a,b"], "comma-separated list"),
+    (["--heads", "3", "--kv-heads", "2"], "multiple of kv-heads"),
+    (["--context", "0"], "must be positive"),
+    (["--head-dim", "96"], "--head-dim"),
+    (["--page-size", "48"], "--page-size"),
+    (["--rounds", "2"], "--rounds"),
+])
+def test_bench_decode_names_its_bad_flags(argv, expected):
+    from click.testing import CliRunner
+
+    from wavefront.cli import main
+    result = CliRunner().invoke(main, ["bench-decode", *argv])
+    assert result.exit_code == 2, result.output
+    assert expected in result.output and "Traceback" not in result.output

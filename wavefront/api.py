@@ -197,6 +197,10 @@ def attention_with_kvcache(q, k_cache, v_cache, cache_seqlens, *, k=None, v=None
     which raise a flag that a later call reads without waiting for the GPU and raises as
     `wavefront.kernel.kvcache.KVCacheLengthError`; WAVEFRONT_CHECK_LENGTHS=1 checks each call
     before it returns (waits), `wavefront.kernel.kvcache.check_kvcache_flags()` on demand.
+    The first call of a layout (shapes, strides, dtypes) and options checks the arrays and
+    builds its work table and buffers, waiting for the GPU once; later calls skip that. Make
+    that first call before capturing a CUDA graph of the call (graphs replay the lengths and
+    block table the GPU arrays hold at replay).
 
     Returns the output (batch, seqlen_q, heads, head_dim) in q's library (and the LSE,
     float32 (batch, heads, seqlen_q), natural log, if asked)."""

@@ -4,7 +4,7 @@ The prefill vocabulary (`wavefront.schedules`) orders (batch, query head, Q tile
 dense problem whose lengths the host knows. A cache call differs in three ways that change the
 unit of work, so it gets this small module beside it, in the same style (frozen dataclasses
 holding host parameters, the table built on the host, persistent CTAs taking rows
-grid-stride as `CTA_PERSISTENT` does):
+grid-stride as the prefill's `CTA_PERSISTENT` schedule does):
 
 - *GQA packing*: an item is one (batch, K/V head), and its Q tile holds the query rows of every
   query head of that K/V head (`group` of them) for `rows_per_tile` query positions: row r is
@@ -32,7 +32,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from wavefront.schedules import CTA_PERSISTENT, positive_int
+from wavefront.schedules import positive_int
 
 # One row per work item, 8 int32 (32-byte rows, a stride the ahead-of-time signature accepts).
 DECODE_BATCH = 0
@@ -48,8 +48,6 @@ DECODE_COLUMNS = 8
 
 CTA_ORDERS = ("batch_major", "kv_head_major", "prefix_grouped")
 DEFAULT_CTA_ORDER = "batch_major"
-# The CTA schedule of every cache launch: persistent CTAs taking rows grid-stride.
-CTA_SCHEDULE = CTA_PERSISTENT
 
 # Page sizes of a paged cache: powers of two, so that a K/V tile of 64 keys holds whole pages
 # (pages of 16 or 32 keys: 4 or 2, each its own load) or lies within one page.
