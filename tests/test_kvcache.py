@@ -382,3 +382,29 @@ def test_bench_decode_names_its_bad_flags(argv, expected):
     result = CliRunner().invoke(main, ["bench-decode", *argv])
     assert result.exit_code == 2, result.output
     assert expected in result.output and "Traceback" not in result.output
+
+
+def test_decode_bench_records_read_back_with_failures_apart(tmp_path):
+    from wavefront.results.records import DECODE_BENCH_RECORDS
+    row = DECODE_BENCH_RECORDS.stamp({
+        "gpu": "H100", "batch": 1, "context": 4096, "heads": 32, "kv_heads": 8,
+        "head_dim": 128, "page_size": 64, "contender": "wavefront contiguous",
+        "kv_bytes": 1 << 24, "samples_ms": [0.01] * 6, "median_ms": 0.01, "gbps": 1677.7,
+        "gbps_ci95": [1600.0, 1700.0], "dram_peak_gbps": 3000.0})
+    failed = {"gpu": "H100", "batch": 64, "context": 131072, "error": "OutOfMemoryError: x"}
+    path = tmp_path / "bench_decode.jsonl"
+    import json
+    path.write_text(json.dumps(row) + "\n" + json.dumps(failed) + "\n")
+    assert [r["contender"] for r in DECODE_BENCH_RECORDS.read(path)] == ["wavefront contiguous"]
+    assert DECODE_BENCH_RECORDS.read(path, failed=True) == [failed]
+
+
+def test_bench_sets_rotate_past_the_l2_and_fit_in_memory():
+    from wavefront.measure.decode_bench import input_sets, kv_bytes
+    l2 = 50 << 20
+    small = kv_bytes(1, 4096, 8, 128)  # 16 MiB: 14 sets put 4 L2s between two reads
+    assert small == 2 * 4096 * 8 * 128 * 2
+    assert input_sets(small, l2, 80 << 30, copies=2) == 1 + -(-4 * l2 // small)
+    huge = kv_bytes(64, 131072, 8, 128)  # 34 GB: one set, and no paged copy beside it
+    assert input_sets(huge, l2, 79 << 30, copies=1) == 1
+    assert input_sets(huge, l2, 79 << 30, copies=2) == 0
