@@ -408,3 +408,30 @@ def test_bench_sets_rotate_past_the_l2_and_fit_in_memory():
     huge = kv_bytes(64, 131072, 8, 128)  # 34 GB: one set, and no paged copy beside it
     assert input_sets(huge, l2, 79 << 30, copies=1) == 1
     assert input_sets(huge, l2, 79 << 30, copies=2) == 0
+
+
+@pytest.mark.parametrize("page_size,splits,lse,new", [(None, 1, False, 0), (16, 4, True, 3),
+                                                      (64, 1, True, 1), (256, 2, False, 0)])
+def test_the_call_hands_each_kernel_every_parameter_once(page_size, splits, lse, new):
+    """The call's per-call arrays plus what it binds once are exactly each kernel's
+    parameters (a missing or extra name would first fail on the GPU)."""
+    pytest.importorskip("cuda.tile", reason="the kernels' signatures")
+    from wavefront.kernel.attention import launch_args
+    from wavefront.kernel.decode import (APPEND_PARAMS, COMBINE_SPLITS_PARAMS, DECODE_PARAMS,
+                                         variants_for)
+    from wavefront.kernel.kvcache import (APPEND_PER_CALL, ATTENTION_PER_CALL,
+                                          COMBINE_PER_CALL, bound_arguments)
+    problem = DecodeProblem(2, 32, 8, 1 + new, 4096, 128, seqlen_new=new, page_size=page_size)
+    launch = DecodeLaunch(problem, splits, 264)
+    variants = variants_for(problem, "bfloat16", splits, lse, new > 0)
+    bound, combined = bound_arguments(launch, variants, ("o", "m", "l"), "work", "flags",
+                                      0.1, True)
+    args = launch_args(DECODE_PARAMS, {**dict.fromkeys(ATTENTION_PER_CALL), **bound})
+    assert len(args) == len(DECODE_PARAMS)
+    assert (combined is not None) == (splits > 1) == variants[1].partials
+    if combined is not None:
+        launch_args(COMBINE_SPLITS_PARAMS, {**dict.fromkeys(COMBINE_PER_CALL), **combined})
+    if new:
+        launch_args(APPEND_PARAMS, {**dict.fromkeys(APPEND_PER_CALL), **variants[0].constants})
+    assert bound["PAGED"] == (page_size is not None)
+    assert bound["PAGES_PER_TILE"] == (4 if page_size == 16 else 1)

@@ -501,18 +501,34 @@ def _prepare(q, k_cache, v_cache, cache_seqlens, k, v, block_table, table_host, 
                          num_splits=num_splits, cta_order=cta_order, sharing=sharing)
     state = _state_for(vq, launch, bool(return_lse))
     flags = _flags_for(vq)
-    append, attention, combine = state.variants
-    part_o, part_m, part_l = state.partials
-    bound = {"PartO": part_o, "PartM": part_m, "PartL": part_l, "Work": state.work,
-             "Flags": flags.buffer, "qk_scale_log2": float(scale * LOG2_E),
-             "num_items": launch.num_items, "seqlen_new": shape.seqlen_new,
-             "causal": int(bool(causal)), **attention.constants}
-    combined = None if combine is None else {
-        "PartO": part_o, "PartM": part_m, "PartL": part_l, "num_splits": launch.num_splits,
-        **combine.constants}
+    bound, combined = bound_arguments(launch, state.variants, state.partials, state.work,
+                                      flags.buffer, scale, causal)
+    append = state.variants[0]
     lse_shape = (shape.batch, shape.kv_heads, problem.group, shape.seqlen_q)
     return _Prepared(vq, shape, launch, state, flags, bound,
                      None if append is None else append.constants, combined, lse_shape)
+
+
+# What each kernel takes per call, beside what `bound_arguments` binds once.
+ATTENTION_PER_CALL = ("Q", "K", "V", "Out", "Lse", "CacheSeqlens", "BlockTable")
+COMBINE_PER_CALL = ("Out", "Lse")
+APPEND_PER_CALL = ("KNew", "VNew", "K", "V", "CacheSeqlens", "BlockTable", "Flags")
+
+
+def bound_arguments(launch: DecodeLaunch, variants: tuple, partials: tuple, work, flags,
+                    scale: float, causal: bool) -> tuple[dict, dict | None]:
+    """-> (the attention kernel's arguments that are the same on every call, the combine
+    kernel's or None): with ATTENTION_PER_CALL and COMBINE_PER_CALL, every parameter."""
+    _, attention, combine = variants
+    part_o, part_m, part_l = partials
+    bound = {"PartO": part_o, "PartM": part_m, "PartL": part_l, "Work": work, "Flags": flags,
+             "qk_scale_log2": float(scale * LOG2_E), "num_items": launch.num_items,
+             "seqlen_new": launch.problem.seqlen_new, "causal": int(bool(causal)),
+             **attention.constants}
+    combined = None if combine is None else {
+        "PartO": part_o, "PartM": part_m, "PartL": part_l, "num_splits": launch.num_splits,
+        **combine.constants}
+    return bound, combined
 
 
 def attention_with_kvcache(q, k_cache, v_cache, cache_seqlens, *, k=None, v=None,
@@ -608,20 +624,21 @@ def attention_with_kvcache(q, k_cache, v_cache, cache_seqlens, *, k=None, v=None
         if prepared.append is not None:
             ct.launch(handle, (shape.seqlen_new, shape.batch, 1), append_kv,
                       launch_args(APPEND_PARAMS, {
-                          "KNew": k, "VNew": v, "K": k_cache, "V": v_cache,
-                          "CacheSeqlens": lengths, "BlockTable": table, "Flags": flags.buffer,
+                          **dict(zip(APPEND_PER_CALL, (k, v, k_cache, v_cache, lengths, table,
+                                                       flags.buffer))),
                           **prepared.append}))
         out5 = _grouped(vq, out, shape)
         ct.launch(handle, (prepared.launch.grid, 1, 1),
                   decode_kernel_for(prepared.state.variants[1].occupancy),
                   launch_args(DECODE_PARAMS, {
-                      "Q": _grouped(vq, q, shape), "K": k_cache, "V": v_cache, "Out": out5,
-                      "Lse": lse_argument, "CacheSeqlens": lengths, "BlockTable": table,
+                      **dict(zip(ATTENTION_PER_CALL, (_grouped(vq, q, shape), k_cache, v_cache,
+                                                      out5, lse_argument, lengths, table))),
                       **prepared.bound}))
         if prepared.combine is not None:
             ct.launch(handle, (prepared.launch.problem.q_tiles, shape.batch * shape.kv_heads,
                                1), combine_splits, launch_args(COMBINE_SPLITS_PARAMS, {
-                                   "Out": out5, "Lse": lse_argument, **prepared.combine}))
+                                   **dict(zip(COMBINE_PER_CALL, (out5, lse_argument))),
+                                   **prepared.combine}))
         if not capturing:
             flags.copy_behind(handle)
     if os.environ.get(CHECK_LENGTHS_ENV, "") not in ("", "0"):
