@@ -435,3 +435,25 @@ def test_the_call_hands_each_kernel_every_parameter_once(page_size, splits, lse,
         launch_args(APPEND_PARAMS, {**dict.fromkeys(APPEND_PER_CALL), **variants[0].constants})
     assert bound["PAGED"] == (page_size is not None)
     assert bound["PAGES_PER_TILE"] == (4 if page_size == 16 else 1)
+
+
+def test_a_gpu_block_table_is_read_back_once_until_torch_writes_it(monkeypatch):
+    """The prefix-grouped order reads a GPU block table's first column back to the host: once
+    per tensor, and again after an in-place write (its version counter), not every call."""
+    torch = pytest.importorskip("torch")
+    from wavefront.kernel import kvcache
+    monkeypatch.setattr(kvcache, "_gpu_sharing", [])
+    reads = []
+
+    class Table(torch.Tensor):  # a CPU tensor standing in for a GPU one, counting reads
+        def tolist(self):
+            reads.append(1)
+            return super().tolist()
+
+    table = torch.tensor([[3, 4], [3, 5], [7, 8]], dtype=torch.int32).as_subclass(Table)
+    assert kvcache._gpu_table_sharing(table) == (3, 3, 7)
+    assert kvcache._gpu_table_sharing(table) == (3, 3, 7)
+    assert len(reads) == 1
+    table[2, 0] = 3  # in place: the version counter moves
+    assert kvcache._gpu_table_sharing(table) == (3, 3, 3)
+    assert len(reads) == 2

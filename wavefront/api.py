@@ -207,7 +207,8 @@ def attention_with_kvcache(q, k_cache, v_cache, cache_seqlens, *, k=None, v=None
     work items to fill the GPU, 1 where the batch fills it). `cta_order`: the order work items
     are handed out, one of `wavefront.decode_schedules.CTA_ORDERS` ("batch_major" default,
     "kv_head_major", "prefix_grouped": sequences whose block tables start with the same page
-    together; a block table on the GPU is then read back once, which waits for the GPU).
+    together; a block table on the GPU is then read back, which waits for the GPU, once per
+    table tensor and again after torch writes it in place).
 
     Lengths and block tables given as host data (int, list, NumPy, CPU tensor) are checked
     before the launch (they are copied to the GPU each call; pass GPU int32 arrays in a

@@ -215,6 +215,40 @@ def sharing_keys(block_table: np.ndarray | None, batch: int) -> tuple | None:
     return tuple(int(x) for x in block_table[:batch, 0])
 
 
+# The sharing keys of the last GPU block tables read back, by the tensor (weakly) and its
+# version counter: a decode loop hands the same table step after step, and reading it back on
+# every call would wait for the GPU every step (measured: the prefix-grouped order's calls ran
+# at 0.37x the batch-major order's on the H200 while its kernel ran 6% faster).
+_GPU_SHARING_KEPT = 8
+_gpu_sharing: list = []
+
+
+def _gpu_table_sharing(block_table) -> tuple | None:
+    """`sharing_keys` of a block table on the GPU: read back (this waits for the GPU) the
+    first time a tensor is seen and whenever torch's version counter says it was written in
+    place since; kept otherwise. A CuPy table (no version counter) is keyed by the array
+    object and its pointer: write a new array rather than into the old one. (The keys only
+    order the work items: a stale key costs cache reuse, never a wrong result.)"""
+    stamp = None
+    if hasattr(block_table, "_version"):  # torch (a subclass too)
+        from wavefront.kernel.arrays import stamp_matches, tensors_stamp
+        for kept_stamp, keys in _gpu_sharing:
+            if stamp_matches(kept_stamp, block_table):
+                return keys
+        stamp = tensors_stamp(block_table)
+    else:
+        ident = (id(block_table), getattr(getattr(block_table, "data", None), "ptr", None))
+        for kept_stamp, keys in _gpu_sharing:
+            if kept_stamp == ident:
+                return keys
+        stamp = ident
+    keys = sharing_keys(np.asarray(block_table.tolist()), len(block_table))
+    if stamp is not None:
+        _gpu_sharing.insert(0, (stamp, keys))
+        del _gpu_sharing[_GPU_SHARING_KEPT:]
+    return keys
+
+
 # --------------------------------------------------------------------------------------------
 # Flags raised on the GPU, checked without waiting
 # --------------------------------------------------------------------------------------------
@@ -546,9 +580,8 @@ def attention_with_kvcache(q, k_cache, v_cache, cache_seqlens, *, k=None, v=None
     table_host = None if block_table is None else _host_ints("block_table", block_table, 2)
     sharing = None
     if cta_order == "prefix_grouped" and block_table is not None:
-        # (a block table on the GPU is read back here: this waits for the GPU)
-        sharing = sharing_keys(table_host if table_host is not None
-                               else np.asarray(block_table.tolist()), len(block_table))
+        sharing = (sharing_keys(table_host, len(table_host)) if table_host is not None
+                   else _gpu_table_sharing(block_table))
     layouts = (_layout(q), _layout(k_cache), _layout(v_cache),
                None if k is None else _layout(k), None if v is None else _layout(v),
                None if out is None else _layout(out))
