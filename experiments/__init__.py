@@ -35,4 +35,5 @@ APPENDICES = {
     "tables": ("knee", "headline", "tiled_fit", "predictions"),
     "regimes": ("ablation", "starved_launch", "dram_bound", "ctas_in_flight", "tiled"),
     "model": ("timed_model",),
+    "backward": ("backward_bench",),
 }

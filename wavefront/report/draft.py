@@ -214,14 +214,17 @@ def compute(study: Study, experiments) -> DraftNumbers:
                                     first_part=front_matter.FIRST_RESULTS_PART)
     front_matter.closing(n, study, experiments)
     _differences(n, study, experiments)
-    for index, (name, names) in enumerate(getattr(experiments, "appendices", {}).items()):
+    appendices = getattr(experiments, "appendices", {})
+    loose = (front_matter.LOOSE_FIGURES_APPENDIX
+             if front_matter.LOOSE_FIGURES_APPENDIX in appendices else next(reversed(appendices),
+                                                                            None))
+    for index, (name, names) in enumerate(appendices.items()):
         letter = chr(ord("A") + index)
         numbering.prefix = letter
         numbering.directory = "figures/appendix"
         body = sections(n, study, experiments, names=names, numbering=numbering)
         n.appendices[name] = front_matter.appendix(letter, name, body, study, experiments,
-                                                   numbering, is_last=index == len(
-                                                       experiments.appendices) - 1)
+                                                   numbering, with_loose_figures=name == loose)
     n.values["appendix_list"] = ", ".join(
         f"[{chr(ord('A') + i)}](appendix_{name}.md) {front_matter.APPENDIX_TITLES.get(name, name)}"
         for i, name in enumerate(getattr(experiments, "appendices", {})))

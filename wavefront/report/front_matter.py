@@ -28,7 +28,11 @@ APPENDIX_TITLES = {
     "regimes": "The earlier regimes: the ablation, a DRAM stream, DRAM-bound heads, few CTAs, "
                "tiling",
     "model": "The timed model: calibration, validation and the GB10 postdiction",
+    "backward": "The backward pass",
 }
+# The appendix that shows, after its sections, every figure no section shows (with its table);
+# the last appendix where the package has no appendix of this name.
+LOOSE_FIGURES_APPENDIX = "model"
 
 # Zhu, Pan, Ding, arXiv 2601.16032 (v1, 22 Jan 2026), abstract: GB10, bf16 cuTile and CUDA
 # kernels. Only the headline figures could be checked against a source reachable from here; the
@@ -167,14 +171,15 @@ def closing(n, study, experiments) -> None:
 
 
 def appendix(letter: str, name: str, body: str, study, experiments, numbering,
-             is_last: bool) -> str:
+             with_loose_figures: bool) -> str:
     """An appendix: its heading, the experiments' sections (figures numbered A1, A2, ...), and,
-    in the last one, every figure no section shows, with its table."""
+    in the one `with_loose_figures` (LOOSE_FIGURES_APPENDIX), every figure no section shows,
+    with its table."""
     title = APPENDIX_TITLES.get(name, name)
     parts = [f"# Appendix {letter}. {title}",
              f"*Part of the paper in `paper/draft.md`, generated the same way by `wavefront "
              "paper` from `data/`; figures in `paper/figures/appendix/`.*", body]
-    if is_last:
+    if with_loose_figures:
         shown = set(numbering.shown)
         for exp_name, exp in experiments.items():
             if not exp.has_figure or exp_name in shown:

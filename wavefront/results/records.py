@@ -212,10 +212,21 @@ DECODE_BENCH_RECORDS = RecordKind(
     # a shape that failed is recorded as an error line (read with failed=True)
     measured=lambda row: "error" not in row)
 
+# `scripts/backward_bench.py`: one line per contender per shape, head dim and mask of the
+# backward's interleaved rounds (wavefront's two dQ modes, torch SDPA's cuDNN and FA2).
+BACKWARD_BENCH_RECORDS = RecordKind(
+    "backward_bench", 1, ("gpu", "shape", "head_dim", "causal", "name", "samples_ms",
+                          "median_ms", "tflops", "tflops_ci95", "throttled_rounds"))
+# `experiments/backward_bench.py`: what one backward binary compiled to for sm_90 (registers,
+# spills, warpgroup MMAs), ahead of time on a CPU.
+BACKWARD_SASS_RECORDS = RecordKind(
+    "backward_sass", 1, ("label", "registers", "local_loads", "local_stores", "hgmma"))
+
 KINDS = {k.name: k for k in (BENCH_RECORDS, TUNE_RECORDS, LEVER_RECORDS, BENCH_ONCE_RECORDS,
                               PRINTOUT_RECORDS, STARVED_RECORDS, TIMELINE_RECORDS,
                               HARNESS_RECORDS, VARLEN_BENCH_RECORDS, EXPOSURE_RECORDS,
-                              SERVING_RECORDS, DECODE_BENCH_RECORDS)}
+                              SERVING_RECORDS, DECODE_BENCH_RECORDS, BACKWARD_BENCH_RECORDS,
+                              BACKWARD_SASS_RECORDS)}
 
 
 def shape_name(shape: dict) -> str:

@@ -1,0 +1,58 @@
+"""experiments/backward_bench.py on the committed data (CPU): the ratios it computes are the
+bench's own, its section's claims hold, and a made-up run where wavefront beats cuDNN stops the
+"far from cuDNN" claim."""
+import gzip
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from wavefront.report.analysis import Study
+from wavefront.report.experiments import discover
+
+ROOT = Path(__file__).parent.parent
+
+
+@pytest.fixture(scope="module")
+def experiment():
+    return discover(ROOT / "experiments")["backward_bench"].module
+
+
+def test_the_paired_ratios_are_the_ones_the_bench_recorded(experiment):
+    """The experiment pairs rounds itself; the bench printed and recorded the same ratios."""
+    rows = [json.loads(line) for line in gzip.open(ROOT / "data/backward_bench/bench.jsonl.gz")]
+    recorded = {(f"{r['shape']} D{r['head_dim']} {'causal' if r['causal'] else 'full'}",
+                 r["name"]): r["x_cudnn"] for r in rows if "x_cudnn" in r}
+    t = experiment.ratios(Study(ROOT / "data"))
+    mine = t[t["contender"] != "cudnn"]
+    assert len(mine) == len(recorded) == 36
+    for _, r in mine.iterrows():
+        want = recorded[(r["config"], r["contender"])]
+        assert [r["x cudnn"], r["x cudnn lo"], r["x cudnn hi"]] == pytest.approx(want)
+    tidy = experiment.load(Study(ROOT / "data"))
+    assert len(tidy) == 48 * 10 and set(tidy["contender"]) == set(experiment.CONTENDERS)
+    assert (tidy[tidy["contender"] == "cudnn"]["x_cudnn"] == 1).all()
+
+
+def test_the_section_holds_on_the_committed_data(experiment):
+    section = experiment.section(Study(ROOT / "data"))
+    failed = [c.text[:80] for c in section.claims if not c.holds]
+    assert not failed, failed
+    assert "Predictions, not measurements" in section.text
+    assert "Hypotheses, none tested by a control" in section.text
+
+
+def test_a_run_faster_than_cudnn_fails_the_claim_it_would_contradict(experiment, tmp_path):
+    data = tmp_path / "data" / "backward_bench"
+    shutil.copytree(ROOT / "data/backward_bench", data)
+    rows = [json.loads(line) for line in gzip.open(data / "bench.jsonl.gz")]
+    for r in rows:  # the deterministic mode made 3x faster than cuDNN in every round
+        if r["name"] == "wavefront_det":
+            cudnn = next(c for c in rows if c["name"] == "cudnn" and c["shape"] == r["shape"]
+                         and c["head_dim"] == r["head_dim"] and c["causal"] == r["causal"])
+            r["samples_ms"] = [ms / 3 for ms in cudnn["samples_ms"]]
+    (data / "bench.jsonl.gz").unlink()
+    (data / "bench.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    section = experiment.section(Study(tmp_path / "data"))
+    assert not section.claims[0].holds
