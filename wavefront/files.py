@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import errno
 import gzip
+import math
 import os
 import stat
 import tempfile
@@ -218,7 +219,8 @@ def read_json(path, what: str = "JSON file", limit: int | None = None, *,
     data = read_packed(path, what, limit=limit, file_limit=limit)
     try:
         return json.loads(data.decode("utf-8"), object_pairs_hook=_unique_keys,
-                          **({} if nan_ok else {"parse_constant": _no_constant}))
+                          **({} if nan_ok else {"parse_constant": _no_constant,
+                                                "parse_float": _finite_float}))
     except UnicodeDecodeError as exc:
         raise FileRefused(f"{path}: {what} is not UTF-8 text ({exc.reason})") from None
     except _DuplicateKey as exc:
@@ -250,6 +252,15 @@ def _unique_keys(pairs):
 
 def _no_constant(name):
     raise _Constant(name)
+
+
+def _finite_float(text):
+    """A JSON number; one past float's range (1e400) reads as infinity, refused as
+    Infinity is."""
+    value = float(text)
+    if math.isinf(value):
+        raise _Constant(f"{text} (past float's range: infinite)")
+    return value
 
 
 # --------------------------------------------------------------------------------------------

@@ -66,9 +66,41 @@ def _values(causal, scale, causal_alignment="top_left"):
     return _options(causal, scale, None, None, causal_alignment).values()
 
 
+def _check_fake(q, k, v, out=None, dout=None, lse=None):
+    """What the ops' real implementations refuse by shape and dtype, refused where they are
+    traced too (torch.compile's fake tensors, meta tensors), naming the argument: a graph
+    traced with mismatched arrays would otherwise carry wrong shapes to its first run."""
+    if q.dim() != 4:
+        raise ValueError(f"q must be 4-D (batch, heads, seqlen, head_dim), got shape "
+                         f"{tuple(q.shape)}")
+    if q.dtype not in (torch.bfloat16, torch.float16):
+        raise ValueError(f"q dtype must be bfloat16 or float16, got {q.dtype}")
+    batch, heads, _, head_dim = q.shape
+    if k.dim() != 4 or k.shape[0] != batch or k.shape[3] != head_dim:
+        raise ValueError(f"k must be (batch={batch}, kv_heads, seqlen_kv, head_dim={head_dim}), "
+                         f"got shape {tuple(k.shape)}")
+    if k.shape[1] == 0 or heads % k.shape[1]:
+        raise ValueError(f"q heads ({heads}) must be a multiple of k's kv_heads ({k.shape[1]})")
+    if v.shape != k.shape:
+        raise ValueError(f"v shape must equal k shape {tuple(k.shape)}, got {tuple(v.shape)}")
+    for name, x in (("k", k), ("v", v), ("out", out), ("dout", dout)):
+        if x is not None and x.dtype != q.dtype:
+            raise ValueError(f"{name} dtype must match q ({q.dtype}), got {x.dtype}")
+    for name, x in (("out", out), ("dout", dout)):
+        if x is not None and x.shape != q.shape:
+            raise ValueError(f"{name} must have q's shape {tuple(q.shape)}, got "
+                             f"{tuple(x.shape)}")
+    if lse is not None and (tuple(lse.shape) != tuple(q.shape[:3]) or lse.dtype != torch.float32):
+        raise ValueError(f"lse must be float32 {tuple(q.shape[:3])} (the forward's LSE), got "
+                         f"{lse.dtype} {tuple(lse.shape)}")
+
+
 @attention.register_fake
 def _attention_fake(q, k, v, causal=False, scale=None, schedule=None, tiles=None,
                     causal_alignment="top_left"):
+    from wavefront.schedules import check_causal_alignment
+    _check_fake(q, k, v)
+    check_causal_alignment(causal_alignment)
     # The output is always a new contiguous (B, H, S_q, D) tensor of q's dtype and device.
     return q.new_empty(q.shape)
 
@@ -92,6 +124,7 @@ def _options_lse(causal, scale, schedule, tiles):
 
 @attention_fwd_lse.register_fake
 def _attention_fwd_lse_fake(q, k, v, causal=False, scale=None, schedule=None, tiles=None):
+    _check_fake(q, k, v)
     return q.new_empty(q.shape), q.new_empty(q.shape[:3], dtype=torch.float32)
 
 
@@ -113,6 +146,7 @@ def attention_bwd(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch
 @attention_bwd.register_fake
 def _attention_bwd_fake(dout, q, k, v, out, lse, causal=False, scale=None,
                         deterministic=False):
+    _check_fake(q, k, v, out, dout, lse)
     return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
 
 
@@ -239,6 +273,9 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
                          "enable_gqa=True for grouped-query attention, as torch asks")
     if not isinstance(is_causal, bool):
         raise ValueError(f"is_causal must be True or False, got {is_causal!r}")
+    if scale is not None:
+        from wavefront.argument_checks import scale_or_none
+        scale = scale_or_none(scale)  # (a list would reach a cache key: unhashable)
     return _attention(query, key, value, is_causal, scale)
 
 

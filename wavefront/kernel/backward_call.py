@@ -17,6 +17,7 @@ from collections import OrderedDict
 
 import cuda.tile as ct
 
+from wavefront.argument_checks import backward_shapes
 from wavefront.backward_schedules import (
     BACKWARD_TILE_SHAPES,
     DEFAULT_BACKWARD_SCHEDULE,
@@ -127,6 +128,7 @@ def backward_launch(q_shape, k_shape, *, causal=False, schedule=None, tiles=None
                     l2_bytes=50 << 20, dtype_bytes=2, ctas=None) -> BackwardLaunch:
     """The `BackwardLaunch` the call runs for these shapes (also for the model, on any
     machine)."""
+    backward_shapes(q_shape, k_shape)  # (wavefront.argument_checks: named, not unpacked)
     batch, heads, seqlen_q, head_dim = q_shape
     _, kv_heads, seqlen_kv, _ = k_shape
     tile_m, tile_n = backward_tiles(tiles, head_dim)
