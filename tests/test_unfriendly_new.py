@@ -239,6 +239,9 @@ KV_OPTION_CASES = [
     Case("kv cache_seqlens '3'", kvcall(cache_seqlens="3"), "cache_seqlens must be"),
     Case("kv cache_seqlens 10**30", kvcall(cache_seqlens=10 ** 30), "cache_seqlens"),
     Case("kv cache_seqlens -1", kvcall(cache_seqlens=-1), "cache_seqlens must be"),
+    Case("kv stream -1", kvcall(stream=-1), "stream must be"),
+    Case("kv stream True", kvcall(stream=True), "stream must be"),
+    Case("kv stream a float", kvcall(stream=0.0), "stream must be"),
     Case("kv q a NumPy array", lambda: wavefront.attention_with_kvcache(
         np.zeros((2, 1, 8, 64), np.float16), _t(2, 256, 2, 64), _t(2, 256, 2, 64), 3),
          "q must live in GPU memory"),

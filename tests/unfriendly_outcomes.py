@@ -21,6 +21,10 @@ class _Hang(BaseException):
     pass
 
 
+class Damaged(Exception):
+    """Raised by a case's call that found data it must not touch changed (a GPU buffer)."""
+
+
 @dataclass
 class Case:
     name: str
@@ -52,6 +56,8 @@ def outcome(case: Case) -> tuple[str, str]:
         kind, detail = "hang", f"still running after {case.seconds} s"
     except MemoryError as exc:
         kind, detail = "memory", f"MemoryError {exc}"
+    except Damaged as exc:
+        kind, detail = "damaged", str(exc)
     except case.errors as exc:
         text = str(exc)
         if case.expected is None:

@@ -218,9 +218,10 @@ def attention_with_kvcache(q, k_cache, v_cache, cache_seqlens, *, k=None, v=None
 
     Returns the output (batch, seqlen_q, heads, head_dim) in q's library (and the LSE,
     float32 (batch, heads, seqlen_q), natural log, if asked)."""
-    from wavefront.argument_checks import kvcache_options
+    from wavefront.argument_checks import kvcache_options, stream_or_none
     options = kvcache_options(cache_seqlens, causal=causal, scale=scale, num_splits=num_splits,
                               cta_order=cta_order, return_lse=return_lse)  # before the GPU
+    stream = stream_or_none(stream)
     from wavefront.device import require_gpu_stack
     require_gpu_stack("wavefront.attention_with_kvcache")
     from wavefront.kernel.kvcache import attention_with_kvcache as call

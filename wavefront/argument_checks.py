@@ -42,6 +42,18 @@ def _whole(value) -> bool:
         type(value).__name__ != "bool_")
 
 
+def stream_or_none(stream):
+    """None, a raw stream handle (an int >= 0: 0, 1 and 2 are CUDA's default, legacy and
+    per-thread streams, others are pointers), or a stream object holding one (torch's
+    `cuda_stream`, CuPy's `ptr`)."""
+    if stream is None or hasattr(stream, "cuda_stream") or hasattr(stream, "ptr"):
+        return stream
+    if not _whole(stream) or stream < 0:
+        raise ValueError(f"stream must be a raw CUDA stream handle (an int >= 0), a torch "
+                         f"stream or a CuPy stream, got {stream!r}")
+    return int(stream)
+
+
 def kvcache_options(cache_seqlens, *, causal, scale, num_splits, cta_order,
                     return_lse) -> dict:
     """`attention_with_kvcache`'s options, checked; -> the ones to pass on, normalised (a

@@ -142,8 +142,9 @@ def _attend_item(Q, K, V, Out, Lse, PartO, PartM, PartL, CacheSeqlens, BlockTabl
         capacity = page_size
     # The sequence's keys, clamped to the cache (a bad length is flagged, never read past).
     cached = ct.gather(CacheSeqlens, (batch,))
-    bad_length = ((cached < 0) | (cached + seqlen_new > capacity)).astype(ct.int32)
-    seqlen_k = min(max(cached, 0) + seqlen_new, capacity)
+    # (compared as cached > capacity - seqlen_new: cached + seqlen_new wraps past 2^31 - 1)
+    bad_length = ((cached < 0) | (cached > capacity - seqlen_new)).astype(ct.int32)
+    seqlen_k = min(max(cached, 0), capacity - seqlen_new) + seqlen_new
     # Query position s sees the keys below min(s + offset, seqlen_k).
     first_row = q_tile * ROWS
     offset, keys_any, keys_all = key_span(seqlen_k, seqlen_q, causal, first_row, ROWS)
@@ -245,7 +246,9 @@ def append_kv(KNew, VNew, K, V, CacheSeqlens, BlockTable, Flags, HEAD_DIM: Const
         capacity = page_size
     cached = ct.gather(CacheSeqlens, (batch,))
     position = cached + i
-    fits = (cached >= 0) & (position < capacity)
+    # (not position < capacity: cached + i wraps past 2^31 - 1 to a negative position, which
+    # the clamp below would turn into key 0 of the sequence, overwriting it)
+    fits = (cached >= 0) & (cached < capacity - i)
     position = min(max(position, 0), capacity - 1)
     if PAGED:
         slot, key = page_slot(position, page_size)
