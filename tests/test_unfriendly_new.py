@@ -425,10 +425,28 @@ def wplan(q=(1, 2, 256, 64), k=(1, 2, 256, 64), v=None, **kw):
     return lambda: wavefront.plan(q, k, v, **{"gpu": "h100", **kw})
 
 
-def varlen_plan(**kw):
+def varlen_plan(cq=(0, 10, 20), ck=(0, 20, 40), **kw):
     from wavefront.point import plan_varlen
-    return lambda: plan_varlen((20, 2, 64), (40, 2, 64), [0, 10, 20], [0, 20, 40], sms=132,
-                               l2_bytes=50 << 20, **kw)
+    return lambda: plan_varlen((20, 2, 64), (40, 2, 64), cq, ck, sms=132, l2_bytes=50 << 20,
+                               **{"causal": True, "causal_alignment": "bottom_right", **kw})
+
+
+VARLEN_CASES = [
+    Case("varlen queries without keys, bottom-right", varlen_plan(ck=[0, 0, 40]), "keys"),
+    Case("varlen cu_seqlens_q a text", varlen_plan(cq="0,10,20"), "cu_seqlens_q must be"),
+    Case("varlen cu_seqlens_k 2-D", varlen_plan(ck=[[0, 20, 40]]), "cu_seqlens_k must be"),
+    Case("varlen cu_seqlens_q None", varlen_plan(cq=None), "cu_seqlens_q must be"),
+    Case("varlen cu_seqlens_k of uint64 past int64",
+         varlen_plan(ck=np.array([0, 20, 2 ** 63 + 1], dtype=np.uint64)), "cu_seqlens_k"),
+    Case("varlen cu_seqlens_q of bools", varlen_plan(cq=[False, True, True]), "cu_seqlens_q"),
+    Case("varlen cu_seqlens_q a CPU float tensor",
+         varlen_plan(cq=torch.tensor([0.0, 10.5, 20.0])), "cu_seqlens_q must be"),
+    Case("varlen cu_seqlens_k decreasing", varlen_plan(ck=[0, 30, 20, 40]), "must not decrease"),
+    Case("varlen max_seqlen_q 1.5", varlen_plan(max_seqlen_q=1.5), "max_seqlen_q must be"),
+    Case("varlen max_seqlen_k 'x'", varlen_plan(max_seqlen_k="40"), "max_seqlen_k must be"),
+    Case("varlen max_seqlen_k True", varlen_plan(max_seqlen_k=True), "max_seqlen_k must be"),
+    Case("varlen max_seqlen_q NaN", varlen_plan(max_seqlen_q=math.nan), "max_seqlen_q must be"),
+]
 
 
 PLAN_CASES = [
@@ -440,12 +458,12 @@ PLAN_CASES = [
          "causal_alignment must be one of"),
     Case("align bytes", wplan(causal=True, causal_alignment=b"top_left"),
          "causal_alignment must be one of"),
-    Case("align varlen typo", varlen_plan(causal=True, causal_alignment="bottomright"),
+    Case("align varlen typo", varlen_plan(causal_alignment="bottomright"),
          "causal_alignment"),
     Case("align non-causal typo", wplan(causal=False, causal_alignment="diagonal"),
          "causal_alignment must be one of"),
     Case("align varlen max_seqlen_k too small",
-         varlen_plan(causal=True, causal_alignment="bottom_right", max_seqlen_k=10),
+         varlen_plan(max_seqlen_k=10),
          "max_seqlen_k"),
     Case("plan of shapes run", lambda: wavefront.plan((1, 2, 256, 64), (1, 2, 256, 64),
                                                       gpu="h100").run(None, None, None),
@@ -473,6 +491,15 @@ PLAN_CASES = [
          "v must be given"),
     Case("plan unknown lever", wplan(warp_specialise=True), "warp_specialise",
          errors=(TypeError, ValueError)),
+    Case("plan prediction of a huge launch", lambda: wavefront.plan(
+        (64, 64, 1 << 20, 128), (64, 64, 1 << 20, 128), gpu="h100").prediction(),
+         "max_accesses", seconds=30),
+    Case("plan DRAM bytes of a huge launch", lambda: wavefront.plan(
+        (64, 64, 1 << 20, 128), (64, 64, 1 << 20, 128), gpu="h100").predicted_dram_bytes,
+         "max_accesses", seconds=30),
+    Case("plan l2_bytes 10**20", wplan(gpu=None, sms=132, l2_bytes=10 ** 20),
+         "l2_bytes must be a positive integer up to"),
+    Case("plan sms 10**9", wplan(sms=10 ** 9), "sms must be a positive integer up to"),
     Case("plan huge shape printed", lambda: str(wavefront.plan(
         (64, 64, 1 << 20, 128), (64, 64, 1 << 20, 128), gpu="h100", causal=True)), None,
          seconds=30),
@@ -718,7 +745,7 @@ FILE_CASES = [
 
 
 ALL = (ARRAY_CASES + LENGTH_CASES + KV_OPTION_CASES + BW_OPTION_CASES + BW_SHAPE_CASES
-       + DECODE_CASES + TORCH_CASES + PLAN_CASES + FILE_CASES)
+       + DECODE_CASES + TORCH_CASES + PLAN_CASES + VARLEN_CASES + FILE_CASES)
 
 
 def _prepare(case, tmp: Path):
