@@ -45,25 +45,26 @@ def _tuple(shape: dict) -> tuple[int, int, int, int]:
     return (shape["batch"], shape["heads"], shape["kv_heads"] or shape["heads"], shape["seqlen"])
 
 
-def _run_dates(study) -> dict[str, str]:
+def _run_dates(study, dataset: str = "untuned_shapes") -> dict[str, str]:
     """Each record file's newest run date, from the data set's manifest (a file gathers
     several bench runs)."""
     dates: dict[str, str] = {}
-    for run in study.manifest("untuned_shapes").values():
+    for run in study.manifest(dataset).values():
         for name in run.get("files", []):
             name = name.split(".")[0]
             dates[name] = max(dates.get(name, ""), run["date"])
     return dates
 
 
-def _measured(study) -> list[tuple[str, str, str, dict, bool]]:
+def _measured(study, dataset: str = "untuned_shapes"
+              ) -> list[tuple[str, str, str, dict, bool]]:
     """(run, GPU, shape, that run's contenders, whether it is the shape's latest run) for
     every shape whose public call was timed. A shape re-measured after the tuned table
     changed (`h100_tiles256`: the D=128 non-causal shapes after the 128x256 entries) is taken
     from the later run; the earlier one stays as the table of then."""
-    dates = _run_dates(study)
+    dates = _run_dates(study, dataset)
     found = []
-    for run, records in study.records(BENCH_RECORDS, "untuned_shapes").items():
+    for run, records in study.records(BENCH_RECORDS, dataset).items():
         for (gpu, shape), by in by_shape(records, per_gpu=True).items():
             if by.get(API) is not None and "cudnn" in by:
                 found.append((dates.get(run, ""), run, gpu, shape, by))
@@ -71,7 +72,7 @@ def _measured(study) -> list[tuple[str, str, str, dict, bool]]:
     for date, run, gpu, shape, _ in found:
         if (gpu, shape) in latest and latest[gpu, shape][0] == date:
             # two runs of one shape at once would be mixed in every ratio
-            raise ValueError(f"data/untuned_shapes: {gpu} {shape} is in both "
+            raise ValueError(f"data/{dataset}: {gpu} {shape} is in both "
                              f"{latest[gpu, shape][1]} and {run}; keep one run per GPU")
         if (gpu, shape) not in latest or date > latest[gpu, shape][0]:
             latest[gpu, shape] = (date, run)
@@ -79,12 +80,13 @@ def _measured(study) -> list[tuple[str, str, str, dict, bool]]:
             for _, run, gpu, shape, by in found]
 
 
-def rows(study, latest: bool = True) -> pd.DataFrame:
+def rows(study, latest: bool = True, dataset: str = "untuned_shapes") -> pd.DataFrame:
     """Per GPU, shape and contender (the plain default, the resolved configuration's bound
     launcher, the public call): speed against cuDNN and FA2 paired by round, and the call
-    against its bound launcher. `latest=False`: the runs a later run of the shape replaced."""
+    against its bound launcher. `latest=False`: the runs a later run of the shape replaced.
+    `dataset`: another experiment's bench rounds of the same kind (`short_prompts`)."""
     out = []
-    for run, gpu, shape, by, is_latest in _measured(study):
+    for run, gpu, shape, by, is_latest in _measured(study, dataset):
         if is_latest != latest:
             continue
         api = by[API]
@@ -130,7 +132,11 @@ def held_out(d: pd.DataFrame) -> pd.Series:
     return d.apply(absent, axis=1)
 
 
-def _draw(d: pd.DataFrame):
+TITLE = ("The public call on shapes absent from the tuned table (held out), bf16: ratios "
+         "paired by interleaved round, 95% intervals; dashed: cuDNN")
+
+
+def _draw(d: pd.DataFrame, title: str = TITLE):
     """Speed against cuDNN (paired by round, 95% interval) per held-out shape, one panel per
     GPU: the plain default, the configuration the public call resolved to (bound) and the
     call itself."""
@@ -158,9 +164,7 @@ def _draw(d: pd.DataFrame):
             ax.set_xlabel("speed vs cuDNN (same rounds; > 1: faster; log)")
         axes[0][0].invert_yaxis()
         axes[0][-1].legend(fontsize=9, loc="lower right")
-        fig.suptitle("The public call on shapes absent from the tuned table (held out), bf16: "
-                     "ratios paired by interleaved round, 95% intervals; dashed: cuDNN",
-                     fontsize=9)
+        fig.suptitle(title, fontsize=9)
         fig.tight_layout()
     return fig
 
@@ -169,8 +173,8 @@ def figure(study):
     return _draw(rows(study))
 
 
-def table(study) -> pd.DataFrame:
-    d = rows(study)
+def table(study, dataset: str = "untuned_shapes") -> pd.DataFrame:
+    d = rows(study, dataset=dataset)
     fmt = lambda m, lo, hi: f"{m:.3f} [{lo:.3f}, {hi:.3f}]"  # noqa: E731
     out = []
     for (gpu, shape), sub in d.groupby(["GPU", "shape"], sort=False):

@@ -5,7 +5,7 @@ from wavefront.model.advise import (
     FIXED_BUDGETS_MB, group_budgets, head_label, not_modelled_levers, rank)
 from wavefront.model.presets import PRESETS
 from wavefront.model.timed import Calibration, memory_timing
-from wavefront.point import TILE_SHAPES, Point
+from wavefront.point import DEFAULT_OCCUPANCY, TILE_SHAPES, Point
 
 CAL = Calibration("H100", 7000.0, 1100.0, {(64, 64, 64, False, 2): 700.0,
                                            (64, 128, 64, False, 2): 1200.0},
@@ -26,7 +26,10 @@ def test_every_tile_is_ranked_and_uncalibrated_ones_are_marked_projected():
     gpu = PRESETS["h100"]
     point = Point(batch=1, heads=4, seqlen=2048, head_dim=64)
     ranked = rank(point, gpu, memory_timing(gpu), _compute, ["persistent+linear"])
-    assert sorted(r.tiles for r in ranked) == sorted(f"{m}x{n}" for m, n in TILE_SHAPES)
+    assert {r.tiles for r in ranked} == {f"{m}x{n}" for m, n in TILE_SHAPES}
+    # every CTAs-per-SM count up to the tile's default is a candidate
+    assert sorted((r.tiles, r.occupancy) for r in ranked) == sorted(
+        (f"{m}x{n}", occ) for (m, n), d in DEFAULT_OCCUPANCY.items() for occ in range(1, d + 1))
     assert [r.time_ms for r in ranked] == sorted(r.time_ms for r in ranked)
     projected = {r.tiles for r in ranked if r.projected}
     assert projected == {"128x128", "128x256"}  # not in the calibration
@@ -46,3 +49,43 @@ def test_group_budgets_put_the_fixed_budgets_beside_every_group_size():
     assert min(r["vs_best"] for r in rows) == 1.0
     with pytest.raises(ValueError, match="grouped"):
         group_budgets(point, gpu, memory_timing(gpu), _compute, schedule="persistent+linear")
+
+
+def _advisor_picks():
+    import importlib.util
+    from pathlib import Path
+    path = Path(__file__).resolve().parents[1] / "experiments" / "advisor_picks.py"
+    spec = importlib.util.spec_from_file_location("advisor_picks", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_advisor_picks_scores_the_pick_and_the_budgets_from_its_records(tmp_path):
+    """experiments/advisor_picks.py (GPU run): its held-out shapes are no training, tuned or
+    ablation shape, and its table scores the advised configuration and L2 budget against the
+    fastest measured, from records laid out as `measure` writes them."""
+    import json
+
+    from wavefront.report.analysis import Study
+    from wavefront.results.records import EXPOSURE_RECORDS
+    picks = _advisor_picks()
+    assert not any(s.get("batch") == 1 and s.get("heads") == 32 and s["seqlen"] in (2048, 8192)
+                   for s in picks.SHAPES.values())  # step_time's shapes
+    gpu = "NVIDIA H100 80GB HBM3"
+    rows = [{"kind": "prediction", "shape": "S", "config": c, "predicted_ms": p}
+            for c, p in (("a", 1.0), ("b", 2.0), ("c", 3.0))]
+    rows += [{"kind": "budget_prediction", "shape": "S", "budget": b, "predicted_ms": p}
+             for b, p in (("1 unit(s)", 2.0), ("2 unit(s)", 1.0), ("x (32 MB)", 3.0))]
+    timed = {"a": 1.1, "b": 1.0, "c": 1.5, "budget 1 unit(s)": 2.0, "budget 2 unit(s)": 1.0,
+             "budget x (32 MB)": 1.2}
+    rows += [{"kind": "round", "shape": "S", "config": c, "round": r, "ms": ms * (1 + r / 100)}
+             for c, ms in timed.items() for r in range(3)]
+    (tmp_path / "advisor_picks").mkdir()
+    (tmp_path / "advisor_picks" / "rounds.jsonl").write_text(
+        "".join(json.dumps(EXPOSURE_RECORDS.stamp({"gpu": gpu, **r})) + "\n" for r in rows))
+    t = picks.table(Study(tmp_path)).iloc[0]
+    assert t["advised"] == "a" and t["measured best"] == "b" and t["configurations"] == 3
+    assert t["advised / best"] == pytest.approx(1.1)
+    assert t["advised budget"] == "2 unit(s)" and t["advised budget / best group"] == 1.0
+    assert t["x (32 MB) / best group"] == pytest.approx(1.2)

@@ -173,8 +173,9 @@ def test_orders_differ_as_named():
     # longest first under the top-left causal mask: the first K/V tile of every unit first
     assert first_items("longest_first+linear", l2_bytes=1 << 20) == [
         (0, 0, 0), (0, 1, 0), (1, 0, 0), (1, 1, 0)]
-    # grouped: units of a group fastest (two units' Q and dO, 512 kB, fit half of 1.1 MB)
-    assert first_items("grouped+linear", l2_bytes=1_100_000) == [
+    # grouped: units of a group fastest (two units' Q, dO and float32 dQ, 1 MB, fit half of
+    # 2.2 MB)
+    assert first_items("grouped+linear", l2_bytes=2_200_000) == [
         (0, 0, 0), (0, 1, 0), (0, 0, 1), (0, 1, 1)]
 
 
@@ -318,19 +319,29 @@ def test_backward_binaries_of_one_dtype_compile_for_sm90():
     pytest.importorskip("cuda.tile", reason="compiling needs cuda-tile (the gpu extra)")
     from wavefront.kernel.backward import all_backward_variants
     variants = list(all_backward_variants(dtypes=("bfloat16",)))
-    # per head dim: K/V-major (2 masks x atomic/deterministic), the dQ kernel (2 masks), the
-    # preprocess and the dQ conversion
-    assert len(variants) == 2 * (4 + 2 + 2)
+    # per head dim, dense and packed: K/V-major (2 masks x atomic/deterministic) and the dQ
+    # kernel (2 masks); the preprocess and the dQ conversion
+    assert len(variants) == 2 * (2 * (4 + 2) + 2)
     _compile_all(variants)
 
 
 @pytest.mark.compile
 @pytest.mark.slow
-def test_every_backward_binary_compiles_for_sm90():
+def test_float16_and_other_tile_shapes_compile_for_sm90():
+    """float16's dense binaries, and every tile shape of the bfloat16 K/V-major kernel (causal,
+    both dQ modes): the specialisations the fast test above leaves out, kept to about 25
+    compiles for the CI's time budget (the packed float16 ones differ from bfloat16's only in
+    the element type)."""
     pytest.importorskip("cuda.tile", reason="compiling needs cuda-tile (the gpu extra)")
     from wavefront.backward_schedules import BACKWARD_TILE_SHAPES
-    from wavefront.kernel.backward import all_backward_variants
-    variants = {v for tiles in BACKWARD_TILE_SHAPES for v in all_backward_variants(tiles=tiles)}
+    from wavefront.kernel.backward import BackwardKvVariant, all_backward_variants
+    variants = {v for v in all_backward_variants(dtypes=("float16",))
+                if not getattr(v, "varlen", False)}
+    for tiles in BACKWARD_TILE_SHAPES:
+        for head_dim in (64, 128):
+            variants |= {BackwardKvVariant("bfloat16", head_dim, *tiles, True, atomic)
+                         for atomic in (True, False)}
+    variants -= set(all_backward_variants(dtypes=("bfloat16",)))
     _compile_all(sorted(variants, key=lambda v: v.label))
 
 
@@ -348,3 +359,62 @@ def test_backward_contracts_follow_the_kernel_signatures():
         backward.BackwardKvVariant("bfloat16", 64, 32, 64, False, True)
     with pytest.raises(ValueError, match="head_dim"):
         backward.BackwardDqVariant("bfloat16", 96, 64, 64, False)
+
+
+# --------------------------------------------------------------------------------------------
+# Packed variable-length batches
+# --------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("cta", ["grid", "persistent", "longest_first"])
+@pytest.mark.parametrize("causal", [False, True])
+def test_varlen_table_is_each_sequences_own_table(cta, causal):
+    """Each sequence's rows (its starts and lengths aside) are the rows a dense launch of that
+    sequence alone has (linear scan: the rows do not depend on the order), and every
+    (sequence, K/V head, K/V tile) is one item; empty sequences have none, a sequence with
+    keys and no queries still writes its zero dK, dV."""
+    from wavefront.backward_schedules import (BWD_KV_START, BWD_Q_START, BWD_SEQLEN_KV,
+                                              BWD_SEQLEN_Q, VarlenBackwardLaunch)
+    from wavefront.schedules import cta_schedule, kv_schedule
+    seqlens_q, seqlens_kv = (70, 0, 130, 5, 0), (70, 0, 130, 5, 33)
+    problem = AttentionProblem(1, 4, 2, sum(seqlens_q), sum(seqlens_kv), 64, causal, 32, 16)
+    launch = VarlenBackwardLaunch(problem, cta_schedule(cta), kv_schedule("linear"), 3, 1,
+                                  1 << 20, None, seqlens_q, seqlens_kv)
+    table = launch.work_table
+    assert launch.num_items == len(table) == 2 * sum(-(-n // 16) for n in seqlens_kv)
+    starts_q = np.cumsum(seqlens_q) - seqlens_q
+    starts_kv = np.cumsum(seqlens_kv) - seqlens_kv
+    columns = [BWD_KV_HEAD, BWD_KV_TILE, BWD_HEAD_FIRST, BWD_HEAD_STEP, BWD_SCAN_START,
+               BWD_SCAN_STEP, BWD_SCAN_COUNT, BWD_MASKED_LO, BWD_MASKED_HI]
+    for seq, (sq, sk) in enumerate(zip(seqlens_q, seqlens_kv)):
+        mine = table[table[:, BWD_BATCH] == seq]
+        if sk == 0:
+            assert len(mine) == 0
+            continue
+        assert (mine[:, BWD_Q_START] == starts_q[seq]).all()
+        assert (mine[:, BWD_KV_START] == starts_kv[seq]).all()
+        assert (mine[:, BWD_SEQLEN_Q] == sq).all() and (mine[:, BWD_SEQLEN_KV] == sk).all()
+        alone = BackwardLaunch.of(AttentionProblem(1, 4, 2, max(sq, 1), sk, 64, causal, 32, 16),
+                                  "persistent+linear", 3, 1, 1 << 20).work_table
+        if sq == 0:  # no Q tile sees the keys
+            assert (mine[:, BWD_SCAN_COUNT] == 0).all()
+            assert (mine[:, BWD_MASKED_LO] == mine[:, BWD_MASKED_HI]).all()
+            continue
+        assert sorted(map(tuple, mine[:, columns])) == sorted(map(tuple, alone[:, columns]))
+    if cta == "longest_first":
+        work = table[:, BWD_SCAN_COUNT] + table[:, BWD_MASKED_HI] - table[:, BWD_MASKED_LO]
+        assert (np.diff(work) <= 0).all()
+
+
+def test_varlen_refuses_the_grouped_schedule_and_bad_lengths():
+    from wavefront.backward_schedules import VarlenBackwardLaunch
+    from wavefront.schedules import cta_schedule, kv_schedule
+    p = AttentionProblem(1, 2, 2, 10, 10, 64)
+    with pytest.raises(ValueError, match="grouped"):
+        VarlenBackwardLaunch(p, cta_schedule("grouped"), kv_schedule("linear"), 3, 1, 1 << 20,
+                             None, (10,), (10,))
+    with pytest.raises(ValueError, match="no keys"):
+        VarlenBackwardLaunch(p, cta_schedule("persistent"), kv_schedule("linear"), 3, 1,
+                             1 << 20, None, (5, 5), (10, 0))
+    with pytest.raises(ValueError, match="end at the packed rows"):
+        VarlenBackwardLaunch(p, cta_schedule("persistent"), kv_schedule("linear"), 3, 1,
+                             1 << 20, None, (5,), (10,))

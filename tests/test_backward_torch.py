@@ -67,3 +67,30 @@ def test_without_grad_the_forward_keeps_no_lse(monkeypatch):
         return wft.scaled_dot_product_attention(q, q, q)
     assert _ops(make_fx(step, tracing_mode="fake")(_meta(1, 2, 64, 64))) == [
         "wavefront.attention.default"]
+
+
+def test_the_varlen_op_has_a_backward():
+    def step(q, k, v, cu, do):
+        q, k, v = (x.detach().requires_grad_() for x in (q, k, v))
+        out = torch.ops.wavefront.attention_varlen(q, k, v, cu, cu, 64, 64, True, None, None,
+                                                   None)
+        return torch.autograd.grad(out, (q, k, v), do)
+    args = (_meta(100, 4, 64), _meta(100, 2, 64), _meta(100, 2, 64),
+            _meta(3, dtype=torch.int32), _meta(100, 4, 64))
+    graph = make_fx(step, tracing_mode="fake")(*args)
+    assert _ops(graph) == ["wavefront.attention_varlen.default",
+                           "wavefront.attention_varlen_bwd.default"]
+
+
+def test_packed_sequences_of_the_transformers_hook_carry_gradients():
+    """A padded batch's `SequencesMask` runs the varlen op when its inputs require grad, so
+    the projections before it get gradients (a direct call's output would carry none)."""
+    def step(q, k, v, cu, do):
+        q, k, v = (x.detach().requires_grad_() for x in (q, k, v))
+        out = wft.SequencesMask(cu, 2, 50).run(q, k, v, None)
+        return torch.autograd.grad(out, (q, k, v), do)
+    args = (_meta(2, 4, 50, 64), _meta(2, 2, 50, 64), _meta(2, 2, 50, 64),
+            _meta(3, dtype=torch.int32), _meta(2, 50, 4, 64))
+    graph = make_fx(step, tracing_mode="fake")(*args)
+    assert _ops(graph) == ["wavefront.attention_varlen.default",
+                           "wavefront.attention_varlen_bwd.default"]

@@ -8,13 +8,15 @@ from wavefront.api import Plan, plan
 from wavefront.point import Point
 from wavefront.schedules import CTA_SCHEDULES, KV_SCHEDULES, AttentionProblem, Launch
 
-__all__ = ["attention", "attention_backward", "attention_varlen", "attention_with_kvcache",
+__all__ = ["attention", "attention_backward", "attention_backward_varlen", "attention_varlen",
+           "attention_with_kvcache",
            "plan", "Plan", "reference_attention", "Point", "AttentionProblem", "Launch",
            "CTA_SCHEDULES", "KV_SCHEDULES"]
 __version__ = "0.2.0"
 
 _LAZY = {"attention": "wavefront.api", "attention_backward": "wavefront.api",
-         "attention_varlen": "wavefront.api", "attention_with_kvcache": "wavefront.api",
+         "attention_backward_varlen": "wavefront.api", "attention_varlen": "wavefront.api",
+         "attention_with_kvcache": "wavefront.api",
          "reference_attention": "wavefront.measure.reference"}
 
 

@@ -10,8 +10,9 @@ from wavefront.kernel.plan import CallOptions, Plan, gpu_for_shapes, plan_of_sha
 from wavefront.point import (LEVERS, NO_LEVER_VALUES, Point, lever_values, parse_schedule,
                              parse_tiles, plan_varlen)
 
-__all__ = ["attention", "attention_backward", "attention_varlen", "attention_with_kvcache", "plan", "plan_varlen", "Plan", "CallOptions",
-           "Point", "parse_schedule", "parse_tiles"]
+__all__ = ["attention", "attention_backward", "attention_backward_varlen", "attention_varlen",
+           "attention_with_kvcache", "plan", "plan_varlen", "Plan", "CallOptions", "Point",
+           "parse_schedule", "parse_tiles"]
 
 
 def attention(q, k, v, *, causal: bool = False, schedule: str | None = None,
@@ -249,6 +250,23 @@ def attention_backward(q, k, v, out, lse, dout, *, causal: bool = False,
     require_gpu_stack("wavefront.attention_backward")
     from wavefront.kernel.backward_call import attention_backward as launch_backward
     return launch_backward(q, k, v, out, lse, dout, **options)
+
+
+def attention_backward_varlen(q, k, v, out, lse, dout, cu_seqlens_q, cu_seqlens_k, *,
+                              causal: bool = False, scale: float | None = None,
+                              schedule: str | None = None, deterministic: bool = False,
+                              tiles=None):
+    """`attention_backward` for `attention_varlen`: packed q, out, dout (total_q, heads, D),
+    k, v (total_k, kv_heads, D), the forward's LSE (heads, total_q) float32, and cu_seqlens as
+    `attention_varlen` takes them (read on the host: a GPU tensor is copied, which waits for
+    the GPU). -> (dq, dk, dv) packed as q, k, v. Schedules: grid, persistent or longest_first
+    with the linear or sawtooth Q scan."""
+    from wavefront.device import require_gpu_stack
+    require_gpu_stack("wavefront.attention_backward_varlen")
+    from wavefront.kernel.backward_call import attention_backward_varlen as launch_backward
+    return launch_backward(q, k, v, out, lse, dout, cu_seqlens_q, cu_seqlens_k, causal=causal,
+                           scale=scale, schedule=schedule, deterministic=deterministic,
+                           tiles=tiles)
 
 
 _launch = None

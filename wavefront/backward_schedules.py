@@ -39,6 +39,7 @@ from wavefront.schedules import (
     CtaSchedule,
     KvSchedule,
     Launch,
+    VarlenLaunch,
     check_placement,
     cta_schedule,
     kv_schedule,
@@ -52,6 +53,9 @@ from wavefront.schedules import (
 # tile), then the unmasked ones as SCAN_START + SCAN_STEP x t for t < SCAN_COUNT.
 (BWD_BATCH, BWD_KV_HEAD, BWD_KV_TILE, BWD_HEAD_FIRST, BWD_HEAD_STEP, BWD_SCAN_START,
  BWD_SCAN_STEP, BWD_SCAN_COUNT, BWD_MASKED_LO, BWD_MASKED_HI) = range(10)
+# Packed variable-length batches: where the item's sequence starts in the packed Q and K/V
+# rows, and its two lengths; BWD_BATCH then holds the sequence's number.
+BWD_Q_START, BWD_KV_START, BWD_SEQLEN_Q, BWD_SEQLEN_KV = range(10, 14)
 BWD_COLUMNS = 16  # padded to 64-byte rows, as the forward's table (a stride the AOT signature takes)
 
 BACKWARD_SCANS = ("linear", "sawtooth")
@@ -59,7 +63,10 @@ BACKWARD_CTA_SCHEDULES = ("grid", "persistent", "grouped", "longest_first")
 # Q tile x K/V tile of the backward kernels. Each K/V-major CTA keeps two float32
 # accumulators of TILE_N x D (dK, dV) besides its K and V tile, so 64-row K/V tiles at D=128.
 BACKWARD_TILE_SHAPES = ((64, 64), (64, 128), (128, 64), (128, 128))
-DEFAULT_BACKWARD_TILES = {64: (64, 128), 128: (64, 64)}
+DEFAULT_BACKWARD_TILES = {64: (128, 64), 128: (64, 64)}
+# Packed batches at D=128 take 128-row Q tiles: tileiras 13.4 fails ("failed to compile Tile IR
+# program", return code 5) on the deterministic binaries with 64x64 tiles there (sm_90).
+DEFAULT_VARLEN_BACKWARD_TILES = {64: (128, 64), 128: (128, 64)}
 DEFAULT_BACKWARD_SCHEDULE = "persistent+linear"
 
 
@@ -70,7 +77,8 @@ def q_tile_span(kv_tile, tile_m, tile_n, seqlen_q, seqlen_kv, causal):
     Causal is top-left aligned (query row r sees keys 0..r), as the forward's: tile i holds a
     row that sees column c0 = kv_tile x tile_n from i = c0 // tile_m on, and needs the mask while
     its first row is below the tile's last column. A ragged last K/V tile (columns past
-    seqlen_kv) takes the mask on every Q tile. Ints or NumPy arrays of K/V tiles."""
+    seqlen_kv) takes the mask on every Q tile. Ints, or NumPy arrays of K/V tiles (and of
+    lengths, one per tile: packed batches)."""
     q_tiles = -(-seqlen_q // tile_m)
     ragged = (kv_tile + 1) * tile_n > seqlen_kv
     if causal:
@@ -88,9 +96,10 @@ def q_tile_span(kv_tile, tile_m, tile_n, seqlen_q, seqlen_kv, causal):
 
 def backward_group_units(problem: AttentionProblem, l2_fraction: float, l2_bytes: int) -> int:
     """Units of a `grouped` backward group: the largest power of two of (batch, K/V head)
-    units whose query heads' Q and dO fit `l2_fraction` of the L2 (at least 1, at most all)."""
+    units whose query heads' Q, dO and float32 dQ accumulator (the atomic mode's) fit
+    `l2_fraction` of the L2 (at least 1, at most all)."""
     p = problem
-    unit_bytes = 2 * p.qheads_per_kv * p.seqlen_q * p.head_dim * p.element_bytes
+    unit_bytes = p.qheads_per_kv * p.seqlen_q * p.head_dim * (2 * p.element_bytes + 4)
     units = 1
     while units * 2 <= p.kv_units and units * 2 * unit_bytes <= l2_fraction * l2_bytes:
         units *= 2
@@ -112,6 +121,16 @@ def backward_order(item, kv_tiles, kv_units, group_units, cta_code):
         return unit, kv_tile
     unit, kv_tile = np.divmod(item, kv_tiles)
     return unit, kv_tile
+
+
+def backward_schedule(schedule: str) -> tuple[CtaSchedule, KvSchedule]:
+    """'<cta>+<scan>' -> (CTA schedule, Q scan), each from the forward's registries."""
+    if not isinstance(schedule, str) or schedule.count("+") != 1:
+        raise ValueError(f"schedule must be '<cta>+<scan>' with cta one of "
+                         f"{list(BACKWARD_CTA_SCHEDULES)} and scan one of "
+                         f"{list(BACKWARD_SCANS)}, got {schedule!r}")
+    cta, scan = schedule.split("+")
+    return cta_schedule(cta), kv_schedule(scan)
 
 
 @dataclass(frozen=True)
@@ -141,13 +160,8 @@ class BackwardLaunch:
     def of(cls, problem: AttentionProblem, schedule: str, sms: int, ctas_per_sm: int,
            l2_bytes: int, ctas: int | None = None) -> "BackwardLaunch":
         """From a '<cta>+<scan>' name, e.g. 'persistent+sawtooth'."""
-        if not isinstance(schedule, str) or schedule.count("+") != 1:
-            raise ValueError(f"schedule must be '<cta>+<scan>' with cta one of "
-                             f"{list(BACKWARD_CTA_SCHEDULES)} and scan one of "
-                             f"{list(BACKWARD_SCANS)}, got {schedule!r}")
-        cta, scan = schedule.split("+")
-        return cls(problem, cta_schedule(cta), kv_schedule(scan), sms, ctas_per_sm, l2_bytes,
-                   ctas)
+        cta, scan = backward_schedule(schedule)
+        return cls(problem, cta, scan, sms, ctas_per_sm, l2_bytes, ctas)
 
     @property
     def name(self) -> str:
@@ -231,3 +245,80 @@ class BackwardLaunch:
         same CTA schedule, with the scan over K/V tiles in the same direction rule."""
         return Launch(self.problem, self.cta, self.q_scan, self.sms, self.ctas_per_sm,
                       self.l2_bytes, self.ctas)
+
+
+@dataclass(frozen=True)
+class VarlenBackwardLaunch(BackwardLaunch):
+    """The backward of a packed batch (FlashAttention's varlen layout; `problem` is the packed
+    arrays as the kernel sees them: batch 1, seqlen = total rows). One item per (sequence, K/V
+    head, K/V tile of the sequence), each row carrying its sequence's starts and lengths
+    (`BWD_Q_START` ...), so the kernel slices the sequence out of the packed arrays. Orders:
+    grid and persistent sequence by sequence (K/V tiles fastest, then K/V heads);
+    longest_first by the Q tiles an item scans, most first (stable). `grouped` does not apply
+    (a packed batch's units are ragged)."""
+
+    seqlens_q: tuple[int, ...] = ()
+    seqlens_kv: tuple[int, ...] = ()
+
+    def __post_init__(self):
+        super().__post_init__()
+        if self.cta.code == CTA_GROUPED:
+            raise ValueError("the grouped CTA schedule does not apply to packed batches' "
+                             "backward; use grid, persistent or longest_first")
+        self.dq_launch  # the forward's packed launch checks the lengths, each error named
+
+    @cached_property
+    def _units(self):
+        """(sequence, kv_head, kv_tile) of every item in sequence-major order."""
+        p = self.problem
+        sk = np.asarray(self.seqlens_kv, dtype=np.int64)
+        tiles = -(-sk // p.tile_n)
+        per_seq = tiles * p.kv_heads
+        seq = np.repeat(np.arange(len(sk)), per_seq)
+        within = np.arange(seq.size) - np.repeat(np.cumsum(per_seq) - per_seq, per_seq)
+        kv_head, kv_tile = np.divmod(within, tiles[seq])
+        return seq, kv_head, kv_tile
+
+    @cached_property
+    def num_items(self) -> int:
+        return int(self._units[0].size)
+
+    @cached_property
+    def work_table(self) -> np.ndarray:
+        p = self.problem
+        seq, kv_head, kv_tile = self._units
+        sq = np.asarray(self.seqlens_q, dtype=np.int64)[seq]
+        sk = np.asarray(self.seqlens_kv, dtype=np.int64)[seq]
+        first, unmasked, q_tiles = (np.asarray(x) for x in q_tile_span(
+            kv_tile, p.tile_m, p.tile_n, sq, sk, p.causal))
+        if self.cta.code == CTA_LONGEST_FIRST:
+            order = np.argsort(-(q_tiles - first), kind="stable")
+            seq, kv_head, kv_tile, sq, sk, first, unmasked, q_tiles = (
+                x[order] for x in (seq, kv_head, kv_tile, sq, sk, first, unmasked, q_tiles))
+        items = np.arange(seq.size, dtype=np.int64)
+        backward = scans_backward(local_iteration(items, self.num_ctas, self.resident_ctas,
+                                                  self.cta.code), self.q_scan.code)
+        group = p.qheads_per_kv
+        step = 1 - 2 * backward
+        starts_q = np.cumsum(self.seqlens_q) - self.seqlens_q
+        starts_kv = np.cumsum(self.seqlens_kv) - self.seqlens_kv
+        rows = np.zeros((seq.size, BWD_COLUMNS), dtype=np.int32)
+        for column, values in ((BWD_BATCH, seq), (BWD_KV_HEAD, kv_head),
+                               (BWD_KV_TILE, kv_tile),
+                               (BWD_HEAD_FIRST, kv_head * group + backward * (group - 1)),
+                               (BWD_HEAD_STEP, step), (BWD_SCAN_STEP, step),
+                               (BWD_SCAN_START, np.where(backward, q_tiles - 1, unmasked)),
+                               (BWD_SCAN_COUNT, q_tiles - unmasked), (BWD_MASKED_LO, first),
+                               (BWD_MASKED_HI, unmasked),
+                               (BWD_Q_START, np.asarray(starts_q)[seq]),
+                               (BWD_KV_START, np.asarray(starts_kv)[seq]),
+                               (BWD_SEQLEN_Q, sq), (BWD_SEQLEN_KV, sk)):
+            rows[:, column] = values
+        rows.setflags(write=False)
+        return rows
+
+    @cached_property
+    def dq_launch(self) -> VarlenLaunch:
+        return VarlenLaunch(self.problem, self.seqlens_q, self.seqlens_kv, self.cta,
+                            self.q_scan, self.sms, self.ctas_per_sm, self.l2_bytes, self.ctas)
+

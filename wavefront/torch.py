@@ -16,7 +16,8 @@ cuTile backward (`wavefront.attention_backward`; deterministic where
 `torch.use_deterministic_algorithms(True)` is on). The SDPA-shaped entry and the transformers
 hook run it whenever an input requires grad, so a compiled model with trainable parameters
 keeps both ops in its graphs. `wavefront::attention` itself has a formula too, which
-recomputes the LSE (one more forward) since that op does not keep it.
+recomputes the LSE (one more forward) since that op does not keep it, and so has
+`wavefront::attention_varlen` (`wavefront::attention_varlen_bwd`, lengths read on the host).
 
 Under a CUDA graph: call the op once before capturing (the first call of a shape compiles the
 kernel and uploads its work table, neither of which a capture allows); replays then launch the
@@ -33,6 +34,7 @@ from typing import Optional
 import torch
 
 __all__ = ["attention", "attention_fwd_lse", "attention_bwd", "attention_varlen",
+           "attention_varlen_bwd",
            "scaled_dot_product_attention",
            "hf_attention_forward", "hf_mask", "SequencesMask", "register_with_transformers",
            "release_graph_launchers"]
@@ -225,6 +227,56 @@ def _attention_varlen_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     return q.new_empty(q.shape)
 
 
+@torch.library.custom_op("wavefront::attention_varlen_bwd", mutates_args=(),
+                         device_types="cuda")
+def attention_varlen_bwd(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
+                         v: torch.Tensor, out: torch.Tensor, cu_seqlens_q: torch.Tensor,
+                         cu_seqlens_k: torch.Tensor, causal: bool = False,
+                         scale: Optional[float] = None, deterministic: bool = False
+                         ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(dq, dk, dv) of `attention_varlen`, packed as q, k, v. Its LSE is recomputed (one more
+    forward: the op does not keep it) and the lengths are read on the host (a GPU cu_seqlens
+    is copied, which waits for the GPU)."""
+    from wavefront.kernel.backward_call import attention_backward_varlen
+    from wavefront.kernel.varlen import attention_varlen as launch_varlen
+    _, lse = launch_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, causal=causal, scale=scale,
+                           return_lse=True)
+    if dout.stride(-1) != 1:
+        dout = dout.contiguous()
+    return attention_backward_varlen(q, k, v, out, lse, dout, cu_seqlens_q, cu_seqlens_k,
+                                     causal=causal, scale=scale, deterministic=deterministic)
+
+
+@attention_varlen_bwd.register_fake
+def _attention_varlen_bwd_fake(dout, q, k, v, out, cu_seqlens_q, cu_seqlens_k, causal=False,
+                               scale=None, deterministic=False):
+    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
+
+
+def _varlen_setup_context(ctx, inputs, output):
+    q, k, v, cu_seqlens_q, cu_seqlens_k, _, _, causal, scale, _, _, causal_alignment = inputs
+    if causal and causal_alignment != "top_left":
+        # the lengths are on the GPU: whether any sequence has len_q != len_k is not known
+        # without waiting, so a bottom-right mask is refused for training outright
+        raise ValueError(f"causal_alignment={causal_alignment!r}: the packed backward runs "
+                         "top-left causal masks only; call without gradients, or with "
+                         "causal_alignment='top_left'")
+    ctx.save_for_backward(q, k, v, output, cu_seqlens_q, cu_seqlens_k)
+    ctx.causal, ctx.scale = causal, scale
+
+
+def _varlen_backward(ctx, dout):
+    q, k, v, out, cu_seqlens_q, cu_seqlens_k = ctx.saved_tensors
+    dq, dk, dv = attention_varlen_bwd(dout, q, k, v, out, cu_seqlens_q, cu_seqlens_k,
+                                      ctx.causal, ctx.scale,
+                                      torch.are_deterministic_algorithms_enabled())
+    return dq, dk, dv, None, None, None, None, None, None, None, None, None
+
+
+torch.library.register_autograd("wavefront::attention_varlen", _varlen_backward,
+                                setup_context=_varlen_setup_context)
+
+
 def release_graph_launchers() -> int:
     """Let go of the launchers that calls launched into CUDA-graph captures (kept for good
     until then), once every graph that captured a wavefront call is destroyed; -> how many
@@ -363,8 +415,14 @@ class SequencesMask:
                   for x in (query, key, value)]
         if self.tokens is not None:  # the real tokens' rows, contiguous
             tokens = [x.index_select(0, self.tokens) for x in tokens]
-        out = launch_varlen(*tokens, self.cu_seqlens, self.cu_seqlens, causal=self.causal,
-                            scale=scale)
+        if torch.is_grad_enabled() and any(x.requires_grad for x in tokens):
+            # training: the op, whose autograd formula runs the backward (the direct call's
+            # output would carry no gradient back)
+            out = attention_varlen(*tokens, self.cu_seqlens, self.cu_seqlens, rows, rows,
+                                   self.causal, scale, None, None)
+        else:
+            out = launch_varlen(*tokens, self.cu_seqlens, self.cu_seqlens, causal=self.causal,
+                                scale=scale)
         if self.tokens is not None:
             out = out.new_zeros(batch * rows, heads, head_dim).index_copy_(0, self.tokens, out)
         return out.view(batch, rows, heads, head_dim)

@@ -19,6 +19,7 @@ from wavefront.cli.common import (
     point_options,
     print_table,
 )
+from wavefront.model.advise import SCHEDULES as ADVISED_SCHEDULES
 from wavefront.model.presets import PRESETS
 
 
@@ -270,9 +271,7 @@ def simulate(points, gpu_name, sms, l2_mib, capacity_mib, partitions, jitter, tr
                f"{accesses / max(elapsed, 1e-9) / 1e6:.1f} M/s, peak memory {peak_mib:.0f} MiB)")
 
 
-ADVISE_SCHEDULES = ("grid+linear,persistent+linear,persistent+sawtooth,grouped+linear,"
-                    "grouped+sawtooth,longest_first+linear,dynamic+linear,"
-                    "grouped_dynamic+linear")
+ADVISE_SCHEDULES = ",".join(ADVISED_SCHEDULES)
 
 
 @main.command()

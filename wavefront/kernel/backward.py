@@ -42,15 +42,23 @@ from wavefront.backward_schedules import (
     BWD_KV_TILE,
     BWD_MASKED_HI,
     BWD_MASKED_LO,
+    BWD_KV_START,
+    BWD_Q_START,
     BWD_SCAN_COUNT,
     BWD_SCAN_START,
     BWD_SCAN_STEP,
+    BWD_SEQLEN_KV,
+    BWD_SEQLEN_Q,
 )
 from wavefront.kernel.attention import (IO, LOG2_E, ConstBool, ConstInt, _contract, _work,
                                         aot_signature)
 from wavefront.point import DTYPES, HEAD_DIMS
 from wavefront.schedules import (
     WORK_BATCH,
+    WORK_KV_START,
+    WORK_Q_START,
+    WORK_SEQLEN_KV,
+    WORK_SEQLEN_Q,
     WORK_HEAD,
     WORK_KV_HEAD,
     WORK_MASKED_HI,
@@ -135,10 +143,38 @@ def _q_tile_step(Q, dOut, Lse, Delta, dQacc, k, v, dk, dv, batch, head, kv_tile,
     return dk, dv
 
 
+def _sequence(Work, item, q_start_column, q_length_column, kv_start_column,
+              kv_length_column):
+    """A packed batch's item: (first Q row, Q rows' end, first K/V row, K/V rows' end) of its
+    sequence, from its table row."""
+    q_start = _work(Work, item, q_start_column)
+    kv_start = _work(Work, item, kv_start_column)
+    return (q_start, q_start + _work(Work, item, q_length_column), kv_start,
+            kv_start + _work(Work, item, kv_length_column))
+
+
 def _kv_work_item(Q, K, V, dOut, Lse, Delta, dK, dV, dQacc, Work, item, qk_scale_log2, scale,
                   HEAD_DIM: ConstInt, TILE_M: ConstInt, TILE_N: ConstInt, CAUSAL: ConstBool,
-                  ATOMIC_DQ: ConstBool):
-    batch = _work(Work, item, BWD_BATCH)
+                  ATOMIC_DQ: ConstBool, VARLEN: ConstBool):
+    """VARLEN: the arrays are packed sequences viewed as (1, heads, total rows, D); the item's
+    sequence is sliced out of them (no copy), so its tiles, masks and ragged ends are its own
+    and no store or atomic reaches a neighbour's rows."""
+    if VARLEN:
+        q_start, q_stop, kv_start, kv_stop = _sequence(Work, item, BWD_Q_START, BWD_SEQLEN_Q,
+                                                       BWD_KV_START, BWD_SEQLEN_KV)
+        Q = Q.slice(axis=2, start=q_start, stop=q_stop)
+        dOut = dOut.slice(axis=2, start=q_start, stop=q_stop)
+        Lse = Lse.slice(axis=2, start=q_start, stop=q_stop)
+        Delta = Delta.slice(axis=2, start=q_start, stop=q_stop)
+        if ATOMIC_DQ:
+            dQacc = dQacc.slice(axis=2, start=q_start, stop=q_stop)
+        K = K.slice(axis=2, start=kv_start, stop=kv_stop)
+        V = V.slice(axis=2, start=kv_start, stop=kv_stop)
+        dK = dK.slice(axis=2, start=kv_start, stop=kv_stop)
+        dV = dV.slice(axis=2, start=kv_start, stop=kv_stop)
+        batch = 0
+    else:
+        batch = _work(Work, item, BWD_BATCH)
     kv_head = _work(Work, item, BWD_KV_HEAD)
     kv_tile = _work(Work, item, BWD_KV_TILE)
     head_first = _work(Work, item, BWD_HEAD_FIRST)
@@ -174,11 +210,11 @@ def _kv_work_item(Q, K, V, dOut, Lse, Delta, dK, dV, dQacc, Work, item, qk_scale
 def flash_attention_bwd_kv(Q, K, V, dOut, Lse, Delta, dK, dV, dQacc, Work,
                            qk_scale_log2: float, scale: float, num_items: int,
                            HEAD_DIM: ConstInt, TILE_M: ConstInt, TILE_N: ConstInt,
-                           CAUSAL: ConstBool, ATOMIC_DQ: ConstBool):
+                           CAUSAL: ConstBool, ATOMIC_DQ: ConstBool, VARLEN: ConstBool):
     """One CTA: take K/V-major items (rows c, c + P, ...) and write each one's dK and dV."""
     for item in range(ct.bid(0), num_items, ct.num_blocks(0)):
         _kv_work_item(Q, K, V, dOut, Lse, Delta, dK, dV, dQacc, Work, item, qk_scale_log2,
-                      scale, HEAD_DIM, TILE_M, TILE_N, CAUSAL, ATOMIC_DQ)
+                      scale, HEAD_DIM, TILE_M, TILE_N, CAUSAL, ATOMIC_DQ, VARLEN)
 
 
 def _dq_step(K, V, q, do, lse, delta, dq, batch, kv_head, kv_tile, q_tile, qk_scale_log2,
@@ -207,33 +243,53 @@ def _dq_step(K, V, q, do, lse, delta, dq, batch, kv_head, kv_tile, q_tile, qk_sc
 
 def flash_attention_bwd_dq(Q, K, V, dOut, Lse, Delta, dQ, Work, qk_scale_log2: float,
                            scale: float, num_items: int, HEAD_DIM: ConstInt, TILE_M: ConstInt,
-                           TILE_N: ConstInt, CAUSAL: ConstBool):
+                           TILE_N: ConstInt, CAUSAL: ConstBool, VARLEN: ConstBool):
     """One CTA: take Q-major items (the forward's work table, rows c, c + P, ...) and write
-    each one's dQ once: deterministic."""
-    seqlen_kv = K.shape[2]
+    each one's dQ once: deterministic. VARLEN: the packed batch's sequence sliced out, as in
+    the K/V-major kernel (from the forward's varlen table)."""
     for item in range(ct.bid(0), num_items, ct.num_blocks(0)):
+        _dq_work_item(Q, K, V, dOut, Lse, Delta, dQ, Work, item, qk_scale_log2, scale,
+                      HEAD_DIM, TILE_M, TILE_N, CAUSAL, VARLEN)
+
+
+def _dq_work_item(Q, K, V, dOut, Lse, Delta, dQ, Work, item, qk_scale_log2, scale,
+                  HEAD_DIM: ConstInt, TILE_M: ConstInt, TILE_N: ConstInt, CAUSAL: ConstBool,
+                  VARLEN: ConstBool):
+    if VARLEN:
+        q_start, q_stop, kv_start, kv_stop = _sequence(Work, item, WORK_Q_START, WORK_SEQLEN_Q,
+                                                       WORK_KV_START, WORK_SEQLEN_KV)
+        Q = Q.slice(axis=2, start=q_start, stop=q_stop)
+        dOut = dOut.slice(axis=2, start=q_start, stop=q_stop)
+        Lse = Lse.slice(axis=2, start=q_start, stop=q_stop)
+        Delta = Delta.slice(axis=2, start=q_start, stop=q_stop)
+        dQ = dQ.slice(axis=2, start=q_start, stop=q_stop)
+        K = K.slice(axis=2, start=kv_start, stop=kv_stop)
+        V = V.slice(axis=2, start=kv_start, stop=kv_stop)
+        batch = 0
+    else:
         batch = _work(Work, item, WORK_BATCH)
-        head = _work(Work, item, WORK_HEAD)
-        kv_head = _work(Work, item, WORK_KV_HEAD)
-        q_tile = _work(Work, item, WORK_Q_TILE)
-        start = _work(Work, item, WORK_SCAN_START)
-        step = _work(Work, item, WORK_SCAN_STEP)
-        count = _work(Work, item, WORK_SCAN_COUNT)
-        q = _load_rows(Q, batch, head, q_tile, HEAD_DIM, TILE_M)
-        do = _load_rows(dOut, batch, head, q_tile, HEAD_DIM, TILE_M)
-        lse = _load_row_stats(Lse, batch, head, q_tile, TILE_M).reshape((TILE_M, 1))
-        delta = _load_row_stats(Delta, batch, head, q_tile, TILE_M).reshape((TILE_M, 1))
-        dq = ct.full((TILE_M, HEAD_DIM), 0.0, dtype=ct.float32)
-        for t in range(count):
-            dq = _dq_step(K, V, q, do, lse, delta, dq, batch, kv_head, start + step * t,
-                          q_tile, qk_scale_log2, scale, seqlen_kv, HEAD_DIM, TILE_M, TILE_N,
-                          False, CAUSAL)
-        for j in range(_work(Work, item, WORK_MASKED_LO), _work(Work, item, WORK_MASKED_HI)):
-            dq = _dq_step(K, V, q, do, lse, delta, dq, batch, kv_head, j, q_tile,
-                          qk_scale_log2, scale, seqlen_kv, HEAD_DIM, TILE_M, TILE_N, True,
-                          CAUSAL)
-        ct.store(dQ, index=(batch, head, q_tile, 0),
-                 tile=dq.reshape((1, 1, TILE_M, HEAD_DIM)).astype(dQ.dtype))
+    seqlen_kv = K.shape[2]
+    head = _work(Work, item, WORK_HEAD)
+    kv_head = _work(Work, item, WORK_KV_HEAD)
+    q_tile = _work(Work, item, WORK_Q_TILE)
+    start = _work(Work, item, WORK_SCAN_START)
+    step = _work(Work, item, WORK_SCAN_STEP)
+    count = _work(Work, item, WORK_SCAN_COUNT)
+    q = _load_rows(Q, batch, head, q_tile, HEAD_DIM, TILE_M)
+    do = _load_rows(dOut, batch, head, q_tile, HEAD_DIM, TILE_M)
+    lse = _load_row_stats(Lse, batch, head, q_tile, TILE_M).reshape((TILE_M, 1))
+    delta = _load_row_stats(Delta, batch, head, q_tile, TILE_M).reshape((TILE_M, 1))
+    dq = ct.full((TILE_M, HEAD_DIM), 0.0, dtype=ct.float32)
+    for t in range(count):
+        dq = _dq_step(K, V, q, do, lse, delta, dq, batch, kv_head, start + step * t,
+                      q_tile, qk_scale_log2, scale, seqlen_kv, HEAD_DIM, TILE_M, TILE_N,
+                      False, CAUSAL)
+    for j in range(_work(Work, item, WORK_MASKED_LO), _work(Work, item, WORK_MASKED_HI)):
+        dq = _dq_step(K, V, q, do, lse, delta, dq, batch, kv_head, j, q_tile,
+                      qk_scale_log2, scale, seqlen_kv, HEAD_DIM, TILE_M, TILE_N, True,
+                      CAUSAL)
+    ct.store(dQ, index=(batch, head, q_tile, 0),
+             tile=dq.reshape((1, 1, TILE_M, HEAD_DIM)).astype(dQ.dtype))
 
 
 @lru_cache(maxsize=None)
@@ -283,16 +339,22 @@ class _TiledVariant:
 
     def __post_init__(self):
         _check(self.dtype, self.head_dim, self.tile_m, self.tile_n)
+        if (self.varlen and self.head_dim == 128 and (self.tile_m, self.tile_n) == (64, 64)
+                and not getattr(self, "atomic_dq", False)):
+            raise ValueError(f"{self.label}: tileiras 13.4 fails to compile the deterministic "
+                             "packed-batch binaries at D=128 with 64x64 tiles (return code 5); "
+                             "use 128x64 tiles")
 
     @property
     def constants(self) -> dict:
         return {"HEAD_DIM": self.head_dim, "TILE_M": self.tile_m, "TILE_N": self.tile_n,
-                "CAUSAL": self.causal}
+                "CAUSAL": self.causal, "VARLEN": self.varlen}
 
     @property
     def label(self) -> str:
         return (f"{self.prefix}_{self.dtype[:2]}_d{self.head_dim}_{self.tile_m}x{self.tile_n}"
-                f"_{'causal' if self.causal else 'full'}{self.suffix}_occ{self.occupancy}")
+                f"_{'causal' if self.causal else 'full'}{self.suffix}_occ{self.occupancy}"
+                f"{'_varlen' if self.varlen else ''}")
 
     def kernel(self):
         return _kernel(self.function, self.occupancy)
@@ -304,10 +366,11 @@ class _TiledVariant:
 @dataclass(frozen=True)
 class BackwardKvVariant(_TiledVariant):
     """One binary of the K/V-major kernel.
-    Label: `bwd_kv_<dtype>_d<D>_<M>x<N>_<full|causal>_<atomic|det>_occ<O>`."""
+    Label: `bwd_kv_<dtype>_d<D>_<M>x<N>_<full|causal>_<atomic|det>_occ<O>[_varlen]`."""
 
     atomic_dq: bool = True
     occupancy: int = 1
+    varlen: bool = False  # packed sequences, sliced per work item
     prefix = "bwd_kv"
     function = staticmethod(flash_attention_bwd_kv)
     params = BWD_KV_PARAMS
@@ -324,9 +387,10 @@ class BackwardKvVariant(_TiledVariant):
 @dataclass(frozen=True)
 class BackwardDqVariant(_TiledVariant):
     """One binary of the deterministic Q-major dQ kernel.
-    Label: `bwd_dq_<dtype>_d<D>_<M>x<N>_<full|causal>_occ<O>`."""
+    Label: `bwd_dq_<dtype>_d<D>_<M>x<N>_<full|causal>_occ<O>[_varlen]`."""
 
     occupancy: int = 1
+    varlen: bool = False
     prefix = "bwd_dq"
     suffix = ""
     function = staticmethod(flash_attention_bwd_dq)
@@ -368,14 +432,21 @@ class RowsVariant:
 def all_backward_variants(dtypes=DTYPES, head_dims=HEAD_DIMS, tiles=None):
     """Every backward binary: per dtype and head dim, the K/V-major kernel (both masks, atomic
     and deterministic dQ) and the deterministic dQ kernel at the default tiles (or `tiles`),
-    and the two row kernels."""
-    from wavefront.backward_schedules import DEFAULT_BACKWARD_TILES
+    each for packed variable-length batches too, and the two row kernels."""
+    from wavefront.backward_schedules import (DEFAULT_BACKWARD_TILES,
+                                              DEFAULT_VARLEN_BACKWARD_TILES)
     for dtype in dtypes:
         for head_dim in head_dims:
-            tile_m, tile_n = tiles or DEFAULT_BACKWARD_TILES[head_dim]
             for causal in (False, True):
-                for atomic in (True, False):
-                    yield BackwardKvVariant(dtype, head_dim, tile_m, tile_n, causal, atomic)
-                yield BackwardDqVariant(dtype, head_dim, tile_m, tile_n, causal)
+                for varlen in (False, True):
+                    defaults = DEFAULT_VARLEN_BACKWARD_TILES if varlen else DEFAULT_BACKWARD_TILES
+                    tile_m, tile_n = tiles or defaults[head_dim]
+                    if varlen and head_dim == 128 and (tile_m, tile_n) == (64, 64):
+                        tile_m = 128  # (the deterministic binaries do not build at 64x64)
+                    for atomic in (True, False):
+                        yield BackwardKvVariant(dtype, head_dim, tile_m, tile_n, causal, atomic,
+                                                varlen=varlen)
+                    yield BackwardDqVariant(dtype, head_dim, tile_m, tile_n, causal,
+                                            varlen=varlen)
             yield RowsVariant("preprocess", dtype, head_dim)
             yield RowsVariant("convert_dq", dtype, head_dim)

@@ -22,7 +22,10 @@ from wavefront.backward_schedules import (
     BACKWARD_TILE_SHAPES,
     DEFAULT_BACKWARD_SCHEDULE,
     DEFAULT_BACKWARD_TILES,
+    DEFAULT_VARLEN_BACKWARD_TILES,
     BackwardLaunch,
+    VarlenBackwardLaunch,
+    backward_schedule,
 )
 from wavefront.kernel.arrays import _check_inputs, _view
 from wavefront.kernel.backward import (
@@ -41,11 +44,11 @@ _tables_lock = threading.Lock()
 _gpu_shapes: dict = {}
 
 
-def backward_tiles(tiles, head_dim: int) -> tuple[int, int]:
+def backward_tiles(tiles, head_dim: int, varlen: bool = False) -> tuple[int, int]:
     """'MxN' or (M, N) (Q tile rows, K/V tile rows), one of BACKWARD_TILE_SHAPES; None: the
-    default for the head dim."""
+    default for the head dim (and packed batches)."""
     if tiles is None:
-        return DEFAULT_BACKWARD_TILES[head_dim]
+        return (DEFAULT_VARLEN_BACKWARD_TILES if varlen else DEFAULT_BACKWARD_TILES)[head_dim]
     if isinstance(tiles, str):
         try:
             tiles = tuple(int(x) for x in tiles.lower().split("x"))
@@ -138,6 +141,57 @@ def backward_launch(q_shape, k_shape, *, causal=False, schedule=None, tiles=None
                              ctas)
 
 
+def _checked_scale(scale, head_dim: int) -> float:
+    if scale is None:
+        return 1.0 / math.sqrt(head_dim)
+    if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not scale > 0:
+        raise ValueError(f"scale must be a positive number, got {scale!r}")
+    return float(scale)
+
+
+def _check_flags(causal, deterministic):
+    if not isinstance(causal, bool):
+        raise ValueError(f"causal must be True or False, got {causal!r}")
+    if not isinstance(deterministic, bool):
+        raise ValueError(f"deterministic must be True or False, got {deterministic!r}")
+
+
+def _run(launch: BackwardLaunch, library, device, dtype, arrays, grads, scale: float,
+         deterministic: bool, varlen: bool) -> None:
+    """The three launches on the caller's current stream. `arrays`: (q, k, v, out, lse, dout)
+    and `grads`: (dq, dk, dv) as the kernels see them, (batch, heads, rows, D) and (batch,
+    heads, rows)."""
+    q, k, v, out, lse, dout = arrays
+    dq, dk, dv = grads
+    p = launch.problem
+    kv_table, dq_table, stand_in = _uploaded(launch, deterministic, device)
+    delta = _empty(library, device, tuple(lse.shape), "float32")
+    stream = _stream_handle(current_stream(library, device))
+    rows_grid = (-(-p.seqlen_q // ROWS_TILE), p.batch * p.heads, 1)
+    qk_scale_log2 = scale * LOG2_E
+    ct.launch(stream, rows_grid, RowsVariant("preprocess", dtype, p.head_dim).kernel(),
+              (out, dout, delta, p.head_dim, ROWS_TILE))
+    atomic = not deterministic
+    dq_acc = stand_in
+    if atomic:
+        dq_acc = _zeros(library, device, tuple(q.shape), "float32")
+    kv_variant = BackwardKvVariant(dtype, p.head_dim, p.tile_m, p.tile_n, p.causal, atomic,
+                                   varlen=varlen)
+    ct.launch(stream, (launch.num_ctas, 1, 1), kv_variant.kernel(),
+              (q, k, v, dout, lse, delta, dk, dv, dq_acc, kv_table, qk_scale_log2, scale,
+               launch.num_items, p.head_dim, p.tile_m, p.tile_n, p.causal, atomic, varlen))
+    if atomic:
+        ct.launch(stream, rows_grid, RowsVariant("convert_dq", dtype, p.head_dim).kernel(),
+                  (dq_acc, dq, p.head_dim, ROWS_TILE))
+        return
+    dq_launch = launch.dq_launch
+    dq_variant = BackwardDqVariant(dtype, p.head_dim, p.tile_m, p.tile_n, p.causal,
+                                   varlen=varlen)
+    ct.launch(stream, (dq_launch.num_ctas, 1, 1), dq_variant.kernel(),
+              (q, k, v, dout, lse, delta, dq, dq_table, qk_scale_log2, scale,
+               dq_launch.num_items, p.head_dim, p.tile_m, p.tile_n, p.causal, varlen))
+
+
 def attention_backward(q, k, v, out, lse, dout, *, causal: bool = False,
                        scale: float | None = None, schedule: str | None = None,
                        deterministic: bool = False, tiles=None, ctas: int | None = None):
@@ -149,10 +203,7 @@ def attention_backward(q, k, v, out, lse, dout, *, causal: bool = False,
     scan linear or sawtooth (the Q scan of each K/V tile); `tiles`: 'MxN' (Q rows x K/V rows).
     `deterministic`: dQ from a second, Q-major kernel instead of float atomics, so the three
     gradients are bit-identical across runs."""
-    if not isinstance(causal, bool):
-        raise ValueError(f"causal must be True or False, got {causal!r}")
-    if not isinstance(deterministic, bool):
-        raise ValueError(f"deterministic must be True or False, got {deterministic!r}")
+    _check_flags(causal, deterministic)
     vq, (aq, ak, av) = _check_inputs(q, k, v)
     library, device = vq.library, vq.device
     vo, ao = _view("out", out)
@@ -161,42 +212,59 @@ def attention_backward(q, k, v, out, lse, dout, *, causal: bool = False,
     _check_like("out", vo, vq.shape, vq.dtype, library, device)
     _check_like("dout", vdo, vq.shape, vq.dtype, library, device)
     _check_like("lse", vl, vq.shape[:3], "float32", library, device)
-    batch, heads, seqlen_q, head_dim = vq.shape
     k_shape = tuple(ak.shape)
-    if scale is None:
-        scale = 1.0 / math.sqrt(head_dim)
-    if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not scale > 0:
-        raise ValueError(f"scale must be a positive number, got {scale!r}")
+    scale = _checked_scale(scale, vq.shape[3])
     sms, l2_bytes = _gpu_shape(device)
     launch = backward_launch(vq.shape, k_shape, causal=causal, schedule=schedule, tiles=tiles,
                              sms=sms, l2_bytes=l2_bytes, ctas=ctas)
-    p = launch.problem
-    kv_table, dq_table, stand_in = _uploaded(launch, deterministic, device)
+    grads = (_empty(library, device, vq.shape, vq.dtype),
+             _empty(library, device, k_shape, vq.dtype),
+             _empty(library, device, k_shape, vq.dtype))
+    _run(launch, library, device, vq.dtype, (aq, ak, av, ao, al, ado), grads, scale,
+         deterministic, varlen=False)
+    return grads
 
-    dtype = vq.dtype
-    dq = _empty(library, device, vq.shape, dtype)
-    dk = _empty(library, device, k_shape, dtype)
-    dv = _empty(library, device, k_shape, dtype)
-    delta = _empty(library, device, vq.shape[:3], "float32")
-    stream = _stream_handle(current_stream(library, device))
-    rows_grid = (-(-seqlen_q // ROWS_TILE), batch * heads, 1)
-    qk_scale_log2 = float(scale) * LOG2_E
 
-    ct.launch(stream, rows_grid, RowsVariant("preprocess", dtype, head_dim).kernel(),
-              (ao, ado, delta, head_dim, ROWS_TILE))
-    atomic = not deterministic
-    dq_acc = _zeros(library, device, vq.shape, "float32") if atomic else stand_in
-    kv_variant = BackwardKvVariant(dtype, head_dim, p.tile_m, p.tile_n, causal, atomic)
-    ct.launch(stream, (launch.num_ctas, 1, 1), kv_variant.kernel(),
-              (aq, ak, av, ado, al, delta, dk, dv, dq_acc, kv_table, qk_scale_log2,
-               float(scale), launch.num_items, head_dim, p.tile_m, p.tile_n, causal, atomic))
-    if atomic:
-        ct.launch(stream, rows_grid, RowsVariant("convert_dq", dtype, head_dim).kernel(),
-                  (dq_acc, dq, head_dim, ROWS_TILE))
-    else:
-        dq_launch = launch.dq_launch
-        dq_variant = BackwardDqVariant(dtype, head_dim, p.tile_m, p.tile_n, causal)
-        ct.launch(stream, (dq_launch.num_ctas, 1, 1), dq_variant.kernel(),
-                  (aq, ak, av, ado, al, delta, dq, dq_table, qk_scale_log2, float(scale),
-                   dq_launch.num_items, head_dim, p.tile_m, p.tile_n, causal))
-    return dq, dk, dv
+def attention_backward_varlen(q, k, v, out, lse, dout, cu_seqlens_q, cu_seqlens_k, *,
+                              causal: bool = False, scale: float | None = None,
+                              schedule: str | None = None, deterministic: bool = False,
+                              tiles=None, ctas: int | None = None):
+    """Gradients of `attention_varlen`: packed q, out, dout (total_q, H, D), k, v (total_k,
+    H_kv, D), its LSE (H, total_q) float32, cu_seqlens as it takes them (read on the host: a
+    GPU tensor is copied, which waits for the GPU). -> (dq, dk, dv), packed as q, k, v.
+    Schedules: grid, persistent or longest_first, with the linear or sawtooth Q scan."""
+    from wavefront.kernel.varlen import _host_bounds, _packed_as_4d
+    _check_flags(causal, deterministic)
+    vq, (aq, ak, av) = _check_inputs(*(_packed_as_4d(n, x) for n, x in
+                                       (("q", q), ("k", k), ("v", v))))
+    library, device = vq.library, vq.device
+    _, total_q, heads, head_dim = (1, vq.shape[2], vq.shape[1], vq.shape[3])
+    total_k, kv_heads = ak.shape[2], ak.shape[1]
+    for name, x in (("out", out), ("dout", dout)):
+        view, _ = _view(name, x)
+        _check_like(name, view, (total_q, heads, head_dim), vq.dtype, library, device)
+    vl, _ = _view("lse", lse)
+    _check_like("lse", vl, (heads, total_q), "float32", library, device)
+    bounds_q = _host_bounds("cu_seqlens_q", cu_seqlens_q)
+    bounds_k = _host_bounds("cu_seqlens_k", cu_seqlens_k)
+    for name, bounds, total in (("cu_seqlens_q", bounds_q, total_q),
+                                ("cu_seqlens_k", bounds_k, total_k)):
+        if len(bounds) < 2 or bounds[0] != 0 or bounds[-1] != total:
+            raise ValueError(f"{name} must run from 0 to the packed rows ({total}), got "
+                             f"{list(bounds)}")
+    scale = _checked_scale(scale, head_dim)
+    tile_m, tile_n = backward_tiles(tiles, head_dim, varlen=True)
+    sms, l2_bytes = _gpu_shape(device)
+    problem = AttentionProblem(1, heads, kv_heads, total_q, total_k, head_dim, causal, tile_m,
+                               tile_n, 2)
+    cta, scan = backward_schedule(schedule or DEFAULT_BACKWARD_SCHEDULE)
+    launch = VarlenBackwardLaunch(
+        problem, cta, scan, sms, 1, l2_bytes, ctas,
+        tuple(b - a for a, b in zip(bounds_q, bounds_q[1:])),
+        tuple(b - a for a, b in zip(bounds_k, bounds_k[1:])))
+    packed = [_empty(library, device, tuple(x.shape), vq.dtype) for x in (q, k, v)]
+    grads = [_packed_as_4d(n, x) for n, x in zip(("dq", "dk", "dv"), packed)]
+    lse4 = lse.reshape((1,) + tuple(lse.shape))
+    arrays = (aq, ak, av, _packed_as_4d("out", out), lse4, _packed_as_4d("dout", dout))
+    _run(launch, library, device, vq.dtype, arrays, grads, scale, deterministic, varlen=True)
+    return tuple(packed)

@@ -158,6 +158,28 @@ def _read_actions(report: str, ncu: str) -> list[dict]:
     return out
 
 
+def run_marked(ncu: str, options: list[str], program: list[str], report: str,
+               timeout_s: float) -> tuple[list[dict], list[dict]]:
+    """`program` under ncu with `options`, its report exported to `report`: -> (the marked
+    lines it printed, as dicts; every profiled kernel, `_read_actions`)."""
+    cmd = [ncu, *options, "--export", report, "--force-overwrite", *program]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s)
+    check_ncu_output(proc.stdout + proc.stderr)
+    if proc.returncode != 0:
+        raise ProfilerError(f"ncu exited {proc.returncode}: {proc.stderr[-400:]}")
+    marks = [json.loads(line[len(RESULT_MARK):]) for line in proc.stdout.splitlines()
+             if line.startswith(RESULT_MARK)]
+    return marks, _read_actions(report, ncu)
+
+
+def tagged_totals(kernels: list[dict]) -> dict:
+    """What one tag's kernels (`_read_actions` rows) add up to: their count, names, and the
+    sum of each of DRAM_METRICS."""
+    return {"kernels": len(kernels), "kernel_names": sorted({a["kernel"][:60] for a in kernels}),
+            **{metric: sum(a["metrics"].get(metric, 0.0) for a in kernels)
+               for metric in DRAM_METRICS}}
+
+
 def profile_contenders(shape, *, causal: bool, tiles: str = "64x64", ctas: int | None = 48,
                        peers: bool = True, repeats: int = 3, hold_bytes=(0,),
                        only: str | None = None, levers: dict | None = None,
@@ -186,14 +208,8 @@ def profile_contenders(shape, *, causal: bool, tiles: str = "64x64", ctas: int |
         program += ["--levers", json.dumps(levers or {})]
         program += ["--causal"] if causal else []
         program += ["--peers"] if peers else []
-        cmd = [ncu, *replay, "--nvtx", *what, "--export", report, "--force-overwrite", *program]
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s)
-        check_ncu_output(proc.stdout + proc.stderr)
-        if proc.returncode != 0:
-            raise ProfilerError(f"ncu exited {proc.returncode}: {proc.stderr[-400:]}")
-        marks = [json.loads(line[len(RESULT_MARK):]) for line in proc.stdout.splitlines()
-                 if line.startswith(RESULT_MARK)]
-        actions = _read_actions(report, ncu)
+        marks, actions = run_marked(ncu, [*replay, "--nvtx", *what], program, report,
+                                    timeout_s)
     rows = []
     for mark in marks:
         if "error" in mark:
@@ -201,9 +217,7 @@ def profile_contenders(shape, *, causal: bool, tiles: str = "64x64", ctas: int |
             continue
         mine = [a for a in actions if a["tag"] == mark["tag"]]
         row = {**mark, "cache_control": replay[replay.index("--cache-control") + 1],
-               "kernels": len(mine), "kernel_names": sorted({a["kernel"][:60] for a in mine})}
-        for metric in DRAM_METRICS:
-            row[metric] = sum(a["metrics"].get(metric, 0.0) for a in mine)
+               **tagged_totals(mine)}
         if warp_states and mine:
             # the attention's kernel is the longest one under the tag
             main = max(mine, key=lambda a: a["metrics"].get("gpu__time_duration.sum", 0))

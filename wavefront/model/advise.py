@@ -1,7 +1,7 @@
 """The advisor: every configuration the kernel offers for one shape, ranked by the timed model.
 
 Candidates are every CTA x K/V schedule, every tile shape the kernel compiles (`TILE_SHAPES`)
-at its default occupancy, each with its compute timing: calibrated where `step_time` measured
+at every CTAs-per-SM count up to its default, each with its compute timing: calibrated where `step_time` measured
 the variant, projected (and marked so) where it did not (`Calibration.compute`). The kernel's
 other levers (2-CTA clusters, worker warps, load latency hints, softmax levers) change code
 generation, which the model does not see: they are listed as not modelled, for `wavefront tune`.
@@ -21,9 +21,13 @@ from wavefront.point import DEFAULT_OCCUPANCY, LEVERS, TILE_SHAPES
 # The fixed budgets of production kernels (MB = 1e6 bytes as their sources state them)
 FIXED_BUDGETS_MB = {"FlashAttention-3 varlen": 8, "FlashAttention-3 dense": 32,
                     "cuDNN / TileGym": 50}
+# The CTA x K/V schedules the advisor ranks by default (`wavefront advise --schedule`)
+SCHEDULES = ("grid+linear", "persistent+linear", "persistent+sawtooth", "grouped+linear",
+             "grouped+sawtooth", "longest_first+linear", "dynamic+linear",
+             "grouped_dynamic+linear")
 # Work the advisor takes on without being asked: K/V steps over every candidate (the timed
-# model runs about 3 M steps a second here; past this a shape takes minutes)
-MAX_STEPS = 400_000_000
+# model runs about 12 M steps a second here; past this a shape takes minutes)
+MAX_STEPS = 1_500_000_000
 
 
 def head_label(heads: int, kv_heads: int | None) -> str:
@@ -56,12 +60,14 @@ def not_modelled_levers() -> list[str]:
 
 
 def candidate_points(point, schedules: list[str]) -> list:
-    """Every schedule x tile shape the kernel compiles for the point (default occupancy)."""
+    """Every schedule x tile shape x CTAs per SM the kernel compiles for the point (1 up to the
+    tile's default occupancy: more does not fit the shared memory)."""
     out = []
     for schedule in schedules:
         for tiles in TILE_SHAPES:
-            out.append(dataclasses.replace(point, schedule=schedule, tiles=tile_label(tiles),
-                                           occupancy=DEFAULT_OCCUPANCY[tiles]))
+            for occupancy in range(DEFAULT_OCCUPANCY[tiles], 0, -1):
+                out.append(dataclasses.replace(point, schedule=schedule, tiles=tile_label(tiles),
+                                               occupancy=occupancy))
     return out
 
 

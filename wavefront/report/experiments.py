@@ -220,6 +220,17 @@ def readme_table(experiments: dict[str, Experiment]) -> str:
     return "\n".join(lines)
 
 
+def until_measured(namespace: dict, ready: bool) -> None:
+    """Keep an experiment that has no committed data yet out of the paper: unless `ready`,
+    its `figure` and `section` (which `wavefront paper` would call, and which need data) are
+    renamed `figure_when_measured` and `section_when_measured`. Once data are committed, the
+    experiment sets ready and is listed in experiments/__init__.py."""
+    if not ready:
+        for name in ("figure", "section"):
+            if name in namespace:
+                namespace[f"{name}_when_measured"] = namespace.pop(name)
+
+
 def run_as_script(path: str) -> None:
     """`python experiments/<name>.py ACTION ...` is `wavefront experiment ACTION <name> ...`:
     the experiment file hands over to the CLI by process, never by import (the CLI sits above

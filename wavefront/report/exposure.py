@@ -19,8 +19,9 @@ from wavefront.results.records import EXPOSURE_RECORDS
 CLOCK_TOLERANCE = 0.02
 
 
-def records(study, dataset: str, pattern: str = "*.jsonl") -> pd.DataFrame:
-    rows = study.records(EXPOSURE_RECORDS, dataset, pattern)
+def records(study, dataset: str, pattern: str = "*.jsonl", kind=EXPOSURE_RECORDS) -> pd.DataFrame:
+    """Every `kind` record of data/<dataset>/ as one DataFrame, with the GPU's short name."""
+    rows = study.records(kind, dataset, pattern)
     frame = pd.DataFrame([r for file_rows in rows.values() for r in file_rows])
     if "gpu" in frame:
         frame["GPU"] = frame["gpu"].map(short_gpu)

@@ -189,6 +189,9 @@ STARVED_RECORDS = RecordKind("starved", 1, ("kind", "gpu"))
 # `warp_states.py`): a co-runner's or probe's solo row, a paired round beside a co-runner or an
 # L2 hold, or one ncu row of a contender.
 EXPOSURE_RECORDS = RecordKind("exposure", 1, ("kind", "gpu"))
+# The serving experiments (`experiments/shared_prefix.py`, `short_prompts.py`, `generate.py`):
+# a round of a contender, an ncu row, a generate run, or a failed one with its error.
+SERVING_RECORDS = RecordKind("serving", 1, ("kind", "gpu"))
 # `wavefront timeline`: one launch's PM-sampling series and totals
 TIMELINE_RECORDS = RecordKind("timeline", 1, ("launch", "gpu", "series", "totals"))
 # one `profile` row of a launch as another harness measured it (kernel_drift's harness check)
@@ -203,7 +206,8 @@ VARLEN_BENCH_RECORDS = RecordKind(
 
 KINDS = {k.name: k for k in (BENCH_RECORDS, TUNE_RECORDS, LEVER_RECORDS, BENCH_ONCE_RECORDS,
                               PRINTOUT_RECORDS, STARVED_RECORDS, TIMELINE_RECORDS,
-                              HARNESS_RECORDS, VARLEN_BENCH_RECORDS, EXPOSURE_RECORDS)}
+                              HARNESS_RECORDS, VARLEN_BENCH_RECORDS, EXPOSURE_RECORDS,
+                              SERVING_RECORDS)}
 
 
 def shape_name(shape: dict) -> str:

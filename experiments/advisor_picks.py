@@ -1,0 +1,202 @@
+"""Does the advisor name the fastest configuration and the best L2 budget on shapes nobody measured?
+
+On the GPU it runs on, for each held-out shape below (none a shape of step_time, tune or the
+ablation; GQA and MHA, causal and not):
+
+1. the timed model (the checkout's paper/fits.json calibration, the GPU's preset) ranks every
+   schedule x tile shape x CTAs per SM (`wavefront advise`'s candidates, uncalibrated tiles
+   projected and marked), and predicts grouped+linear's time at every group size (powers of two
+   of (batch, K/V head) units) and at the fixed L2 budgets of production kernels
+   (FlashAttention-3 8 MB varlen and 32 MB dense, cuDNN/TileGym 50 MB); the predictions are
+   written to the records before anything is launched;
+2. every configuration is compiled and checked against the float32 reference (in parallel
+   processes), then timed in ROUNDS rounds, each launching every configuration of the shape
+   once (REPS launches between two CUDA events) in a fresh random order.
+
+The score (`table`): the advised configuration's median time over the measured fastest's, and
+the advised group budget's over the fastest group size's, beside the fixed budgets'. Packed
+variable-length batches are not covered: the advisor does not rank them.
+
+    python experiments/advisor_picks.py run     # on a GPU: into data/advisor_picks/
+    python -c "from wavefront.report.analysis import Study; import experiments.advisor_picks as a;
+               print(a.table(Study('data')).to_string())"   # anywhere: the score, from data/
+"""
+import dataclasses
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from wavefront.report.experiments import run_as_script
+
+DATASETS = ()  # records of its own (data/advisor_picks/rounds.jsonl), no results table
+RECORDS = ("advisor_picks",)
+ROUNDS = 6
+REPS = 3
+SEED = 0
+# Held out: not a shape the model was trained on (step_time: B1 H32 S2k/S8k), tuned
+# (data/tune) or ranked against before (the ablation). The first is the call of issue 54.
+SHAPES = {
+    "B2 H24 S6000 D128 non-causal": dict(batch=2, heads=24, seqlen=6000, head_dim=128,
+                                         causal=False),
+    "B4 H16 S8k D64 causal": dict(batch=4, heads=16, seqlen=8192, head_dim=64, causal=True),
+    "B1 H32/KV8 S16k D128 causal": dict(batch=1, heads=32, kv_heads=8, seqlen=16384,
+                                        head_dim=128, causal=True),
+    "B2 H32/KV8 S8k D128 non-causal": dict(batch=2, heads=32, kv_heads=8, seqlen=8192,
+                                           head_dim=128, causal=False),
+}
+BUDGET_SCHEDULE = "grouped+linear"
+FITS = Path(__file__).resolve().parents[1] / "paper" / "fits.json"  # the calibration advise reads
+
+
+def _preset_of(dev):
+    from wavefront.model.presets import gpu_preset, preset_for_device
+    preset = preset_for_device(dev.name)
+    if preset is None:
+        raise SystemExit(f"advisor_picks: no model preset for {dev.name!r}")
+    return next(k for k in ("h100", "h200", "b200", "gb10") if gpu_preset(k) == preset), preset
+
+
+def predictions(preset_key: str, gpu, shape: dict) -> tuple[list, list]:
+    """(ranking, group budgets) the advisor gives for one shape on a preset (CPU only)."""
+    from wavefront.model import advise
+    from wavefront.model.calibration import calibration_for, read_calibrations
+    from wavefront.model.timed import memory_timing
+    from wavefront.point import Point
+    compute = calibration_for(preset_key, gpu, read_calibrations(FITS))
+    point = Point(**shape)
+    ranked = advise.rank(point, gpu, memory_timing(gpu), compute, list(advise.SCHEDULES))
+    budgets = advise.group_budgets(point, gpu, memory_timing(gpu), compute,
+                                   schedule=BUDGET_SCHEDULE, tiles=ranked[0].tiles)
+    return ranked, budgets
+
+
+def _config(r) -> str:
+    return f"{r.schedule} {r.tiles} {r.occupancy}/SM"
+
+
+def _budget_launch(point, dev, budget_mb: float):
+    """The grouped launch whose group the `budget_mb` L2 budget picks (the same binary)."""
+    from wavefront.schedules import GroupedSchedule
+    launch = point.launch(dev)
+    return dataclasses.replace(launch, cta=GroupedSchedule(
+        l2_fraction=min(4.0, max(budget_mb * 1e6, 1.0) / dev.l2_bytes)))
+
+
+def measure(out_dir) -> int:
+    import click
+    import cupy
+
+    from wavefront.device import current_device
+    from wavefront.kernel.launcher import launcher_for_launch
+    from wavefront.measure.bench import random_inputs
+    from wavefront.measure.sink import JsonlSink
+    from wavefront.measure.tune import warm
+    from wavefront.point import Point
+    from wavefront.results.measurement import CORRECTNESS_TOLERANCE
+    from wavefront.results.records import EXPOSURE_RECORDS
+    dev = current_device()
+    key, gpu = _preset_of(dev)
+    gpu = gpu.with_overrides(sms=dev.sms, l2_bytes=dev.l2_bytes)
+    rng = np.random.default_rng(SEED)
+    failed = 0
+    with JsonlSink(out_dir, "rounds.jsonl") as sink:
+        def write(row):
+            sink.write(EXPOSURE_RECORDS.stamp({"gpu": dev.name, **row}))
+        for name, shape in SHAPES.items():
+            ranked, budgets = predictions(key, gpu, shape)
+            configs = {_config(r): Point(**shape, schedule=r.schedule, tiles=r.tiles,
+                                         occupancy=r.occupancy) for r in ranked}
+            for r in ranked:  # the predictions, before anything is launched
+                write({"kind": "prediction", "shape": name, "config": _config(r),
+                       "predicted_ms": r.time_ms, "dram_mb": r.dram_mb, "step": r.compute})
+            for b in budgets:
+                write({"kind": "budget_prediction", "shape": name, "budget": b["budget"],
+                       "budget_mb": b["budget_mb"], "group_units": b["group_units"],
+                       "predicted_ms": b["time_ms"], "dram_mb": b["dram_mb"]})
+            verdicts = warm(list(configs.values()))
+            launchers = {}
+            q, k, v = random_inputs(Point(**shape), SEED + 1)
+            for config, point in configs.items():
+                if verdicts[point] is not None:
+                    write({"kind": "error", "shape": name, "config": config,
+                           "error": verdicts[point]})
+                    failed += 1
+                    continue
+                launchers[config] = launcher_for_launch(point.launch(dev), q, k, v)
+            grouped = Point(**shape, schedule=BUDGET_SCHEDULE, tiles=ranked[0].tiles)
+            reference = None
+            for b in budgets:
+                launcher, arrays = launcher_for_launch(_budget_launch(grouped, dev,
+                                                                      b["budget_mb"]), q, k, v)
+                out = cupy.full(arrays[0].shape, cupy.nan, dtype=arrays[0].dtype)
+                launcher(*arrays, out, cupy.cuda.get_current_stream().ptr)
+                got = out.astype(cupy.float32)
+                if reference is None:  # the grouped binary was checked by `warm`
+                    reference = got
+                err = float(cupy.linalg.norm(got - reference) / cupy.linalg.norm(reference))
+                if not err < CORRECTNESS_TOLERANCE:
+                    write({"kind": "error", "shape": name, "config": f"budget {b['budget']}",
+                           "error": f"relative error {err:.3g} against the first group size"})
+                    failed += 1
+                    continue
+                launchers[f"budget {b['budget']}"] = (launcher, arrays)
+            stream = cupy.cuda.Stream(non_blocking=True)
+            outs = {c: cupy.empty_like(a[0]) for c, (_, a) in launchers.items()}
+            with click.progressbar(range(ROUNDS), label=f"{name}: rounds") as bar:
+                for rnd in bar:
+                    names = list(launchers)
+                    for i in rng.permutation(len(names)):
+                        config = names[i]
+                        launcher, arrays = launchers[config]
+                        start, stop = cupy.cuda.Event(), cupy.cuda.Event()
+                        start.record(stream)
+                        for _ in range(REPS):
+                            launcher(*arrays, outs[config], stream.ptr)
+                        stop.record(stream)
+                        stop.synchronize()
+                        write({"kind": "round", "shape": name, "config": config,
+                               "round": rnd,
+                               "ms": cupy.cuda.get_elapsed_time(start, stop) / REPS})
+    return int(failed > 0)
+
+
+def table(study) -> pd.DataFrame:
+    """Per GPU and shape: the advised configuration's median time over the measured fastest's
+    (every candidate timed), and the advised L2 budget's over the fastest group size's, with
+    the fixed budgets' beside it."""
+    from wavefront.results.records import EXPOSURE_RECORDS
+    from wavefront.report.figures import short_gpu
+    rows = [r for records in study.records(EXPOSURE_RECORDS, "advisor_picks").values()
+            for r in records]
+    df = pd.DataFrame(rows)
+    out = []
+    for (gpu, shape), g in df.groupby(["gpu", "shape"], sort=False):
+        ms = g[g["kind"] == "round"].groupby("config")["ms"].median()
+        pred = g[g["kind"] == "prediction"].set_index("config")["predicted_ms"]
+        configs = ms.index[~ms.index.str.startswith("budget ")]
+        if not len(configs):
+            continue
+        advised = pred.loc[pred.index.isin(configs)].idxmin()
+        best = ms.loc[configs].idxmin()
+        row = {"GPU": short_gpu(gpu), "shape": shape, "configurations": len(configs),
+               "advised": advised, "measured best": best,
+               "advised / best": ms[advised] / ms[best],
+               "random pick / best (mean)": float((ms.loc[configs] / ms[best]).mean())}
+        bud = g[g["kind"] == "budget_prediction"].set_index("budget")
+        timed = {b: ms.get(f"budget {b}") for b in bud.index}
+        timed = {b: t for b, t in timed.items() if t is not None and np.isfinite(t)}
+        if timed:
+            sizes = [b for b in timed if "unit" in b]
+            advised_b = bud.loc[list(timed), "predicted_ms"].idxmin()
+            best_t = min(timed[b] for b in sizes) if sizes else min(timed.values())
+            row.update({"advised budget": advised_b,
+                        "advised budget / best group": timed[advised_b] / best_t,
+                        **{f"{b} / best group": timed[b] / best_t for b in timed
+                           if "MB)" in b}})
+        out.append(row)
+    return pd.DataFrame(out)
+
+
+if __name__ == "__main__":  # the same as `wavefront experiment ACTION NAME`
+    run_as_script(__file__)

@@ -1,0 +1,131 @@
+"""Short prompts: does the public call reach cuDNN on batched prompts of 512 to 4k tokens?
+
+`wavefront.attention` as a user calls it (torch tensors, no configuration: the tuned table's
+nearest entry, `api`), beside the bound launcher of the configuration it resolved to, the
+plain default, and torch SDPA's cuDNN and flash (FA2) backends, every contender of a shape in
+the same interleaved rounds (`wavefront bench --tuned --api`), ratios paired by round with
+95% intervals. Batched prompts of 512-4k tokens, D64 and D128, MHA and GQA (32 query heads
+over 8), both masks: where the issue found the call at 0.90-0.98x cuDNN. `picks()` lists what
+the tuned table hands each of these shapes on each GPU (computed on the CPU from
+wavefront/kernel/tuned.json), next to what the call resolved to when measured.
+
+    python experiments/short_prompts.py run          # GPU: the bench rounds into data/short_prompts
+    python -c "import experiments.short_prompts as e; e.summary('DATA_DIR')"   # the table
+"""
+import pandas as pd
+
+from wavefront.report.draft import Section, md_table
+from wavefront.report.experiments import run_as_script, until_measured
+
+from . import untuned_shapes
+
+DATASETS = ()
+RECORDS = ("short_prompts",)
+
+_CALL = ["--schedule", "persistent+linear", "--tuned", "--api", "--rounds", "10",
+         "--per-round", "5"]
+BENCH = [
+    _CALL + ["--batch", "16", "--heads", "32", "--seqlen", "512", "--head-dim", "64,128"],
+    _CALL + ["--batch", "8", "--heads", "32", "--kv-heads", "8", "--seqlen", "1024",
+             "--head-dim", "64,128"],
+    _CALL + ["--batch", "4", "--heads", "32", "--kv-heads", "8", "--seqlen", "2048,4096",
+             "--head-dim", "128"],
+    _CALL + ["--batch", "4", "--heads", "32", "--seqlen", "4096", "--head-dim", "64"],
+]
+# the GPUs the tuned table has entries for, as the devices name themselves
+GPUS = {"H100": ("NVIDIA H100 80GB HBM3", 132, 50 << 20), "H200": ("NVIDIA H200", 132, 60 << 20)}
+
+
+def shapes() -> list[dict]:
+    """Every (batch, heads, kv_heads, seqlen, head_dim, causal) the BENCH lists time."""
+    out = []
+    for args in BENCH:
+        opt = {args[i]: args[i + 1] for i in range(len(args) - 1) if args[i].startswith("--")}
+        heads = int(opt["--heads"])
+        for seqlen in opt["--seqlen"].split(","):
+            for head_dim in opt["--head-dim"].split(","):
+                for causal in (False, True):
+                    out.append({"batch": int(opt["--batch"]), "heads": heads,
+                                "kv_heads": int(opt.get("--kv-heads", heads)),
+                                "seqlen": int(seqlen), "head_dim": int(head_dim),
+                                "causal": causal})
+    return out
+
+
+def picks() -> pd.DataFrame:
+    """What the tuned table gives each shape on each GPU (the nearest entry, one-wave causal
+    launches on 64x64 tiles as the call does): computed here, no GPU."""
+    from types import SimpleNamespace
+
+    from wavefront.kernel.tuning import nearest_config
+    rows = []
+    for gpu, (name, sms, l2) in GPUS.items():
+        dev = SimpleNamespace(name=name, sms=sms, l2_bytes=l2)
+        for s in shapes():
+            q = (s["batch"], s["heads"], s["seqlen"], s["head_dim"])
+            kv = (s["batch"], s["kv_heads"], s["seqlen"], s["head_dim"])
+            config = nearest_config(q, kv, s["causal"], dev=dev) or {}
+            rows.append({"GPU": gpu, **s, "schedule": config.get("schedule"),
+                         "tiles": config.get("tiles"), "occupancy": config.get("occupancy"),
+                         "levers": ", ".join(f"{k}={v}" for k, v in sorted(config.items())
+                                             if k not in ("schedule", "tiles", "occupancy")
+                                             and v not in (None, 0, 1))})
+    return pd.DataFrame(rows)
+
+
+def rows(study) -> pd.DataFrame:
+    """`untuned_shapes.rows` of this experiment's bench rounds."""
+    return untuned_shapes.rows(study, dataset="short_prompts")
+
+
+def table(study) -> pd.DataFrame:
+    """Per GPU and shape (`untuned_shapes.table` of this experiment's rounds): the plain
+    default and the public call against cuDNN, the call against FA2 and against the bound
+    launcher of the configuration it resolved to (paired by round, 95%)."""
+    return untuned_shapes.table(study, dataset="short_prompts")
+
+
+def summary(data_dir) -> None:
+    """Print the table of the rounds under data_dir/short_prompts (after `run`)."""
+    from wavefront.report.analysis import Study
+    print(table(Study(data_dir)).to_string(index=False))
+    print(picks().to_string(index=False))
+
+
+def figure(study):
+    return untuned_shapes._draw(
+        rows(study), "The public call on batched short prompts (512-4k tokens), bf16: ratios "
+                     "paired by interleaved round, 95% intervals; dashed: cuDNN")
+
+
+def section(study) -> Section:
+    s = Section()
+    d = rows(study)
+    call = d[d["contender"] == "public call"]
+    at_or_above = call[call["x cudnn lo"] >= 1.0]
+    below = call[call["x cudnn hi"] < 1.0]
+    s.claim(f"On {len(call)} short-prompt shape-masks the public call runs "
+            f"{call['x cudnn'].min():.2f}-{call['x cudnn'].max():.2f}x cuDNN (median of "
+            f"paired rounds): at or above it (95% interval) at {len(at_or_above)}, below it "
+            f"at {len(below)}", len(call) > 0 and len(below) == 0,
+            call[["GPU", "shape", "x cudnn", "x cudnn lo", "x cudnn hi"]].to_dict("records"))
+    s.text = f"""## Short prompts
+
+Batched prompts of 512-4k tokens, D64 and D128, MHA and GQA, both masks
+(`experiments/short_prompts.py`; the public call as users call it, interleaved rounds):
+
+{md_table(table(study))}
+
+{s.claims[0].text}. What the tuned table hands these shapes (its nearest entry; computed from
+`wavefront/kernel/tuned.json` as the call resolves it, for the GPUs measured):
+
+{md_table(picks()[lambda p: p["GPU"].isin(set(call["GPU"]))])}"""
+    return s
+
+
+# Out of the paper until its first data are committed (then listed in APPENDICES).
+PAPER_READY = False
+until_measured(globals(), PAPER_READY)
+
+if __name__ == "__main__":  # the same as `wavefront experiment ACTION NAME`
+    run_as_script(__file__)
