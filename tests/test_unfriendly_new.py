@@ -292,6 +292,24 @@ BW_OPTION_CASES = [
 ]
 
 
+def bwvarlen(**options):
+    q = _t(20, 2, 64)
+    lse = torch.zeros((2, 20))
+    return lambda: wavefront.attention_backward_varlen(q, q, q, q, lse, q, [0, 10, 20],
+                                                       [0, 10, 20], **options)
+
+
+BW_VARLEN_CASES = [
+    Case("bw varlen scale inf", bwvarlen(scale=math.inf), "scale must be"),
+    Case("bw varlen tiles an int", bwvarlen(tiles=128), "tiles must be one of"),
+    Case("bw varlen deterministic 'no'", bwvarlen(deterministic="no"),
+         "deterministic must be True or False"),
+    Case("bw varlen schedule typo", bwvarlen(schedule="persistant+linear"), "schedule must be"),
+    Case("bw varlen causal None", bwvarlen(causal=None), "causal must be True or False"),
+    Case("bw varlen q a CPU tensor", bwvarlen(), "q must be on a CUDA device"),
+]
+
+
 def bwshape(q=(1, 2, 64, 64), k=(1, 2, 64, 64), **kw):
     from wavefront.kernel.backward_call import backward_launch
     return lambda: backward_launch(q, k, **kw)
@@ -744,7 +762,8 @@ FILE_CASES = [
 ]
 
 
-ALL = (ARRAY_CASES + LENGTH_CASES + KV_OPTION_CASES + BW_OPTION_CASES + BW_SHAPE_CASES
+ALL = (ARRAY_CASES + LENGTH_CASES + KV_OPTION_CASES + BW_OPTION_CASES + BW_VARLEN_CASES
+       + BW_SHAPE_CASES
        + DECODE_CASES + TORCH_CASES + PLAN_CASES + VARLEN_CASES + FILE_CASES)
 
 

@@ -261,12 +261,13 @@ def attention_backward_varlen(q, k, v, out, lse, dout, cu_seqlens_q, cu_seqlens_
     `attention_varlen` takes them (read on the host: a GPU tensor is copied, which waits for
     the GPU). -> (dq, dk, dv) packed as q, k, v. Schedules: grid, persistent or longest_first
     with the linear or sawtooth Q scan."""
+    from wavefront.argument_checks import backward_options
+    options = backward_options(causal=causal, scale=scale, schedule=schedule,
+                               deterministic=deterministic, tiles=tiles)  # before the GPU
     from wavefront.device import require_gpu_stack
     require_gpu_stack("wavefront.attention_backward_varlen")
     from wavefront.kernel.backward_call import attention_backward_varlen as launch_backward
-    return launch_backward(q, k, v, out, lse, dout, cu_seqlens_q, cu_seqlens_k, causal=causal,
-                           scale=scale, schedule=schedule, deterministic=deterministic,
-                           tiles=tiles)
+    return launch_backward(q, k, v, out, lse, dout, cu_seqlens_q, cu_seqlens_k, **options)
 
 
 _launch = None
