@@ -236,7 +236,30 @@ def bw_compiled_wrong_lse():
     return call
 
 
+def bw_varlen(*, lse=None, dout=None, cu_q=(0, 10, 20), **options):
+    """attention_backward_varlen of 2 packed sequences of 10 (H=4, H_kv=2, D=64)."""
+    def call():
+        import wavefront
+        q = _t(20, 4, 64)
+        kv = _t(20, 2, 64)
+        ll = torch.zeros((4, 20), device="cuda") if lse is None else lse()
+        dd = _t(20, 4, 64) if dout is None else dout()
+        grads = wavefront.attention_backward_varlen(q, kv, kv, _t(20, 4, 64), ll, dd,
+                                                    list(cu_q), [0, 10, 20], **options)
+        torch.cuda.synchronize()
+        return grads
+    return call
+
+
 BW_CASES = [
+    Case("gpu bw varlen lse (total, heads)", bw_varlen(lse=lambda: torch.zeros((20, 4),
+                                                                               device="cuda")),
+         "lse must have shape (4, 20)"),
+    Case("gpu bw varlen dout of k's heads", bw_varlen(dout=lambda: _t(20, 2, 64)),
+         "dout must have shape (20, 4, 64)"),
+    Case("gpu bw varlen cu_seqlens_q short of the rows", bw_varlen(cu_q=(0, 10, 15)),
+         "cu_seqlens_q"),
+    Case("gpu bw varlen scale inf", bw_varlen(scale=math.inf), "scale must be"),
     Case("gpu bw lse of another seqlen", bw(lse=lambda: torch.zeros((1, 4, 64), device="cuda")),
          "lse must have shape (1, 4, 128)"),
     Case("gpu bw lse bfloat16", bw(lse=lambda: torch.zeros((1, 4, 128), device="cuda",
