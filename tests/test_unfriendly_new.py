@@ -383,6 +383,18 @@ def fwd_op(q, k, v, *rest, op="attention_fwd_lse"):
     return lambda: getattr(torch.ops.wavefront, op)(q, k, v, *rest)
 
 
+def varlen_op(q=(20, 4, 64), k=(20, 2, 64), v=None, out=None, cu=torch.int32, bwd=False,
+              alignment="top_left"):
+    import wavefront.torch  # noqa: F401
+    cu_q = torch.empty(3, dtype=cu, device="meta")
+    if bwd:
+        return lambda: torch.ops.wavefront.attention_varlen_bwd(
+            meta(*q), meta(*q), meta(*k), meta(*(v or k)), meta(*(out or q)), cu_q, cu_q)
+    return lambda: torch.ops.wavefront.attention_varlen(
+        meta(*q), meta(*k), meta(*(v or k)), cu_q, cu_q, 10, 10, True, None, None, None,
+        alignment)
+
+
 def sdpa(**kw):
     import wavefront.torch as wft
     q = torch.zeros((1, 2, 16, 64), dtype=torch.bfloat16)
@@ -421,6 +433,13 @@ TORCH_CASES = [
     Case("op bwd on CPU tensors", lambda: torch.ops.wavefront.attention_bwd(
         *(torch.zeros(1, 1, 16, 64, dtype=torch.bfloat16),) * 5, torch.zeros(1, 1, 16)),
          "CPU", errors=(NotImplementedError,)),
+    Case("op varlen q 4-D", varlen_op(q=(1, 20, 4, 64)), "q must be 3-D"),
+    Case("op varlen GQA 4 over 3", varlen_op(k=(20, 3, 64)), "kv_heads"),
+    Case("op varlen cu_seqlens float", varlen_op(cu=torch.float32), "cu_seqlens_q"),
+    Case("op varlen alignment typo", varlen_op(alignment="bottom_rigth"),
+         "causal_alignment must be one of"),
+    Case("op varlen bwd out of k's heads", varlen_op(out=(20, 2, 64), bwd=True), "out"),
+    Case("op varlen bwd v of another head_dim", varlen_op(v=(20, 2, 128), bwd=True), "v"),
     Case("sdpa scale a list", sdpa(scale=[0.1]), "scale"),
     Case("sdpa scale a string", sdpa(scale="0.1"), "scale"),
     Case("sdpa dropout NaN", sdpa(dropout_p=math.nan), "dropout_p must be 0.0"),

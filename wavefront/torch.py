@@ -68,21 +68,25 @@ def _values(causal, scale, causal_alignment="top_left"):
     return _options(causal, scale, None, None, causal_alignment).values()
 
 
-def _check_fake(q, k, v, out=None, dout=None, lse=None):
+def _check_fake(q, k, v, out=None, dout=None, lse=None, packed=False, cu_seqlens=()):
     """What the ops' real implementations refuse by shape and dtype, refused where they are
     traced too (torch.compile's fake tensors, meta tensors), naming the argument: a graph
-    traced with mismatched arrays would otherwise carry wrong shapes to its first run."""
-    if q.dim() != 4:
-        raise ValueError(f"q must be 4-D (batch, heads, seqlen, head_dim), got shape "
-                         f"{tuple(q.shape)}")
+    traced with mismatched arrays would otherwise carry wrong shapes to its first run.
+    `packed`: the varlen ops' (total, heads, head_dim) layout, with their cu_seqlens."""
+    rank, layout = (3, "(total, heads, head_dim)") if packed else (
+        4, "(batch, heads, seqlen, head_dim)")
+    if q.dim() != rank:
+        raise ValueError(f"q must be {rank}-D {layout}, got shape {tuple(q.shape)}")
     if q.dtype not in (torch.bfloat16, torch.float16):
         raise ValueError(f"q dtype must be bfloat16 or float16, got {q.dtype}")
-    batch, heads, _, head_dim = q.shape
-    if k.dim() != 4 or k.shape[0] != batch or k.shape[3] != head_dim:
-        raise ValueError(f"k must be (batch={batch}, kv_heads, seqlen_kv, head_dim={head_dim}), "
-                         f"got shape {tuple(k.shape)}")
-    if k.shape[1] == 0 or heads % k.shape[1]:
-        raise ValueError(f"q heads ({heads}) must be a multiple of k's kv_heads ({k.shape[1]})")
+    heads, head_dim = q.shape[-3 if not packed else -2], q.shape[-1]
+    if k.dim() != rank or k.shape[-1] != head_dim or (not packed and k.shape[0] != q.shape[0]):
+        raise ValueError(f"k must be {rank}-D {layout} with q's head_dim ({head_dim})"
+                         f"{'' if packed else f' and batch ({q.shape[0]})'}, got shape "
+                         f"{tuple(k.shape)}")
+    kv_heads = k.shape[-3 if not packed else -2]
+    if kv_heads == 0 or heads % kv_heads:
+        raise ValueError(f"q heads ({heads}) must be a multiple of k's kv_heads ({kv_heads})")
     if v.shape != k.shape:
         raise ValueError(f"v shape must equal k shape {tuple(k.shape)}, got {tuple(v.shape)}")
     for name, x in (("k", k), ("v", v), ("out", out), ("dout", dout)):
@@ -95,6 +99,10 @@ def _check_fake(q, k, v, out=None, dout=None, lse=None):
     if lse is not None and (tuple(lse.shape) != tuple(q.shape[:3]) or lse.dtype != torch.float32):
         raise ValueError(f"lse must be float32 {tuple(q.shape[:3])} (the forward's LSE), got "
                          f"{lse.dtype} {tuple(lse.shape)}")
+    for name, x in zip(("cu_seqlens_q", "cu_seqlens_k"), cu_seqlens):
+        if x.dim() != 1 or x.dtype not in (torch.int32, torch.int64):
+            raise ValueError(f"{name} must be a 1-D integer tensor (batch + 1 entries), got "
+                             f"{x.dtype} {tuple(x.shape)}")
 
 
 @attention.register_fake
@@ -224,6 +232,9 @@ def attention_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
 def _attention_varlen_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                            causal=False, scale=None, schedule=None, tiles=None,
                            causal_alignment="top_left"):
+    from wavefront.schedules import check_causal_alignment
+    _check_fake(q, k, v, packed=True, cu_seqlens=(cu_seqlens_q, cu_seqlens_k))
+    check_causal_alignment(causal_alignment)
     return q.new_empty(q.shape)
 
 
@@ -250,6 +261,7 @@ def attention_varlen_bwd(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
 @attention_varlen_bwd.register_fake
 def _attention_varlen_bwd_fake(dout, q, k, v, out, cu_seqlens_q, cu_seqlens_k, causal=False,
                                scale=None, deterministic=False):
+    _check_fake(q, k, v, out, dout, packed=True, cu_seqlens=(cu_seqlens_q, cu_seqlens_k))
     return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
 
 
