@@ -18,6 +18,7 @@ the advised group budget's over the fastest group size's, beside the fixed budge
 variable-length batches are not covered: the advisor does not rank them.
 
     python experiments/advisor_picks.py run     # on a GPU: into data/advisor_picks/
+    WAVEFRONT_ADVISOR_SHAPES=2 python experiments/advisor_picks.py run   # the first two only
     python -c "from wavefront.report.analysis import Study; import experiments.advisor_picks as a;
                print(a.table(Study('data')).to_string())"   # anywhere: the score, from data/
 """
@@ -39,9 +40,9 @@ SEED = 0
 SHAPES = {
     "B2 H24 S6000 D128 non-causal": dict(batch=2, heads=24, seqlen=6000, head_dim=128,
                                          causal=False),
-    "B4 H16 S8k D64 causal": dict(batch=4, heads=16, seqlen=8192, head_dim=64, causal=True),
     "B1 H32/KV8 S16k D128 causal": dict(batch=1, heads=32, kv_heads=8, seqlen=16384,
                                         head_dim=128, causal=True),
+    "B4 H16 S8k D64 causal": dict(batch=4, heads=16, seqlen=8192, head_dim=64, causal=True),
     "B2 H32/KV8 S8k D128 non-causal": dict(batch=2, heads=32, kv_heads=8, seqlen=8192,
                                            head_dim=128, causal=False),
 }
@@ -83,6 +84,17 @@ def _budget_launch(point, dev, budget_mb: float):
         l2_fraction=min(4.0, max(budget_mb * 1e6, 1.0) / dev.l2_bytes)))
 
 
+def _shapes_asked() -> int:
+    """How many of SHAPES to measure (all; WAVEFRONT_ADVISOR_SHAPES=N: the first N, where device
+    time is short)."""
+    import os
+    value = os.environ.get("WAVEFRONT_ADVISOR_SHAPES", "")
+    if value and not (value.isdigit() and 1 <= int(value) <= len(SHAPES)):
+        raise SystemExit(f"WAVEFRONT_ADVISOR_SHAPES must be an integer in [1, {len(SHAPES)}], "
+                         f"got {value!r}")
+    return int(value) if value else len(SHAPES)
+
+
 def measure(out_dir) -> int:
     import click
     import cupy
@@ -103,7 +115,7 @@ def measure(out_dir) -> int:
     with JsonlSink(out_dir, "rounds.jsonl") as sink:
         def write(row):
             sink.write(EXPOSURE_RECORDS.stamp({"gpu": dev.name, **row}))
-        for name, shape in SHAPES.items():
+        for name, shape in list(SHAPES.items())[:_shapes_asked()]:
             ranked, budgets = predictions(key, gpu, shape)
             configs = {_config(r): Point(**shape, schedule=r.schedule, tiles=r.tiles,
                                          occupancy=r.occupancy) for r in ranked}

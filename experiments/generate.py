@@ -116,8 +116,9 @@ def measure(out_dir) -> int:
                         raise RuntimeError("the forced tokens were not generated")
                 except Exception as exc:  # recorded; the other paths go on
                     failed += 1
-                    write({"kind": "failed", "cache": cache, "path": path,
-                           "error": f"{type(exc).__name__}: {exc}"[:400]})
+                    error = f"{type(exc).__name__}: {exc}"[:400]
+                    write({"kind": "failed", "cache": cache, "path": path, "error": error})
+                    print(f"failed: {cache} {path}: {error}", flush=True)
                     continue
                 choice = steps.argmax(-1).T  # (B, steps): its own greedy choice
                 rel = float((steps - ref_logits).norm() / ref_logits.norm())

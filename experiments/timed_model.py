@@ -117,6 +117,78 @@ def _exposure_shown(e: pd.DataFrame) -> pd.DataFrame:
             e["linear_dram_read_gb"], e["sawtooth_dram_read_gb"])]})
 
 
+def _module(name):
+    import importlib
+    return importlib.import_module(f"{__package__ or 'experiments'}.{name}")
+
+
+def regime_predictions(study) -> pd.DataFrame:
+    """The regimes' configurations (experiments/regimes.py) with the timed model's prediction
+    (`timed.regime_predictions`)."""
+    return timed.regime_predictions(study, _module("regimes").configurations(study),
+                                    _module("exposure_corunners").table(study))
+
+
+def sign_size_check(rows: pd.DataFrame) -> pd.DataFrame:
+    """The configurations whose measured interval excludes no change: does the prediction
+    have the measured sign, and is it within 2 points or half the measured change (whichever
+    is larger)?"""
+    x = rows[(rows["lo"] > 0) | (rows["hi"] < 0)].copy()
+    x["right sign"] = np.sign(x["predicted"].round(4)) == np.sign(x["measured"])
+    x["within size"] = (x["predicted"] - x["measured"]).abs() <= np.maximum(
+        0.02, 0.5 * x["measured"].abs())
+    return x
+
+
+def _pearson(a, b) -> float:
+    from scipy.stats import pearsonr
+    return float(pearsonr(a, b)[0]) if len(a) > 2 and np.std(b) > 0 else float("nan")
+
+
+def _combined_time_ratios(pairs: pd.DataFrame, reg: pd.DataFrame) -> pd.DataFrame:
+    """Today's linear/sawtooth pairs and the regimes' configurations f-h (c-e are today's
+    pairs already) as sawtooth/linear time ratios, measured and predicted."""
+    sim = reg[reg["source"].str.startswith("regimes f-h")]
+    return pd.DataFrame({
+        "measured": np.concatenate([pairs["measured_time_ratio"], 1 / (1 + sim["measured"])]),
+        "predicted": np.concatenate([pairs["predicted_time_ratio"],
+                                     1 / (1 + sim["predicted"])])})
+
+
+def _misses_prose(checked: pd.DataFrame) -> str:
+    wrong = checked[~(checked["right sign"] & checked["within size"])]
+    if not len(wrong):
+        return "none"
+    groups = wrong.groupby(wrong["configuration"].str.contains("append|gemm|copy|read"))
+    parts = []
+    for corunner, g in groups:
+        what = "beside a co-runner" if corunner else "without a co-runner"
+        parts.append(f"{len(g)} {what} (measured {g['measured'].min():+.1%} to "
+                     f"{g['measured'].max():+.1%}, predicted {g['predicted'].min():+.1%} to "
+                     f"{g['predicted'].max():+.1%})")
+    return "; ".join(parts)
+
+
+def _depth_one_prose(reg: pd.DataFrame) -> str:
+    wide = reg[reg["configuration"].str.startswith("128x64") | (reg["regime"] == "e")]
+    wide = wide[(wide["lo"] > 0) | (wide["hi"] < 0) | (wide["measured"].abs() < 0.01)]
+    wide = wide[wide["predicted"] > 0.02]
+    if not len(wide):
+        return "nothing"
+    return f"{wide['predicted'].min():+.0%} to {wide['predicted'].max():+.0%}"
+
+
+def _checked_shown(checked: pd.DataFrame) -> pd.DataFrame:
+    return pd.DataFrame({
+        "regime": checked["regime"], "GPU": checked["GPU"],
+        "configuration": checked["configuration"],
+        "measured [95%]": [f"{m:+.1%} [{lo:+.1%}, {hi:+.1%}]" for m, lo, hi in zip(
+            checked["measured"], checked["lo"], checked["hi"])],
+        "predicted": checked["predicted"].map(lambda x: f"{x:+.1%}"),
+        "sign / size": [f"{'ok' if a else 'wrong'} / {'ok' if b else 'off'}" for a, b in zip(
+            checked["right sign"], checked["within size"])]})
+
+
 def _fmt(x, spec=".0%"):
     return "-" if pd.isna(x) else format(x, spec)
 
@@ -177,6 +249,9 @@ def section(study) -> Section:
 
     honest = timed.honest_scores(study)
     skill = timed.ratio_skill(timed.sawtooth_pairs(timed.baseline_rows(study)))
+    reg = regime_predictions(study)
+    checked = sign_size_check(reg)
+    both_ratios = _combined_time_ratios(timed.sawtooth_pairs(timed.baseline_rows(study)), reg)
     above = honest[honest["points"] == timed.KNEE_SPLITS[0]]
     beats = above[above["clock vs no-cache on time"] == "beats"]
     cal_rows = []
@@ -315,6 +390,34 @@ dilute the line above):
     f"{skill['time spearman']:+.2f}); {skill['predicted within 1% of 1']} predicted ratios and "
     f"{skill['measured within 1% of 1']} measured ones lie within 1% of 1. The DRAM ratio "
     f"correlates at {skill['DRAM pearson']:+.2f}: the model has the misses, not their cost.")}
+
+{paragraphs(
+    f"The regimes (experiments/regimes.py) add {len(reg)} configurations the model can be set "
+    "up for: co-runners at their counted DRAM rate (allocating in the L2 where their PTX "
+    "policy does), L2 held by persisting lines, each variant's K/V steps in flight read from "
+    "its SASS, and the validation's own pairs for the DRAM-bound, causal GQA and few-CTA "
+    "regimes. The co-runner, L2-held and depth configurations were simulated after their "
+    "measurement (the committed predictions covered the paper's variant at a few settings), "
+    "with nothing refitted. Over them the predicted speed-up correlates with the measured one "
+    f"at {_pearson(reg['measured'], reg['predicted']):+.2f}; over today's pairs and these "
+    f"together ({len(both_ratios)} pairs) the time ratio at "
+    f"{_pearson(both_ratios['measured'], both_ratios['predicted']):+.2f}, against the target "
+    f"of 0.7. Of the {len(checked)} configurations whose measured interval excludes no "
+    f"change, {int(checked['right sign'].sum())} have a prediction of the measured sign and "
+    f"{int(checked['within size'].sum())} one within 2 points or half the measured change; "
+    f"both in {int((checked['right sign'] & checked['within size']).sum())}. The misses: "
+    + _misses_prose(checked) + ". Two patterns. Beside a store-only co-runner sawtooth "
+    "measured slower and the model, whose co-runner only takes DRAM bandwidth and L2 lines, "
+    "predicts no change. And every 128-row-tile binary (one stage per K and V ring, read "
+    "from SASS: one K/V step in flight) is predicted to gain "
+    + _depth_one_prose(reg) + " where it measured no change, while the 64x64 "
+    "kv_latency=10 binary, also one step in flight, measured +18% as predicted in sign: the "
+    "model loads a step's K and V together once the step ends, where the binary waits on and "
+    "releases K and V separately (two barrier waits and two releases per step in the SASS), "
+    "so a 128-row binary may overlap the next K load with the current step's second half. "
+    "That barrier structure is the coupling still missing (a hypothesis: not simulated here).")}
+
+{md_table(_checked_shown(checked))}
 
 {paragraphs(
     "The same validation with every calibration's per-item cost nudged by "
@@ -462,6 +565,11 @@ L2 taken by persisting lines, a co-runner's DRAM traffic, and fewer K/V steps in
         Claim("The predicted sawtooth/linear time ratio does not yet track the measured one "
               "(correlation below the target of 0.7), while the DRAM ratio does",
               bool(skill["time pearson"] < 0.7 and skill["DRAM pearson"] > 0.7), skill),
+        Claim("Not every regime configuration whose measured interval excludes no change has "
+              "a prediction of the right sign within the size tolerance",
+              bool(len(checked) and not (checked["right sign"] & checked["within size"]).all()),
+              checked[["GPU", "configuration", "measured", "predicted"]].round(4)
+              .to_dict("records")),
         Claim("The DRAM targets (10% median, 25% p90) are not met in every family: the p90 "
               "target fails in most, from causal long-sequence launches over-predicted and "
               "long non-causal launches under-predicted",

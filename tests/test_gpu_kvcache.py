@@ -179,10 +179,11 @@ def test_cupy_arrays_and_a_given_stream():
     ref, _ = reference(q, keys, values, lengths, True, 1 / 8)
     stream = cupy.cuda.Stream(non_blocking=True)
     as_cupy = [cupy.from_dlpack(x) for x in (q, keys, values)]
+    seqlens = cupy.asarray(lengths, dtype=cupy.int32)
+    # a non-blocking stream waits for neither library's default stream
     cupy.cuda.get_current_stream().synchronize()
     torch.cuda.synchronize()
-    out = wavefront.attention_with_kvcache(*as_cupy, cupy.asarray(lengths, dtype=cupy.int32),
-                                           stream=stream)
+    out = wavefront.attention_with_kvcache(*as_cupy, seqlens, stream=stream)
     stream.synchronize()
     assert isinstance(out, cupy.ndarray)
     assert _relative(torch.from_dlpack(out), ref) < TOLERANCE

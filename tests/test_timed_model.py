@@ -323,3 +323,35 @@ def test_the_no_cache_baseline_is_fitted_on_its_own():
     fit = _fit_no_cache(launches, measured, "H100")
     assert fit.errors["max"] < 1e-6
     assert fit.compute(launches[0]).step_ns == pytest.approx(600.0, rel=1e-6)
+
+
+def test_regime_skill_helpers_parse_corunners_and_check_sign_and_size():
+    """The regimes' co-runners become Exposures at their counted rate (allocating in the L2
+    only where a PTX policy does, untrusted counts skipped), and the sign/size check flags a
+    prediction of the wrong sign or beyond max(2 points, half the measured change)."""
+    import importlib.util
+
+    import pandas as pd
+
+    from wavefront.report.timed import _corunner_exposure
+    rates = pd.DataFrame({"GPU": ["H100"] * 3, "mask": ["non-causal"] * 3,
+                          "environment": ["append st.wb", "copy ld.cs st.cs", "read ld.ca"],
+                          "trusted": [True, True, False], "co-runner GB/s": [2900.0, 3000.0,
+                                                                             7000.0]})
+    wb = _corunner_exposure(rates, "H100", "non-causal", "append st.wb")
+    assert wb.corunner_dram_bytes_per_s == 2.9e12 and wb.corunner_l2_fraction == 1.0
+    assert _corunner_exposure(rates, "H100", "non-causal", "copy ld.cs st.cs") \
+        .corunner_l2_fraction == 0.0
+    assert _corunner_exposure(rates, "H100", "non-causal", "read ld.ca") is None
+    assert _corunner_exposure(rates, "H200", "non-causal", "append st.wb") is None
+    path = Path(__file__).resolve().parents[1] / "experiments" / "timed_model.py"
+    spec = importlib.util.spec_from_file_location("timed_model_experiment", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    rows = pd.DataFrame({"measured": [0.18, -0.05, 0.001, 0.10],
+                         "lo": [0.17, -0.07, -0.01, 0.05], "hi": [0.19, -0.03, 0.01, 0.15],
+                         "predicted": [0.23, 0.0, 0.5, 0.16]})
+    checked = module.sign_size_check(rows)
+    assert len(checked) == 3  # the third interval contains no change
+    assert checked["right sign"].tolist() == [True, False, True]
+    assert checked["within size"].tolist() == [True, False, False]

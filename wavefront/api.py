@@ -198,8 +198,10 @@ def attention_with_kvcache(q, k_cache, v_cache, cache_seqlens, *, k=None, v=None
     (batch, max_pages) int32 naming sequence b's pages in order. `cache_seqlens`: an int or
     (batch,) int32, the keys in the cache before this call. `k`, `v` (batch, seqlen_new,
     kv_heads, head_dim), if given, are written into the cache at cache_seqlens (in place)
-    and attended; cache_seqlens itself is not changed. heads a multiple of kv_heads (GQA);
-    bfloat16 or float16; head_dim 64 or 128; CuPy arrays or torch tensors.
+    and attended; cache_seqlens itself is not changed. heads a multiple of kv_heads (GQA, at
+    most 64 query heads per K/V head); bfloat16 or float16; head_dim 64 or 128; CuPy arrays or
+    torch tensors. Pages of 16 or 32 keys are read in K/V tiles of their size (a tile never
+    spans two pages), larger pages in 64-key tiles.
 
     `causal`: bottom-right aligned (FlashAttention >= 2.1): query i of sequence b sits at
     key position cache_seqlens[b] + seqlen_new - seqlen_q + i. A query that sees no key gets
@@ -208,7 +210,8 @@ def attention_with_kvcache(q, k_cache, v_cache, cache_seqlens, *, k=None, v=None
     work items to fill the GPU, 1 where the batch fills it). `cta_order`: the order work items
     are handed out, one of `wavefront.decode_schedules.CTA_ORDERS` ("batch_major" default,
     "kv_head_major", "prefix_grouped": sequences whose block tables start with the same page
-    together; a block table on the GPU is then read back once, which waits for the GPU).
+    together; a block table on the GPU is then read back, which waits for the GPU, once per
+    table tensor and again after torch writes it in place).
 
     Lengths and block tables given as host data (int, list, NumPy, CPU tensor) are checked
     before the launch (they are copied to the GPU each call; pass GPU int32 arrays in a
@@ -216,6 +219,10 @@ def attention_with_kvcache(q, k_cache, v_cache, cache_seqlens, *, k=None, v=None
     which raise a flag that a later call reads without waiting for the GPU and raises as
     `wavefront.kernel.kvcache.KVCacheLengthError`; WAVEFRONT_CHECK_LENGTHS=1 checks each call
     before it returns (waits), `wavefront.kernel.kvcache.check_kvcache_flags()` on demand.
+    The first call of a layout (shapes, strides, dtypes) and options checks the arrays and
+    builds its work table and buffers, waiting for the GPU once; later calls skip that. Make
+    that first call before capturing a CUDA graph of the call (graphs replay the lengths and
+    block table the GPU arrays hold at replay).
 
     Returns the output (batch, seqlen_q, heads, head_dim) in q's library (and the LSE,
     float32 (batch, heads, seqlen_q), natural log, if asked)."""

@@ -4,7 +4,7 @@ The prefill vocabulary (`wavefront.schedules`) orders (batch, query head, Q tile
 dense problem whose lengths the host knows. A cache call differs in three ways that change the
 unit of work, so it gets this small module beside it, in the same style (frozen dataclasses
 holding host parameters, the table built on the host, persistent CTAs taking rows
-grid-stride as `CTA_PERSISTENT` does):
+grid-stride as the prefill's `CTA_PERSISTENT` schedule does):
 
 - *GQA packing*: an item is one (batch, K/V head), and its Q tile holds the query rows of every
   query head of that K/V head (`group` of them) for `rows_per_tile` query positions: row r is
@@ -32,7 +32,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from wavefront.schedules import CTA_PERSISTENT, positive_int
+from wavefront.schedules import positive_int
 
 # One row per work item, 8 int32 (32-byte rows, a stride the ahead-of-time signature accepts).
 DECODE_BATCH = 0
@@ -48,17 +48,22 @@ DECODE_COLUMNS = 8
 
 CTA_ORDERS = ("batch_major", "kv_head_major", "prefix_grouped")
 DEFAULT_CTA_ORDER = "batch_major"
-# The CTA schedule of every cache launch: persistent CTAs taking rows grid-stride.
-CTA_SCHEDULE = CTA_PERSISTENT
 
-# Page sizes of a paged cache: powers of two, so that a K/V tile (at most 64 keys) never
-# straddles two pages (one page id per tile load).
+# Page sizes of a paged cache: powers of two, so that a K/V tile of 64 keys holds whole pages
+# (pages of 16 or 32 keys: 4 or 2, each its own load) or lies within one page.
 PAGE_SIZES = (16, 32, 64, 128, 256)
-# Keys per K/V tile where pages allow (a page of 16 or 32 keys takes tiles of its size).
+# Keys per K/V tile. Tiles of a 16-key page's size compiled to code with register spills
+# (D=128: 177 local loads and 197 stores with splits; D=64: 391/426 and no pipelined MMAs),
+# so a small page is read as sub-tiles of a 64-key tile instead.
 DEFAULT_TILE_N = 64
-# Largest query rows per tile (GQA packed rows x query positions).
-MAX_TILE_M = 128
-MIN_TILE_M = 16
+# Query rows per tile (GQA packed rows x query positions): 64, for decode and chunked prefill
+# alike. Decode fills 4 of them at GQA 4, yet tileiras 13.4 compiles a 16-row tile (D=128,
+# 64-key K/V tiles, two CTAs per SM) to mma.sync with 257 local loads and 385 local stores
+# (register spills), and a 128-row one to serialised warpgroup MMAs with 221/217 spills; the
+# 64-row one to pipelined warpgroup MMAs without a spill (SASS of each, sm_90). Decode stays
+# bound by memory: 64 rows make 64 FLOP per K/V byte, a fifth of the H100's ridge point.
+MIN_TILE_M = 64
+MAX_TILE_M = 64
 # A split below this many K/V tiles costs more in its partial state than it saves.
 MIN_TILES_PER_SPLIT = 4
 MAX_SPLITS = 128
@@ -97,10 +102,17 @@ def next_power_of_two(n: int) -> int:
     return 1 << max(0, (n - 1).bit_length())
 
 
-def tile_n_for(page_size: int | None) -> int:
-    """Keys per K/V tile: a page's size where it is below the default, so tiles never cross
-    a page (`PAGE_SIZES` are powers of two)."""
-    return DEFAULT_TILE_N if page_size is None else min(DEFAULT_TILE_N, page_size)
+def pages_per_tile(page_size: int | None, tile_n: int = DEFAULT_TILE_N) -> int:
+    """Pages in one K/V tile: 1 where a tile lies within a page (or the cache is contiguous),
+    else the tile's loads, one per page."""
+    return 1 if page_size is None else max(1, tile_n // page_size)
+
+
+def sub_tile_page(j, part, parts, subs_per_page):
+    """-> (block table slot, sub-tile within that page) of part `part` of `parts` of a
+    sequence's K/V tile j, sub-tiles being a page (`parts` > 1) or the tile (`parts` == 1)
+    and `subs_per_page` of them filling a page."""
+    return page_slot(j * parts + part, subs_per_page)
 
 
 @dataclass(frozen=True)
@@ -145,7 +157,7 @@ class DecodeProblem:
     @property
     def tile_m(self) -> int:
         """Rows per Q tile: every packed row of the call where they fit in MAX_TILE_M, at
-        least MIN_TILE_M (the smallest MMA)."""
+        least MIN_TILE_M (the smallest warpgroup MMA)."""
         rows = next_power_of_two(self.seqlen_q * self.group_tile)
         return max(MIN_TILE_M, self.group_tile, min(MAX_TILE_M, rows))
 
@@ -156,7 +168,11 @@ class DecodeProblem:
 
     @property
     def tile_n(self) -> int:
-        return tile_n_for(self.page_size)
+        return DEFAULT_TILE_N
+
+    @property
+    def pages_per_tile(self) -> int:
+        return pages_per_tile(self.page_size, self.tile_n)
 
     @property
     def q_tiles(self) -> int:

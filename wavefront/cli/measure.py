@@ -1,4 +1,4 @@
-"""Measuring on a GPU: `run`, `bench`, `bench-varlen`, `tune`, `prefill`, `microbench`,
+"""Measuring on a GPU: `run`, `bench`, `bench-varlen`, `bench-decode`, `tune`, `prefill`, `microbench`,
 `timeline`, `profile`, `sweep` (one GPU, every GPU of a host, or a Dask cluster), and `stalls`
 (Nsight Compute's warp-state samples per instruction, summarised)."""
 from __future__ import annotations
@@ -268,6 +268,90 @@ def bench_varlen(sequences, tokens, longest, lengths, seed, heads, kv_heads, hea
                 title=f"\n{dev.name}, packed batch of {len(lengths)} sequences, {sum(lengths)} "
                       f"tokens (longest {max(lengths)}), H={heads} KV={kv_heads} D={head_dim} "
                       f"bf16: medians of {rounds} interleaved rounds x {per_round} calls")
+
+
+@main.command("bench-decode")
+@click.option("--batch", "batches", default="1,8,64", show_default=True,
+              help="Sequences per step, comma-separated.")
+@click.option("--context", "contexts", default="4096,32768,131072", show_default=True,
+              help="Keys in each sequence's cache, comma-separated.")
+@click.option("--heads", type=click.IntRange(1, 1024), default=32, show_default=True)
+@click.option("--kv-heads", type=click.IntRange(1, 1024), default=8, show_default=True)
+@click.option("--head-dim", type=click.Choice([str(d) for d in HEAD_DIMS]), default="128",
+              show_default=True)
+@click.option("--page-size", type=click.Choice(["16", "32", "64", "128", "256"]), default="64",
+              show_default=True, help="Keys per page of the paged contender.")
+@click.option("--rounds", type=click.IntRange(min=6), default=15, show_default=True)
+@click.option("--per-round", type=click.IntRange(min=1), default=10, show_default=True)
+@click.option("--warmup", type=click.IntRange(min=0), default=5, show_default=True)
+@click.option("--out", "out_dir", type=click.Path(file_okay=False), default=None,
+              help="Also write every contender's rounds to <out>/bench_decode.jsonl.")
+def bench_decode(batches, contexts, heads, kv_heads, head_dim, page_size, rounds, per_round,
+                 warmup, out_dir):
+    """One decode step (a query per sequence, bf16) against a full KV cache: wavefront's cache
+    call on a contiguous and a paged cache against torch SDPA's backends on the same cache,
+    interleaved rounds; GB/s of K/V read against the DRAM read bandwidth measured first
+    (the microbenchmark's reduction). A shape that fails is recorded and the rest goes on."""
+    if heads % kv_heads:
+        raise click.BadParameter(f"heads ({heads}) must be a multiple of kv-heads ({kv_heads})",
+                                 param_hint="--kv-heads")
+    batches = _list(int, batches, "--batch")
+    contexts = _list(int, contexts, "--context")
+    for name, values in (("--batch", batches), ("--context", contexts)):
+        if min(values) < 1:
+            raise click.BadParameter("must be positive", param_hint=name)
+    dev = _require_gpu()
+    from wavefront.measure.decode_bench import decode_contenders, gbps
+    from wavefront.measure.microbench import read_bandwidth
+    from wavefront.measure.rounds import run_rounds
+    from wavefront.results.records import DECODE_BENCH_RECORDS
+    peak, peak_runs = read_bandwidth()
+    click.echo(f"DRAM read bandwidth (cupy.sum over 4 GiB, best of {len(peak_runs)}): "
+               f"{peak:.0f} GB/s", err=True)
+    rows = []
+    shapes = [(b, c) for b in batches for c in contexts]
+    shape = {"heads": heads, "kv_heads": kv_heads, "head_dim": int(head_dim),
+             "page_size": int(page_size)}
+    with JsonlSink(out_dir, "bench_decode.jsonl") as sink, \
+            click.progressbar(shapes, label="shapes", file=sys.stderr) as bar:
+        for batch, context in bar:
+            where = {"gpu": dev.name, "batch": batch, "context": context, **shape}
+            try:
+                contenders, step_bytes, sets, notes = decode_contenders(
+                    batch=batch, context=context, heads=heads, kv_heads=kv_heads,
+                    head_dim=int(head_dim), page_size=int(page_size), l2_bytes=dev.l2_bytes,
+                    log=lambda m: click.echo(m, err=True))
+                results = run_rounds(contenders, rounds=rounds, per_round=per_round,
+                                     warmup=warmup)
+            except Exception as exc:  # one failing shape must not lose the others
+                row = {**where, "error": f"{type(exc).__name__}: {exc}"}
+                click.echo(f"B{batch} context {context}: FAILED {row['error']}", err=True)
+                sink.write(row)
+                continue
+            best_sdpa = min((r.median_ms for r in results if r.name.startswith("SDPA")),
+                            default=None)
+            for r in results:
+                lo, hi = r.ci95_ms
+                row = DECODE_BENCH_RECORDS.stamp({
+                    **where, "contender": r.name, "kv_bytes": step_bytes, "input_sets": sets,
+                    "notes": notes, **r.as_dict(),
+                    "gbps": gbps(step_bytes, r.median_ms),
+                    "gbps_ci95": [gbps(step_bytes, hi), gbps(step_bytes, lo)],
+                    "dram_peak_gbps": peak, "dram_peak_runs_gbps": peak_runs,
+                    "x_dram_peak": gbps(step_bytes, r.median_ms) / peak,
+                    "x_best_sdpa": best_sdpa / r.median_ms if best_sdpa else None})
+                rows.append(row)
+                sink.write(row)
+    table = [{**r, "shape": f"B{r['batch']} ctx {r['context']}",
+              "ci": f"{r['gbps_ci95'][0]:.0f}-{r['gbps_ci95'][1]:.0f}"} for r in rows]
+    print_table(table, [("shape", "shape", ""), ("contender", "contender", ""),
+                        ("median_ms", "ms", ".4f"), ("gbps", "GB/s", ".0f"),
+                        ("ci", "95% interval", ""), ("x_dram_peak", "/DRAM peak", ".3f"),
+                        ("x_best_sdpa", "/best SDPA", ".3f"),
+                        ("throttled_rounds", "throttled rounds", "d")],
+                title=f"\n{dev.name}, one decode step, H={heads} KV={kv_heads} D={head_dim} "
+                      f"bf16, DRAM read peak {peak:.0f} GB/s: medians of {rounds} interleaved "
+                      f"rounds x {per_round} calls")
 
 
 @main.command()

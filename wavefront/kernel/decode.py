@@ -42,8 +42,8 @@ import cuda.tile as ct
 
 from wavefront.decode_schedules import (DECODE_BATCH, DECODE_KV_HEAD, DECODE_Q_TILE,
                                         DECODE_SPLIT, DECODE_SPLITS, MAX_TILE_M, MIN_TILE_M,
-                                        PAGE_SIZES, key_span, page_slot, split_tiles,
-                                        tile_n_for)
+                                        PAGE_SIZES, DEFAULT_TILE_N, key_span, page_slot,
+                                        pages_per_tile, split_tiles, sub_tile_page)
 from wavefront.kernel.attention import (DEFAULT_K_LATENCY, DEFAULT_V_LATENCY, IO, LN_2,
                                         ROW_MAX_START, ConstBool, ConstInt, Param, _contract)
 from wavefront.point import DTYPES, HEAD_DIMS
@@ -65,29 +65,75 @@ def _field(Work, item, column):
     return ct.gather(Work, (item, column))
 
 
-def _kv_page(BlockTable, num_pages, batch, j, tiles_per_page, PAGED: ConstBool):
-    """-> (page, tile within the page, 1 if the table's page id was outside the pool) of the
-    item's K/V tile j. Contiguous: sequence b's one page is row b."""
-    if PAGED:
-        slot, tile = page_slot(j, tiles_per_page)
-        page = ct.gather(BlockTable, (batch, slot))
-        bad = ((page < 0) | (page >= num_pages)).astype(ct.int32)
-        return min(max(page, 0), num_pages - 1), tile, bad
-    return batch, j, 0
+def _kv_page(BlockTable, num_pages, batch, slot):
+    """-> (the page id in the block table's `slot` of sequence `batch`, clamped into the pool;
+    1 if it was outside, else 0)."""
+    page = ct.gather(BlockTable, (batch, slot))
+    bad = ((page < 0) | (page >= num_pages)).astype(ct.int32)
+    return min(max(page, 0), num_pages - 1), bad
+
+
+def _page_part(K, V, BlockTable, batch, kv_head, j, part, PAGES_PER_TILE: ConstInt,
+               HEAD_DIM: ConstInt, SUB_N: ConstInt, K_LATENCY: ConstInt,
+               V_LATENCY: ConstInt):
+    """K^T [HEAD_DIM, SUB_N] and V [SUB_N, HEAD_DIM] of one page of K/V tile j, and its
+    page id's fault bit."""
+    slot, _ = sub_tile_page(j, part, PAGES_PER_TILE, 1)
+    page, bad = _kv_page(BlockTable, K.shape[0], batch, slot)
+    k = ct.load(K, index=(page, kv_head, 0, 0), shape=(1, 1, HEAD_DIM, SUB_N),
+                order=(0, 2, 3, 1), padding_mode=ct.PaddingMode.ZERO, latency=K_LATENCY)
+    v = ct.load(V, index=(page, 0, kv_head, 0), shape=(1, SUB_N, 1, HEAD_DIM),
+                padding_mode=ct.PaddingMode.ZERO, latency=V_LATENCY)
+    return k.reshape((HEAD_DIM, SUB_N)), v.reshape((SUB_N, HEAD_DIM)), bad
+
+
+def _pages_tile(K, V, BlockTable, batch, kv_head, j, PAGES_PER_TILE: ConstInt,
+                HEAD_DIM: ConstInt, TILE_N: ConstInt, K_LATENCY: ConstInt,
+                V_LATENCY: ConstInt):
+    """K^T [HEAD_DIM, TILE_N] and V [TILE_N, HEAD_DIM] of K/V tile j gathered from
+    PAGES_PER_TILE (2 or 4) pages, one load each, and the number of bad page ids."""
+    SUB_N = TILE_N // PAGES_PER_TILE
+    k0, v0, bad0 = _page_part(K, V, BlockTable, batch, kv_head, j, 0, PAGES_PER_TILE,
+                              HEAD_DIM, SUB_N, K_LATENCY, V_LATENCY)
+    k1, v1, bad1 = _page_part(K, V, BlockTable, batch, kv_head, j, 1, PAGES_PER_TILE,
+                              HEAD_DIM, SUB_N, K_LATENCY, V_LATENCY)
+    if PAGES_PER_TILE == 2:
+        k = ct.cat((k0, k1), 1)
+        v = ct.cat((v0, v1), 0)
+        bad = bad0 + bad1
+    else:
+        k2, v2, bad2 = _page_part(K, V, BlockTable, batch, kv_head, j, 2, PAGES_PER_TILE,
+                                  HEAD_DIM, SUB_N, K_LATENCY, V_LATENCY)
+        k3, v3, bad3 = _page_part(K, V, BlockTable, batch, kv_head, j, 3, PAGES_PER_TILE,
+                                  HEAD_DIM, SUB_N, K_LATENCY, V_LATENCY)
+        k = ct.cat((ct.cat((k0, k1), 1), ct.cat((k2, k3), 1)), 1)
+        v = ct.cat((ct.cat((v0, v1), 0), ct.cat((v2, v3), 0)), 0)
+        bad = bad0 + bad1 + bad2 + bad3
+    return k, v, bad
 
 
 def _decode_step(q, K, V, BlockTable, batch, kv_head, j, m_i, l_i, acc, bad_pages,
-                 qk_scale_log2, row_end, tiles_per_page, HEAD_DIM: ConstInt, TILE_M: ConstInt,
-                 TILE_N: ConstInt, MASKED: ConstBool, PAGED: ConstBool, K_LATENCY: ConstInt,
-                 V_LATENCY: ConstInt):
+                 qk_scale_log2, row_end, subs_per_page, HEAD_DIM: ConstInt, TILE_M: ConstInt,
+                 TILE_N: ConstInt, MASKED: ConstBool, PAGED: ConstBool,
+                 PAGES_PER_TILE: ConstInt, K_LATENCY: ConstInt, V_LATENCY: ConstInt):
     """Fold K/V tile j into the running (row max, row sum, output); MASKED: keys at or past a
-    row's `row_end` weigh nothing."""
-    page, tile, bad = _kv_page(BlockTable, K.shape[0], batch, j, tiles_per_page, PAGED)
-    # K^T straight from the (page, key, K/V head, D) layout: the load's order permutes it.
-    k = ct.load(K, index=(page, kv_head, 0, tile), shape=(1, 1, HEAD_DIM, TILE_N),
-                order=(0, 2, 3, 1), padding_mode=ct.PaddingMode.ZERO, latency=K_LATENCY)
-    qk = ct.mma(q, k.reshape((HEAD_DIM, TILE_N)),
-                ct.full((TILE_M, TILE_N), 0.0, dtype=ct.float32))
+    row's `row_end` weigh nothing. Contiguous: sequence b's one page is row b of the cache."""
+    if PAGES_PER_TILE == 1:
+        if PAGED:
+            slot, tile = sub_tile_page(j, 0, 1, subs_per_page)
+            page, bad = _kv_page(BlockTable, K.shape[0], batch, slot)
+        else:
+            page, tile, bad = batch, j, 0
+        # K^T straight from the (page, key, K/V head, D) layout: the load's order permutes it
+        k = ct.load(K, index=(page, kv_head, 0, tile), shape=(1, 1, HEAD_DIM, TILE_N),
+                    order=(0, 2, 3, 1), padding_mode=ct.PaddingMode.ZERO,
+                    latency=K_LATENCY).reshape((HEAD_DIM, TILE_N))
+        v_early = ct.full((TILE_N, HEAD_DIM), 0.0, dtype=q.dtype)  # (not used)
+    else:
+        k, v_early, bad = _pages_tile(K, V, BlockTable, batch, kv_head, j, PAGES_PER_TILE,
+                                      HEAD_DIM, TILE_N, K_LATENCY, V_LATENCY)
+        page, tile = 0, 0  # (not used)
+    qk = ct.mma(q, k, ct.full((TILE_M, TILE_N), 0.0, dtype=ct.float32))
     if MASKED:
         cols = j * TILE_N + ct.arange(TILE_N, dtype=ct.int32)[None, :]  # [1, TILE_N]
         qk = ct.where(cols < row_end, qk, -np.inf)
@@ -96,10 +142,14 @@ def _decode_step(q, K, V, BlockTable, batch, kv_head, j, m_i, l_i, acc, bad_page
     p = ct.exp2(qk * qk_scale_log2 - m_new, flush_to_zero=True)
     alpha = ct.exp2(m_i - m_new, flush_to_zero=True)
     l_i = l_i * alpha + ct.sum(p, axis=-1, keepdims=True)
-    # Zero padding: a ragged cache's last V rows meet p = 0, and 0 * garbage may be NaN.
-    v = ct.load(V, index=(page, tile, kv_head, 0), shape=(1, TILE_N, 1, HEAD_DIM),
-                padding_mode=ct.PaddingMode.ZERO, latency=V_LATENCY)
-    acc = ct.mma(p.astype(q.dtype), v.reshape((TILE_N, HEAD_DIM)), acc * alpha)
+    if PAGES_PER_TILE == 1:
+        # Zero padding: a ragged cache's last V rows meet p = 0, and 0 * garbage may be NaN.
+        v = ct.load(V, index=(page, tile, kv_head, 0), shape=(1, TILE_N, 1, HEAD_DIM),
+                    padding_mode=ct.PaddingMode.ZERO,
+                    latency=V_LATENCY).reshape((TILE_N, HEAD_DIM))
+    else:
+        v = v_early
+    acc = ct.mma(p.astype(q.dtype), v, acc * alpha)
     return m_new, l_i, acc, bad_pages + bad
 
 
@@ -124,8 +174,8 @@ def _store_rows(Out, Lse, acc, row_max, row_sum, batch, kv_head, q_tile, HEAD_DI
 def _attend_item(Q, K, V, Out, Lse, PartO, PartM, PartL, CacheSeqlens, BlockTable, Work,
                  Flags, item, qk_scale_log2, seqlen_new, causal, HEAD_DIM: ConstInt,
                  TILE_M: ConstInt, TILE_N: ConstInt, GROUP_TILE: ConstInt, PAGED: ConstBool,
-                 PARTIALS: ConstBool, WRITE_LSE: ConstBool, K_LATENCY: ConstInt,
-                 V_LATENCY: ConstInt):
+                 PAGES_PER_TILE: ConstInt, PARTIALS: ConstBool, WRITE_LSE: ConstBool,
+                 K_LATENCY: ConstInt, V_LATENCY: ConstInt):
     """Attend one work item (batch, K/V head, Q tile, split) as its table row says."""
     ROWS = TILE_M // GROUP_TILE
     batch = _field(Work, item, DECODE_BATCH)
@@ -135,7 +185,7 @@ def _attend_item(Q, K, V, Out, Lse, PartO, PartM, PartL, CacheSeqlens, BlockTabl
     splits = _field(Work, item, DECODE_SPLITS)
     seqlen_q = Q.shape[1]
     page_size = K.shape[1]
-    tiles_per_page = page_size // TILE_N
+    subs_per_page = page_size // (TILE_N // PAGES_PER_TILE)  # 1 where a tile holds pages
     if PAGED:
         capacity = BlockTable.shape[1] * page_size
     else:
@@ -161,15 +211,16 @@ def _attend_item(Q, K, V, Out, Lse, PartO, PartM, PartL, CacheSeqlens, BlockTabl
     for j in range(first, unmasked_end):
         m_i, l_i, acc, bad_pages = _decode_step(
             q, K, V, BlockTable, batch, kv_head, j, m_i, l_i, acc, bad_pages, qk_scale_log2,
-            0, tiles_per_page, HEAD_DIM, TILE_M, TILE_N, False, PAGED, K_LATENCY, V_LATENCY)
+            0, subs_per_page, HEAD_DIM, TILE_M, TILE_N, False, PAGED, PAGES_PER_TILE,
+            K_LATENCY, V_LATENCY)
     # The rows' ends, made after the unmasked loop so they hold no registers across it.
     rows = first_row + ct.arange(TILE_M, dtype=ct.int32)[:, None] // GROUP_TILE  # [TILE_M, 1]
     row_end = min(rows + offset, seqlen_k)
     for j in range(max(first, unmasked_end), last):
         m_i, l_i, acc, bad_pages = _decode_step(
             q, K, V, BlockTable, batch, kv_head, j, m_i, l_i, acc, bad_pages, qk_scale_log2,
-            row_end, tiles_per_page, HEAD_DIM, TILE_M, TILE_N, True, PAGED, K_LATENCY,
-            V_LATENCY)
+            row_end, subs_per_page, HEAD_DIM, TILE_M, TILE_N, True, PAGED, PAGES_PER_TILE,
+            K_LATENCY, V_LATENCY)
 
     if PARTIALS:
         slab = split * Q.shape[0] + batch
@@ -189,13 +240,15 @@ def _attend_item(Q, K, V, Out, Lse, PartO, PartM, PartL, CacheSeqlens, BlockTabl
 def decode_attention(Q, K, V, Out, Lse, PartO, PartM, PartL, CacheSeqlens, BlockTable, Work,
                      Flags, qk_scale_log2: float, num_items: int, seqlen_new: int, causal: int,
                      HEAD_DIM: ConstInt, TILE_M: ConstInt, TILE_N: ConstInt,
-                     GROUP_TILE: ConstInt, PAGED: ConstBool, PARTIALS: ConstBool,
-                     WRITE_LSE: ConstBool, K_LATENCY: ConstInt, V_LATENCY: ConstInt):
+                     GROUP_TILE: ConstInt, PAGED: ConstBool, PAGES_PER_TILE: ConstInt,
+                     PARTIALS: ConstBool, WRITE_LSE: ConstBool, K_LATENCY: ConstInt,
+                     V_LATENCY: ConstInt):
     """One persistent CTA: take table rows c, c + P, c + 2P, ... and attend each."""
     for item in range(ct.bid(0), num_items, ct.num_blocks(0)):
         _attend_item(Q, K, V, Out, Lse, PartO, PartM, PartL, CacheSeqlens, BlockTable, Work,
                      Flags, item, qk_scale_log2, seqlen_new, causal, HEAD_DIM, TILE_M, TILE_N,
-                     GROUP_TILE, PAGED, PARTIALS, WRITE_LSE, K_LATENCY, V_LATENCY)
+                     GROUP_TILE, PAGED, PAGES_PER_TILE, PARTIALS, WRITE_LSE, K_LATENCY,
+                     V_LATENCY)
 
 
 @ct.kernel
@@ -330,13 +383,15 @@ def _check_common(dtype: str, head_dim: int) -> None:
 
 
 TILE_MS = tuple(1 << n for n in range(MIN_TILE_M.bit_length() - 1, MAX_TILE_M.bit_length()))
-TILE_NS = tuple(sorted({tile_n_for(size) for size in PAGE_SIZES} | {tile_n_for(None)}))
+TILE_NS = (DEFAULT_TILE_N,)
+PAGES_PER_TILES = tuple(sorted({pages_per_tile(size) for size in PAGE_SIZES}))
 
 
 @dataclass(frozen=True)
 class DecodeVariant:
     """One binary of the cache attention kernel. Label:
-    `decode_<dtype>_d<D>_m<TILE_M>_n<TILE_N>_g<GROUP_TILE>[_paged][_splits][_lse]_occ<O>`."""
+    `decode_<dtype>_d<D>_m<TILE_M>_n<TILE_N>_g<GROUP_TILE>[_paged[_p<pages per tile>]][_splits]
+    [_lse]_occ<O>`."""
 
     dtype: str
     head_dim: int
@@ -346,10 +401,15 @@ class DecodeVariant:
     paged: bool
     partials: bool = False  # split-KV: write partial states for `combine_splits`
     write_lse: bool = False
+    pages_per_tile: int = 1  # pages of 16 or 32 keys: a K/V tile is loaded page by page
     occupancy: int = DECODE_OCCUPANCY
 
     def __post_init__(self):
         _check_common(self.dtype, self.head_dim)
+        if self.pages_per_tile not in PAGES_PER_TILES or (self.pages_per_tile > 1
+                                                          and not self.paged):
+            raise ValueError(f"pages_per_tile must be one of {PAGES_PER_TILES} (above 1 only "
+                             f"for a paged cache), got {self.pages_per_tile!r}")
         if self.tile_m not in TILE_MS:
             raise ValueError(f"tile_m must be one of {TILE_MS}, got {self.tile_m!r}")
         if self.tile_n not in TILE_NS:
@@ -364,7 +424,8 @@ class DecodeVariant:
     @property
     def constants(self) -> dict:
         return {"HEAD_DIM": self.head_dim, "TILE_M": self.tile_m, "TILE_N": self.tile_n,
-                "GROUP_TILE": self.group_tile, "PAGED": self.paged, "PARTIALS": self.partials,
+                "GROUP_TILE": self.group_tile, "PAGED": self.paged,
+                "PAGES_PER_TILE": self.pages_per_tile, "PARTIALS": self.partials,
                 "WRITE_LSE": self.write_lse,
                 # K is needed first (QK^T), V after the softmax: hint V as further away
                 "K_LATENCY": DEFAULT_K_LATENCY, "V_LATENCY": DEFAULT_V_LATENCY}
@@ -373,6 +434,7 @@ class DecodeVariant:
     def label(self) -> str:
         return (f"decode_{self.dtype[:2]}_d{self.head_dim}_m{self.tile_m}_n{self.tile_n}"
                 f"_g{self.group_tile}{'_paged' if self.paged else ''}"
+                f"{f'_p{self.pages_per_tile}' if self.pages_per_tile > 1 else ''}"
                 f"{'_splits' if self.partials else ''}{'_lse' if self.write_lse else ''}"
                 f"_occ{self.occupancy}")
 
@@ -442,7 +504,7 @@ def variants_for(problem, dtype: str, num_splits: int, write_lse: bool,
     paged = problem.page_size is not None
     attention = DecodeVariant(dtype, problem.head_dim, problem.tile_m, problem.tile_n,
                               problem.group_tile, paged, num_splits > 1,
-                              write_lse and num_splits == 1)
+                              write_lse and num_splits == 1, problem.pages_per_tile)
     combine = (CombineSplitsVariant(dtype, problem.head_dim, problem.tile_m,
                                     problem.group_tile, write_lse) if num_splits > 1 else None)
     append = AppendVariant(dtype, problem.head_dim, paged) if appends else None
@@ -450,20 +512,24 @@ def variants_for(problem, dtype: str, num_splits: int, write_lse: bool,
 
 
 def all_decode_variants(dtypes=DTYPES, head_dims=HEAD_DIMS):
-    """The binaries `wavefront compile --all` builds for the cache call: decode tiles (16 rows,
-    GQA groups 1, 4 and 8) and a chunked-prefill tile (128 rows, group 4), contiguous and
-    paged (64-key tiles, and 16-key tiles of 16-key pages), one split and several (with the
-    combine), the LSE, and the append kernel."""
+    """The binaries `wavefront compile --all` (and the slow CPU test) builds for the cache call:
+    per dtype and head dim, every code path once (contiguous, paged and paged by 16-key pages,
+    one split and several, the LSE; the combine with and without the LSE; the append,
+    contiguous and paged), and at bfloat16, D=128, 32-key pages and the tiles of GQA groups
+    1 and 8. Other groups a call picks are the same code at other sizes, compiled on first
+    use."""
     for dtype in dtypes:
         for head_dim in head_dims:
-            for tile_m, group_tile in ((16, 1), (16, 4), (16, 8), (128, 4)):
-                for paged, tile_n in ((False, 64), (True, 64), (True, 16)):
-                    yield DecodeVariant(dtype, head_dim, tile_m, tile_n, group_tile, paged)
-                    yield DecodeVariant(dtype, head_dim, tile_m, tile_n, group_tile, paged,
-                                        partials=True)
-                yield DecodeVariant(dtype, head_dim, tile_m, 64, group_tile, False,
-                                    write_lse=True)
-                for lse in (False, True):
-                    yield CombineSplitsVariant(dtype, head_dim, tile_m, group_tile, lse)
+            yield DecodeVariant(dtype, head_dim, 64, 64, 4, False)
+            yield DecodeVariant(dtype, head_dim, 64, 64, 4, True, partials=True)
+            yield DecodeVariant(dtype, head_dim, 64, 64, 4, True, write_lse=True,
+                                pages_per_tile=4)
+            yield DecodeVariant(dtype, head_dim, 64, 64, 4, False, partials=True)
+            for lse in (False, True):
+                yield CombineSplitsVariant(dtype, head_dim, 64, 4, lse)
             for paged in (False, True):
                 yield AppendVariant(dtype, head_dim, paged)
+    if "bfloat16" in dtypes and 128 in head_dims:
+        yield DecodeVariant("bfloat16", 128, 64, 64, 4, True, partials=True, pages_per_tile=2)
+        for group_tile in (1, 8):
+            yield DecodeVariant("bfloat16", 128, 64, 64, group_tile, False)

@@ -689,7 +689,8 @@ def exposure_regimes(gpu_key: str) -> list[dict]:
 
 def exposure_prediction(study, gpu_key: str, regime: dict, causal: bool = False) -> dict:
     """One regime on one GPU: linear and sawtooth at the paper's launch (48 persistent CTAs,
-    occupancy 1) with the GPU's own calibration -> the prediction row."""
+    occupancy 1; the regime's "tiles" where it names them) with the GPU's own calibration -> the
+    prediction row."""
     gpu = PRESETS[gpu_key]
     cal = next(c for g, c in calibrations(study).items() if preset_for_device(g) == gpu)
     memory = memory_timing(gpu)
@@ -709,7 +710,8 @@ def exposure_prediction(study, gpu_key: str, regime: dict, causal: bool = False)
         for batch in (1, 2):
             shape = (batch, *shape_rest)
             launch = plan(shape, shape, sms=gpu.sms, l2_bytes=gpu.l2_bytes, causal=causal,
-                          schedule=schedule, tiles=PAPER_LAUNCH["tiles"], occupancy=1,
+                          schedule=schedule, tiles=regime.get("tiles", PAPER_LAUNCH["tiles"]),
+                          occupancy=1,
                           ctas=PAPER_LAUNCH_CTAS)
             pred = simulate_timed(launch, memory, cal.compute(launch), l2_bytes=gpu.l2_bytes,
                                   partitions=gpu.l2_partitions, loads_ahead=regime["depth"],
@@ -723,6 +725,110 @@ def exposure_prediction(study, gpu_key: str, regime: dict, causal: bool = False)
     row["speedup"] = row["linear_ms"] / row["sawtooth_ms"] - 1
     row["dram_ratio"] = row["sawtooth_dram_read_gb"] / row["linear_dram_read_gb"]
     return row
+
+
+# ---------------------------------------------------------------------------------------------
+# Skill over the regimes: every configuration of experiments/regimes.py with a prediction
+# ---------------------------------------------------------------------------------------------
+
+REGIME_DIRS = ("exposure_corunners", "exposure_small_l2", "exposure_latency")
+# PTX cache policies whose lines allocate in the L2 like any (the co-runner's bytes then stream
+# through the attention's LRU); the others (cs, evict_first, no_allocate, cg, wt) are treated
+# as passing by
+ALLOCATING = ("wb", "ca", "evict_last")
+PAPER_VARIANT = "64x64 (paper)"
+
+
+def _corunner_exposure(rates: pd.DataFrame, gpu: str, mask: str, environment: str):
+    """The timed model's Exposure for a measured co-runner: its DRAM bytes/s as counted (and
+    checked against ncu), allocating in the L2 where its loads or stores do."""
+    from wavefront.model.timed import Exposure
+    r = rates[(rates["GPU"] == gpu) & (rates["mask"] == mask)
+              & (rates["environment"] == environment)]
+    if not len(r) or not bool(r["trusted"].iloc[0]):
+        return None
+    policies = [t.split(".", 1)[1] for t in environment.split() if t[:3] in ("ld.", "st.")]
+    allocates = any(p in ALLOCATING for p in policies)
+    return Exposure(corunner_dram_bytes_per_s=float(r["co-runner GB/s"].iloc[0]) * 1e9,
+                    corunner_l2_fraction=1.0 if allocates else 0.0)
+
+
+def _regime_rows(study, conf: pd.DataFrame, rates: pd.DataFrame) -> pd.DataFrame:
+    """Every configuration of regimes f, g, h (co-runners, L2 held, K/V depth) the timed model
+    can be set up for, predicted with the same calibration (K/V depth per variant read from
+    its SASS, data/exposure_latency/pipeline.json), beside its measured speed-up and interval;
+    and every configuration of regimes c, d, e (today's validation families) from the held-out
+    validation's linear/sawtooth pairs."""
+    import re
+
+    from wavefront.files import read_json
+    from wavefront.model.timed import Exposure
+    pairs = sawtooth_pairs(validation_rows(study))
+    pairs = pairs.assign(GPU=pairs["gpu"].map(short_gpu))
+    # regimes c-e are families of the held-out validation: their pairs' predictions
+    family = {"c": "dram_bound", "d": "causal_gqa", "e": "ctas_in_flight"}
+    depth = {k: v["loads_ahead"] for k, v in read_json(
+        study.data_dir / "exposure_latency" / "pipeline.json", "pipeline record")[
+        "variants"].items()}
+    out = []
+    for r in conf.itertuples():
+        gpu_key = r.GPU.lower()
+        variant, env, mask = PAPER_VARIANT, None, "non-causal"
+        if r.regime in ("f", "g"):
+            mask, env = (x.strip() for x in r.configuration.split(",", 1))
+        elif r.regime == "h":
+            variant, env = (x.strip() for x in r.configuration.rsplit(",", 1))
+        elif r.regime in family:
+            p = pairs[(pairs["family"] == family[r.regime]) & (pairs["GPU"] == r.GPU)]
+            if r.regime == "c":
+                heads, cta = r.configuration.split(", ")
+                p = p[p["key"].str.contains(f"heads={heads[1:]},", regex=False)
+                      & p["key"].str.contains(f"cta_schedule={cta},", regex=False)]
+            elif r.regime == "d":
+                p = p[p["key"].str.contains(f"cta_schedule={r.configuration},", regex=False)]
+            else:
+                p = p[p["key"].str.endswith(f"resident_ctas={r.configuration.split()[0]}")]
+            if len(p) == 1:
+                out.append({"source": f"regime {r.regime}: held-out validation",
+                            "regime": r.regime, "GPU": r.GPU, "configuration": r.configuration,
+                            "measured": r.ratio - 1, "lo": r.lo - 1, "hi": r.hi - 1,
+                            "predicted": 1 / p["predicted_time_ratio"].iloc[0] - 1,
+                            "kv_steps_in_flight": np.nan})
+            continue
+        else:
+            continue
+        if variant not in depth or gpu_key not in ("h100", "h200"):
+            continue
+        held = re.match(r"held ([\d.]+) MiB|([\d.]+) MiB held", env)  # (h's and g's words)
+        if env in ("alone", "none"):
+            exposure = Exposure()
+        elif held:
+            exposure = Exposure(l2_bytes_taken=int(float(held.group(1) or held.group(2)) * MiB))
+        else:
+            exposure = _corunner_exposure(rates, r.GPU, mask, env)
+        if exposure is None:
+            continue
+        tiles = variant.split()[0]
+        regime = {"regime": r.regime, "value": r.configuration, "depth": depth[variant],
+                  "exposure": exposure, "tiles": tiles}
+        pred = exposure_prediction(study, gpu_key, regime, causal=mask == "causal")
+        out.append({"source": "regimes f-h (simulated)", "regime": r.regime, "GPU": r.GPU,
+                    "configuration": r.configuration, "measured": r.ratio - 1,
+                    "lo": r.lo - 1, "hi": r.hi - 1, "predicted": pred["speedup"],
+                    "kv_steps_in_flight": depth[variant]})
+    return pd.DataFrame(out)
+
+
+def regime_predictions(study, conf: pd.DataFrame, rates: pd.DataFrame) -> pd.DataFrame:
+    """`_regime_rows` for the regimes' configurations (`conf`: experiments/regimes.py's
+    `configurations`) and the co-runners' rates (`rates`: exposure_corunners' table), cached
+    (keyed by the regimes' data, the validation's, the model and this file)."""
+    inputs = [p for d in REGIME_DIRS for p in sorted((study.data_dir / d).glob("*"))
+              if p.is_file()]
+    inputs += [results_path(study.data_dir / f) for f in (TRAINING, *TIMED_FAMILIES)]
+    return cached_table(study, "regime_predictions",
+                        inputs + [*_model_files(), Path(__file__)],
+                        lambda: _regime_rows(study, conf, rates))
 
 
 PAPER_LAUNCH_CTAS = 48  # the paper's GB10 launch: one persistent CTA per SM of its 48

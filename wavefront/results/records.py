@@ -204,10 +204,18 @@ VARLEN_BENCH_RECORDS = RecordKind(
     "bench_varlen", 1, ("gpu", "lengths", "heads", "kv_heads", "head_dim", "causal",
                         "contender", "samples_ms", "median_ms", "tflops", "tflops_ci95"))
 
+# One decode step against a full KV cache (`wavefront bench-decode`): GB/s of K/V read.
+DECODE_BENCH_RECORDS = RecordKind(
+    "bench_decode", 1, ("gpu", "batch", "context", "heads", "kv_heads", "head_dim",
+                        "page_size", "contender", "kv_bytes", "samples_ms", "median_ms",
+                        "gbps", "gbps_ci95", "dram_peak_gbps"),
+    # a shape that failed is recorded as an error line (read with failed=True)
+    measured=lambda row: "error" not in row)
+
 KINDS = {k.name: k for k in (BENCH_RECORDS, TUNE_RECORDS, LEVER_RECORDS, BENCH_ONCE_RECORDS,
                               PRINTOUT_RECORDS, STARVED_RECORDS, TIMELINE_RECORDS,
                               HARNESS_RECORDS, VARLEN_BENCH_RECORDS, EXPOSURE_RECORDS,
-                              SERVING_RECORDS)}
+                              SERVING_RECORDS, DECODE_BENCH_RECORDS)}
 
 
 def shape_name(shape: dict) -> str:

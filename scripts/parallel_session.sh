@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# One device call on a machine of several GPUs: each argument is one lane of steps run in order
+# on its own GPU (lane i on GPU i), all lanes at once; every lane's output goes under
+# $OUT/lane<i>/ and everything measured is packed into $OUT/results.tgz (a call brings back a
+# bounded number of files).
+#   WAVEFRONT_GIT_COMMIT=$(git rev-parse HEAD) bash scripts/parallel_session.sh \
+#       "tests" "bench_decode shared_prefix generate"
+# Steps: tests (the whole GPU suite), bench_decode, shared_prefix, generate, short_prompts,
+# crash (scripts/gpu_crash_campaign.py), advisor (experiments/advisor_picks.py, one shape),
+# backward (scripts/backward_bench.py).
+set -uo pipefail
+: "${WAVEFRONT_GIT_COMMIT:?set WAVEFRONT_GIT_COMMIT=\$(git rev-parse HEAD)}"
+source scripts/setup_gpu_host.sh
+export PYTHONUNBUFFERED=1
+OUT="${OUT:-/tmp/wavefront-out}"; mkdir -p "$OUT"
+LANE_SECONDS="${LANE_SECONDS:-540}"
+nvidia-smi --query-gpu=index,name --format=csv,noheader
+step() {  # step NAME DIR
+    local d="$2"; mkdir -p "$d"
+    case "$1" in
+    tests) python3 -m pytest -m gpu -n 14 -q -p no:cacheprovider --tb=short tests \
+               > "$d/gpu_tests.log" 2>&1; grep -E "^(FAILED|ERROR)|passed|failed" "$d/gpu_tests.log" | tail -30 ;;
+    bench_decode) python3 -m wavefront.cli bench-decode --rounds 8 --per-round 5 --out "$d/decode_bench" \
+               > "$d/bench_decode.log" 2>&1; tail -40 "$d/bench_decode.log" ;;
+    shared_prefix|generate) OUT="$d" bash scripts/serving_session.sh "$1" | tail -40 ;;
+    short_prompts) OUT="$d" bash scripts/serving_session.sh short_prompts | tail -60 ;;
+    crash) python3 scripts/gpu_crash_campaign.py "$d/crash" --budget-s "${CRASH_SECONDS:-120}" \
+               > "$d/crash.log" 2>&1; tail -3 "$d/crash.log" ;;
+    advisor) WAVEFRONT_ADVISOR_SHAPES=1 python3 -m wavefront.cli experiment run advisor_picks \
+               --data "$d" > "$d/advisor.log" 2>&1; tail -20 "$d/advisor.log" ;;
+    backward) python3 scripts/backward_bench.py --rounds 8 --json "$d/backward.jsonl" \
+               > "$d/backward.log" 2>&1; tail -40 "$d/backward.log" ;;
+    *) echo "unknown step $1" ;;
+    esac
+}
+export -f step
+lane=0
+for steps in "$@"; do
+    d="$OUT/lane$lane"; mkdir -p "$d"
+    # timeout kills the lane's whole process group (its Python and ncu children too)
+    CUDA_VISIBLE_DEVICES=$lane timeout "$LANE_SECONDS" bash -c '
+        for s in $1; do echo "[lane $2: $s at $SECONDS s]"; step "$s" "$3"; done' \
+        lane "$steps" "$lane" "$d" > "$d/lane.log" 2>&1 &
+    lane=$((lane + 1))
+done
+wait
+for d in "$OUT"/lane*; do echo "=== $d"; cat "$d/lane.log"; done
+find "$OUT" -name .lock -prune -exec rm -rf {} + 2>/dev/null
+tar -C "$OUT" --exclude=results.tgz -czf "$OUT/results.tgz" $(cd "$OUT" && ls -d lane*)
