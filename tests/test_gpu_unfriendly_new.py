@@ -61,8 +61,9 @@ def kv(*, q=None, k_cache=None, v_cache=None, cache_seqlens=None, check_now=Fals
 
 
 def kv_then_next(**kw):
-    """A call with bad lengths on the GPU (not checked at once), then a good one: the second
-    must raise, naming the argument."""
+    """A call with bad lengths on the GPU (not checked at once), then
+    `check_kvcache_flags()`: it must raise, naming the argument the first call's kernels
+    clamped."""
     def call():
         kv(**kw)()
         from wavefront.kernel.kvcache import check_kvcache_flags
@@ -102,11 +103,11 @@ def kv_append_intact(seqlens, paged=False):
 TABLE = [[0, 1, 2, 3], [4, 5, 6, 7]]
 KV_CASES = [
     Case("gpu kv append through length 2**31-1 keeps the cache",
-         kv_append_intact([2 ** 31 - 1, 3]), "cache_seqlens held a length"),
+         kv_append_intact([2 ** 31 - 1, 3]), "k/v were appended"),
     Case("gpu kv append through length 2**31-3 keeps the paged cache",
-         kv_append_intact([2 ** 31 - 3, 3], paged=True), "cache_seqlens held a length"),
+         kv_append_intact([2 ** 31 - 3, 3], paged=True), "k/v were appended"),
     Case("gpu kv append through length -2 keeps the cache",
-         kv_append_intact([-2, 3]), "cache_seqlens held a length"),
+         kv_append_intact([-2, 3]), "k/v were appended"),
     Case("gpu kv cache_seqlens int64", kv(cache_seqlens=lambda: _i([3, 5], torch.int64)),
          "cache_seqlens on the GPU must be int32"),
     Case("gpu kv cache_seqlens float32", kv(cache_seqlens=lambda: _i([3, 5], torch.float32)),

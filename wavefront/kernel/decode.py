@@ -192,9 +192,7 @@ def _attend_item(Q, K, V, Out, Lse, PartO, PartM, PartL, CacheSeqlens, BlockTabl
         capacity = page_size
     # The sequence's keys, clamped to the cache (a bad length is flagged, never read past).
     cached = ct.gather(CacheSeqlens, (batch,))
-    # (compared as cached > capacity - seqlen_new: cached + seqlen_new wraps past 2^31 - 1,
-    # where seqlen_k below goes negative and reads no key)
-    bad_length = ((cached < 0) | (cached > capacity - seqlen_new)).astype(ct.int32)
+    bad_length = ((cached < 0) | (cached + seqlen_new > capacity)).astype(ct.int32)
     seqlen_k = min(max(cached, 0) + seqlen_new, capacity)
     # Query position s sees the keys below min(s + offset, seqlen_k).
     first_row = q_tile * ROWS
