@@ -25,7 +25,6 @@ DRAFT = (
 PARTS = {
     "paper_launch": "Results",
     "exposure_latency": "Where a miss costs time",
-    "shared_prefix": "Decode: where bytes should be time",
     "phase_diagram": "The model",
 }
 

@@ -323,8 +323,12 @@ def section(study) -> Section:
             bool((fewer["kernel"] >= fewer["bytes"]).all()),
             fewer[["batch", "cta_order", "bytes", "kernel"]].to_dict("records"))
     gpus = ", ".join(sorted(t["GPU"].unique()))
-    s.text = f"""## Decode with a shared prefix
+    s.text = f"""## Decode with a shared prefix: where bytes should be time
 
+A decode step reads each K/V byte once unless the L2 serves it again, and at long contexts it
+runs near the DRAM bandwidth (the decode bench, in the appendix on the public call): if a miss
+costs time anywhere, it is here. Sequences that share a prompt read the same pages, so a CTA
+order that runs sharers together should read fewer bytes and, bandwidth-bound, take less time.
 Decode batches whose sequences share a prompt through block tables that point at the same
 pages (`experiments/shared_prefix.py`, {gpus}: H32 KV8 D128 bf16, 64-token pages, one split;
 batch BxGyPzCw: x sequences in groups of y sharing a z-token prefix, w tokens each). DRAM read

@@ -21,7 +21,7 @@ FIRST_RESULTS_PART = 4
 
 APPENDIX_TITLES = {
     "kernel": "Kernel tuning and the lever search",
-    "call": "The public call, untuned shapes and ragged batches",
+    "call": "The public call, untuned shapes, ragged batches and decode",
     "first_kernel": "First-kernel history",
     "counters": "Counter methodology",
     "tables": "Capacity models, the knee, and full per-configuration tables",
