@@ -108,7 +108,7 @@ def figure(study):
     d = rows(study)
     d = d.assign(**{"% of DRAM peak": 100 * d["x peak"]})
     contenders = list(dict.fromkeys(d["contender"]))
-    palette = dict(zip(contenders, sns.color_palette("colorblind", len(contenders))))
+    palette = dict(zip(contenders, sns.color_palette("tab10", len(contenders))))
     batches = sorted(d["batch"].unique())
     fig, axes = plt.subplots(1, len(batches), figsize=(4.2 * len(batches), 3.9), sharey=True,
                              squeeze=False)
