@@ -45,9 +45,9 @@ def fold(directory, files, into, manifests, notes):
                    "digits (7: what float32 CUDA events and ncu rates hold); whole numbers "
                    "stay exact, and each line is checked to be within the rounding.")
 @click.option("--smallest", is_flag=True,
-              help="Then pack every packed file (*.gz, in subdirectories too) again with "
-                   "zopfli where that is smaller (about 10% on committed data; any gzip reader "
-                   "reads it; needs the zopfli package); each text checked unchanged.")
+              help="Then pack every *.gz (subdirectories too) again with zopfli where that "
+                   "is smaller (about 10%; any gzip reader reads it; needs the zopfli "
+                   "package); each text checked unchanged.")
 def compress(directories, digits, smallest):
     """Pack each data directory's plain results.csv as results.csv.gz, its manifest.json as
     manifest.json.gz and its record files (*.jsonl, in subdirectories too) as *.jsonl.gz, the

@@ -120,18 +120,16 @@ def _demoted(text: str) -> str:
 def fold_notes(directory: Path, into: str = NOTES) -> int:
     """Gathers every <folder>/README.md of `directory` into `into` (packed where it ends in
     .gz), each as a section '## <folder>' after the notes already there (a plain RUNS.md or the
-    packed file; a plain RUNS.md beside a packed `into` is taken in and goes); -> how many
-    READMEs were gathered. A folder whose section is there already is refused, as is a README
-    that does not read: nothing is written. The READMEs go only once the notes are safely
-    written (and read back); a folder left empty goes too."""
+    packed file; a plain RUNS.md is taken in and goes); -> how many READMEs were gathered. A
+    folder whose section is there already is refused, as is a README that does not read:
+    nothing is written. The READMEs go only once the notes are written; a folder left empty
+    goes too."""
     directory = Path(directory)
     target = directory / into
     plain = directory / "RUNS.md"
     sources = [p for p in (target, plain) if p.exists()]
     if len(sources) == 2 and target != plain:
-        texts = {p: read_packed(p, "run notes").decode() for p in sources}
-        if texts[target].strip() and texts[plain].strip():
-            raise FoldError(f"{plain} and {target} both hold notes; keep one of the two")
+        raise FoldError(f"{plain} and {target} both exist; keep one of the two")
     try:
         text = "".join(read_packed(p, "run notes").decode() for p in sources)
         readmes = sorted(directory.glob("*/README.md"))
@@ -154,9 +152,7 @@ def fold_notes(directory: Path, into: str = NOTES) -> int:
                 "other files stay where they were.\n")
     for folder, body in sections:
         text = text.rstrip("\n") + f"\n\n## {folder}\n\n" + _demoted(body)
-    write_file(target, text, what="run notes")
-    if read_packed(target, "run notes").decode() != text:
-        raise FoldError(f"{target}: does not read back as written; the READMEs are kept")
+    write_file(target, text, what="run notes")  # checked to unpack to `text`
     if plain.exists() and target != plain:
         plain.unlink()
     for path in readmes:
