@@ -42,9 +42,13 @@ def _models():
     import wavefront.serving as wfs
     name = wfs.register_with_transformers()
     torch.manual_seed(0)
-    config = LlamaConfig(**MODEL, attn_implementation="sdpa")
-    ref = LlamaForCausalLM(config).to(device="cuda", dtype=torch.bfloat16).eval()
-    ours = LlamaForCausalLM(config).to(device="cuda", dtype=torch.bfloat16).eval()
+    # Two configs: `set_attn_implementation` writes the model's config, and a config shared by
+    # both models ran both through wavefront (the first measurement's "sdpa" path gave logits
+    # bit-identical to wavefront's; not kept)
+    ref = LlamaForCausalLM(LlamaConfig(**MODEL, attn_implementation="sdpa")).to(
+        device="cuda", dtype=torch.bfloat16).eval()
+    ours = LlamaForCausalLM(LlamaConfig(**MODEL, attn_implementation="sdpa")).to(
+        device="cuda", dtype=torch.bfloat16).eval()
     ours.load_state_dict(ref.state_dict())
     ours.set_attn_implementation(name)
     return {"sdpa": ref, "wavefront": ours}
