@@ -17,6 +17,7 @@ DRAFT = (
     "exposure_small_l2",
     "production_bytes",
     "regimes",
+    "shared_prefix",
     "phase_diagram",
 )
 
@@ -29,7 +30,7 @@ PARTS = {
 
 APPENDICES = {
     "kernel": ("schedule_cost", "lever_search", "d128_limits", "carry_over"),
-    "call": ("public_call", "untuned_shapes", "varlen_batches"),
+    "call": ("public_call", "untuned_shapes", "varlen_batches", "decode_bench"),
     "first_kernel": ("foundation", "bench_rounds", "scaling"),
     "counters": ("counter_variance", "kernel_drift", "throughput_vs_misses"),
     "tables": ("knee", "headline", "tiled_fit", "predictions"),

@@ -157,14 +157,17 @@ def section(study) -> Section:
         f"- *CTA timing*: even non-causal persistent launches, whose work items are all equally "
         f"long, spread by {noncausal.min():.0%}-{noncausal.max():.0%} (the first kernel's agreed "
         "within 2.3%, measured in its own profile harness, which kept its CTAs together: see the "
-        "S=256k section): the CTAs drift apart inside their work items, and how much of the K/V "
-        "stream is still in L2 when a CTA reaches it depends on the interleaving of that launch."
-        " Causal work items also differ in length. Handing them out longest first, so that "
-        f"every round's items are about equally long, reads {balanced.min():.2f}-"
-        f"{balanced.max():.2f}x the DRAM bytes of the persistent order.\n\n"
-        "The cause is CTA timing: the counters are right, the launches differ."
-        " The paper therefore reports medians over repeats, with their range, and flags points "
-        "whose repeats disagree by more than 10%.")
+        "S=256k section). Our hypothesis: the CTAs drift apart inside their work items, so how "
+        "much of the K/V stream is still in L2 when a CTA reaches it depends on the interleaving "
+        "of that launch (the time-resolved DRAM traffic of the S=256k section agrees; no "
+        "controlled experiment has isolated it). Causal work items also differ in length. "
+        "Handing them out longest first, so that every round's items are about equally long, "
+        f"reads {balanced.min():.2f}-{balanced.max():.2f}x the DRAM bytes of the persistent "
+        "order.\n\n"
+        "The first three causes are ruled out: the counters are right, the launches differ, and "
+        "CTA timing is what is left (the hypothesis above). The paper therefore reports medians "
+        "over repeats, with their range, and flags points whose repeats disagree by more than "
+        "10%.")
     s.text = f"""## Why counters vary between runs
 
 {text}

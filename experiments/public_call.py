@@ -174,7 +174,7 @@ def probe_rounds(study) -> pd.DataFrame:
 
 # A round's host is at its usual speed where the probe reads within 15% of the fastest probe
 # of these runs, slow where the bench calls it slow (`SLOW_HOST`, 1.4x or more: the spells of
-# data/public_call/RUNS.md#aec4edd and #f597be2 ran every contender's host work about 1.4x slower).
+# data/public_call/RUNS.md.gz#aec4edd and #f597be2 ran every contender's host work about 1.4x slower).
 USUAL_PROBE, SLOW_PROBE = 1.15, SLOW_HOST
 
 
@@ -293,7 +293,7 @@ def section(study) -> Section:
                            for _, r in short_of.iterrows()) + ")"
                if len(short_of) else "none reached it")
             + ". The same code's host time moves from process to process, and within one, on "
-            "the H100 hosts (`data/public_call/RUNS.md#aec4edd`, "
+            "the H100 hosts (`data/public_call/RUNS.md.gz#aec4edd`, "
             "`#f597be2`), so where a run falls is the host's as much as the call's. With 5 "
             f"calls a round, the bench's default, {len(five_met)} of {len(five)} runs and "
             f"masks reached {TARGETS[SHORT]:g} ({span(five['x bound'], '.3f')}x"
@@ -385,7 +385,7 @@ def section(study) -> Section:
         "is as short as the host work around it, it does not. The table holds each shape's "
         "runs at its latest two commits, the figure every run of the two shapes the "
         "targets name. Three more runs at a20efe1 printed their tables, but their records did not "
-        "come back from the host: `data/public_call/RUNS.md`, section a20efe1, lists them (one "
+        "come back from the host: `data/public_call/RUNS.md.gz`, section a20efe1, lists them (one "
         "below 0.9 on both masks).")
     s.text = f"""## The call users make
 

@@ -236,7 +236,7 @@ def test_compiled_block_with_trainable_parameters_has_no_graph_break():
 def test_training_steps_compiled_and_in_cuda_graphs_match_eager():
     """Forward, backward and an optimizer step, 5 times: eager, torch.compile, and
     torch.compile(mode="reduce-overhead") (CUDA graphs), from the same initial weights; the
-    losses agree within bf16 noise (atomic dQ: sums in another order)."""
+    losses agree within bf16 noise (the compiled graphs fuse the other ops differently)."""
     import copy
     torch.manual_seed(1)
     start = _Block().cuda().to(torch.bfloat16)

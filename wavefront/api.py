@@ -98,6 +98,9 @@ def plan(q, k, v=None, *, causal: bool = False, schedule: str | None = None, til
                           scale=scale, return_lse=return_lse, l2_bytes=l2_bytes, ctas=ctas,
                           chunk_tiles=chunk_tiles, causal_alignment=causal_alignment,
                           **_levers(levers))
+    if isinstance(q, (tuple, list)) and not _is_shape(q):
+        raise ValueError(f"q must be a shape of ints (batch, heads, seqlen, head_dim) or a GPU "
+                         f"array, got {q!r}")
     if _is_shape(q):
         if not _is_shape(k):
             raise ValueError(f"k must be a shape like q's (batch, kv_heads, seqlen, head_dim), "
@@ -223,17 +226,20 @@ def attention_with_kvcache(q, k_cache, v_cache, cache_seqlens, *, k=None, v=None
 
     Returns the output (batch, seqlen_q, heads, head_dim) in q's library (and the LSE,
     float32 (batch, heads, seqlen_q), natural log, if asked)."""
+    from wavefront.argument_checks import kvcache_options, stream_or_none
+    options = kvcache_options(cache_seqlens, causal=causal, scale=scale, num_splits=num_splits,
+                              cta_order=cta_order, return_lse=return_lse)  # before the GPU
+    stream = stream_or_none(stream)
     from wavefront.device import require_gpu_stack
     require_gpu_stack("wavefront.attention_with_kvcache")
     from wavefront.kernel.kvcache import attention_with_kvcache as call
     return call(q, k_cache, v_cache, cache_seqlens, k=k, v=v, block_table=block_table,
-                causal=causal, scale=scale, num_splits=num_splits, cta_order=cta_order,
-                return_lse=return_lse, out=out, stream=stream)
+                out=out, stream=stream, **options)
 
 
 def attention_backward(q, k, v, out, lse, dout, *, causal: bool = False,
                        scale: float | None = None, schedule: str | None = None,
-                       deterministic: bool = False, tiles=None):
+                       deterministic: bool = True, tiles=None):
     """FlashAttention backward: -> (dq, dk, dv), the gradients of `attention`'s output `out`
     (given `dout`, its gradient) with respect to q, k and v, in their shapes and dtype.
 
@@ -242,30 +248,34 @@ def attention_backward(q, k, v, out, lse, dout, *, causal: bool = False,
     takes them (dk, dv summed over each K/V head's query heads). `schedule`: '<cta>+<scan>',
     cta one of grid, persistent, grouped, longest_first, scan linear or sawtooth (the order in
     which each K/V tile visits its Q tiles; `wavefront.backward_schedules`); `tiles`: 'MxN'
-    (Q tile rows x K/V tile rows). `deterministic`: dQ from a second, Q-major kernel instead of
-    float32 atomics, so repeated calls give bit-identical gradients."""
+    (Q tile rows x K/V tile rows). `deterministic` (default): dQ from a second, Q-major kernel, so repeated calls give
+    bit-identical gradients, and faster than `deterministic=False` (float32 atomics into dQ)
+    on every shape measured (data/backward_bench: 2-3x on an H200)."""
+    from wavefront.argument_checks import backward_options
+    options = backward_options(causal=causal, scale=scale, schedule=schedule,
+                               deterministic=deterministic, tiles=tiles)  # before the GPU
     from wavefront.device import require_gpu_stack
     require_gpu_stack("wavefront.attention_backward")
     from wavefront.kernel.backward_call import attention_backward as launch_backward
-    return launch_backward(q, k, v, out, lse, dout, causal=causal, scale=scale,
-                           schedule=schedule, deterministic=deterministic, tiles=tiles)
+    return launch_backward(q, k, v, out, lse, dout, **options)
 
 
 def attention_backward_varlen(q, k, v, out, lse, dout, cu_seqlens_q, cu_seqlens_k, *,
                               causal: bool = False, scale: float | None = None,
-                              schedule: str | None = None, deterministic: bool = False,
+                              schedule: str | None = None, deterministic: bool = True,
                               tiles=None):
     """`attention_backward` for `attention_varlen`: packed q, out, dout (total_q, heads, D),
     k, v (total_k, kv_heads, D), the forward's LSE (heads, total_q) float32, and cu_seqlens as
     `attention_varlen` takes them (read on the host: a GPU tensor is copied, which waits for
     the GPU). -> (dq, dk, dv) packed as q, k, v. Schedules: grid, persistent or longest_first
     with the linear or sawtooth Q scan."""
+    from wavefront.argument_checks import backward_options
+    options = backward_options(causal=causal, scale=scale, schedule=schedule,
+                               deterministic=deterministic, tiles=tiles)  # before the GPU
     from wavefront.device import require_gpu_stack
     require_gpu_stack("wavefront.attention_backward_varlen")
     from wavefront.kernel.backward_call import attention_backward_varlen as launch_backward
-    return launch_backward(q, k, v, out, lse, dout, cu_seqlens_q, cu_seqlens_k, causal=causal,
-                           scale=scale, schedule=schedule, deterministic=deterministic,
-                           tiles=tiles)
+    return launch_backward(q, k, v, out, lse, dout, cu_seqlens_q, cu_seqlens_k, **options)
 
 
 _launch = None

@@ -201,6 +201,9 @@ def choose_splits(problem: DecodeProblem, slots: int, seqlen_hint: int | None = 
     `slots` (SMs x CTAs per SM). 1 where the (batch, K/V head, Q tile) items alone fill the
     slots."""
     positive_int("slots", slots)
+    if seqlen_hint is not None and (isinstance(seqlen_hint, bool) or not isinstance(
+            seqlen_hint, int) or seqlen_hint < 0):
+        raise ValueError(f"seqlen_hint must be an integer >= 0 or None, got {seqlen_hint!r}")
     if problem.units >= slots:
         return 1
     keys = problem.capacity if seqlen_hint is None else max(1, min(seqlen_hint,

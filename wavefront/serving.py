@@ -8,6 +8,11 @@ through the cache call (`wavefront.attention_with_kvcache`).
     model.generate(ids, max_new_tokens=128)           # DynamicCache
     model.generate(ids, max_new_tokens=128, cache_implementation="static")  # compiled, graphed
 
+Known fault: with StaticCache a small Llama's greedy choice agreed with SDPA's tokens at only
+0.625 of teacher-forced steps on an H200 (tests/test_gpu_serving.py, xfail), while the cache
+call on these transposed views passes on its own (tests/test_gpu_kvcache_views.py): the route
+below (lengths from the mask, or the mask itself) is the suspect. DynamicCache agrees.
+
 What transformers hands the attention function at a step with a cache: query (B, H, S_q, D)
 with the step's S_q new tokens, and key/value (B, H_kv, L, D) that already hold them, appended
 by the cache. `route` decides from the shapes and the mask:

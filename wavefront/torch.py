@@ -12,8 +12,8 @@ around an opaque Python call. It runs on the caller's current stream.
 
 Training: `wavefront::attention_fwd_lse` is the same forward returning the LSE too, and its
 autograd formula (saving q, k, v, the output and the LSE) calls `wavefront::attention_bwd`, the
-cuTile backward (`wavefront.attention_backward`; deterministic where
-`torch.use_deterministic_algorithms(True)` is on). The SDPA-shaped entry and the transformers
+cuTile backward (`wavefront.attention_backward`, in its deterministic mode: also the faster
+one). The SDPA-shaped entry and the transformers
 hook run it whenever an input requires grad, so a compiled model with trainable parameters
 keeps both ops in its graphs. `wavefront::attention` itself has a formula too, which
 recomputes the LSE (one more forward) since that op does not keep it, and so has
@@ -68,9 +68,49 @@ def _values(causal, scale, causal_alignment="top_left"):
     return _options(causal, scale, None, None, causal_alignment).values()
 
 
+def _check_fake(q, k, v, out=None, dout=None, lse=None, packed=False, cu_seqlens=()):
+    """What the ops' real implementations refuse by shape and dtype, refused where they are
+    traced too (torch.compile's fake tensors, meta tensors), naming the argument: a graph
+    traced with mismatched arrays would otherwise carry wrong shapes to its first run.
+    `packed`: the varlen ops' (total, heads, head_dim) layout, with their cu_seqlens."""
+    rank, layout = (3, "(total, heads, head_dim)") if packed else (
+        4, "(batch, heads, seqlen, head_dim)")
+    if q.dim() != rank:
+        raise ValueError(f"q must be {rank}-D {layout}, got shape {tuple(q.shape)}")
+    if q.dtype not in (torch.bfloat16, torch.float16):
+        raise ValueError(f"q dtype must be bfloat16 or float16, got {q.dtype}")
+    heads, head_dim = q.shape[-3 if not packed else -2], q.shape[-1]
+    if k.dim() != rank or k.shape[-1] != head_dim or (not packed and k.shape[0] != q.shape[0]):
+        raise ValueError(f"k must be {rank}-D {layout} with q's head_dim ({head_dim})"
+                         f"{'' if packed else f' and batch ({q.shape[0]})'}, got shape "
+                         f"{tuple(k.shape)}")
+    kv_heads = k.shape[-3 if not packed else -2]
+    if kv_heads == 0 or heads % kv_heads:
+        raise ValueError(f"q heads ({heads}) must be a multiple of k's kv_heads ({kv_heads})")
+    if v.shape != k.shape:
+        raise ValueError(f"v shape must equal k shape {tuple(k.shape)}, got {tuple(v.shape)}")
+    for name, x in (("k", k), ("v", v), ("out", out), ("dout", dout)):
+        if x is not None and x.dtype != q.dtype:
+            raise ValueError(f"{name} dtype must match q ({q.dtype}), got {x.dtype}")
+    for name, x in (("out", out), ("dout", dout)):
+        if x is not None and x.shape != q.shape:
+            raise ValueError(f"{name} must have q's shape {tuple(q.shape)}, got "
+                             f"{tuple(x.shape)}")
+    if lse is not None and (tuple(lse.shape) != tuple(q.shape[:3]) or lse.dtype != torch.float32):
+        raise ValueError(f"lse must be float32 {tuple(q.shape[:3])} (the forward's LSE), got "
+                         f"{lse.dtype} {tuple(lse.shape)}")
+    for name, x in zip(("cu_seqlens_q", "cu_seqlens_k"), cu_seqlens):
+        if x.dim() != 1 or x.dtype not in (torch.int32, torch.int64):
+            raise ValueError(f"{name} must be a 1-D integer tensor (batch + 1 entries), got "
+                             f"{x.dtype} {tuple(x.shape)}")
+
+
 @attention.register_fake
 def _attention_fake(q, k, v, causal=False, scale=None, schedule=None, tiles=None,
                     causal_alignment="top_left"):
+    from wavefront.schedules import check_causal_alignment
+    _check_fake(q, k, v)
+    check_causal_alignment(causal_alignment)
     # The output is always a new contiguous (B, H, S_q, D) tensor of q's dtype and device.
     return q.new_empty(q.shape)
 
@@ -94,13 +134,14 @@ def _options_lse(causal, scale, schedule, tiles):
 
 @attention_fwd_lse.register_fake
 def _attention_fwd_lse_fake(q, k, v, causal=False, scale=None, schedule=None, tiles=None):
+    _check_fake(q, k, v)
     return q.new_empty(q.shape), q.new_empty(q.shape[:3], dtype=torch.float32)
 
 
 @torch.library.custom_op("wavefront::attention_bwd", mutates_args=(), device_types="cuda")
 def attention_bwd(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                   out: torch.Tensor, lse: torch.Tensor, causal: bool = False,
-                  scale: Optional[float] = None, deterministic: bool = False
+                  scale: Optional[float] = None, deterministic: bool = True
                   ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(dq, dk, dv) of the attention whose output `out` and LSE `lse` the forward gave, for
     the output's gradient `dout` (`wavefront.attention_backward`): new contiguous tensors of
@@ -114,13 +155,20 @@ def attention_bwd(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch
 
 @attention_bwd.register_fake
 def _attention_bwd_fake(dout, q, k, v, out, lse, causal=False, scale=None,
-                        deterministic=False):
+                        deterministic=True):
+    _check_fake(q, k, v, out, dout, lse)
     return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
+
+
+# dQ from the Q-major kernel, not float32 atomics, whether or not torch asks for deterministic
+# algorithms: on an H200 (data/backward_bench) the atomic mode ran 0.14-0.23x cuDNN's backward
+# and the deterministic one 0.38-0.49x, on every shape of the bench.
+_DETERMINISTIC_DQ = True
 
 
 def _backward(ctx, dout, q, k, v, out, lse):
     dq, dk, dv = attention_bwd(dout, q, k, v, out, lse, ctx.causal, ctx.scale,
-                               torch.are_deterministic_algorithms_enabled())
+                               _DETERMINISTIC_DQ)
     return dq, dk, dv, None, None, None, None
 
 
@@ -190,6 +238,9 @@ def attention_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
 def _attention_varlen_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                            causal=False, scale=None, schedule=None, tiles=None,
                            causal_alignment="top_left"):
+    from wavefront.schedules import check_causal_alignment
+    _check_fake(q, k, v, packed=True, cu_seqlens=(cu_seqlens_q, cu_seqlens_k))
+    check_causal_alignment(causal_alignment)
     return q.new_empty(q.shape)
 
 
@@ -198,7 +249,7 @@ def _attention_varlen_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
 def attention_varlen_bwd(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
                          v: torch.Tensor, out: torch.Tensor, cu_seqlens_q: torch.Tensor,
                          cu_seqlens_k: torch.Tensor, causal: bool = False,
-                         scale: Optional[float] = None, deterministic: bool = False
+                         scale: Optional[float] = None, deterministic: bool = True
                          ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(dq, dk, dv) of `attention_varlen`, packed as q, k, v. Its LSE is recomputed (one more
     forward: the op does not keep it) and the lengths are read on the host (a GPU cu_seqlens
@@ -215,7 +266,8 @@ def attention_varlen_bwd(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
 
 @attention_varlen_bwd.register_fake
 def _attention_varlen_bwd_fake(dout, q, k, v, out, cu_seqlens_q, cu_seqlens_k, causal=False,
-                               scale=None, deterministic=False):
+                               scale=None, deterministic=True):
+    _check_fake(q, k, v, out, dout, packed=True, cu_seqlens=(cu_seqlens_q, cu_seqlens_k))
     return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
 
 
@@ -235,7 +287,7 @@ def _varlen_backward(ctx, dout):
     q, k, v, out, cu_seqlens_q, cu_seqlens_k = ctx.saved_tensors
     dq, dk, dv = attention_varlen_bwd(dout, q, k, v, out, cu_seqlens_q, cu_seqlens_k,
                                       ctx.causal, ctx.scale,
-                                      torch.are_deterministic_algorithms_enabled())
+                                      _DETERMINISTIC_DQ)
     return dq, dk, dv, None, None, None, None, None, None, None, None, None
 
 
@@ -291,6 +343,9 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
                          "enable_gqa=True for grouped-query attention, as torch asks")
     if not isinstance(is_causal, bool):
         raise ValueError(f"is_causal must be True or False, got {is_causal!r}")
+    if scale is not None:
+        from wavefront.argument_checks import scale_or_none
+        scale = scale_or_none(scale)  # (a list would reach a cache key: unhashable)
     return _attention(query, key, value, is_causal, scale)
 
 

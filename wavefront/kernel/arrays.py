@@ -215,7 +215,7 @@ def _output_maker(vq: _ArrayView):
     """A function of q that returns a new contiguous output of q's shape, dtype and device,
     made once per launcher: for a contiguous torch q, `torch.empty_like` (2.1-3.3 us a call on
     the H100 hosts against 4.7-5.4 us for `new_empty` of a shape and 8.4-8.9 us for
-    `torch.empty`: scripts/profile_call.py, data/public_call/RUNS.md#4448846)."""
+    `torch.empty`: scripts/profile_call.py, data/public_call/RUNS.md.gz#4448846)."""
     if vq.library == "torch" and vq.strides == contiguous_strides(vq.shape):
         import torch
         return torch.empty_like

@@ -17,6 +17,7 @@ from collections import OrderedDict
 
 import cuda.tile as ct
 
+from wavefront.argument_checks import backward_shapes
 from wavefront.backward_schedules import (
     BACKWARD_TILE_SHAPES,
     DEFAULT_BACKWARD_SCHEDULE,
@@ -130,6 +131,7 @@ def backward_launch(q_shape, k_shape, *, causal=False, schedule=None, tiles=None
                     l2_bytes=50 << 20, dtype_bytes=2, ctas=None) -> BackwardLaunch:
     """The `BackwardLaunch` the call runs for these shapes (also for the model, on any
     machine)."""
+    backward_shapes(q_shape, k_shape)  # (wavefront.argument_checks: named, not unpacked)
     batch, heads, seqlen_q, head_dim = q_shape
     _, kv_heads, seqlen_kv, _ = k_shape
     tile_m, tile_n = backward_tiles(tiles, head_dim)
@@ -192,7 +194,7 @@ def _run(launch: BackwardLaunch, library, device, dtype, arrays, grads, scale: f
 
 def attention_backward(q, k, v, out, lse, dout, *, causal: bool = False,
                        scale: float | None = None, schedule: str | None = None,
-                       deterministic: bool = False, tiles=None, ctas: int | None = None):
+                       deterministic: bool = True, tiles=None, ctas: int | None = None):
     """Gradients of FlashAttention: -> (dq, dk, dv) of q's, k's and v's shapes and dtype.
 
     q (B, H, S_q, D), k and v (B, H_kv, S_kv, D), `out` and `dout` of q's shape, `lse` the
@@ -225,7 +227,7 @@ def attention_backward(q, k, v, out, lse, dout, *, causal: bool = False,
 
 def attention_backward_varlen(q, k, v, out, lse, dout, cu_seqlens_q, cu_seqlens_k, *,
                               causal: bool = False, scale: float | None = None,
-                              schedule: str | None = None, deterministic: bool = False,
+                              schedule: str | None = None, deterministic: bool = True,
                               tiles=None, ctas: int | None = None):
     """Gradients of `attention_varlen`: packed q, out, dout (total_q, H, D), k, v (total_k,
     H_kv, D), its LSE (H, total_q) float32, cu_seqlens as it takes them (read on the host: a

@@ -64,7 +64,7 @@ def attention_plain(q, k, v, causal):
     (`wavefront.attention(q, k, v, causal=...)`). On torch tensors or CuPy arrays with a bool
     mask it keys by the arrays and the mask alone: building the full key's options tuple and
     their types (which tell True from 1), and passing them, cost 1.7-2.0 us a call on the H100
-    hosts (data/public_call/RUNS.md#a99b7fd). A miss takes the full path and remembers the
+    hosts (data/public_call/RUNS.md.gz#a99b7fd). A miss takes the full path and remembers the
     Plan that path cached."""
     kind = type(q)
     if type(k) is not kind or type(v) is not kind or type(causal) is not bool:

@@ -298,7 +298,9 @@ def append_kv(KNew, VNew, K, V, CacheSeqlens, BlockTable, Flags, HEAD_DIM: Const
         capacity = page_size
     cached = ct.gather(CacheSeqlens, (batch,))
     position = cached + i
-    fits = (cached >= 0) & (position < capacity)
+    # (not position < capacity: cached + i wraps past 2^31 - 1 to a negative position, which
+    # the clamp below would turn into key 0 of the sequence, overwriting it)
+    fits = (cached >= 0) & (cached < capacity - i)
     position = min(max(position, 0), capacity - 1)
     if PAGED:
         slot, key = page_slot(position, page_size)

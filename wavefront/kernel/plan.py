@@ -107,6 +107,13 @@ PLAIN_OPTIONS = {causal: CallOptions(causal=causal) for causal in (False, True)}
 # A launch of more accesses than this is not simulated just to print its Plan (about a second
 # of the model's time per 2e7 accesses on this machine's CPU): `Plan.prediction()` still does.
 PRINT_PREDICTION_ACCESSES = 20_000_000
+# Bounds no GPU reaches, for a Plan of shapes: past them the model's integers overflow (an
+# l2_bytes of 1e20 failed in the simulator's compiled code) or its work table would not fit.
+MAX_SMS = 1 << 16
+MAX_L2_BYTES = 1 << 40
+# A prediction simulates about 2e7 accesses a second on this machine's CPU: past this (about
+# 20 s) it would run on with nothing to show; `prediction(max_accesses=None)` runs it anyway.
+MAX_PREDICTION_ACCESSES = 400_000_000
 
 
 class Plan:
@@ -186,15 +193,24 @@ class Plan:
     def work_items(self) -> int:
         return self.launch.num_items
 
-    def prediction(self):
+    def prediction(self, max_accesses: int | None = MAX_PREDICTION_ACCESSES):
         """The lock-step cache model's prediction for this launch, as `wavefront simulate
         --no-clock` makes it (`wavefront.model.fits.predict`: the lock-step trace through the
         partition model, per partition an LRU of the L2 over its partitions; one LRU of the
         whole L2 on a GPU of one partition), made once. Good where
         CTAs move together (non-causal: within a few percent); it misses where CTA timing
-        decides (causal, grouped, GQA with many heads in flight)."""
+        decides (causal, grouped, GQA with many heads in flight). A launch of more than
+        `max_accesses` accesses to simulate (minutes of CPU) is refused by name; None runs
+        any."""
         if self._prediction is None:
             from wavefront.model.fits import predict
+            from wavefront.model.simulation import access_upper_bound
+            accesses = access_upper_bound(self.launch)
+            if max_accesses is not None and accesses > max_accesses:
+                raise ValueError(
+                    f"this Plan's launch has up to {accesses:.3g} accesses to simulate, more "
+                    f"than max_accesses={max_accesses:.3g} (about {accesses / 2e7:,.0f} s of "
+                    "CPU): call plan.prediction(max_accesses=None) to run it anyway")
             gpu = model_gpu(self.gpu)
             partitions = gpu.l2_partitions
             self._prediction = predict(self.launch, gpu,
@@ -291,12 +307,20 @@ class PlannedGpu:
     tuned_name: str | None = None
 
 
+def _bounded(name: str, value, upper: int):
+    if value is not None and positive_int(name, value) > upper:
+        raise ValueError(f"{name} must be a positive integer up to {upper}, got {value!r}")
+    return value
+
+
 def gpu_for_shapes(gpu=None, sms=None, l2_bytes=None) -> PlannedGpu:
     """The GPU a Plan of shapes is made for: a preset by name ("h100", "h200", "b200", "gb10")
     or a `GPUSpec`, `sms` and `l2_bytes` overriding it; or `sms` and `l2_bytes` alone; or the
     GPU this process sees. A preset takes the tuned entries of the table's GPU it matches."""
     from wavefront.kernel.tuning import load_table
     from wavefront.model.presets import GPUSpec, gpu_preset, preset_for_device
+    _bounded("sms", sms, MAX_SMS)
+    _bounded("l2_bytes", l2_bytes, MAX_L2_BYTES)
     if gpu is None and sms is None and l2_bytes is None:
         from wavefront.device import current_device
         dev = current_device()

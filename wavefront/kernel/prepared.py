@@ -142,7 +142,7 @@ def record_jit_binaries(kernel) -> None:
     of exporting it. The export runs cuTile's whole front end again to make the bytecode its
     cache is keyed by: the 64th call of the public call took 97-165 ms on the H100 hosts, and
     with the disk cache off it compiled the kernel again (1.1-1.8 s;
-    data/public_call/RUNS.md#441ca57). The JIT compiles through the kernel's `_compile` method,
+    data/public_call/RUNS.md.gz#441ca57). The JIT compiles through the kernel's `_compile` method,
     looked up on the instance (seen on cuTile 1.7.0), so the instance's own wraps it; where
     cuTile has no such method, or compiled before this, the export stays. Idempotent; call it
     before the kernel's first launch."""

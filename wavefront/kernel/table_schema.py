@@ -164,6 +164,9 @@ def check_choices(stored, path) -> dict:
                                  f"slowest], got {span!r}")
             for j, value in enumerate(span):
                 _positive(at, f"timed[{i}].range_ms[{j}]", value, MAX_MS)
+            if span[0] > span[1]:
+                raise TableError(f"{at}: field 'timed[{i}].range_ms' must be [fastest, "
+                                 f"slowest], got {span!r} (reversed)")
         if choice["config"] not in [t["config"] for t in timed]:
             raise TableError(f"{at}: field 'config' is none of the timed configurations")
         left_out = choice.get("left_out", [])

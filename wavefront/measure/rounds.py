@@ -52,7 +52,7 @@ class RoundsResult:
     per_round: int | None = None  # calls between one pair of events (the burst a sample is)
     # Each round's host speed (`host_probe_us`, the same for every contender of the round): a
     # host-bound call's ratio is read against it, the GPU hosts' CPUs running ~1.5x slower in
-    # some spells than in others (data/public_call/RUNS.md#aec4edd, #f597be2).
+    # some spells than in others (data/public_call/RUNS.md.gz#aec4edd, #f597be2).
     host_probe_us: list[float] = field(default_factory=list)
     # Each round's [stolen, all] CPU time of the host in jiffies (/proc/stat, every CPU; empty
     # where unreadable): how much of the round the hypervisor ran something else on the
@@ -99,7 +99,7 @@ def cpu_jiffies(stat_path: str = "/proc/stat") -> tuple[int, int] | None:
 def host_probe_us(batches: int = 5, calls: int = 20) -> float:
     """How fast the host runs Python now: the fastest of `batches` batches of `calls` runs of
     a fixed task, in us per run (2.7-3.0 us on the H100 hosts at their usual speed, 4-32 in
-    their slow spells: data/public_call/RUNS.md#c0ad489, #96d7c1a). The fastest, so that an
+    their slow spells: data/public_call/RUNS.md.gz#c0ad489, #96d7c1a). The fastest, so that an
     interrupt in one batch does not count; a slow spell slows them all."""
     best = float("inf")
     for _ in range(batches):
@@ -111,7 +111,7 @@ def host_probe_us(batches: int = 5, calls: int = 20) -> float:
 
 
 # A round ran on a slow host where its probe read this many times the fastest probe of the
-# bench (the GPU hosts' slow spells: 1.4-2.5x, data/public_call/RUNS.md#c0ad489, #96d7c1a).
+# bench (the GPU hosts' slow spells: 1.4-2.5x, data/public_call/RUNS.md.gz#c0ad489, #96d7c1a).
 SLOW_HOST = 1.4
 
 
@@ -176,7 +176,7 @@ def run_rounds(contenders: list[Contender], *, rounds: int = 15, per_round: int 
         # It samples once, after the round, from this thread, with NVML set up once per
         # process: setting NVML up every round and sampling from a thread during the round
         # made the next burst of public calls 3.3x slower on a fresh H100 host
-        # (data/public_call/RUNS.md#90b37ae).
+        # (data/public_call/RUNS.md.gz#90b37ae).
         with ConditionsSampler(period_s=None) as sampler:
             for idx in rng.permutation(len(contenders)):
                 c = contenders[idx]

@@ -716,10 +716,15 @@ class Calibration:
         if not isinstance(rows, list) or not rows:
             raise bad("step_ns", f"a non-empty list of per-variant steps, got {rows!r}")
         step = {}
+        def whole(value) -> bool:  # JSON integers only: 64.7, "64", true are not sizes
+            return isinstance(value, int) and not isinstance(value, bool) and value >= 1
         for i, r in enumerate(rows):
             try:
-                key = (int(r["head_dim"]), int(r["tile_m"]), int(r["tile_n"]),
-                       bool(r["causal"]), int(r["ctas_per_sm"]))
+                sizes = [r[name] for name in ("head_dim", "tile_m", "tile_n", "ctas_per_sm")]
+                if not all(whole(x) for x in sizes) or not isinstance(r["causal"], bool):
+                    raise ValueError(f"integers >= 1 and a true/false causal, got {sizes} "
+                                     f"causal={r['causal']!r}")
+                key = (sizes[0], sizes[1], sizes[2], r["causal"], sizes[3])
                 ns = float(r["ns"])
             except (KeyError, TypeError, ValueError) as exc:
                 raise bad(f"step_ns[{i}]", "a mapping with head_dim, tile_m, tile_n, causal, "
@@ -733,6 +738,8 @@ class Calibration:
             step[key] = ns
         if not isinstance(d["errors"], dict):
             raise bad("errors", f"a mapping, got {d['errors']!r}")
+        if isinstance(d["points"], bool) or not isinstance(d["points"], int) or d["points"] < 0:
+            raise bad("points", f"a count of points >= 0, got {d['points']!r}")
         return cls(str(d["gpu"]), float(d["launch_ns"]), float(d["item_ns"]), step,
                    str(d["training"]), int(d["points"]), dict(d["errors"]))
 

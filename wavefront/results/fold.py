@@ -6,16 +6,18 @@ each record marked with the file it came from (`source`: '<folder>/<file name wi
 .jsonl>'), which the experiments read as they read the files (`Study.folded_records`). One file
 instead of one per run: the repository travels to every GPU call, and each small file costs a
 block of its own. `merge_manifests` merges the folders' manifests into the data set's (each
-entry's `folder` names where it was).
+entry's `folder` names where it was). `fold_notes` gathers the run folders' READMEs, the notes
+of what ran and why, into the data set's packed `RUNS.md.gz`, one section per folder.
 """
 from __future__ import annotations
 
 import json
 from pathlib import Path
 
-from wavefront.files import FileRefused, line_rows, read_packed, write_file
+from wavefront.files import FileRefused, line_rows, read_file, read_packed, write_file
 
 FOLDED = "bench_runs.jsonl"  # data/public_call's
+NOTES = "RUNS.md.gz"  # a data set's run notes, one section per run folder (`fold_notes`)
 
 
 class FoldError(ValueError):
@@ -102,3 +104,59 @@ def merge_manifests(directory: Path) -> int:
     for path in merged:
         path.unlink()
     return len(merged)
+
+
+def _demoted(text: str) -> str:
+    """A README's markdown with every heading two levels down (outside fenced code), so that
+    its title (#) sits under the section naming its folder (##) as ###."""
+    out, fenced = [], False
+    for line in text.splitlines():
+        if line.lstrip().startswith("```"):
+            fenced = not fenced
+        out.append("##" + line if not fenced and line.startswith("#") else line)
+    return "\n".join(out).strip("\n") + "\n"
+
+
+def fold_notes(directory: Path, into: str = NOTES) -> int:
+    """Gathers every <folder>/README.md of `directory` into `into` (packed where it ends in
+    .gz), each as a section '## <folder>' after the notes already there (a plain RUNS.md or the
+    packed file; a plain RUNS.md is taken in and goes); -> how many READMEs were gathered. A
+    folder whose section is there already is refused, as is a README that does not read:
+    nothing is written. The READMEs go only once the notes are written; a folder left empty
+    goes too."""
+    directory = Path(directory)
+    target = directory / into
+    plain = directory / "RUNS.md"
+    sources = [p for p in (target, plain) if p.exists()]
+    if len(sources) == 2 and target != plain:
+        raise FoldError(f"{plain} and {target} both exist; keep one of the two")
+    try:
+        text = "".join(read_packed(p, "run notes").decode() for p in sources)
+        readmes = sorted(directory.glob("*/README.md"))
+        sections = [(p.parent.name, read_file(p, "a run folder's README").decode())
+                    for p in readmes]
+    except (FileRefused, UnicodeDecodeError, OSError) as exc:
+        raise FoldError(str(exc)) from None
+    known = {line[3:].strip() for line in text.splitlines() if line.startswith("## ")}
+    for folder, _ in sections:
+        if folder in known:
+            raise FoldError(f"{directory / folder / 'README.md'}: {into} has a section "
+                            f"'{folder}' already; remove one of the two")
+    if not sections and not (plain.exists() and target != plain):
+        return 0
+    if not text.strip():
+        text = (f"# {directory.name}: the runs' notes, one section per run folder\n\n"
+                "Each run once had a folder of its own with a README saying what ran and why; "
+                "the READMEs are gathered here (`wavefront fold --notes`: one file instead of "
+                "one per run, since the repository travels to every GPU call). A folder's "
+                "other files stay where they were.\n")
+    for folder, body in sections:
+        text = text.rstrip("\n") + f"\n\n## {folder}\n\n" + _demoted(body)
+    write_file(target, text, what="run notes")  # checked to unpack to `text`
+    if plain.exists() and target != plain:
+        plain.unlink()
+    for path in readmes:
+        path.unlink()
+        if not any(path.parent.iterdir()):
+            path.parent.rmdir()
+    return len(sections)

@@ -1,0 +1,263 @@
+"""Decode against a KV cache: does one step's attention read K/V at the DRAM bandwidth, as fast as torch SDPA, paged as fast as contiguous?
+
+One decode step (a query per sequence, H32 over KV8, D128, bf16) against a full cache of
+`context` keys per sequence, B in {1, 8, 64} x context in {4k, 32k, 128k}: the step reads every
+K/V byte once, so its speed is K/V bytes / time, against the DRAM read bandwidth the
+microbenchmark measures first on the same GPU. Contenders, each checked against float32 before
+it is timed, in the same interleaved rounds (`wavefront bench-decode`,
+`wavefront.measure.decode_bench`): `wavefront.attention_with_kvcache` on the contiguous cache
+and on a paged copy of it (64-key pages, shuffled in the pool), and torch SDPA on the same cache
+under each backend that takes the call. Every contender rotates over input sets so that a
+step never finds its K/V in the L2. Medians of the rounds with 95% intervals; ratios paired by
+round.
+
+    python experiments/decode_bench.py run            # on a GPU: data/decode_bench/
+    python experiments/decode_bench.py plot --out DIR # anywhere: the figure, from data/
+"""
+import subprocess
+import sys
+
+import matplotlib.pyplot as plt
+import numpy as np
+import pandas as pd
+import seaborn as sns
+
+from wavefront.report.draft import Section, change_with_range, md_table
+from wavefront.report.experiments import run_as_script
+from wavefront.report.figures import short_gpu
+from wavefront.results.measurement import paired_ratio
+from wavefront.results.records import DECODE_BENCH_RECORDS
+
+DATASETS = ()
+RECORDS = ("decode_bench",)
+RUN = "bench_decode.jsonl"
+# the committed grid (`wavefront bench-decode` arguments): data/decode_bench/ was measured so
+GRID = ["--batch", "1,8,64", "--context", "4096,32768,131072", "--heads", "32",
+        "--kv-heads", "8", "--head-dim", "128", "--page-size", "64", "--rounds", "8",
+        "--per-round", "5"]
+CONTIGUOUS = "wavefront contiguous"
+# the issue's goals, as the section tests them
+PEAK_GOAL = 0.85
+PAGED_GOAL = 0.05
+# a call whose host time per call is at least this share of the step's time is host-bound
+# (the GPU waits for the next launch)
+HOST_BOUND = 0.8
+CAPTION = ("One decode step against a full KV cache (H32 over KV8, D128, bf16): K/V read per "
+           "second as a share of the DRAM read bandwidth measured on the same GPU, per batch, "
+           "against context; medians of interleaved rounds with 95% intervals; the dashed line "
+           "is 85% of the peak. B64 at 128k has no paged contender (its copy does not fit "
+           "beside the contiguous cache).")
+
+
+def measure(out_dir) -> int:
+    """`wavefront bench-decode` on the committed grid into `out_dir` (by process: experiments
+    never import the CLI). -> 1 where it failed."""
+    cmd = [sys.executable, "-m", "wavefront.cli", "bench-decode", *GRID, "--out", str(out_dir)]
+    print(" ".join(cmd[2:]), file=sys.stderr)
+    return int(subprocess.run(cmd).returncode != 0)
+
+
+def _records(study) -> list[dict]:
+    (records,) = study.records(DECODE_BENCH_RECORDS, "decode_bench", RUN).values()
+    return records
+
+
+def _shape(batch: int, context: int) -> str:
+    return f"B{batch} {context // 1024}k"
+
+
+def rows(study) -> pd.DataFrame:
+    """Tidy: one row per shape and contender: GB/s with its interval, the share of the DRAM
+    peak, the step's and the host's time per call, and (wavefront's) speed against the
+    fastest SDPA backend and paged against contiguous, paired by round."""
+    records = _records(study)
+    out = []
+    shapes = sorted({(r["batch"], r["context"]) for r in records})
+    for batch, context in shapes:
+        by = {r["contender"]: r for r in records
+              if (r["batch"], r["context"]) == (batch, context)}
+        sdpa = [r for name, r in by.items() if name.startswith("SDPA")]
+        best = min(sdpa, key=lambda r: r["median_ms"]) if sdpa else None
+        for name, r in by.items():
+            peak = r["dram_peak_gbps"]
+            row = {"GPU": short_gpu(r["gpu"]), "batch": batch, "context": context,
+                   "shape": _shape(batch, context), "contender": name,
+                   "kv GB": r["kv_bytes"] / 1e9, "GB/s": r["gbps"],
+                   "GB/s lo": r["gbps_ci95"][0], "GB/s hi": r["gbps_ci95"][1],
+                   "peak GB/s": peak, "x peak": r["gbps"] / peak,
+                   "x peak lo": r["gbps_ci95"][0] / peak, "x peak hi": r["gbps_ci95"][1] / peak,
+                   "step us": r["median_ms"] * 1e3, "host us": r.get("host_us", np.nan),
+                   "rounds": len(r["samples_ms"]),
+                   "throttled": r.get("throttled_rounds", 0),
+                   "best SDPA": best["contender"] if best else None}
+            if best is not None and name.startswith("wavefront"):
+                row["x SDPA"], row["x SDPA lo"], row["x SDPA hi"] = paired_ratio(
+                    best["samples_ms"], r["samples_ms"])
+            if name != CONTIGUOUS and name.startswith("wavefront") and CONTIGUOUS in by:
+                row["x contiguous"], row["x contiguous lo"], row["x contiguous hi"] = \
+                    paired_ratio(by[CONTIGUOUS]["samples_ms"], r["samples_ms"])
+            out.append(row)
+    return pd.DataFrame(out)
+
+
+def _gpu(d: pd.DataFrame) -> str:
+    return ", ".join(sorted(d["GPU"].unique()))
+
+
+def figure(study):
+    d = rows(study)
+    d = d.assign(**{"% of DRAM peak": 100 * d["x peak"]})
+    contenders = list(dict.fromkeys(d["contender"]))
+    palette = dict(zip(contenders, sns.color_palette("tab10", len(contenders))))
+    batches = sorted(d["batch"].unique())
+    fig, axes = plt.subplots(1, len(batches), figsize=(4.2 * len(batches), 3.9), sharey=True,
+                             squeeze=False)
+    for ax, batch in zip(axes[0], batches):
+        b = d[d["batch"] == batch]
+        sns.lineplot(data=b, x="context", y="% of DRAM peak", hue="contender",
+                     hue_order=contenders, palette=palette, marker="o", ax=ax,
+                     legend=batch == batches[-1])
+        for name, c in b.groupby("contender"):
+            ax.errorbar(c["context"], c["% of DRAM peak"],
+                        yerr=[100 * (c["x peak"] - c["x peak lo"]),
+                              100 * (c["x peak hi"] - c["x peak"])],
+                        fmt="none", ecolor=palette[name], capsize=3)
+        ax.axhline(100 * PEAK_GOAL, color="k", ls="--", lw=0.8)
+        ax.set_xscale("log", base=2)
+        contexts = sorted(b["context"].unique())
+        ax.set_xticks(contexts, [f"{c // 1024}k" for c in contexts])
+        ax.minorticks_off()
+        ax.set(title=f"B{batch}", xlabel="context (keys per sequence)",
+               ylabel="K/V read rate (% of DRAM read peak)", ylim=(0, 105))
+    handles, labels = axes[0][-1].get_legend_handles_labels()
+    axes[0][-1].legend(handles, labels, fontsize=9, loc="lower right")
+    peak = d["peak GB/s"].iloc[0]
+    fig.suptitle(f"Decode step on {_gpu(d)}: H32 KV8 D128 bf16, 64-key pages; DRAM read peak "
+                 f"{peak:.0f} GB/s (measured); medians of {int(d['rounds'].min())} interleaved "
+                 "rounds, 95% intervals", fontsize=10)
+    fig.tight_layout()
+    return fig
+
+
+def table(study) -> pd.DataFrame:
+    """Per shape: each wavefront contender's share of the DRAM peak, the fastest SDPA
+    backend's, wavefront contiguous against it and paged against contiguous (paired by round,
+    median [95%]), and the step's time beside the host's time per call."""
+    d = rows(study)
+    wf = d[d["contender"] == CONTIGUOUS].set_index("shape")
+    paged = d[d["contender"].str.startswith("wavefront paged")].set_index("shape")
+    best = d[d["contender"] == d["best SDPA"]].set_index("shape")
+    out = []
+    for shape, w in wf.iterrows():
+        p = paged.loc[shape] if shape in paged.index else None
+        s = best.loc[shape]
+        out.append({
+            "shape": shape, "K/V GB": f"{w['kv GB']:.2f}",
+            "contiguous % peak": f"{w['x peak']:.1%}",
+            "paged % peak": "-" if p is None else f"{p['x peak']:.1%}",
+            "best SDPA": f"{s['contender'].removeprefix('SDPA ')} {s['x peak']:.1%}",
+            "contiguous vs SDPA [95%]": _change(w, "x SDPA"),
+            "paged vs contiguous [95%]": "-" if p is None else _change(p, "x contiguous"),
+            "step / host us": f"{w['step us']:.0f} / {w['host us']:.0f}"})
+    return pd.DataFrame(out)
+
+
+def _change(r, column: str) -> str:
+    """'+0.8% [-0.4%, +0.9%]': a row's paired ratio `column` (with its lo, hi) as a change."""
+    return change_with_range(r[column] - 1, r[f"{column} lo"] - 1, r[f"{column} hi"] - 1)
+
+
+def _names(frame) -> str:
+    return ", ".join(frame.index) if len(frame) else "none"
+
+
+def section(study) -> Section:
+    s = Section()
+    d = rows(study)
+    wf = d[d["contender"] == CONTIGUOUS].set_index("shape")
+    paged = d[d["contender"].str.startswith("wavefront paged")].set_index("shape")
+    sdpa = d[d["contender"].str.startswith("SDPA")]
+    peak = wf["peak GB/s"].iloc[0]
+    host_bound = wf[wf["host us"] >= HOST_BOUND * wf["step us"]]
+
+    reached = wf[wf["x peak"] >= PEAK_GOAL]
+    missed = wf[wf["x peak"] < PEAK_GOAL]
+    s.claim(f"wavefront's contiguous step reads K/V at {PEAK_GOAL:.0%} of the measured DRAM "
+            f"read peak ({peak:.0f} GB/s) or more at {len(reached)} of {len(wf)} shapes ("
+            + ", ".join(f"{i} {r['x peak']:.1%}" for i, r in reached.iterrows())
+            + ") and below it at " + ", ".join(f"{i} {r['x peak']:.1%}"
+                                               for i, r in missed.iterrows())
+            + f"; every shape that reaches it reads at least {reached['kv GB'].min():.1f} GB of "
+            f"K/V a step, every one that misses at most {missed['kv GB'].max():.2f} GB",
+            len(reached) > 0 and (missed.empty or reached["kv GB"].min()
+                                  > missed["kv GB"].max()),
+            wf[["x peak", "x peak lo", "x peak hi", "kv GB"]].to_dict())
+    s.claim(f"The call is host-bound (host time per call at least {HOST_BOUND:.0%} of the "
+            f"step's time) at {_names(host_bound)}: "
+            + ", ".join(f"{i} {r['step us']:.0f} us a step against {r['host us']:.0f} us of "
+                        f"host time" for i, r in host_bound.iterrows())
+            + f"; wavefront's call spends {wf['host us'].min():.0f}-{wf['host us'].max():.0f} "
+            f"us of host time per call, SDPA's {sdpa['host us'].min():.0f}-"
+            f"{sdpa['host us'].max():.0f} us",
+            len(host_bound) > 0 and bool((host_bound["x peak"] < PEAK_GOAL).all())
+            and wf["host us"].median() > sdpa["host us"].median(),
+            wf[["step us", "host us"]].to_dict())
+
+    level = wf[wf["x SDPA hi"] >= 1]
+    below = wf[wf["x SDPA hi"] < 1]
+    s.claim(f"Against the fastest SDPA backend of each shape, wavefront's contiguous step is "
+            f"at its level or above (paired 95% interval reaching no change) at "
+            + (", ".join(f"{i} {_change(r, 'x SDPA')}" for i, r in level.iterrows())
+               or "no shape")
+            + " and slower at " + (", ".join(f"{i} {r['x SDPA'] - 1:+.1%}"
+                                             for i, r in below.iterrows()) or "no shape")
+            + f"; every shape at SDPA's level is one where it reads at {PEAK_GOAL:.0%} of the "
+            "peak or more",
+            len(level) > 0 and set(level.index) <= set(reached.index),
+            wf[["best SDPA", "x SDPA", "x SDPA lo", "x SDPA hi"]].to_dict())
+
+    within = paged[paged["x contiguous"] >= 1 - PAGED_GOAL]
+    beyond = paged[paged["x contiguous"] < 1 - PAGED_GOAL]
+    no_paged = sorted(set(wf.index) - set(paged.index))
+    s.claim(f"A paged cache (64-key pages, shuffled) runs within {PAGED_GOAL:.0%} of the "
+            f"contiguous one (paired median) at {len(within)} of {len(paged)} shapes (slowest "
+            + (f"{(within['x contiguous'] - 1).min():+.1%}" if len(within) else "-")
+            + ") and further behind at "
+            + (", ".join(f"{i} {_change(r, 'x contiguous')}" for i, r in beyond.iterrows())
+               or "no shape")
+            + ", each host-bound (the paged call's host time is "
+            f"{(paged['host us'] - wf['host us'].reindex(paged.index)).min():.0f}-"
+            f"{(paged['host us'] - wf['host us'].reindex(paged.index)).max():.0f} us above the "
+            "contiguous one's)"
+            + (f"; {', '.join(no_paged)} has no paged contender (its copy did not fit)"
+               if no_paged else ""),
+            len(within) > 0 and set(beyond.index) <= set(host_bound.index),
+            paged[["x contiguous", "x contiguous lo", "x contiguous hi", "host us"]].to_dict())
+
+    throttled = d.groupby("shape")["throttled"].sum()
+    throttled = throttled[throttled > 0]
+    refused = sorted({n for r in _records(study) for n in r.get("notes", ())
+                      if n.startswith("SDPA")})
+    s.text = f"""## Decode against a KV cache: one step at the bandwidth
+
+One decode step (a query per sequence, H32 over KV8, D128, bf16) against a full cache, on
+{_gpu(d)} (`experiments/decode_bench.py`, `wavefront bench-decode`): the step reads every K/V
+byte once, so K/V bytes over time is its read rate, against the DRAM read peak the
+microbenchmark measured on the same GPU ({peak:.0f} GB/s). wavefront's cache call on a
+contiguous cache and on a paged copy (64-key pages, shuffled), against torch SDPA on the same
+cache under each backend that takes the call ({'; '.join(refused) or 'every backend took it'});
+{int(d['rounds'].min())} interleaved rounds, K/V rotated past the L2, medians with 95% intervals,
+ratios paired by round; "step / host us": the step's time and the host's time per call.
+Rounds with a throttled clock: {', '.join(f'{i} {n}' for i, n in throttled.items()) or 'none'}
+(summed over contenders).
+
+![decode bench](figures/decode_bench.png)
+
+{md_table(table(study))}
+
+{' '.join(c.text + '.' for c in s.claims)}"""
+    return s
+
+
+if __name__ == "__main__":  # the same as `wavefront experiment ACTION NAME`
+    run_as_script(__file__)
