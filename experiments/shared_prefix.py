@@ -336,7 +336,7 @@ bytes from cold-L2 ncu replay, median of {NCU_REPEATS} (they differ by at most
 {repeat_spread:.2%}), beside the LRU replay's prediction committed before the measurement in
 `{PREDICTIONS}`; "call vs batch_major": the call as users make it, its speed against
 batch_major paired by round over {ROUNDS} rounds (median, 95% interval; prefix_grouped reads a
-GPU block table back at every call, and its time includes that wait); "ncu kernel us": the
+GPU block table's first pages back once per table, not per call); "ncu kernel us": the
 kernel's own duration in the cold-L2 replay, single launches with no interval (ncu's clock
 control), not a timing:
 
