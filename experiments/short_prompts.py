@@ -12,12 +12,16 @@ wavefront/kernel/tuned.json), next to what the call resolved to when measured.
     python experiments/short_prompts.py run          # GPU: the bench rounds into data/short_prompts
     python -c "import experiments.short_prompts as e; e.summary('DATA_DIR')"   # the table
 """
+from pathlib import Path
+
 import pandas as pd
 
 from wavefront.report.draft import Section, md_table
-from wavefront.report.experiments import run_as_script, until_measured
+from wavefront.report.experiments import load_experiment, run_as_script, until_measured
 
-from . import untuned_shapes
+# (its sibling through the package loader: `python experiments/short_prompts.py plot` runs this
+# file as a script, where a relative import has no package)
+untuned_shapes = load_experiment(Path(__file__).with_name("untuned_shapes.py")).module
 
 DATASETS = ()
 RECORDS = ("short_prompts",)
