@@ -31,11 +31,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from wavefront.decode_schedules import (CTA_ORDERS, DECODE_BATCH, DECODE_KV_HEAD, DECODE_SPLIT,
+                                        DecodeLaunch, DecodeProblem)
 from wavefront.model.simulation import KIND_Q, LruL2, Trace
 from wavefront.point import SECTOR_BYTES
 from wavefront.schedules import positive_int
 
-CTA_ORDERS = ("batch_major", "kv_head_major", "prefix_grouped")
 LAYOUTS = ("interleaved", "adjacent")
 
 
@@ -132,26 +133,19 @@ class SharedPrefixBatch:
 
 def item_order(batch: SharedPrefixBatch, order: str, splits: int = 1) -> np.ndarray:
     """The work items in the order the kernel hands them out: int64 (items, 3) rows of
-    (sequence, K/V head, split)."""
+    (sequence, K/V head, split), read from the cache call's own work table
+    (`decode_schedules.DecodeLaunch`, one query token: one Q tile), sharing keyed by each
+    sequence's first page as the call keys it."""
     if order not in CTA_ORDERS:
         raise ValueError(f"cta_order must be one of {CTA_ORDERS}, got {order!r}")
     positive_int("splits", splits)
-    rows = np.arange(batch.batch)
-    heads = np.arange(batch.kv_heads)
-    split = np.arange(splits)
-    if order == "kv_head_major":
-        h, b, s = np.meshgrid(heads, rows, split, indexing="ij")
-    elif order == "batch_major":
-        b, h, s = np.meshgrid(rows, heads, split, indexing="ij")
-    else:
-        first = batch.block_table()[:, 0]
-        _, appearance = np.unique(first, return_index=True)
-        parts = []
-        for page in first[np.sort(appearance)]:  # groups in order of first appearance
-            h, s, b = np.meshgrid(heads, split, rows[first == page], indexing="ij")
-            parts.append(np.stack([b.ravel(), h.ravel(), s.ravel()], axis=1))
-        return np.concatenate(parts).astype(np.int64)
-    return np.stack([b.ravel(), h.ravel(), s.ravel()], axis=1).astype(np.int64)
+    problem = DecodeProblem(batch=batch.batch, heads=batch.heads, kv_heads=batch.kv_heads,
+                            seqlen_q=1, capacity=batch.pages_per_sequence * batch.page_size,
+                            head_dim=batch.head_dim, page_size=batch.page_size,
+                            element_bytes=batch.element_bytes)
+    sharing = tuple(int(x) for x in batch.block_table()[:, 0])
+    table = DecodeLaunch(problem, splits, 1, order, sharing).work_table()
+    return table[:, [DECODE_BATCH, DECODE_KV_HEAD, DECODE_SPLIT]].astype(np.int64)
 
 
 def page_trace(batch: SharedPrefixBatch, order: str, ctas: int, splits: int = 1,
