@@ -636,18 +636,48 @@ def variant_label(variant: tuple) -> str:
 _PROBE_STEP_NS, _PROBE_ITEM_NS = 1000.0, 10000.0
 
 
-def _time_terms(launch: Launch, memory: MemoryTiming, l2_bytes: int, partitions: int,
-                step_ns: float, item_ns: float) -> tuple[float, float, float]:
-    """The simulated kernel time about (step_ns, item_ns) as T0 + A*step_ns + B*item_ns: the
-    time is nearly linear in the two compute costs once memory waits are small, which is what
-    a training launch (its K/V in flight fits in the L2) is chosen for."""
+def _time_terms(time_ns, launch: Launch, step_ns: float,
+                item_ns: float) -> tuple[float, float, float]:
+    """The kernel time `time_ns(launch, ComputeTiming)` about (step_ns, item_ns) as
+    T0 + A*step_ns + B*item_ns, by finite differences: the time is nearly linear in the two
+    compute costs once memory waits are small, which is what a training launch (its K/V in
+    flight fits in the L2) is chosen for."""
     def at(step, item):
-        return simulate_timed(launch, memory, ComputeTiming(step, item, 0.0),
-                              l2_bytes=l2_bytes, partitions=partitions).kernel_ns
+        return time_ns(launch, ComputeTiming(step, item, 0.0))
     base = at(step_ns, item_ns)
     a = (at(step_ns + _PROBE_STEP_NS, item_ns) - base) / _PROBE_STEP_NS
     b = (at(step_ns, item_ns + _PROBE_ITEM_NS) - base) / _PROBE_ITEM_NS
     return base - a * step_ns - b * item_ns, a, b
+
+
+def fit_compute_costs(time_ns, launches: list[Launch], measured_ns,
+                      rounds: int) -> tuple[dict, float, float, np.ndarray]:
+    """Per-variant step time, one item cost and one launch cost that make
+    `time_ns(launch, ComputeTiming)` meet the measured kernel times: non-negative least
+    squares on relative error, the time linearised about the current estimate and refitted
+    `rounds` times. -> (step by variant, item ns, launch ns, the fitted times). The timed
+    model's calibration and the no-cache baseline's (`report.timed`) both fit so."""
+    from scipy.optimize import nnls
+    measured = np.asarray(measured_ns, np.float64)
+    variants = sorted({variant_of(l) for l in launches})
+    column = {v: i for i, v in enumerate(variants)}
+    step = {v: 100.0 for v in variants}
+    item, launch_ns = 1000.0, 0.0
+    for _ in range(rounds):
+        rows, rhs = [], []
+        for launch, t in zip(launches, measured):
+            v = variant_of(launch)
+            t0, a, b = _time_terms(time_ns, launch, step[v], item)
+            row = np.zeros(len(variants) + 2)
+            row[column[v]], row[-2], row[-1] = a, b, 1.0  # step, item, launch
+            rows.append(row / t)
+            rhs.append((t - t0) / t)
+        x, _ = nnls(np.array(rows), np.array(rhs))
+        step = {v: float(x[column[v]]) for v in variants}
+        item, launch_ns = float(x[-2]), float(x[-1])
+    fitted = np.array([time_ns(l, ComputeTiming(step[variant_of(l)], item, launch_ns))
+                       for l in launches])
+    return step, item, launch_ns, fitted
 
 
 @dataclass
@@ -749,30 +779,14 @@ def calibrate(gpu: str, launches: list[Launch], measured_ns, memory: MemoryTimin
     """Per-variant step time, one item cost and one launch cost for the GPU, by non-negative
     least squares on relative error over the training launches (their measured kernel times,
     `measured_ns`), the simulation linearised about the current estimate and refitted."""
-    from scipy.optimize import nnls
     measured = np.asarray(measured_ns, np.float64)
     if len(launches) != len(measured) or len(measured) < 3:
         raise ValueError("calibrate needs at least 3 training launches, each with a time")
-    variants = sorted({variant_of(l) for l in launches})
-    column = {v: i for i, v in enumerate(variants)}
-    step = {v: 100.0 for v in variants}
-    item, launch_ns = 1000.0, 0.0
-    for _ in range(rounds):
-        rows, rhs = [], []
-        for launch, t in zip(launches, measured):
-            v = variant_of(launch)
-            t0, a, b = _time_terms(launch, memory, l2_bytes, partitions, step[v], item)
-            row = np.zeros(len(variants) + 2)
-            row[column[v]], row[-2], row[-1] = a, b, 1.0  # step, item, launch
-            rows.append(row / t)
-            rhs.append((t - t0) / t)
-        x, _ = nnls(np.array(rows), np.array(rhs))
-        step = {v: float(x[column[v]]) for v in variants}
-        item, launch_ns = float(x[-2]), float(x[-1])
-    fitted = np.array([simulate_timed(l, memory, ComputeTiming(step[variant_of(l)], item,
-                                                              launch_ns),
-                                      l2_bytes=l2_bytes, partitions=partitions).kernel_ns
-                       for l in launches])
+
+    def time_ns(launch, compute):
+        return simulate_timed(launch, memory, compute, l2_bytes=l2_bytes,
+                              partitions=partitions).kernel_ns
+    step, item, launch_ns, fitted = fit_compute_costs(time_ns, launches, measured, rounds)
     err = np.abs(fitted - measured) / measured
     return Calibration(gpu, launch_ns, item, step, training, len(launches),
                        {"median": float(np.median(err)), "max": float(err.max())})

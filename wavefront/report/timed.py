@@ -228,33 +228,9 @@ def _fit_no_cache(launches, measured_ns, gpu: str, rounds: int = 3) -> Calibrati
     """The no-cache model's own compute costs (per-variant step, one item cost, one launch
     cost), by the timed calibration's non-negative least squares on relative error, its
     kernel time linearised by finite differences (the busiest CTA can change with the costs)."""
-    from scipy.optimize import nnls
-
-    from wavefront.model.timed import ComputeTiming, variant_of
+    from wavefront.model.timed import fit_compute_costs
     measured = np.asarray(measured_ns, np.float64)
-    variants = sorted({variant_of(l) for l in launches})
-    column = {v: i for i, v in enumerate(variants)}
-    step = {v: 100.0 for v in variants}
-    item, launch_ns = 1000.0, 0.0
-    for _ in range(rounds):
-        rows, rhs = [], []
-        for launch, t in zip(launches, measured):
-            v = variant_of(launch)
-
-            def at(st, it):
-                return no_cache_ns(launch, ComputeTiming(st, it, 0.0))
-            base = at(step[v], item)
-            a = (at(step[v] + 1000.0, item) - base) / 1000.0
-            b = (at(step[v], item + 10000.0) - base) / 10000.0
-            row = np.zeros(len(variants) + 2)
-            row[column[v]], row[-2], row[-1] = a, b, 1.0
-            rows.append(row / t)
-            rhs.append((t - (base - a * step[v] - b * item)) / t)
-        x, _ = nnls(np.array(rows), np.array(rhs))
-        step = {v: float(x[column[v]]) for v in variants}
-        item, launch_ns = float(x[-2]), float(x[-1])
-    fitted = np.array([no_cache_ns(l, ComputeTiming(step[variant_of(l)], item, launch_ns))
-                       for l in launches])
+    step, item, launch_ns, fitted = fit_compute_costs(no_cache_ns, launches, measured, rounds)
     err = np.abs(fitted - measured) / measured
     return Calibration(gpu, launch_ns, item, step, f"{TRAINING} (no-cache model)", len(launches),
                        {"median": float(np.median(err)), "max": float(err.max())})
