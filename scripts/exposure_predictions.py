@@ -8,8 +8,6 @@ paper's launch), stamped with the date and the commit the model came from.
 file of their own that nothing regenerates.)
 """
 import argparse
-import datetime
-import subprocess
 import sys
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
@@ -18,6 +16,8 @@ import pandas as pd
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+
+from wavefront.results.predictions import write_predictions  # noqa: E402  (after the path)
 
 
 def _one(args):
@@ -36,19 +36,12 @@ def main():
 
     from wavefront.report.timed import exposure_regimes
     work = [(g, i) for g in ("h100", "h200") for i in range(len(exposure_regimes(g)))]
-    commit = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"],
-                            capture_output=True, text=True).stdout.strip()
-    dirty = subprocess.run(["git", "-C", str(ROOT), "status", "--porcelain", "wavefront"],
-                           capture_output=True, text=True).stdout.strip()
     with ProcessPoolExecutor(args.jobs) as pool:
         with click.progressbar(pool.map(_one, work), length=len(work), label="regimes",
                                file=sys.stderr) as bar:
             rows = list(bar)
     table = pd.DataFrame(rows)
-    table.insert(0, "predicted_on", datetime.datetime.now(datetime.timezone.utc)
-                 .strftime("%Y-%m-%d %H:%M UTC"))
-    table.insert(1, "model_commit", commit + ("+uncommitted model" if dirty else ""))
-    table.to_csv(args.out, index=False, float_format="%.6g")
+    write_predictions(table, args.out, ROOT, ("wavefront",))
     print(table.drop(columns=["predicted_on", "model_commit"]).to_string())
 
 

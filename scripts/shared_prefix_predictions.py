@@ -7,13 +7,13 @@ order), stamped with the date and the commit the model came from.
 (Nothing regenerates this file: it is the record of what was predicted before the GPU ran.)
 """
 import argparse
-import datetime
-import subprocess
 import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+
+from wavefront.results.predictions import write_predictions  # noqa: E402  (after the path)
 
 
 def main():
@@ -21,16 +21,8 @@ def main():
     parser.add_argument("--out", default=str(ROOT / "paper" / "shared_prefix_predictions.csv"))
     args = parser.parse_args()
     from experiments.shared_prefix import predictions
-    commit = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"],
-                            capture_output=True, text=True).stdout.strip()
-    dirty = subprocess.run(["git", "-C", str(ROOT), "status", "--porcelain", "wavefront/model",
-                            "experiments/shared_prefix.py"],
-                           capture_output=True, text=True).stdout.strip()
     table = predictions()
-    table.insert(0, "predicted_on", datetime.datetime.now(datetime.timezone.utc)
-                 .strftime("%Y-%m-%d %H:%M UTC"))
-    table.insert(1, "model_commit", commit + ("+uncommitted model" if dirty else ""))
-    table.to_csv(args.out, index=False, float_format="%.6g")
+    write_predictions(table, args.out, ROOT, ("wavefront/model", "experiments/shared_prefix.py"))
     print(table.drop(columns=["predicted_on", "model_commit"]).to_string())
 
 
