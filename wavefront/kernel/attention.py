@@ -375,6 +375,16 @@ def flash_attention_fwd(Q, K, V, Out, Lse, PartO, PartM, PartL, Work, NextItem, 
                               RESCALE_THRESHOLD, EXP2_POLY, VARLEN, QK_AHEAD)
 
 
+def merge_partial_state(m, l_sum, acc, m_part, l_part, acc_part):
+    """(row max, row sum, output) of two partial states of the same rows merged exactly: the
+    online softmax's algebra. A part that saw no key (row max ROW_MAX_START, row sum 0) weighs
+    nothing. The tiled schedule's and the cache call's split combines both merge so."""
+    m_new = max(m, m_part)
+    alpha = ct.exp2(m - m_new, flush_to_zero=True)
+    beta = ct.exp2(m_part - m_new, flush_to_zero=True)
+    return m_new, l_sum * alpha + l_part * beta, acc * alpha + acc_part * beta
+
+
 @ct.kernel
 def combine_partials(PartO, PartM, PartL, Out, Lse, n_chunks: int, HEAD_DIM: ConstInt,
                      TILE_M: ConstInt, WRITE_LSE: ConstBool):
@@ -399,13 +409,7 @@ def combine_partials(PartO, PartM, PartL, Out, Lse, n_chunks: int, HEAD_DIM: Con
                       padding_mode=ct.PaddingMode.ZERO).reshape((TILE_M, 1))
         a_c = ct.load(PartO, index=(slab, head, q_tile, 0), shape=(1, 1, TILE_M, HEAD_DIM),
                       padding_mode=ct.PaddingMode.ZERO).reshape((TILE_M, HEAD_DIM))
-        a_c = a_c.astype(ct.float32)
-        m_new = max(m, m_c)
-        alpha = ct.exp2(m - m_new, flush_to_zero=True)
-        beta = ct.exp2(m_c - m_new, flush_to_zero=True)
-        l_sum = l_sum * alpha + l_c * beta
-        acc = acc * alpha + a_c * beta
-        m = m_new
+        m, l_sum, acc = merge_partial_state(m, l_sum, acc, m_c, l_c, a_c.astype(ct.float32))
     _store_normalised(Out, Lse, acc, m, l_sum, batch, head, q_tile, HEAD_DIM, TILE_M, WRITE_LSE)
 
 

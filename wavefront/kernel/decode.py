@@ -45,7 +45,8 @@ from wavefront.decode_schedules import (DECODE_BATCH, DECODE_KV_HEAD, DECODE_Q_T
                                         PAGE_SIZES, DEFAULT_TILE_N, key_span, page_slot,
                                         pages_per_tile, split_tiles, sub_tile_page)
 from wavefront.kernel.attention import (DEFAULT_K_LATENCY, DEFAULT_V_LATENCY, IO, LN_2,
-                                        ROW_MAX_START, ConstBool, ConstInt, Param, _contract)
+                                        ROW_MAX_START, ConstBool, ConstInt, Param, _contract,
+                                        merge_partial_state)
 from wavefront.point import DTYPES, HEAD_DIMS
 
 # Bits of the flags buffer (int32 [4]): what a kernel clamped.
@@ -273,12 +274,7 @@ def combine_splits(PartO, PartM, PartL, Out, Lse, num_splits: int, HEAD_DIM: Con
         a_s = ct.load(PartO, index=(slab, q_tile, kv_head, 0, 0),
                       shape=(1, ROWS, 1, GROUP_TILE, HEAD_DIM),
                       padding_mode=ct.PaddingMode.ZERO).reshape((TILE_M, HEAD_DIM))
-        m_new = max(m, m_s)
-        alpha = ct.exp2(m - m_new, flush_to_zero=True)
-        beta = ct.exp2(m_s - m_new, flush_to_zero=True)
-        l_sum = l_sum * alpha + l_s * beta
-        acc = acc * alpha + a_s * beta
-        m = m_new
+        m, l_sum, acc = merge_partial_state(m, l_sum, acc, m_s, l_s, a_s)
     _store_rows(Out, Lse, acc, m, l_sum, batch, kv_head, q_tile, HEAD_DIM, TILE_M, GROUP_TILE,
                 WRITE_LSE)
 
