@@ -34,7 +34,6 @@ import numpy as np
 from wavefront.schedules import (
     CTA_GROUPED,
     CTA_LONGEST_FIRST,
-    KV_SAWTOOTH,
     AttentionProblem,
     CtaSchedule,
     KvSchedule,
