@@ -7,7 +7,9 @@
 #       "tests" "bench_decode shared_prefix generate"
 # Steps: tests (the whole GPU suite), bench_decode, shared_prefix, generate, short_prompts,
 # crash (scripts/gpu_crash_campaign.py), advisor (experiments/advisor_picks.py, one shape),
-# backward (scripts/backward_bench.py).
+# backward (scripts/backward_bench.py), gpu_checks (the GPU tests of the bad-input audit and the
+# cache call), backward_dram (the backward schedules' DRAM bytes and time), tune_short (a lever
+# search at B16 H32 S768 D128, written into the tuned table, which $d/tuned.json brings back).
 set -uo pipefail
 : "${WAVEFRONT_GIT_COMMIT:?set WAVEFRONT_GIT_COMMIT=\$(git rev-parse HEAD)}"
 source scripts/setup_gpu_host.sh
@@ -30,6 +32,19 @@ step() {  # step NAME DIR
                --data "$d" > "$d/advisor.log" 2>&1; tail -20 "$d/advisor.log" ;;
     backward) python3 scripts/backward_bench.py --rounds 8 --json "$d/backward.jsonl" \
                > "$d/backward.log" 2>&1; tail -40 "$d/backward.log" ;;
+    gpu_checks) python3 -m pytest -m gpu -n 8 -q -p no:cacheprovider --tb=short \
+               tests/test_gpu_unfriendly_new.py tests/test_gpu_kvcache_views.py \
+               tests/test_gpu_kvcache.py tests/test_gpu_serving.py > "$d/gpu_checks.log" 2>&1
+               grep -E "^(FAILED|ERROR|XPASS)|passed|failed" "$d/gpu_checks.log" | tail -30 ;;
+    backward_dram) python3 scripts/backward_bench.py --dram --shapes "B1 H32 S8k,B2 H8 S32k" \
+               --head-dims 128 --json "$d/backward_dram.jsonl" > "$d/backward_dram.log" 2>&1
+               python3 scripts/backward_bench.py --schedules --shapes "B1 H32 S8k,B2 H8 S32k" \
+               --head-dims 128 --rounds 6 --json "$d/backward_schedules.jsonl" \
+               > "$d/backward_schedules.log" 2>&1; tail -30 "$d/backward_schedules.log" ;;
+    tune_short) timeout "${TUNE_SECONDS:-300}" python3 -m wavefront.cli tune --batch 16 \
+               --heads 32 --seqlen 768 --head-dim 128 --rounds 6 --no-softmax-levers --write \
+               --out "$d/tune_short" > "$d/tune_short.log" 2>&1; tail -25 "$d/tune_short.log"
+               cp wavefront/kernel/tuned.json "$d/tuned.json" ;;
     *) echo "unknown step $1" ;;
     esac
 }
