@@ -17,6 +17,10 @@ from unfriendly_outcomes import Case, Damaged, count, outcome, wanted
 
 pytestmark = pytest.mark.gpu
 torch = pytest.importorskip("torch")
+# The torch ops' first call imports torch._dynamo and sympy. Under a case's tracemalloc that import
+# alone ran past the 20 s limit on an H200 host (a "hang"), and the alarm left sympy half-imported
+# for the worker's later cases ("module 'sympy' has no attribute 'printing'"). Import it here.
+import torch._dynamo  # noqa: E402,F401
 
 BF16 = torch.bfloat16
 
