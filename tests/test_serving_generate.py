@@ -3,7 +3,8 @@ small random Llama of tests/test_gpu_serving.py (head_dim 64, 8 heads, 2 KV head
 greedily with a DynamicCache and a StaticCache, the GPU calls replaced by float32 references of
 their semantics (`fake_cache_call`); every attention call's output is compared with
 transformers' own SDPA function on the same query, key, value and mask, and the tokens with
-the SDPA model's. Skips without transformers (CI has none). `checked_generate` also serves the
+the SDPA model's; and the attention hook alone (`wavefront.torch`) at a StaticCache's
+prefill. Skips without transformers (CI has none). `checked_generate` also serves the
 GPU test, which runs the real calls (tests/test_gpu_serving.py)."""
 import pytest
 
@@ -76,23 +77,24 @@ def expected_routes(cache, layers=2):
     return [prefill] * layers + [step] * layers * (NEW - 1)
 
 
+def _attention_on_the_cpu(q, k, v, causal, scale, causal_alignment="top_left"):
+    """The attention call (B, H, S, D) on the CPU for a decoder (causal): the cache call's
+    reference with the key's length (bottom-right) or the query's (top-left)."""
+    import torch
+    assert causal, "the Llama's prefill is causal"
+    lengths = k.shape[2] if causal_alignment == "bottom_right" else q.shape[2]
+    out = _causal_cache_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
+                                  torch.full((q.shape[0],), lengths), True, scale)
+    return out.transpose(1, 2)
+
+
 @pytest.mark.parametrize("cache", ["dynamic", "static"])
 def test_every_attention_call_of_a_generate_equals_sdpas_on_its_inputs(cache, fake_cache_call,
                                                                        monkeypatch):
     pytest.importorskip("transformers")
     torch, wfs, fake, fake_calls = fake_cache_call
     import wavefront.torch as wft
-
-    def attention(q, k, v, causal, scale, causal_alignment="top_left"):
-        # the attention call (B, H, S, D) on the CPU: a decoder's, causal, as the cache call
-        # with the key's length (bottom-right) or the query's (top-left)
-        assert causal, "the Llama's prefill is causal"
-        lengths = k.shape[2] if causal_alignment == "bottom_right" else q.shape[2]
-        out = _causal_cache_attention(q.transpose(1, 2), k.transpose(1, 2),
-                                      v.transpose(1, 2),
-                                      torch.full((q.shape[0],), lengths), True, scale)
-        return out.transpose(1, 2)
-    monkeypatch.setattr(wft, "_attention", attention)
+    monkeypatch.setattr(wft, "_attention", _attention_on_the_cpu)
     want, got, calls = checked_generate(cache, "cpu", torch.float32)
     worst = max(calls, key=lambda c: c["error"])
     assert worst["error"] < 1e-5, worst
@@ -102,3 +104,26 @@ def test_every_attention_call_of_a_generate_equals_sdpas_on_its_inputs(cache, fa
         assert calls[0]["s_q"] == PROMPT and calls[0]["s_kv"] == PROMPT + NEW - 1
         assert not calls[0]["mask"]  # transformers skipped it: SDPA runs is_causal, top-left
         assert fake_calls[0]["cache_seqlens"] == [PROMPT, PROMPT]
+
+
+def test_the_attention_hook_alone_runs_a_static_caches_prefill_as_sdpa(monkeypatch):
+    """`wavefront.torch`'s hook without the serving route, at the prefill of an empty
+    StaticCache (no mask: transformers' SDPA function runs torch's top-left is_causal over
+    the cache's slots): the logits are SDPA's."""
+    pytest.importorskip("transformers")
+    import torch
+    from transformers import StaticCache
+
+    import wavefront.torch as wft
+    monkeypatch.setattr(wft, "_attention", _attention_on_the_cpu)
+    reference, ours = llama("cpu", torch.float32), llama("cpu", torch.float32)
+    ours.set_attn_implementation(wft.register_with_transformers("wavefront_hook_alone"))
+    ids = torch.randint(3, 1000, (2, PROMPT), generator=torch.Generator().manual_seed(1))
+    logits = []
+    with torch.no_grad():
+        for model in (reference, ours):
+            cache = StaticCache(config=model.config, max_cache_len=PROMPT + NEW)
+            logits.append(model(ids, attention_mask=torch.ones_like(ids),
+                                past_key_values=cache).logits)
+    want, got = logits
+    assert float(torch.linalg.norm(got - want) / torch.linalg.norm(want)) < 1e-5
