@@ -32,16 +32,14 @@ def generate_kwargs(cache, ids):
     return kw
 
 
-def checked_generate(cache, device, dtype):
-    """The SDPA model's greedy tokens, ours (free-running: nothing forced), and one record per
-    attention call of ours: its route, shapes and the relative error of its output against
+def checked_attention(calls: list):
+    """An attention function for transformers' registry: the serving hook, each call noted in
+    `calls` with its route, shapes and the relative error of its output against
     transformers' SDPA function on the very inputs it got."""
     import torch
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
     import wavefront.serving as wfs
-    import wavefront.torch as wft
-    calls = []
 
     def checked(module, query, key, value, attention_mask, scaling=None, dropout=0.0,
                 **kwargs):
@@ -55,7 +53,17 @@ def checked_generate(cache, device, dtype):
                       "s_kv": key.shape[2], "mask": attention_mask is not None,
                       "error": float(error)})
         return out, None
-    name = wft.register_with_transformers("wavefront_checked", forward=checked)
+    return checked
+
+
+def checked_generate(cache, device, dtype):
+    """The SDPA model's greedy tokens, ours (free-running: nothing forced), and one record per
+    attention call of ours (`checked_attention`)."""
+    import torch
+
+    import wavefront.torch as wft
+    calls = []
+    name = wft.register_with_transformers("wavefront_checked", forward=checked_attention(calls))
     reference, ours = llama(device, dtype), llama(device, dtype)
     ours.set_attn_implementation(name)
     ids = torch.randint(3, 1000, (2, PROMPT), generator=torch.Generator().manual_seed(1))
@@ -104,6 +112,39 @@ def test_every_attention_call_of_a_generate_equals_sdpas_on_its_inputs(cache, fa
         assert calls[0]["s_q"] == PROMPT and calls[0]["s_kv"] == PROMPT + NEW - 1
         assert not calls[0]["mask"]  # transformers skipped it: SDPA runs is_causal, top-left
         assert fake_calls[0]["cache_seqlens"] == [PROMPT, PROMPT]
+
+
+@pytest.mark.parametrize("cache", ["dynamic", "static"])
+def test_a_prefill_in_chunks_then_a_step_equal_sdpas_on_their_inputs(cache, fake_cache_call,
+                                                                     monkeypatch):
+    """A prompt in two chunks (the second against the cache the first filled: transformers
+    builds its mask) and one step: every call and the logits as SDPA's."""
+    pytest.importorskip("transformers")
+    torch, wfs, fake, fake_calls = fake_cache_call
+    from transformers import DynamicCache, StaticCache
+
+    import wavefront.torch as wft
+    monkeypatch.setattr(wft, "_attention", _attention_on_the_cpu)
+    calls = []
+    name = wft.register_with_transformers("wavefront_chunks", forward=checked_attention(calls))
+    reference, ours = llama("cpu", torch.float32), llama("cpu", torch.float32)
+    ours.set_attn_implementation(name)
+    ids = torch.randint(3, 1000, (2, PROMPT + 1), generator=torch.Generator().manual_seed(2))
+    logits = []
+    with torch.no_grad():
+        for model in (reference, ours):
+            kv = (DynamicCache(config=model.config) if cache == "dynamic"
+                  else StaticCache(config=model.config, max_cache_len=PROMPT + NEW))
+            logits.append(torch.cat([model(ids[:, first:last], past_key_values=kv,
+                                           attention_mask=torch.ones_like(ids[:, :last])).logits
+                                     for first, last in ((0, 40), (40, PROMPT),
+                                                         (PROMPT, PROMPT + 1))], dim=1))
+    assert [c["route"][1] for c in calls] == (
+        [None, None, "mask", "mask", "key", "key"] if cache == "dynamic"
+        else ["query", "query", "mask", "mask", "mask", "mask"])
+    assert max(c["error"] for c in calls) < 1e-5, calls
+    want, got = logits
+    assert float(torch.linalg.norm(got - want) / torch.linalg.norm(want)) < 1e-5
 
 
 def test_the_attention_hook_alone_runs_a_static_caches_prefill_as_sdpa(monkeypatch):
