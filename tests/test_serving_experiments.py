@@ -212,6 +212,11 @@ def test_the_hook_routes_by_query_and_key_length_and_mask():
     q1, q9 = (2, 32, 1, 64), (2, 32, 9, 64)
     assert route(q9, (2, 8, 9, 64), None) == Route("prefill")
     assert route(q1, (2, 8, 300, 64), None) == Route("cache", "key")  # DynamicCache step
+    assert route(q1, (2, 8, 300, 64), None, causal=False) == Route("cache", "key")
+    # no mask with several queries: torch's is_causal (top-left), an empty StaticCache's prefill
+    assert route(q9, (2, 8, 300, 64), None) == Route("cache", "query")
+    with pytest.raises(ValueError, match="^is_causal must be True with no attention_mask"):
+        route(q9, (2, 8, 300, 64), None, causal=False)
     static = torch.ones(2, 1, 1, 4096, dtype=torch.bool)
     assert route(q1, (2, 8, 4096, 64), static) == Route("cache", "mask")  # StaticCache step
     assert route(q9, (2, 8, 4096, 64), static.expand(2, 1, 9, 4096)) == Route("cache", "mask")
@@ -262,6 +267,25 @@ def test_a_dynamic_cache_step_runs_the_cache_call_on_views_of_the_whole_key(fake
     assert calls[0]["k_shape"] == (2, 37, 2, 64) and not calls[0]["k_contiguous"]
     assert calls[0]["cache_seqlens"] == [37, 37] and calls[0]["causal"] is True
     assert wfs.cache_copies() == {"calls": 0, "bytes": 0}
+
+
+def test_a_static_caches_prefill_without_a_mask_runs_as_sdpas_is_causal(fake_cache_call):
+    """transformers skips the mask at the prefill of an empty StaticCache: its SDPA function
+    runs torch's is_causal, top-left, so the cache's empty slots past the query are unseen."""
+    torch, wfs, fake, calls = fake_cache_call
+    q, k, v = _qkv(torch, 2, 8, 2, 5, 64)  # 5 prompt tokens in a cache of 64 slots
+    out, _ = wfs.hf_cache_attention_forward(object(), q, k, v, None)
+    assert calls[0]["cache_seqlens"] == [5, 5] and calls[0]["causal"] is True
+    want = torch.nn.functional.scaled_dot_product_attention(
+        q, k, v, is_causal=True, enable_gqa=True).transpose(1, 2)
+    assert torch.allclose(out, want, atol=1e-5)
+
+    class Encoder(torch.nn.Module):
+        is_causal = False
+    with pytest.raises(ValueError, match="^is_causal must be True"):
+        wfs.hf_cache_attention_forward(Encoder(), q, k, v, None)
+    with pytest.raises(ValueError, match="^is_causal must be True"):
+        wfs.hf_cache_attention_forward(object(), q, k, v, None, is_causal=False)
 
 
 @pytest.mark.parametrize("s_q", [1, 5])

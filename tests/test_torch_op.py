@@ -84,11 +84,12 @@ def test_transformers_hook_refuses_masks_and_dropout():
 def test_transformers_hook_runs_causal_as_transformers_sdpa_decides(monkeypatch):
     """With no mask, the hook runs causal where transformers' SDPA function would: an
     `is_causal` the model passes, else the module's attribute (True where it has none), and
-    never for one query row (a decoding step); top-left where query and key are as long,
-    bottom-right where the query is shorter (a chunk against a cache: transformers' mask)."""
+    never for one query row (a decoding step); top-left as torch's is_causal that function
+    passes, also where the query is shorter (transformers skips the mask there only at the
+    prefill of an empty StaticCache, whose empty slots top-left leaves unseen)."""
     calls = []
     alignments = []
-    monkeypatch.setattr(wft, "_attention", lambda q, k, v, causal, scale, alignment: (
+    monkeypatch.setattr(wft, "_attention", lambda q, k, v, causal, scale, alignment="top_left": (
         calls.append(causal), alignments.append(alignment), q)[2])
 
     class Module:
@@ -108,7 +109,7 @@ def test_transformers_hook_runs_causal_as_transformers_sdpa_decides(monkeypatch)
     assert calls == [False]
     calls.clear()
     wft.hf_attention_forward(Module(), q[:, :, :5], q, q, None)
-    assert calls == [True] and alignments[-1] == "bottom_right"
+    assert calls == [True] and alignments[-1] == "top_left"
     wft.hf_attention_forward(encoder, q[:, :, :5], q, q, None)
     assert calls == [True, False] and alignments[-1] == "top_left"
 

@@ -8,19 +8,25 @@ through the cache call (`wavefront.attention_with_kvcache`).
     model.generate(ids, max_new_tokens=128)           # DynamicCache
     model.generate(ids, max_new_tokens=128, cache_implementation="static")  # compiled, graphed
 
-Known fault: with StaticCache a small Llama's greedy choice agreed with SDPA's tokens at only
-0.625 of teacher-forced steps on an H200 (tests/test_gpu_serving.py, xfail), while the cache
-call on these transposed views passes on its own (tests/test_gpu_kvcache_views.py): the route
-below (lengths from the mask, or the mask itself) is the suspect. DynamicCache agrees.
+A mask transformers skips means what SDPA's `is_causal` means, torch's top-left alignment,
+not a cache's bottom-right one: at a StaticCache's prefill (an empty cache: transformers'
+`_ignore_causal_mask_sdpa` skips the mask where the cache was empty, and its SDPA function
+cuts the key to the query's length) query i sees keys 0..i of the L slots, the rest empty.
+Taking all L as valid there (as this module once did) read the empty slots: a small Llama's
+greedy choice agreed with SDPA's at 0.625 of teacher-forced steps on an H200, 0.75 in float32
+on the CPU (tests/test_serving_generate.py, where every call is compared with SDPA's).
 
 What transformers hands the attention function at a step with a cache: query (B, H, S_q, D)
 with the step's S_q new tokens, and key/value (B, H_kv, L, D) that already hold them, appended
 by the cache. `route` decides from the shapes and the mask:
 - S_q == L: a prefill without a cache; the attention call's own hook, unchanged;
-- S_q < L, no mask (a DynamicCache, no padding: transformers skips the mask where one query
-  token attends to everything): the cache call with the whole key as the cache,
-  cache_seqlens = L for every row, causal bottom-right (FlashAttention's convention: query i
-  of S_q sees keys up to L - S_q + i);
+- S_q < L, no mask: what transformers' SDPA function runs, torch's SDPA with `is_causal`
+  where S_q > 1 (top-left: query i sees keys 0..i, the prefill of an empty StaticCache),
+  without it where S_q == 1 (every key: a DynamicCache step, no padding). Both are the cache
+  call, causal bottom-right (FlashAttention's convention: query i of S_q sees keys up to
+  cache_seqlens - S_q + i), with cache_seqlens = S_q ("query": the first S_q keys, bottom-right
+  equal to top-left) or = L ("key": the whole key) for every row; a module that is not causal
+  (`is_causal`, SDPA's rule) with S_q > 1 is refused by name;
 - S_q < L with a boolean (B, 1, S_q, L) mask (a StaticCache: L is its max length and the mask
   marks the valid keys; or a padded batch): cache_seqlens = one past each row's last key the
   last query attends to, computed on the GPU from the mask (no host sync, so a CUDA graph
@@ -55,15 +61,17 @@ __all__ = ["hf_cache_attention_forward", "route", "Route", "cache_seqlens_from_m
 class Route:
     """Where one attention call goes: `kind` "prefill" (the attention call's hook) or "cache"
     (the cache call); for "cache", where its lengths come from: "key" (every row the key's
-    whole length) or "mask" (each row's from the boolean mask)."""
+    whole length), "query" (every row the query's length: top-left causal) or "mask" (each
+    row's from the boolean mask)."""
 
     kind: str
     lengths: Optional[str] = None
 
 
-def route(query_shape, key_shape, attention_mask) -> Route:
-    """The routing decision from shapes and the mask alone (no tensor is read): see the
-    module's docstring. Raises ValueError, naming the argument, for what neither call runs."""
+def route(query_shape, key_shape, attention_mask, causal: bool = True) -> Route:
+    """The routing decision from shapes, the mask and whether the module is causal (as
+    transformers' SDPA function decides it) alone (no tensor is read): see the module's
+    docstring. Raises ValueError, naming the argument, for what neither call runs."""
     if len(query_shape) != 4 or len(key_shape) != 4:
         raise ValueError(f"query and key must be 4-D (batch, heads, seqlen, head_dim), got "
                          f"{tuple(query_shape)} and {tuple(key_shape)}")
@@ -74,7 +82,15 @@ def route(query_shape, key_shape, attention_mask) -> Route:
     if s_q == s_kv:
         return Route("prefill")
     if attention_mask is None:
-        return Route("cache", "key")
+        if s_q == 1:  # one query sees every key, causal or not (SDPA: no is_causal)
+            return Route("cache", "key")
+        if not causal:
+            raise ValueError(f"is_causal must be True with no attention_mask at a step with a "
+                             f"cache ({s_q} queries, {s_kv} keys): wavefront's cache call runs "
+                             "no bidirectional attention over a cache")
+        # torch's is_causal, top-left: the first s_q keys, the rest unseen (an empty
+        # StaticCache's slots at its prefill)
+        return Route("cache", "query")
     if (isinstance(attention_mask, torch.Tensor) and attention_mask.dtype == torch.bool
             and attention_mask.dim() == 4
             and tuple(attention_mask.shape[2:]) == (s_q, s_kv)
@@ -113,11 +129,12 @@ def mask_matches_lengths(mask: torch.Tensor, lengths: torch.Tensor) -> bool:
 
 # The last mask checked (a forward hands every layer the same one): its stamp.
 _checked_mask: list = []
-# The lengths of a step without a mask, made once per step for all layers: (key, tensor).
+# The lengths of a step without a mask (one for every row), made once per step for all
+# layers: (key, tensor).
 _full_lengths: list = []
 
 
-def _lengths_of_key(batch: int, length: int, device) -> torch.Tensor:
+def _lengths_of_every_row(batch: int, length: int, device) -> torch.Tensor:
     if torch.compiler.is_compiling():  # traced: the graph makes it (no Python state)
         return torch.full((batch,), length, dtype=torch.int32, device=device)
     key = (batch, length, device)
@@ -208,15 +225,18 @@ def hf_cache_attention_forward(module, query, key, value, attention_mask, scalin
     """transformers' attention function for generation: `route` decides between the
     prefill hook (`wavefront.torch.hf_attention_forward`) and the cache call. Returns
     (output (B, S_q, H, D), None) as transformers' SDPA function does."""
-    decision = route(query.shape, key.shape, attention_mask)
+    is_causal = kwargs.get("is_causal")  # as transformers' SDPA function decides
+    causal = bool(getattr(module, "is_causal", True) if is_causal is None else is_causal)
+    decision = route(query.shape, key.shape, attention_mask, causal)
     if decision.kind == "prefill":
         return _wft.hf_attention_forward(module, query, key, value, attention_mask, scaling,
                                          dropout, **kwargs)
     if dropout:
         raise ValueError(f"dropout must be 0 (wavefront has no dropout), got {dropout!r}")
     batch = query.shape[0]
-    if decision.lengths == "key":
-        lengths = _lengths_of_key(batch, key.shape[2], key.device)
+    if decision.lengths in ("key", "query"):
+        shape = key.shape if decision.lengths == "key" else query.shape
+        lengths = _lengths_of_every_row(batch, shape[2], key.device)
     else:
         lengths = cache_seqlens_from_mask(attention_mask, batch)
         _check_mask_once(attention_mask, lengths)

@@ -358,10 +358,11 @@ def hf_attention_forward(module, query, key, value, attention_mask, scaling=None
 
     Register it with `register_with_transformers()`, which also registers `hf_mask` as the
     mask builder for its name. The masks it runs:
-    - None: the kernel's own mask, causal or none as the module is; causal with a query
-      shorter than the key (a step against a cache) is bottom-right aligned, the last query
-      seeing every key, as transformers' causal mask is there (torch's `is_causal`, top-left,
-      would hide the cache's last keys from it);
+    - None: the kernel's own mask, causal or none as the module is, top-left as the torch
+      `is_causal` transformers' SDPA function passes: transformers skips the mask of a query
+      shorter than its key only at the prefill of an empty StaticCache, whose slots past the
+      query are empty (`_ignore_causal_mask_sdpa`), and top-left leaves them unseen
+      (bottom-right read them: tests/test_serving_generate.py);
     - a `SequencesMask` (what `hf_mask` builds for padded batches, and for transformers'
       padding-free batches, sequences packed in a row with position_ids restarting at
       each): a packed batch of the sequences' tokens (`attention_varlen`, cu_seqlens on the
@@ -378,9 +379,7 @@ def hf_attention_forward(module, query, key, value, attention_mask, scaling=None
         is_causal = kwargs.get("is_causal")
         causal = (bool(getattr(module, "is_causal", True)) if is_causal is None
                   else bool(is_causal)) and query.shape[2] > 1  # one query sees every key
-        alignment = ("bottom_right" if causal and query.shape[2] < key.shape[2]
-                     else "top_left")
-        out = _attention(query, key, value, causal, scaling, alignment)
+        out = _attention(query, key, value, causal, scaling)
         return out.transpose(1, 2), None
     if isinstance(attention_mask, SequencesMask):
         if not attention_mask.fits(query, key):
