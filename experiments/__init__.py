@@ -30,7 +30,8 @@ PARTS = {
 
 APPENDICES = {
     "kernel": ("schedule_cost", "lever_search", "d128_limits", "carry_over"),
-    "call": ("public_call", "untuned_shapes", "varlen_batches", "decode_bench"),
+    "call": ("public_call", "untuned_shapes", "varlen_batches", "decode_bench", "short_prompts",
+             "generate"),
     "first_kernel": ("foundation", "bench_rounds", "scaling"),
     "counters": ("counter_variance", "kernel_drift", "throughput_vs_misses"),
     "tables": ("knee", "headline", "tiled_fit", "predictions"),

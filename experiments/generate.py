@@ -253,7 +253,7 @@ path with DynamicCache; speed over {ROUNDS} interleaved rounds:
 
 
 # Out of the paper until its first data are committed (then listed in APPENDICES).
-PAPER_READY = False
+PAPER_READY = True
 until_measured(globals(), PAPER_READY)
 
 if __name__ == "__main__":  # the same as `wavefront experiment ACTION NAME`

@@ -23,7 +23,7 @@ from wavefront.report.draft import Section, md_table, span, wrap
 from wavefront.report.experiments import run_as_script
 from wavefront.report.figures import plain_log, short_gpu, style
 from wavefront.results.measurement import PEER_NAMES, paired_ratio
-from wavefront.results.records import BENCH_RECORDS, by_shape, shape_name
+from wavefront.results.records import BENCH_RECORDS, by_shape, seqlen_label, shape_name
 
 DATASETS = ()
 RECORDS = ("untuned_shapes",)
@@ -231,7 +231,7 @@ def _same_configuration(gpu: str, reference: str, causal: bool) -> bool:
 
 def tuned_shapes(gpu: str) -> list[str]:
     """The shapes today's tuned table has entries at for `gpu` (any head dim or mask)."""
-    return [f"B{b} H{h}" + (f" KV{kv}" if kv != h else "") + f" S{s // 1024}k"
+    return [f"B{b} H{h}" + (f" KV{kv}" if kv != h else "") + f" {seqlen_label(s)}"
             for b, h, kv, s in entry_shapes(gpu)]
 
 

@@ -419,9 +419,9 @@ def test_the_generate_table_pairs_its_rounds_and_scores_its_tokens(tmp_path):
     ours = t[t["path"] == "wavefront"]
     assert len(t) == 4 and (ours["vs sdpa"].round(4) == round(1 / 0.95, 4)).all()
     assert (t["first difference (mean step)"] == 71.5).all()
-    section = e.section_when_measured(Study(tmp_path))
+    section = e.section(Study(tmp_path))
     assert all(c.holds for c in section.claims)
-    assert e.figure_when_measured(Study(tmp_path)).axes[0].get_ylabel().startswith("generated")
+    assert e.figure(Study(tmp_path)).axes[0].get_ylabel().startswith("generated")
 
 
 def test_the_short_prompt_shapes_and_the_tuned_tables_picks():

@@ -346,6 +346,70 @@ def ratio_skill(pairs: pd.DataFrame) -> dict:
                                            pairs["predicted_dram_ratio"])[0])}
 
 
+def _scan_key(points: pd.Series) -> pd.Series:
+    return points.str.replace("kv_schedule=sawtooth", "kv_schedule=@").str.replace(
+        "kv_schedule=linear", "kv_schedule=@")
+
+
+def _measured_pair_repeats(study) -> pd.DataFrame:
+    """Per linear/sawtooth pair of the timed families and timing repeat: log(sawtooth/linear)
+    of that repeat's kernel times (a sweep's repeat times both scans in one pass), with the
+    pair's measured DRAM and ncu-duration ratios (medians of the counter repeats)."""
+    out = []
+    for family in TIMED_FAMILIES:
+        df = study.load(family)
+        df = df[(df["status"] == "ok") & df["kv_schedule"].isin(["linear", "sawtooth"])]
+        df = df.assign(key=_scan_key(df["point"]))
+        timing = df[df["measurement"] == "timing"]
+        per = timing.pivot_table(index=["gpu", "key", "repeat"], columns="kv_schedule",
+                                 values="median_ms").dropna()
+        counters = df[df["measurement"] == "counters"].groupby(["gpu", "key", "kv_schedule"])[
+            ["dram_read_bytes", "ncu_duration_ns"]].median().unstack("kv_schedule")
+        ratios = pd.DataFrame({
+            "dram_ratio": counters[("dram_read_bytes", "sawtooth")]
+            / counters[("dram_read_bytes", "linear")],
+            "ncu_duration_ratio": counters[("ncu_duration_ns", "sawtooth")]
+            / counters[("ncu_duration_ns", "linear")]})
+        log_ratio = np.log(per["sawtooth"] / per["linear"]).rename("log_time_ratio")
+        out.append(log_ratio.reset_index().join(ratios, on=["gpu", "key"])
+                   .assign(family=family))
+    return pd.concat(out, ignore_index=True)
+
+
+def measurement_ceiling(study) -> dict:
+    """How well any model could track the measured sawtooth/linear time ratio, from the
+    measurements alone: the split-half reliability of the ratio (each pair's even-numbered
+    repeats against its odd-numbered ones, Spearman-Brown corrected to the whole median; its
+    square root bounds a perfect predictor's correlation, Pearson and by ranks), and how far the
+    ratio moves with the pair's own measured DRAM ratio and with its duration ratio under ncu
+    (a second instrument timing the same two launches)."""
+    from scipy.stats import pearsonr, spearmanr
+    reps = _measured_pair_repeats(study)
+    keys = ["gpu", "family", "key"]
+    halves = reps.sort_values("repeat").groupby(keys).agg(
+        repeats=("log_time_ratio", "size"),
+        even=("log_time_ratio", lambda s: s.iloc[0::2].mean()),
+        odd=("log_time_ratio", lambda s: s.iloc[1::2].mean()),
+        median=("log_time_ratio", "median"),
+        dram_ratio=("dram_ratio", "first"), ncu_duration_ratio=("ncu_duration_ratio", "first"))
+    halves = halves[halves["repeats"] >= 2]
+    out = {"pairs": len(halves), "repeats median": float(halves["repeats"].median())}
+    for name, corr in (("pearson", pearsonr), ("spearman", spearmanr)):
+        r = float(corr(halves["even"], halves["odd"])[0])
+        whole = 2 * r / (1 + r) if r > -1 else float("nan")
+        out[f"split-half {name}"] = r
+        out[f"ceiling {name}"] = float(np.sqrt(whole)) if whole > 0 else 0.0
+    both = halves.dropna(subset=["dram_ratio", "ncu_duration_ratio"])
+    out["time vs DRAM ratio pearson"] = float(pearsonr(both["median"],
+                                                       np.log(both["dram_ratio"]))[0])
+    out["time vs ncu duration ratio pearson"] = float(pearsonr(
+        both["median"], np.log(both["ncu_duration_ratio"]))[0])
+    out["ncu duration vs DRAM ratio pearson"] = float(pearsonr(
+        np.log(both["ncu_duration_ratio"]), np.log(both["dram_ratio"]))[0])
+    out["pairs with counters"] = len(both)
+    return out
+
+
 # ---------------------------------------------------------------------------------------------
 # Time-resolved: PM sampling's DRAM series against the simulated one
 # ---------------------------------------------------------------------------------------------

@@ -229,11 +229,16 @@ KINDS = {k.name: k for k in (BENCH_RECORDS, TUNE_RECORDS, LEVER_RECORDS, BENCH_O
                               BACKWARD_SASS_RECORDS)}
 
 
+def seqlen_label(seqlen: int) -> str:
+    """'S4k' for a whole number of 1024s, else 'S768'."""
+    return f"S{seqlen // 1024}k" if seqlen % 1024 == 0 else f"S{seqlen}"
+
+
 def shape_name(shape: dict) -> str:
     """'B4 H32 KV8 S4k D128 causal': how tables name a bench or tune shape."""
     return (f"B{shape['batch']} H{shape['heads']}"
             + (f" KV{shape['kv_heads']}" if shape.get("kv_heads") else "")
-            + f" S{shape['seqlen'] // 1024}k D{shape['head_dim']}"
+            + f" {seqlen_label(shape['seqlen'])} D{shape['head_dim']}"
             + (" causal" if shape["causal"] else ""))
 
 
