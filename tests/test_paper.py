@@ -119,9 +119,10 @@ def test_a_claim_the_data_contradicts_stops_the_build(tmp_path):
         draft.render(numbers)
 
 
-def test_readme_lists_exactly_the_experiments():
-    readme = (ROOT / "README.md").read_text()
-    assert readme_table(discover(EXPERIMENTS)) in readme
+def test_the_experiments_page_lists_exactly_the_experiments():
+    page = (ROOT / "docs" / "experiments.md").read_text()
+    assert readme_table(discover(EXPERIMENTS)) in page
+    assert "docs/experiments.md" in (ROOT / "README.md").read_text()
 
 
 def test_the_draft_is_the_experiments_sections_in_order(built):

@@ -210,7 +210,7 @@ def draw(experiment: Experiment, study, out_dir) -> list[Path]:
 
 
 def readme_table(experiments: dict[str, Experiment]) -> str:
-    """The README's experiment table, generated from the files."""
+    """The experiments table of docs/experiments.md, generated from the files."""
     lines = ["| experiment | question | data |", "|---|---|---|"]
     for name, exp in experiments.items():
         data = (list(exp.datasets) + [f"{d} (records)" for d in exp.records
