@@ -518,3 +518,30 @@ def test_the_decode_bench_section_computes_its_goals_from_the_records(tmp_path, 
     # needs a host-bound shape and there is none (100 us of host time in a 1.44 ms step)
     assert [c.holds for c in section.claims] == holds
     assert "H100" in e.figure(study)._suptitle.get_text()
+
+
+def test_graphed_decode_contenders_are_compared_with_graphed_sdpa(tmp_path):
+    """A shape whose eager call is host-bound, measured eager and replayed from CUDA graphs:
+    the eager table keeps eager SDPA as its yardstick, the graphed step is paired with graphed
+    SDPA, and the graphed claim checks the graphed step against the eager call."""
+    import json
+    pytest.importorskip("pandas")
+    from experiments import decode_bench as e
+    from wavefront.report.analysis import Study
+    rows = _decode_bench_rows(1.44, 1.47, 1.45, host_us=1400.0)
+    graphed = _decode_bench_rows(1.20, 1.22, 1.25, host_us=5.0)
+    for r in graphed:
+        r["contender"] += e.GRAPHED
+    (tmp_path / "decode_bench").mkdir()
+    with open(tmp_path / "decode_bench" / "bench_decode.jsonl", "w") as f:
+        for row in rows + graphed:
+            f.write(json.dumps(row) + "\n")
+    study = Study(tmp_path)
+    d = e.rows(study).set_index("contender")
+    assert d.loc["wavefront contiguous", "best SDPA"] == "SDPA cudnn"
+    assert d.loc["wavefront contiguous graphed", "best SDPA"] == "SDPA cudnn graphed"
+    assert abs(d.loc["wavefront contiguous graphed", "x SDPA"] - 1.25 / 1.20) < 1e-6
+    t = e.table(study)
+    assert t["graphed vs SDPA graphed [95%]"].iloc[0].startswith("+4.2%")
+    graphed_claim = [c for c in e.section(study).claims if c.text.startswith("Replayed")]
+    assert len(graphed_claim) == 1 and graphed_claim[0].holds

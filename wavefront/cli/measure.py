@@ -284,10 +284,13 @@ def bench_varlen(sequences, tokens, longest, lengths, seed, heads, kv_heads, hea
 @click.option("--rounds", type=click.IntRange(min=6), default=15, show_default=True)
 @click.option("--per-round", type=click.IntRange(min=1), default=10, show_default=True)
 @click.option("--warmup", type=click.IntRange(min=0), default=5, show_default=True)
+@click.option("--graphs/--no-graphs", default=True, show_default=True,
+              help="Also time every contender replayed from CUDA graphs (one per input set), "
+                   "as a serving engine that graphs its decode step launches it.")
 @click.option("--out", "out_dir", type=click.Path(file_okay=False), default=None,
               help="Also write every contender's rounds to <out>/bench_decode.jsonl.")
 def bench_decode(batches, contexts, heads, kv_heads, head_dim, page_size, rounds, per_round,
-                 warmup, out_dir):
+                 warmup, graphs, out_dir):
     """One decode step (a query per sequence, bf16) against a full KV cache: wavefront's cache
     call on a contiguous and a paged cache against torch SDPA's backends on the same cache,
     interleaved rounds; GB/s of K/V read against the DRAM read bandwidth measured first
@@ -301,7 +304,7 @@ def bench_decode(batches, contexts, heads, kv_heads, head_dim, page_size, rounds
         if min(values) < 1:
             raise click.BadParameter("must be positive", param_hint=name)
     dev = _require_gpu()
-    from wavefront.measure.decode_bench import decode_contenders, gbps
+    from wavefront.measure.decode_bench import GRAPHED, decode_contenders, gbps
     from wavefront.measure.microbench import read_bandwidth
     from wavefront.measure.rounds import run_rounds
     from wavefront.results.records import DECODE_BENCH_RECORDS
@@ -320,7 +323,7 @@ def bench_decode(batches, contexts, heads, kv_heads, head_dim, page_size, rounds
                 contenders, step_bytes, sets, notes = decode_contenders(
                     batch=batch, context=context, heads=heads, kv_heads=kv_heads,
                     head_dim=int(head_dim), page_size=int(page_size), l2_bytes=dev.l2_bytes,
-                    log=lambda m: click.echo(m, err=True))
+                    graphs=graphs, log=lambda m: click.echo(m, err=True))
                 results = run_rounds(contenders, rounds=rounds, per_round=per_round,
                                      warmup=warmup)
             except Exception as exc:  # one failing shape must not lose the others
@@ -328,9 +331,11 @@ def bench_decode(batches, contexts, heads, kv_heads, head_dim, page_size, rounds
                 click.echo(f"B{batch} context {context}: FAILED {row['error']}", err=True)
                 sink.write(row)
                 continue
-            best_sdpa = min((r.median_ms for r in results if r.name.startswith("SDPA")),
-                            default=None)
             for r in results:
+                # against the fastest SDPA launched the same way (eager or graphed)
+                best_sdpa = min((o.median_ms for o in results if o.name.startswith("SDPA")
+                                 and o.name.endswith(GRAPHED) == r.name.endswith(GRAPHED)),
+                                default=None)
                 lo, hi = r.ci95_ms
                 row = DECODE_BENCH_RECORDS.stamp({
                     **where, "contender": r.name, "kv_bytes": step_bytes, "input_sets": sets,

@@ -38,10 +38,18 @@ def input_sets(one_set_bytes: int, l2_bytes: int, free_bytes: int, copies: int) 
     return min(wanted, fit)
 
 
+# A contender replayed from CUDA graphs (one per input set) is named so: what a serving engine
+# that graphs its decode step gets, the call's host work gone.
+GRAPHED = " graphed"
+
+
 def decode_contenders(*, batch: int, context: int, heads: int, kv_heads: int, head_dim: int,
-                      page_size: int, l2_bytes: int, seed: int = 1, log=print):
+                      page_size: int, l2_bytes: int, seed: int = 1, graphs: bool = True,
+                      log=print):
     """-> (Contenders of `measure.rounds`, K/V bytes one step reads, input sets, notes): every
-    contender checked first. Paged is left out (and noted) where its copy does not fit."""
+    contender checked first. Paged is left out (and noted) where its copy does not fit. With
+    `graphs`, every contender also runs as "<name> graphed": its call captured once per input
+    set into a CUDA graph and replayed, checked the same way."""
     import torch
     from torch.nn.attention import SDPBackend, sdpa_kernel
     from torch.nn.functional import scaled_dot_product_attention as sdpa
@@ -143,8 +151,46 @@ def decode_contenders(*, batch: int, context: int, heads: int, kv_heads: int, he
             notes.append(f"{name} left out: relative error {err:.3g}")
             continue
         contenders.append(Contender(name, run, flops))
+    if graphs:
+        for contender in list(contenders):
+            try:
+                replay, graphed_outs = _graphed(contender.run, sets)
+                err = error(graphed_outs[0])
+            except Exception as exc:  # a call that cannot be captured is a result, not a crash
+                log(f"{contender.name}{GRAPHED}: left out ({type(exc).__name__}: "
+                    f"{str(exc)[:160]})")
+                notes.append(f"{contender.name}{GRAPHED} left out: {type(exc).__name__}")
+                continue
+            if not err < CORRECTNESS_TOLERANCE:
+                log(f"{contender.name}{GRAPHED}: left out (relative error {err:.3g})")
+                notes.append(f"{contender.name}{GRAPHED} left out: relative error {err:.3g}")
+                continue
+            contenders.append(Contender(contender.name + GRAPHED, replay, flops))
     check_kvcache_flags()
     return contenders, step_bytes, sets, notes
+
+
+def _graphed(run, sets: int):
+    """`run(i)` captured into one CUDA graph per input set -> (replay(i), the graphs' outputs,
+    set 0's first, written by a replay of each graph)."""
+    import torch
+    graphs, outs = [], []
+    for i in range(sets):  # compiled and warm before the capture
+        run(i)
+    torch.cuda.synchronize()
+    for i in range(sets):
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            outs.append(run(i))
+        graphs.append(graph)
+    for i, graph in enumerate(graphs):  # outputs poisoned first: a replay must write them
+        outs[i].fill_(float("nan"))
+        graph.replay()
+    torch.cuda.synchronize()
+
+    def replay(i):
+        graphs[i % sets].replay()
+    return replay, outs
 
 
 def gbps(step_bytes: int, ms: float) -> float:
