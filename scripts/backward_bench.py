@@ -94,8 +94,68 @@ def _error(got, want) -> float:
     return float((got.float() - want.float()).norm() / want.float().norm())
 
 
-def contenders_for(shape, head_dim, causal, schedules, torch):
-    """[(name, call of launch number i, note)], the gradients' errors against the first peer."""
+# --variants: each named config (deterministic), and these also in the atomic mode
+ATOMIC_VARIANTS = ("default", "two_warpgroups")
+# bf16 gradients against float32 autograd: the bound the GPU tests hold the kernel to
+GRAD_TOLERANCE = 2e-2
+
+
+def variant_options(names) -> dict[str, dict]:
+    """Contender name -> attention_backward options, for config names (of BACKWARD_CONFIGS)."""
+    from wavefront.backward_schedules import BACKWARD_CONFIGS
+    unknown = [n for n in names if n not in BACKWARD_CONFIGS]
+    if unknown:
+        raise SystemExit(f"--variants: unknown {unknown}; expected 'all' or names among "
+                         f"{list(BACKWARD_CONFIGS)}")
+    found = {}
+    for name in names:
+        found[f"det[{name}]"] = {"config": name, "deterministic": True}
+        if name in ATOMIC_VARIANTS:
+            found[f"atomic[{name}]"] = {"config": name, "deterministic": False}
+    return found
+
+
+def check_variants(options: dict[str, dict], head_dim: int, causal: bool, torch) -> dict:
+    """Each variant's gradients on fresh random inputs (ragged 333 rows, GQA 4:2, batch 2: the
+    binaries the bench times, at a shape float32 autograd can hold) against float32 autograd,
+    the gradient memory poisoned with NaN first. -> {name: max relative error, or the failure}."""
+    from wavefront.kernel.backward_call import attention_backward
+    import wavefront
+    g = torch.Generator(device="cuda").manual_seed(1000 + head_dim + causal)
+
+    def randn(h):
+        return torch.randn(2, h, 333, head_dim, device="cuda", dtype=torch.bfloat16,
+                           generator=g)
+    q, k, v, do = randn(4), randn(2), randn(2), randn(4)
+    leaves = [x.detach().float().requires_grad_() for x in (q, k, v)]
+    s = leaves[0] @ leaves[1].repeat_interleave(2, 1).transpose(-1, -2) / head_dim ** 0.5
+    if causal:
+        s = s.masked_fill(~torch.ones(333, 333, dtype=torch.bool, device="cuda").tril(),
+                          float("-inf"))
+    (torch.softmax(s, -1) @ leaves[2].repeat_interleave(2, 1)).backward(do.float())
+    want = [x.grad for x in leaves]
+    out, lse = wavefront.attention(q, k, v, causal=causal, return_lse=True)
+    found = {}
+    for name, opts in options.items():
+        for x in (q, k, v, q):
+            torch.full_like(x, float("nan"))  # freed at once: the gradients' blocks next
+        try:
+            got = attention_backward(q, k, v, out, lse, do, causal=causal, **opts)
+            torch.cuda.synchronize()
+        except Exception as exc:  # recorded as failed; the other variants go on
+            found[name] = f"failed: {type(exc).__name__}: {str(exc).splitlines()[0][:200]}"
+            continue
+        errors = [_error(a, b) if torch.isfinite(a).all() else float("inf")
+                  for a, b in zip(got, want)]
+        found[name] = max(errors)
+    return found
+
+
+def contenders_for(shape, head_dim, causal, schedules, torch, variants=None):
+    """[(name, call of launch number i, note)], the gradients' errors against the first peer.
+    `variants`: {name: options} of `--variants` (checked already), timed instead of the plain
+    call's two modes, through `wavefront.kernel.backward_call.attention_backward` (the public
+    call's options check aside, the same host path)."""
     import wavefront
     from wavefront.backward_schedules import BACKWARD_CTA_SCHEDULES, BACKWARD_SCANS
     from wavefront.measure.timing import input_sets_needed
@@ -114,12 +174,15 @@ def contenders_for(shape, head_dim, causal, schedules, torch):
         for cta in BACKWARD_CTA_SCHEDULES:
             for scan in BACKWARD_SCANS:
                 ours[f"wavefront {cta}+{scan}"] = {"schedule": f"{cta}+{scan}"}
+    call = wavefront.attention_backward
+    if variants is not None:
+        from wavefront.kernel.backward_call import attention_backward as call
+        ours = variants
     found = []
     for name, options in ours.items():
         def run(i, options=options):
             q, k, v, out, lse, do = sets[i % n_sets]
-            return wavefront.attention_backward(q, k, v, out, lse, do, causal=causal,
-                                                **options)
+            return call(q, k, v, out, lse, do, causal=causal, **options)
         found.append((name, run, ""))
     peers, errors = [], {}
     q, k, v, _, _, do = sets[0]
@@ -152,27 +215,43 @@ def bench(args, torch) -> list[dict]:
             for causal in args.masks:
                 label = f"{shape_name} D{head_dim} {'causal' if causal else 'full'}"
                 print(label, flush=True)
-                found, errors = contenders_for(shape, head_dim, causal, args.schedules, torch)
+                variants = checks = None
+                if args.variants:
+                    options = variant_options(args.variants)
+                    checks = check_variants(options, head_dim, causal, torch)
+                    print("  errors vs float32 autograd:",
+                          {n: e if isinstance(e, str) else f"{e:.2e}" for n, e in checks.items()})
+                    variants = {n: o for n, o in options.items()
+                                if not isinstance(checks[n], str) and checks[n] < GRAD_TOLERANCE}
+                    for n in options.keys() - variants.keys():
+                        records.append({"shape": shape_name, "head_dim": head_dim,
+                                        "causal": causal, "name": n, "failed": str(checks[n])})
+                found, errors = contenders_for(shape, head_dim, causal, args.schedules, torch,
+                                               variants)
                 print("  gradient errors:", {k: f"{v:.2e}" for k, v in errors.items()})
                 flops = backward_flops(shape[0], shape[1], shape[3], head_dim, causal)
                 results = run_rounds([Contender(n, run, flops) for n, run, _ in found],
-                                     rounds=args.rounds, per_round=args.per_round)
+                                     rounds=args.rounds, per_round=args.per_round,
+                                     warmup=args.warmup)
                 by = {r.name: r for r in results}
                 notes = {n: note for n, _, note in found}
                 for r in results:
                     record = {"shape": shape_name, "head_dim": head_dim, "causal": causal,
                               "gpu": torch.cuda.get_device_name(0), **r.as_dict(),
                               "note": notes[r.name], "grad_errors": errors}
+                    if checks and r.name in checks:
+                        record["error_vs_float32"] = checks[r.name]
                     for peer in ("cudnn", "fa2"):
                         if peer in by and peer != r.name:
                             record[f"x_{peer}"] = paired_ratio(by[peer].samples_ms,
                                                                r.samples_ms)
                     records.append(record)
-                    ratio = record.get("x_cudnn")
+                    ratio, fa2 = record.get("x_cudnn"), record.get("x_fa2")
                     print(f"  {r.name:34s} {r.median_ms:8.3f} ms [{r.ci95_ms[0]:.3f}, "
                           f"{r.ci95_ms[1]:.3f}]  {r.tflops:6.1f} TFLOP/s"
                           + (f"  x cuDNN {ratio[0]:.2f} [{ratio[1]:.2f}, {ratio[2]:.2f}]"
                              if ratio else "")
+                          + (f"  x FA2 {fa2[0]:.2f}" if fa2 and args.variants else "")
                           + (f"  ({r.throttled_rounds} throttled)" if r.throttled_rounds
                              else "") + (f"  {notes[r.name]}" if notes[r.name] else ""),
                           flush=True)
@@ -247,6 +326,87 @@ def dram(args) -> list[dict]:
     return records
 
 
+def _compiled_facts(job):
+    """(kernel, config name, head dim, causal, variant) -> one table row (in a worker)."""
+    kernel, config, head_dim, causal, variant = job
+    from wavefront.kernel.attention import compile_variant
+    from wavefront.kernel.cubin import kernel_resources
+    from wavefront.kernel.sass import disassemble, mma_loop_table, summarise
+    row = {"kernel": kernel, "config": config, "head_dim": head_dim, "causal": causal,
+           "label": variant.label, "tiles": f"{variant.tile_m}x{variant.tile_n}",
+           "worker_warps": variant.worker_warps}
+    try:
+        cubin = compile_variant(variant, "sm_90")
+    except Exception as exc:  # recorded; the other binaries go on
+        return {**row, "failed": f"{type(exc).__name__}: {str(exc)[:200]}"}
+    (res,) = kernel_resources(cubin)
+    sass = disassemble(cubin)
+    summary = summarise(sass)
+    text = sass.splitlines()
+    loops = mma_loop_table(sass)
+    # the hot loop: the unmasked one (the fewest ISETP/FSEL of the loops' first copy), worst
+    # spills over every loop copy
+    hottest = max(loops, key=lambda r: (r["ldl"] + r["stl"], r["instructions"])) if loops else {}
+    steady = min(loops, key=lambda r: r["instructions"]) if loops else {}
+    return {**row, "registers": res.registers, "shared_kib": round(res.shared_bytes / 1024),
+            "ldl": summary.local_loads, "stl": summary.local_stores,
+            "red": sum("REDG" in line or "ATOMG" in line for line in text),
+            "loops": len(loops), "loop_spills_max": hottest.get("ldl", 0) + hottest.get("stl", 0),
+            **{f"loop_{k}": v for k, v in steady.items() if k != "start"}}
+
+
+def sass_jobs(names, head_dims, masks):
+    """Every distinct binary the named configs run: K/V-major (deterministic; atomic for
+    ATOMIC_VARIANTS) and the dQ kernel, bfloat16, per head dim and mask."""
+    from wavefront.backward_schedules import backward_config
+    from wavefront.kernel.backward import config_variants
+    jobs, seen = [], set()
+    for name in names:
+        for head_dim in head_dims:
+            for causal in masks:
+                built = config_variants(backward_config(name, head_dim), "bfloat16", head_dim,
+                                        causal)
+                if name not in ATOMIC_VARIANTS:
+                    del built["kv_atomic"]
+                for kernel, variant in built.items():
+                    if variant not in seen:
+                        seen.add(variant)
+                        jobs.append((kernel, name, head_dim, causal, variant))
+    return jobs
+
+
+def sass_table(args) -> list[dict]:
+    """`--sass`: compile (tileiras, sm_90, no GPU) every binary of the --variants configs
+    (default: all) and print what each compiled to: registers per thread, shared memory,
+    local-memory loads/stores (spills) in the whole kernel and at most in one MMA loop, float
+    reductions (REDG), and the shortest MMA loop's mix per trip (warpgroup MMAs and their
+    multiply-accumulates, exponentials, shared/global loads and stores, barriers)."""
+    from concurrent.futures import ProcessPoolExecutor
+    from wavefront.backward_schedules import BACKWARD_CONFIGS
+    names = args.variants or list(BACKWARD_CONFIGS)
+    jobs = sass_jobs(names, args.head_dims, args.masks)
+    print("kernel     config             D   mask   tiles   ww  regs smem  LDL/STL  loopSp  "
+          "RED | loop: instr HGMMA kMAC EX2 LDS STS LDG bar", flush=True)
+    records = []
+    with ProcessPoolExecutor(max_workers=2) as pool:
+        for row in pool.map(_compiled_facts, jobs):
+            records.append(row)
+            head = (f"{row['kernel']:10s} {row['config']:18s} {row['head_dim']:3d} "
+                    f"{'causal' if row['causal'] else 'full':6s} {row['tiles']:7s} "
+                    f"{row['worker_warps'] or '-':>3}")
+            if "failed" in row:
+                print(f"{head}  FAILED {row['failed']}", flush=True)
+                continue
+            print(f"{head} {row['registers']:4d} {row['shared_kib']:4d} "
+                  f"{row['ldl']:4d}/{row['stl']:<4d} {row['loop_spills_max']:6d} "
+                  f"{row['red']:4d} | {row.get('loop_instructions', 0):10d} "
+                  f"{row.get('loop_hgmma', 0):5d} {row.get('loop_macs', 0) // 1024:4d} "
+                  f"{row.get('loop_ex2', 0):3d} {row.get('loop_lds', 0):3d} "
+                  f"{row.get('loop_sts', 0):3d} {row.get('loop_ldg', 0):3d} "
+                  f"{row.get('loop_barriers', 0):3d}", flush=True)
+    return records
+
+
 def predict(args) -> list[dict]:
     """The lock-step L2 model's DRAM reads of the K/V-major kernel per schedule (no GPU):
     `wavefront.model.backward_simulation`, on `--sms` SMs and an L2 of `--l2-mb` (default: an
@@ -285,6 +445,15 @@ def main(argv=None) -> int:
     parser.add_argument("--full-only", action="store_true")
     parser.add_argument("--rounds", type=int, default=15)
     parser.add_argument("--per-round", type=int, default=3)
+    parser.add_argument("--warmup", type=int, default=3)
+    parser.add_argument("--variants", default=None,
+                        help="'all' or comma-separated names of BACKWARD_CONFIGS: time each "
+                             "config (deterministic; and atomic for "
+                             f"{list(ATOMIC_VARIANTS)}) instead of the plain call, each checked "
+                             "against float32 autograd first")
+    parser.add_argument("--sass", action="store_true",
+                        help="compile every --variants config for sm_90 (no GPU) and print "
+                             "registers, spills and the K/V (Q) loop's instruction mix")
     parser.add_argument("--schedules", action="store_true",
                         help="also time every backward schedule (CTA order x Q scan)")
     parser.add_argument("--dram", action="store_true",
@@ -303,9 +472,16 @@ def main(argv=None) -> int:
     if unknown:
         parser.error(f"--shapes: unknown {unknown}; expected names among {list(SHAPES)}")
     args.head_dims = [int(d) for d in args.head_dims.split(",")]
+    if args.variants:
+        from wavefront.backward_schedules import BACKWARD_CONFIGS
+        args.variants = (list(BACKWARD_CONFIGS) if args.variants == "all"
+                         else [v.strip() for v in args.variants.split(",") if v.strip()])
+        variant_options(args.variants)  # unknown names: a clear error before anything runs
     args.masks = [m for m in (False, True)
                   if not (args.causal_only and not m) and not (args.full_only and m)]
-    if args.predict:
+    if args.sass:
+        records = sass_table(args)
+    elif args.predict:
         records = predict(args)
     else:
         import torch

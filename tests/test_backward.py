@@ -2,6 +2,7 @@
 differences), its work tables (every (batch, K/V head, K/V tile) x (query head, Q tile) pair
 that matters visited exactly once, masks where needed), a NumPy walk of the tables that does
 what the kernels do tile by tile, and the ahead-of-time compile of every backward binary."""
+import dataclasses
 import math
 import os
 from concurrent.futures import ProcessPoolExecutor
@@ -343,6 +344,78 @@ def test_float16_and_other_tile_shapes_compile_for_sm90():
                          for atomic in (True, False)}
     variants -= set(all_backward_variants(dtypes=("bfloat16",)))
     _compile_all(sorted(variants, key=lambda v: v.label))
+
+
+@pytest.mark.compile
+@pytest.mark.slow
+def test_every_named_backward_config_compiles_for_sm90():
+    """Every binary the named configs (`BACKWARD_CONFIGS`, the bench's `--variants all`) run,
+    bfloat16, non-causal (the causal ones differ by the mask's arithmetic only)."""
+    pytest.importorskip("cuda.tile", reason="compiling needs cuda-tile (the gpu extra)")
+    from wavefront.backward_schedules import BACKWARD_CONFIGS
+    from wavefront.kernel.backward import all_backward_variants, config_variants
+    variants = {v for by_dim in BACKWARD_CONFIGS.values() for d, c in by_dim.items()
+                for v in config_variants(c, "bfloat16", d, False).values()}
+    variants -= set(all_backward_variants(dtypes=("bfloat16",)))  # the fast test's
+    _compile_all(sorted(variants, key=lambda v: v.label))
+
+
+@pytest.mark.compile
+def test_two_warpgroups_kv_kernel_keeps_its_accumulators_in_registers():
+    """The lever `two_warpgroups` pulls (FlashAttention-3's 64 x 128 cut, two consumer
+    warpgroups): the K/V-major kernel's dK, dV stay in registers, 168 a thread and no local
+    memory at all, where one warpgroup over 128 K/V rows spills hundreds of values (SASS of
+    sm_90, tileiras 13.4; `scripts/backward_bench.py --sass`). The loop does the same tensor
+    work per warpgroup as the default's at D=128 (24 HGMMAs, 2 Mi multiply-accumulates)."""
+    pytest.importorskip("cuda.tile", reason="compiling needs cuda-tile (the gpu extra)")
+    from wavefront.kernel.sass import find_cuobjdump, mma_loop_table, summarise, disassemble
+    if find_cuobjdump() is None:
+        pytest.skip("cuobjdump not found")
+    from wavefront.backward_schedules import backward_config
+    from wavefront.kernel.attention import compile_variant
+    from wavefront.kernel.backward import config_variants
+    from wavefront.kernel.cubin import kernel_resources
+    variants = config_variants(backward_config("two_warpgroups", 128), "bfloat16", 128, False)
+    two = compile_variant(variants["kv_det"], "sm_90")
+    sass = disassemble(two)
+    summary = summarise(sass)
+    assert summary.local_loads == summary.local_stores == 0, summary
+    assert kernel_resources(two)[0].registers <= 168
+    loops = mma_loop_table(sass)
+    assert loops and all(r["hgmma"] == 24 and r["macs"] == 2 * 1024 * 1024 for r in loops), loops
+    one = summarise(disassemble(compile_variant(
+        dataclasses.replace(variants["kv_det"], worker_warps=None), "sm_90")))
+    assert one.local_loads + one.local_stores > 100, one
+
+
+def test_named_configs_and_their_errors():
+    from wavefront.backward_schedules import (BACKWARD_CONFIGS, BackwardConfig,
+                                              DEFAULT_BACKWARD_TILES, backward_config)
+    for d, tiles in DEFAULT_BACKWARD_TILES.items():
+        assert backward_config(None, d) == BackwardConfig(tiles, tiles)
+    assert set(BACKWARD_CONFIGS) >= {"default", "two_warpgroups"}
+    for by_dim in BACKWARD_CONFIGS.values():
+        assert set(by_dim) == {64, 128}
+    with pytest.raises(ValueError, match="config must be"):
+        backward_config("fastest", 64)
+    with pytest.raises(ValueError, match="kv_tiles"):
+        BackwardConfig((32, 64), (64, 64))
+    with pytest.raises(ValueError, match="dq_worker_warps"):
+        BackwardConfig((64, 64), (64, 64), None, 4)
+    from wavefront.kernel.backward_call import config_for, dq_launch_of
+    with pytest.raises(ValueError, match="tiles or config"):
+        config_for("64x64", "default", 64)
+    assert config_for("64x128", None, 128) == BackwardConfig((64, 128), (64, 128))
+    from wavefront.kernel.backward_call import backward_launch
+    chosen = backward_config("two_warpgroups", 128)
+    launch = backward_launch((1, 4, 1000, 128), (1, 2, 1000, 128), causal=True, config=chosen)
+    assert (launch.problem.tile_m, launch.problem.tile_n) == chosen.kv_tiles
+    dq = dq_launch_of(launch, chosen)
+    assert (dq.problem.tile_m, dq.problem.tile_n) == chosen.dq_tiles
+    # the dQ pass's table at its own tiles is the forward's table of that cut
+    from wavefront.schedules import Launch
+    assert (dq.work_table == Launch(dq.problem, launch.cta, launch.q_scan, launch.sms, 1,
+                                    launch.l2_bytes).work_table).all()
 
 
 def test_backward_contracts_follow_the_kernel_signatures():

@@ -10,6 +10,7 @@ pytestmark = pytest.mark.gpu
 torch = pytest.importorskip("torch")
 
 from wavefront.backward_schedules import (  # noqa: E402
+    BACKWARD_CONFIGS,
     BACKWARD_CTA_SCHEDULES,
     BACKWARD_SCANS,
     BACKWARD_TILE_SHAPES,
@@ -104,6 +105,22 @@ def test_tile_shapes(tiles, head_dim):
     q, k, v, do = _inputs(8, 1, 4, 1, 300, 300, head_dim, torch.bfloat16)
     grads = _run(q, k, v, do, True, tiles=tiles, schedule="persistent+sawtooth", ctas=3)
     _check(q, k, v, do, True, grads)
+
+
+@pytest.mark.parametrize("config", sorted(BACKWARD_CONFIGS))
+@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("causal", [False, True])
+def test_named_configs(config, head_dim, causal):
+    """Every named config (the bench's `--variants`), both dQ modes, ragged and GQA; its
+    deterministic mode bit for bit across two runs."""
+    q, k, v, do = _inputs(11, 2, 4, 2, 333, 333, head_dim, torch.bfloat16)
+    first = _run(q, k, v, do, causal, config=config, ctas=7)
+    _check(q, k, v, do, causal, first)
+    again = _run(q, k, v, do, causal, config=config, ctas=7)
+    for a, b in zip(first, again):
+        assert torch.equal(a.view(torch.int16), b.view(torch.int16))
+    _check(q, k, v, do, causal, _run(q, k, v, do, causal, config=config, deterministic=False,
+                                     ctas=7))
 
 
 @pytest.mark.parametrize("causal", [False, True])

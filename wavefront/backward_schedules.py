@@ -69,6 +69,87 @@ DEFAULT_VARLEN_BACKWARD_TILES = {64: (128, 64), 128: (128, 64)}
 DEFAULT_BACKWARD_SCHEDULE = "persistent+linear"
 
 
+@dataclass(frozen=True)
+class BackwardConfig:
+    """How the backward's two tiled kernels are cut and built, for one head dim: the K/V-major
+    kernel's (Q rows, K/V rows) tiles and the deterministic dQ kernel's (its own work table, so
+    its tiles need not be the K/V-major kernel's), and each one's `num_worker_warps` hint (None:
+    the compiler's choice; 8: two consumer warpgroups split the tile's rows, as
+    FlashAttention-3's backward runs two MMA warpgroups). Every config computes the same
+    gradients (the same arithmetic, cut otherwise)."""
+
+    kv_tiles: tuple[int, int]
+    dq_tiles: tuple[int, int]
+    kv_worker_warps: int | None = None
+    dq_worker_warps: int | None = None
+
+    def __post_init__(self):
+        for name in ("kv_tiles", "dq_tiles"):
+            if tuple(getattr(self, name)) not in BACKWARD_TILE_SHAPES:
+                raise ValueError(f"{name} must be one of {BACKWARD_TILE_SHAPES}, got "
+                                 f"{getattr(self, name)!r}")
+        for name in ("kv_worker_warps", "dq_worker_warps"):
+            if getattr(self, name) not in (None, 8):
+                raise ValueError(f"{name} must be None or 8, got {getattr(self, name)!r}")
+
+
+# Named configs per head dim, measured against each other by `scripts/backward_bench.py
+# --variants all`, chosen from what each compiled to for sm_90 (tileiras 13.4, bfloat16,
+# non-causal; `--sass` prints the table, causal within a few instructions). regs: per thread;
+# spills: local-memory loads/stores in the whole kernel, and at most in one MMA loop; the MMA
+# loop (shortest copy, one warpgroup's trip): HGMMAs, their Ki multiply-accumulates, barriers.
+#   kernel  D    tiles     warps regs  spills   loop  HGMMA  KiMAC  barriers
+#   kv      64   128x64    -     255   0/0      0     24     2048   22   default
+#   kv      64   64x128    8     168   0/0      0     16     1024   15   two warpgroups
+#   dq      64   128x64    -     255   64/104   32    24     1536   51   default
+#   dq      64   128x128   8     168   3/2      3     16     1536   11
+#   dq      64   64x128    -     255   0/0      0     16     1536   11
+#   kv      128  64x64     -     255   0/0      0     24     2048   18   default
+#   kv      128  64x128    8     168   0/0      0     24     2048   18   two warpgroups
+#   dq      128  64x64     -     255   51/91    102   20     1536   11   default
+#   dq      128  64x128    -     255   114/178  64    24     2048   51
+#   dq      128  128x128   8     168   158/222  64    24     2048   51
+#   dq      128  128x64    -     255   406/533  332   40     2560   83
+# (dQ at D=128 with two warpgroups over 64x64 or 64x128 tiles spills nothing in its loop but
+# takes 227.3 KiB of shared memory, over the 227 KiB a CTA may have: left out.)
+# (one warpgroup over 128 K/V rows spills hundreds of values at either D: 128x128 or 64x128
+# without the hint). The atomic mode's K/V kernel: 168 regs at every cut; the default spills
+# 2/2 (D64) and 79/68 (D128), the two-warpgroup cut none, with twice the K/V rows per dQ
+# reduction (half the REDG traffic).
+BACKWARD_CONFIGS = {
+    "default": {d: BackwardConfig(t, t) for d, t in DEFAULT_BACKWARD_TILES.items()},
+    # FlashAttention-3's cut of the K/V-major kernel (two MMA warpgroups over 128 K/V rows,
+    # 64-row Q tiles) with the dQ kernel's two-warpgroup build that spills least in its loop
+    "two_warpgroups": {64: BackwardConfig((64, 128), (128, 128), 8, 8),
+                       128: BackwardConfig((64, 128), (128, 128), 8, 8)},
+    # the K/V-major kernel alone changed (the dQ kernel as the default's)
+    "kv_two_warpgroups": {64: BackwardConfig((64, 128), (128, 64), 8),
+                          128: BackwardConfig((64, 128), (64, 64), 8)},
+    # the dQ kernel alone changed, to the one-warpgroup build that spills least in its loop
+    # (none at D=64, 64 values against the default's 102 at D=128)
+    "dq_fewer_spills": {64: BackwardConfig((128, 64), (64, 128)),
+                        128: BackwardConfig((64, 64), (64, 128))},
+}
+DEFAULT_BACKWARD_CONFIG = "default"
+
+
+def backward_config(config, head_dim: int) -> BackwardConfig:
+    """A config's name (of BACKWARD_CONFIGS), a BackwardConfig, or None (the default) -> the
+    BackwardConfig for `head_dim`."""
+    if config is None:
+        config = DEFAULT_BACKWARD_CONFIG
+    if isinstance(config, BackwardConfig):
+        return config
+    if not isinstance(config, str) or config not in BACKWARD_CONFIGS:
+        raise ValueError(f"config must be a BackwardConfig or one of {list(BACKWARD_CONFIGS)}, "
+                         f"got {config!r}")
+    by_dim = BACKWARD_CONFIGS[config]
+    if head_dim not in by_dim:
+        raise ValueError(f"config {config!r} has no entry for head_dim {head_dim}; it has "
+                         f"{sorted(by_dim)}")
+    return by_dim[head_dim]
+
+
 def q_tile_span(kv_tile, tile_m, tile_n, seqlen_q, seqlen_kv, causal):
     """-> (first Q tile, first Q tile that needs no mask, Q tiles): the Q tiles that see K/V
     tile `kv_tile`, [first, end), of which [first, unmasked) need a mask.

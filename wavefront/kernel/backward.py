@@ -69,6 +69,9 @@ from wavefront.schedules import (
     WORK_SCAN_STEP,
 )
 
+# `num_worker_warps` values the backward's variants take (`BackwardConfig`): None, the
+# compiler's choice, or 8, two consumer warpgroups (cuda-tile 1.7 with tileiras 13.4).
+WORKER_WARPS = (None, 8)
 # Rows per CTA of the small kernels (preprocess, dQ conversion): they stream, any size works.
 ROWS_TILE = 64
 
@@ -293,8 +296,11 @@ def _dq_work_item(Q, K, V, dOut, Lse, Delta, dQ, Work, item, qk_scale_log2, scal
 
 
 @lru_cache(maxsize=None)
-def _kernel(function, occupancy: int):
-    return ct.kernel(function, occupancy=occupancy)
+def _kernel(function, occupancy: int, worker_warps: int | None = None):
+    """cuTile takes these as kernel options (one kernel object each): CTAs per SM, and warps
+    per consumer warpgroup set (8: two consumer warpgroups split the tile's rows; None: the
+    compiler's choice, one at these tiles)."""
+    return ct.kernel(function, occupancy=occupancy, num_worker_warps=worker_warps)
 
 
 # --------------------------------------------------------------------------------------------
@@ -339,6 +345,9 @@ class _TiledVariant:
 
     def __post_init__(self):
         _check(self.dtype, self.head_dim, self.tile_m, self.tile_n)
+        if self.worker_warps not in WORKER_WARPS:
+            raise ValueError(f"worker_warps must be one of {WORKER_WARPS}, got "
+                             f"{self.worker_warps!r}")
         if (self.varlen and self.head_dim == 128 and (self.tile_m, self.tile_n) == (64, 64)
                 and not getattr(self, "atomic_dq", False)):
             raise ValueError(f"{self.label}: tileiras 13.4 fails to compile the deterministic "
@@ -354,10 +363,11 @@ class _TiledVariant:
     def label(self) -> str:
         return (f"{self.prefix}_{self.dtype[:2]}_d{self.head_dim}_{self.tile_m}x{self.tile_n}"
                 f"_{'causal' if self.causal else 'full'}{self.suffix}_occ{self.occupancy}"
+                f"{f'_ww{self.worker_warps}' if self.worker_warps else ''}"
                 f"{'_varlen' if self.varlen else ''}")
 
     def kernel(self):
-        return _kernel(self.function, self.occupancy)
+        return _kernel(self.function, self.occupancy, self.worker_warps)
 
     def signature(self):
         return aot_signature(self.params, self.dtype, self.constants, self.function.__name__)
@@ -366,11 +376,12 @@ class _TiledVariant:
 @dataclass(frozen=True)
 class BackwardKvVariant(_TiledVariant):
     """One binary of the K/V-major kernel.
-    Label: `bwd_kv_<dtype>_d<D>_<M>x<N>_<full|causal>_<atomic|det>_occ<O>[_varlen]`."""
+    Label: `bwd_kv_<dtype>_d<D>_<M>x<N>_<full|causal>_<atomic|det>_occ<O>[_ww<W>][_varlen]`."""
 
     atomic_dq: bool = True
     occupancy: int = 1
     varlen: bool = False  # packed sequences, sliced per work item
+    worker_warps: int | None = None
     prefix = "bwd_kv"
     function = staticmethod(flash_attention_bwd_kv)
     params = BWD_KV_PARAMS
@@ -387,10 +398,11 @@ class BackwardKvVariant(_TiledVariant):
 @dataclass(frozen=True)
 class BackwardDqVariant(_TiledVariant):
     """One binary of the deterministic Q-major dQ kernel.
-    Label: `bwd_dq_<dtype>_d<D>_<M>x<N>_<full|causal>_occ<O>[_varlen]`."""
+    Label: `bwd_dq_<dtype>_d<D>_<M>x<N>_<full|causal>_occ<O>[_ww<W>][_varlen]`."""
 
     occupancy: int = 1
     varlen: bool = False
+    worker_warps: int | None = None
     prefix = "bwd_dq"
     suffix = ""
     function = staticmethod(flash_attention_bwd_dq)
@@ -427,6 +439,15 @@ class RowsVariant:
             return aot_signature(PREPROCESS_PARAMS, self.dtype, self.constants,
                                  "backward_preprocess")
         return aot_signature(CONVERT_DQ_PARAMS, self.dtype, self.constants, "convert_dq")
+
+
+def config_variants(config, dtype: str, head_dim: int, causal: bool) -> dict:
+    """The binaries a `BackwardConfig` runs (dense): {'kv_det', 'kv_atomic', 'dq'} -> variant."""
+    kv = {f"kv_{'atomic' if atomic else 'det'}": BackwardKvVariant(
+        dtype, head_dim, *config.kv_tiles, causal, atomic, worker_warps=config.kv_worker_warps)
+        for atomic in (False, True)}
+    return {**kv, "dq": BackwardDqVariant(dtype, head_dim, *config.dq_tiles, causal,
+                                          worker_warps=config.dq_worker_warps)}
 
 
 def all_backward_variants(dtypes=DTYPES, head_dims=HEAD_DIMS, tiles=None):

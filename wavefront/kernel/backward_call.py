@@ -11,6 +11,7 @@ CuPy arrays of their own (not torch's, whose CUDA-graph pools must not own them;
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 import threading
 from collections import OrderedDict
@@ -20,11 +21,13 @@ import cuda.tile as ct
 from wavefront.argument_checks import backward_shapes
 from wavefront.backward_schedules import (
     BACKWARD_TILE_SHAPES,
+    BackwardConfig,
     DEFAULT_BACKWARD_SCHEDULE,
     DEFAULT_BACKWARD_TILES,
     DEFAULT_VARLEN_BACKWARD_TILES,
     BackwardLaunch,
     VarlenBackwardLaunch,
+    backward_config,
     backward_schedule,
 )
 from wavefront.kernel.arrays import _check_inputs, _view
@@ -104,9 +107,9 @@ def _empty(library: str, device: int, shape, dtype: str):
         return cupy.empty(shape, dtype=dtype)
 
 
-def _uploaded(launch: BackwardLaunch, deterministic: bool, device: int):
+def _uploaded(launch: BackwardLaunch, dq_launch, deterministic: bool, device: int):
     """(K/V-major table, dQ table or None, 1-element float32 stand-in) on `device`, kept."""
-    key = (launch, deterministic, device)
+    key = (launch, dq_launch if deterministic else None, device)
     with _tables_lock:
         found = _tables.get(key)
         if found is not None:
@@ -115,7 +118,7 @@ def _uploaded(launch: BackwardLaunch, deterministic: bool, device: int):
     import cupy
     with cupy.cuda.Device(device):
         kv_table = cupy.asarray(launch.work_table)
-        dq_table = cupy.asarray(launch.dq_launch.work_table) if deterministic else None
+        dq_table = cupy.asarray(dq_launch.work_table) if deterministic else None
         stand_in = cupy.zeros((1, 1, 1, 1), dtype="float32")
         # Uploaded on CuPy's stream: the caller's stream may not wait for it.
         cupy.cuda.get_current_stream().synchronize()
@@ -127,14 +130,37 @@ def _uploaded(launch: BackwardLaunch, deterministic: bool, device: int):
     return found
 
 
+def config_for(tiles, config, head_dim: int) -> BackwardConfig:
+    """The call's `BackwardConfig`: `tiles` ('MxN', both kernels, the compiler's warps) or
+    `config` (a name of BACKWARD_CONFIGS or a BackwardConfig), not both; neither: default."""
+    if tiles is not None and config is not None:
+        raise ValueError(f"give tiles or config, not both (got tiles={tiles!r}, "
+                         f"config={config!r})")
+    if tiles is not None:
+        tiles = backward_tiles(tiles, head_dim)
+        return BackwardConfig(tiles, tiles)
+    return backward_config(config, head_dim)
+
+
+def dq_launch_of(launch: BackwardLaunch, config: BackwardConfig):
+    """The deterministic dQ pass's launch, cut at the config's dQ tiles (its own work table)."""
+    dq_launch = launch.dq_launch
+    if tuple(config.dq_tiles) == (dq_launch.problem.tile_m, dq_launch.problem.tile_n):
+        return dq_launch
+    tile_m, tile_n = config.dq_tiles
+    return dataclasses.replace(dq_launch, problem=dataclasses.replace(
+        dq_launch.problem, tile_m=tile_m, tile_n=tile_n))
+
+
 def backward_launch(q_shape, k_shape, *, causal=False, schedule=None, tiles=None, sms=132,
-                    l2_bytes=50 << 20, dtype_bytes=2, ctas=None) -> BackwardLaunch:
+                    l2_bytes=50 << 20, dtype_bytes=2, ctas=None,
+                    config=None) -> BackwardLaunch:
     """The `BackwardLaunch` the call runs for these shapes (also for the model, on any
-    machine)."""
+    machine): the K/V-major kernel's, at `tiles` or the config's K/V tiles."""
     backward_shapes(q_shape, k_shape)  # (wavefront.argument_checks: named, not unpacked)
     batch, heads, seqlen_q, head_dim = q_shape
     _, kv_heads, seqlen_kv, _ = k_shape
-    tile_m, tile_n = backward_tiles(tiles, head_dim)
+    tile_m, tile_n = config_for(tiles, config, head_dim).kv_tiles
     problem = AttentionProblem(batch, heads, kv_heads, seqlen_q, seqlen_kv, head_dim, causal,
                                tile_m, tile_n, dtype_bytes)
     return BackwardLaunch.of(problem, schedule or DEFAULT_BACKWARD_SCHEDULE, sms, 1, l2_bytes,
@@ -156,15 +182,16 @@ def _check_flags(causal, deterministic):
         raise ValueError(f"deterministic must be True or False, got {deterministic!r}")
 
 
-def _run(launch: BackwardLaunch, library, device, dtype, arrays, grads, scale: float,
-         deterministic: bool, varlen: bool) -> None:
+def _run(launch: BackwardLaunch, config: BackwardConfig, library, device, dtype, arrays,
+         grads, scale: float, deterministic: bool, varlen: bool) -> None:
     """The three launches on the caller's current stream. `arrays`: (q, k, v, out, lse, dout)
     and `grads`: (dq, dk, dv) as the kernels see them, (batch, heads, rows, D) and (batch,
     heads, rows)."""
     q, k, v, out, lse, dout = arrays
     dq, dk, dv = grads
     p = launch.problem
-    kv_table, dq_table, stand_in = _uploaded(launch, deterministic, device)
+    dq_launch = dq_launch_of(launch, config)
+    kv_table, dq_table, stand_in = _uploaded(launch, dq_launch, deterministic, device)
     delta = _empty(library, device, tuple(lse.shape), "float32")
     stream = _stream_handle(current_stream(library, device))
     rows_grid = (-(-p.seqlen_q // ROWS_TILE), p.batch * p.heads, 1)
@@ -176,7 +203,7 @@ def _run(launch: BackwardLaunch, library, device, dtype, arrays, grads, scale: f
     if atomic:
         dq_acc = _zeros(library, device, tuple(q.shape), "float32")
     kv_variant = BackwardKvVariant(dtype, p.head_dim, p.tile_m, p.tile_n, p.causal, atomic,
-                                   varlen=varlen)
+                                   varlen=varlen, worker_warps=config.kv_worker_warps)
     ct.launch(stream, (launch.num_ctas, 1, 1), kv_variant.kernel(),
               (q, k, v, dout, lse, delta, dk, dv, dq_acc, kv_table, qk_scale_log2, scale,
                launch.num_items, p.head_dim, p.tile_m, p.tile_n, p.causal, atomic, varlen))
@@ -184,17 +211,18 @@ def _run(launch: BackwardLaunch, library, device, dtype, arrays, grads, scale: f
         ct.launch(stream, rows_grid, RowsVariant("convert_dq", dtype, p.head_dim).kernel(),
                   (dq_acc, dq, p.head_dim, ROWS_TILE))
         return
-    dq_launch = launch.dq_launch
-    dq_variant = BackwardDqVariant(dtype, p.head_dim, p.tile_m, p.tile_n, p.causal,
-                                   varlen=varlen)
+    dq_m, dq_n = dq_launch.problem.tile_m, dq_launch.problem.tile_n
+    dq_variant = BackwardDqVariant(dtype, p.head_dim, dq_m, dq_n, p.causal, varlen=varlen,
+                                   worker_warps=config.dq_worker_warps)
     ct.launch(stream, (dq_launch.num_ctas, 1, 1), dq_variant.kernel(),
               (q, k, v, dout, lse, delta, dq, dq_table, qk_scale_log2, scale,
-               dq_launch.num_items, p.head_dim, p.tile_m, p.tile_n, p.causal, varlen))
+               dq_launch.num_items, p.head_dim, dq_m, dq_n, p.causal, varlen))
 
 
 def attention_backward(q, k, v, out, lse, dout, *, causal: bool = False,
                        scale: float | None = None, schedule: str | None = None,
-                       deterministic: bool = True, tiles=None, ctas: int | None = None):
+                       deterministic: bool = True, tiles=None, ctas: int | None = None,
+                       config=None):
     """Gradients of FlashAttention: -> (dq, dk, dv) of q's, k's and v's shapes and dtype.
 
     q (B, H, S_q, D), k and v (B, H_kv, S_kv, D), `out` and `dout` of q's shape, `lse` the
@@ -202,7 +230,9 @@ def attention_backward(q, k, v, out, lse, dout, *, causal: bool = False,
     `schedule`: '<cta>+<scan>' with cta one of grid, persistent, grouped, longest_first and
     scan linear or sawtooth (the Q scan of each K/V tile); `tiles`: 'MxN' (Q rows x K/V rows).
     `deterministic`: dQ from a second, Q-major kernel instead of float atomics, so the three
-    gradients are bit-identical across runs."""
+    gradients are bit-identical across runs. `config`: a name of
+    `wavefront.backward_schedules.BACKWARD_CONFIGS` or a `BackwardConfig` (each kernel's tiles
+    and warps; instead of `tiles`)."""
     _check_flags(causal, deterministic)
     vq, (aq, ak, av) = _check_inputs(q, k, v)
     library, device = vq.library, vq.device
@@ -214,13 +244,14 @@ def attention_backward(q, k, v, out, lse, dout, *, causal: bool = False,
     _check_like("lse", vl, vq.shape[:3], "float32", library, device)
     k_shape = tuple(ak.shape)
     scale = _checked_scale(scale, vq.shape[3])
+    chosen = config_for(tiles, config, vq.shape[3])
     sms, l2_bytes = _gpu_shape(device)
-    launch = backward_launch(vq.shape, k_shape, causal=causal, schedule=schedule, tiles=tiles,
-                             sms=sms, l2_bytes=l2_bytes, ctas=ctas)
+    launch = backward_launch(vq.shape, k_shape, causal=causal, schedule=schedule,
+                             sms=sms, l2_bytes=l2_bytes, ctas=ctas, config=chosen)
     grads = (_empty(library, device, vq.shape, vq.dtype),
              _empty(library, device, k_shape, vq.dtype),
              _empty(library, device, k_shape, vq.dtype))
-    _run(launch, library, device, vq.dtype, (aq, ak, av, ao, al, ado), grads, scale,
+    _run(launch, chosen, library, device, vq.dtype, (aq, ak, av, ao, al, ado), grads, scale,
          deterministic, varlen=False)
     return grads
 
@@ -266,5 +297,6 @@ def attention_backward_varlen(q, k, v, out, lse, dout, cu_seqlens_q, cu_seqlens_
     grads = [_packed_as_4d(n, x) for n, x in zip(("dq", "dk", "dv"), packed)]
     lse4 = lse.reshape((1,) + tuple(lse.shape))
     arrays = (aq, ak, av, _packed_as_4d("out", out), lse4, _packed_as_4d("dout", dout))
-    _run(launch, library, device, vq.dtype, arrays, grads, scale, deterministic, varlen=True)
+    _run(launch, BackwardConfig((tile_m, tile_n), (tile_m, tile_n)), library, device,
+         vq.dtype, arrays, grads, scale, deterministic, varlen=True)
     return tuple(packed)

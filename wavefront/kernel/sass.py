@@ -139,3 +139,46 @@ def kv_loop_mix(sass: str) -> dict[str, int]:
     counts["other"] = len(body) - sum(counts.values())
     counts["all"] = len(body)
     return counts
+
+
+_HGMMA_SHAPE = re.compile(r"HGMMA\.(\d+)x(\d+)x(\d+)")
+# What a backward loop's instructions are, by the resource they use (`mma_loop_table`).
+MMA_LOOP_CLASSES = (
+    ("hgmma", ("HGMMA",)),
+    ("ex2", ("MUFU.EX2",)),
+    ("lds", ("LDS", "LDSM")),
+    ("sts", ("STS", "STSM")),
+    ("ldg", ("LDG",)),
+    ("red", ("RED", "ATOM")),
+    ("ldl", ("LDL",)),
+    ("stl", ("STL",)),
+    ("barriers", ("SYNCS", "BAR", "WARPGROUP", "DEPBAR")),
+)
+
+
+def mma_loop_table(sass: str) -> list[dict]:
+    """Every innermost loop that does tensor-core work and exponentials (the backward's K/V or
+    Q loops: one per masked/unmasked loop and per warpgroup copy), as its instruction counts by
+    `MMA_LOOP_CLASSES`, its length, and `macs`: multiply-accumulates its warpgroup MMAs issue
+    per trip (m x n x k of each HGMMA, per warpgroup). Sorted by address."""
+    lines = [(int(a, 16), line) for a, line in
+             re.findall(r"/\*([0-9a-f]{4,})\*/\s+((?:@!?U?P\w+\s+)?[A-Z][^;]*);", sass)]
+    # A branch back from out-of-line code (barrier retries, the producer's TMA issue) spans
+    # pieces of several roles and is no loop of one: such spans hold UTMALDG or NANOSLEEP.
+    spans = [(a, b) for a, b, body in loops(sass)
+             if any(o.startswith("HGMMA") for o in body)
+             and any(o.startswith("MUFU.EX2") for o in body)
+             and not any(o.startswith(("UTMALDG", "NANOSLEEP")) for o in body)]
+    innermost = [(a, b) for a, b in spans
+                 if not any((a, b) != (c, d) and a <= c and d <= b for c, d in spans)]
+    table = []
+    for start, end in sorted(set(innermost)):
+        ops = [re.sub(r"^@!?U?P\w+\s+", "", line).split()[0] for a, line in lines
+               if start <= a <= end]
+        row = {"start": start, "instructions": len(ops)}
+        for name, prefixes in MMA_LOOP_CLASSES:
+            row[name] = sum(o.split(".")[0] in prefixes or o.startswith(prefixes) for o in ops)
+        row["macs"] = sum(int(m[1]) * int(m[2]) * int(m[3])
+                          for m in map(_HGMMA_SHAPE.match, ops) if m)
+        table.append(row)
+    return table
