@@ -180,7 +180,7 @@ def contenders_for(shape, head_dim, causal, schedules, torch, variants=None):
         ours = variants
     found = []
     for name, options in ours.items():
-        def run(i, options=options):
+        def run(i, options=options, call=call):  # (the peers' loop below rebinds `call`)
             q, k, v, out, lse, do = sets[i % n_sets]
             return call(q, k, v, out, lse, do, causal=causal, **options)
         found.append((name, run, ""))
