@@ -82,6 +82,7 @@ class BackwardConfig:
     dq_tiles: tuple[int, int]
     kv_worker_warps: int | None = None
     dq_worker_warps: int | None = None
+    dq_masked_first: bool = False  # the dQ kernel's masked K/V tiles before the others
 
     def __post_init__(self):
         for name in ("kv_tiles", "dq_tiles"):
@@ -91,6 +92,9 @@ class BackwardConfig:
         for name in ("kv_worker_warps", "dq_worker_warps"):
             if getattr(self, name) not in (None, 8):
                 raise ValueError(f"{name} must be None or 8, got {getattr(self, name)!r}")
+        if not isinstance(self.dq_masked_first, bool):
+            raise ValueError(f"dq_masked_first must be True or False, got "
+                             f"{self.dq_masked_first!r}")
 
 
 # Named configs per head dim, measured against each other by `scripts/backward_bench.py
@@ -118,17 +122,28 @@ class BackwardConfig:
 # reduction (half the REDG traffic).
 BACKWARD_CONFIGS = {
     "default": {d: BackwardConfig(t, t) for d, t in DEFAULT_BACKWARD_TILES.items()},
-    # FlashAttention-3's cut of the K/V-major kernel (two MMA warpgroups over 128 K/V rows,
-    # 64-row Q tiles) with the dQ kernel's two-warpgroup build that spills least in its loop
-    "two_warpgroups": {64: BackwardConfig((64, 128), (128, 128), 8, 8),
-                       128: BackwardConfig((64, 128), (128, 128), 8, 8)},
-    # the K/V-major kernel alone changed (the dQ kernel as the default's)
+    # the dQ kernel's masked K/V tiles first: its unmasked loop (nearly all the work) comes
+    # second and keeps nothing in local memory at D=128 (`flash_attention_bwd_dq`)
+    "dq_masked_first": {d: BackwardConfig(t, t, dq_masked_first=True)
+                        for d, t in DEFAULT_BACKWARD_TILES.items()},
+    # the dQ kernel alone changed, to the one-warpgroup cut whose loop spills least
+    "dq_fewer_spills": {64: BackwardConfig((128, 64), (64, 128), dq_masked_first=True),
+                        128: BackwardConfig((64, 64), (64, 64), dq_masked_first=True)},
+    # the K/V-major kernel alone changed, to FlashAttention-3's cut: 64-row Q tiles, 128 K/V
+    # rows split between two consumer warpgroups (the dQ kernel as the default's)
     "kv_two_warpgroups": {64: BackwardConfig((64, 128), (128, 64), 8),
                           128: BackwardConfig((64, 128), (64, 64), 8)},
-    # the dQ kernel alone changed, to the one-warpgroup build that spills least in its loop
-    # (none at D=64, 64 values against the default's 102 at D=128)
-    "dq_fewer_spills": {64: BackwardConfig((128, 64), (64, 128)),
-                        128: BackwardConfig((64, 64), (64, 128))},
+    # at D=64, two warpgroups over 128x128 (more tensor work per barrier: 24 HGMMAs a trip,
+    # spills 2/2); at D=128 that cut spills hundreds, so FlashAttention-3's 64x128 there
+    "kv_wide": {64: BackwardConfig((128, 128), (128, 64), 8),
+                128: BackwardConfig((64, 128), (64, 64), 8)},
+    # both kernels with two consumer warpgroups
+    "two_warpgroups": {64: BackwardConfig((64, 128), (128, 128), 8, 8, True),
+                       128: BackwardConfig((64, 128), (128, 128), 8, 8, True)},
+    # what the SASS favours: each kernel's cut with no spill in its hot loop and the fewest
+    # registers (K/V: two warpgroups, 168; dQ: masked tiles first, one warpgroup)
+    "sass_pick": {64: BackwardConfig((64, 128), (64, 128), 8, None, True),
+                  128: BackwardConfig((64, 128), (64, 64), 8, None, True)},
 }
 DEFAULT_BACKWARD_CONFIG = "default"
 

@@ -213,10 +213,12 @@ def _run(launch: BackwardLaunch, config: BackwardConfig, library, device, dtype,
         return
     dq_m, dq_n = dq_launch.problem.tile_m, dq_launch.problem.tile_n
     dq_variant = BackwardDqVariant(dtype, p.head_dim, dq_m, dq_n, p.causal, varlen=varlen,
-                                   worker_warps=config.dq_worker_warps)
+                                   worker_warps=config.dq_worker_warps,
+                                   masked_first=config.dq_masked_first)
     ct.launch(stream, (dq_launch.num_ctas, 1, 1), dq_variant.kernel(),
               (q, k, v, dout, lse, delta, dq, dq_table, qk_scale_log2, scale,
-               dq_launch.num_items, p.head_dim, dq_m, dq_n, p.causal, varlen))
+               dq_launch.num_items, p.head_dim, dq_m, dq_n, p.causal, varlen,
+               config.dq_masked_first))
 
 
 def attention_backward(q, k, v, out, lse, dout, *, causal: bool = False,
