@@ -203,10 +203,12 @@ def _run(launch: BackwardLaunch, config: BackwardConfig, library, device, dtype,
     if atomic:
         dq_acc = _zeros(library, device, tuple(q.shape), "float32")
     kv_variant = BackwardKvVariant(dtype, p.head_dim, p.tile_m, p.tile_n, p.causal, atomic,
-                                   varlen=varlen, worker_warps=config.kv_worker_warps)
+                                   varlen=varlen, worker_warps=config.kv_worker_warps,
+                                   q_latency=config.q_latency)
     ct.launch(stream, (launch.num_ctas, 1, 1), kv_variant.kernel(),
               (q, k, v, dout, lse, delta, dk, dv, dq_acc, kv_table, qk_scale_log2, scale,
-               launch.num_items, p.head_dim, p.tile_m, p.tile_n, p.causal, atomic, varlen))
+               launch.num_items, p.head_dim, p.tile_m, p.tile_n, p.causal, atomic, varlen,
+               config.q_latency))
     if atomic:
         ct.launch(stream, rows_grid, RowsVariant("convert_dq", dtype, p.head_dim).kernel(),
                   (dq_acc, dq, p.head_dim, ROWS_TILE))
