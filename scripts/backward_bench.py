@@ -95,7 +95,7 @@ def _error(got, want) -> float:
 
 
 # --variants: each named config (deterministic), and these also in the atomic mode
-ATOMIC_VARIANTS = ("default", "two_warpgroups")
+ATOMIC_VARIANTS = ("default", "two_warpgroups", "kv_wide")
 # bf16 gradients against float32 autograd: the bound the GPU tests hold the kernel to
 GRAD_TOLERANCE = 2e-2
 
