@@ -129,9 +129,6 @@ BACKWARD_CONFIGS = {
     # second and keeps nothing in local memory at D=128 (`flash_attention_bwd_dq`)
     "dq_masked_first": {d: BackwardConfig(t, t, dq_masked_first=True)
                         for d, t in DEFAULT_BACKWARD_TILES.items()},
-    # the dQ kernel alone changed, to the one-warpgroup cut whose loop spills least
-    "dq_fewer_spills": {64: BackwardConfig((128, 64), (64, 128), dq_masked_first=True),
-                        128: BackwardConfig((64, 64), (64, 64), dq_masked_first=True)},
     # the K/V-major kernel alone changed, to FlashAttention-3's cut: 64-row Q tiles, 128 K/V
     # rows split between two consumer warpgroups (the dQ kernel as the default's)
     "kv_two_warpgroups": {64: BackwardConfig((64, 128), (128, 64), 8),
@@ -150,9 +147,13 @@ BACKWARD_CONFIGS = {
                       for d, t in DEFAULT_BACKWARD_TILES.items()},
     "q_latency_high": {d: BackwardConfig(t, t, q_latency=10)
                        for d, t in DEFAULT_BACKWARD_TILES.items()},
-    # what the SASS favours: each kernel's cut with no spill in its hot loop and the fewest
-    # registers (K/V: two warpgroups, 168; dQ: masked tiles first, one warpgroup)
-    "sass_pick": {64: BackwardConfig((64, 128), (64, 128), 8, None, True),
+    # what the SASS favours, per kernel: no spill in the steady loop, then the most tensor
+    # work per barrier. D=64: the default K/V cut (2 Mi MACs per 22 barriers a trip against
+    # 1 Mi per 15 with two warpgroups; unsure, so kept) and the dQ kernel at 64x128 with the
+    # masked tiles first (no spills, 11 barriers, against 16/16 spills and 51); D=128: two
+    # warpgroups over 64x128 for K/V (168 registers, no spills, each Q/dO tile serving 128
+    # K/V rows) and the masked-first 64x64 dQ kernel (no spills in its steady loop).
+    "sass_pick": {64: BackwardConfig((128, 64), (64, 128), None, None, True),
                   128: BackwardConfig((64, 128), (64, 64), 8, None, True)},
 }
 DEFAULT_BACKWARD_CONFIG = "default"
