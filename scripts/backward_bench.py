@@ -95,44 +95,100 @@ def _error(got, want) -> float:
 
 
 # --variants: each named config (deterministic), and these also in the atomic mode
-ATOMIC_VARIANTS = ("default", "two_warpgroups")
+ATOMIC_VARIANTS = ("default", "two_warpgroups", "kv_wide")
 # bf16 gradients against float32 autograd: the bound the GPU tests hold the kernel to
 GRAD_TOLERANCE = 2e-2
 
 
-def variant_options(names) -> dict[str, dict]:
-    """Contender name -> attention_backward options, for config names (of BACKWARD_CONFIGS)."""
-    from wavefront.backward_schedules import BACKWARD_CONFIGS
+def variant_options(names, head_dim=None) -> dict[str, dict]:
+    """Contender name -> attention_backward options, for config names (of BACKWARD_CONFIGS).
+    With `head_dim`: a config equal to an earlier one's at that head dim is left out (the
+    same binaries; said on the console)."""
+    from wavefront.backward_schedules import BACKWARD_CONFIGS, backward_config
     unknown = [n for n in names if n not in BACKWARD_CONFIGS]
     if unknown:
         raise SystemExit(f"--variants: unknown {unknown}; expected 'all' or names among "
                          f"{list(BACKWARD_CONFIGS)}")
-    found = {}
+    found, seen = {}, {}
     for name in names:
+        if head_dim is not None:
+            config = backward_config(name, head_dim)
+            if config in seen:
+                print(f"  {name}: the same config as {seen[config]} at D{head_dim}, not timed "
+                      "twice", flush=True)
+                continue
+            seen[config] = name
         found[f"det[{name}]"] = {"config": name, "deterministic": True}
         if name in ATOMIC_VARIANTS:
             found[f"atomic[{name}]"] = {"config": name, "deterministic": False}
     return found
 
 
-def check_variants(options: dict[str, dict], head_dim: int, causal: bool, torch) -> dict:
-    """Each variant's gradients on fresh random inputs (ragged 333 rows, GQA 4:2, batch 2: the
-    binaries the bench times, at a shape float32 autograd can hold) against float32 autograd,
-    the gradient memory poisoned with NaN first. -> {name: max relative error, or the failure}."""
-    from wavefront.kernel.backward_call import attention_backward
-    import wavefront
+# The check's shape: GQA 4:2, 1024 rows (a multiple of every tile, as the bench's shapes are,
+# so the check builds the very binaries the bench times; ragged rows are the GPU tests')
+CHECK_SHAPE = (1, 4, 2, 1024)
+
+
+def _check_inputs(head_dim, causal, torch):
+    batch, heads, kv_heads, seqlen = CHECK_SHAPE
     g = torch.Generator(device="cuda").manual_seed(1000 + head_dim + causal)
 
     def randn(h):
-        return torch.randn(2, h, 333, head_dim, device="cuda", dtype=torch.bfloat16,
+        return torch.randn(batch, h, seqlen, head_dim, device="cuda", dtype=torch.bfloat16,
                            generator=g)
-    q, k, v, do = randn(4), randn(2), randn(2), randn(4)
+    return randn(heads), randn(kv_heads), randn(kv_heads), randn(heads)
+
+
+def _warm(jobs):
+    """In a worker process: build (JIT-compile into cuTile's disk cache) the binaries of each
+    (head_dim, causal, options) by one call at the check's shape. -> seconds taken."""
+    import time
+
+    import torch
+
+    import wavefront
+    from wavefront.kernel.backward_call import attention_backward
+    start = time.perf_counter()
+    for head_dim, causal, options in jobs:
+        q, k, v, do = _check_inputs(head_dim, causal, torch)
+        out, lse = wavefront.attention(q, k, v, causal=causal, return_lse=True)
+        try:
+            attention_backward(q, k, v, out, lse, do, causal=causal, **options)
+        except Exception as exc:  # the check in the main process reports it by name
+            print(f"  warm-up of {options} at D{head_dim}: {type(exc).__name__}", flush=True)
+    torch.cuda.synchronize()
+    return time.perf_counter() - start
+
+
+def warm_variants(args) -> None:
+    """Compile every --variants binary in parallel worker processes before the grid (cuTile
+    compiles under one process-wide lock; its disk cache then serves the bench's process)."""
+    import multiprocessing
+    import time
+    jobs = [(d, c, o) for d in args.head_dims for c in args.masks
+            for o in variant_options(args.variants, d).values()]
+    workers = max(1, min(len(jobs), args.compile_workers))
+    start = time.perf_counter()
+    with multiprocessing.get_context("spawn").Pool(workers) as pool:
+        pool.map(_warm, [jobs[i::workers] for i in range(workers)])
+    print(f"compiled {len(jobs)} variant calls in {workers} processes in "
+          f"{time.perf_counter() - start:.0f} s", flush=True)
+
+
+def check_variants(options: dict[str, dict], head_dim: int, causal: bool, torch) -> dict:
+    """Each variant's gradients on fresh random inputs (`CHECK_SHAPE`, GQA, a shape float32
+    autograd can hold) against float32 autograd, the gradient memory poisoned with NaN first.
+    -> {name: the largest of dq's, dk's and dv's relative norm errors, or the failure}."""
+    from wavefront.kernel.backward_call import attention_backward
+    import wavefront
+    q, k, v, do = _check_inputs(head_dim, causal, torch)
+    seqlen, group = CHECK_SHAPE[3], CHECK_SHAPE[1] // CHECK_SHAPE[2]
     leaves = [x.detach().float().requires_grad_() for x in (q, k, v)]
-    s = leaves[0] @ leaves[1].repeat_interleave(2, 1).transpose(-1, -2) / head_dim ** 0.5
+    s = leaves[0] @ leaves[1].repeat_interleave(group, 1).transpose(-1, -2) / head_dim ** 0.5
     if causal:
-        s = s.masked_fill(~torch.ones(333, 333, dtype=torch.bool, device="cuda").tril(),
+        s = s.masked_fill(~torch.ones(seqlen, seqlen, dtype=torch.bool, device="cuda").tril(),
                           float("-inf"))
-    (torch.softmax(s, -1) @ leaves[2].repeat_interleave(2, 1)).backward(do.float())
+    (torch.softmax(s, -1) @ leaves[2].repeat_interleave(group, 1)).backward(do.float())
     want = [x.grad for x in leaves]
     out, lse = wavefront.attention(q, k, v, causal=causal, return_lse=True)
     found = {}
@@ -209,6 +265,8 @@ def bench(args, torch) -> list[dict]:
     from wavefront.measure.rounds import Contender, run_rounds
     from wavefront.results.measurement import paired_ratio
     records = []
+    if args.variants and args.compile_workers > 0:
+        warm_variants(args)
     for shape_name in args.shapes:
         shape = SHAPES[shape_name]
         for head_dim in args.head_dims:
@@ -217,7 +275,7 @@ def bench(args, torch) -> list[dict]:
                 print(label, flush=True)
                 variants = checks = None
                 if args.variants:
-                    options = variant_options(args.variants)
+                    options = variant_options(args.variants, head_dim)
                     checks = check_variants(options, head_dim, causal, torch)
                     print("  errors vs float32 autograd:",
                           {n: e if isinstance(e, str) else f"{e:.2e}" for n, e in checks.items()})
@@ -344,14 +402,14 @@ def _compiled_facts(job):
     summary = summarise(sass)
     text = sass.splitlines()
     loops = mma_loop_table(sass)
-    # the hot loop: the unmasked one (the fewest ISETP/FSEL of the loops' first copy), worst
-    # spills over every loop copy
-    hottest = max(loops, key=lambda r: (r["ldl"] + r["stl"], r["instructions"])) if loops else {}
-    steady = min(loops, key=lambda r: r["instructions"]) if loops else {}
-    return {**row, "registers": res.registers, "shared_kib": round(res.shared_bytes / 1024),
+    # the steady loop: the unmasked one, which does nearly all the work (the fewest integer
+    # compares; the shortest of equals), and the worst spills of any MMA loop beside it
+    steady = min(loops, key=lambda r: (r["isetp"], r["instructions"])) if loops else {}
+    worst = max((r["ldl"] + r["stl"] for r in loops), default=0)
+    return {**row, "registers": res.registers, "shared_bytes": res.shared_bytes,
             "ldl": summary.local_loads, "stl": summary.local_stores,
             "red": sum("REDG" in line or "ATOMG" in line for line in text),
-            "loops": len(loops), "loop_spills_max": hottest.get("ldl", 0) + hottest.get("stl", 0),
+            "loops": len(loops), "loop_spills_max": worst,
             **{f"loop_{k}": v for k, v in steady.items() if k != "start"}}
 
 
@@ -379,14 +437,15 @@ def sass_table(args) -> list[dict]:
     """`--sass`: compile (tileiras, sm_90, no GPU) every binary of the --variants configs
     (default: all) and print what each compiled to: registers per thread, shared memory,
     local-memory loads/stores (spills) in the whole kernel and at most in one MMA loop, float
-    reductions (REDG), and the shortest MMA loop's mix per trip (warpgroup MMAs and their
-    multiply-accumulates, exponentials, shared/global loads and stores, barriers)."""
+    reductions (REDG), and the steady (unmasked) MMA loop's mix per trip of one warpgroup
+    (warpgroup MMAs and their multiply-accumulates, exponentials, shared/global loads and
+    stores, barriers, spills)."""
     from concurrent.futures import ProcessPoolExecutor
     from wavefront.backward_schedules import BACKWARD_CONFIGS
     names = args.variants or list(BACKWARD_CONFIGS)
     jobs = sass_jobs(names, args.head_dims, args.masks)
-    print("kernel     config             D   mask   tiles   ww  regs smem  LDL/STL  loopSp  "
-          "RED | loop: instr HGMMA kMAC EX2 LDS STS LDG bar", flush=True)
+    print("kernel     config             D   mask   tiles   ww regs smemKiB LDL/STL  maxSp "
+          "RED | steady loop: instr HGMMA KiMAC EX2 LDS STS LDG bar LDL/STL", flush=True)
     records = []
     with ProcessPoolExecutor(max_workers=2) as pool:
         for row in pool.map(_compiled_facts, jobs):
@@ -397,13 +456,14 @@ def sass_table(args) -> list[dict]:
             if "failed" in row:
                 print(f"{head}  FAILED {row['failed']}", flush=True)
                 continue
-            print(f"{head} {row['registers']:4d} {row['shared_kib']:4d} "
-                  f"{row['ldl']:4d}/{row['stl']:<4d} {row['loop_spills_max']:6d} "
-                  f"{row['red']:4d} | {row.get('loop_instructions', 0):10d} "
-                  f"{row.get('loop_hgmma', 0):5d} {row.get('loop_macs', 0) // 1024:4d} "
+            print(f"{head} {row['registers']:4d} {row['shared_bytes'] / 1024:7.1f} "
+                  f"{row['ldl']:4d}/{row['stl']:<4d} {row['loop_spills_max']:5d} "
+                  f"{row['red']:4d} | {row.get('loop_instructions', 0):17d} "
+                  f"{row.get('loop_hgmma', 0):5d} {row.get('loop_macs', 0) // 1024:5d} "
                   f"{row.get('loop_ex2', 0):3d} {row.get('loop_lds', 0):3d} "
                   f"{row.get('loop_sts', 0):3d} {row.get('loop_ldg', 0):3d} "
-                  f"{row.get('loop_barriers', 0):3d}", flush=True)
+                  f"{row.get('loop_barriers', 0):3d} "
+                  f"{row.get('loop_ldl', 0)}/{row.get('loop_stl', 0)}", flush=True)
     return records
 
 
@@ -451,6 +511,9 @@ def main(argv=None) -> int:
                              "config (deterministic; and atomic for "
                              f"{list(ATOMIC_VARIANTS)}) instead of the plain call, each checked "
                              "against float32 autograd first")
+    parser.add_argument("--compile-workers", type=int, default=8,
+                        help="--variants: processes that compile the variants' binaries "
+                             "before the grid (0: compile on first call instead)")
     parser.add_argument("--sass", action="store_true",
                         help="compile every --variants config for sm_90 (no GPU) and print "
                              "registers, spills and the K/V (Q) loop's instruction mix")

@@ -350,12 +350,14 @@ def test_float16_and_other_tile_shapes_compile_for_sm90():
 @pytest.mark.slow
 def test_every_named_backward_config_compiles_for_sm90():
     """Every binary the named configs (`BACKWARD_CONFIGS`, the bench's `--variants all`) run,
-    bfloat16, non-causal (the causal ones differ by the mask's arithmetic only)."""
+    bfloat16, non-causal (the causal ones differ by the mask's arithmetic only); the atomic
+    mode's with a latency hint left out (the bench times none)."""
     pytest.importorskip("cuda.tile", reason="compiling needs cuda-tile (the gpu extra)")
     from wavefront.backward_schedules import BACKWARD_CONFIGS
     from wavefront.kernel.backward import all_backward_variants, config_variants
     variants = {v for by_dim in BACKWARD_CONFIGS.values() for d, c in by_dim.items()
-                for v in config_variants(c, "bfloat16", d, False).values()}
+                for v in config_variants(c, "bfloat16", d, False).values()
+                if not (getattr(v, "atomic_dq", False) and v.q_latency)}
     variants -= set(all_backward_variants(dtypes=("bfloat16",)))  # the fast test's
     _compile_all(sorted(variants, key=lambda v: v.label))
 
@@ -388,6 +390,29 @@ def test_two_warpgroups_kv_kernel_keeps_its_accumulators_in_registers():
     assert one.local_loads + one.local_stores > 100, one
 
 
+@pytest.mark.compile
+def test_masked_first_dq_kernel_keeps_its_unmasked_loop_out_of_local_memory():
+    """The dQ kernel at D=128 (64x64, sm_90, tileiras 13.4): with the unmasked K/V loop first
+    (the default) that loop spills; with the masked tiles first it keeps everything in
+    registers and is shorter. The unmasked loop: the MMA loop with the fewest compares."""
+    pytest.importorskip("cuda.tile", reason="compiling needs cuda-tile (the gpu extra)")
+    from wavefront.kernel.sass import disassemble, find_cuobjdump, mma_loop_table
+    if find_cuobjdump() is None:
+        pytest.skip("cuobjdump not found")
+    from wavefront.kernel.attention import compile_variant
+    from wavefront.kernel.backward import BackwardDqVariant
+    unmasked = {}
+    for first in (False, True):
+        variant = BackwardDqVariant("bfloat16", 128, 64, 64, False, masked_first=first)
+        loops = mma_loop_table(disassemble(compile_variant(variant, "sm_90")))
+        assert len(loops) == 2, loops
+        unmasked[first] = min(loops, key=lambda r: r["isetp"])
+    assert unmasked[False]["ldl"] + unmasked[False]["stl"] > 0, unmasked
+    assert unmasked[True]["ldl"] == unmasked[True]["stl"] == 0, unmasked
+    assert unmasked[True]["instructions"] < unmasked[False]["instructions"], unmasked
+    assert unmasked[True]["hgmma"] == unmasked[False]["hgmma"], unmasked
+
+
 def test_named_configs_and_their_errors():
     from wavefront.backward_schedules import (BACKWARD_CONFIGS, BackwardConfig,
                                               DEFAULT_BACKWARD_TILES, backward_config)
@@ -402,6 +427,8 @@ def test_named_configs_and_their_errors():
         BackwardConfig((32, 64), (64, 64))
     with pytest.raises(ValueError, match="dq_worker_warps"):
         BackwardConfig((64, 64), (64, 64), None, 4)
+    with pytest.raises(ValueError, match="dq_masked_first"):
+        BackwardConfig((64, 64), (64, 64), dq_masked_first=1)
     from wavefront.kernel.backward_call import config_for, dq_launch_of
     with pytest.raises(ValueError, match="tiles or config"):
         config_for("64x64", "default", 64)

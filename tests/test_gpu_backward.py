@@ -111,9 +111,10 @@ def test_tile_shapes(tiles, head_dim):
 @pytest.mark.parametrize("head_dim", [64, 128])
 @pytest.mark.parametrize("causal", [False, True])
 def test_named_configs(config, head_dim, causal):
-    """Every named config (the bench's `--variants`), both dQ modes, ragged and GQA; its
-    deterministic mode bit for bit across two runs."""
-    q, k, v, do = _inputs(11, 2, 4, 2, 333, 333, head_dim, torch.bfloat16)
+    """Every named config (the bench's `--variants`), both dQ modes, GQA, at the bench's check
+    shape (1024 rows: the binaries `scripts/backward_bench.py --variants` builds, so a run after
+    the bench compiles nothing); its deterministic mode bit for bit across two runs."""
+    q, k, v, do = _inputs(11, 1, 4, 2, 1024, 1024, head_dim, torch.bfloat16)
     first = _run(q, k, v, do, causal, config=config, ctas=7)
     _check(q, k, v, do, causal, first)
     again = _run(q, k, v, do, causal, config=config, ctas=7)
@@ -121,6 +122,17 @@ def test_named_configs(config, head_dim, causal):
         assert torch.equal(a.view(torch.int16), b.view(torch.int16))
     _check(q, k, v, do, causal, _run(q, k, v, do, causal, config=config, deterministic=False,
                                      ctas=7))
+
+
+@pytest.mark.parametrize("config", ["sass_pick", "two_warpgroups", "kv_wide"])
+@pytest.mark.parametrize("head_dim", [64, 128])
+def test_named_configs_on_ragged_lengths(config, head_dim):
+    """The new cuts (two warpgroups, the dQ kernel on its own tiles, masked tiles first) where
+    every tile needs the mask's ragged edge: 333 query rows, 517 keys, causal."""
+    q, k, v, do = _inputs(12, 2, 4, 2, 333, 517, head_dim, torch.bfloat16)
+    for deterministic in (True, False):
+        _check(q, k, v, do, True, _run(q, k, v, do, True, config=config, ctas=5,
+                                       deterministic=deterministic))
 
 
 @pytest.mark.parametrize("causal", [False, True])

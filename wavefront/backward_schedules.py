@@ -82,6 +82,8 @@ class BackwardConfig:
     dq_tiles: tuple[int, int]
     kv_worker_warps: int | None = None
     dq_worker_warps: int | None = None
+    dq_masked_first: bool = False  # the dQ kernel's masked K/V tiles before the others
+    q_latency: int = 0  # the K/V-major kernel's load latency hint on Q and dO (0: none)
 
     def __post_init__(self):
         for name in ("kv_tiles", "dq_tiles"):
@@ -91,44 +93,68 @@ class BackwardConfig:
         for name in ("kv_worker_warps", "dq_worker_warps"):
             if getattr(self, name) not in (None, 8):
                 raise ValueError(f"{name} must be None or 8, got {getattr(self, name)!r}")
+        if isinstance(self.q_latency, bool) or self.q_latency not in range(11):
+            raise ValueError(f"q_latency must be an integer in [0, 10], got {self.q_latency!r}")
+        if not isinstance(self.dq_masked_first, bool):
+            raise ValueError(f"dq_masked_first must be True or False, got "
+                             f"{self.dq_masked_first!r}")
 
 
 # Named configs per head dim, measured against each other by `scripts/backward_bench.py
-# --variants all`, chosen from what each compiled to for sm_90 (tileiras 13.4, bfloat16,
-# non-causal; `--sass` prints the table, causal within a few instructions). regs: per thread;
-# spills: local-memory loads/stores in the whole kernel, and at most in one MMA loop; the MMA
-# loop (shortest copy, one warpgroup's trip): HGMMAs, their Ki multiply-accumulates, barriers.
-#   kernel  D    tiles     warps regs  spills   loop  HGMMA  KiMAC  barriers
-#   kv      64   128x64    -     255   0/0      0     24     2048   22   default
-#   kv      64   64x128    8     168   0/0      0     16     1024   15   two warpgroups
-#   dq      64   128x64    -     255   64/104   32    24     1536   51   default
-#   dq      64   128x128   8     168   3/2      3     16     1536   11
-#   dq      64   64x128    -     255   0/0      0     16     1536   11
-#   kv      128  64x64     -     255   0/0      0     24     2048   18   default
-#   kv      128  64x128    8     168   0/0      0     24     2048   18   two warpgroups
-#   dq      128  64x64     -     255   51/91    102   20     1536   11   default
-#   dq      128  64x128    -     255   114/178  64    24     2048   51
-#   dq      128  128x128   8     168   158/222  64    24     2048   51
-#   dq      128  128x64    -     255   406/533  332   40     2560   83
-# (dQ at D=128 with two warpgroups over 64x64 or 64x128 tiles spills nothing in its loop but
-# takes 227.3 KiB of shared memory, over the 227 KiB a CTA may have: left out.)
-# (one warpgroup over 128 K/V rows spills hundreds of values at either D: 128x128 or 64x128
-# without the hint). The atomic mode's K/V kernel: 168 regs at every cut; the default spills
-# 2/2 (D64) and 79/68 (D128), the two-warpgroup cut none, with twice the K/V rows per dQ
-# reduction (half the REDG traffic).
+# --variants all`, chosen from what each compiled to (sm_90, tileiras 13.4, bfloat16, full mask;
+# `--sass` prints every binary, causal within a few instructions; 2026-11-27). regs: per
+# thread; spills: local loads/stores in the kernel; the steady (unmasked) MMA loop, one
+# warpgroup's trip: instructions, HGMMAs, Ki multiply-accumulates, barriers, spills.
+#   kernel D    tiles    ww regs smem KiB spills   loop instr HGMMA KiMAC bar spills
+#   kv     64   128x64   -  255   85      0/0      658        24    2048  22  0/0    default
+#   kv     64   64x128   8  168  137      0/0      401        16    1024  15  0/0
+#   kv     64   128x128  8  168  117      2/2      712        24    2048  22  1/1
+#   kv     128  64x64    -  255  100      0/0      405        24    2048  18  0/0    default
+#   kv     128  64x128   8  168  163      0/0      478        24    2048  18  0/0
+#   dq     64   128x64   -  255   83     64/104    739        24    1536  51  16/16  default
+#   dq     64   128x64 mf-  255   83     62/107    608        24    1536  51  16/16
+#   dq     64   64x128 mf-  255   67      0/0      432        16    1536  11  0/0
+#   dq     64   128x128mf8  168   99     10/6      462        16    1536  11  4/0
+#   dq     128  64x64    -  255  211     51/91     513        20    1536  11  51/51  default
+#   dq     128  64x64  mf-  255  211     51/91     322        20    1536  11  0/0
+#   dq     128  128x128mf8  168  131    160/224    639        24    3072  51  32/32
+# (mf: masked K/V tiles first. One warpgroup over 128 K/V rows spills hundreds of values at
+# either D; the dQ kernel with two warpgroups over 64-row Q tiles at D=128 takes 227.3 KiB of
+# shared memory, over a CTA's 227: left out.) The atomic mode's K/V kernel: 168 regs at every
+# cut; the default spills 2/2 (D64) and 79/68 (D128), FlashAttention-3's 64x128 cut none, with
+# twice the K/V rows per dQ reduction (half the REDG traffic).
 BACKWARD_CONFIGS = {
     "default": {d: BackwardConfig(t, t) for d, t in DEFAULT_BACKWARD_TILES.items()},
-    # FlashAttention-3's cut of the K/V-major kernel (two MMA warpgroups over 128 K/V rows,
-    # 64-row Q tiles) with the dQ kernel's two-warpgroup build that spills least in its loop
-    "two_warpgroups": {64: BackwardConfig((64, 128), (128, 128), 8, 8),
-                       128: BackwardConfig((64, 128), (128, 128), 8, 8)},
-    # the K/V-major kernel alone changed (the dQ kernel as the default's)
+    # the dQ kernel's masked K/V tiles first: its unmasked loop (nearly all the work) comes
+    # second and keeps nothing in local memory at D=128 (`flash_attention_bwd_dq`)
+    "dq_masked_first": {d: BackwardConfig(t, t, dq_masked_first=True)
+                        for d, t in DEFAULT_BACKWARD_TILES.items()},
+    # the K/V-major kernel alone changed, to FlashAttention-3's cut: 64-row Q tiles, 128 K/V
+    # rows split between two consumer warpgroups (the dQ kernel as the default's)
     "kv_two_warpgroups": {64: BackwardConfig((64, 128), (128, 64), 8),
                           128: BackwardConfig((64, 128), (64, 64), 8)},
-    # the dQ kernel alone changed, to the one-warpgroup build that spills least in its loop
-    # (none at D=64, 64 values against the default's 102 at D=128)
-    "dq_fewer_spills": {64: BackwardConfig((128, 64), (64, 128)),
-                        128: BackwardConfig((64, 64), (64, 128))},
+    # at D=64, two warpgroups over 128x128 (more tensor work per barrier: 24 HGMMAs a trip,
+    # spills 2/2); at D=128 that cut spills hundreds, so FlashAttention-3's 64x128 there
+    "kv_wide": {64: BackwardConfig((128, 128), (128, 64), 8),
+                128: BackwardConfig((64, 128), (64, 64), 8)},
+    # both kernels with two consumer warpgroups
+    "two_warpgroups": {64: BackwardConfig((64, 128), (128, 128), 8, 8, True),
+                       128: BackwardConfig((64, 128), (128, 128), 8, 8, True)},
+    # cuTile's load latency hint on the K/V-major kernel's Q and dO (the default cut): it
+    # moves the shared memory the compiler stages them in (D=128 64x64: 100 KiB without,
+    # 132 KiB at 1, 67 KiB at 10), the loop's code barely
+    "q_latency_low": {d: BackwardConfig(t, t, q_latency=1)
+                      for d, t in DEFAULT_BACKWARD_TILES.items()},
+    "q_latency_high": {d: BackwardConfig(t, t, q_latency=10)
+                       for d, t in DEFAULT_BACKWARD_TILES.items()},
+    # what the SASS favours, per kernel: no spill in the steady loop, then the most tensor
+    # work per barrier. D=64: the default K/V cut (2 Mi MACs per 22 barriers a trip against
+    # 1 Mi per 15 with two warpgroups; unsure, so kept) and the dQ kernel at 64x128 with the
+    # masked tiles first (no spills, 11 barriers, against 16/16 spills and 51); D=128: two
+    # warpgroups over 64x128 for K/V (168 registers, no spills, each Q/dO tile serving 128
+    # K/V rows) and the masked-first 64x64 dQ kernel (no spills in its steady loop).
+    "sass_pick": {64: BackwardConfig((128, 64), (64, 128), None, None, True),
+                  128: BackwardConfig((64, 128), (64, 64), 8, None, True)},
 }
 DEFAULT_BACKWARD_CONFIG = "default"
 

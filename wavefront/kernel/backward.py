@@ -116,11 +116,19 @@ def convert_dq(dQacc, dQ, HEAD_DIM: ConstInt, TILE_M: ConstInt):
 def _q_tile_step(Q, dOut, Lse, Delta, dQacc, k, v, dk, dv, batch, head, kv_tile, q_tile,
                  qk_scale_log2, scale, seqlen_kv, HEAD_DIM: ConstInt, TILE_M: ConstInt,
                  TILE_N: ConstInt, MASKED: ConstBool, CAUSAL: ConstBool,
-                 ATOMIC_DQ: ConstBool):
+                 ATOMIC_DQ: ConstBool, Q_LATENCY: ConstInt):
     """One Q tile's share of a K/V tile's dK and dV (and of the Q tile's dQ), transposed
     (K/V rows first) so that dV = P^T dO and dK = dS^T Q are plain products."""
-    q = _load_rows(Q, batch, head, q_tile, HEAD_DIM, TILE_M)  # [TILE_M, D]
-    do = _load_rows(dOut, batch, head, q_tile, HEAD_DIM, TILE_M)  # [TILE_M, D]
+    if Q_LATENCY > 0:  # a load latency hint (1 low .. 10 high DRAM traffic) on Q and dO
+        q = ct.load(Q, index=(batch, head, q_tile, 0), shape=(1, 1, TILE_M, HEAD_DIM),
+                    padding_mode=ct.PaddingMode.ZERO, latency=Q_LATENCY).reshape(
+                        (TILE_M, HEAD_DIM))
+        do = ct.load(dOut, index=(batch, head, q_tile, 0), shape=(1, 1, TILE_M, HEAD_DIM),
+                     padding_mode=ct.PaddingMode.ZERO, latency=Q_LATENCY).reshape(
+                         (TILE_M, HEAD_DIM))
+    else:
+        q = _load_rows(Q, batch, head, q_tile, HEAD_DIM, TILE_M)  # [TILE_M, D]
+        do = _load_rows(dOut, batch, head, q_tile, HEAD_DIM, TILE_M)  # [TILE_M, D]
     lse = _load_row_stats(Lse, batch, head, q_tile, TILE_M).reshape((1, TILE_M))
     delta = _load_row_stats(Delta, batch, head, q_tile, TILE_M).reshape((1, TILE_M))
     s_t = ct.mma(k, ct.transpose(q), ct.full((TILE_N, TILE_M), 0.0, dtype=ct.float32))
@@ -158,7 +166,7 @@ def _sequence(Work, item, q_start_column, q_length_column, kv_start_column,
 
 def _kv_work_item(Q, K, V, dOut, Lse, Delta, dK, dV, dQacc, Work, item, qk_scale_log2, scale,
                   HEAD_DIM: ConstInt, TILE_M: ConstInt, TILE_N: ConstInt, CAUSAL: ConstBool,
-                  ATOMIC_DQ: ConstBool, VARLEN: ConstBool):
+                  ATOMIC_DQ: ConstBool, VARLEN: ConstBool, Q_LATENCY: ConstInt):
     """VARLEN: the arrays are packed sequences viewed as (1, heads, total rows, D); the item's
     sequence is sliced out of them (no copy), so its tiles, masks and ragged ends are its own
     and no store or atomic reaches a neighbour's rows."""
@@ -199,11 +207,12 @@ def _kv_work_item(Q, K, V, dOut, Lse, Delta, dK, dV, dQacc, Work, item, qk_scale
         for i in range(masked_lo, masked_hi):
             dk, dv = _q_tile_step(Q, dOut, Lse, Delta, dQacc, k, v, dk, dv, batch, head,
                                   kv_tile, i, qk_scale_log2, scale, seqlen_kv, HEAD_DIM,
-                                  TILE_M, TILE_N, True, CAUSAL, ATOMIC_DQ)
+                                  TILE_M, TILE_N, True, CAUSAL, ATOMIC_DQ, Q_LATENCY)
         for t in range(count):
             dk, dv = _q_tile_step(Q, dOut, Lse, Delta, dQacc, k, v, dk, dv, batch, head,
                                   kv_tile, start + step * t, qk_scale_log2, scale, seqlen_kv,
-                                  HEAD_DIM, TILE_M, TILE_N, False, CAUSAL, ATOMIC_DQ)
+                                  HEAD_DIM, TILE_M, TILE_N, False, CAUSAL, ATOMIC_DQ,
+                                  Q_LATENCY)
     ct.store(dK, index=(batch, kv_head, kv_tile, 0),
              tile=dk.reshape((1, 1, TILE_N, HEAD_DIM)).astype(dK.dtype))
     ct.store(dV, index=(batch, kv_head, kv_tile, 0),
@@ -213,11 +222,12 @@ def _kv_work_item(Q, K, V, dOut, Lse, Delta, dK, dV, dQacc, Work, item, qk_scale
 def flash_attention_bwd_kv(Q, K, V, dOut, Lse, Delta, dK, dV, dQacc, Work,
                            qk_scale_log2: float, scale: float, num_items: int,
                            HEAD_DIM: ConstInt, TILE_M: ConstInt, TILE_N: ConstInt,
-                           CAUSAL: ConstBool, ATOMIC_DQ: ConstBool, VARLEN: ConstBool):
+                           CAUSAL: ConstBool, ATOMIC_DQ: ConstBool, VARLEN: ConstBool,
+                           Q_LATENCY: ConstInt):
     """One CTA: take K/V-major items (rows c, c + P, ...) and write each one's dK and dV."""
     for item in range(ct.bid(0), num_items, ct.num_blocks(0)):
         _kv_work_item(Q, K, V, dOut, Lse, Delta, dK, dV, dQacc, Work, item, qk_scale_log2,
-                      scale, HEAD_DIM, TILE_M, TILE_N, CAUSAL, ATOMIC_DQ, VARLEN)
+                      scale, HEAD_DIM, TILE_M, TILE_N, CAUSAL, ATOMIC_DQ, VARLEN, Q_LATENCY)
 
 
 def _dq_step(K, V, q, do, lse, delta, dq, batch, kv_head, kv_tile, q_tile, qk_scale_log2,
@@ -246,18 +256,23 @@ def _dq_step(K, V, q, do, lse, delta, dq, batch, kv_head, kv_tile, q_tile, qk_sc
 
 def flash_attention_bwd_dq(Q, K, V, dOut, Lse, Delta, dQ, Work, qk_scale_log2: float,
                            scale: float, num_items: int, HEAD_DIM: ConstInt, TILE_M: ConstInt,
-                           TILE_N: ConstInt, CAUSAL: ConstBool, VARLEN: ConstBool):
+                           TILE_N: ConstInt, CAUSAL: ConstBool, VARLEN: ConstBool,
+                           MASKED_FIRST: ConstBool):
     """One CTA: take Q-major items (the forward's work table, rows c, c + P, ...) and write
     each one's dQ once: deterministic. VARLEN: the packed batch's sequence sliced out, as in
-    the K/V-major kernel (from the forward's varlen table)."""
+    the K/V-major kernel (from the forward's varlen table). MASKED_FIRST: the K/V tiles that
+    need a mask before the others (the same sum in another order), as the K/V-major kernel
+    visits its Q tiles: tileiras 13.4 keeps the second loop free of spills and short (sm_90,
+    D=128, 64x64: the unmasked loop 322 instructions, none to local memory, against 513 with
+    102 when it comes first)."""
     for item in range(ct.bid(0), num_items, ct.num_blocks(0)):
         _dq_work_item(Q, K, V, dOut, Lse, Delta, dQ, Work, item, qk_scale_log2, scale,
-                      HEAD_DIM, TILE_M, TILE_N, CAUSAL, VARLEN)
+                      HEAD_DIM, TILE_M, TILE_N, CAUSAL, VARLEN, MASKED_FIRST)
 
 
 def _dq_work_item(Q, K, V, dOut, Lse, Delta, dQ, Work, item, qk_scale_log2, scale,
                   HEAD_DIM: ConstInt, TILE_M: ConstInt, TILE_N: ConstInt, CAUSAL: ConstBool,
-                  VARLEN: ConstBool):
+                  VARLEN: ConstBool, MASKED_FIRST: ConstBool):
     if VARLEN:
         q_start, q_stop, kv_start, kv_stop = _sequence(Work, item, WORK_Q_START, WORK_SEQLEN_Q,
                                                        WORK_KV_START, WORK_SEQLEN_KV)
@@ -283,14 +298,22 @@ def _dq_work_item(Q, K, V, dOut, Lse, Delta, dQ, Work, item, qk_scale_log2, scal
     lse = _load_row_stats(Lse, batch, head, q_tile, TILE_M).reshape((TILE_M, 1))
     delta = _load_row_stats(Delta, batch, head, q_tile, TILE_M).reshape((TILE_M, 1))
     dq = ct.full((TILE_M, HEAD_DIM), 0.0, dtype=ct.float32)
+    masked_lo = _work(Work, item, WORK_MASKED_LO)
+    masked_hi = _work(Work, item, WORK_MASKED_HI)
+    if MASKED_FIRST:
+        for j in range(masked_lo, masked_hi):
+            dq = _dq_step(K, V, q, do, lse, delta, dq, batch, kv_head, j, q_tile,
+                          qk_scale_log2, scale, seqlen_kv, HEAD_DIM, TILE_M, TILE_N, True,
+                          CAUSAL)
     for t in range(count):
         dq = _dq_step(K, V, q, do, lse, delta, dq, batch, kv_head, start + step * t,
                       q_tile, qk_scale_log2, scale, seqlen_kv, HEAD_DIM, TILE_M, TILE_N,
                       False, CAUSAL)
-    for j in range(_work(Work, item, WORK_MASKED_LO), _work(Work, item, WORK_MASKED_HI)):
-        dq = _dq_step(K, V, q, do, lse, delta, dq, batch, kv_head, j, q_tile,
-                      qk_scale_log2, scale, seqlen_kv, HEAD_DIM, TILE_M, TILE_N, True,
-                      CAUSAL)
+    if not MASKED_FIRST:
+        for j in range(masked_lo, masked_hi):
+            dq = _dq_step(K, V, q, do, lse, delta, dq, batch, kv_head, j, q_tile,
+                          qk_scale_log2, scale, seqlen_kv, HEAD_DIM, TILE_M, TILE_N, True,
+                          CAUSAL)
     ct.store(dQ, index=(batch, head, q_tile, 0),
              tile=dq.reshape((1, 1, TILE_M, HEAD_DIM)).astype(dQ.dtype))
 
@@ -345,6 +368,9 @@ class _TiledVariant:
 
     def __post_init__(self):
         _check(self.dtype, self.head_dim, self.tile_m, self.tile_n)
+        if not (isinstance(getattr(self, "q_latency", 0), int)
+                and 0 <= getattr(self, "q_latency", 0) <= 10):
+            raise ValueError(f"q_latency must be an integer in [0, 10], got {self.q_latency!r}")
         if self.worker_warps not in WORKER_WARPS:
             raise ValueError(f"worker_warps must be one of {WORKER_WARPS}, got "
                              f"{self.worker_warps!r}")
@@ -376,37 +402,48 @@ class _TiledVariant:
 @dataclass(frozen=True)
 class BackwardKvVariant(_TiledVariant):
     """One binary of the K/V-major kernel.
-    Label: `bwd_kv_<dtype>_d<D>_<M>x<N>_<full|causal>_<atomic|det>_occ<O>[_ww<W>][_varlen]`."""
+    Label: `bwd_kv_<dtype>_d<D>_<M>x<N>_<full|causal>_<atomic|det>[_lat<L>]_occ<O>[_ww<W>]
+    [_varlen]`."""
 
     atomic_dq: bool = True
     occupancy: int = 1
     varlen: bool = False  # packed sequences, sliced per work item
     worker_warps: int | None = None
+    q_latency: int = 0  # 0: no hint on the Q and dO loads; 1..10: cuTile's latency hint
     prefix = "bwd_kv"
     function = staticmethod(flash_attention_bwd_kv)
     params = BWD_KV_PARAMS
 
     @property
     def constants(self) -> dict:
-        return {**super().constants, "ATOMIC_DQ": self.atomic_dq}
+        return {**super().constants, "ATOMIC_DQ": self.atomic_dq, "Q_LATENCY": self.q_latency}
 
     @property
     def suffix(self) -> str:
-        return "_atomic" if self.atomic_dq else "_det"
+        return (("_atomic" if self.atomic_dq else "_det")
+                + (f"_lat{self.q_latency}" if self.q_latency else ""))
 
 
 @dataclass(frozen=True)
 class BackwardDqVariant(_TiledVariant):
     """One binary of the deterministic Q-major dQ kernel.
-    Label: `bwd_dq_<dtype>_d<D>_<M>x<N>_<full|causal>_occ<O>[_ww<W>][_varlen]`."""
+    Label: `bwd_dq_<dtype>_d<D>_<M>x<N>_<full|causal>[_mf]_occ<O>[_ww<W>][_varlen]`."""
 
     occupancy: int = 1
     varlen: bool = False
     worker_warps: int | None = None
+    masked_first: bool = False  # the masked K/V tiles' loop before the others
     prefix = "bwd_dq"
-    suffix = ""
     function = staticmethod(flash_attention_bwd_dq)
     params = BWD_DQ_PARAMS
+
+    @property
+    def constants(self) -> dict:
+        return {**super().constants, "MASKED_FIRST": self.masked_first}
+
+    @property
+    def suffix(self) -> str:
+        return "_mf" if self.masked_first else ""
 
 
 @dataclass(frozen=True)
@@ -444,10 +481,11 @@ class RowsVariant:
 def config_variants(config, dtype: str, head_dim: int, causal: bool) -> dict:
     """The binaries a `BackwardConfig` runs (dense): {'kv_det', 'kv_atomic', 'dq'} -> variant."""
     kv = {f"kv_{'atomic' if atomic else 'det'}": BackwardKvVariant(
-        dtype, head_dim, *config.kv_tiles, causal, atomic, worker_warps=config.kv_worker_warps)
-        for atomic in (False, True)}
+        dtype, head_dim, *config.kv_tiles, causal, atomic, worker_warps=config.kv_worker_warps,
+        q_latency=config.q_latency) for atomic in (False, True)}
     return {**kv, "dq": BackwardDqVariant(dtype, head_dim, *config.dq_tiles, causal,
-                                          worker_warps=config.dq_worker_warps)}
+                                          worker_warps=config.dq_worker_warps,
+                                          masked_first=config.dq_masked_first)}
 
 
 def all_backward_variants(dtypes=DTYPES, head_dims=HEAD_DIMS, tiles=None):

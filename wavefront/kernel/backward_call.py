@@ -203,20 +203,24 @@ def _run(launch: BackwardLaunch, config: BackwardConfig, library, device, dtype,
     if atomic:
         dq_acc = _zeros(library, device, tuple(q.shape), "float32")
     kv_variant = BackwardKvVariant(dtype, p.head_dim, p.tile_m, p.tile_n, p.causal, atomic,
-                                   varlen=varlen, worker_warps=config.kv_worker_warps)
+                                   varlen=varlen, worker_warps=config.kv_worker_warps,
+                                   q_latency=config.q_latency)
     ct.launch(stream, (launch.num_ctas, 1, 1), kv_variant.kernel(),
               (q, k, v, dout, lse, delta, dk, dv, dq_acc, kv_table, qk_scale_log2, scale,
-               launch.num_items, p.head_dim, p.tile_m, p.tile_n, p.causal, atomic, varlen))
+               launch.num_items, p.head_dim, p.tile_m, p.tile_n, p.causal, atomic, varlen,
+               config.q_latency))
     if atomic:
         ct.launch(stream, rows_grid, RowsVariant("convert_dq", dtype, p.head_dim).kernel(),
                   (dq_acc, dq, p.head_dim, ROWS_TILE))
         return
     dq_m, dq_n = dq_launch.problem.tile_m, dq_launch.problem.tile_n
     dq_variant = BackwardDqVariant(dtype, p.head_dim, dq_m, dq_n, p.causal, varlen=varlen,
-                                   worker_warps=config.dq_worker_warps)
+                                   worker_warps=config.dq_worker_warps,
+                                   masked_first=config.dq_masked_first)
     ct.launch(stream, (dq_launch.num_ctas, 1, 1), dq_variant.kernel(),
               (q, k, v, dout, lse, delta, dq, dq_table, qk_scale_log2, scale,
-               dq_launch.num_items, p.head_dim, dq_m, dq_n, p.causal, varlen))
+               dq_launch.num_items, p.head_dim, dq_m, dq_n, p.causal, varlen,
+               config.dq_masked_first))
 
 
 def attention_backward(q, k, v, out, lse, dout, *, causal: bool = False,

@@ -153,6 +153,7 @@ MMA_LOOP_CLASSES = (
     ("ldl", ("LDL",)),
     ("stl", ("STL",)),
     ("barriers", ("SYNCS", "BAR", "WARPGROUP", "DEPBAR")),
+    ("isetp", ("ISETP",)),  # integer compares: a masked loop's mask, besides the loop's own
 )
 
 
