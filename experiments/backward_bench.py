@@ -51,9 +51,10 @@ def _script() -> Path:
 
 
 def compile_facts(out_path) -> int:
-    """What each K/V-major binary of the bench's default tiles compiles to for sm_90 (no GPU
-    needed: tileiras ahead of time), one line per binary into `out_path`. -> failures."""
-    from wavefront.backward_schedules import DEFAULT_BACKWARD_TILES
+    """What each K/V-major binary of the first cut's tiles (one warpgroup: what the committed
+    bench run timed) compiles to for sm_90 (no GPU needed: tileiras ahead of time), one line
+    per binary into `out_path`. -> failures."""
+    from wavefront.backward_schedules import FIRST_CUT_BACKWARD_TILES
     from wavefront.device import tileiras_version
     from wavefront.kernel.attention import compile_variant
     from wavefront.kernel.backward import BackwardKvVariant
@@ -61,7 +62,7 @@ def compile_facts(out_path) -> int:
     from wavefront.kernel.sass import sass_summary
     failed = 0
     with open(out_path, "a") as f:
-        for head_dim, tiles in sorted(DEFAULT_BACKWARD_TILES.items()):
+        for head_dim, tiles in sorted(FIRST_CUT_BACKWARD_TILES.items()):
             for causal in (False, True):
                 for atomic in (True, False):
                     variant = BackwardKvVariant("bfloat16", head_dim, *tiles, causal, atomic)
@@ -173,14 +174,14 @@ def _predicted(shape: str, head_dim: int, causal: bool, schedule: str, sms: int,
                l2_bytes: int) -> tuple[float, float]:
     """The lock-step L2 model's DRAM reads of the atomic K/V-major kernel, and its each-byte-
     once count (an L2 that holds everything)."""
-    from wavefront.backward_schedules import DEFAULT_BACKWARD_TILES, BackwardLaunch
+    from wavefront.backward_schedules import FIRST_CUT_BACKWARD_TILES, BackwardLaunch
     from wavefront.model.backward_simulation import predict_backward_l2
     from wavefront.schedules import AttentionProblem
     shapes = {"B1 H32 S8k": (1, 32, 32, 8192), "B4 H32 KV8 S4k": (4, 32, 8, 4096),
               "B2 H8 S32k": (2, 8, 8, 32768)}
     batch, heads, kv_heads, seqlen = shapes[shape]
     problem = AttentionProblem(batch, heads, kv_heads, seqlen, seqlen, head_dim, causal,
-                               *DEFAULT_BACKWARD_TILES[head_dim])
+                               *FIRST_CUT_BACKWARD_TILES[head_dim])
     launch = BackwardLaunch.of(problem, schedule, sms, 1, l2_bytes)
     got = predict_backward_l2(launch)
     every_byte_once = predict_backward_l2(launch, capacity_bytes=1e15)

@@ -95,7 +95,7 @@ def _error(got, want) -> float:
 
 
 # --variants: each named config (deterministic), and these also in the atomic mode
-ATOMIC_VARIANTS = ("default", "two_warpgroups", "kv_wide")
+ATOMIC_VARIANTS = ("first_cut", "two_warpgroups", "kv_wide")
 # bf16 gradients against float32 autograd: the bound the GPU tests hold the kernel to
 GRAD_TOLERANCE = 2e-2
 
@@ -230,13 +230,17 @@ def contenders_for(shape, head_dim, causal, schedules, torch, variants=None):
         for cta in BACKWARD_CTA_SCHEDULES:
             for scan in BACKWARD_SCANS:
                 ours[f"wavefront {cta}+{scan}"] = {"schedule": f"{cta}+{scan}"}
-    call = wavefront.attention_backward
+    public = wavefront.attention_backward
+    calls = {name: public for name in ours}
     if variants is not None:
-        from wavefront.kernel.backward_call import attention_backward as call
-        ours = variants
+        from wavefront.kernel.backward_call import attention_backward as by_config
+        # the named configs through the kernel's call, and the public call as users make it
+        # (its default config) beside them
+        calls = {**{name: by_config for name in variants}, "wavefront_det": public}
+        ours = {**variants, "wavefront_det": {"deterministic": True}}
     found = []
     for name, options in ours.items():
-        def run(i, options=options, call=call):  # (the peers' loop below rebinds `call`)
+        def run(i, options=options, call=calls[name]):
             q, k, v, out, lse, do = sets[i % n_sets]
             return call(q, k, v, out, lse, do, causal=causal, **options)
         found.append((name, run, ""))

@@ -33,6 +33,9 @@ step() {  # step NAME DIR
                --data "$d" > "$d/advisor.log" 2>&1; tail -20 "$d/advisor.log" ;;
     backward) python3 scripts/backward_bench.py --rounds 8 --json "$d/backward.jsonl" \
                > "$d/backward.log" 2>&1; tail -40 "$d/backward.log" ;;
+    bwd_tests) python3 -m pytest -m gpu -n 4 -q -p no:cacheprovider --tb=short \
+               tests/test_gpu_backward.py > "$d/bwd_tests.log" 2>&1
+               grep -E "^(FAILED|ERROR)|passed|failed" "$d/bwd_tests.log" | tail -30 ;;
     gpu_checks) python3 -m pytest -m gpu -n 8 -q -p no:cacheprovider --tb=short \
                tests/test_gpu_unfriendly_new.py tests/test_gpu_kvcache_views.py \
                tests/test_gpu_kvcache.py tests/test_gpu_serving.py > "$d/gpu_checks.log" 2>&1
@@ -42,7 +45,7 @@ step() {  # step NAME DIR
                python3 scripts/backward_bench.py --schedules --shapes "B1 H32 S8k,B2 H8 S32k" \
                --head-dims 128 --rounds 6 --json "$d/backward_schedules.jsonl" \
                > "$d/backward_schedules.log" 2>&1; tail -30 "$d/backward_schedules.log" ;;
-    bwd_variants) python3 scripts/backward_bench.py --variants all --rounds "${BWD_ROUNDS:-6}" \
+    bwd_variants) python3 scripts/backward_bench.py --variants "${BWD_VARIANTS:-all}" --rounds "${BWD_ROUNDS:-6}" \
                --json "$d/backward_variants.jsonl" > "$d/backward_variants.log" 2>&1
                tail -60 "$d/backward_variants.log" ;;
     tune_short) timeout "${TUNE_SECONDS:-300}" python3 -m wavefront.cli tune --batch 16 \

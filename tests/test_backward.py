@@ -414,11 +414,13 @@ def test_masked_first_dq_kernel_keeps_its_unmasked_loop_out_of_local_memory():
 
 
 def test_named_configs_and_their_errors():
-    from wavefront.backward_schedules import (BACKWARD_CONFIGS, BackwardConfig,
-                                              DEFAULT_BACKWARD_TILES, backward_config)
+    from wavefront.backward_schedules import (BACKWARD_CONFIGS, DEFAULT_BACKWARD_CONFIG,
+                                              DEFAULT_BACKWARD_TILES, BackwardConfig,
+                                              backward_config)
     for d, tiles in DEFAULT_BACKWARD_TILES.items():
-        assert backward_config(None, d) == BackwardConfig(tiles, tiles)
-    assert set(BACKWARD_CONFIGS) >= {"default", "two_warpgroups"}
+        assert backward_config(None, d) == BACKWARD_CONFIGS[DEFAULT_BACKWARD_CONFIG][d]
+        assert backward_config(None, d).kv_tiles == tiles
+    assert set(BACKWARD_CONFIGS) >= {"first_cut", "two_warpgroups"}
     for by_dim in BACKWARD_CONFIGS.values():
         assert set(by_dim) == {64, 128}
     with pytest.raises(ValueError, match="config must be"):
@@ -431,7 +433,7 @@ def test_named_configs_and_their_errors():
         BackwardConfig((64, 64), (64, 64), dq_masked_first=1)
     from wavefront.kernel.backward_call import config_for, dq_launch_of
     with pytest.raises(ValueError, match="tiles or config"):
-        config_for("64x64", "default", 64)
+        config_for("64x64", "first_cut", 64)
     assert config_for("64x128", None, 128) == BackwardConfig((64, 128), (64, 128))
     from wavefront.kernel.backward_call import backward_launch
     chosen = backward_config("two_warpgroups", 128)

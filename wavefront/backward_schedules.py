@@ -62,7 +62,8 @@ BACKWARD_CTA_SCHEDULES = ("grid", "persistent", "grouped", "longest_first")
 # Q tile x K/V tile of the backward kernels. Each K/V-major CTA keeps two float32
 # accumulators of TILE_N x D (dK, dV) besides its K and V tile, so 64-row K/V tiles at D=128.
 BACKWARD_TILE_SHAPES = ((64, 64), (64, 128), (128, 64), (128, 128))
-DEFAULT_BACKWARD_TILES = {64: (128, 64), 128: (64, 64)}
+# The first cut's tiles (one warpgroup per kernel), as data/backward_bench's first runs measured
+FIRST_CUT_BACKWARD_TILES = {64: (128, 64), 128: (64, 64)}
 # Packed batches at D=128 take 128-row Q tiles: tileiras 13.4 fails ("failed to compile Tile IR
 # program", return code 5) on the deterministic binaries with 64x64 tiles there (sm_90).
 DEFAULT_VARLEN_BACKWARD_TILES = {64: (128, 64), 128: (128, 64)}
@@ -124,11 +125,11 @@ class BackwardConfig:
 # cut; the default spills 2/2 (D64) and 79/68 (D128), FlashAttention-3's 64x128 cut none, with
 # twice the K/V rows per dQ reduction (half the REDG traffic).
 BACKWARD_CONFIGS = {
-    "default": {d: BackwardConfig(t, t) for d, t in DEFAULT_BACKWARD_TILES.items()},
+    "first_cut": {d: BackwardConfig(t, t) for d, t in FIRST_CUT_BACKWARD_TILES.items()},
     # the dQ kernel's masked K/V tiles first: its unmasked loop (nearly all the work) comes
     # second and keeps nothing in local memory at D=128 (`flash_attention_bwd_dq`)
     "dq_masked_first": {d: BackwardConfig(t, t, dq_masked_first=True)
-                        for d, t in DEFAULT_BACKWARD_TILES.items()},
+                        for d, t in FIRST_CUT_BACKWARD_TILES.items()},
     # the K/V-major kernel alone changed, to FlashAttention-3's cut: 64-row Q tiles, 128 K/V
     # rows split between two consumer warpgroups (the dQ kernel as the default's)
     "kv_two_warpgroups": {64: BackwardConfig((64, 128), (128, 64), 8),
@@ -144,9 +145,9 @@ BACKWARD_CONFIGS = {
     # moves the shared memory the compiler stages them in (D=128 64x64: 100 KiB without,
     # 132 KiB at 1, 67 KiB at 10), the loop's code barely
     "q_latency_low": {d: BackwardConfig(t, t, q_latency=1)
-                      for d, t in DEFAULT_BACKWARD_TILES.items()},
+                      for d, t in FIRST_CUT_BACKWARD_TILES.items()},
     "q_latency_high": {d: BackwardConfig(t, t, q_latency=10)
-                       for d, t in DEFAULT_BACKWARD_TILES.items()},
+                       for d, t in FIRST_CUT_BACKWARD_TILES.items()},
     # what the SASS favours, per kernel: no spill in the steady loop, then the most tensor
     # work per barrier. D=64: the default K/V cut (2 Mi MACs per 22 barriers a trip against
     # 1 Mi per 15 with two warpgroups; unsure, so kept) and the dQ kernel at 64x128 with the
@@ -156,7 +157,14 @@ BACKWARD_CONFIGS = {
     "sass_pick": {64: BackwardConfig((128, 64), (64, 128), None, None, True),
                   128: BackwardConfig((64, 128), (64, 64), 8, None, True)},
 }
-DEFAULT_BACKWARD_CONFIG = "default"
+# Two consumer warpgroups in both kernels: the fastest named config at 11 of 11 bench
+# configurations measured on an H200 (0.59-0.76x cuDNN, 1.07-1.23x FA2 with the dQ kernel's
+# masked tiles last; data/backward_bench, appendix H), against the first cut's 0.40-0.50x.
+DEFAULT_BACKWARD_CONFIG = "two_warpgroups"
+# The K/V-major kernel's tiles of the default config (what the model and the experiments cut
+# the default backward at)
+DEFAULT_BACKWARD_TILES = {d: c.kv_tiles
+                          for d, c in BACKWARD_CONFIGS[DEFAULT_BACKWARD_CONFIG].items()}
 
 
 def backward_config(config, head_dim: int) -> BackwardConfig:

@@ -489,23 +489,27 @@ def config_variants(config, dtype: str, head_dim: int, causal: bool) -> dict:
 
 
 def all_backward_variants(dtypes=DTYPES, head_dims=HEAD_DIMS, tiles=None):
-    """Every backward binary: per dtype and head dim, the K/V-major kernel (both masks, atomic
-    and deterministic dQ) and the deterministic dQ kernel at the default tiles (or `tiles`),
-    each for packed variable-length batches too, and the two row kernels."""
-    from wavefront.backward_schedules import (DEFAULT_BACKWARD_TILES,
-                                              DEFAULT_VARLEN_BACKWARD_TILES)
+    """Every backward binary the calls run: per dtype and head dim, the K/V-major kernel (both
+    masks, atomic and deterministic dQ) and the deterministic dQ kernel of the default config
+    (`backward_schedules.DEFAULT_BACKWARD_CONFIG`; or both kernels at `tiles`, the compiler's
+    warps), packed variable-length batches at their own tiles, and the two row kernels."""
+    from wavefront.backward_schedules import (DEFAULT_VARLEN_BACKWARD_TILES, BackwardConfig,
+                                              backward_config)
     for dtype in dtypes:
         for head_dim in head_dims:
             for causal in (False, True):
-                for varlen in (False, True):
-                    defaults = DEFAULT_VARLEN_BACKWARD_TILES if varlen else DEFAULT_BACKWARD_TILES
-                    tile_m, tile_n = tiles or defaults[head_dim]
-                    if varlen and head_dim == 128 and (tile_m, tile_n) == (64, 64):
-                        tile_m = 128  # (the deterministic binaries do not build at 64x64)
-                    for atomic in (True, False):
-                        yield BackwardKvVariant(dtype, head_dim, tile_m, tile_n, causal, atomic,
-                                                varlen=varlen)
-                    yield BackwardDqVariant(dtype, head_dim, tile_m, tile_n, causal,
-                                            varlen=varlen)
+                if tiles is None:
+                    yield from config_variants(backward_config(None, head_dim), dtype,
+                                               head_dim, causal).values()
+                else:
+                    yield from config_variants(BackwardConfig(tiles, tiles), dtype, head_dim,
+                                               causal).values()
+                tile_m, tile_n = tiles or DEFAULT_VARLEN_BACKWARD_TILES[head_dim]
+                if head_dim == 128 and (tile_m, tile_n) == (64, 64):
+                    tile_m = 128  # (the deterministic packed binaries do not build at 64x64)
+                for atomic in (True, False):
+                    yield BackwardKvVariant(dtype, head_dim, tile_m, tile_n, causal, atomic,
+                                            varlen=True)
+                yield BackwardDqVariant(dtype, head_dim, tile_m, tile_n, causal, varlen=True)
             yield RowsVariant("preprocess", dtype, head_dim)
             yield RowsVariant("convert_dq", dtype, head_dim)
