@@ -265,10 +265,25 @@ def contenders_for(shape, head_dim, causal, schedules, torch, variants=None):
     return found + peers, errors
 
 
+class RecordLog(list):
+    """The records, each also appended to `path` (--json) as soon as it is made: a run cut
+    short (a device call's time limit) keeps every configuration it measured."""
+
+    def __init__(self, path):
+        super().__init__()
+        self.path = path
+
+    def append(self, record):
+        super().append(record)
+        if self.path:
+            with open(self.path, "a") as f:
+                f.write(json.dumps(record) + "\n")
+
+
 def bench(args, torch) -> list[dict]:
     from wavefront.measure.rounds import Contender, run_rounds
     from wavefront.results.measurement import paired_ratio
-    records = []
+    records = RecordLog(args.json)
     if args.variants and args.compile_workers > 0:
         warm_variants(args)
     for shape_name in args.shapes:
@@ -556,7 +571,7 @@ def main(argv=None) -> int:
             profile_once(args, torch)
             return 0
         records = dram(args) if args.dram else bench(args, torch)
-    if args.json:
+    if args.json and not isinstance(records, RecordLog):
         with open(args.json, "a") as f:
             for record in records:
                 f.write(json.dumps(record) + "\n")

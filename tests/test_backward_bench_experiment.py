@@ -56,3 +56,21 @@ def test_a_run_faster_than_cudnn_fails_the_claim_it_would_contradict(experiment,
     (data / "bench.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     section = experiment.section(Study(tmp_path / "data"))
     assert not section.claims[0].holds
+
+
+def test_the_bench_keeps_each_record_as_it_is_made(tmp_path):
+    """A bench cut short by a device call's limit keeps what it measured: every record reaches
+    the --json file when it is made, not when the run ends."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("backward_bench_script",
+                                                  ROOT / "scripts" / "backward_bench.py")
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    path = tmp_path / "records.jsonl"
+    records = script.RecordLog(str(path))
+    records.append({"name": "cudnn", "median_ms": 1.5})
+    assert [json.loads(line) for line in path.read_text().splitlines()] == [
+        {"name": "cudnn", "median_ms": 1.5}]
+    records.append({"name": "fa2", "median_ms": 2.5})
+    assert len(path.read_text().splitlines()) == 2 and len(records) == 2
+    assert script.RecordLog(None).append({"x": 1}) is None  # no file: kept in memory only

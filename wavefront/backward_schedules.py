@@ -157,10 +157,14 @@ BACKWARD_CONFIGS = {
     "sass_pick": {64: BackwardConfig((128, 64), (64, 128), None, None, True),
                   128: BackwardConfig((64, 128), (64, 64), 8, None, True)},
 }
-# Two consumer warpgroups in both kernels: the fastest named config at 11 of 11 bench
-# configurations measured on an H200 (0.59-0.76x cuDNN, 1.07-1.23x FA2 with the dQ kernel's
-# masked tiles last; data/backward_bench, appendix H), against the first cut's 0.40-0.50x.
-DEFAULT_BACKWARD_CONFIG = "two_warpgroups"
+# The default: per head dim, the fastest config of the H200 bench (data/backward_bench,
+# variants_c30b860: first_cut, two_warpgroups, sass_pick over B1 H32 S8k and B4 H32 KV8 S4k, both
+# masks, 6 interleaved rounds): at D=64 two_warpgroups (0.70-0.76x cuDNN, against sass_pick's
+# 0.53-0.59x and the first cut's 0.44-0.54x), at D=128 sass_pick (0.62-0.65x, against
+# two_warpgroups' 0.57-0.58x and the first cut's 0.40-0.42x).
+BACKWARD_CONFIGS["measured_pick"] = {64: BACKWARD_CONFIGS["two_warpgroups"][64],
+                                     128: BACKWARD_CONFIGS["sass_pick"][128]}
+DEFAULT_BACKWARD_CONFIG = "measured_pick"
 # The K/V-major kernel's tiles of the default config (what the model and the experiments cut
 # the default backward at)
 DEFAULT_BACKWARD_TILES = {d: c.kv_tiles
