@@ -26,7 +26,8 @@ from wavefront.results.records import VARLEN_BENCH_RECORDS
 
 DATASETS = ()
 RECORDS = ("varlen_batches",)
-# bench-varlen left torch's varlen_attn out before 2f1590f: data/varlen_bench/ has no FA2 row.
+# bench-varlen left torch's varlen_attn out before 2f1590f: its runs of then (data/varlen_bench/,
+# in the tree up to 59b0933) have no FA2 row.
 RUN = "bench_varlen.jsonl"
 TUNED = "wavefront varlen (tuned)"
 ON_GPU = "wavefront varlen, cu_seqlens on GPU"

@@ -1,11 +1,13 @@
 """The repository's size, and the fold that keeps run notes inside it.
 
 The repository travels to every GPU call beside the compiler bundle, 64 MiB in all: that cap is
-what the test holds (the tracked files' bytes plus the bundle's, with 1 MiB to spare). The
-budget issue 52 sets, 4.5 MB tracked counted in whole 4 KB blocks (a 300-byte README costs
-4 KB; 4.5 MB = 4,500 KB of 1024 bytes = 4,608,000 bytes), is printed beside it: the serving
-and backward code and tests of 2026-11-27 took the repository past it (5.2 MB in blocks,
-4.3 MB of bytes), and the cuts that would bring it back are not made yet."""
+what the first test holds (the tracked files' bytes plus the bundle's, with 1 MiB to spare).
+Issue 52's budget, 4.5 MB tracked counted in whole 4 KB blocks (a 300-byte README costs 4 KB),
+is the second: 4,500,000 bytes of blocks. The repository is over it (5.30 MB in blocks on
+2026-11-27, after the data no claim reads left the tree): the code alone (wavefront/, tests/,
+experiments/, scripts/) takes 3.04 MB of it, and the rest is data that claims read, the paper
+and its figures. The test is marked as an expected failure, strict, so that the day the
+repository fits, it fails until the mark goes; each run prints where the blocks are."""
 import gzip
 import subprocess
 from pathlib import Path
@@ -16,7 +18,7 @@ from wavefront.results.fold import FoldError, fold_notes
 
 ROOT = Path(__file__).resolve().parents[1]
 BLOCK = 4096
-BUDGET_BYTES = 4_500 * 1024  # 4.5 MB of 1000 KB of 1024 bytes
+BUDGET_BYTES = 4_500_000  # 4.5 MB, counted in whole 4 KB blocks
 
 
 def tracked_bytes(root: Path) -> tuple[int, list[tuple[int, str]]]:
@@ -61,6 +63,59 @@ def test_the_repository_and_the_bundle_fit_one_gpu_call():
         f"{SPARE:,} bytes under the {CARRY_CAP:,}-byte cap of a GPU call; largest: {largest} "
         "(pack run notes with `wavefront fold DIR --notes`, records with `wavefront fold` "
         "and `wavefront compress`)")
+
+
+# The repository's layers, as a breakdown names them: a path's first folder (data/ and paper/
+# one level further down), else "other" (README, pyproject, .ci, ...).
+LAYERS = ("wavefront", "tests", "experiments", "scripts", "examples", "docs", "data", "paper")
+
+
+def breakdown(sizes: list[tuple[int, str]]) -> dict[str, int]:
+    """{layer: bytes in whole blocks} of [(blocks in bytes, path)], largest first."""
+    out: dict[str, int] = {}
+    for size, name in sizes:
+        top = name.split("/")[0]
+        out[top if top in LAYERS else "other"] = out.get(top if top in LAYERS else "other",
+                                                         0) + size
+    return dict(sorted(out.items(), key=lambda kv: -kv[1]))
+
+
+def _report(sizes: list[tuple[int, str]]) -> str:
+    layers = ", ".join(f"{k} {v / 1e6:.2f} MB" for k, v in breakdown(sizes).items())
+    data: dict[str, int] = {}
+    for size, name in sizes:
+        if name.startswith(("data/", "paper/")):
+            parts = name.split("/")
+            key = "/".join(parts[:2]) if len(parts) > 2 else name
+            data[key] = data.get(key, 0) + size
+    largest = ", ".join(f"{k} {v // 1024} KB" for k, v in
+                        sorted(data.items(), key=lambda kv: -kv[1])[:12])
+    return f"by layer: {layers}; largest data and paper folders: {largest}"
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "issue 52's 4.5 MB in 4 KB blocks is not met: 5.30 MB on 2026-11-27, of which the code "
+    "(wavefront/, tests/, experiments/, scripts/) is 3.04 MB; what is left to cut is data that "
+    "claims read (their sections would go with it), the lead's decision"))
+def test_the_repository_stays_within_its_budget_in_blocks():
+    probe = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--is-inside-work-tree"],
+                           capture_output=True)
+    if probe.returncode != 0:
+        pytest.skip("not a git checkout")
+    blocks, sizes = tracked_bytes(ROOT)
+    report = _report(sizes)
+    print(f"tracked in 4 KB blocks: {blocks:,} bytes (budget {BUDGET_BYTES:,}); {report}")
+    assert blocks <= BUDGET_BYTES, (
+        f"the tracked files take {blocks:,} bytes in 4 KB blocks, {blocks - BUDGET_BYTES:,} "
+        f"over the {BUDGET_BYTES:,} of issue 52; {report}")
+
+
+def test_the_breakdown_counts_each_file_once_under_its_layer():
+    sizes = [(8192, "wavefront/a.py"), (4096, "data/knee/results.csv.gz"), (4096, "README.md"),
+             (4096, "data/knee/manifest.json.gz")]
+    assert breakdown(sizes) == {"wavefront": 8192, "data": 8192, "other": 4096}
+    assert sum(breakdown(sizes).values()) == sum(s for s, _ in sizes)
+    assert "data/knee 8 KB" in _report(sizes)
 
 
 def test_tracked_bytes_count_whole_blocks(tmp_path):
