@@ -18,11 +18,13 @@ measured yet.
 import functools
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
 
 import matplotlib.pyplot as plt
+import numpy as np
 import pandas as pd
 import seaborn as sns
 
@@ -31,6 +33,7 @@ from wavefront.report.experiments import run_as_script
 from wavefront.report.figures import short_gpu
 from wavefront.results.measurement import median_ci95, paired_ratio
 from wavefront.results.records import BACKWARD_BENCH_RECORDS, BACKWARD_SASS_RECORDS
+from wavefront.results.store import read_results_bytes
 
 DATASETS = ()
 RECORDS = ("backward_bench",)
@@ -169,6 +172,71 @@ def sass_facts(study) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+# The named configs' runs (`scripts/backward_bench.py --variants`), each cut by its device
+# call's limit before its JSON was written: their console logs are the record (the manifest says
+# so), one line per contender and configuration, parsed here.
+VARIANT_RUNS = ("variants_d41682d", "variants_c30b860")
+LATEST_VARIANTS = "variants_c30b860"
+_CONFIG_LINE = re.compile(r"^(B\d+ H\d+(?: KV\d+)? S\d+k) D(\d+) (full|causal)$")
+_CONTENDER_LINE = re.compile(
+    r"^  (\S+)\s+([\d.]+) ms \[([\d.]+), ([\d.]+)\]\s+([\d.]+) TFLOP/s"
+    r"(?:  x cuDNN ([\d.]+) \[([\d.]+), ([\d.]+)\])?(?:  x FA2 ([\d.]+))?")
+
+
+def variant_rows(study) -> pd.DataFrame:
+    """One row per variant run, configuration and contender: median ms [95%], TFLOP/s, speed
+    over cuDNN (paired by round, median [95%]) and over FA2 (median), as the run printed them."""
+    rows = []
+    for run in VARIANT_RUNS:
+        text = read_results_bytes(study.data_dir / "backward_bench" / f"{run}.log.gz",
+                                  "a backward variant run").decode()
+        config = None
+        for line in text.splitlines():
+            if m := _CONFIG_LINE.match(line):
+                config = (m[1], int(m[2]), m[3])
+            elif (m := _CONTENDER_LINE.match(line)) and config is not None:
+                rows.append({"run": run, "shape": config[0], "D": config[1], "mask": config[2],
+                             "contender": m[1], "ms": float(m[2]), "ms lo": float(m[3]),
+                             "ms hi": float(m[4]), "TFLOP/s": float(m[5]),
+                             "x cudnn": float(m[6]) if m[6] else np.nan,
+                             "x cudnn lo": float(m[7]) if m[7] else np.nan,
+                             "x cudnn hi": float(m[8]) if m[8] else np.nan,
+                             "x fa2": float(m[9]) if m[9] else np.nan})
+    return pd.DataFrame(rows)
+
+
+def measured_schedules(study) -> pd.DataFrame:
+    """Per bench shape, mask and backward schedule at D=128 (the first cut's K/V-major kernel):
+    DRAM reads under ncu (one cold launch), the model's prediction and each-byte-once count on
+    the measured GPU, and the whole call's time in interleaved rounds with its speed over
+    persistent+linear's (paired by round)."""
+    # (ncu's per-launch rows: schedule, DRAM bytes, duration; not timing records)
+    dram = [json.loads(line) for line in read_results_bytes(
+        study.data_dir / "backward_bench" / "dram.jsonl.gz", "the backward's DRAM bytes")
+        .decode().splitlines() if line.strip()]
+    (timed,) = study.records(BACKWARD_BENCH_RECORDS, "backward_bench",
+                             "schedules.jsonl").values()
+    (entry,) = [e for e in study.manifest("backward_bench").values()
+                if "dram.jsonl" in e.get("files", ())]
+    sms, l2 = int(entry["gpu"]["sms"]), int(entry["gpu"]["l2_bytes"])
+    times = {(r["shape"], r["causal"], r["name"].removeprefix("wavefront ")): r for r in timed
+             if r["name"].startswith("wavefront ")}
+    rows = []
+    for r in dram:
+        predicted, once = _predicted(r["shape"], r["head_dim"], r["causal"], r["schedule"],
+                                     sms, l2)
+        t = times[(r["shape"], r["causal"], r["schedule"])]
+        base = times[(r["shape"], r["causal"], "persistent+linear")]
+        ratio = paired_ratio(base["samples_ms"], t["samples_ms"])
+        rows.append({"shape": r["shape"], "mask": "causal" if r["causal"] else "full",
+                     "schedule": r["schedule"], "GPU": short_gpu(entry["gpu"]["name"]),
+                     "measured DRAM GB": r["dram_read_bytes"] / 1e9,
+                     "predicted DRAM GB": predicted / 1e9, "each byte once GB": once / 1e9,
+                     "call ms": t["median_ms"], "x persistent+linear": ratio[0],
+                     "x persistent+linear lo": ratio[1], "x persistent+linear hi": ratio[2]})
+    return pd.DataFrame(rows)
+
+
 @functools.lru_cache(maxsize=None)
 def _predicted(shape: str, head_dim: int, causal: bool, schedule: str, sms: int,
                l2_bytes: int) -> tuple[float, float]:
@@ -261,7 +329,8 @@ def section(study) -> Section:
 
     atomic, det, fa2 = of("wavefront"), of("wavefront_det"), of("fa2")
     ours = pd.concat([atomic, det])
-    s.claim(f"On the {gpu}, wavefront's backward is far from cuDNN's: the deterministic mode "
+    s.claim(f"On the {gpu}, the backward's first cut (one warpgroup per kernel) is far from "
+            f"cuDNN's: the deterministic mode "
             f"runs at {spread(det, 'cudnn')} cuDNN's speed and the atomic mode at "
             f"{spread(atomic, 'cudnn')}, across all {configs} configurations; every "
             "interval lies below 1",
@@ -318,8 +387,7 @@ def section(study) -> Section:
         ratio].min()
     longest = pred[pred["schedule"].str.startswith("longest_first")][ratio]
     most = pred.loc[pred.groupby(["shape", "mask"])["predicted DRAM GB"].idxmax(), "schedule"]
-    s.claim(f"The model predicts (no DRAM bytes of the backward are measured yet) that the "
-            f"default schedule, persistent+linear, reads {default[ratio].min():.1f}-"
+    s.claim(f"The lock-step model predicts that the persistent+linear schedule reads {default[ratio].min():.1f}-"
             f"{default[ratio].max():.1f}x the bytes an L2 holding everything would read at "
             f"D={PREDICTED_SCHEDULE_DIM}, that the grid order reads the fewest in all "
             f"{len(fewest)} configurations ({grid_best.min():.1f}-{grid_best.max():.1f}x) and "
@@ -328,6 +396,89 @@ def section(study) -> Section:
             and bool(fewest["schedule"].str.startswith("grid+").all())
             and bool(most.str.startswith("longest_first").all()),
             per.round(3).to_dict())
+    m = measured_schedules(study)
+    orders = m.assign(order=m["schedule"].str.split("+").str[0])
+    fewest_measured = m.loc[m.groupby(["shape", "mask"])["measured DRAM GB"].idxmin()]
+    drifting = orders[orders["order"].isin(["persistent", "grouped"])]
+    under = drifting["measured DRAM GB"] / drifting["predicted DRAM GB"]
+    grid = orders[orders["order"] == "grid"]
+    s.claim(f"Measured (ncu, one cold launch of the first cut's K/V-major kernel per schedule, "
+            f"D={PREDICTED_SCHEDULE_DIM}), the grid order reads the fewest DRAM bytes in all "
+            f"{len(fewest_measured)} shape-masks, "
+            f"{(grid['measured DRAM GB'] / grid['each byte once GB']).max():.1f}x each byte "
+            "once at most; the lock-step model, right for the grid order to "
+            f"{(grid['predicted DRAM GB'] / grid['measured DRAM GB']).min():.2f}-"
+            f"{(grid['predicted DRAM GB'] / grid['measured DRAM GB']).max():.2f}x of the "
+            "measured bytes, under-predicts the persistent and grouped orders by up to "
+            f"{under.max():.0f}x (its CTAs move in lock step, as the forward's lock-step model "
+            "assumed before its timed clock)",
+            len(fewest_measured) == 4 and bool(fewest_measured["schedule"]
+                                               .str.startswith("grid+").all())
+            and bool(under.max() > 5),
+            m[["shape", "mask", "schedule", "measured DRAM GB", "predicted DRAM GB"]]
+            .round(3).to_dict("records"))
+    saw = m.set_index(["shape", "mask", "schedule"]).sort_index()
+    s32k = ("B2 H8 S32k", "full")
+    lin, sw = saw.loc[(*s32k, "persistent+linear")], saw.loc[(*s32k, "persistent+sawtooth")]
+    s.claim(f"Sawtooth over Q halves the persistent order's reads at {s32k[0]} {s32k[1]} "
+            f"({lin['measured DRAM GB']:.1f} -> {sw['measured DRAM GB']:.1f} GB) and the call "
+            f"runs {sw['x persistent+linear']:.3f}x [{sw['x persistent+linear lo']:.3f}, "
+            f"{sw['x persistent+linear hi']:.3f}] persistent+linear's speed (paired by round): "
+            "no measured change",
+            bool(sw["measured DRAM GB"] < 0.6 * lin["measured DRAM GB"]
+                 and sw["x persistent+linear lo"] <= 1 <= sw["x persistent+linear hi"]),
+            saw.loc[s32k].round(4).reset_index().to_dict("records"))
+    longest = orders[orders["order"] == "longest_first"]
+    s.claim(f"The longest_first order reads {(longest['measured DRAM GB'] / longest['each byte once GB']).min():.0f}-"
+            f"{(longest['measured DRAM GB'] / longest['each byte once GB']).max():.0f}x each "
+            f"byte once and its call runs {longest['x persistent+linear'].min():.2f}-"
+            f"{longest['x persistent+linear'].max():.2f}x persistent+linear's speed, every "
+            "interval below 1: the backward's one measured order whose misses come with lost "
+            "time (a hypothesis that they cause it: the order also changes which CTA runs which "
+            "K/V tile, and no control separates the two)",
+            len(longest) == 8 and bool((longest["x persistent+linear hi"] < 1).all())
+            and bool((longest["measured DRAM GB"] > 10 * longest["each byte once GB"]).all()),
+            longest[["shape", "mask", "schedule", "measured DRAM GB", "x persistent+linear",
+                     "x persistent+linear lo", "x persistent+linear hi"]].round(4)
+            .to_dict("records"))
+    shown_measured = m.assign(**{
+        "measured / predicted DRAM GB": [f"{a:.2f} / {b:.2f}" for a, b in
+                                         zip(m["measured DRAM GB"], m["predicted DRAM GB"])],
+        "call x persistent+linear [95%]": [f"{a:.3f} [{b:.3f}, {c:.3f}]" for a, b, c in zip(
+            m["x persistent+linear"], m["x persistent+linear lo"],
+            m["x persistent+linear hi"])]})[["shape", "mask", "schedule",
+                                             "measured / predicted DRAM GB",
+                                             "call x persistent+linear [95%]"]]
+
+    v = variant_rows(study)
+    latest = v[v["run"] == LATEST_VARIANTS]
+    from wavefront.backward_schedules import BACKWARD_CONFIGS, DEFAULT_BACKWARD_CONFIG
+    default = BACKWARD_CONFIGS[DEFAULT_BACKWARD_CONFIG]
+    same_as = {d: next(n for n in ("two_warpgroups", "sass_pick", "first_cut")
+                       if BACKWARD_CONFIGS[n][d] == default[d]) for d in default}
+    picked = latest[latest["contender"] == latest["D"].map(lambda d: f"det[{same_as[d]}]")]
+    measured_configs = latest.groupby(["shape", "D", "mask"]).ngroups
+    s.claim(f"Two consumer warpgroups in the K/V-major kernel (FlashAttention-3's cut) make the "
+            f"backward "
+            f"{picked['x cudnn'].min():.2f}-{picked['x cudnn'].max():.2f}x cuDNN's speed and "
+            f"{picked['x fa2'].min():.2f}-{picked['x fa2'].max():.2f}x FA2's with today's "
+            f"default config ({DEFAULT_BACKWARD_CONFIG}: "
+            + ", ".join(f"D{d} as {n}" for d, n in sorted(same_as.items()))
+            + f") on the {measured_configs} configurations the latest variant run measured, "
+            "below cuDNN and above FA2 in each",
+            len(picked) == measured_configs and bool((picked["x cudnn hi"] < 1).all())
+            and bool((picked["x fa2"] > 1).all()),
+            picked[["shape", "D", "mask", "contender", "x cudnn", "x cudnn lo", "x cudnn hi",
+                    "x fa2"]].to_dict("records"))
+    earlier = v[(v["run"] == VARIANT_RUNS[0]) & (v["contender"] == "det[two_warpgroups]")]
+    earlier_configs = len(earlier)
+    shown_variants = latest.assign(
+        configuration=latest["shape"] + " D" + latest["D"].astype(str) + " " + latest["mask"],
+        speed=[f"{a:.2f} [{b:.2f}, {c:.2f}]" if a == a else "-" for a, b, c in zip(
+            latest["x cudnn"], latest["x cudnn lo"], latest["x cudnn hi"])]).pivot_table(
+        index="configuration", columns="contender", values="speed", aggfunc="first",
+        sort=False).drop(columns=["cudnn"], errors="ignore").reset_index()
+
     shown_pred = per.map(lambda x: f"{x:.1f}")
     shown_pred.columns = [f"{a} {b}" for a, b in shown_pred.columns]
     shown_pred = shown_pred.reset_index()
@@ -372,18 +523,41 @@ that would tell them apart (ncu's local-memory traffic, atomic throughput and st
 both binaries) has not been run, and the deterministic mode's own gap to cuDNN is not explained
 either (its K/V-major binaries use {span_int(dt['registers'])} registers without spilling).
 
-**Predictions, not measurements.** The lock-step L2 model
+**The schedules: predicted, then measured.** The lock-step L2 model
 (`wavefront.model.backward_simulation`, fitted to nothing) replays each backward schedule's work
-table (the atomic K/V-major kernel) on the measured GPU's SMs and L2. Its predicted DRAM reads
-at D={PREDICTED_SCHEDULE_DIM} over the bytes an L2 holding everything would read (no DRAM bytes
-of the backward are measured yet: `scripts/backward_bench.py --dram` has not run, so nothing
-below is checked):
+table (the atomic K/V-major kernel) on the measured GPU's SMs and L2. Its predicted DRAM reads at
+D={PREDICTED_SCHEDULE_DIM} over the bytes an L2 holding everything would read:
 
 {md_table(shown_pred)}
 
-{s.claims[6].text}. Whether any of these orders turns its predicted bytes into time, and
-whether sawtooth over Q pays in the backward, is not measured."""
+{s.claims[6].text}. Measured on the {m['GPU'].iloc[0]} (`scripts/backward_bench.py --dram` and
+`--schedules`: the K/V-major kernel's DRAM reads under ncu, one cold launch per schedule, and the
+whole call's time over 6 interleaved rounds, both of the first cut's binaries):
+
+{md_table(shown_measured)}
+
+{' '.join(c.text + '.' for c in s.claims[7:10])}
+
+**Faster binaries.** The first cut's binaries spill or sit at 255 registers; FlashAttention-3
+splits the K/V-major kernel's 128 K/V rows between two consumer warpgroups. Named configs
+(`wavefront.backward_schedules.BACKWARD_CONFIGS`) cut each kernel otherwise with the same
+arithmetic; `scripts/backward_bench.py --variants` checks each against float32 autograd, then
+times it beside cuDNN and FA2 in interleaved rounds (6 rounds; the run was cut by its device
+call's limit after {measured_configs} of 12 configurations, the B2 H8 S32k ones missing; its
+console log is its record). Speed over cuDNN, paired by round, median [95%]; `wavefront_det` is
+the public call with the default config of that commit (two_warpgroups at both head dims):
+
+{md_table(shown_variants)}
+
+{s.claims[10].text}. The run before it (`variants_d41682d`: two_warpgroups without the dQ
+kernel's masked tiles first; the B2 H8 S32k configurations included) measured two_warpgroups at
+{span2(earlier['x cudnn'])}x cuDNN and {span2(earlier['x fa2'])}x FA2 over its
+{earlier_configs} configurations."""
     return s
+
+
+def span2(values) -> str:
+    return f"{values.min():.2f}-{values.max():.2f}"
 
 
 def span_int(values) -> str:

@@ -39,7 +39,7 @@ def test_the_section_holds_on_the_committed_data(experiment):
     section = experiment.section(Study(ROOT / "data"))
     failed = [c.text[:80] for c in section.claims if not c.holds]
     assert not failed, failed
-    assert "Predictions, not measurements" in section.text
+    assert "predicted, then measured" in section.text
     assert "Hypotheses, none tested by a control" in section.text
 
 
@@ -74,3 +74,28 @@ def test_the_bench_keeps_each_record_as_it_is_made(tmp_path):
     records.append({"name": "fa2", "median_ms": 2.5})
     assert len(path.read_text().splitlines()) == 2 and len(records) == 2
     assert script.RecordLog(None).append({"x": 1}) is None  # no file: kept in memory only
+
+
+def test_the_variant_logs_parse_and_a_faster_than_cudnn_line_fails_its_claim(experiment,
+                                                                            tmp_path):
+    """The variant runs' console logs (their record) parse into every contender line of every
+    configuration; the default config's claim (below cuDNN everywhere) fails on a log where
+    it beat cuDNN."""
+    v = experiment.variant_rows(Study(ROOT / "data"))
+    latest = v[v["run"] == experiment.LATEST_VARIANTS]
+    assert latest.groupby(["shape", "D", "mask"]).ngroups == 8
+    assert set(latest["contender"]) >= {"det[two_warpgroups]", "det[sass_pick]", "cudnn",
+                                        "fa2", "wavefront_det"}
+    data = tmp_path / "data" / "backward_bench"
+    shutil.copytree(ROOT / "data/backward_bench", data)
+    log = data / f"{experiment.LATEST_VARIANTS}.log.gz"
+    text = gzip.open(log, "rt").read()
+    lines = text.splitlines()
+    i = next(k for k, line in enumerate(lines) if line.startswith("  det[two_warpgroups]"))
+    lines[i] = lines[i].replace("x cuDNN 0.70 [0.69, 0.71]", "x cuDNN 1.05 [1.02, 1.07]")
+    assert lines[i] != text.splitlines()[i]
+    with gzip.open(log, "wt") as f:
+        f.write("\n".join(lines) + "\n")
+    section = experiment.section(Study(tmp_path / "data"))
+    claim = [c for c in section.claims if c.text.startswith("Two consumer warpgroups")]
+    assert len(claim) == 1 and not claim[0].holds
