@@ -1,4 +1,4 @@
-"""How fast is the backward pass against cuDNN's and FlashAttention-2's, and what DRAM bytes does the L2 model predict per backward schedule?
+"""How fast is the backward pass against cuDNN's and FlashAttention-2's, and what DRAM bytes does each backward schedule read, predicted and measured?
 
 `scripts/backward_bench.py` times `wavefront.attention_backward` (the default schedule,
 persistent+linear; `wavefront`: dQ accumulated across CTAs with float32 atomics,
@@ -8,9 +8,9 @@ interleaved rounds (every round times every contender in a new random order; med
 distribution-free 95% intervals; ratios paired by round), on the forward's bench shapes at D64
 and D128, causal and not, bf16. FLOPs are FlashAttention's count (2.5x the forward's, halved by
 the causal mask). Gradients are checked against cuDNN's first. Beside the timing: what each
-K/V-major binary compiled to (registers, spills; ahead of time, no GPU), and the lock-step L2
-model's DRAM reads per backward schedule, a prediction: no DRAM bytes of the backward have been
-measured yet.
+K/V-major binary compiled to (registers, spills; ahead of time, no GPU); the lock-step L2
+model's DRAM reads per backward schedule beside the DRAM bytes ncu measured and the call's time
+per schedule; and the named configs (`--variants`) that cut the kernels otherwise.
 
     python experiments/backward_bench.py run      # GPU: the bench into data/backward_bench/
     python experiments/backward_bench.py plot --out DIR
@@ -28,7 +28,7 @@ import numpy as np
 import pandas as pd
 import seaborn as sns
 
-from wavefront.report.draft import Section, md_table
+from wavefront.report.draft import Section, md_table, span
 from wavefront.report.experiments import run_as_script
 from wavefront.report.figures import short_gpu
 from wavefront.results.measurement import median_ci95, paired_ratio
@@ -387,7 +387,8 @@ def section(study) -> Section:
         ratio].min()
     longest = pred[pred["schedule"].str.startswith("longest_first")][ratio]
     most = pred.loc[pred.groupby(["shape", "mask"])["predicted DRAM GB"].idxmax(), "schedule"]
-    s.claim(f"The lock-step model predicts that the persistent+linear schedule reads {default[ratio].min():.1f}-"
+    s.claim("The lock-step model predicts that the persistent+linear schedule reads "
+            f"{default[ratio].min():.1f}-"
             f"{default[ratio].max():.1f}x the bytes an L2 holding everything would read at "
             f"D={PREDICTED_SCHEDULE_DIM}, that the grid order reads the fewest in all "
             f"{len(fewest)} configurations ({grid_best.min():.1f}-{grid_best.max():.1f}x) and "
@@ -410,8 +411,8 @@ def section(study) -> Section:
             f"{(grid['predicted DRAM GB'] / grid['measured DRAM GB']).min():.2f}-"
             f"{(grid['predicted DRAM GB'] / grid['measured DRAM GB']).max():.2f}x of the "
             "measured bytes, under-predicts the persistent and grouped orders by up to "
-            f"{under.max():.0f}x (its CTAs move in lock step, as the forward's lock-step model "
-            "assumed before its timed clock)",
+            f"{under.max():.0f}x (the model moves its CTAs in lock step; that the kernel's CTAs "
+            "drift apart is a hypothesis, as it was for the forward before its timed clock)",
             len(fewest_measured) == 4 and bool(fewest_measured["schedule"]
                                                .str.startswith("grid+").all())
             and bool(under.max() > 5),
@@ -429,13 +430,14 @@ def section(study) -> Section:
                  and sw["x persistent+linear lo"] <= 1 <= sw["x persistent+linear hi"]),
             saw.loc[s32k].round(4).reset_index().to_dict("records"))
     longest = orders[orders["order"] == "longest_first"]
-    s.claim(f"The longest_first order reads {(longest['measured DRAM GB'] / longest['each byte once GB']).min():.0f}-"
-            f"{(longest['measured DRAM GB'] / longest['each byte once GB']).max():.0f}x each "
+    times_once = longest["measured DRAM GB"] / longest["each byte once GB"]
+    s.claim(f"The longest_first order reads {times_once.min():.0f}-{times_once.max():.0f}x each "
             f"byte once and its call runs {longest['x persistent+linear'].min():.2f}-"
             f"{longest['x persistent+linear'].max():.2f}x persistent+linear's speed, every "
-            "interval below 1: the backward's one measured order whose misses come with lost "
-            "time (a hypothesis that they cause it: the order also changes which CTA runs which "
-            "K/V tile, and no control separates the two)",
+            "interval below 1: misses that come with lost time (a hypothesis that they cause "
+            "it: the order also changes which CTA runs which K/V tile, and no control separates "
+            "the two; the grid order, the fewest bytes, also runs faster than persistent+linear "
+            "where it reads far fewer, at B1 H32 S8k causal, under the same caveat)",
             len(longest) == 8 and bool((longest["x persistent+linear hi"] < 1).all())
             and bool((longest["measured DRAM GB"] > 10 * longest["each byte once GB"]).all()),
             longest[["shape", "mask", "schedule", "measured DRAM GB", "x persistent+linear",
@@ -458,20 +460,27 @@ def section(study) -> Section:
                        if BACKWARD_CONFIGS[n][d] == default[d]) for d in default}
     picked = latest[latest["contender"] == latest["D"].map(lambda d: f"det[{same_as[d]}]")]
     measured_configs = latest.groupby(["shape", "D", "mask"]).ngroups
-    s.claim(f"Two consumer warpgroups in the K/V-major kernel (FlashAttention-3's cut) make the "
-            f"backward "
-            f"{picked['x cudnn'].min():.2f}-{picked['x cudnn'].max():.2f}x cuDNN's speed and "
-            f"{picked['x fa2'].min():.2f}-{picked['x fa2'].max():.2f}x FA2's with today's "
-            f"default config ({DEFAULT_BACKWARD_CONFIG}: "
+    s.claim(f"Today's default configs ({DEFAULT_BACKWARD_CONFIG}: "
             + ", ".join(f"D{d} as {n}" for d, n in sorted(same_as.items()))
-            + f") on the {measured_configs} configurations the latest variant run measured, "
-            "below cuDNN and above FA2 in each",
+            + f"; both split the K/V-major kernel's rows between two consumer warpgroups, "
+            f"FlashAttention-3's cut) run the deterministic backward at "
+            f"{picked['x cudnn'].min():.2f}-{picked['x cudnn'].max():.2f}x cuDNN's speed "
+            f"(paired by round, every 95% interval below 1) and "
+            f"{picked['x fa2'].min():.2f}-{picked['x fa2'].max():.2f}x FA2's (medians; the log "
+            f"prints no interval for FA2) on the {measured_configs} configurations the latest "
+            "variant run measured",
             len(picked) == measured_configs and bool((picked["x cudnn hi"] < 1).all())
             and bool((picked["x fa2"] > 1).all()),
             picked[["shape", "D", "mask", "contender", "x cudnn", "x cudnn lo", "x cudnn hi",
                     "x fa2"]].to_dict("records"))
     earlier = v[(v["run"] == VARIANT_RUNS[0]) & (v["contender"] == "det[two_warpgroups]")]
     earlier_configs = len(earlier)
+    missing = sorted({f"{sh} D{d} {mask}" for sh in SHAPES for d in (64, 128)
+                      for mask in ("full", "causal")}
+                     - set(latest["shape"] + " D" + latest["D"].astype(str) + " "
+                           + latest["mask"]))
+    (schedule_rounds,) = {len(r["samples_ms"]) for r in study.records(
+        BACKWARD_BENCH_RECORDS, "backward_bench", "schedules.jsonl")["schedules"]}
     shown_variants = latest.assign(
         configuration=latest["shape"] + " D" + latest["D"].astype(str) + " " + latest["mask"],
         speed=[f"{a:.2f} [{b:.2f}, {c:.2f}]" if a == a else "-" for a, b, c in zip(
@@ -532,7 +541,7 @@ D={PREDICTED_SCHEDULE_DIM} over the bytes an L2 holding everything would read:
 
 {s.claims[6].text}. Measured on the {m['GPU'].iloc[0]} (`scripts/backward_bench.py --dram` and
 `--schedules`: the K/V-major kernel's DRAM reads under ncu, one cold launch per schedule, and the
-whole call's time over 6 interleaved rounds, both of the first cut's binaries):
+whole call's time over {schedule_rounds} interleaved rounds, both of the first cut's binaries):
 
 {md_table(shown_measured)}
 
@@ -542,22 +551,18 @@ whole call's time over 6 interleaved rounds, both of the first cut's binaries):
 splits the K/V-major kernel's 128 K/V rows between two consumer warpgroups. Named configs
 (`wavefront.backward_schedules.BACKWARD_CONFIGS`) cut each kernel otherwise with the same
 arithmetic; `scripts/backward_bench.py --variants` checks each against float32 autograd, then
-times it beside cuDNN and FA2 in interleaved rounds (6 rounds; the run was cut by its device
-call's limit after {measured_configs} of 12 configurations, the B2 H8 S32k ones missing; its
-console log is its record). Speed over cuDNN, paired by round, median [95%]; `wavefront_det` is
-the public call with the default config of that commit (two_warpgroups at both head dims):
+times it beside cuDNN and FA2 in interleaved rounds (the run was cut by its device call's limit
+after {measured_configs} of {len(SHAPES) * 4} configurations, {', '.join(missing) or 'none'}
+missing; its console log is its record, the manifest its command and rounds). Speed over cuDNN,
+paired by round, median [95%]; `wavefront_det` is the public call as users make it, with the
+default config of the run's commit:
 
 {md_table(shown_variants)}
 
 {s.claims[10].text}. The run before it (`variants_d41682d`: two_warpgroups without the dQ
-kernel's masked tiles first; the B2 H8 S32k configurations included) measured two_warpgroups at
-{span2(earlier['x cudnn'])}x cuDNN and {span2(earlier['x fa2'])}x FA2 over its
-{earlier_configs} configurations."""
+kernel's masked tiles first, {earlier_configs} configurations) measured two_warpgroups at
+{span(earlier['x cudnn'], '.2f')}x cuDNN and {span(earlier['x fa2'], '.2f')}x FA2."""
     return s
-
-
-def span2(values) -> str:
-    return f"{values.min():.2f}-{values.max():.2f}"
 
 
 def span_int(values) -> str:

@@ -18,6 +18,7 @@ import pandas as pd
 
 from wavefront.report.draft import Section, md_table, span
 from wavefront.report.experiments import load_experiment, run_as_script, until_measured
+from wavefront.report.figures import short_gpu
 
 # (its sibling through the package loader: `python experiments/short_prompts.py plot` runs this
 # file as a script, where a relative import has no package)
@@ -25,6 +26,11 @@ untuned_shapes = load_experiment(Path(__file__).with_name("untuned_shapes.py")).
 
 DATASETS = ()
 RECORDS = ("short_prompts",)
+CAPTION = ("The public call on batched short prompts (512-4k tokens, D64 and D128, MHA and "
+           "GQA, both masks, bf16) against cuDNN as called, per shape: ratios paired by "
+           "interleaved round with 95% intervals; dashed: cuDNN. The GPU is named in the "
+           "figure's title.")
+SEARCH = "tune_s768"  # the lever search whose entries these shapes resolve near (a folder)
 
 _CALL = ["--schedule", "persistent+linear", "--tuned", "--api", "--rounds", "10",
          "--per-round", "5"]
@@ -96,6 +102,23 @@ def summary(data_dir) -> None:
     print(picks().to_string(index=False))
 
 
+def _search(study) -> tuple[str, str]:
+    """(the searched shapes, the GPU) of the lever search committed with this experiment's data
+    (data/short_prompts/tune_s768), read from its records."""
+    import json
+
+    from wavefront.results.records import shape_name
+    from wavefront.results.store import read_results_bytes
+    rows = [json.loads(line) for line in read_results_bytes(
+        study.data_dir / "short_prompts" / SEARCH / "tune.jsonl.gz", "the lever search")
+        .decode().splitlines() if line.strip()]
+    shapes = sorted({shape_name({**r["shape"], "kv_heads": None}).removesuffix(" causal")
+                     for r in rows})
+    masks = sorted({"causal" if r["shape"]["causal"] else "full" for r in rows})
+    gpus = sorted({short_gpu(r["gpu"]) for r in rows})
+    return f"{', '.join(shapes)} ({' and '.join(masks)})", ", ".join(gpus)
+
+
 def figure(study):
     return untuned_shapes._draw(
         rows(study), "The public call on batched short prompts (512-4k tokens), bf16: ratios "
@@ -117,6 +140,9 @@ def section(study) -> Section:
             f"{int(full_d128.sum())} of them D128 without a mask",
             len(call) == len(above) + len(level) + len(below) and len(call) > 0,
             call[["GPU", "shape", "x cudnn", "x cudnn lo", "x cudnn hi"]].to_dict("records"))
+    searched, searched_on = _search(study)
+    full_d128_all = call[call["shape"].str.contains("D128")
+                         & ~call["shape"].str.contains("causal")]["x cudnn"]
     s.text = f"""## Short prompts
 
 Batched prompts of 512-4k tokens, D64 and D128, MHA and GQA, both masks
@@ -124,12 +150,14 @@ Batched prompts of 512-4k tokens, D64 and D128, MHA and GQA, both masks
 
 {md_table(table(study))}
 
-{s.claims[0].text}. The call's configurations come from the tuned table, whose one entry
-near these shapes is a lever search at B16 H32 S768 D128 (both masks, on an H200, written in the
-same device call before these rounds). An earlier run without that entry kept no records, so
-no before/after is claimed here. The D128 shapes without a mask run
-{span(call[call["shape"].str.contains("D128") & ~call["shape"].str.contains("causal")]["x cudnn"], ".2f")}x
-cuDNN with it. What the tuned table hands these shapes (its nearest entry; computed from
+![short prompts](figures/short_prompts.png)
+
+{s.claims[0].text}. The call's configurations come from the tuned table, which gained entries
+at {searched} on the {searched_on} in the same device call, before these rounds (a lever search,
+`data/short_prompts/tune_s768`: none of the bench's shapes, so these are held out from it; the
+search was chosen after an earlier run of these shapes whose records were not kept, so no
+before/after is claimed). The D128 shapes without a mask run {span(full_d128_all, ".2f")}x
+cuDNN. What the tuned table hands these shapes (its nearest entry; computed from
 `wavefront/kernel/tuned.json` as the call resolves it, for the GPUs measured):
 
 {md_table(picks()[lambda p: p["GPU"].isin(set(call["GPU"]))])}"""

@@ -193,8 +193,11 @@ def check_variants(options: dict[str, dict], head_dim: int, causal: bool, torch)
     out, lse = wavefront.attention(q, k, v, causal=causal, return_lse=True)
     found = {}
     for name, opts in options.items():
-        for x in (q, k, v, q):
-            torch.full_like(x, float("nan"))  # freed at once: the gradients' blocks next
+        # NaN in blocks of the gradients' sizes, all held until freed together: the
+        # allocator hands them to the call's outputs and scratch next, so an output the
+        # kernels fail to write shows as NaN
+        poison = [torch.full_like(x, float("nan")) for x in (q, k, v, q, lse, lse)]
+        del poison
         try:
             got = attention_backward(q, k, v, out, lse, do, causal=causal, **opts)
             torch.cuda.synchronize()

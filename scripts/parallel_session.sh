@@ -3,8 +3,10 @@
 # on its own GPU (lane i on GPU i), all lanes at once; every lane's output goes under
 # $OUT/lane<i>/ and everything measured is packed into $OUT/results.tgz (a call brings back a
 # bounded number of files).
-#   WAVEFRONT_GIT_COMMIT=$(git rev-parse HEAD) bash scripts/parallel_session.sh \
+#   WAVEFRONT_GIT_COMMIT=<hash> bash scripts/parallel_session.sh \
 #       "tests" "bench_decode shared_prefix generate"
+# (<hash>: the checkout's HEAD, written out on this side. The device's copy of .git need not be
+# at that commit, so `$(git rev-parse HEAD)` evaluated there stamps a stale commit.)
 # Steps: tests (the whole GPU suite), bench_decode, shared_prefix, generate, short_prompts,
 # crash (scripts/gpu_crash_campaign.py), advisor (experiments/advisor_picks.py, one shape),
 # backward (scripts/backward_bench.py), gpu_checks (the GPU tests of the bad-input audit and the

@@ -97,5 +97,5 @@ def test_the_variant_logs_parse_and_a_faster_than_cudnn_line_fails_its_claim(exp
     with gzip.open(log, "wt") as f:
         f.write("\n".join(lines) + "\n")
     section = experiment.section(Study(tmp_path / "data"))
-    claim = [c for c in section.claims if c.text.startswith("Two consumer warpgroups")]
+    claim = [c for c in section.claims if c.text.startswith("Today's default configs")]
     assert len(claim) == 1 and not claim[0].holds

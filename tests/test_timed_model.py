@@ -355,3 +355,13 @@ def test_regime_skill_helpers_parse_corunners_and_check_sign_and_size():
     assert len(checked) == 3  # the third interval contains no change
     assert checked["right sign"].tolist() == [True, False, True]
     assert checked["within size"].tolist() == [True, False, False]
+
+
+def test_the_measurement_ceiling_follows_spearman_brown():
+    """A perfect predictor's largest correlation with a measurement whose halves correlate at
+    r: sqrt(2r / (1 + r)); none where the halves do not agree at all."""
+    from wavefront.report.timed import _ceiling
+    assert abs(_ceiling(0.5) - (2 * 0.5 / 1.5) ** 0.5) < 1e-12
+    assert _ceiling(1.0) == 1.0
+    assert _ceiling(0.0) == 0.0 and _ceiling(-0.3) == 0.0
+    assert _ceiling(0.21) < _ceiling(0.33) < _ceiling(0.65)

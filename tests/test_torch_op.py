@@ -87,10 +87,14 @@ def test_transformers_hook_runs_causal_as_transformers_sdpa_decides(monkeypatch)
     never for one query row (a decoding step); top-left as torch's is_causal that function
     passes, also where the query is shorter (transformers skips the mask there only at the
     prefill of an empty StaticCache, whose empty slots top-left leaves unseen)."""
+    import inspect
     calls = []
     alignments = []
-    monkeypatch.setattr(wft, "_attention", lambda q, k, v, causal, scale, alignment="top_left": (
-        calls.append(causal), alignments.append(alignment), q)[2])
+    # what the hook passes, or what the real function defaults to where it passes nothing
+    real_default = inspect.signature(wft._attention).parameters[
+        "causal_alignment"].default
+    monkeypatch.setattr(wft, "_attention", lambda q, k, v, causal, scale, causal_alignment=None: (
+        calls.append(causal), alignments.append(causal_alignment or real_default), q)[2])
 
     class Module:
         pass

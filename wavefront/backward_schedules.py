@@ -107,22 +107,22 @@ class BackwardConfig:
 # thread; spills: local loads/stores in the kernel; the steady (unmasked) MMA loop, one
 # warpgroup's trip: instructions, HGMMAs, Ki multiply-accumulates, barriers, spills.
 #   kernel D    tiles    ww regs smem KiB spills   loop instr HGMMA KiMAC bar spills
-#   kv     64   128x64   -  255   85      0/0      658        24    2048  22  0/0    default
+#   kv     64   128x64   -  255   85      0/0      658        24    2048  22  0/0    first cut
 #   kv     64   64x128   8  168  137      0/0      401        16    1024  15  0/0
 #   kv     64   128x128  8  168  117      2/2      712        24    2048  22  1/1
-#   kv     128  64x64    -  255  100      0/0      405        24    2048  18  0/0    default
+#   kv     128  64x64    -  255  100      0/0      405        24    2048  18  0/0    first cut
 #   kv     128  64x128   8  168  163      0/0      478        24    2048  18  0/0
-#   dq     64   128x64   -  255   83     64/104    739        24    1536  51  16/16  default
+#   dq     64   128x64   -  255   83     64/104    739        24    1536  51  16/16  first cut
 #   dq     64   128x64 mf-  255   83     62/107    608        24    1536  51  16/16
 #   dq     64   64x128 mf-  255   67      0/0      432        16    1536  11  0/0
 #   dq     64   128x128mf8  168   99     10/6      462        16    1536  11  4/0
-#   dq     128  64x64    -  255  211     51/91     513        20    1536  11  51/51  default
+#   dq     128  64x64    -  255  211     51/91     513        20    1536  11  51/51  first cut
 #   dq     128  64x64  mf-  255  211     51/91     322        20    1536  11  0/0
 #   dq     128  128x128mf8  168  131    160/224    639        24    3072  51  32/32
 # (mf: masked K/V tiles first. One warpgroup over 128 K/V rows spills hundreds of values at
 # either D; the dQ kernel with two warpgroups over 64-row Q tiles at D=128 takes 227.3 KiB of
 # shared memory, over a CTA's 227: left out.) The atomic mode's K/V kernel: 168 regs at every
-# cut; the default spills 2/2 (D64) and 79/68 (D128), FlashAttention-3's 64x128 cut none, with
+# cut; the first cut spills 2/2 (D64) and 79/68 (D128), FlashAttention-3's 64x128 cut none, with
 # twice the K/V rows per dQ reduction (half the REDG traffic).
 BACKWARD_CONFIGS = {
     "first_cut": {d: BackwardConfig(t, t) for d, t in FIRST_CUT_BACKWARD_TILES.items()},
@@ -131,7 +131,7 @@ BACKWARD_CONFIGS = {
     "dq_masked_first": {d: BackwardConfig(t, t, dq_masked_first=True)
                         for d, t in FIRST_CUT_BACKWARD_TILES.items()},
     # the K/V-major kernel alone changed, to FlashAttention-3's cut: 64-row Q tiles, 128 K/V
-    # rows split between two consumer warpgroups (the dQ kernel as the default's)
+    # rows split between two consumer warpgroups (the dQ kernel as the first cut's)
     "kv_two_warpgroups": {64: BackwardConfig((64, 128), (128, 64), 8),
                           128: BackwardConfig((64, 128), (64, 64), 8)},
     # at D=64, two warpgroups over 128x128 (more tensor work per barrier: 24 HGMMAs a trip,
@@ -141,7 +141,7 @@ BACKWARD_CONFIGS = {
     # both kernels with two consumer warpgroups
     "two_warpgroups": {64: BackwardConfig((64, 128), (128, 128), 8, 8, True),
                        128: BackwardConfig((64, 128), (128, 128), 8, 8, True)},
-    # cuTile's load latency hint on the K/V-major kernel's Q and dO (the default cut): it
+    # cuTile's load latency hint on the K/V-major kernel's Q and dO (the first cut): it
     # moves the shared memory the compiler stages them in (D=128 64x64: 100 KiB without,
     # 132 KiB at 1, 67 KiB at 10), the loop's code barely
     "q_latency_low": {d: BackwardConfig(t, t, q_latency=1)
@@ -149,7 +149,7 @@ BACKWARD_CONFIGS = {
     "q_latency_high": {d: BackwardConfig(t, t, q_latency=10)
                        for d, t in FIRST_CUT_BACKWARD_TILES.items()},
     # what the SASS favours, per kernel: no spill in the steady loop, then the most tensor
-    # work per barrier. D=64: the default K/V cut (2 Mi MACs per 22 barriers a trip against
+    # work per barrier. D=64: the first cut's K/V kernel (2 Mi MACs per 22 barriers a trip against
     # 1 Mi per 15 with two warpgroups; unsure, so kept) and the dQ kernel at 64x128 with the
     # masked tiles first (no spills, 11 barriers, against 16/16 spills and 51); D=128: two
     # warpgroups over 64x128 for K/V (168 registers, no spills, each Q/dO tile serving 128

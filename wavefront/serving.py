@@ -11,7 +11,8 @@ through the cache call (`wavefront.attention_with_kvcache`).
 A mask transformers skips means what SDPA's `is_causal` means, torch's top-left alignment,
 not a cache's bottom-right one: at a StaticCache's prefill (an empty cache: transformers'
 `_ignore_causal_mask_sdpa` skips the mask where the cache was empty, and its SDPA function
-cuts the key to the query's length) query i sees keys 0..i of the L slots, the rest empty.
+cuts the key to the query's length: transformers 5.17, integrations/sdpa_attention.py)
+query i sees keys 0..i of the L slots, the rest empty.
 Taking all L as valid there (as this module once did) read the empty slots: a small Llama's
 greedy choice agreed with SDPA's at 0.625 of teacher-forced steps on an H200, 0.75 in float32
 on the CPU (tests/test_serving_generate.py, where every call is compared with SDPA's).

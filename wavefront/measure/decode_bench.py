@@ -49,7 +49,8 @@ def decode_contenders(*, batch: int, context: int, heads: int, kv_heads: int, he
     """-> (Contenders of `measure.rounds`, K/V bytes one step reads, input sets, notes): every
     contender checked first. Paged is left out (and noted) where its copy does not fit. With
     `graphs`, every contender also runs as "<name> graphed": its call captured once per input
-    set into a CUDA graph and replayed, checked the same way."""
+    set into a CUDA graph and replayed, checked as the eager call is (set 0's output against the
+    float32 reference, after every graph's output was poisoned and replayed)."""
     import torch
     from torch.nn.attention import SDPBackend, sdpa_kernel
     from torch.nn.functional import scaled_dot_product_attention as sdpa

@@ -313,8 +313,7 @@ def sawtooth_pairs(rows: pd.DataFrame) -> pd.DataFrame:
     """Every measured linear/sawtooth pair of the validation rows (same GPU, family, point but
     for the scan): measured and predicted sawtooth/linear time and DRAM ratios (medians over
     repeats, not paired by round)."""
-    rows = rows.assign(key=rows["point"].str.replace("kv_schedule=sawtooth", "kv_schedule=@")
-                       .str.replace("kv_schedule=linear", "kv_schedule=@"),
+    rows = rows.assign(key=_scan_key(rows["point"]),
                        scan=np.where(rows["point"].str.contains("kv_schedule=sawtooth"),
                                      "sawtooth", np.where(rows["point"].str.contains(
                                          "kv_schedule=linear"), "linear", "")))
@@ -376,6 +375,17 @@ def _measured_pair_repeats(study) -> pd.DataFrame:
     return pd.concat(out, ignore_index=True)
 
 
+CEILING_RESAMPLES, CEILING_SEED = 1000, 0
+
+
+def _ceiling(split_half_r: float) -> float:
+    """A perfect predictor's largest correlation with a measurement whose halves correlate at
+    `split_half_r`: the square root of the whole's reliability (Spearman-Brown, which assumes
+    halves of equal size; with 3 repeats a pair's halves hold 2 and 1)."""
+    whole = 2 * split_half_r / (1 + split_half_r) if split_half_r > -1 else 0.0
+    return float(np.sqrt(whole)) if whole > 0 else 0.0
+
+
 def measurement_ceiling(study) -> dict:
     """How well any model could track the measured sawtooth/linear time ratio, from the
     measurements alone: the split-half reliability of the ratio (each pair's even-numbered
@@ -394,11 +404,17 @@ def measurement_ceiling(study) -> dict:
         dram_ratio=("dram_ratio", "first"), ncu_duration_ratio=("ncu_duration_ratio", "first"))
     halves = halves[halves["repeats"] >= 2]
     out = {"pairs": len(halves), "repeats median": float(halves["repeats"].median())}
+    rng = np.random.default_rng(CEILING_SEED)
+    draws = [rng.integers(0, len(halves), len(halves)) for _ in range(CEILING_RESAMPLES)]
+    even, odd = halves["even"].to_numpy(), halves["odd"].to_numpy()
     for name, corr in (("pearson", pearsonr), ("spearman", spearmanr)):
-        r = float(corr(halves["even"], halves["odd"])[0])
-        whole = 2 * r / (1 + r) if r > -1 else float("nan")
+        r = float(corr(even, odd)[0])
         out[f"split-half {name}"] = r
-        out[f"ceiling {name}"] = float(np.sqrt(whole)) if whole > 0 else 0.0
+        out[f"ceiling {name}"] = _ceiling(r)
+        # over pairs resampled with replacement: the ceiling's own 95% interval
+        spread = [_ceiling(float(corr(even[i], odd[i])[0])) for i in draws]
+        out[f"ceiling {name} 95%"] = [float(np.percentile(spread, 2.5)),
+                                      float(np.percentile(spread, 97.5))]
     both = halves.dropna(subset=["dram_ratio", "ncu_duration_ratio"])
     out["time vs DRAM ratio pearson"] = float(pearsonr(both["median"],
                                                        np.log(both["dram_ratio"]))[0])
