@@ -121,7 +121,9 @@ def test_a_claim_the_data_contradicts_stops_the_build(tmp_path):
 
 def test_the_experiments_page_lists_exactly_the_experiments():
     page = (ROOT / "docs" / "experiments.md").read_text()
-    assert readme_table(discover(EXPERIMENTS)) in page
+    assert readme_table(discover(EXPERIMENTS)) in page, (
+        "docs/experiments.md's table is stale: replace it with "
+        "wavefront.report.experiments.readme_table(discover(Path('experiments')))")
     assert "docs/experiments.md" in (ROOT / "README.md").read_text()
 
 
