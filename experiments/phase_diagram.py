@@ -16,6 +16,7 @@ step (experiments/timed_model.py: from the paper's own linear throughput) and B2
 from pathlib import Path
 
 import matplotlib.pyplot as plt
+from matplotlib.ticker import PercentFormatter
 import numpy as np
 import pandas as pd
 import seaborn as sns
@@ -29,6 +30,7 @@ from wavefront.point import plan
 from wavefront.report.analysis import cached_table
 from wavefront.report.draft import Claim, Section, md_table, paragraphs
 from wavefront.report.experiments import run_as_script
+from wavefront.report.figures import plain_log
 
 DATASETS = ()
 SMS = 48
@@ -185,6 +187,9 @@ def figure(study):
             sns.lineplot(data=l2, x="bandwidth_gbs_per_sm", y="speed-up",
                          hue="L2 left (fraction of 3 MiB)", marker="o", ax=ax, palette="viridis")
             ax.set_xscale("log")
+            # the swept bandwidths, in plain numbers (matplotlib's log labels overlapped)
+            plain_log(ax.xaxis, sorted(l2["bandwidth_gbs_per_sm"].unique()))
+            ax.yaxis.set_major_formatter(PercentFormatter(1.0, decimals=0))
             ax.axhline(0, color="k", lw=0.5)
             ax.set_xlabel("DRAM bandwidth per CTA (GB/s)")
             ax.set_ylabel("sawtooth speed-up over linear")
