@@ -112,14 +112,19 @@ def figure(study):
     d = rows(study)
     d = d.assign(**{"% of DRAM peak": 100 * d["x peak"]})
     contenders = list(dict.fromkeys(d["contender"]))
-    palette = dict(zip(contenders, sns.color_palette("tab10", len(contenders))))
+    # one colour per call, the same call graphed in its colour dashed
+    calls = list(dict.fromkeys(c.removesuffix(GRAPHED) for c in contenders))
+    colour = dict(zip(calls, sns.color_palette("tab10", len(calls))))
+    palette = {c: colour[c.removesuffix(GRAPHED)] for c in contenders}
+    dashes = {c: (4, 2) if c.endswith(GRAPHED) else "" for c in contenders}
     batches = sorted(d["batch"].unique())
     fig, axes = plt.subplots(1, len(batches), figsize=(4.2 * len(batches), 3.9), sharey=True,
                              squeeze=False)
     for ax, batch in zip(axes[0], batches):
         b = d[d["batch"] == batch]
         sns.lineplot(data=b, x="context", y="% of DRAM peak", hue="contender",
-                     hue_order=contenders, palette=palette, marker="o", ax=ax,
+                     hue_order=contenders, palette=palette, style="contender",
+                     style_order=contenders, dashes=dashes, marker="o", ax=ax,
                      legend=batch == batches[-1])
         for name, c in b.groupby("contender"):
             ax.errorbar(c["context"], c["% of DRAM peak"],
@@ -134,7 +139,7 @@ def figure(study):
         ax.set(title=f"B{batch}", xlabel="context (keys per sequence)",
                ylabel="K/V read rate (% of DRAM read peak)", ylim=(0, 105))
     handles, labels = axes[0][-1].get_legend_handles_labels()
-    axes[0][-1].legend(handles, labels, fontsize=9, loc="lower right")
+    axes[0][-1].legend(handles, labels, fontsize=9, loc="upper left", bbox_to_anchor=(1.02, 1))
     peak = d["peak GB/s"].iloc[0]
     fig.suptitle(f"Decode step on {_gpu(d)}: H32 KV8 D128 bf16, 64-key pages; DRAM read peak "
                  f"{peak:.0f} GB/s (measured); medians of {int(d['rounds'].min())} interleaved "
