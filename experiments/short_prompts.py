@@ -132,13 +132,13 @@ def section(study) -> Section:
     above = call[call["x cudnn lo"] > 1.0]
     below = call[call["x cudnn hi"] < 1.0]
     level = call[(call["x cudnn lo"] <= 1.0) & (call["x cudnn hi"] >= 1.0)]
-    full_d128 = below["shape"].str.contains("D128") & ~below["shape"].str.contains("causal")
+    is_full_d128 = call["shape"].str.contains("D128") & ~call["shape"].str.contains("causal")
     s.claim(f"On {len(call)} short-prompt shape-masks the public call runs "
             f"{call['x cudnn'].min():.2f}-{call['x cudnn'].max():.2f}x cuDNN (median of "
             f"paired rounds): above it (95% interval above 1) at {len(above)}, level with it "
-            f"(interval including 1) at {len(level)}, below it at {len(below)}, "
-            f"{int(full_d128.sum())} of them D128 without a mask",
-            len(call) == len(above) + len(level) + len(below) and len(call) > 0,
+            f"(interval including 1) at {len(level)}, below it at {len(below)}, among them "
+            f"every one of the {int(is_full_d128.sum())} D128 shapes without a mask",
+            bool(is_full_d128.any() and (call.loc[is_full_d128, "x cudnn hi"] < 1).all()),
             call[["GPU", "shape", "x cudnn", "x cudnn lo", "x cudnn hi"]].to_dict("records"))
     searched, searched_on = _search(study)
     full_d128_all = call[call["shape"].str.contains("D128")
