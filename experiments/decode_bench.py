@@ -25,7 +25,7 @@ import seaborn as sns
 from wavefront.report.draft import Section, change_with_range, md_table
 from wavefront.report.experiments import run_as_script
 from wavefront.report.figures import short_gpu
-from wavefront.measure.decode_bench import GRAPHED
+from wavefront.measure.decode_bench import GRAPHED, launched_alike
 from wavefront.results.measurement import paired_ratio
 from wavefront.results.records import DECODE_BENCH_RECORDS
 
@@ -79,8 +79,7 @@ def rows(study) -> pd.DataFrame:
         for name, r in by.items():
             graphed = name.endswith(GRAPHED)
             # against the fastest SDPA backend launched the same way (eager or graphed)
-            sdpa = [o for n, o in by.items() if n.startswith("SDPA")
-                    and n.endswith(GRAPHED) == graphed]
+            sdpa = [o for n, o in by.items() if n.startswith("SDPA") and launched_alike(n, name)]
             best = min(sdpa, key=lambda o: o["median_ms"]) if sdpa else None
             contiguous = CONTIGUOUS + (GRAPHED if graphed else "")
             peak = r["dram_peak_gbps"]

@@ -304,7 +304,7 @@ def bench_decode(batches, contexts, heads, kv_heads, head_dim, page_size, rounds
         if min(values) < 1:
             raise click.BadParameter("must be positive", param_hint=name)
     dev = _require_gpu()
-    from wavefront.measure.decode_bench import GRAPHED, decode_contenders, gbps
+    from wavefront.measure.decode_bench import decode_contenders, gbps, launched_alike
     from wavefront.measure.microbench import read_bandwidth
     from wavefront.measure.rounds import run_rounds
     from wavefront.results.records import DECODE_BENCH_RECORDS
@@ -334,8 +334,7 @@ def bench_decode(batches, contexts, heads, kv_heads, head_dim, page_size, rounds
             for r in results:
                 # against the fastest SDPA launched the same way (eager or graphed)
                 best_sdpa = min((o.median_ms for o in results if o.name.startswith("SDPA")
-                                 and o.name.endswith(GRAPHED) == r.name.endswith(GRAPHED)),
-                                default=None)
+                                 and launched_alike(o.name, r.name)), default=None)
                 lo, hi = r.ci95_ms
                 row = DECODE_BENCH_RECORDS.stamp({
                     **where, "contender": r.name, "kv_bytes": step_bytes, "input_sets": sets,

@@ -43,6 +43,12 @@ def input_sets(one_set_bytes: int, l2_bytes: int, free_bytes: int, copies: int) 
 GRAPHED = " graphed"
 
 
+def launched_alike(name: str, other: str) -> bool:
+    """Whether two contenders are launched the same way (both eager, or both graphed): a
+    contender is compared with the fastest SDPA backend launched as it is."""
+    return name.endswith(GRAPHED) == other.endswith(GRAPHED)
+
+
 def decode_contenders(*, batch: int, context: int, heads: int, kv_heads: int, head_dim: int,
                       page_size: int, l2_bytes: int, seed: int = 1, graphs: bool = True,
                       log=print):
