@@ -550,7 +550,8 @@ whole call's time over {schedule_rounds} interleaved rounds, both of the first c
 **Faster binaries.** The first cut's binaries spill or sit at 255 registers; FlashAttention-3
 splits the K/V-major kernel's 128 K/V rows between two consumer warpgroups. Named configs
 (`wavefront.backward_schedules.BACKWARD_CONFIGS`) cut each kernel otherwise with the same
-arithmetic; `scripts/backward_bench.py --variants` checks each against float32 autograd, then
+arithmetic; `scripts/backward_bench.py --variants` checked each against float32 autograd (the
+script now checks against the float64 reference of `measure.backward_reference`), then
 times it beside cuDNN and FA2 in interleaved rounds (the run was cut by its device call's limit
 after {measured_configs} of {len(SHAPES) * 4} configurations, {', '.join(missing) or 'none'}
 missing; its console log is its record, the manifest its command and rounds). Speed over cuDNN,

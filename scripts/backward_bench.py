@@ -96,7 +96,7 @@ def _error(got, want) -> float:
 
 # --variants: each named config (deterministic), and these also in the atomic mode
 ATOMIC_VARIANTS = ("first_cut", "two_warpgroups", "kv_wide")
-# bf16 gradients against float32 autograd: the bound the GPU tests hold the kernel to
+# bf16 gradients against the float64 reference: the bound the GPU tests hold the kernel to
 GRAD_TOLERANCE = 2e-2
 
 
@@ -176,20 +176,17 @@ def warm_variants(args) -> None:
 
 
 def check_variants(options: dict[str, dict], head_dim: int, causal: bool, torch) -> dict:
-    """Each variant's gradients on fresh random inputs (`CHECK_SHAPE`, GQA, a shape float32
-    autograd can hold) against float32 autograd, the gradient memory poisoned with NaN first.
+    """Each variant's gradients on fresh random inputs (`CHECK_SHAPE`, GQA, a shape the
+    reference can hold) against the project's float64 reference
+    (`measure.backward_reference`), the gradient memory poisoned with NaN first.
     -> {name: the largest of dq's, dk's and dv's relative norm errors, or the failure}."""
     from wavefront.kernel.backward_call import attention_backward
+    from wavefront.measure.backward_reference import reference_attention_backward
     import wavefront
     q, k, v, do = _check_inputs(head_dim, causal, torch)
-    seqlen, group = CHECK_SHAPE[3], CHECK_SHAPE[1] // CHECK_SHAPE[2]
-    leaves = [x.detach().float().requires_grad_() for x in (q, k, v)]
-    s = leaves[0] @ leaves[1].repeat_interleave(group, 1).transpose(-1, -2) / head_dim ** 0.5
-    if causal:
-        s = s.masked_fill(~torch.ones(seqlen, seqlen, dtype=torch.bool, device="cuda").tril(),
-                          float("-inf"))
-    (torch.softmax(s, -1) @ leaves[2].repeat_interleave(group, 1)).backward(do.float())
-    want = [x.grad for x in leaves]
+    *_, dq, dk, dv = reference_attention_backward(
+        *(x.float().cpu().numpy() for x in (q, k, v, do)), causal=causal)
+    want = [torch.from_numpy(x).cuda() for x in (dq, dk, dv)]
     out, lse = wavefront.attention(q, k, v, causal=causal, return_lse=True)
     found = {}
     for name, opts in options.items():
@@ -299,7 +296,7 @@ def bench(args, torch) -> list[dict]:
                 if args.variants:
                     options = variant_options(args.variants, head_dim)
                     checks = check_variants(options, head_dim, causal, torch)
-                    print("  errors vs float32 autograd:",
+                    print("  errors vs the float64 reference:",
                           {n: e if isinstance(e, str) else f"{e:.2e}" for n, e in checks.items()})
                     variants = {n: o for n, o in options.items()
                                 if not isinstance(checks[n], str) and checks[n] < GRAD_TOLERANCE}
@@ -532,7 +529,7 @@ def main(argv=None) -> int:
                         help="'all' or comma-separated names of BACKWARD_CONFIGS: time each "
                              "config (deterministic; and atomic for "
                              f"{list(ATOMIC_VARIANTS)}) instead of the plain call, each checked "
-                             "against float32 autograd first")
+                             "against the float64 reference first")
     parser.add_argument("--compile-workers", type=int, default=8,
                         help="--variants: processes that compile the variants' binaries "
                              "before the grid (0: compile on first call instead)")
