@@ -226,9 +226,7 @@ def hf_cache_attention_forward(module, query, key, value, attention_mask, scalin
     """transformers' attention function for generation: `route` decides between the
     prefill hook (`wavefront.torch.hf_attention_forward`) and the cache call. Returns
     (output (B, S_q, H, D), None) as transformers' SDPA function does."""
-    is_causal = kwargs.get("is_causal")  # as transformers' SDPA function decides
-    causal = bool(getattr(module, "is_causal", True) if is_causal is None else is_causal)
-    decision = route(query.shape, key.shape, attention_mask, causal)
+    decision = route(query.shape, key.shape, attention_mask, _wft.hf_is_causal(module, kwargs))
     if decision.kind == "prefill":
         return _wft.hf_attention_forward(module, query, key, value, attention_mask, scaling,
                                          dropout, **kwargs)

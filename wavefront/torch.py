@@ -349,6 +349,13 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
     return _attention(query, key, value, is_causal, scale)
 
 
+def hf_is_causal(module, kwargs) -> bool:
+    """Whether a mask-less call is causal, as transformers' SDPA function decides: an
+    `is_causal` the model passes, else the module's own (True where it has none)."""
+    is_causal = kwargs.get("is_causal")
+    return bool(getattr(module, "is_causal", True) if is_causal is None else is_causal)
+
+
 def hf_attention_forward(module, query, key, value, attention_mask, scaling=None, dropout=0.0,
                          **kwargs):
     """An attention function for Hugging Face transformers' registry: self-attention, causal
@@ -374,11 +381,7 @@ def hf_attention_forward(module, query, key, value, attention_mask, scaling=None
     if dropout:
         raise ValueError(f"dropout must be 0 (wavefront has no dropout), got {dropout!r}")
     if attention_mask is None:
-        # as transformers' SDPA function decides: an `is_causal` the model passes, else the
-        # module's own
-        is_causal = kwargs.get("is_causal")
-        causal = (bool(getattr(module, "is_causal", True)) if is_causal is None
-                  else bool(is_causal)) and query.shape[2] > 1  # one query sees every key
+        causal = hf_is_causal(module, kwargs) and query.shape[2] > 1  # one query: every key
         out = _attention(query, key, value, causal, scaling)
         return out.transpose(1, 2), None
     if isinstance(attention_mask, SequencesMask):
