@@ -431,18 +431,21 @@ def test_a_gzip_bomb_at_the_default_bound_costs_bounded_memory(tmp_path):
         chunk = b"\0" * (64 << 20)
         for _ in range(12):  # 768 MiB, past the 512 MiB bound
             f.write(chunk)
-    code = ("import resource, sys\n"
+    # The peak is read with the project's peak_rss_mib (VmHWM): getrusage's ru_maxrss is
+    # carried across exec on Linux and reported the pytest worker's own peak on CI (1251 MiB).
+    code = ("from wavefront.results.progress import peak_rss_mib\n"
             "from wavefront.results.store import SchemaError, load_results\n"
             "try:\n"
             f"    load_results({str(bomb)!r}, require_manifest=False)\n"
             "except SchemaError as e:\n"
             "    print('refused', 'decompression bomb' in str(e))\n"
-            "print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024)\n")
+            "print(int(peak_rss_mib()))\n")
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
                          timeout=120)
     lines = out.stdout.split()
     assert lines[:2] == ["refused", "True"], out.stdout + out.stderr
-    assert int(lines[-1]) < (files.MAX_UNPACKED_BYTES >> 20) + 700, lines  # MiB
+    # Unpacking the whole bomb would cost its 768 MiB at least; the bound, about 512.
+    assert int(lines[-1]) < (files.MAX_UNPACKED_BYTES >> 20) + 200, lines  # MiB
 
 
 def test_manifests_are_written_readable_by_all(tmp_path):
