@@ -7,7 +7,7 @@
 #       "tests" "bench_decode shared_prefix generate"
 # (<hash>: the checkout's HEAD, written out on this side. The device's copy of .git need not be
 # at that commit, so `$(git rev-parse HEAD)` evaluated there stamps a stale commit.)
-# Steps: tests (the whole GPU suite), bench_decode, shared_prefix, generate, short_prompts,
+# Steps: tests (the whole GPU suite), bench_decode, decode_sweep (splits x CTAs per SM at B1/B8), shared_prefix, generate, short_prompts,
 # crash (scripts/gpu_crash_campaign.py), advisor (experiments/advisor_picks.py, one shape),
 # backward (scripts/backward_bench.py), gpu_checks (the GPU tests of the bad-input audit and the
 # cache call), backward_dram (the backward schedules' DRAM bytes and time), tune_short (a lever
@@ -27,6 +27,9 @@ step() {  # step NAME DIR
                > "$d/gpu_tests.log" 2>&1; grep -E "^(FAILED|ERROR)|passed|failed" "$d/gpu_tests.log" | tail -30 ;;
     bench_decode) python3 -m wavefront.cli bench-decode --rounds 8 --per-round 5 --out "$d/decode_bench" \
                > "$d/bench_decode.log" 2>&1; tail -40 "$d/bench_decode.log" ;;
+    decode_sweep) python3 -m wavefront.cli bench-decode --batch 1,8 --rounds 8 --per-round 5 \
+               --sweep-splits "${SWEEP_SPLITS:-auto,8,16,32,64,128}" --sweep-ctas-per-sm 2,3 \
+               --out "$d/decode_sweep" > "$d/decode_sweep.log" 2>&1; tail -150 "$d/decode_sweep.log" ;;
     shared_prefix|generate) OUT="$d" bash scripts/serving_session.sh "$1" | tail -40 ;;
     short_prompts) OUT="$d" bash scripts/serving_session.sh short_prompts | tail -60 ;;
     crash) python3 scripts/gpu_crash_campaign.py "$d/crash" --budget-s "${CRASH_SECONDS:-120}" \

@@ -374,6 +374,9 @@ def test_every_cache_binary_compiles_for_sm90():
     (["--head-dim", "96"], "--head-dim"),
     (["--page-size", "48"], "--page-size"),
     (["--rounds", "2"], "--rounds"),
+    (["--sweep-splits", "0"], "--sweep-splits"),
+    (["--sweep-splits", "8,x"], "--sweep-splits"),
+    (["--sweep-ctas-per-sm", "9"], "--sweep-ctas-per-sm"),
 ])
 def test_bench_decode_names_its_bad_flags(argv, expected):
     from click.testing import CliRunner
@@ -382,6 +385,37 @@ def test_bench_decode_names_its_bad_flags(argv, expected):
     result = CliRunner().invoke(main, ["bench-decode", *argv])
     assert result.exit_code == 2, result.output
     assert expected in result.output and "Traceback" not in result.output
+
+
+def test_a_split_and_occupancy_sweep_names_one_contender_per_pair():
+    """The sweep's contenders: every (splits, CTAs per SM) pair once, 'auto' for the planned
+    value, and none without a sweep (the bench's planned launch only)."""
+    from wavefront.cli.measure import _decode_variants
+    variants = _decode_variants("auto,16", "2,3")
+    assert variants == {"sauto c2": {"num_splits": None, "ctas_per_sm": 2},
+                        "sauto c3": {"num_splits": None, "ctas_per_sm": 3},
+                        "s16 c2": {"num_splits": 16, "ctas_per_sm": 2},
+                        "s16 c3": {"num_splits": 16, "ctas_per_sm": 3}}
+    assert _decode_variants("", "") == {}
+    assert list(_decode_variants("8", "")) == ["s8 cauto"]
+
+
+@pytest.mark.compile
+def test_the_decode_kernel_compiles_at_each_occupancy_a_sweep_asks_for():
+    """`ctas_per_sm` is compiled into the attention kernel (cuTile's occupancy): the split
+    binary at D128 builds for 2 and 3 CTAs per SM, each within an SM's shared memory."""
+    pytest.importorskip("cuda.tile", reason="compiling needs cuda-tile (the gpu extra)")
+    from wavefront.kernel.decode import variants_for
+    problem = DecodeProblem(1, 32, 8, 1, 32768, 128)
+    binaries = [variants_for(problem, "bfloat16", 16, False, False, occupancy)[1]
+                for occupancy in (2, 3)]
+    assert [b.occupancy for b in binaries] == [2, 3] and binaries[0] != binaries[1]
+    assert binaries[1].label.endswith("_occ3")
+    with ProcessPoolExecutor(max_workers=2) as pool:
+        results = list(pool.map(_compile, binaries))
+    assert all(err is None for *_, err in results), results
+    assert all(res[0].shared_bytes * occ <= 228 * 1024
+               for (_, res, _, _), occ in zip(results, (2, 3))), results
 
 
 def test_decode_bench_records_read_back_with_failures_apart(tmp_path):

@@ -270,6 +270,32 @@ def bench_varlen(sequences, tokens, longest, lengths, seed, heads, kv_heads, hea
                       f"bf16: medians of {rounds} interleaved rounds x {per_round} calls")
 
 
+def _decode_variants(splits: str, ctas_per_sm: str) -> dict:
+    """{label: cache-call options} of a split x occupancy sweep; {} where neither is given."""
+    if not splits.strip() and not ctas_per_sm.strip():
+        return {}
+    from wavefront.kernel.kvcache import MAX_CTAS_PER_SM
+
+    def values(text, option, upper):
+        if not text.strip():
+            return [None]
+        out = []
+        for part in text.split(","):
+            part = part.strip()
+            if part == "auto":
+                out.append(None)
+            elif part.isdigit() and 1 <= int(part) <= upper:
+                out.append(int(part))
+            else:
+                raise click.BadParameter(f"expected integers in [1, {upper}] or 'auto', comma-"
+                                         f"separated; got {part!r}", param_hint=option)
+        return out
+    from wavefront.decode_schedules import MAX_SPLITS
+    return {f"s{s or 'auto'} c{c or 'auto'}": {"num_splits": s, "ctas_per_sm": c}
+            for s in values(splits, "--sweep-splits", MAX_SPLITS)
+            for c in values(ctas_per_sm, "--sweep-ctas-per-sm", MAX_CTAS_PER_SM)}
+
+
 @main.command("bench-decode")
 @click.option("--batch", "batches", default="1,8,64", show_default=True,
               help="Sequences per step, comma-separated.")
@@ -287,10 +313,17 @@ def bench_varlen(sequences, tokens, longest, lengths, seed, heads, kv_heads, hea
 @click.option("--graphs/--no-graphs", default=True, show_default=True,
               help="Also time every contender replayed from CUDA graphs (one per input set), "
                    "as a serving engine that graphs its decode step launches it.")
+@click.option("--sweep-splits", default="", metavar="LIST",
+              help="Also time the contiguous call at these K/V split counts (comma-separated, "
+                   "'auto' for the planned count): contenders 'wavefront contiguous s<N> "
+                   "c<CTAs per SM>', beside the planned launch.")
+@click.option("--sweep-ctas-per-sm", default="", metavar="LIST",
+              help="... and at these persistent CTAs per SM (comma-separated, the kernel's "
+                   "occupancy; default the planned one).")
 @click.option("--out", "out_dir", type=click.Path(file_okay=False), default=None,
               help="Also write every contender's rounds to <out>/bench_decode.jsonl.")
 def bench_decode(batches, contexts, heads, kv_heads, head_dim, page_size, rounds, per_round,
-                 warmup, graphs, out_dir):
+                 warmup, graphs, sweep_splits, sweep_ctas_per_sm, out_dir):
     """One decode step (a query per sequence, bf16) against a full KV cache: wavefront's cache
     call on a contiguous and a paged cache against torch SDPA's backends on the same cache,
     interleaved rounds; GB/s of K/V read against the DRAM read bandwidth measured first
@@ -303,6 +336,7 @@ def bench_decode(batches, contexts, heads, kv_heads, head_dim, page_size, rounds
     for name, values in (("--batch", batches), ("--context", contexts)):
         if min(values) < 1:
             raise click.BadParameter("must be positive", param_hint=name)
+    variants = _decode_variants(sweep_splits, sweep_ctas_per_sm)
     dev = _require_gpu()
     from wavefront.measure.decode_bench import decode_contenders, gbps, launched_alike
     from wavefront.measure.microbench import read_bandwidth
@@ -323,7 +357,7 @@ def bench_decode(batches, contexts, heads, kv_heads, head_dim, page_size, rounds
                 contenders, step_bytes, sets, notes = decode_contenders(
                     batch=batch, context=context, heads=heads, kv_heads=kv_heads,
                     head_dim=int(head_dim), page_size=int(page_size), l2_bytes=dev.l2_bytes,
-                    graphs=graphs, log=lambda m: click.echo(m, err=True))
+                    graphs=graphs, variants=variants, log=lambda m: click.echo(m, err=True))
                 results = run_rounds(contenders, rounds=rounds, per_round=per_round,
                                      warmup=warmup)
             except Exception as exc:  # one failing shape must not lose the others

@@ -493,13 +493,14 @@ class AppendVariant:
 
 
 def variants_for(problem, dtype: str, num_splits: int, write_lse: bool,
-                 appends: bool) -> tuple:
+                 appends: bool, occupancy: int = DECODE_OCCUPANCY) -> tuple:
     """The binaries a cache call of `problem` (a `DecodeProblem`) runs, in launch order:
-    (append or None, attention, combine or None)."""
+    (append or None, attention compiled for `occupancy` CTAs per SM, combine or None)."""
     paged = problem.page_size is not None
     attention = DecodeVariant(dtype, problem.head_dim, problem.tile_m, problem.tile_n,
                               problem.group_tile, paged, num_splits > 1,
-                              write_lse and num_splits == 1, problem.pages_per_tile)
+                              write_lse and num_splits == 1, problem.pages_per_tile,
+                              occupancy)
     combine = (CombineSplitsVariant(dtype, problem.head_dim, problem.tile_m,
                                     problem.group_tile, write_lse) if num_splits > 1 else None)
     append = AppendVariant(dtype, problem.head_dim, paged) if appends else None

@@ -35,6 +35,9 @@ from wavefront.point import DTYPES, HEAD_DIMS
 
 CHECK_LENGTHS_ENV = "WAVEFRONT_CHECK_LENGTHS"
 STATE_CACHE_SIZE = 64
+# The most resident attention CTAs per SM a bench may ask for (`ctas_per_sm`): past it the
+# tiles' shared memory cannot fit an SM on Hopper.
+MAX_CTAS_PER_SM = 8
 LOG2_E = 1.0 / math.log(2.0)
 
 
@@ -385,8 +388,9 @@ def _zeroed_before_use(device: int) -> None:
         cupy.cuda.get_current_stream().synchronize()
 
 
-def _state_for(vq: _ArrayView, launch: DecodeLaunch, write_lse: bool) -> _LaunchState:
-    key = (vq.device, vq.dtype, launch, write_lse)
+def _state_for(vq: _ArrayView, launch: DecodeLaunch, write_lse: bool,
+               occupancy: int) -> _LaunchState:
+    key = (vq.device, vq.dtype, launch, write_lse, occupancy)
     with _states_lock:
         state = _states.get(key)
         if state is not None:
@@ -409,7 +413,7 @@ def _state_for(vq: _ArrayView, launch: DecodeLaunch, write_lse: bool) -> _Launch
                     _stand_in(vq, "PartM", (1, 1, 1, 1), "float32"),
                     _stand_in(vq, "PartL", (1, 1, 1, 1), "float32"))
     state = _LaunchState(launch, variants_for(p, vq.dtype, launch.num_splits, write_lse,
-                                              p.seqlen_new > 0), work, partials)
+                                              p.seqlen_new > 0, occupancy), work, partials)
     with _states_lock:
         state = _states.setdefault(key, state)
         while len(_states) > STATE_CACHE_SIZE:
@@ -492,7 +496,8 @@ def _lengths_kind(value):
 
 
 def _prepare(q, k_cache, v_cache, cache_seqlens, k, v, block_table, table_host, causal,
-             scale, num_splits, cta_order, return_lse, out, sharing) -> _Prepared:
+             scale, num_splits, cta_order, return_lse, out, sharing,
+             ctas_per_sm=None) -> _Prepared:
     """Check the arrays and options (naming the argument), plan the launch, make its table
     and buffers."""
     vq, _ = _view("q", q)
@@ -521,6 +526,11 @@ def _prepare(q, k_cache, v_cache, cache_seqlens, k, v, block_table, table_host, 
     if num_splits is not None and (isinstance(num_splits, bool)
                                    or not isinstance(num_splits, int) or num_splits < 1):
         raise ValueError(f"num_splits must be a positive integer or None, got {num_splits!r}")
+    if ctas_per_sm is not None and (isinstance(ctas_per_sm, bool)
+                                    or not isinstance(ctas_per_sm, int)
+                                    or not 1 <= ctas_per_sm <= MAX_CTAS_PER_SM):
+        raise ValueError(f"ctas_per_sm must be an integer in [1, {MAX_CTAS_PER_SM}] or None, "
+                         f"got {ctas_per_sm!r}")
     if out is not None:
         _checked_output(vq, out)
 
@@ -531,9 +541,10 @@ def _prepare(q, k_cache, v_cache, cache_seqlens, k, v, block_table, table_host, 
         raise RuntimeError("wavefront.attention_with_kvcache needs a CUDA GPU; none is visible")
     problem = DecodeProblem(shape.batch, shape.heads, shape.kv_heads, shape.seqlen_q,
                             shape.capacity, shape.head_dim, shape.seqlen_new, shape.page_size)
-    launch = plan_decode(problem, sms=device.sms, ctas_per_sm=DECODE_OCCUPANCY,
+    occupancy = DECODE_OCCUPANCY if ctas_per_sm is None else ctas_per_sm
+    launch = plan_decode(problem, sms=device.sms, ctas_per_sm=occupancy,
                          num_splits=num_splits, cta_order=cta_order, sharing=sharing)
-    state = _state_for(vq, launch, bool(return_lse))
+    state = _state_for(vq, launch, bool(return_lse), occupancy)
     flags = _flags_for(vq)
     bound, combined = bound_arguments(launch, state.variants, state.partials, state.work,
                                       flags.buffer, scale, causal)
@@ -568,12 +579,16 @@ def bound_arguments(launch: DecodeLaunch, variants: tuple, partials: tuple, work
 def attention_with_kvcache(q, k_cache, v_cache, cache_seqlens, *, k=None, v=None,
                            block_table=None, causal: bool = True, scale: float | None = None,
                            num_splits: int | None = None, cta_order: str | None = None,
-                           return_lse: bool = False, out=None, stream=None):
+                           return_lse: bool = False, out=None, stream=None,
+                           ctas_per_sm: int | None = None):
     """Attention of q against a KV cache; see `wavefront.api.attention_with_kvcache`.
 
     A call of arrays laid out as an earlier call's (shapes, strides, dtypes, devices) with the
     same options skips the checks and the planning that call made (`_prepared`); host lengths
-    and block tables are checked on every call."""
+    and block tables are checked on every call. `ctas_per_sm` (a bench's knob, not the public
+    call's): the persistent attention CTAs per SM, compiled as the kernel's occupancy
+    (default `decode.DECODE_OCCUPANCY`); more CTAs keep more K/V loads in flight per SM, which
+    a one-sequence step with few items needs to reach the DRAM bandwidth."""
     if isinstance(cache_seqlens, bool) or cache_seqlens is None:
         raise ValueError(f"cache_seqlens must be an int or one length per sequence, got "
                          f"{cache_seqlens!r}")
@@ -590,7 +605,7 @@ def attention_with_kvcache(q, k_cache, v_cache, cache_seqlens, *, k=None, v=None
             out is None or layouts[5] is not None):
         table_key = (None if block_table is None else "host" if table_host is not None
                      else _layout(block_table))
-        options = (causal, scale, num_splits, cta_order, return_lse, sharing)
+        options = (causal, scale, num_splits, cta_order, return_lse, sharing, ctas_per_sm)
         key = (layouts, table_key, table_host is None or table_host.shape,
                _lengths_kind(cache_seqlens), options, tuple(map(type, options)))
     prepared = None if key is None else _prepared.get(key)
@@ -598,7 +613,8 @@ def attention_with_kvcache(q, k_cache, v_cache, cache_seqlens, *, k=None, v=None
         from wavefront.device import require_gpu_stack
         require_gpu_stack("wavefront.attention_with_kvcache")
         prepared = _prepare(q, k_cache, v_cache, cache_seqlens, k, v, block_table, table_host,
-                            causal, scale, num_splits, cta_order, return_lse, out, sharing)
+                            causal, scale, num_splits, cta_order, return_lse, out, sharing,
+                            ctas_per_sm)
         if key is not None:
             _prepared[key] = prepared
             while len(_prepared) > STATE_CACHE_SIZE:

@@ -51,12 +51,14 @@ def launched_alike(name: str, other: str) -> bool:
 
 def decode_contenders(*, batch: int, context: int, heads: int, kv_heads: int, head_dim: int,
                       page_size: int, l2_bytes: int, seed: int = 1, graphs: bool = True,
-                      log=print):
+                      variants: dict | None = None, log=print):
     """-> (Contenders of `measure.rounds`, K/V bytes one step reads, input sets, notes): every
     contender checked first. Paged is left out (and noted) where its copy does not fit. With
     `graphs`, every contender also runs as "<name> graphed": its call captured once per input
     set into a CUDA graph and replayed, checked as the eager call is (set 0's output against the
-    float32 reference, after every graph's output was poisoned and replayed)."""
+    float32 reference, after every graph's output was poisoned and replayed). `variants`:
+    {name: cache-call options (num_splits, ctas_per_sm)}, each one more contiguous contender
+    "wavefront contiguous <name>" (a split or occupancy sweep beside the planned launch)."""
     import torch
     from torch.nn.attention import SDPBackend, sdpa_kernel
     from torch.nn.functional import scaled_dot_product_attention as sdpa
@@ -123,6 +125,12 @@ def decode_contenders(*, batch: int, context: int, heads: int, kv_heads: int, he
         e = inputs[i % sets]
         return attention_with_kvcache(e["q"], e["k"], e["v"], lengths, out=outs[i % sets])
     runs["wavefront contiguous"] = wavefront_contiguous
+    for label, options in (variants or {}).items():
+        def wavefront_variant(i, options=options):
+            e = inputs[i % sets]
+            return attention_with_kvcache(e["q"], e["k"], e["v"], lengths, out=outs[i % sets],
+                                          **options)
+        runs[f"wavefront contiguous {label}"] = wavefront_variant
     if paged:
         def wavefront_paged(i):
             e = inputs[i % sets]
