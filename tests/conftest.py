@@ -45,3 +45,18 @@ def on_two_streams_at_once():
         torch.cuda.synchronize()
         return alone, together
     return run
+
+
+@pytest.fixture
+def run_each():
+    """-> a function of ([argv, ...], **subprocess.run options) -> [CompletedProcess, ...] in
+    argv order, the processes run side by side, one per CPU core: a test that starts one
+    process per experiment would otherwise leave CI's second core idle for minutes."""
+    import os
+    import subprocess
+    from concurrent.futures import ThreadPoolExecutor
+
+    def run(commands, **options):
+        with ThreadPoolExecutor(max_workers=max(1, os.cpu_count() or 1)) as pool:
+            return list(pool.map(lambda argv: subprocess.run(argv, **options), commands))
+    return run

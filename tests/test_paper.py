@@ -53,18 +53,18 @@ def test_draft_numbers_come_from_data(built):
     assert all(c["holds"] for c in summary["claims"])
 
 
-def test_plot_writes_the_same_bytes_as_the_paper(built, tmp_path):
+def test_plot_writes_the_same_bytes_as_the_paper(built, tmp_path, run_each):
     """Every experiment's `plot --out DIR` (a separate process, as a user runs it) draws the
     paper's figure byte for byte, and leaves the repository untouched."""
     out, _ = built
     before = subprocess.run(["git", "-C", str(ROOT), "status", "--porcelain"],
                             capture_output=True, text=True).stdout
     experiments = discover(EXPERIMENTS)
-    for name, exp in experiments.items():
+    done = run_each([[sys.executable, str(EXPERIMENTS / f"{name}.py"), "plot", "--out",
+                      str(tmp_path / name)] for name in experiments],
+                    capture_output=True, text=True, timeout=600)
+    for (name, exp), res in zip(experiments.items(), done):
         target = tmp_path / name
-        res = subprocess.run([sys.executable, str(EXPERIMENTS / f"{name}.py"), "plot",
-                              "--out", str(target)], capture_output=True, text=True,
-                             timeout=600)
         assert res.returncode == 0, res.stderr
         if not exp.has_figure:
             assert "has no figure" in res.stderr and not list(target.glob("*.png")), name
