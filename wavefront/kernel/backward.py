@@ -23,9 +23,10 @@ kv_heads, seqlen_kv, D); LSE and D (batch, heads, seqlen_q) float32; last dimens
 Causal: query row r sees key columns c <= r + the item's diagonal (its table row's
 BWD_DIAGONAL / WORK_DIAGONAL: 0 top-left, seqlen_kv - seqlen_q bottom-right, per sequence in
 a packed batch), one binary for both alignments as the forward's; a row that sees no key
-(bottom-right, seqlen_q > seqlen_kv, LSE -inf) gets dQ = 0 and adds nothing. Ragged lengths: loads pad with zeros (a padded Q row has dO = 0 and
-contributes nothing; stores and atomics past the end are dropped), and the last K/V tile's
-columns past seqlen_kv are masked.
+(bottom-right, seqlen_q > seqlen_kv, LSE -inf) gets dQ = 0 and adds nothing (`_seen_lse`).
+Ragged lengths: loads pad with zeros (a padded Q row has dO = 0 and contributes nothing;
+stores and atomics past the end are dropped), and the last K/V tile's columns past seqlen_kv
+are masked.
 """
 from __future__ import annotations
 
