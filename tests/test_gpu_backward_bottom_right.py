@@ -115,9 +115,10 @@ def test_named_configs(config, head_dim):
 # Packed variable-length batches: each sequence aligned by its own lengths
 # --------------------------------------------------------------------------------------------
 
-# more keys, none, fewer, one query, equal, fewer (83 rows see nothing), keys and no queries
-LENGTHS_Q = (70, 0, 300, 1, 333, 129, 90, 0)
-LENGTHS_K = (200, 0, 100, 64, 333, 400, 7, 50)
+# more keys, none, fewer, keys and no queries (dK, dV written 0), one query, equal, more,
+# fewer (83 rows see nothing)
+LENGTHS_Q = (70, 0, 300, 0, 1, 333, 129, 90)
+LENGTHS_K = (200, 0, 100, 50, 64, 333, 400, 7)
 
 
 def _packed(seed, heads, kv_heads, head_dim):
