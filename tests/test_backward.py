@@ -296,21 +296,49 @@ def _tile(x, b, h, index, rows):
     return out
 
 
+def _put(x, b, h, index, rows, value, add=False):
+    """Store (or add) a tile; its rows past the array's end are dropped, as the kernels'."""
+    piece = x[b, h, index * rows:(index + 1) * rows]
+    piece[:] = piece + value[:len(piece)] if add else value[:len(piece)]
+
+
 def _seen_lse(lse):
     """The kernels' `_seen_lse`: a row that saw no key (LSE -inf) taken as LSE +inf."""
     return np.where(lse > -np.inf, lse, np.inf)
 
 
+def _sequence_views(row, columns, q_side, kv_side):
+    """A packed table's row: its sequence's rows of the Q-side and K/V-side arrays (views, so
+    stores land in the packed arrays), as the kernels slice them; `columns`: (Q start, K/V
+    start, Q length, K/V length) of the table."""
+    q_start, kv_start, seqlen_q, seqlen_kv = (int(row[c]) for c in columns)
+    return ([x[:, :, q_start:q_start + seqlen_q] for x in q_side],
+            [x[:, :, kv_start:kv_start + seqlen_kv] for x in kv_side])
+
+
 def _emulate(launch: BackwardLaunch, q, k, v, do, out, lse, scale, deterministic):
+    """A packed batch's launch (`VarlenBackwardLaunch`): the arrays are (1, heads, total rows,
+    D) and each row's sequence is sliced out of them, as the kernels do."""
+    from wavefront.backward_schedules import (BWD_KV_START, BWD_Q_START, BWD_SEQLEN_KV,
+                                              BWD_SEQLEN_Q)
+    from wavefront.schedules import WORK_KV_START, WORK_Q_START, WORK_SEQLEN_KV, WORK_SEQLEN_Q
     p = launch.problem
+    packed = hasattr(launch, "seqlens_q")
     M, N = p.tile_m, p.tile_n
     delta = (do * out).sum(-1)
-    dq_acc = np.zeros((p.batch, p.heads, p.q_tiles * M, p.head_dim))
-    dk = np.zeros((p.batch, p.kv_heads, p.kv_tiles * N, p.head_dim))
-    dv = np.zeros_like(dk)
+    dq_acc = np.zeros(q.shape)
+    dk, dv = np.zeros(k.shape), np.zeros(k.shape)
     for row in launch.work_table:
+        (qs, dos, lses, deltas, dqs), (ks, vs, dks, dvs) = (
+            [q, do, lse, delta, dq_acc], [k, v, dk, dv])
         b, kvh, j = (int(row[c]) for c in (BWD_BATCH, BWD_KV_HEAD, BWD_KV_TILE))
-        kt, vt = _tile(k, b, kvh, j, N), _tile(v, b, kvh, j, N)
+        if packed:
+            (qs, dos, lses, deltas, dqs), (ks, vs, dks, dvs) = _sequence_views(
+                row, (BWD_Q_START, BWD_KV_START, BWD_SEQLEN_Q, BWD_SEQLEN_KV),
+                (qs, dos, lses, deltas, dqs), (ks, vs, dks, dvs))
+            b = 0
+        seqlen_kv = ks.shape[2]
+        kt, vt = _tile(ks, b, kvh, j, N), _tile(vs, b, kvh, j, N)
         dk_acc, dv_acc = np.zeros((N, p.head_dim)), np.zeros((N, p.head_dim))
         tiles = ([(i, True) for i in range(row[BWD_MASKED_LO], row[BWD_MASKED_HI])]
                  + [(int(row[BWD_SCAN_START] + row[BWD_SCAN_STEP] * t), False)
@@ -318,13 +346,13 @@ def _emulate(launch: BackwardLaunch, q, k, v, do, out, lse, scale, deterministic
         for g in range(p.qheads_per_kv):
             h = int(row[BWD_HEAD_FIRST] + row[BWD_HEAD_STEP] * g)
             for i, masked in tiles:
-                qt, dot = _tile(q, b, h, i, M), _tile(do, b, h, i, M)
-                lse_t, delta_t = _tile(lse[..., None], b, h, i, M)[:, 0], _tile(
-                    delta[..., None], b, h, i, M)[:, 0]
+                qt, dot = _tile(qs, b, h, i, M), _tile(dos, b, h, i, M)
+                lse_t, delta_t = _tile(lses[..., None], b, h, i, M)[:, 0], _tile(
+                    deltas[..., None], b, h, i, M)[:, 0]
                 s_t = kt @ qt.T
                 if masked:
                     cols = j * N + np.arange(N)[:, None]
-                    keep = cols < p.seqlen_kv
+                    keep = cols < seqlen_kv
                     if p.causal:
                         rows = i * M + np.arange(M)[None, :] + row[BWD_DIAGONAL]
                         keep = keep & (rows >= cols)
@@ -334,36 +362,43 @@ def _emulate(launch: BackwardLaunch, q, k, v, do, out, lse, scale, deterministic
                 dv_acc += p_t @ dot
                 ds_t = p_t * (vt @ dot.T - delta_t[None, :]) * scale
                 dk_acc += ds_t @ qt
-                dq_acc[b, h, i * M:(i + 1) * M] += ds_t.T @ kt
-        dk[b, kvh, j * N:(j + 1) * N] = dk_acc
-        dv[b, kvh, j * N:(j + 1) * N] = dv_acc
+                _put(dqs, b, h, i, M, ds_t.T @ kt, add=True)
+        _put(dks, b, kvh, j, N, dk_acc)
+        _put(dvs, b, kvh, j, N, dv_acc)
     if deterministic:
         dq_acc[:] = np.nan  # the Q-major pass writes every row
         for row in launch.dq_launch.work_table:
+            (qs, dos, lses, deltas, dqs), (ks, vs) = [q, do, lse, delta, dq_acc], [k, v]
             b, h, kvh, i = (int(row[c]) for c in (WORK_BATCH, WORK_HEAD, WORK_KV_HEAD,
                                                   WORK_Q_TILE))
-            qt, dot = _tile(q, b, h, i, M), _tile(do, b, h, i, M)
-            lse_t = _tile(lse[..., None], b, h, i, M)
+            if packed:
+                (qs, dos, lses, deltas, dqs), (ks, vs) = _sequence_views(
+                    row, (WORK_Q_START, WORK_KV_START, WORK_SEQLEN_Q, WORK_SEQLEN_KV),
+                    (qs, dos, lses, deltas, dqs), (ks, vs))
+                b = 0
+            seqlen_kv = ks.shape[2]
+            qt, dot = _tile(qs, b, h, i, M), _tile(dos, b, h, i, M)
+            lse_t = _tile(lses[..., None], b, h, i, M)
             if p.causal:
                 lse_t = _seen_lse(lse_t)
-            delta_t = _tile(delta[..., None], b, h, i, M)
+            delta_t = _tile(deltas[..., None], b, h, i, M)
             acc = np.zeros((M, p.head_dim))
             tiles = ([(int(row[WORK_SCAN_START] + row[WORK_SCAN_STEP] * t), False)
                       for t in range(row[WORK_SCAN_COUNT])]
                      + [(j, True) for j in range(row[WORK_MASKED_LO], row[WORK_MASKED_HI])])
             for j, masked in tiles:
-                kt, vt = _tile(k, b, kvh, j, N), _tile(v, b, kvh, j, N)
+                kt, vt = _tile(ks, b, kvh, j, N), _tile(vs, b, kvh, j, N)
                 s = qt @ kt.T
                 if masked:
                     cols = j * N + np.arange(N)[None, :]
-                    keep = cols < p.seqlen_kv
+                    keep = cols < seqlen_kv
                     if p.causal:
                         keep = keep & (i * M + np.arange(M)[:, None] + row[WORK_DIAGONAL] >= cols)
                     s = np.where(keep, s, -np.inf)
                 pm = np.exp(s * scale - lse_t)
                 acc += pm * (dot @ vt.T - delta_t) * scale @ kt
-            dq_acc[b, h, i * M:(i + 1) * M] = acc
-    return (dq_acc[:, :, :p.seqlen_q], dk[:, :, :p.seqlen_kv], dv[:, :, :p.seqlen_kv])
+            _put(dqs, b, h, i, M, acc)
+    return dq_acc, dk, dv
 
 
 @pytest.mark.parametrize("deterministic", [False, True])
@@ -618,6 +653,48 @@ def test_varlen_table_is_each_sequences_own_table(cta, causal, alignment):
     if cta == "longest_first":
         work = table[:, BWD_SCAN_COUNT] + table[:, BWD_MASKED_HI] - table[:, BWD_MASKED_LO]
         assert (np.diff(work) <= 0).all()
+
+
+@pytest.mark.parametrize("deterministic", [False, True])
+@pytest.mark.parametrize("schedule", ["persistent+sawtooth", "longest_first+linear",
+                                      "grid+sawtooth"])
+@pytest.mark.parametrize("causal,alignment", [(False, "top_left"), (True, "top_left"),
+                                              (True, "bottom_right")])
+def test_the_kernels_walk_of_a_packed_table_gives_each_sequences_reference(
+        causal, alignment, schedule, deterministic):
+    """A packed batch (GQA; more keys, fewer (rows that see nothing under bottom-right), none,
+    keys and no queries, one query, equal) walked as the kernels walk it, each row's
+    sequence sliced out of the packed arrays: every sequence's gradients are its own float64
+    reference's, a sequence without queries gets dK = dV = 0."""
+    from wavefront.backward_schedules import VarlenBackwardLaunch
+    seqlens_q, seqlens_kv = (20, 45, 0, 0, 1, 33), (50, 13, 0, 17, 9, 33)
+    heads, kv_heads, head_dim = 4, 2, 8
+    q, k, v, do = _inputs(11, 1, heads, kv_heads, sum(seqlens_q), sum(seqlens_kv), head_dim)
+    bounds_q, bounds_kv = np.cumsum((0,) + seqlens_q), np.cumsum((0,) + seqlens_kv)
+    out, lse = np.zeros(q.shape), np.zeros(q.shape[:3])
+    want = [np.zeros(x.shape) for x in (q, k, v)]
+    for s in range(len(seqlens_q)):
+        rows, keys = (slice(bounds_q[s], bounds_q[s + 1]),
+                      slice(bounds_kv[s], bounds_kv[s + 1]))
+        if rows.start == rows.stop:
+            continue
+        o, l_, dq, dk, dv = reference_attention_backward(
+            q[:, :, rows], k[:, :, keys], v[:, :, keys], do[:, :, rows], causal=causal,
+            causal_alignment=alignment)
+        out[:, :, rows], lse[:, :, rows] = o, l_
+        for w, g, where in zip(want, (dq, dk, dv), (rows, keys, keys)):
+            w[:, :, where] = g
+    problem = AttentionProblem(1, heads, kv_heads, sum(seqlens_q), sum(seqlens_kv), head_dim,
+                               causal, 16, 8, causal_alignment=alignment)
+    cta, scan = schedule.split("+")
+    from wavefront.schedules import cta_schedule, kv_schedule
+    launch = VarlenBackwardLaunch(problem, cta_schedule(cta), kv_schedule(scan), 3, 1, 1 << 20,
+                                  None, seqlens_q, seqlens_kv)
+    got = _emulate(launch, q, k, v, do, out, lse, 1 / math.sqrt(head_dim), deterministic)
+    for mine, theirs in zip(got, want):
+        np.testing.assert_allclose(mine, theirs, rtol=1e-9, atol=1e-10)
+    if causal and alignment == "bottom_right":
+        assert (got[0][:, :, bounds_q[1]:bounds_q[1] + 45 - 13] == 0).all()
 
 
 def test_varlen_refuses_the_grouped_schedule_and_bad_lengths():
