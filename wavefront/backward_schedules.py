@@ -22,6 +22,11 @@ The same names apply:
 are handed out (`BWD_*` columns): the kernel has no schedule code (static assignment: CTA c
 takes rows c, c + P, ...). The deterministic dQ pass is Q-major, exactly the forward's work
 (one item = (batch, head, Q tile) scanning K/V), so it runs the forward's `Launch` table.
+
+Causal masks of either alignment (`AttentionProblem.causal_alignment`: top-left, or bottom-
+right, FlashAttention >= 2.1's): each row carries its diagonal (`BWD_DIAGONAL`, from
+`schedules.causal_diagonal`, per sequence in a packed batch), and the Q tiles a K/V tile visits
+are the forward's K/V spans turned around (`q_tile_span`), so both passes visit the same pairs.
 """
 from __future__ import annotations
 
@@ -396,7 +401,8 @@ class VarlenBackwardLaunch(BackwardLaunch):
     """The backward of a packed batch (FlashAttention's varlen layout; `problem` is the packed
     arrays as the kernel sees them: batch 1, seqlen = total rows). One item per (sequence, K/V
     head, K/V tile of the sequence), each row carrying its sequence's starts and lengths
-    (`BWD_Q_START` ...), so the kernel slices the sequence out of the packed arrays. Orders:
+    (`BWD_Q_START` ...), so the kernel slices the sequence out of the packed arrays, and its
+    causal diagonal (bottom-right aligns each sequence by its own lengths). Orders:
     grid and persistent sequence by sequence (K/V tiles fastest, then K/V heads);
     longest_first by the Q tiles an item scans, most first (stable). `grouped` does not apply
     (a packed batch's units are ragged)."""
