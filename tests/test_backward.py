@@ -1,7 +1,9 @@
 """The backward on the CPU: its float64 reference against torch autograd (and finite
 differences), its work tables (every (batch, K/V head, K/V tile) x (query head, Q tile) pair
 that matters visited exactly once, masks where needed), a NumPy walk of the tables that does
-what the kernels do tile by tile, and the ahead-of-time compile of every backward binary."""
+what the kernels do tile by tile, and the ahead-of-time compile of every backward binary.
+Causal masks of both alignments (top-left, and bottom-right: query row i sees keys j <= i +
+S_kv - S_q), with S_q below, above and equal to S_kv, checked against the mask itself."""
 import dataclasses
 import math
 import os
@@ -14,6 +16,7 @@ from wavefront.backward_schedules import (
     BACKWARD_CTA_SCHEDULES,
     BACKWARD_SCANS,
     BWD_BATCH,
+    BWD_DIAGONAL,
     BWD_HEAD_FIRST,
     BWD_HEAD_STEP,
     BWD_KV_HEAD,
@@ -29,6 +32,7 @@ from wavefront.backward_schedules import (
 from wavefront.measure.backward_reference import reference_attention_backward
 from wavefront.schedules import (
     WORK_BATCH,
+    WORK_DIAGONAL,
     WORK_HEAD,
     WORK_KV_HEAD,
     WORK_MASKED_HI,
@@ -38,6 +42,8 @@ from wavefront.schedules import (
     WORK_SCAN_START,
     WORK_SCAN_STEP,
     AttentionProblem,
+    causal_diagonal,
+    kv_tile_span,
 )
 
 SCHEDULES = [f"{c}+{s}" for c in BACKWARD_CTA_SCHEDULES for s in BACKWARD_SCANS]
@@ -52,33 +58,58 @@ def _inputs(seed, batch, heads, kv_heads, seqlen_q, seqlen_kv, head_dim):
     return q, k, v, do
 
 
-@pytest.mark.parametrize("causal", [False, True])
+def mask(seqlen_q, seqlen_kv, alignment):
+    """The causal mask as users write it: torch.tril(ones, diagonal), FlashAttention's
+    diagonal S_kv - S_q for bottom-right (numpy's tril is torch's)."""
+    return np.tril(np.ones((seqlen_q, seqlen_kv), dtype=bool),
+                   seqlen_kv - seqlen_q if alignment == "bottom_right" else 0)
+
+
+@pytest.mark.parametrize("causal,alignment,seqlens", [
+    (False, "top_left", (13, 17)), (True, "top_left", (13, 13)),
+    (True, "top_left", (9, 17)), (True, "bottom_right", (9, 17)),
+    (True, "bottom_right", (17, 9)), (True, "bottom_right", (13, 13))])
 @pytest.mark.parametrize("heads,kv_heads", [(2, 2), (4, 2)])
-def test_reference_matches_torch_autograd(causal, heads, kv_heads):
+def test_reference_matches_torch_autograd(causal, alignment, seqlens, heads, kv_heads):
+    """Torch differentiates the explicitly masked softmax; a row that sees no key (bottom-
+    right, S_q > S_kv: its softmax would be NaN) is zeroed there after the softmax, so torch
+    too gives it output 0 and gradient 0."""
     torch = pytest.importorskip("torch")
-    q, k, v, do = _inputs(3, 2, heads, kv_heads, 13, 17 if not causal else 13, 8)
-    out, lse, dq, dk, dv = reference_attention_backward(q, k, v, do, causal=causal, scale=0.4)
+    sq, skv = seqlens
+    q, k, v, do = _inputs(3, 2, heads, kv_heads, sq, skv, 8)
+    out, lse, dq, dk, dv = reference_attention_backward(q, k, v, do, causal=causal, scale=0.4,
+                                                        causal_alignment=alignment)
     tq, tk, tv = (torch.tensor(x, requires_grad=True) for x in (q, k, v))
     group = heads // kv_heads
     s = tq @ tk.repeat_interleave(group, 1).transpose(-1, -2) * 0.4
-    if causal:
-        s = s.masked_fill(~torch.ones(13, 13, dtype=torch.bool).tril(), float("-inf"))
-    tout = torch.softmax(s, -1) @ tv.repeat_interleave(group, 1)
+    allowed = torch.tensor(mask(sq, skv, alignment) if causal else np.ones((sq, skv), bool))
+    seen = allowed.any(-1, keepdim=True)
+    s = s.masked_fill(~allowed, float("-inf")).masked_fill(~seen, 0.0)
+    tout = (torch.softmax(s, -1) * seen) @ tv.repeat_interleave(group, 1)
     tout.backward(torch.tensor(do))
     np.testing.assert_allclose(out, tout.detach().numpy(), rtol=1e-10, atol=1e-12)
-    np.testing.assert_allclose(lse, torch.logsumexp(s, -1).detach().numpy(), rtol=1e-10)
+    blind = ~seen.numpy()[:, 0]
+    assert blind.sum() == (max(0, sq - skv) if causal and alignment == "bottom_right" else 0)
+    np.testing.assert_allclose(lse[..., ~blind],
+                               torch.logsumexp(s, -1).detach().numpy()[..., ~blind], rtol=1e-10)
+    assert (lse[..., blind] == -np.inf).all() and (out[:, :, blind] == 0).all()
+    assert (dq[:, :, blind] == 0).all()
     for mine, theirs in ((dq, tq), (dk, tk), (dv, tv)):
         np.testing.assert_allclose(mine, theirs.grad.numpy(), rtol=1e-9, atol=1e-11)
 
 
-def test_reference_matches_finite_differences():
+@pytest.mark.parametrize("alignment,seqlens", [("top_left", (6, 6)), ("bottom_right", (4, 7)),
+                                               ("bottom_right", (7, 4))])
+def test_reference_matches_finite_differences(alignment, seqlens):
     """Without torch too: the loss sum(out * dO) differentiated numerically, a few random
     directions per input (central differences in float64)."""
-    q, k, v, do = _inputs(4, 1, 4, 2, 6, 6, 4)
-    _, _, dq, dk, dv = reference_attention_backward(q, k, v, do, causal=True)
+    q, k, v, do = _inputs(4, 1, 4, 2, *seqlens, 4)
+    _, _, dq, dk, dv = reference_attention_backward(q, k, v, do, causal=True,
+                                                    causal_alignment=alignment)
 
     def loss(q_, k_, v_):
-        return float((reference_attention_backward(q_, k_, v_, do, causal=True)[0] * do).sum())
+        return float((reference_attention_backward(q_, k_, v_, do, causal=True,
+                                                   causal_alignment=alignment)[0] * do).sum())
     rng = np.random.default_rng(0)
     h = 1e-6
     for which, grad in enumerate((dq, dk, dv)):
@@ -92,19 +123,27 @@ def test_reference_matches_finite_differences():
             assert numeric == pytest.approx(float((grad * direction).sum()), rel=1e-6, abs=1e-8)
 
 
+def _block(p: AttentionProblem, q_tile, kv_tile):
+    """The brute-force mask of (Q tile, K/V tile): real query rows x the tile's key columns
+    (True: seen), columns past seqlen_kv False."""
+    allowed = (mask(p.seqlen_q, p.seqlen_kv, p.causal_alignment) if p.causal
+               else np.ones((p.seqlen_q, p.seqlen_kv), bool))
+    block = np.zeros((min((q_tile + 1) * p.tile_m, p.seqlen_q) - q_tile * p.tile_m, p.tile_n),
+                     bool)
+    piece = allowed[q_tile * p.tile_m:(q_tile + 1) * p.tile_m,
+                    kv_tile * p.tile_n:(kv_tile + 1) * p.tile_n]
+    block[:, :piece.shape[1]] = piece
+    return block
+
+
 def _visible(p: AttentionProblem, q_tile, kv_tile) -> bool:
     """Whether some real query row of `q_tile` sees some real key of `kv_tile`."""
-    rows = np.arange(q_tile * p.tile_m, min((q_tile + 1) * p.tile_m, p.seqlen_q))
-    cols = np.arange(kv_tile * p.tile_n, min((kv_tile + 1) * p.tile_n, p.seqlen_kv))
-    if not len(rows) or not len(cols):
-        return False
-    return not p.causal or rows.max() >= cols.min()
+    return bool(_block(p, q_tile, kv_tile).any())
 
 
 def _needs_no_mask(p: AttentionProblem, q_tile, kv_tile) -> bool:
-    if (kv_tile + 1) * p.tile_n > p.seqlen_kv:
-        return False
-    return not p.causal or q_tile * p.tile_m >= (kv_tile + 1) * p.tile_n - 1
+    """Every real query row of `q_tile` sees every column of `kv_tile` (none past the end)."""
+    return bool(_block(p, q_tile, kv_tile).all())
 
 
 PROBLEMS = [
@@ -114,6 +153,10 @@ PROBLEMS = [
     AttentionProblem(1, 3, 3, 517, 200, 128, True, 128, 64),
     AttentionProblem(3, 2, 1, 256, 256, 64, False, 128, 128),
     AttentionProblem(1, 8, 2, 1024, 1024, 128, True, 64, 64),
+    AttentionProblem(1, 3, 1, 200, 517, 128, True, 64, 64, causal_alignment="bottom_right"),
+    AttentionProblem(2, 3, 3, 517, 200, 128, True, 128, 64, causal_alignment="bottom_right"),
+    AttentionProblem(1, 4, 2, 333, 333, 64, True, 64, 128, causal_alignment="bottom_right"),
+    AttentionProblem(1, 2, 1, 1000, 77, 64, True, 64, 128, causal_alignment="bottom_right"),
 ]
 
 
@@ -121,8 +164,8 @@ PROBLEMS = [
 @pytest.mark.parametrize("problem", PROBLEMS, ids=range(len(PROBLEMS)))
 def test_work_table_visits_every_pair_once(problem, schedule):
     """Every (batch, K/V head, K/V tile) is one item; its visits cover each (query head of its
-    group, Q tile) pair with a visible key exactly once, any other visit is in the masked
-    range, and the unmasked ones need no mask."""
+    group, Q tile) pair with a visible key exactly once and no other pair (the brute-force
+    mask's), and the unmasked ones need no mask; the item carries its causal diagonal."""
     p = problem
     launch = BackwardLaunch.of(p, schedule, sms=5, ctas_per_sm=1, l2_bytes=200_000)
     table = launch.work_table
@@ -139,7 +182,8 @@ def test_work_table_visits_every_pair_once(problem, schedule):
         masked = set(range(row[BWD_MASKED_LO], row[BWD_MASKED_HI]))
         expected = {(h, i) for h in range(kv_head * group, (kv_head + 1) * group)
                     for i in range(p.q_tiles) if _visible(p, i, kv_tile)}
-        assert expected <= set(visits), units_row
+        assert expected == set(visits), units_row
+        assert row[BWD_DIAGONAL] == p.diagonal
         for head, q_tile in visits:
             assert kv_head * group <= head < (kv_head + 1) * group
             assert 0 <= q_tile < p.q_tiles
@@ -190,11 +234,53 @@ def test_bad_schedules_are_refused_by_name():
         BackwardLaunch.of(p, "persistent", 4, 1, 1 << 20)
 
 
-def test_q_tile_span_on_arrays_matches_ints():
+@pytest.mark.parametrize("diagonal", [0, 100, -100])
+def test_q_tile_span_on_arrays_matches_ints(diagonal):
     kv = np.arange(9)
-    first, unmasked, q_tiles = q_tile_span(kv, 64, 128, 1000, 1100, True)
+    first, unmasked, q_tiles = q_tile_span(kv, 64, 128, 1000, 1100, True, diagonal)
     for j in kv:
-        assert q_tile_span(int(j), 64, 128, 1000, 1100, True) == (first[j], unmasked[j], q_tiles)
+        assert q_tile_span(int(j), 64, 128, 1000, 1100, True, diagonal) == (
+            first[j], unmasked[j], q_tiles)
+
+
+# Ragged lengths on either side of each other and equal, tiles of the kernels' and small ones
+SPAN_LENGTHS = [(1, 1), (1, 300), (300, 1), (5, 64), (64, 65), (65, 64), (100, 130), (130, 100),
+                (200, 517), (517, 200), (333, 333), (256, 256), (1000, 77)]
+SPAN_TILES = [(16, 16), (32, 16), (64, 64), (64, 128), (128, 64), (128, 128)]
+
+
+@pytest.mark.parametrize("alignment", ["top_left", "bottom_right"])
+@pytest.mark.parametrize("tile_m,tile_n", SPAN_TILES)
+def test_q_tile_span_is_the_brute_force_mask(tile_m, tile_n, alignment):
+    """For every K/V tile: the Q tiles before `first` hold no real row that sees one of its
+    keys, every Q tile from `first` on holds one, and from `unmasked` on every real row sees
+    every column (none past seqlen_kv), against the mask itself (numpy's tril)."""
+    for sq, skv in SPAN_LENGTHS:
+        p = AttentionProblem(1, 1, 1, sq, skv, 64, True, tile_m, tile_n,
+                             causal_alignment=alignment)
+        for j in range(p.kv_tiles):
+            first, unmasked, q_tiles = q_tile_span(j, tile_m, tile_n, sq, skv, True, p.diagonal)
+            assert q_tiles == p.q_tiles and first <= unmasked <= q_tiles
+            for i in range(q_tiles):
+                assert _visible(p, i, j) == (i >= first), (sq, skv, i, j, first)
+                if i >= unmasked:
+                    assert _needs_no_mask(p, i, j), (sq, skv, i, j, unmasked)
+
+
+@pytest.mark.parametrize("alignment", ["top_left", "bottom_right"])
+def test_the_two_passes_visit_the_same_pairs_masked_alike(alignment):
+    """The K/V-major span is the forward's (`kv_tile_span`, which the Q-major dQ pass runs)
+    turned around: Q tile i visits K/V tile j in the one iff in the other, and unmasked in the
+    one iff in the other."""
+    for (sq, skv), (tile_m, tile_n) in zip(SPAN_LENGTHS * 2, SPAN_TILES * 5):
+        d = causal_diagonal(sq, skv, alignment)
+        q_tiles, kv_tiles = -(-sq // tile_m), -(-skv // tile_n)
+        first, unmasked, _ = q_tile_span(np.arange(kv_tiles), tile_m, tile_n, sq, skv, True, d)
+        for i in range(q_tiles):
+            visited, first_masked = kv_tile_span(i, tile_m, tile_n, sq, skv, True, d)
+            for j in range(kv_tiles):
+                assert (j < visited) == (i >= first[j]), (sq, skv, i, j)
+                assert (j < first_masked) == (i >= unmasked[j]), (sq, skv, i, j)
 
 
 # --------------------------------------------------------------------------------------------
@@ -210,16 +296,49 @@ def _tile(x, b, h, index, rows):
     return out
 
 
+def _put(x, b, h, index, rows, value, add=False):
+    """Store (or add) a tile; its rows past the array's end are dropped, as the kernels'."""
+    piece = x[b, h, index * rows:(index + 1) * rows]
+    piece[:] = piece + value[:len(piece)] if add else value[:len(piece)]
+
+
+def _seen_lse(lse):
+    """The kernels' `_seen_lse`: a row that saw no key (LSE -inf) taken as LSE +inf."""
+    return np.where(lse > -np.inf, lse, np.inf)
+
+
+def _sequence_views(row, columns, q_side, kv_side):
+    """A packed table's row: its sequence's rows of the Q-side and K/V-side arrays (views, so
+    stores land in the packed arrays), as the kernels slice them; `columns`: (Q start, K/V
+    start, Q length, K/V length) of the table."""
+    q_start, kv_start, seqlen_q, seqlen_kv = (int(row[c]) for c in columns)
+    return ([x[:, :, q_start:q_start + seqlen_q] for x in q_side],
+            [x[:, :, kv_start:kv_start + seqlen_kv] for x in kv_side])
+
+
 def _emulate(launch: BackwardLaunch, q, k, v, do, out, lse, scale, deterministic):
+    """A packed batch's launch (`VarlenBackwardLaunch`): the arrays are (1, heads, total rows,
+    D) and each row's sequence is sliced out of them, as the kernels do."""
+    from wavefront.backward_schedules import (BWD_KV_START, BWD_Q_START, BWD_SEQLEN_KV,
+                                              BWD_SEQLEN_Q)
+    from wavefront.schedules import WORK_KV_START, WORK_Q_START, WORK_SEQLEN_KV, WORK_SEQLEN_Q
     p = launch.problem
+    packed = hasattr(launch, "seqlens_q")
     M, N = p.tile_m, p.tile_n
     delta = (do * out).sum(-1)
-    dq_acc = np.zeros((p.batch, p.heads, p.q_tiles * M, p.head_dim))
-    dk = np.zeros((p.batch, p.kv_heads, p.kv_tiles * N, p.head_dim))
-    dv = np.zeros_like(dk)
+    dq_acc = np.zeros(q.shape)
+    dk, dv = np.zeros(k.shape), np.zeros(k.shape)
     for row in launch.work_table:
+        (qs, dos, lses, deltas, dqs), (ks, vs, dks, dvs) = (
+            [q, do, lse, delta, dq_acc], [k, v, dk, dv])
         b, kvh, j = (int(row[c]) for c in (BWD_BATCH, BWD_KV_HEAD, BWD_KV_TILE))
-        kt, vt = _tile(k, b, kvh, j, N), _tile(v, b, kvh, j, N)
+        if packed:
+            (qs, dos, lses, deltas, dqs), (ks, vs, dks, dvs) = _sequence_views(
+                row, (BWD_Q_START, BWD_KV_START, BWD_SEQLEN_Q, BWD_SEQLEN_KV),
+                (qs, dos, lses, deltas, dqs), (ks, vs, dks, dvs))
+            b = 0
+        seqlen_kv = ks.shape[2]
+        kt, vt = _tile(ks, b, kvh, j, N), _tile(vs, b, kvh, j, N)
         dk_acc, dv_acc = np.zeros((N, p.head_dim)), np.zeros((N, p.head_dim))
         tiles = ([(i, True) for i in range(row[BWD_MASKED_LO], row[BWD_MASKED_HI])]
                  + [(int(row[BWD_SCAN_START] + row[BWD_SCAN_STEP] * t), False)
@@ -227,48 +346,59 @@ def _emulate(launch: BackwardLaunch, q, k, v, do, out, lse, scale, deterministic
         for g in range(p.qheads_per_kv):
             h = int(row[BWD_HEAD_FIRST] + row[BWD_HEAD_STEP] * g)
             for i, masked in tiles:
-                qt, dot = _tile(q, b, h, i, M), _tile(do, b, h, i, M)
-                lse_t, delta_t = _tile(lse[..., None], b, h, i, M)[:, 0], _tile(
-                    delta[..., None], b, h, i, M)[:, 0]
+                qt, dot = _tile(qs, b, h, i, M), _tile(dos, b, h, i, M)
+                lse_t, delta_t = _tile(lses[..., None], b, h, i, M)[:, 0], _tile(
+                    deltas[..., None], b, h, i, M)[:, 0]
                 s_t = kt @ qt.T
                 if masked:
                     cols = j * N + np.arange(N)[:, None]
-                    keep = cols < p.seqlen_kv
+                    keep = cols < seqlen_kv
                     if p.causal:
-                        keep = keep & (i * M + np.arange(M)[None, :] >= cols)
+                        rows = i * M + np.arange(M)[None, :] + row[BWD_DIAGONAL]
+                        keep = keep & (rows >= cols)
+                        lse_t = _seen_lse(lse_t)
                     s_t = np.where(keep, s_t, -np.inf)
                 p_t = np.exp(s_t * scale - lse_t[None, :])
                 dv_acc += p_t @ dot
                 ds_t = p_t * (vt @ dot.T - delta_t[None, :]) * scale
                 dk_acc += ds_t @ qt
-                dq_acc[b, h, i * M:(i + 1) * M] += ds_t.T @ kt
-        dk[b, kvh, j * N:(j + 1) * N] = dk_acc
-        dv[b, kvh, j * N:(j + 1) * N] = dv_acc
+                _put(dqs, b, h, i, M, ds_t.T @ kt, add=True)
+        _put(dks, b, kvh, j, N, dk_acc)
+        _put(dvs, b, kvh, j, N, dv_acc)
     if deterministic:
         dq_acc[:] = np.nan  # the Q-major pass writes every row
         for row in launch.dq_launch.work_table:
+            (qs, dos, lses, deltas, dqs), (ks, vs) = [q, do, lse, delta, dq_acc], [k, v]
             b, h, kvh, i = (int(row[c]) for c in (WORK_BATCH, WORK_HEAD, WORK_KV_HEAD,
                                                   WORK_Q_TILE))
-            qt, dot = _tile(q, b, h, i, M), _tile(do, b, h, i, M)
-            lse_t = _tile(lse[..., None], b, h, i, M)
-            delta_t = _tile(delta[..., None], b, h, i, M)
+            if packed:
+                (qs, dos, lses, deltas, dqs), (ks, vs) = _sequence_views(
+                    row, (WORK_Q_START, WORK_KV_START, WORK_SEQLEN_Q, WORK_SEQLEN_KV),
+                    (qs, dos, lses, deltas, dqs), (ks, vs))
+                b = 0
+            seqlen_kv = ks.shape[2]
+            qt, dot = _tile(qs, b, h, i, M), _tile(dos, b, h, i, M)
+            lse_t = _tile(lses[..., None], b, h, i, M)
+            if p.causal:
+                lse_t = _seen_lse(lse_t)
+            delta_t = _tile(deltas[..., None], b, h, i, M)
             acc = np.zeros((M, p.head_dim))
             tiles = ([(int(row[WORK_SCAN_START] + row[WORK_SCAN_STEP] * t), False)
                       for t in range(row[WORK_SCAN_COUNT])]
                      + [(j, True) for j in range(row[WORK_MASKED_LO], row[WORK_MASKED_HI])])
             for j, masked in tiles:
-                kt, vt = _tile(k, b, kvh, j, N), _tile(v, b, kvh, j, N)
+                kt, vt = _tile(ks, b, kvh, j, N), _tile(vs, b, kvh, j, N)
                 s = qt @ kt.T
                 if masked:
                     cols = j * N + np.arange(N)[None, :]
-                    keep = cols < p.seqlen_kv
+                    keep = cols < seqlen_kv
                     if p.causal:
-                        keep = keep & (i * M + np.arange(M)[:, None] >= cols)
+                        keep = keep & (i * M + np.arange(M)[:, None] + row[WORK_DIAGONAL] >= cols)
                     s = np.where(keep, s, -np.inf)
                 pm = np.exp(s * scale - lse_t)
                 acc += pm * (dot @ vt.T - delta_t) * scale @ kt
-            dq_acc[b, h, i * M:(i + 1) * M] = acc
-    return (dq_acc[:, :, :p.seqlen_q], dk[:, :, :p.seqlen_kv], dv[:, :, :p.seqlen_kv])
+            _put(dqs, b, h, i, M, acc)
+    return dq_acc, dk, dv
 
 
 @pytest.mark.parametrize("deterministic", [False, True])
@@ -278,16 +408,26 @@ def _emulate(launch: BackwardLaunch, q, k, v, do, out, lse, scale, deterministic
     AttentionProblem(2, 4, 2, 77, 77, 8, True, 16, 32),
     AttentionProblem(1, 3, 1, 50, 83, 8, True, 32, 16),
     AttentionProblem(1, 2, 2, 83, 50, 8, False, 16, 16),
-], ids=["gqa-causal", "long-kv-causal", "long-q-full"])
+    AttentionProblem(1, 3, 1, 50, 83, 8, True, 32, 16, causal_alignment="bottom_right"),
+    AttentionProblem(2, 4, 2, 83, 50, 8, True, 16, 32, causal_alignment="bottom_right"),
+    AttentionProblem(1, 2, 1, 77, 77, 8, True, 32, 16, causal_alignment="bottom_right"),
+], ids=["gqa-causal", "long-kv-causal", "long-q-full", "long-kv-bottom-right",
+        "long-q-bottom-right", "equal-bottom-right"])
 def test_the_kernels_walk_of_the_tables_gives_the_reference(problem, schedule, deterministic):
+    """The tables walked as the kernels walk them (masks only where the tables say, the causal
+    diagonal from the row, rows that saw no key through `_seen_lse`) give the float64
+    reference's gradients; bottom-right with S_q > S_kv: the blind rows' dQ exactly 0."""
     p = problem
     q, k, v, do = _inputs(7, p.batch, p.heads, p.kv_heads, p.seqlen_q, p.seqlen_kv, p.head_dim)
     scale = 1 / math.sqrt(p.head_dim)
-    out, lse, dq, dk, dv = reference_attention_backward(q, k, v, do, causal=p.causal)
+    out, lse, dq, dk, dv = reference_attention_backward(q, k, v, do, causal=p.causal,
+                                                        causal_alignment=p.causal_alignment)
     launch = BackwardLaunch.of(p, schedule, sms=3, ctas_per_sm=1, l2_bytes=4000)
     got = _emulate(launch, q, k, v, do, out, lse, scale, deterministic)
     for mine, want in zip(got, (dq, dk, dv)):
         np.testing.assert_allclose(mine, want, rtol=1e-9, atol=1e-10)
+    blind = max(0, p.seqlen_q - p.seqlen_kv) if p.causal_alignment == "bottom_right" else 0
+    assert (got[0][:, :, :blind] == 0).all()
 
 
 # --------------------------------------------------------------------------------------------
@@ -350,13 +490,15 @@ def test_float16_and_other_tile_shapes_compile_for_sm90():
 @pytest.mark.slow
 def test_every_named_backward_config_compiles_for_sm90():
     """Every binary the named configs (`BACKWARD_CONFIGS`, the bench's `--variants all`) run,
-    bfloat16, non-causal (the causal ones differ by the mask's arithmetic only); the atomic
-    mode's with a latency hint left out (the bench times none)."""
+    bfloat16, both masks (the causal binaries read each item's diagonal: top-left and
+    bottom-right alike); the atomic mode's with a latency hint left out (the bench times
+    none)."""
     pytest.importorskip("cuda.tile", reason="compiling needs cuda-tile (the gpu extra)")
     from wavefront.backward_schedules import BACKWARD_CONFIGS
     from wavefront.kernel.backward import all_backward_variants, config_variants
     variants = {v for by_dim in BACKWARD_CONFIGS.values() for d, c in by_dim.items()
-                for v in config_variants(c, "bfloat16", d, False).values()
+                for causal in (False, True)
+                for v in config_variants(c, "bfloat16", d, causal).values()
                 if not (getattr(v, "atomic_dq", False) and v.q_latency)}
     variants -= set(all_backward_variants(dtypes=("bfloat16",)))  # the fast test's
     _compile_all(sorted(variants, key=lambda v: v.label))
@@ -468,17 +610,20 @@ def test_backward_contracts_follow_the_kernel_signatures():
 # --------------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("cta", ["grid", "persistent", "longest_first"])
-@pytest.mark.parametrize("causal", [False, True])
-def test_varlen_table_is_each_sequences_own_table(cta, causal):
+@pytest.mark.parametrize("causal,alignment", [(False, "top_left"), (True, "top_left"),
+                                              (True, "bottom_right")])
+def test_varlen_table_is_each_sequences_own_table(cta, causal, alignment):
     """Each sequence's rows (its starts and lengths aside) are the rows a dense launch of that
-    sequence alone has (linear scan: the rows do not depend on the order), and every
-    (sequence, K/V head, K/V tile) is one item; empty sequences have none, a sequence with
-    keys and no queries still writes its zero dK, dV."""
+    sequence alone has (linear scan: the rows do not depend on the order), its causal
+    diagonal its own lengths' (bottom-right), and every (sequence, K/V head, K/V tile) is one
+    item; empty sequences have none, a sequence with keys and no queries still writes its zero
+    dK, dV."""
     from wavefront.backward_schedules import (BWD_KV_START, BWD_Q_START, BWD_SEQLEN_KV,
                                               BWD_SEQLEN_Q, VarlenBackwardLaunch)
     from wavefront.schedules import cta_schedule, kv_schedule
-    seqlens_q, seqlens_kv = (70, 0, 130, 5, 0), (70, 0, 130, 5, 33)
-    problem = AttentionProblem(1, 4, 2, sum(seqlens_q), sum(seqlens_kv), 64, causal, 32, 16)
+    seqlens_q, seqlens_kv = (70, 0, 130, 5, 0, 90, 17), (70, 0, 130, 5, 33, 40, 100)
+    problem = AttentionProblem(1, 4, 2, sum(seqlens_q), sum(seqlens_kv), 64, causal, 32, 16,
+                               causal_alignment=alignment)
     launch = VarlenBackwardLaunch(problem, cta_schedule(cta), kv_schedule("linear"), 3, 1,
                                   1 << 20, None, seqlens_q, seqlens_kv)
     table = launch.work_table
@@ -486,7 +631,7 @@ def test_varlen_table_is_each_sequences_own_table(cta, causal):
     starts_q = np.cumsum(seqlens_q) - seqlens_q
     starts_kv = np.cumsum(seqlens_kv) - seqlens_kv
     columns = [BWD_KV_HEAD, BWD_KV_TILE, BWD_HEAD_FIRST, BWD_HEAD_STEP, BWD_SCAN_START,
-               BWD_SCAN_STEP, BWD_SCAN_COUNT, BWD_MASKED_LO, BWD_MASKED_HI]
+               BWD_SCAN_STEP, BWD_SCAN_COUNT, BWD_MASKED_LO, BWD_MASKED_HI, BWD_DIAGONAL]
     for seq, (sq, sk) in enumerate(zip(seqlens_q, seqlens_kv)):
         mine = table[table[:, BWD_BATCH] == seq]
         if sk == 0:
@@ -495,16 +640,61 @@ def test_varlen_table_is_each_sequences_own_table(cta, causal):
         assert (mine[:, BWD_Q_START] == starts_q[seq]).all()
         assert (mine[:, BWD_KV_START] == starts_kv[seq]).all()
         assert (mine[:, BWD_SEQLEN_Q] == sq).all() and (mine[:, BWD_SEQLEN_KV] == sk).all()
-        alone = BackwardLaunch.of(AttentionProblem(1, 4, 2, max(sq, 1), sk, 64, causal, 32, 16),
+        alone = BackwardLaunch.of(AttentionProblem(1, 4, 2, max(sq, 1), sk, 64, causal, 32, 16,
+                                                   causal_alignment=alignment),
                                   "persistent+linear", 3, 1, 1 << 20).work_table
         if sq == 0:  # no Q tile sees the keys
             assert (mine[:, BWD_SCAN_COUNT] == 0).all()
             assert (mine[:, BWD_MASKED_LO] == mine[:, BWD_MASKED_HI]).all()
             continue
         assert sorted(map(tuple, mine[:, columns])) == sorted(map(tuple, alone[:, columns]))
+        if causal and alignment == "bottom_right":
+            assert (mine[:, BWD_DIAGONAL] == sk - sq).all()
     if cta == "longest_first":
         work = table[:, BWD_SCAN_COUNT] + table[:, BWD_MASKED_HI] - table[:, BWD_MASKED_LO]
         assert (np.diff(work) <= 0).all()
+
+
+@pytest.mark.parametrize("deterministic", [False, True])
+@pytest.mark.parametrize("schedule", ["persistent+sawtooth", "longest_first+linear",
+                                      "grid+sawtooth"])
+@pytest.mark.parametrize("causal,alignment", [(False, "top_left"), (True, "top_left"),
+                                              (True, "bottom_right")])
+def test_the_kernels_walk_of_a_packed_table_gives_each_sequences_reference(
+        causal, alignment, schedule, deterministic):
+    """A packed batch (GQA; more keys, fewer (rows that see nothing under bottom-right), none,
+    keys and no queries, one query, equal) walked as the kernels walk it, each row's
+    sequence sliced out of the packed arrays: every sequence's gradients are its own float64
+    reference's, a sequence without queries gets dK = dV = 0."""
+    from wavefront.backward_schedules import VarlenBackwardLaunch
+    seqlens_q, seqlens_kv = (20, 45, 0, 0, 1, 33), (50, 13, 0, 17, 9, 33)
+    heads, kv_heads, head_dim = 4, 2, 8
+    q, k, v, do = _inputs(11, 1, heads, kv_heads, sum(seqlens_q), sum(seqlens_kv), head_dim)
+    bounds_q, bounds_kv = np.cumsum((0,) + seqlens_q), np.cumsum((0,) + seqlens_kv)
+    out, lse = np.zeros(q.shape), np.zeros(q.shape[:3])
+    want = [np.zeros(x.shape) for x in (q, k, v)]
+    for s in range(len(seqlens_q)):
+        rows, keys = (slice(bounds_q[s], bounds_q[s + 1]),
+                      slice(bounds_kv[s], bounds_kv[s + 1]))
+        if rows.start == rows.stop:
+            continue
+        o, l_, dq, dk, dv = reference_attention_backward(
+            q[:, :, rows], k[:, :, keys], v[:, :, keys], do[:, :, rows], causal=causal,
+            causal_alignment=alignment)
+        out[:, :, rows], lse[:, :, rows] = o, l_
+        for w, g, where in zip(want, (dq, dk, dv), (rows, keys, keys)):
+            w[:, :, where] = g
+    problem = AttentionProblem(1, heads, kv_heads, sum(seqlens_q), sum(seqlens_kv), head_dim,
+                               causal, 16, 8, causal_alignment=alignment)
+    cta, scan = schedule.split("+")
+    from wavefront.schedules import cta_schedule, kv_schedule
+    launch = VarlenBackwardLaunch(problem, cta_schedule(cta), kv_schedule(scan), 3, 1, 1 << 20,
+                                  None, seqlens_q, seqlens_kv)
+    got = _emulate(launch, q, k, v, do, out, lse, 1 / math.sqrt(head_dim), deterministic)
+    for mine, theirs in zip(got, want):
+        np.testing.assert_allclose(mine, theirs, rtol=1e-9, atol=1e-10)
+    if causal and alignment == "bottom_right":
+        assert (got[0][:, :, bounds_q[1]:bounds_q[1] + 45 - 13] == 0).all()
 
 
 def test_varlen_refuses_the_grouped_schedule_and_bad_lengths():

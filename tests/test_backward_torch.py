@@ -94,3 +94,54 @@ def test_packed_sequences_of_the_transformers_hook_carry_gradients():
     graph = make_fx(step, tracing_mode="fake")(*args)
     assert _ops(graph) == ["wavefront.attention_varlen.default",
                            "wavefront.attention_varlen_bwd.default"]
+
+
+@pytest.mark.parametrize("entry", ["op", "op_lse"])
+@pytest.mark.parametrize("seqlens", [(60, 100), (100, 60)])
+def test_a_bottom_right_mask_trains_with_its_alignment(entry, seqlens):
+    """A bottom-right causal mask with S_q != S_kv (once refused for training) is
+    differentiated with its own alignment: the joint graph's forward (which keeps the LSE)
+    and backward ops both carry "bottom_right"."""
+    sq, skv = seqlens
+
+    def step(q, k, v, do):
+        q, k, v = (x.detach().requires_grad_() for x in (q, k, v))
+        if entry == "op":
+            out = torch.ops.wavefront.attention(q, k, v, True, None, None, None, "bottom_right")
+        else:
+            out = wft._attention(q, k, v, True, None, "bottom_right")
+        return torch.autograd.grad(out, (q, k, v), do)
+    args = (_meta(2, 4, sq, 64), _meta(2, 2, skv, 64), _meta(2, 2, skv, 64), _meta(2, 4, sq, 64))
+    graph = make_fx(step, tracing_mode="fake")(*args)
+    nodes = {str(n.target): n for n in graph.graph.nodes if "wavefront" in str(n.target)}
+    assert set(nodes) >= {"wavefront.attention_fwd_lse.default",
+                          "wavefront.attention_bwd.default"}
+    assert nodes["wavefront.attention_fwd_lse.default"].args[7] == "bottom_right"
+    assert nodes["wavefront.attention_bwd.default"].args[9] == "bottom_right"
+    shapes = [tuple(n.meta["val"].shape) for n in graph.graph.nodes if n.op == "output"
+              for n in n.args[0]]
+    assert shapes == [(2, 4, sq, 64), (2, 2, skv, 64), (2, 2, skv, 64)]
+
+
+def test_a_bottom_right_packed_batch_trains_with_its_alignment():
+    def step(q, k, v, cu_q, cu_k, do):
+        q, k, v = (x.detach().requires_grad_() for x in (q, k, v))
+        out = torch.ops.wavefront.attention_varlen(q, k, v, cu_q, cu_k, 64, 64, True, None,
+                                                   None, None, "bottom_right")
+        return torch.autograd.grad(out, (q, k, v), do)
+    args = (_meta(100, 4, 64), _meta(130, 2, 64), _meta(130, 2, 64),
+            _meta(3, dtype=torch.int32), _meta(3, dtype=torch.int32), _meta(100, 4, 64))
+    graph = make_fx(step, tracing_mode="fake")(*args)
+    bwd = next(n for n in graph.graph.nodes if "attention_varlen_bwd" in str(n.target))
+    assert bwd.args[10] == "bottom_right"
+
+
+def test_the_backward_ops_refuse_a_bad_alignment_by_name():
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    with FakeTensorMode():
+        q, k = _meta(2, 8, 100, 64), _meta(2, 2, 130, 64)
+        with pytest.raises(ValueError, match="causal_alignment must be one of"):
+            torch.ops.wavefront.attention_fwd_lse(q, k, k, True, None, None, None, "bottom")
+        lse = _meta(2, 8, 100, dtype=torch.float32)
+        with pytest.raises(ValueError, match="causal_alignment must be one of"):
+            torch.ops.wavefront.attention_bwd(q, q, k, k, q, lse, True, None, True, "right")

@@ -288,6 +288,10 @@ BW_OPTION_CASES = [
     Case("bw tiles negative", bwcall(tiles="-64x64"), "tiles must be one of"),
     Case("bw tiles strings in a tuple", bwcall(tiles=("64", "64")), "tiles must be one of"),
     Case("bw tiles bools", bwcall(tiles=(True, True)), "tiles must be one of"),
+    Case("bw causal_alignment typo", bwcall(causal=True, causal_alignment="bottomright"),
+         "causal_alignment must be one of"),
+    Case("bw causal_alignment None", bwcall(causal_alignment=None),
+         "causal_alignment must be one of"),
     Case("bw q a CPU tensor", bwcall(), "q must be on a CUDA device"),
 ]
 
@@ -306,6 +310,8 @@ BW_VARLEN_CASES = [
          "deterministic must be True or False"),
     Case("bw varlen schedule typo", bwvarlen(schedule="persistant+linear"), "schedule must be"),
     Case("bw varlen causal None", bwvarlen(causal=None), "causal must be True or False"),
+    Case("bw varlen causal_alignment upper case",
+         bwvarlen(causal=True, causal_alignment="BOTTOM_RIGHT"), "causal_alignment"),
     Case("bw varlen q a CPU tensor", bwvarlen(), "q must be on a CUDA device"),
 ]
 
@@ -327,6 +333,8 @@ BW_SHAPE_CASES = [
     Case("bw shape sms 0", bwshape(sms=0), "sms"),
     Case("bw shape ctas -1", bwshape(schedule="persistent+linear", ctas=-1), "ctas"),
     Case("bw shape l2 NaN", bwshape(l2_bytes=math.nan), "l2_bytes"),
+    Case("bw shape causal_alignment 'top-left'",
+         bwshape(causal=True, causal_alignment="top-left"), "causal_alignment must be one of"),
 ]
 
 

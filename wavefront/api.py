@@ -239,7 +239,8 @@ def attention_with_kvcache(q, k_cache, v_cache, cache_seqlens, *, k=None, v=None
 
 def attention_backward(q, k, v, out, lse, dout, *, causal: bool = False,
                        scale: float | None = None, schedule: str | None = None,
-                       deterministic: bool = True, tiles=None):
+                       deterministic: bool = True, tiles=None,
+                       causal_alignment: str = "top_left"):
     """FlashAttention backward: -> (dq, dk, dv), the gradients of `attention`'s output `out`
     (given `dout`, its gradient) with respect to q, k and v, in their shapes and dtype.
 
@@ -250,10 +251,13 @@ def attention_backward(q, k, v, out, lse, dout, *, causal: bool = False,
     which each K/V tile visits its Q tiles; `wavefront.backward_schedules`); `tiles`: 'MxN'
     (Q tile rows x K/V tile rows). `deterministic` (default): dQ from a second, Q-major kernel, so repeated calls give
     bit-identical gradients, and faster than `deterministic=False` (float32 atomics into dQ)
-    on every shape measured (data/backward_bench: 2-3x on an H200)."""
+    on every shape measured (data/backward_bench: 2-3x on an H200). `causal_alignment`: the
+    forward's ("top_left" or "bottom_right", as `attention` takes it; a row that saw no key
+    gets dq = 0 and adds nothing to dk, dv)."""
     from wavefront.argument_checks import backward_options
     options = backward_options(causal=causal, scale=scale, schedule=schedule,
-                               deterministic=deterministic, tiles=tiles)  # before the GPU
+                               deterministic=deterministic, tiles=tiles,
+                               causal_alignment=causal_alignment)  # before the GPU
     from wavefront.device import require_gpu_stack
     require_gpu_stack("wavefront.attention_backward")
     from wavefront.kernel.backward_call import attention_backward as launch_backward
@@ -263,15 +267,17 @@ def attention_backward(q, k, v, out, lse, dout, *, causal: bool = False,
 def attention_backward_varlen(q, k, v, out, lse, dout, cu_seqlens_q, cu_seqlens_k, *,
                               causal: bool = False, scale: float | None = None,
                               schedule: str | None = None, deterministic: bool = True,
-                              tiles=None):
+                              tiles=None, causal_alignment: str = "top_left"):
     """`attention_backward` for `attention_varlen`: packed q, out, dout (total_q, heads, D),
     k, v (total_k, kv_heads, D), the forward's LSE (heads, total_q) float32, and cu_seqlens as
     `attention_varlen` takes them (read on the host: a GPU tensor is copied, which waits for
     the GPU). -> (dq, dk, dv) packed as q, k, v. Schedules: grid, persistent or longest_first
-    with the linear or sawtooth Q scan."""
+    with the linear or sawtooth Q scan; `causal_alignment` per sequence, as
+    `attention_varlen` takes it."""
     from wavefront.argument_checks import backward_options
     options = backward_options(causal=causal, scale=scale, schedule=schedule,
-                               deterministic=deterministic, tiles=tiles)  # before the GPU
+                               deterministic=deterministic, tiles=tiles,
+                               causal_alignment=causal_alignment)  # before the GPU
     from wavefront.device import require_gpu_stack
     require_gpu_stack("wavefront.attention_backward_varlen")
     from wavefront.kernel.backward_call import attention_backward_varlen as launch_backward

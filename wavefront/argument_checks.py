@@ -14,6 +14,7 @@ import numbers
 from wavefront.backward_schedules import (BACKWARD_CTA_SCHEDULES, BACKWARD_SCANS,
                                           BACKWARD_TILE_SHAPES, DEFAULT_BACKWARD_TILES)
 from wavefront.decode_schedules import CTA_ORDERS, MAX_SPLITS
+from wavefront.schedules import check_causal_alignment
 
 # Lengths reach the kernels as int32
 MAX_LENGTH = 2 ** 31 - 1
@@ -104,14 +105,17 @@ def backward_tiles_or_none(tiles) -> tuple[int, int] | None:
     return pair
 
 
-def backward_options(*, causal, scale, schedule, deterministic, tiles) -> dict:
+def backward_options(*, causal, scale, schedule, deterministic, tiles,
+                     causal_alignment="top_left") -> dict:
     """`attention_backward`'s options, checked; -> them normalised (float scale)."""
     flag("causal", causal, numpy_ok=False)
     flag("deterministic", deterministic, numpy_ok=False)
     backward_schedule(schedule)
     backward_tiles_or_none(tiles)
+    check_causal_alignment(causal_alignment)
     return {"causal": causal, "scale": scale_or_none(scale), "schedule": schedule,
-            "deterministic": deterministic, "tiles": tiles}
+            "deterministic": deterministic, "tiles": tiles,
+            "causal_alignment": causal_alignment}
 
 
 def backward_shapes(q_shape, k_shape) -> None:

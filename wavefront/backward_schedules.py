@@ -22,6 +22,11 @@ The same names apply:
 are handed out (`BWD_*` columns): the kernel has no schedule code (static assignment: CTA c
 takes rows c, c + P, ...). The deterministic dQ pass is Q-major, exactly the forward's work
 (one item = (batch, head, Q tile) scanning K/V), so it runs the forward's `Launch` table.
+
+Causal masks of either alignment (`AttentionProblem.causal_alignment`: top-left, or bottom-
+right, FlashAttention >= 2.1's): each row carries its diagonal (`BWD_DIAGONAL`, from
+`schedules.causal_diagonal`, per sequence in a packed batch), and the Q tiles a K/V tile visits
+are the forward's K/V spans turned around (`q_tile_span`), so both passes visit the same pairs.
 """
 from __future__ import annotations
 
@@ -42,8 +47,10 @@ from wavefront.schedules import (
     check_placement,
     cta_schedule,
     kv_schedule,
+    kv_tile_span,
     local_iteration,
     scans_backward,
+    sequence_diagonals,
 )
 
 # The backward work table's columns. An item's Q tiles are visited, for each query head
@@ -55,6 +62,9 @@ from wavefront.schedules import (
 # Packed variable-length batches: where the item's sequence starts in the packed Q and K/V
 # rows, and its two lengths; BWD_BATCH then holds the sequence's number.
 BWD_Q_START, BWD_KV_START, BWD_SEQLEN_Q, BWD_SEQLEN_KV = range(10, 14)
+# The causal diagonal, as the forward's WORK_DIAGONAL: query row r of the item's sequence sees
+# key columns c <= r + DIAGONAL (0, the padding's value, top-left; `causal_diagonal`).
+BWD_DIAGONAL = 14
 BWD_COLUMNS = 16  # padded to 64-byte rows, as the forward's table (a stride the AOT signature takes)
 
 BACKWARD_SCANS = ("linear", "sawtooth")
@@ -188,27 +198,45 @@ def backward_config(config, head_dim: int) -> BackwardConfig:
     return by_dim[head_dim]
 
 
-def q_tile_span(kv_tile, tile_m, tile_n, seqlen_q, seqlen_kv, causal):
+def _least_q_tile(holds, q_tiles):
+    """Elementwise: the least Q tile i in [0, q_tiles) for which `holds(i)` (false, then true
+    as i grows), else q_tiles; by bisection over NumPy arrays."""
+    lo, hi = np.zeros_like(q_tiles), q_tiles
+    while True:
+        open_ = lo < hi
+        if not open_.any():
+            return lo
+        mid = (lo + hi) // 2
+        found = holds(mid)
+        lo, hi = np.where(open_ & ~found, mid + 1, lo), np.where(open_ & found, mid, hi)
+
+
+def q_tile_span(kv_tile, tile_m, tile_n, seqlen_q, seqlen_kv, causal, diagonal=0):
     """-> (first Q tile, first Q tile that needs no mask, Q tiles): the Q tiles that see K/V
     tile `kv_tile`, [first, end), of which [first, unmasked) need a mask.
 
-    Causal is top-left aligned (query row r sees keys 0..r), as the forward's: tile i holds a
-    row that sees column c0 = kv_tile x tile_n from i = c0 // tile_m on, and needs the mask while
-    its first row is below the tile's last column. A ragged last K/V tile (columns past
-    seqlen_kv) takes the mask on every Q tile. Ints, or NumPy arrays of K/V tiles (and of
-    lengths, one per tile: packed batches)."""
+    The forward's rule turned around, not a second copy of it: Q tile i visits K/V tile j iff
+    j < visited(i), unmasked iff j < first_masked(i) (`schedules.kv_tile_span`, with the
+    causal mask's `diagonal`: 0 top-left, seqlen_kv - seqlen_q bottom-right, from
+    `schedules.causal_diagonal`). Both grow with i, so each bound is the least Q tile that
+    meets it, and the K/V-major and the Q-major (dQ) passes visit the same pairs, masked
+    alike. A K/V tile no query row sees (top-left, keys from seqlen_q on) has first == Q
+    tiles, and a Q tile none of whose rows sees the K/V tile's keys (bottom-right with
+    seqlen_q > seqlen_kv: the first rows see no key) is not visited; a ragged last K/V tile
+    takes the mask on every Q tile. Ints, or NumPy arrays of K/V tiles (and of
+    lengths and diagonals, one per tile: packed batches)."""
+    scalar = all(np.ndim(x) == 0 for x in (kv_tile, seqlen_q, seqlen_kv, diagonal))
     q_tiles = -(-seqlen_q // tile_m)
-    ragged = (kv_tile + 1) * tile_n > seqlen_kv
-    if causal:
-        first = np.minimum(kv_tile * tile_n // tile_m, q_tiles)
-        diagonal_end = np.minimum((kv_tile * tile_n + tile_n - 2) // tile_m + 1, q_tiles)
-        unmasked = np.maximum(diagonal_end, first)
-    else:
-        first = kv_tile * 0
-        unmasked = first
-    unmasked = np.where(ragged, q_tiles, unmasked)
-    if np.ndim(unmasked) == 0:
-        return int(first), int(unmasked), q_tiles
+    kv_tile, seqlen_q, seqlen_kv, diagonal = np.broadcast_arrays(
+        *(np.asarray(x, dtype=np.int64) for x in (kv_tile, seqlen_q, seqlen_kv, diagonal)))
+
+    def spans(q_tile):
+        return kv_tile_span(q_tile, tile_m, tile_n, seqlen_q, seqlen_kv, causal, diagonal)
+    each_q_tiles = -(-seqlen_q // tile_m)
+    first = _least_q_tile(lambda i: kv_tile < spans(i)[0], each_q_tiles)
+    unmasked = np.maximum(_least_q_tile(lambda i: kv_tile < spans(i)[1], each_q_tiles), first)
+    if scalar:
+        return int(first), int(unmasked), int(q_tiles)
     return first, unmasked, q_tiles
 
 
@@ -234,7 +262,7 @@ def backward_order(item, kv_tiles, kv_units, group_units, cta_code):
         kv_tile, unit_in_group = np.divmod(within, units_here)
         return group * group_units + unit_in_group, kv_tile
     if cta_code == CTA_LONGEST_FIRST:
-        # Top-left causal: the first K/V tiles are seen by the most Q tiles.
+        # Causal (either alignment): the first K/V tiles are seen by the most Q tiles.
         kv_tile, unit = np.divmod(item, kv_units)
         return unit, kv_tile
     unit, kv_tile = np.divmod(item, kv_tiles)
@@ -314,15 +342,18 @@ class BackwardLaunch:
                                        self.cta.code)
         batch, kv_head = np.divmod(unit, p.kv_heads)
         first, unmasked, q_tiles = q_tile_span(kv_tile, p.tile_m, p.tile_n, p.seqlen_q,
-                                               p.seqlen_kv, p.causal)
+                                               p.seqlen_kv, p.causal, p.diagonal)
         backward = scans_backward(local_iteration(items, self.num_ctas, self.resident_ctas,
                                                   self.cta.code), self.q_scan.code)
         group = p.qheads_per_kv
         head_first = kv_head * group + backward * (group - 1)
         head_step = 1 - 2 * backward
         scan_start = np.where(backward, q_tiles - 1, unmasked)
-        return (batch, kv_head, kv_tile, head_first, head_step, scan_start, head_step,
-                q_tiles - unmasked, first, unmasked)
+        return {BWD_BATCH: batch, BWD_KV_HEAD: kv_head, BWD_KV_TILE: kv_tile,
+                BWD_HEAD_FIRST: head_first, BWD_HEAD_STEP: head_step,
+                BWD_SCAN_START: scan_start, BWD_SCAN_STEP: head_step,
+                BWD_SCAN_COUNT: q_tiles - unmasked, BWD_MASKED_LO: first,
+                BWD_MASKED_HI: unmasked, BWD_DIAGONAL: p.diagonal}
 
     @cached_property
     def work_table(self) -> np.ndarray:
@@ -336,7 +367,7 @@ class BackwardLaunch:
                              "the int32 work table")
         items = np.arange(self.num_items, dtype=np.int64)
         rows = np.zeros((self.num_items, BWD_COLUMNS), dtype=np.int32)
-        for column, values in enumerate(self._columns(items)):
+        for column, values in self._columns(items).items():
             rows[:, column] = values
         rows.setflags(write=False)
         return rows
@@ -370,7 +401,8 @@ class VarlenBackwardLaunch(BackwardLaunch):
     """The backward of a packed batch (FlashAttention's varlen layout; `problem` is the packed
     arrays as the kernel sees them: batch 1, seqlen = total rows). One item per (sequence, K/V
     head, K/V tile of the sequence), each row carrying its sequence's starts and lengths
-    (`BWD_Q_START` ...), so the kernel slices the sequence out of the packed arrays. Orders:
+    (`BWD_Q_START` ...), so the kernel slices the sequence out of the packed arrays, and its
+    causal diagonal (bottom-right aligns each sequence by its own lengths). Orders:
     grid and persistent sequence by sequence (K/V tiles fastest, then K/V heads);
     longest_first by the Q tiles an item scans, most first (stable). `grouped` does not apply
     (a packed batch's units are ragged)."""
@@ -407,12 +439,14 @@ class VarlenBackwardLaunch(BackwardLaunch):
         seq, kv_head, kv_tile = self._units
         sq = np.asarray(self.seqlens_q, dtype=np.int64)[seq]
         sk = np.asarray(self.seqlens_kv, dtype=np.int64)[seq]
+        diagonal = sequence_diagonals(p, sq, sk)
         first, unmasked, q_tiles = (np.asarray(x) for x in q_tile_span(
-            kv_tile, p.tile_m, p.tile_n, sq, sk, p.causal))
+            kv_tile, p.tile_m, p.tile_n, sq, sk, p.causal, diagonal))
         if self.cta.code == CTA_LONGEST_FIRST:
             order = np.argsort(-(q_tiles - first), kind="stable")
-            seq, kv_head, kv_tile, sq, sk, first, unmasked, q_tiles = (
-                x[order] for x in (seq, kv_head, kv_tile, sq, sk, first, unmasked, q_tiles))
+            seq, kv_head, kv_tile, sq, sk, first, unmasked, q_tiles, diagonal = (
+                x[order] for x in (seq, kv_head, kv_tile, sq, sk, first, unmasked, q_tiles,
+                                   diagonal))
         items = np.arange(seq.size, dtype=np.int64)
         backward = scans_backward(local_iteration(items, self.num_ctas, self.resident_ctas,
                                                   self.cta.code), self.q_scan.code)
@@ -430,7 +464,8 @@ class VarlenBackwardLaunch(BackwardLaunch):
                                (BWD_MASKED_HI, unmasked),
                                (BWD_Q_START, np.asarray(starts_q)[seq]),
                                (BWD_KV_START, np.asarray(starts_kv)[seq]),
-                               (BWD_SEQLEN_Q, sq), (BWD_SEQLEN_KV, sk)):
+                               (BWD_SEQLEN_Q, sq), (BWD_SEQLEN_KV, sk),
+                               (BWD_DIAGONAL, diagonal)):
             rows[:, column] = values
         rows.setflags(write=False)
         return rows

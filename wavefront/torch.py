@@ -18,6 +18,8 @@ hook run it whenever an input requires grad, so a compiled model with trainable 
 keeps both ops in its graphs. `wavefront::attention` itself has a formula too, which
 recomputes the LSE (one more forward) since that op does not keep it, and so has
 `wavefront::attention_varlen` (`wavefront::attention_varlen_bwd`, lengths read on the host).
+Each carries `causal_alignment` to its backward: both alignments train, the bottom-right one
+with S_q != S_kv too (a row that sees no key gets gradient 0).
 
 Under a CUDA graph: call the op once before capturing (the first call of a shape compiles the
 kernel and uploads its work table, neither of which a capture allows); replays then launch the
@@ -118,45 +120,54 @@ def _attention_fake(q, k, v, causal=False, scale=None, schedule=None, tiles=None
 @torch.library.custom_op("wavefront::attention_fwd_lse", mutates_args=(), device_types="cuda")
 def attention_fwd_lse(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False,
                       scale: Optional[float] = None, schedule: Optional[str] = None,
-                      tiles: Optional[str] = None) -> tuple[torch.Tensor, torch.Tensor]:
+                      tiles: Optional[str] = None, causal_alignment: str = "top_left"
+                      ) -> tuple[torch.Tensor, torch.Tensor]:
     """`attention` that returns the natural-log LSE too, float32 (B, H, S_q): the forward that
-    training runs (its autograd formula saves both for `attention_bwd`)."""
+    training runs (its autograd formula saves both for `attention_bwd`). A row that sees no
+    key (bottom-right, S_q > S_kv) has output 0 and LSE -inf."""
     from wavefront.kernel.call import plan_for
-    return plan_for(q, k, v, _options_lse(causal, scale, schedule, tiles)).run(q, k, v)
+    return plan_for(q, k, v, _options_lse(causal, scale, schedule, tiles,
+                                          causal_alignment)).run(q, k, v)
 
 
 @functools.lru_cache(maxsize=256, typed=True)
-def _options_lse(causal, scale, schedule, tiles):
+def _options_lse(causal, scale, schedule, tiles, causal_alignment="top_left"):
     from wavefront.kernel.plan import CallOptions
     return CallOptions(causal=causal, scale=scale, schedule=schedule, tiles=tiles,
-                       return_lse=True)
+                       return_lse=True, causal_alignment=causal_alignment)
 
 
 @attention_fwd_lse.register_fake
-def _attention_fwd_lse_fake(q, k, v, causal=False, scale=None, schedule=None, tiles=None):
+def _attention_fwd_lse_fake(q, k, v, causal=False, scale=None, schedule=None, tiles=None,
+                            causal_alignment="top_left"):
+    from wavefront.schedules import check_causal_alignment
     _check_fake(q, k, v)
+    check_causal_alignment(causal_alignment)
     return q.new_empty(q.shape), q.new_empty(q.shape[:3], dtype=torch.float32)
 
 
 @torch.library.custom_op("wavefront::attention_bwd", mutates_args=(), device_types="cuda")
 def attention_bwd(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                   out: torch.Tensor, lse: torch.Tensor, causal: bool = False,
-                  scale: Optional[float] = None, deterministic: bool = True
+                  scale: Optional[float] = None, deterministic: bool = True,
+                  causal_alignment: str = "top_left"
                   ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(dq, dk, dv) of the attention whose output `out` and LSE `lse` the forward gave, for
-    the output's gradient `dout` (`wavefront.attention_backward`): new contiguous tensors of
-    q's, k's and v's shapes and dtype."""
+    the output's gradient `dout` (`wavefront.attention_backward`, the causal mask aligned as
+    the forward's): new contiguous tensors of q's, k's and v's shapes and dtype."""
     from wavefront.kernel.backward_call import attention_backward
     if dout.stride(-1) != 1:  # a gradient may arrive as any view
         dout = dout.contiguous()
     return attention_backward(q, k, v, out, lse, dout, causal=causal, scale=scale,
-                              deterministic=deterministic)
+                              deterministic=deterministic, causal_alignment=causal_alignment)
 
 
 @attention_bwd.register_fake
 def _attention_bwd_fake(dout, q, k, v, out, lse, causal=False, scale=None,
-                        deterministic=True):
+                        deterministic=True, causal_alignment="top_left"):
+    from wavefront.schedules import check_causal_alignment
     _check_fake(q, k, v, out, dout, lse)
+    check_causal_alignment(causal_alignment)
     return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
 
 
@@ -168,26 +179,15 @@ _DETERMINISTIC_DQ = True
 
 def _backward(ctx, dout, q, k, v, out, lse):
     dq, dk, dv = attention_bwd(dout, q, k, v, out, lse, ctx.causal, ctx.scale,
-                               _DETERMINISTIC_DQ)
-    return dq, dk, dv, None, None, None, None
-
-
-def _check_backward_alignment(q, k, causal, causal_alignment):
-    """The backward runs top-left causal masks; where the alignments differ (a causal mask,
-    S_q != S_kv) a bottom-right forward is refused for training rather than differentiated
-    with the other mask."""
-    if causal and causal_alignment != "top_left" and q.shape[-2] != k.shape[-2]:
-        raise ValueError(f"causal_alignment={causal_alignment!r} with seqlen_q {q.shape[-2]} != "
-                         f"seqlen_kv {k.shape[-2]}: the backward pass runs top-left causal "
-                         "masks only; call without gradients, or with causal_alignment="
-                         "'top_left'")
+                               _DETERMINISTIC_DQ, ctx.causal_alignment)
+    return dq, dk, dv, None, None, None, None, None
 
 
 def _fwd_lse_setup_context(ctx, inputs, output):
-    q, k, v, causal, scale, _, _ = inputs
+    q, k, v, causal, scale, _, _, causal_alignment = inputs
     out, lse = output
     ctx.save_for_backward(q, k, v, out, lse)
-    ctx.causal, ctx.scale = causal, scale
+    ctx.causal, ctx.scale, ctx.causal_alignment = causal, scale, causal_alignment
     ctx.mark_non_differentiable(lse)
 
 
@@ -197,9 +197,9 @@ def _fwd_lse_backward(ctx, dout, _dlse):
 
 def _attention_setup_context(ctx, inputs, output):
     q, k, v, causal, scale, schedule, tiles, causal_alignment = inputs
-    _check_backward_alignment(q, k, causal, causal_alignment)
     ctx.save_for_backward(q, k, v, output)
-    ctx.causal, ctx.scale, ctx.options = causal, scale, (causal, scale, schedule, tiles)
+    ctx.causal, ctx.scale, ctx.causal_alignment = causal, scale, causal_alignment
+    ctx.options = (causal, scale, schedule, tiles, causal_alignment)
 
 
 def _attention_backward(ctx, dout):
@@ -249,45 +249,44 @@ def _attention_varlen_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
 def attention_varlen_bwd(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
                          v: torch.Tensor, out: torch.Tensor, cu_seqlens_q: torch.Tensor,
                          cu_seqlens_k: torch.Tensor, causal: bool = False,
-                         scale: Optional[float] = None, deterministic: bool = True
+                         scale: Optional[float] = None, deterministic: bool = True,
+                         causal_alignment: str = "top_left"
                          ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(dq, dk, dv) of `attention_varlen`, packed as q, k, v. Its LSE is recomputed (one more
-    forward: the op does not keep it) and the lengths are read on the host (a GPU cu_seqlens
-    is copied, which waits for the GPU)."""
+    """(dq, dk, dv) of `attention_varlen`, packed as q, k, v (the causal mask aligned per
+    sequence as the forward's). Its LSE is recomputed (one more forward: the op does not keep
+    it) and the lengths are read on the host (a GPU cu_seqlens is copied, which waits for the
+    GPU)."""
     from wavefront.kernel.backward_call import attention_backward_varlen
     from wavefront.kernel.varlen import attention_varlen as launch_varlen
     _, lse = launch_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, causal=causal, scale=scale,
-                           return_lse=True)
+                           return_lse=True, causal_alignment=causal_alignment)
     if dout.stride(-1) != 1:
         dout = dout.contiguous()
     return attention_backward_varlen(q, k, v, out, lse, dout, cu_seqlens_q, cu_seqlens_k,
-                                     causal=causal, scale=scale, deterministic=deterministic)
+                                     causal=causal, scale=scale, deterministic=deterministic,
+                                     causal_alignment=causal_alignment)
 
 
 @attention_varlen_bwd.register_fake
 def _attention_varlen_bwd_fake(dout, q, k, v, out, cu_seqlens_q, cu_seqlens_k, causal=False,
-                               scale=None, deterministic=True):
+                               scale=None, deterministic=True, causal_alignment="top_left"):
+    from wavefront.schedules import check_causal_alignment
     _check_fake(q, k, v, out, dout, packed=True, cu_seqlens=(cu_seqlens_q, cu_seqlens_k))
+    check_causal_alignment(causal_alignment)
     return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
 
 
 def _varlen_setup_context(ctx, inputs, output):
     q, k, v, cu_seqlens_q, cu_seqlens_k, _, _, causal, scale, _, _, causal_alignment = inputs
-    if causal and causal_alignment != "top_left":
-        # the lengths are on the GPU: whether any sequence has len_q != len_k is not known
-        # without waiting, so a bottom-right mask is refused for training outright
-        raise ValueError(f"causal_alignment={causal_alignment!r}: the packed backward runs "
-                         "top-left causal masks only; call without gradients, or with "
-                         "causal_alignment='top_left'")
     ctx.save_for_backward(q, k, v, output, cu_seqlens_q, cu_seqlens_k)
-    ctx.causal, ctx.scale = causal, scale
+    ctx.causal, ctx.scale, ctx.causal_alignment = causal, scale, causal_alignment
 
 
 def _varlen_backward(ctx, dout):
     q, k, v, out, cu_seqlens_q, cu_seqlens_k = ctx.saved_tensors
     dq, dk, dv = attention_varlen_bwd(dout, q, k, v, out, cu_seqlens_q, cu_seqlens_k,
                                       ctx.causal, ctx.scale,
-                                      _DETERMINISTIC_DQ)
+                                      _DETERMINISTIC_DQ, ctx.causal_alignment)
     return dq, dk, dv, None, None, None, None, None, None, None, None, None
 
 
@@ -308,8 +307,7 @@ def _attention(q, k, v, causal, scale, causal_alignment="top_left"):
     which saves the custom op's dispatch (tens of microseconds a call). Where an input
     requires grad, the forward that keeps its LSE for the backward."""
     if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
-        _check_backward_alignment(q, k, causal, causal_alignment)
-        return attention_fwd_lse(q, k, v, causal, scale, None, None)[0]
+        return attention_fwd_lse(q, k, v, causal, scale, None, None, causal_alignment)[0]
     if torch.compiler.is_compiling():
         return attention(q, k, v, causal, scale, None, None, causal_alignment)
     from wavefront.kernel.call import attention_plain, attention_with

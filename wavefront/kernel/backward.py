@@ -20,9 +20,13 @@ grouped and longest-first are the same binary with other tables, and so are both
 
 Layout as the forward's: Q, O, dO, dQ (batch, heads, seqlen_q, D); K, V, dK, dV (batch,
 kv_heads, seqlen_kv, D); LSE and D (batch, heads, seqlen_q) float32; last dimension contiguous.
-Causal is top-left aligned. Ragged lengths: loads pad with zeros (a padded Q row has dO = 0 and
-contributes nothing; stores and atomics past the end are dropped), and the last K/V tile's
-columns past seqlen_kv are masked.
+Causal: query row r sees key columns c <= r + the item's diagonal (its table row's
+BWD_DIAGONAL / WORK_DIAGONAL: 0 top-left, seqlen_kv - seqlen_q bottom-right, per sequence in
+a packed batch), one binary for both alignments as the forward's; a row that sees no key
+(bottom-right, seqlen_q > seqlen_kv, LSE -inf) gets dQ = 0 and adds nothing (`_seen_lse`).
+Ragged lengths: loads pad with zeros (a padded Q row has dO = 0 and contributes nothing;
+stores and atomics past the end are dropped), and the last K/V tile's columns past seqlen_kv
+are masked.
 """
 from __future__ import annotations
 
@@ -36,6 +40,7 @@ import cuda.tile as ct
 from wavefront.backward_schedules import (
     BACKWARD_TILE_SHAPES,
     BWD_BATCH,
+    BWD_DIAGONAL,
     BWD_HEAD_FIRST,
     BWD_HEAD_STEP,
     BWD_KV_HEAD,
@@ -55,6 +60,7 @@ from wavefront.kernel.attention import (IO, LOG2_E, ConstBool, ConstInt, _contra
 from wavefront.point import DTYPES, HEAD_DIMS
 from wavefront.schedules import (
     WORK_BATCH,
+    WORK_DIAGONAL,
     WORK_KV_START,
     WORK_Q_START,
     WORK_SEQLEN_KV,
@@ -113,12 +119,21 @@ def convert_dq(dQacc, dQ, HEAD_DIM: ConstInt, TILE_M: ConstInt):
              tile=acc.reshape((1, 1, TILE_M, HEAD_DIM)).astype(dQ.dtype))
 
 
+def _seen_lse(lse):
+    """The LSE the probabilities are recomputed from: a row that saw no key (bottom-right
+    causal with seqlen_q > seqlen_kv) has the forward's LSE -inf, taken as +inf here (as
+    FlashAttention 2 writes it), so its masked scores give P = 2^(-inf - inf) = 0, not
+    2^(-inf + inf) = NaN: its dQ is 0 and it adds nothing to dK, dV."""
+    return ct.where(lse > -np.inf, lse, np.inf)
+
+
 def _q_tile_step(Q, dOut, Lse, Delta, dQacc, k, v, dk, dv, batch, head, kv_tile, q_tile,
-                 qk_scale_log2, scale, seqlen_kv, HEAD_DIM: ConstInt, TILE_M: ConstInt,
-                 TILE_N: ConstInt, MASKED: ConstBool, CAUSAL: ConstBool,
+                 qk_scale_log2, scale, seqlen_kv, diagonal, HEAD_DIM: ConstInt,
+                 TILE_M: ConstInt, TILE_N: ConstInt, MASKED: ConstBool, CAUSAL: ConstBool,
                  ATOMIC_DQ: ConstBool, Q_LATENCY: ConstInt):
     """One Q tile's share of a K/V tile's dK and dV (and of the Q tile's dQ), transposed
-    (K/V rows first) so that dV = P^T dO and dK = dS^T Q are plain products."""
+    (K/V rows first) so that dV = P^T dO and dK = dS^T Q are plain products. `diagonal`
+    (CAUSAL): query row r sees key columns c <= r + diagonal (the item's BWD_DIAGONAL)."""
     if Q_LATENCY > 0:  # a load latency hint (1 low .. 10 high DRAM traffic) on Q and dO
         q = ct.load(Q, index=(batch, head, q_tile, 0), shape=(1, 1, TILE_M, HEAD_DIM),
                     padding_mode=ct.PaddingMode.ZERO, latency=Q_LATENCY).reshape(
@@ -130,6 +145,8 @@ def _q_tile_step(Q, dOut, Lse, Delta, dQacc, k, v, dk, dv, batch, head, kv_tile,
         q = _load_rows(Q, batch, head, q_tile, HEAD_DIM, TILE_M)  # [TILE_M, D]
         do = _load_rows(dOut, batch, head, q_tile, HEAD_DIM, TILE_M)  # [TILE_M, D]
     lse = _load_row_stats(Lse, batch, head, q_tile, TILE_M).reshape((1, TILE_M))
+    if MASKED and CAUSAL:  # (an unmasked tile has no row that sees no key)
+        lse = _seen_lse(lse)
     delta = _load_row_stats(Delta, batch, head, q_tile, TILE_M).reshape((1, TILE_M))
     s_t = ct.mma(k, ct.transpose(q), ct.full((TILE_N, TILE_M), 0.0, dtype=ct.float32))
     if MASKED:
@@ -137,7 +154,7 @@ def _q_tile_step(Q, dOut, Lse, Delta, dQacc, k, v, dk, dv, batch, head, kv_tile,
         keep = cols < seqlen_kv
         if CAUSAL:
             rows = q_tile * TILE_M + ct.arange(TILE_M, dtype=ct.int32)[None, :]  # [1, TILE_M]
-            keep = keep & (rows >= cols)
+            keep = keep & (rows + diagonal >= cols)
         s_t = ct.where(keep, s_t, -np.inf)
     p_t = ct.exp2(s_t * qk_scale_log2 - lse * LOG2_E, flush_to_zero=True)  # [TILE_N, TILE_M]
     dv = ct.mma(p_t.astype(do.dtype), do, dv)  # [TILE_N, D]
@@ -195,6 +212,9 @@ def _kv_work_item(Q, K, V, dOut, Lse, Delta, dK, dV, dQacc, Work, item, qk_scale
     count = _work(Work, item, BWD_SCAN_COUNT)
     masked_lo = _work(Work, item, BWD_MASKED_LO)
     masked_hi = _work(Work, item, BWD_MASKED_HI)
+    diagonal = 0
+    if CAUSAL:
+        diagonal = _work(Work, item, BWD_DIAGONAL)
     seqlen_kv = K.shape[2]
     group = Q.shape[1] // K.shape[1]
 
@@ -206,13 +226,14 @@ def _kv_work_item(Q, K, V, dOut, Lse, Delta, dK, dV, dQacc, Work, item, qk_scale
         head = head_first + head_step * g
         for i in range(masked_lo, masked_hi):
             dk, dv = _q_tile_step(Q, dOut, Lse, Delta, dQacc, k, v, dk, dv, batch, head,
-                                  kv_tile, i, qk_scale_log2, scale, seqlen_kv, HEAD_DIM,
-                                  TILE_M, TILE_N, True, CAUSAL, ATOMIC_DQ, Q_LATENCY)
+                                  kv_tile, i, qk_scale_log2, scale, seqlen_kv, diagonal,
+                                  HEAD_DIM, TILE_M, TILE_N, True, CAUSAL, ATOMIC_DQ,
+                                  Q_LATENCY)
         for t in range(count):
             dk, dv = _q_tile_step(Q, dOut, Lse, Delta, dQacc, k, v, dk, dv, batch, head,
                                   kv_tile, start + step * t, qk_scale_log2, scale, seqlen_kv,
-                                  HEAD_DIM, TILE_M, TILE_N, False, CAUSAL, ATOMIC_DQ,
-                                  Q_LATENCY)
+                                  diagonal, HEAD_DIM, TILE_M, TILE_N, False, CAUSAL,
+                                  ATOMIC_DQ, Q_LATENCY)
     ct.store(dK, index=(batch, kv_head, kv_tile, 0),
              tile=dk.reshape((1, 1, TILE_N, HEAD_DIM)).astype(dK.dtype))
     ct.store(dV, index=(batch, kv_head, kv_tile, 0),
@@ -231,9 +252,9 @@ def flash_attention_bwd_kv(Q, K, V, dOut, Lse, Delta, dK, dV, dQacc, Work,
 
 
 def _dq_step(K, V, q, do, lse, delta, dq, batch, kv_head, kv_tile, q_tile, qk_scale_log2,
-             scale, seqlen_kv, HEAD_DIM: ConstInt, TILE_M: ConstInt, TILE_N: ConstInt,
-             MASKED: ConstBool, CAUSAL: ConstBool):
-    """K/V tile `kv_tile`'s share of a Q tile's dQ."""
+             scale, seqlen_kv, diagonal, HEAD_DIM: ConstInt, TILE_M: ConstInt,
+             TILE_N: ConstInt, MASKED: ConstBool, CAUSAL: ConstBool):
+    """K/V tile `kv_tile`'s share of a Q tile's dQ (`diagonal` as in `_q_tile_step`)."""
     k_t = ct.load(K, index=(batch, kv_head, 0, kv_tile), shape=(1, 1, HEAD_DIM, TILE_N),
                   order=(0, 1, 3, 2), padding_mode=ct.PaddingMode.ZERO).reshape(
                       (HEAD_DIM, TILE_N))  # K^T, transposed by the load
@@ -246,7 +267,7 @@ def _dq_step(K, V, q, do, lse, delta, dq, batch, kv_head, kv_tile, q_tile, qk_sc
         keep = cols < seqlen_kv
         if CAUSAL:
             rows = q_tile * TILE_M + ct.arange(TILE_M, dtype=ct.int32)[:, None]
-            keep = keep & (rows >= cols)
+            keep = keep & (rows + diagonal >= cols)
         s = ct.where(keep, s, -np.inf)
     p = ct.exp2(s * qk_scale_log2 - lse * LOG2_E, flush_to_zero=True)
     dp = ct.mma(do, v_t, ct.full((TILE_M, TILE_N), 0.0, dtype=ct.float32))
@@ -296,6 +317,10 @@ def _dq_work_item(Q, K, V, dOut, Lse, Delta, dQ, Work, item, qk_scale_log2, scal
     q = _load_rows(Q, batch, head, q_tile, HEAD_DIM, TILE_M)
     do = _load_rows(dOut, batch, head, q_tile, HEAD_DIM, TILE_M)
     lse = _load_row_stats(Lse, batch, head, q_tile, TILE_M).reshape((TILE_M, 1))
+    diagonal = 0
+    if CAUSAL:
+        lse = _seen_lse(lse)
+        diagonal = _work(Work, item, WORK_DIAGONAL)
     delta = _load_row_stats(Delta, batch, head, q_tile, TILE_M).reshape((TILE_M, 1))
     dq = ct.full((TILE_M, HEAD_DIM), 0.0, dtype=ct.float32)
     masked_lo = _work(Work, item, WORK_MASKED_LO)
@@ -303,17 +328,17 @@ def _dq_work_item(Q, K, V, dOut, Lse, Delta, dQ, Work, item, qk_scale_log2, scal
     if MASKED_FIRST:
         for j in range(masked_lo, masked_hi):
             dq = _dq_step(K, V, q, do, lse, delta, dq, batch, kv_head, j, q_tile,
-                          qk_scale_log2, scale, seqlen_kv, HEAD_DIM, TILE_M, TILE_N, True,
-                          CAUSAL)
+                          qk_scale_log2, scale, seqlen_kv, diagonal, HEAD_DIM, TILE_M, TILE_N,
+                          True, CAUSAL)
     for t in range(count):
         dq = _dq_step(K, V, q, do, lse, delta, dq, batch, kv_head, start + step * t,
-                      q_tile, qk_scale_log2, scale, seqlen_kv, HEAD_DIM, TILE_M, TILE_N,
-                      False, CAUSAL)
+                      q_tile, qk_scale_log2, scale, seqlen_kv, diagonal, HEAD_DIM, TILE_M,
+                      TILE_N, False, CAUSAL)
     if not MASKED_FIRST:
         for j in range(masked_lo, masked_hi):
             dq = _dq_step(K, V, q, do, lse, delta, dq, batch, kv_head, j, q_tile,
-                          qk_scale_log2, scale, seqlen_kv, HEAD_DIM, TILE_M, TILE_N, True,
-                          CAUSAL)
+                          qk_scale_log2, scale, seqlen_kv, diagonal, HEAD_DIM, TILE_M, TILE_N,
+                          True, CAUSAL)
     ct.store(dQ, index=(batch, head, q_tile, 0),
              tile=dq.reshape((1, 1, TILE_M, HEAD_DIM)).astype(dQ.dtype))
 

@@ -39,7 +39,7 @@ from wavefront.kernel.backward import (
     RowsVariant,
 )
 from wavefront.kernel.streams import _stream_handle, current_stream
-from wavefront.schedules import AttentionProblem
+from wavefront.schedules import AttentionProblem, check_causal_alignment
 
 TABLE_CACHE_SIZE = 64
 _tables: OrderedDict = OrderedDict()
@@ -153,16 +153,17 @@ def dq_launch_of(launch: BackwardLaunch, config: BackwardConfig):
 
 
 def backward_launch(q_shape, k_shape, *, causal=False, schedule=None, tiles=None, sms=132,
-                    l2_bytes=50 << 20, dtype_bytes=2, ctas=None,
-                    config=None) -> BackwardLaunch:
+                    l2_bytes=50 << 20, dtype_bytes=2, ctas=None, config=None,
+                    causal_alignment="top_left") -> BackwardLaunch:
     """The `BackwardLaunch` the call runs for these shapes (also for the model, on any
-    machine): the K/V-major kernel's, at `tiles` or the config's K/V tiles."""
+    machine): the K/V-major kernel's, at `tiles` or the config's K/V tiles; the causal mask
+    aligned as `causal_alignment` says (`wavefront.schedules.causal_diagonal`)."""
     backward_shapes(q_shape, k_shape)  # (wavefront.argument_checks: named, not unpacked)
     batch, heads, seqlen_q, head_dim = q_shape
     _, kv_heads, seqlen_kv, _ = k_shape
     tile_m, tile_n = config_for(tiles, config, head_dim).kv_tiles
     problem = AttentionProblem(batch, heads, kv_heads, seqlen_q, seqlen_kv, head_dim, causal,
-                               tile_m, tile_n, dtype_bytes)
+                               tile_m, tile_n, dtype_bytes, causal_alignment)
     return BackwardLaunch.of(problem, schedule or DEFAULT_BACKWARD_SCHEDULE, sms, 1, l2_bytes,
                              ctas)
 
@@ -175,11 +176,12 @@ def _checked_scale(scale, head_dim: int) -> float:
     return float(scale)
 
 
-def _check_flags(causal, deterministic):
+def _check_flags(causal, deterministic, causal_alignment):
     if not isinstance(causal, bool):
         raise ValueError(f"causal must be True or False, got {causal!r}")
     if not isinstance(deterministic, bool):
         raise ValueError(f"deterministic must be True or False, got {deterministic!r}")
+    check_causal_alignment(causal_alignment)
 
 
 def _run(launch: BackwardLaunch, config: BackwardConfig, library, device, dtype, arrays,
@@ -226,7 +228,7 @@ def _run(launch: BackwardLaunch, config: BackwardConfig, library, device, dtype,
 def attention_backward(q, k, v, out, lse, dout, *, causal: bool = False,
                        scale: float | None = None, schedule: str | None = None,
                        deterministic: bool = True, tiles=None, ctas: int | None = None,
-                       config=None):
+                       config=None, causal_alignment: str = "top_left"):
     """Gradients of FlashAttention: -> (dq, dk, dv) of q's, k's and v's shapes and dtype.
 
     q (B, H, S_q, D), k and v (B, H_kv, S_kv, D), `out` and `dout` of q's shape, `lse` the
@@ -236,8 +238,10 @@ def attention_backward(q, k, v, out, lse, dout, *, causal: bool = False,
     `deterministic`: dQ from a second, Q-major kernel instead of float atomics, so the three
     gradients are bit-identical across runs. `config`: a name of
     `wavefront.backward_schedules.BACKWARD_CONFIGS` or a `BackwardConfig` (each kernel's tiles
-    and warps; instead of `tiles`)."""
-    _check_flags(causal, deterministic)
+    and warps; instead of `tiles`). `causal_alignment`: the forward's ("top_left", query row i
+    sees keys j <= i, or "bottom_right", j <= i + seqlen_kv - seqlen_q); rows that saw no key
+    get dq = 0."""
+    _check_flags(causal, deterministic, causal_alignment)
     vq, (aq, ak, av) = _check_inputs(q, k, v)
     library, device = vq.library, vq.device
     vo, ao = _view("out", out)
@@ -251,7 +255,8 @@ def attention_backward(q, k, v, out, lse, dout, *, causal: bool = False,
     chosen = config_for(tiles, config, vq.shape[3])
     sms, l2_bytes = _gpu_shape(device)
     launch = backward_launch(vq.shape, k_shape, causal=causal, schedule=schedule,
-                             sms=sms, l2_bytes=l2_bytes, ctas=ctas, config=chosen)
+                             sms=sms, l2_bytes=l2_bytes, ctas=ctas, config=chosen,
+                             causal_alignment=causal_alignment)
     grads = (_empty(library, device, vq.shape, vq.dtype),
              _empty(library, device, k_shape, vq.dtype),
              _empty(library, device, k_shape, vq.dtype))
@@ -263,13 +268,15 @@ def attention_backward(q, k, v, out, lse, dout, *, causal: bool = False,
 def attention_backward_varlen(q, k, v, out, lse, dout, cu_seqlens_q, cu_seqlens_k, *,
                               causal: bool = False, scale: float | None = None,
                               schedule: str | None = None, deterministic: bool = True,
-                              tiles=None, ctas: int | None = None):
+                              tiles=None, ctas: int | None = None,
+                              causal_alignment: str = "top_left"):
     """Gradients of `attention_varlen`: packed q, out, dout (total_q, H, D), k, v (total_k,
     H_kv, D), its LSE (H, total_q) float32, cu_seqlens as it takes them (read on the host: a
     GPU tensor is copied, which waits for the GPU). -> (dq, dk, dv), packed as q, k, v.
-    Schedules: grid, persistent or longest_first, with the linear or sawtooth Q scan."""
+    Schedules: grid, persistent or longest_first, with the linear or sawtooth Q scan.
+    `causal_alignment` per sequence, as the forward's."""
     from wavefront.kernel.varlen import _host_bounds, _packed_as_4d
-    _check_flags(causal, deterministic)
+    _check_flags(causal, deterministic, causal_alignment)
     vq, (aq, ak, av) = _check_inputs(*(_packed_as_4d(n, x) for n, x in
                                        (("q", q), ("k", k), ("v", v))))
     library, device = vq.library, vq.device
@@ -291,7 +298,7 @@ def attention_backward_varlen(q, k, v, out, lse, dout, cu_seqlens_q, cu_seqlens_
     tile_m, tile_n = backward_tiles(tiles, head_dim, varlen=True)
     sms, l2_bytes = _gpu_shape(device)
     problem = AttentionProblem(1, heads, kv_heads, total_q, total_k, head_dim, causal, tile_m,
-                               tile_n, 2)
+                               tile_n, 2, causal_alignment)
     cta, scan = backward_schedule(schedule or DEFAULT_BACKWARD_SCHEDULE)
     launch = VarlenBackwardLaunch(
         problem, cta, scan, sms, 1, l2_bytes, ctas,
