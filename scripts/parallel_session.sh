@@ -39,7 +39,8 @@ step() {  # step NAME DIR
     backward) python3 scripts/backward_bench.py --rounds 8 --json "$d/backward.jsonl" \
                > "$d/backward.log" 2>&1; tail -40 "$d/backward.log" ;;
     bwd_tests) python3 -m pytest -m gpu -n 4 -q -p no:cacheprovider --tb=short \
-               tests/test_gpu_backward.py > "$d/bwd_tests.log" 2>&1
+               tests/test_gpu_backward.py tests/test_gpu_backward_bottom_right.py \
+               > "$d/bwd_tests.log" 2>&1
                grep -E "^(FAILED|ERROR)|passed|failed" "$d/bwd_tests.log" | tail -30 ;;
     gpu_checks) python3 -m pytest -m gpu -n 8 -q -p no:cacheprovider --tb=short \
                tests/test_gpu_unfriendly_new.py tests/test_gpu_kvcache_views.py \
