@@ -302,6 +302,23 @@ def test_the_timed_guard_is_sized_to_the_timed_model():
         check_timed(paper, memory_bytes=1 << 20)
 
 
+@pytest.mark.parametrize("schedule", ["persistent+linear", "grid+sawtooth", "persistent+tiled",
+                                      "grouped+sawtooth"])
+@pytest.mark.parametrize("seqlen_q,seqlen_kv,causal,alignment", [
+    (1000, 1000, False, "top_left"), (1000, 1000, True, "top_left"),
+    (300, 2100, True, "top_left"), (300, 2100, True, "bottom_right"),
+    (2100, 300, True, "bottom_right"), (2100, 300, False, "top_left")])
+def test_the_guard_counts_a_dense_launchs_steps_without_its_table(schedule, seqlen_q, seqlen_kv,
+                                                                  causal, alignment):
+    """The step count the guard refuses by (from the problem alone) is the work table's: a
+    launch of 1.3e11 steps was refused only after building its table (30-60 s, gigabytes)."""
+    from wavefront.model.timed import _item_steps_of, dense_steps
+    launch = plan((3, 4, seqlen_q, 64), (3, 2, seqlen_kv, 64), sms=132, l2_bytes=L2,
+                  causal=causal, schedule=schedule, tiles="64x64",
+                  causal_alignment=alignment)
+    assert dense_steps(launch) == int(_item_steps_of(launch).sum()) > 0
+
+
 def test_a_capacity_from_one_length_warns():
     import pandas as pd
     from wavefront.model.fits import fit_capacity

@@ -39,7 +39,7 @@ from wavefront.model.simulation import (
 from wavefront.point import SECTOR_BYTES
 from wavefront.schedules import (
     WORK_BATCH, WORK_CHUNK, WORK_HEAD, WORK_MASKED_HI, WORK_MASKED_LO, WORK_Q_TILE,
-    WORK_SCAN_COUNT, WORK_SCAN_START, WORK_SCAN_STEP, Launch)
+    WORK_SCAN_COUNT, WORK_SCAN_START, WORK_SCAN_STEP, Launch, causal_diagonal, kv_tile_span)
 
 
 @dataclass(frozen=True)
@@ -491,11 +491,27 @@ def _item_steps_of(launch: Launch) -> np.ndarray:
     return table[:, WORK_SCAN_COUNT] + table[:, WORK_MASKED_HI] - table[:, WORK_MASKED_LO]
 
 
+def dense_steps(launch: Launch) -> int | None:
+    """The K/V steps of a dense launch's items, from the problem alone (`kv_tile_span` per Q
+    tile): what its work table's rows add up to, without building that table (gigabytes for
+    a launch the model refuses). None for a packed batch (its spans are per sequence)."""
+    if launch.varlen:
+        return None
+    p = launch.problem
+    visited, _ = kv_tile_span(np.arange(p.q_tiles), p.tile_m, p.tile_n, p.seqlen_q,
+                              p.seqlen_kv, p.causal,
+                              causal_diagonal(p.seqlen_q, p.seqlen_kv, p.causal_alignment))
+    # (without the causal mask every Q tile visits all K/V tiles: one number, broadcast)
+    return p.batch * p.heads * int(np.broadcast_to(visited, (p.q_tiles,)).sum())
+
+
 def check_timed(launch: Launch, memory_bytes: int | None = None) -> float:
     """Refuse, before allocating, a launch the timed model cannot hold in memory or would take
     hours on; -> its expected seconds here (for a progress message)."""
     from wavefront.model.simulation import available_memory_bytes
-    need, steps = timed_cost(launch)
+    steps = dense_steps(launch)
+    if steps is None or steps <= MAX_TIMED_STEPS:  # (else refused without the table)
+        need, steps = timed_cost(launch)
     memory = memory_bytes or available_memory_bytes()
     if steps > MAX_TIMED_STEPS:
         raise ValueError(f"this launch has {steps:.3g} K/V steps, more than the "
