@@ -57,6 +57,8 @@ def run_each():
     from concurrent.futures import ThreadPoolExecutor
 
     def run(commands, **options):
-        with ThreadPoolExecutor(max_workers=max(1, os.cpu_count() or 1)) as pool:
+        cores = (len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
+                 else os.cpu_count() or 1)
+        with ThreadPoolExecutor(max_workers=max(1, cores)) as pool:
             return list(pool.map(lambda argv: subprocess.run(argv, **options), commands))
     return run

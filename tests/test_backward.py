@@ -304,7 +304,7 @@ def _put(x, b, h, index, rows, value, add=False):
 
 def _seen_lse(lse):
     """The kernels' `_seen_lse`: a row that saw no key (LSE -inf) taken as LSE +inf."""
-    return np.where(lse > -np.inf, lse, np.inf)
+    return np.where(lse != -np.inf, lse, np.inf)
 
 
 def _sequence_views(row, columns, q_side, kv_side):
@@ -327,7 +327,9 @@ def _emulate(launch: BackwardLaunch, q, k, v, do, out, lse, scale, deterministic
     M, N = p.tile_m, p.tile_n
     delta = (do * out).sum(-1)
     dq_acc = np.zeros(q.shape)
-    dk, dv = np.zeros(k.shape), np.zeros(k.shape)
+    # NaN as the kernels' empty dK/dV: a K/V tile no item stores shows, even where its true
+    # gradient is 0 (keys no query sees, a sequence without queries)
+    dk, dv = np.full(k.shape, np.nan), np.full(k.shape, np.nan)
     for row in launch.work_table:
         (qs, dos, lses, deltas, dqs), (ks, vs, dks, dvs) = (
             [q, do, lse, delta, dq_acc], [k, v, dk, dv])

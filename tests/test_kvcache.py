@@ -376,7 +376,8 @@ def test_every_cache_binary_compiles_for_sm90():
     (["--rounds", "2"], "--rounds"),
     (["--sweep-splits", "0"], "--sweep-splits"),
     (["--sweep-splits", "8,x"], "--sweep-splits"),
-    (["--sweep-ctas-per-sm", "9"], "--sweep-ctas-per-sm"),
+    (["--sweep-ctas-per-sm", "5"], "--sweep-ctas-per-sm"),
+    (["--sweep-splits", "\u00b2"], "--sweep-splits"),
 ])
 def test_bench_decode_names_its_bad_flags(argv, expected):
     from click.testing import CliRunner

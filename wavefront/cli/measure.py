@@ -284,7 +284,7 @@ def _decode_variants(splits: str, ctas_per_sm: str) -> dict:
             part = part.strip()
             if part == "auto":
                 out.append(None)
-            elif part.isdigit() and 1 <= int(part) <= upper:
+            elif part.isdecimal() and part.isascii() and 1 <= int(part) <= upper:
                 out.append(int(part))
             else:
                 raise click.BadParameter(f"expected integers in [1, {upper}] or 'auto', comma-"

@@ -124,7 +124,7 @@ def _seen_lse(lse):
     causal with seqlen_q > seqlen_kv) has the forward's LSE -inf, taken as +inf here (as
     FlashAttention 2 writes it), so its masked scores give P = 2^(-inf - inf) = 0, not
     2^(-inf + inf) = NaN: its dQ is 0 and it adds nothing to dK, dV."""
-    return ct.where(lse > -np.inf, lse, np.inf)
+    return ct.where(lse != -np.inf, lse, np.inf)  # (a NaN stays NaN: not silenced to 0)
 
 
 def _q_tile_step(Q, dOut, Lse, Delta, dQacc, k, v, dk, dv, batch, head, kv_tile, q_tile,

@@ -35,9 +35,11 @@ from wavefront.point import DTYPES, HEAD_DIMS
 
 CHECK_LENGTHS_ENV = "WAVEFRONT_CHECK_LENGTHS"
 STATE_CACHE_SIZE = 64
-# The most resident attention CTAs per SM a bench may ask for (`ctas_per_sm`): past it the
-# tiles' shared memory cannot fit an SM on Hopper.
-MAX_CTAS_PER_SM = 8
+# The most resident attention CTAs per SM a bench may ask for (`ctas_per_sm`). Compiled with
+# tileiras 13.4 for sm_90, the D128 split binary fits 2-5 per SM (254-96 registers, 99-34 KB),
+# but asked for 6 or 8 it comes back at 255 registers and 145 KB, one per SM (the launch would
+# then run sms x 6 CTAs in waves under a "6 per SM" label), and D64 at 8 does not compile.
+MAX_CTAS_PER_SM = 4
 LOG2_E = 1.0 / math.log(2.0)
 
 
