@@ -39,7 +39,7 @@ from wavefront.model.simulation import (
 from wavefront.point import SECTOR_BYTES
 from wavefront.schedules import (
     WORK_BATCH, WORK_CHUNK, WORK_HEAD, WORK_MASKED_HI, WORK_MASKED_LO, WORK_Q_TILE,
-    WORK_SCAN_COUNT, WORK_SCAN_START, WORK_SCAN_STEP, Launch, causal_diagonal, kv_tile_span)
+    WORK_SCAN_COUNT, WORK_SCAN_START, WORK_SCAN_STEP, Launch, kv_tile_span)
 
 
 @dataclass(frozen=True)
@@ -476,13 +476,16 @@ MAX_TIMED_STEPS = 3_000_000_000
 def timed_cost(launch: Launch) -> tuple[int, int]:
     """(bytes the simulation allocates, K/V steps it simulates) for one launch: the LRU's
     per-partition arrays over every tile id (three of 8 bytes and a flag, per partition, plus
-    the line sizes) and the work table's steps."""
+    the line sizes) and the work table's steps (a dense launch's counted from its problem,
+    `dense_steps`: its table is not built to be refused)."""
     p = launch.problem
     n_ids = (p.kv_units * p.kv_tiles + 2 * p.batch * p.heads * p.q_tiles
              + (p.batch * p.heads * p.q_tiles * launch.n_chunks
                 if launch.kv.writes_partials else 0))
     table_bytes = launch.num_items * 8 * 16
-    steps = int(_item_steps_of(launch).sum())
+    steps = dense_steps(launch)
+    if steps is None:
+        steps = int(_item_steps_of(launch).sum())
     return 2 * n_ids * (3 * 8 + 1) + 8 * n_ids + table_bytes + 4 * 8 * launch.num_items, steps
 
 
@@ -499,8 +502,7 @@ def dense_steps(launch: Launch) -> int | None:
         return None
     p = launch.problem
     visited, _ = kv_tile_span(np.arange(p.q_tiles), p.tile_m, p.tile_n, p.seqlen_q,
-                              p.seqlen_kv, p.causal,
-                              causal_diagonal(p.seqlen_q, p.seqlen_kv, p.causal_alignment))
+                              p.seqlen_kv, p.causal, p.diagonal)
     # (without the causal mask every Q tile visits all K/V tiles: one number, broadcast)
     return p.batch * p.heads * int(np.broadcast_to(visited, (p.q_tiles,)).sum())
 
@@ -509,9 +511,7 @@ def check_timed(launch: Launch, memory_bytes: int | None = None) -> float:
     """Refuse, before allocating, a launch the timed model cannot hold in memory or would take
     hours on; -> its expected seconds here (for a progress message)."""
     from wavefront.model.simulation import available_memory_bytes
-    steps = dense_steps(launch)
-    if steps is None or steps <= MAX_TIMED_STEPS:  # (else refused without the table)
-        need, steps = timed_cost(launch)
+    need, steps = timed_cost(launch)
     memory = memory_bytes or available_memory_bytes()
     if steps > MAX_TIMED_STEPS:
         raise ValueError(f"this launch has {steps:.3g} K/V steps, more than the "
