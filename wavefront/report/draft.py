@@ -89,6 +89,19 @@ def kernel_generation(run: dict) -> str:
         "table-driven"
 
 
+def kernel_commits(study: Study, datasets) -> str:
+    """'commit bec3861' (or 'commits a, b'): the kernel commits the data sets' manifests name,
+    for prose that says which kernel measured them."""
+    commits = sorted({str(run.get("git_commit", "?"))[:7]
+                      for name in datasets
+                      for folder in {path.parent for path in (study.data_dir / name).glob(
+                          f"**/{MANIFEST_FILE}*")}
+                      for run in _runs_of(manifest_path(folder))})
+    if not commits:
+        return "commit unknown"
+    return ("commit " if len(commits) == 1 else "commits ") + ", ".join(commits)
+
+
 def measured_with(study: Study, datasets, records=()) -> str:
     """One line naming the kernel commits (per GPU) behind a section's data sets; data from
     before the table-driven kernel is named as the first kernel's, so no reader takes it for
