@@ -149,6 +149,13 @@ def table(study) -> pd.DataFrame:
     return t
 
 
+CAPTION = ("The paper's launch (B8 H1 S128k D64 bf16, 64x64 tiles, 48 persistent CTAs, causal "
+           "and non-causal) on the H100 and H200 with L2 held by persisting lines, against the "
+           "L2 left to it (MiB, as the probe measures it): sawtooth's DRAM reads against "
+           "linear's (%, Nsight Compute) and its TFLOP/s against linear's (%, the median of 6 "
+           "paired rounds with its 95% interval).")
+
+
 def figure(study):
     t = table(study)
     gpus = ", ".join(sorted(set(t["GPU"])))

@@ -1,4 +1,4 @@
-"""Does sawtooth speed up the paper's own launch on Hopper, with today's kernel?
+"""Does sawtooth speed up the paper's own launch on Hopper, with the table-driven kernel?
 
 The paper (arXiv 2601.16032) reports its gains on GB10 at B=8 H=1 S=128k D=64, 64x64 tiles,
 persistent CTAs, one per SM, 48 of them. Here that launch verbatim, causal and not, sawtooth

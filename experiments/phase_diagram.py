@@ -296,6 +296,7 @@ def _bandwidth_reach(m: pd.DataFrame) -> float:
 
 
 def section(study) -> Section:
+    measured = measured_points(study)  # first: data missing fails before the model runs
     g = grid(study)
     m = g[g["slice"] == "map"]
     gpus = gpu_points(study)
@@ -317,7 +318,6 @@ def section(study) -> Section:
     at_gpu = pd.DataFrame(at_gpu)
     gains = dict(zip(at_gpu["GPU"], at_gpu["_gain"]))
     at_gpu = at_gpu.drop(columns="_gain")
-    measured = measured_points(study)
     wide = measured[measured["binary"] == "128x64"]
     hinted = measured[measured["binary"] == "64x64 kv_latency=10"]
     measured_shown = pd.DataFrame({

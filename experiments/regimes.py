@@ -201,9 +201,8 @@ def section(study) -> Section:
             f"change is {best['ratio'] - 1:+.1%} ({best['regime']}, {best['GPU']}, "
             f"{best['configuration']}). With no change anywhere, about {chance:.1f} would "
             f"exclude it by chance (up to {chance_bound(len(c), chance / len(c))} in 95% of such "
-            f"sets); {len(beyond)} exclude it by more than 1%: "
-            + "; ".join(sorted(set(beyond["regime"] + " " + beyond["GPU"] + " "
-                                   + beyond["configuration"]))),
+            f"sets); {len(beyond)} exclude it by more than 1% ("
+            + ", ".join(f"{r}: {n}" for r, n in beyond.groupby("regime").size().items()) + ")",
             c["regime"].nunique() == len(REGIMES) and c["GPU"].nunique() == 2
             and bool((pairs >= 6).all()),
             c.to_dict("records"))

@@ -231,13 +231,17 @@ def compute(study: Study, experiments) -> DraftNumbers:
     loose = (front_matter.LOOSE_FIGURES_APPENDIX
              if front_matter.LOOSE_FIGURES_APPENDIX in appendices else next(reversed(appendices),
                                                                             None))
-    for index, (name, names) in enumerate(appendices.items()):
+    # the appendix that takes the figures no section shows is built last (its letter kept), so
+    # a figure shown by a later appendix's section is not also shown there as loose
+    for index, (name, names) in sorted(enumerate(appendices.items()),
+                                       key=lambda item: item[1][0] == loose):
         letter = chr(ord("A") + index)
         numbering.prefix = letter
         numbering.directory = "figures/appendix"
         body = sections(n, study, experiments, names=names, numbering=numbering)
         n.appendices[name] = front_matter.appendix(letter, name, body, study, experiments,
                                                    numbering, with_loose_figures=name == loose)
+    n.appendices = {name: n.appendices[name] for name in appendices}
     n.values["appendix_list"] = ", ".join(
         f"[{chr(ord('A') + i)}](appendix_{name}.md) {front_matter.APPENDIX_TITLES.get(name, name)}"
         for i, name in enumerate(getattr(experiments, "appendices", {})))
