@@ -20,7 +20,7 @@ import seaborn as sns
 
 from wavefront.report.analysis import sawtooth_vs_linear_by_repeat, speed_change, timing
 from wavefront.model.presets import gpu_preset
-from wavefront.report.draft import Section, change_with_range, kernel_commits, md_table
+from wavefront.report.draft import Section, change_with_range, md_table
 from wavefront.report.experiments import run_as_script
 from wavefront.report.figures import short_gpu
 
@@ -202,8 +202,8 @@ def section(study) -> Section:
 
 B=1, 32 query heads over 8 K/V heads, S=32k, D=128, causal, 128x64 tiles: the K/V of all heads
 together is {kv_mib * kv_heads:.0f} MiB, {", ".join(f"{kv_mib * kv_heads / mib:.1f}x the {g}'s {mib:.0f} MiB L2" for g, mib in l2.items())}
-(one K/V head's: {kv_mib:.0f} MiB) (`experiments/causal_gqa.py`; the table-driven kernel at
-{kernel_commits(study, ["causal_gqa"])}, {int(t["repeats"].min())} repeats, counters and timing;
+(one K/V head's: {kv_mib:.0f} MiB) (`experiments/causal_gqa.py`; the table-driven kernel,
+commits below, {int(t["repeats"].min())} repeats, counters and timing;
 sawtooth against linear paired by repeat, in brackets the range over repeats). Persistent
 grid-stride works through one head's Q tiles at a time, longest_first puts every head's longest
 tiles in flight together, grouped_dynamic runs L2-sized groups of heads. Persistent and

@@ -149,11 +149,9 @@ def table(study) -> pd.DataFrame:
     return t
 
 
-CAPTION = ("The paper's launch (B8 H1 S128k D64 bf16, 64x64 tiles, 48 persistent CTAs, causal "
-           "and non-causal) on the H100 and H200 with L2 held by persisting lines, against the "
-           "L2 left to it (MiB, as the probe measures it): sawtooth's DRAM reads against "
-           "linear's (%, Nsight Compute) and its TFLOP/s against linear's (%, the median of 6 "
-           "paired rounds with its 95% interval).")
+CAPTION = ("Sawtooth against linear in DRAM reads (%, Nsight Compute) and TFLOP/s (%; 6 paired "
+           "rounds, 95% interval) against the L2 left (MiB, by the probe) at the paper's launch "
+           "(B8 H1 S128k D64 bf16, 48 persistent CTAs), H100 and H200.")
 
 
 def figure(study):

@@ -256,7 +256,7 @@ def section(study) -> Section:
     first_n, today_n = lin[lin["kernel"] == FIRST], lin[lin["kernel"] == TODAY]
     s.claim(f"In each kernel's own profile harness, on one H100 within the hour, the first "
             f"kernel read {span(first['DRAM GB'], '.2f')} GB at B1 H1 S256k D128 "
-            f"persistent+linear ({len(first)} launches) and today's "
+            f"persistent+linear ({len(first)} launches) and the table-driven kernel's "
             f"{span(today['DRAM GB'])} GB ({len(today)} launches): {ratio[0]:.0f}-"
             f"{ratio[1]:.0f}x as much.",
             today["DRAM GB"].min() > 4 * first["DRAM GB"].max(),
@@ -313,7 +313,7 @@ def section(study) -> Section:
                          "local_bytes") if old[k] == new[k]]
     s.claim("The binaries' K/V loops are alike, as the launches above say they behave: the "
             f"same TMA loads, warpgroup MMAs and their waits, registers, shared memory and no "
-            f"spills ({', '.join(alike)} equal); today's adds the work table's loads.",
+            f"spills ({', '.join(alike)} equal); the table-driven kernel adds the work table's loads.",
             len(alike) == 6 and new["LDG"] > old["LDG"], f"first {old}, today {new}")
     shown_h = pd.DataFrame({
         "GPU": list(h["GPU"]) + list(st["GPU"]),

@@ -204,12 +204,12 @@ def section(study) -> Section:
         ("and its DRAM traffic is under 2% of the GPU's datasheet bandwidth",
          bool((rates["of DRAM bandwidth"] < 0.02).all()),
          f"fractions {rates['of DRAM bandwidth'].round(4).tolist()}"),
-        ("The range over pairs of repeats understates how far the saving moves between data "
-         "sets: the same non-causal launch (nothing held, nothing beside) read "
+        ("The range over repeats understates how far the saving moves between data sets: the "
+         "same non-causal launch read "
          + "; ".join(f"{r.GPU} {r.paper_launch:+.0%} here, {r.exposure_small_l2:+.0%} in "
                      f"exposure_small_l2 and {r.warp_states:+.0%} in warp_states"
                      for r in across.itertuples())
-         + " (each data set its own one-pass ncu launches): the spread across the three is "
+         + ": across the three, "
          + ", ".join(f"{r.GPU} {min(r.paper_launch, r.exposure_small_l2, r.warp_states):+.0%} "
                      f"to {max(r.paper_launch, r.exposure_small_l2, r.warp_states):+.0%}"
                      for r in across.itertuples()),

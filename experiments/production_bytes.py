@@ -78,11 +78,9 @@ def table(study) -> pd.DataFrame:
     return t
 
 
-CAPTION = ("DRAM reads over the compulsory bytes (Q, K and V read once) of cuDNN's and "
-           "FlashAttention-2's forward kernels (torch SDPA), TileGym's cuTile FMHA and ours "
-           "(linear and sawtooth scans), bf16 D64, at the paper's launch (B8 H1 S128k) and at B1 "
-           "H1 S128k and S256k, each launch profiled alone from a cold L2 by Nsight Compute on "
-           "the H100 and H200.")
+CAPTION = ("DRAM reads over the compulsory bytes of cuDNN, FlashAttention-2 (torch SDPA), "
+           "TileGym's cuTile FMHA and ours, bf16 D64, at B8 H1 S128k and B1 H1 S128k/S256k; "
+           "cold-L2 Nsight Compute on the H100 and H200.")
 
 
 def figure(study):

@@ -194,7 +194,7 @@ def section(study) -> Section:
     beyond = c[(c["lo"] > 1 + PRACTICAL_MARGIN) | (c["hi"] < 1 - PRACTICAL_MARGIN)]
     s.claim(f"Over {len(c)} configurations of the {len(REGIMES)} regimes on the two GPUs, sawtooth's "
             f"interval lies above no change in {len(faster)}"
-            + (f" ({'; '.join(faster['regime'] + ' ' + faster['GPU'] + ' ' + faster['configuration'])};"
+            + (f" ({', '.join(f'{r}: {n}' for r, n in faster.groupby('regime').size().items())};"
                f" by {(faster['ratio'] - 1).min():+.1%} to {(faster['ratio'] - 1).max():+.1%})"
                if len(faster) else "")
             + f" and below it in {int((c['hi'] < 1).sum())}; its best median "
@@ -241,7 +241,7 @@ probability: 1/32 at 6 pairs) (`experiments/regimes.py`, from the regimes' own
 data; each regime's own section: {where_text}). The pairs are bench rounds in a, b and f-h and
 sweep repeats in c-e (a repeat times every point once, so its two scans ran side by side).
 
-{md_table(t)}
+{md_table(t.drop(columns="paired by"))}
 
 {s.claims[0].text}. Configurations with too few rounds kept for an interval are left out of
 the count ({', '.join(f'{k}: {v}' for k, v in NO_INTERVAL.items()) or 'none'}; each regime's

@@ -130,11 +130,10 @@ def figure(study):
     return g.figure
 
 
-CAPTION = ("Warp states of the paper's launch under Nsight Compute (B8 H1 S128k D64 bf16, "
-           "non-causal, 64x64 tiles, 48 persistent CTAs): warps stalled per issued instruction "
-           "for the top stall reasons, linear against sawtooth, on the H100 and H200 at the "
-           "default hint with nothing held and with the most L2 a context may hold taken away, "
-           "and with the kv_latency=10 hint on the H200 only; ncu replay, not a timing.")
+CAPTION = ("Warps stalled per issued instruction, top stall reasons, linear against sawtooth, "
+           "under Nsight Compute replay (not a timing) at the paper's launch (B8 H1 S128k D64 "
+           "bf16 non-causal, 48 persistent CTAs) on the H100 and H200; kv_latency=10 on the "
+           "H200 only.")
 
 
 def section(study) -> Section:
