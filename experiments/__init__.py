@@ -39,3 +39,12 @@ APPENDICES = {
     "model": ("timed_model",),
     "backward": ("backward_bench",),
 }
+
+
+def appendix_of(name: str) -> str:
+    """'Appendix F': the appendix an experiment's section is rendered into (the letters follow
+    APPENDICES' order, as the draft assigns them)."""
+    for index, (appendix, names) in enumerate(APPENDICES.items()):
+        if name in names:
+            return f"Appendix {chr(ord('A') + index)}"
+    raise ValueError(f"{name!r}: in no appendix of APPENDICES")

@@ -43,7 +43,7 @@ schedule = ["grid+linear", "grid+sawtooth", "persistent+linear", "persistent+saw
 """
 
 
-CAPTION = ("The schedule ablation on each GPU (today's kernel; every CTA order at B=1 H=1 "
+CAPTION = ("The schedule ablation on each GPU (the table-driven kernel; every CTA order at B=1 H=1 "
            "S=128k and B=8 H=16 S=16k, D=64 and 128, 64x64 and 128x64 tiles, causal and not): "
            "one marker per configuration, sawtooth's DRAM reads against linear's (x, median "
            "of the per-repeat ratios) and its TFLOP/s against linear's (y, median, whiskers "
@@ -133,14 +133,14 @@ def section(study) -> Section:
     s.text = f"""## The ablation, paired: where sawtooth runs faster on Hopper
 
 Every CTA schedule with linear and sawtooth scans, causal and not, D=64 and 128, 64x64 and
-128x64 tiles, at B=1 H=1 S=128k and B=8 H=16 S=16k (`experiments/ablation.py`; today's kernel,
+128x64 tiles, at B=1 H=1 S=128k and B=8 H=16 S=16k (`experiments/ablation.py`; the table-driven kernel,
 H100 and H200, {int(t['repeats'].min())} repeats, counters and timing). Sawtooth against linear
 paired by repeat; in brackets the range over the repeats ({int(t['repeats'].min())} pairs, not a
 confidence interval). The configurations where every repeat of sawtooth was faster:
 
 {md_table(shown)}
 
-{s.claims[-1].text} The ranges rest on {reps} pairs each: a lead, not yet a regime.
+{s.claims[-1].text} The ranges rest on {reps} pairs each: leads to measure again, not a regime.
 
 ![ablation](figures/ablation.png)"""
     return s

@@ -278,10 +278,10 @@ def predictions(study) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-CAPTION = ("The backward pass on one GPU (bf16, the forward's bench shapes, D64 and D128, "
-           "full and causal): each contender's speed over cuDNN's backward (cuDNN's time over "
-           "its own, paired by round; 1 = cuDNN, dashed); bars are medians over rounds, "
-           "whiskers their distribution-free 95% intervals.")
+CAPTION = ("The backward pass on the H200, the one GPU measured (bf16, the forward's bench "
+           "shapes, D64 and D128, full and causal): each contender's speed over cuDNN's "
+           "backward (cuDNN's time over its own, paired by round; 1 = cuDNN, dashed); bars are "
+           "medians over rounds, whiskers their distribution-free 95% intervals.")
 
 
 def figure(study):

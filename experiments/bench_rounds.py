@@ -122,7 +122,7 @@ def section(study) -> Section:
             f"both scan directions into the kernel: at D=128 the one binary runs "
             f"{-cost[1]:.0%}-{-cost[0]:.0%} below the best specialisation, the level of the "
             "specialised sawtooth, which carries both directions too (first-kernel rounds: "
-            "today's kernel is measured in the schedule_cost section).",
+            "the table-driven kernel is measured in the schedule_cost section).",
             one <= 0.03 and spec > 0.1 and cost[1] < -0.1, f"one {one}, spec {spec}, cost {cost}")
     s.text = f"""## The bench, interleaved (H100)
 

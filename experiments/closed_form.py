@@ -13,6 +13,12 @@ from wavefront.report.figures import schedule_label, seqlen_axis, short_gpu
 DATASETS = ("schedules_vs_seqlen",)
 
 
+CAPTION = ("SM-side L2 read sectors measured by Nsight Compute over the closed-form count "
+           "(ratio; 1 = the closed form, dashed) against the sequence length, causal and not, "
+           "on the H100 and H200 (B=1 H=1 bf16, 128x64 tiles, D64 and D128; band: the spread "
+           "over the 4 CTA and K/V schedules).")
+
+
 def _draw(df: pd.DataFrame):
     d = df.copy()
     d["GPU"] = d["gpu"].map(short_gpu)

@@ -35,7 +35,7 @@ schedule = ["persistent+linear", "persistent+sawtooth"]
 
 
 CAPTION = ("Few CTAs in flight on each GPU (persistent grid, B=1 H=1 S=128k D=64 bf16, 128x64 "
-           "tiles, today's kernel). Left: DRAM reads over the compulsory bytes per K/V scan "
+           "tiles, the table-driven kernel). Left: DRAM reads over the compulsory bytes per K/V scan "
            "(median, band the range over repeats). Right: sawtooth's TFLOP/s against linear's, "
            "the median paired change with the range over repeats.")
 
@@ -113,10 +113,10 @@ def section(study) -> Section:
             "slows DRAM for it).",
             bool((few_cut > 0.5).all() and (speed.abs() <= 0.02).all()), t.to_dict())
     reps = int(t["repeats"].min())
-    s.text = f"""## Few CTAs in flight (today's kernel)
+    s.text = f"""## Few CTAs in flight (the table-driven kernel)
 
 A persistent grid of 8 to 264 CTAs at B=1 H=1 S=128k D=64, 128x64 tiles
-(`experiments/ctas_in_flight.py`; today's kernel, H100 and H200, {reps} repeats, counters and
+(`experiments/ctas_in_flight.py`; the table-driven kernel, H100 and H200, {reps} repeats, counters and
 timing):
 
 {md_table(shown)}

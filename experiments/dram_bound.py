@@ -101,7 +101,7 @@ def sawtooth_vs_linear(study, table: pd.DataFrame) -> pd.DataFrame:
 
 
 CAPTION = ("A DRAM-bound regime built on purpose, per GPU (B=1, S=8192, D=64, 64x64 tiles, "
-           "longest-first, today's kernel): TFLOP/s of linear and sawtooth per head count "
+           "longest-first, the table-driven kernel): TFLOP/s of linear and sawtooth per head count "
            "(median, whiskers the range over repeats; dashed: the throughput model, fitted in "
            "sample) and linear's DRAM read rate against the datasheet bandwidth.")
 
@@ -142,7 +142,7 @@ def figure(study):
     axes[0][0].plot([], [], ls="--", color="gray", label="throughput model (fitted in sample)")
     axes[0][0].legend(fontsize=9)
     axes[0][1].legend(fontsize=9)
-    fig.suptitle(f"Where DRAM binds, today's kernel on {', '.join(gpus)}: longest-first runs "
+    fig.suptitle(f"Where DRAM binds, the table-driven kernel on {', '.join(gpus)}: longest-first runs "
                  "heads fastest, so each CTA streams its own head's K/V")
     fig.tight_layout()
     return fig
@@ -212,9 +212,9 @@ def section(study) -> Section:
                                    == -np.sign(big["DRAM, sawtooth vs linear"])).all()),
             f"{big.to_dict()}")
     reps = int(study.load("dram_bound").groupby(["gpu", "point", "measurement"])["repeat"].nunique().min())
-    s.text = f"""## Where DRAM binds (today's kernel)
+    s.text = f"""## Where DRAM binds (the table-driven kernel)
 
-A DRAM-bound regime built on purpose (`experiments/dram_bound.py`; today's kernel, H100 and
+A DRAM-bound regime built on purpose (`experiments/dram_bound.py`; the table-driven kernel, H100 and
 H200, {reps} repeats): longest-first
 order runs heads fastest, so with many heads every CTA streams its own head's K/V. Sawtooth
 against linear under longest-first; TFLOP/s paired by repeat (a repeat times every point once,

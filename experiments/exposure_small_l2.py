@@ -149,6 +149,11 @@ def table(study) -> pd.DataFrame:
     return t
 
 
+CAPTION = ("Sawtooth against linear in DRAM reads (%, Nsight Compute) and TFLOP/s (%; 6 paired "
+           "rounds, 95% interval) against the L2 left (MiB, by the probe) at the paper's launch "
+           "(B8 H1 S128k D64 bf16, 48 persistent CTAs), H100 and H200.")
+
+
 def figure(study):
     t = table(study)
     gpus = ", ".join(sorted(set(t["GPU"])))

@@ -1,6 +1,6 @@
 """Why did one launch read 1.3 GB of DRAM in one measurement and 7-19 GB in the others?
 
-The question began as "why does today's kernel read several times the first kernel's bytes";
+The question began as "why does the table-driven kernel read several times the first kernel's bytes";
 PM sampling of both kernels in one harness answered that it is the first kernel's own profile
 harness, and showed where the traffic comes from over a launch (`wavefront timeline`).
 
@@ -14,7 +14,7 @@ PM sampling, and the first kernel's own harness once more beside them, on an H10
 (`kernel_drift_timeline`, the commands below). The two binaries' SASS is in
 data/kernel_drift/sass.json with the commands that read it.
 
-    python experiments/kernel_drift.py run            # on a GPU: today's kernel, both sets
+    python experiments/kernel_drift.py run            # on a GPU: the table-driven kernel, both sets
     python experiments/kernel_drift.py plot --out DIR # anywhere: the figure, from data/
     # the first kernel: git archive 36a0e28 wavefront | tar -x -C old_kernel; cd old_kernel;
     # python -m wavefront.cli profile --heads 1 --seqlen 262144 --head-dim 128 --tile 128x64 \
@@ -64,7 +64,7 @@ DATASETS = ("kernel_drift", "kernel_drift_first", "kernel_drift_order")
 RECORDS = ("kernel_drift_timeline",)
 DRAM_SERIES = "pmsampling:dram__bytes_read.sum"
 FIRST = "first kernel (36a0e28)"
-TODAY = "today's kernel"
+TODAY = "the table-driven kernel"
 
 
 def launches(study) -> pd.DataFrame:
@@ -256,7 +256,7 @@ def section(study) -> Section:
     first_n, today_n = lin[lin["kernel"] == FIRST], lin[lin["kernel"] == TODAY]
     s.claim(f"In each kernel's own profile harness, on one H100 within the hour, the first "
             f"kernel read {span(first['DRAM GB'], '.2f')} GB at B1 H1 S256k D128 "
-            f"persistent+linear ({len(first)} launches) and today's "
+            f"persistent+linear ({len(first)} launches) and the table-driven kernel's "
             f"{span(today['DRAM GB'])} GB ({len(today)} launches): {ratio[0]:.0f}-"
             f"{ratio[1]:.0f}x as much.",
             today["DRAM GB"].min() > 4 * first["DRAM GB"].max(),
@@ -279,7 +279,7 @@ def section(study) -> Section:
             f"the old harness, the others with torch's inputs) "
             f"read {span(first_n['DRAM GB'])} GB, wrote no more than its output to the L2 where "
             f"counted ({span(writes * 1e3, '.0f')} MB) and took "
-            f"{span(first_n['ms under ncu'])} ms, as today's kernel there "
+            f"{span(first_n['ms under ncu'])} ms, as the table-driven kernel there "
             f"({len(today_n)} launches, {span(today_n['DRAM GB'])} GB, "
             f"{span(today_n['ms under ncu'])} ms). What in that harness wrote the extra "
             "bytes is not identified; it slowed the launch and kept its CTAs together.",
@@ -313,7 +313,7 @@ def section(study) -> Section:
                          "local_bytes") if old[k] == new[k]]
     s.claim("The binaries' K/V loops are alike, as the launches above say they behave: the "
             f"same TMA loads, warpgroup MMAs and their waits, registers, shared memory and no "
-            f"spills ({', '.join(alike)} equal); today's adds the work table's loads.",
+            f"spills ({', '.join(alike)} equal); the table-driven kernel adds the work table's loads.",
             len(alike) == 6 and new["LDG"] > old["LDG"], f"first {old}, today {new}")
     shown_h = pd.DataFrame({
         "GPU": list(h["GPU"]) + list(st["GPU"]),

@@ -32,7 +32,7 @@ schedule = ["persistent+linear", "persistent+sawtooth"]
 
 
 CAPTION = ("DRAM reads against S on each GPU and head dimension (B=1 H=1 bf16, 128x64 tiles, "
-           "persistent CTAs, today's kernel): median and range over repeats, red rings where "
+           "persistent CTAs, the table-driven kernel): median and range over repeats, red rings where "
            "repeats disagree by more than 10%; dotted, the partition model, which fits "
            "nothing (out of sample).")
 

@@ -1,4 +1,4 @@
-"""When does the sawtooth scan pay? Its predicted speed-up over DRAM bandwidth per SM, DRAM latency, step time, K/V steps in flight and L2 left.
+"""When does the sawtooth scan pay? Its predicted speed-up over DRAM bandwidth per CTA, DRAM latency, step time, K/V steps in flight and L2 left.
 
 The timed model (`wavefront.model.timed`) on a scaled copy of the paper's launch: 48 persistent
 CTAs, one per SM, B2 H1 S16k D64, 64x64 tiles, one LRU of 3 MiB, so one head's K/V (4 MiB) is
@@ -9,7 +9,9 @@ L2 left to the launch. Speed-up = linear time / sawtooth time - 1. The four GPUs
 their own parameters: H100 and H200 at the paper's 48-CTA launch (the bandwidth of the whole
 DRAM over 48 CTAs, the measured step of D64 64x64 at one CTA per SM), GB10 at its calibrated
 step (experiments/timed_model.py: from the paper's own linear throughput) and B200 projected
-(guessed latencies, marked). Nothing is measured by this file: a model's map, not data.
+(guessed latencies, marked). Nothing is measured by this file: a model's map, not data; the
+measured one-step binaries of `exposure_latency` (128x64 tiles, the kv_latency=10 hint) are set
+on it at their measured step, with what they measured.
 
     python experiments/phase_diagram.py plot --out DIR # anywhere: figure and table
 """
@@ -28,11 +30,13 @@ from wavefront.model.presets import PRESETS
 from wavefront.model.timed import ComputeTiming, MemoryTiming, simulate_timed
 from wavefront.point import plan
 from wavefront.report.analysis import cached_table
-from wavefront.report.draft import Claim, Section, md_table, paragraphs
+from wavefront.report.draft import Claim, Section, md_table, paragraphs, span
 from wavefront.report.experiments import run_as_script
 from wavefront.report.figures import plain_log
 
 DATASETS = ()
+RECORDS = ("exposure_latency",)  # the measured binaries set on the map
+MEASURED_VARIANTS = ("128x64", "64x64 kv_latency=10")
 SMS = 48
 SHAPE = (2, 1, 16384, 64)
 L2_MIB = 3.0  # one head's K/V is 4 MiB: 1.33x the L2, the paper's ratio on GB10
@@ -131,6 +135,47 @@ def gpu_points(study) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+def _package():
+    import importlib
+    return importlib.import_module(__package__ or "experiments")
+
+
+def _module(name):
+    import importlib
+    return importlib.import_module(f"{__package__ or 'experiments'}.{name}")
+
+
+def measured_points(study) -> pd.DataFrame:
+    """The measured one-step binaries (exposure_latency, alone, non-causal) at their own GPU's
+    bandwidth per CTA and DRAM latency, their measured step and K/V steps in flight (SASS): the
+    map's prediction there beside what they measured."""
+    pipe = _module("exposure_latency").pipeline(study)
+    rows = []
+    for _, r in pipe[pipe["variant"].isin(MEASURED_VARIANTS)].iterrows():
+        g = PRESETS[r["GPU"].lower()]
+        depth, step_ns = int(r["K/V steps ahead (SASS)"]), r["step us"] * 1e3
+        pred = speedup(g.dram_read_bytes_per_s / 1e9 / SMS, step_ns, g.dram_latency_ns, depth)
+        rows.append({"GPU": r["GPU"], "binary": r["variant"], "K/V steps in flight": depth,
+                     "step ns": step_ns, "DRAM ns": g.dram_latency_ns,
+                     "bandwidth_gbs_per_sm": g.dram_read_bytes_per_s / 1e9 / SMS,
+                     "predicted": pred["speed-up"], "measured": r["sawtooth vs linear"] - 1,
+                     "lo": r["lo"] - 1, "hi": r["hi"] - 1})
+    return pd.DataFrame(rows)
+
+
+def model_skill(study) -> dict:
+    """Appendix G's two scores of the model's time side, with the functions it uses: the
+    correlation of predicted with measured sawtooth/linear time ratios over every measured pair,
+    and, of the regime configurations whose interval excludes no change, how many have a
+    prediction of the measured sign."""
+    from wavefront.report import timed
+    timed_model = _module("timed_model")
+    skill = timed.ratio_skill(timed.sawtooth_pairs(timed.baseline_rows(study)))
+    checked = timed_model.sign_size_check(timed_model.regime_predictions(study))
+    return {"pairs": skill["pairs"], "time pearson": skill["time pearson"],
+            "excluding no change": len(checked), "right sign": int(checked["right sign"].sum())}
+
+
 def _gb10_step(study):
     """GB10's step calibrated from the paper's non-causal linear throughput, where the timed
     model's experiment has computed it (None otherwise)."""
@@ -151,6 +196,7 @@ def table(study) -> pd.DataFrame:
 
 
 def figure(study):
+    measured = measured_points(study)
     g = grid(study)
     m = g[g["slice"] == "map"]
     gpus = gpu_points(study)
@@ -180,6 +226,17 @@ def figure(study):
                 ax.annotate(r["GPU"], (x, y), xytext=(-40, 6 + 10 * (k % 2)),
                             textcoords="offset points",
                             fontsize=8, weight="bold")
+            row = min(DRAM_NS, key=lambda d: abs(d - measured["DRAM ns"].mean())) \
+                if len(measured) else None
+            for k, r in enumerate(measured.itertuples()):
+                if depth != r._3 or dram_ns != row:
+                    continue
+                x = np.interp(np.log(r.bandwidth_gbs_per_sm), np.log(cols),
+                              np.arange(len(cols))) + 0.5
+                y = np.interp(-r._4, [-s for s in idx], np.arange(len(idx))) + 0.5
+                ax.plot(x, y, marker="o", ms=9, mfc="none", mec="k", mew=1.5)
+                ax.annotate(str(k + 1), (x, y), xytext=(-14 - 10 * (k % 2), 6),
+                            textcoords="offset points", fontsize=9, weight="bold")
     l2 = g[g["slice"] == "l2"].assign(**{"L2 left (fraction of 3 MiB)": lambda d: d["l2_left"]})
     for i in range(len(DRAM_NS)):
         ax = axes[i, -1]
@@ -201,6 +258,12 @@ def figure(study):
         f"{r.GPU}: {r.bandwidth_gbs_per_sm:.0f} GB/s per CTA, {r.dram_ns:.0f} ns, "
         f"step {r.step_ns:.0f} ns\n  ({r.source})" for r in gpus.itertuples()),
         fontsize=8, va="top", transform=axes[1, -1].transAxes)
+    axes[2, -1].text(0, 0.9, "Measured one-step binaries (circles; 1-step panel,\nnearest "
+                     "latency; above 80 GB/s drawn at 80):\n" + "\n".join(
+        f"{k + 1}: {r.GPU} {r.binary}, step {r._4:.0f} ns:\n   predicted "
+        f"{r.predicted:+.0%}, measured {r.measured:+.0%}" for k, r in enumerate(measured.itertuples())),
+        fontsize=8, va="top", transform=axes[2, -1].transAxes)
+    axes[2, -1].axis("off")
     fig.suptitle("Timed model's map of sawtooth's speed-up over linear (a model, not a "
                  "measurement): scaled paper launch, 48 persistent CTAs, B2 H1 S16k D64 64x64, "
                  "one 3 MiB LRU\n(K/V per head 1.33x the L2, the paper's GB10 ratio); bf16, "
@@ -209,7 +272,28 @@ def figure(study):
     return fig
 
 
+CAPTION = ("A model, not a measurement: sawtooth's predicted speed-up over linear (%) on a "
+           "scaled paper launch (48 persistent CTAs, B2 H1 S16k D64 bf16 non-causal, 3 MiB LRU) "
+           "over DRAM bandwidth per CTA (GB/s), DRAM latency (ns), step time (ns) and K/V steps "
+           "in flight; right: L2 left. Stars: the GPUs (3 steps); circles: the measured "
+           "one-step binaries (H100, H200).")
+BANDWIDTH_MOVES = 0.01  # a bandwidth "matters" where it moves the speed-up by a point or more
+
+
+def _bandwidth_reach(m: pd.DataFrame) -> float:
+    """The highest bandwidth per CTA at which the predicted speed-up differs by more than
+    BANDWIDTH_MOVES from its value at the map's highest bandwidth (same latency, step, depth)."""
+    reach = 0.0
+    for _, cell in m.groupby(["depth", "dram_ns", "step_ns"]):
+        cell = cell.sort_values("bandwidth_gbs_per_sm")
+        moved = cell[(cell["speed-up"] - cell["speed-up"].iloc[-1]).abs() > BANDWIDTH_MOVES]
+        if len(moved):
+            reach = max(reach, float(moved["bandwidth_gbs_per_sm"].max()))
+    return reach
+
+
 def section(study) -> Section:
+    measured = measured_points(study)  # first: data missing fails before the model runs
     g = grid(study)
     m = g[g["slice"] == "map"]
     gpus = gpu_points(study)
@@ -226,53 +310,96 @@ def section(study) -> Section:
                        "speed-up (3 in flight)": f"{s['speed-up']:+.1%}",
                        "DRAM MB linear / sawtooth": f"{s['linear_dram_mb']:.0f} / "
                                                     f"{s['sawtooth_dram_mb']:.0f}",
-                       "step from": r.source, "map row": f"{dram:.0f} ns"})
+                       "step from": r.source, "map row": f"{dram:.0f} ns",
+                       "_gain": s["speed-up"]})
     at_gpu = pd.DataFrame(at_gpu)
-    gains = {r["GPU"]: float(r["speed-up (3 in flight)"].strip("%+")) / 100 for _, r in
-             at_gpu.iterrows()}
-    hopper = at_gpu[at_gpu["GPU"].str.startswith("H")]
-    hopper_gain = [float(x.strip("%+")) / 100 for x in hopper["speed-up (3 in flight)"]]
+    gains = dict(zip(at_gpu["GPU"], at_gpu["_gain"]))
+    at_gpu = at_gpu.drop(columns="_gain")
+    wide = measured[measured["binary"] == "128x64"]
+    hinted = measured[measured["binary"] == "64x64 kv_latency=10"]
+    skill = model_skill(study)
+    reach = _bandwidth_reach(m)
+    hopper_cta = gpus[gpus["GPU"].str.startswith("H")]["bandwidth_gbs_per_sm"]
+    from wavefront.report import timed
+    gb10 = timed.gb10_postdictions(study).set_index("causal")
+    appendix = _package().appendix_of("timed_model")
+    claims = [
+        Claim("In the model, with three K/V steps in flight, the map predicts every GPU's "
+              "speed-up within 0.05% of no change (H100 and H200 at the paper's 48-CTA launch, "
+              "GB10 calibrated, B200 projected)",
+              bool(len(gains) >= 3 and max(abs(x) for x in gains.values()) < 0.0005),
+              at_gpu.to_dict("records")),
+        Claim("In the model, with two or more K/V steps in flight, every point of the map where "
+              f"sawtooth gains more than 5% has its steps in flight covering less than "
+              f"{COVER_LIMIT:g} DRAM latencies",
+              deep_rule, deep_pays[["depth", "dram_ns", "step_ns", "bandwidth_gbs_per_sm",
+                                    "speed-up"]].round(4).to_dict("records")),
+        Claim("In the model, with one K/V step in flight sawtooth gains at every point of the map",
+              bool((m[m["depth"] == 1]["speed-up"] > 0).all()),
+              m[m["depth"] == 1]["speed-up"].describe().round(4).to_dict()),
+        Claim(f"In the model the bandwidth moves the speed-up by more than a point only at {reach:g} GB/s per CTA or less, against "
+              f"{span(hopper_cta, '.0f')} GB/s per CTA on Hopper at the paper's launch",
+              bool(0 < reach <= 10 and (hopper_cta > reach).all()), {"reach": reach}),
+        Claim("Set against the measured one-step binaries, the map over-predicts 128x64 tiles: "
+              + ", ".join(f"{r.GPU} {r.predicted:+.1%} predicted, {r.measured:+.2%} "
+                          f"[{r.lo:+.2%}, {r.hi:+.2%}] measured" for r in wide.itertuples())
+              + "; the kv_latency=10 binary it predicts right in sign and short in size ("
+              + ", ".join(f"{r.GPU} {r.predicted:+.1%} against {r.measured:+.1%}"
+                          for r in hinted.itertuples()) + ")",
+              bool(len(wide) >= 2 and (wide["predicted"] > wide["hi"] + 0.05).all()
+                   and len(hinted) >= 2 and (hinted["lo"] > 0).all()
+                   and (hinted["predicted"] > 0).all()
+                   and (hinted["predicted"] < hinted["measured"]).all()),
+              measured.round(4).to_dict("records")),
+        Claim("Scored on what was measured, the model's predicted sawtooth/linear "
+              f"time ratio correlates with the measured one at {skill['time pearson']:+.2f} over "
+              f"{skill['pairs']} pairs, and of the {skill['excluding no change']} regime "
+              "configurations whose interval excludes no change, "
+              f"{skill['right sign']} have a prediction of the measured sign: the model has the "
+              "misses, not their cost",
+              bool(abs(skill["time pearson"]) < 0.3
+                   and skill["right sign"] <= skill["excluding no change"] / 2), skill),
+        Claim("Fewer loads in flight could explain the paper's causal GB10 gain (with one step "
+              f"in flight its linear throughput needs a {gb10.loc[True, 'step_ns_one_in_flight']:.0f}"
+              f" ns step, slower than GB10's peak allows, {gb10.loc[True, 'step_ns_at_peak']:.0f}"
+              " ns), not its non-causal one (a "
+              f"{gb10.loc[False, 'step_ns_one_in_flight']:.0f} ns step, faster than the chip) at "
+              "these guessed latencies",
+              bool(gb10.loc[True, "step_ns_one_in_flight"] >= gb10.loc[True, "step_ns_at_peak"]
+                   and gb10.loc[False, "step_ns_one_in_flight"]
+                   < gb10.loc[False, "step_ns_at_peak"]),
+              gb10[["step_ns_one_in_flight", "step_ns_at_peak"]].round(1).to_dict()),
+        Claim("The hypothesis's bracket ends where the rule puts its edge: the 128x64 binaries' "
+              "one step, where sawtooth measured no gain, covers "
+              f"{span(wide['step ns'] / wide['DRAM ns'], '.1f')} unloaded DRAM latencies, against "
+              f"the rule's {COVER_LIMIT:g}; for one step in flight the map has no such edge",
+              bool(len(wide) >= 2 and ((wide["step ns"] / wide["DRAM ns"] - COVER_LIMIT).abs()
+                                       < 0.25).all()),
+              (wide["step ns"] / wide["DRAM ns"]).round(3).tolist()),
+    ]
     text = f"""## When the scan pays: the timed model's map
 
 {paragraphs(
-    "The timed model on a scaled copy of the paper's launch (48 persistent CTAs, one head's K/V "
-    "1.33x a 3 MiB L2, as the paper's head is of GB10's 24 MiB), every machine parameter swept: "
-    "DRAM bandwidth per CTA, DRAM latency, a K/V step's compute time, the K/V steps the binary "
-    "keeps in flight, and the L2 left. Sawtooth's speed-up over linear at each point, and the "
-    "four GPUs placed at their own parameters (stars, at the map's nearest latency row).")}
+    "A model, not a measurement: the timed model on a scaled copy of the paper's launch (one "
+    "head's K/V 1.33x a 3 MiB L2, as the paper's head is of GB10's 24 MiB), every machine "
+    "parameter swept; the GPUs at their own parameters (stars, at the nearest latency row) and "
+    "the two measured one-step binaries at their measured step (circles).")}
 
 ![phase_diagram](figures/phase_diagram.png)
 
-{md_table(at_gpu)}
+{"In the model, sawtooth gains more than 5% at " + f"{len(pays)} of {len(m)} points of the "
+ "map, and the axis that decides is the latency a miss exposes, not the bandwidth. "
+ + claims[2].text + ": the model pays every miss's latency when the load of step t+1 is "
+ "issued only as step t ends (its assumption). "
+ + (claims[1].text + f" (all {len(deep_pays)} such points), the model's form of the "
+    "hypothesis stated with the less-latency-hiding measurements. " + claims[7].text + ". "
+    if deep_rule else f"Not all {len(deep_pays)} such points with two or more steps in flight "
+    f"cover less than {COVER_LIMIT:g} DRAM latencies. ")
+ + claims[3].text + ". " + claims[0].text + "."}
 
-{paragraphs(
-    f"Sawtooth gains more than 5% at {len(pays)} of {len(m)} points of the map. The axis that "
-    "decides is not the bandwidth but the latency a miss exposes: with one K/V step in flight "
-    "(the load of step t+1 issued when step t ends) every miss's latency is paid and sawtooth "
-    "gains at every bandwidth; with two or three in flight it gains only where the steps in "
-    f"flight cover less than about {COVER_LIMIT:g} DRAM latencies "
-    + (f"(all {len(deep_pays)} such points have depth x step below {COVER_LIMIT:g} x the "
-       "latency). "
-       if deep_rule else f"(not all {len(deep_pays)} such points: see the claims). ") +
-    "Bandwidth matters at its low end only (a few GB/s per CTA). The stars: with the bandwidth, "
-    "latency and step of each GPU and three steps in flight, the largest predicted gain is "
-    f"{max(gains.values()):+.1%} ({max(gains, key=gains.get)}); a GB10 gain like the paper's "
-    "needs its binary to keep fewer loads in flight than ours, or latencies far above the "
-    "guessed 600 ns.")}
+{claims[4].text}: the model assumes a one-step binary pays every miss, and the 128-row binary
+measured as if it did not. {claims[5].text} ({appendix}). {claims[6].text}.
 """
-    claims = [
-        Claim("On Hopper (H100, H200 at the paper's 48-CTA launch) the map predicts sawtooth's "
-              "speed-up under 2%", bool(len(hopper) == 2 and max(hopper_gain) < 0.02),
-              at_gpu.to_dict("records")),
-        Claim("With two or more K/V steps in flight, every point of the map where sawtooth gains "
-              f"more than 5% has its steps in flight covering less than {COVER_LIMIT:g} DRAM "
-              "latencies",
-              deep_rule, deep_pays[["depth", "dram_ns", "step_ns", "bandwidth_gbs_per_sm",
-                                    "speed-up"]].round(4).to_dict("records")),
-        Claim("With one K/V step in flight sawtooth gains at every point of the map",
-              bool((m[m["depth"] == 1]["speed-up"] > 0).all()),
-              m[m["depth"] == 1]["speed-up"].describe().round(4).to_dict()),
-    ]
     return Section(text, claims)
 
 

@@ -78,6 +78,11 @@ def table(study) -> pd.DataFrame:
     return t
 
 
+CAPTION = ("DRAM reads over the compulsory bytes of cuDNN, FlashAttention-2 (torch SDPA), "
+           "TileGym's cuTile FMHA and ours, bf16 D64, at B8 H1 S128k and B1 H1 S128k/S256k; "
+           "cold-L2 Nsight Compute on the H100 and H200.")
+
+
 def figure(study):
     t = table(study)
     gpus = ", ".join(sorted(set(t["GPU"])))

@@ -375,16 +375,15 @@ def section(study) -> Section:
             and bool((wide["x cudnn"] >= 1.0).all()),
             _evidence(d, "x cudnn", shape=True))
     intro = paragraphs(
-        "This part began with a user's view: the kernel was fast in `wavefront bench`, but "
-        "`wavefront.attention` as a model calls it was not, because every call built a "
-        "launcher and its work table. `experiments/public_call.py` reads "
+        "The call a model makes, `wavefront.attention`, was once slower than the kernel "
+        "`wavefront bench` times, because every call built a launcher and its work table. `experiments/public_call.py` reads "
         "every bench run that timed the call (contender `api`) beside the bound launcher it "
         f"resolves to and the peers, in the same interleaved rounds ({gpus}, bf16; "
         "ratios paired by round, 95% intervals; each run's commit and calls per round "
         "named). Where the launch is long the call costs what the launcher costs. Where it "
         "is as short as the host work around it, it does not. The table holds each shape's "
-        "runs at its latest two commits, the figure every run of the two shapes the "
-        "targets name. Three more runs at a20efe1 printed their tables, but their records did not "
+        "runs at its latest two commits, the figure every run of the two shapes the call was "
+        f"tuned for ({SHORT} and {LONG}). Three more runs at a20efe1 printed their tables, but their records did not "
         "come back from the host: `data/public_call/RUNS.md.gz`, section a20efe1, lists them (one "
         "below 0.9 on both masks).")
     s.text = f"""## The call users make

@@ -9,6 +9,8 @@ lies above no change.
 
     python experiments/regimes.py plot --out DIR # anywhere: the figure, from data/
 """
+import importlib
+
 import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
@@ -24,6 +26,10 @@ from wavefront.results.measurement import median_ci95
 DATASETS = ("paper_launch", "dram_bound", "causal_gqa", "ctas_in_flight")
 RECORDS = ("paper_launch", "starved_launch")
 NO_INTERVAL: dict = {}  # per regime: configurations without an interval (filled on load)
+# the experiment whose section each regime's data comes from
+SOURCES = {"a": "paper_launch", "b": "starved_launch", "c": "dram_bound", "d": "causal_gqa",
+           "e": "ctas_in_flight", "f": "exposure_corunners", "g": "exposure_small_l2",
+           "h": "exposure_latency"}
 REGIMES = {"a": "the paper's launch (48 CTAs)", "b": "beside a DRAM stream",
            "c": "DRAM-bound head counts", "d": "causal GQA, CTA orders",
            "e": "few CTAs in flight", "f": "co-runners that read and write",
@@ -98,6 +104,30 @@ def configurations(study) -> pd.DataFrame:
     return out
 
 
+def _controls_left_out(study, c: pd.DataFrame) -> dict:
+    """Per exposure regime: the section's count of intervals, how many of them this table
+    leaves out as controls (counted from the section's table, not from this one), and how many
+    of those lie below no change."""
+    from wavefront.report.exposure import multiplicity
+    _, _, corunners, small_l2, latency = _regime_modules()
+    out = {}
+    for regime, module, what, is_control in (
+            ("f", corunners, "the launch with no co-runner",
+             lambda t: t["environment"] == "none"),
+            ("g", small_l2, "the launch with nothing held", lambda t: t["held MiB"] == 0),
+            ("h", latency, "the paper's settings alone and the K/V-in-L2 control",
+             lambda t: t["variant"].str.startswith("S16k")
+             | ((t["variant"] == "64x64 (paper)") & (t["environment"] == "alone")))):
+        t = module.table(study)
+        m = multiplicity(t)
+        kept = c[c["regime"] == regime]
+        controls = t[is_control(t) & t["lo"].notna()]
+        out[regime] = {"what": what, "section": m["intervals"],
+                       "dropped": m["intervals"] - len(kept), "controls": len(controls),
+                       "dropped below": m["below"] - int((kept["hi"] < 1).sum())}
+    return out
+
+
 def table(study) -> pd.DataFrame:
     c = configurations(study)
     rows = []
@@ -116,9 +146,10 @@ def table(study) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-CAPTION = ("Sawtooth against linear in the eight regimes on the H100 and H200 (today's "
-           "kernel): one marker per configuration, the median of its paired ratios with the "
-           "95% interval the text counts; the dashed line is no change.")
+CAPTION = ("Sawtooth's TFLOP/s against linear's (%) in the eight regimes on the H100 and H200 "
+           "(the table-driven kernel, at the commits listed under the section): one marker per "
+           "configuration, the median of its paired ratios with the 95% interval the text "
+           "counts; the dashed line is no change.")
 
 
 def figure(study):
@@ -146,7 +177,7 @@ def figure(study):
         ax.set(title=gpu, xlabel="TFLOP/s, sawtooth vs linear (%; median, 95% interval)")
     axes[0].invert_yaxis()
     axes[1].legend(loc="upper left", bbox_to_anchor=(1.0, 1.0))
-    fig.suptitle(f"Sawtooth against linear in the {len(REGIMES)} regimes, today's kernel: one "
+    fig.suptitle(f"Sawtooth against linear in the {len(REGIMES)} regimes, H100 and H200: one "
                  "marker per configuration")
     fig.tight_layout()
     return fig
@@ -163,19 +194,43 @@ def section(study) -> Section:
     beyond = c[(c["lo"] > 1 + PRACTICAL_MARGIN) | (c["hi"] < 1 - PRACTICAL_MARGIN)]
     s.claim(f"Over {len(c)} configurations of the {len(REGIMES)} regimes on the two GPUs, sawtooth's "
             f"interval lies above no change in {len(faster)}"
-            + (f" ({', '.join(faster['regime'] + ' ' + faster['GPU'] + ' ' + faster['configuration'])},"
+            + (f" ({', '.join(f'{r}: {n}' for r, n in faster.groupby('regime').size().items())};"
                f" by {(faster['ratio'] - 1).min():+.1%} to {(faster['ratio'] - 1).max():+.1%})"
                if len(faster) else "")
             + f" and below it in {int((c['hi'] < 1).sum())}; its best median "
             f"change is {best['ratio'] - 1:+.1%} ({best['regime']}, {best['GPU']}, "
             f"{best['configuration']}). With no change anywhere, about {chance:.1f} would "
             f"exclude it by chance (up to {chance_bound(len(c), chance / len(c))} in 95% of such "
-            f"sets); {len(beyond)} exclude it by more than 1%: "
-            + ", ".join(sorted(set(beyond["regime"] + " " + beyond["GPU"] + " "
-                                   + beyond["configuration"]))),
+            f"sets); {len(beyond)} exclude it by more than 1% ("
+            + ", ".join(f"{r}: {n}" for r, n in beyond.groupby("regime").size().items()) + ")",
             c["regime"].nunique() == len(REGIMES) and c["GPU"].nunique() == 2
             and bool((pairs >= 6).all()),
             c.to_dict("records"))
+    above_beyond = c[c["lo"] > 1 + PRACTICAL_MARGIN]
+    below_beyond = c[c["hi"] < 1 - PRACTICAL_MARGIN]
+    beside = below_beyond["regime"].isin(["f", "h"]) & below_beyond["configuration"].str.contains(
+        "append|copy|gemm|read")
+    s.claim(f"Beyond {PRACTICAL_MARGIN:.0%} of no change, sawtooth is faster only in the "
+            f"kv_latency=10 binary ({len(above_beyond)} configurations: "
+            + "; ".join(above_beyond["GPU"] + " " + above_beyond["configuration"])
+            + f"); of the {len(below_beyond)} beyond {PRACTICAL_MARGIN:.0%} below it, "
+            f"{int(beside.sum())} run beside a co-runner",
+            len(above_beyond) > 0
+            and bool(above_beyond["configuration"].str.contains("kv_latency=10").all()),
+            {"above": above_beyond.to_dict("records"), "below": below_beyond.to_dict("records")})
+    dropped = _controls_left_out(study, c)
+    s.claim("The exposure regimes leave out their sections' controls, so their counts here are "
+            "smaller than the sections': "
+            + "; ".join(f"{r} leaves out {d['what']} ({d['dropped']} of the section's "
+                        f"{d['section']} intervals, {d['dropped below']} of them below no change)"
+                        for r, d in dropped.items()),
+            all(d["dropped"] == d["controls"] for d in dropped.values()), dropped)
+    package = importlib.import_module(__package__ or "experiments")
+    where = {}
+    for regime, name in SOURCES.items():
+        where.setdefault("the results above" if name in package.DRAFT
+                         else package.appendix_of(name), []).append(regime)
+    where_text = "; ".join(f"{', '.join(r)}: {place}" for place, r in where.items())
     s.text = f"""## The regimes side by side: where sawtooth's saving becomes speed
 
 Per regime and GPU, sawtooth's TFLOP/s over linear's in the configuration where it does best
@@ -183,15 +238,16 @@ Per regime and GPU, sawtooth's TFLOP/s over linear's in the configuration where 
 many configurations have their whole interval above or below no change, beside how many
 would by chance if nothing changed (each distribution-free interval misses with its own
 probability: 1/32 at 6 pairs) (`experiments/regimes.py`, from the regimes' own
-data). The pairs are bench rounds in a, b and f-h and sweep repeats in c-e (a repeat times
-every point once, so its two scans ran side by side).
+data; each regime's own section: {where_text}). The pairs are bench rounds in a, b and f-h and
+sweep repeats in c-e (a repeat times every point once, so its two scans ran side by side).
 
-{md_table(t)}
+{md_table(t.drop(columns="paired by"))}
 
-{s.claims[0].text} Configurations with too few rounds kept for an interval are left out of
+{s.claims[0].text}. Configurations with too few rounds kept for an interval are left out of
 the count ({', '.join(f'{k}: {v}' for k, v in NO_INTERVAL.items()) or 'none'}; each regime's
 own section lists them). An interval that excludes no change by less than 1% is counted here
-too; each exposure section also counts those beyond 1%.
+too. {s.claims[1].text}. {s.claims[2].text}. The schedule ablation ({package.appendix_of("ablation")})
+is not a regime here: its ranges rest on a few repeats, not on intervals.
 
 ![regimes](figures/regimes.png)"""
     return s

@@ -26,6 +26,12 @@ schedule = ["grid+linear", "grid+sawtooth", "persistent+linear", "persistent+saw
 """
 
 
+CAPTION = ("DRAM reads over the compulsory bytes against the sequence length (4k-128k "
+           "tokens) for the grid and persistent CTA orders with the linear and sawtooth scans, "
+           "causal and not, on the H100 and H200 (B=1 H=1 bf16, 128x64 tiles, D64 and D128; "
+           "Nsight Compute, medians over repeats).")
+
+
 def figure(study):
     return figures.misses_vs_seqlen(study.sweep_counters)
 

@@ -41,8 +41,8 @@ ROOT = Path(__file__).resolve().parents[1]
 # CTAs drifting apart, in the replay: each starts up to this many pages late (a sensitivity
 # column beside the lock-step prediction, not the prediction)
 DRIFT_PAGES = 32
-CAPTION = ("Shared-prefix decode batches on each GPU measured (H32 over KV8, D128, bf16, 64-token "
-           "pages, one split): DRAM read bytes per CTA order from cold-L2 ncu replay beside the "
+CAPTION = ("Shared-prefix decode batches on the H200, the one GPU measured (H32 over KV8, "
+           "D128, bf16, 64-token pages, one split): DRAM read bytes (GB) per CTA order from cold-L2 ncu replay beside the "
            "LRU replay's prediction committed before measuring (left); the call's speed against "
            "batch_major paired by round, median and 95% interval (right).")
 
@@ -176,7 +176,8 @@ def table(study, dataset: str = "shared_prefix") -> pd.DataFrame:
     ncu = d[d["kind"] == "ncu"]
     dram = ncu.groupby(["GPU", "batch", "cta_order"])["dram__bytes_read.sum"].agg(
         ["median", "min", "max"])
-    # the kernels' own duration in the cold-L2 replay: no timing (ncu's clocks), but free of
+    # the kernels' own duration under ncu replay (cold L2; ncu runs with --clock-control
+    # none): not a timing, but free of
     # host work between launches (prefix_grouped reads a GPU block table back every call)
     kernel_us = ncu.groupby(["GPU", "batch", "cta_order"])["gpu__time_duration.sum"].median()
     pred = _committed_predictions(study).set_index(["GPU", "batch", "cta_order"])
@@ -328,7 +329,8 @@ def section(study) -> Section:
 A decode step reads each K/V byte once unless the L2 serves it again, and at long contexts it
 runs near the DRAM bandwidth (the decode bench, in the appendix on the public call): if a miss
 costs time anywhere, it is here. Sequences that share a prompt read the same pages, so a CTA
-order that runs sharers together should read fewer bytes and, bandwidth-bound, take less time.
+order that runs sharers together should read fewer bytes and, if the step is bandwidth-bound
+(a hypothesis this section tests), take less time.
 Decode batches whose sequences share a prompt through block tables that point at the same
 pages (`experiments/shared_prefix.py`, {gpus}: H32 KV8 D128 bf16, 64-token pages, one split;
 batch BxGyPzCw: x sequences in groups of y sharing a z-token prefix, w tokens each). DRAM read
@@ -337,8 +339,8 @@ bytes from cold-L2 ncu replay, median of {NCU_REPEATS} (they differ by at most
 `{PREDICTIONS}`; "call vs batch_major": the call as users make it, its speed against
 batch_major paired by round over {ROUNDS} rounds (median, 95% interval; prefix_grouped reads a
 GPU block table's first pages back once per table, not per call); "ncu kernel us": the
-kernel's own duration in the cold-L2 replay, single launches with no interval (ncu's clock
-control), not a timing:
+kernel's own duration, single launches with no interval (under ncu replay, cold L2; not a
+timing):
 
 ![shared prefix](figures/shared_prefix.png)
 

@@ -15,7 +15,7 @@ DATASETS = TIMED_EXPERIMENTS
 
 
 CAPTION = ("Throughput against DRAM traffic per executed FLOP, every timed point on each GPU "
-           "(today's kernel). The line is the fitted throughput model's max(compute, DRAM) "
+           "(the table-driven kernel). The line is the fitted throughput model's max(compute, DRAM) "
            "time turned into TFLOP/s: a fit through the points (in sample), not an upper "
            "bound, so points lie on both sides of it.")
 

@@ -59,6 +59,12 @@ def _draw(joined: pd.DataFrame):
     return g.figure
 
 
+CAPTION = ("64x64, 128x64 and 128x128 tiles on the persistent grid at S=128k (B=1 H=1 bf16, "
+           "D64 and D128) on the H100 and H200: DRAM reads over the compulsory bytes (log "
+           "scale) and useful TFLOP/s per K/V scan; bars are medians, whiskers the range over "
+           "repeats.")
+
+
 def figure(study):
     return _draw(with_timing(study.load("tile_size")))
 

@@ -42,7 +42,7 @@ schedule = ["persistent+linear", "persistent+sawtooth", "persistent+tiled"]
 
 
 CAPTION = ("The tiled K/V scan against linear and sawtooth at 64k-256k on each GPU (B=1 H=1 "
-           "bf16, persistent, 64x64 tiles at D=64 and 128x64 at D=128, today's kernel): DRAM "
+           "bf16, persistent, 64x64 tiles at D=64 and 128x64 at D=128, the table-driven kernel): DRAM "
            "reads over the minimum (log) and TFLOP/s; bars median, whiskers the range over "
            "repeats.")
 
@@ -126,7 +126,7 @@ def section(study) -> Section:
     s.text = f"""## Tiling K/V to the L2
 
 B=1 H=1, persistent, one CTA order and three scans (the tiled scan cuts K/V into chunks sized
-to the L2, every CTA sweeps chunk by chunk, partial states merged at the end), today's kernel;
+to the L2, every CTA sweeps chunk by chunk, partial states merged at the end), the table-driven kernel;
 medians of {reps} repeats (DRAM reads under ncu, cold L2; TFLOP/s with CUDA events):
 
 {md_table(shown)}

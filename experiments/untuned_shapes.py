@@ -321,7 +321,7 @@ def section(study) -> Section:
             for gpu, sub in wide.groupby("GPU"))
         level = (wide["x cudnn now"] >= 1.0) | ((wide["x cudnn lo now"] <= 1.0)
                                                 & (wide["x cudnn hi now"] >= 1.0))
-        s.claim(f"With today's 128x256 entries every held-out shape-mask of S >= 4k whose call "
+        s.claim(f"With the committed table's 128x256 entries every held-out shape-mask of S >= 4k whose call "
                 f"now resolves to them ({dims} non-causal) runs at cuDNN's level or above: "
                 f"{int((wide['x cudnn now'] >= 1.0).sum())} of {len(wide)} at or above 1.0x, "
                 f"the rest with 1.0 inside their 95% interval ({per_gpu}; each a ratio to cuDNN "
@@ -402,11 +402,11 @@ def section(study) -> Section:
     intro = wrap(
         "A tuned table is only as good as what it does for shapes nobody tuned. "
         "`experiments/untuned_shapes.py` hands the public call shapes absent from "
-        "`wavefront/kernel/tuned.json` (checked against today's table when the draft is "
+        "`wavefront/kernel/tuned.json` (checked against the committed table when the draft is "
         "built) and times it as a user calls it, beside the configuration it resolved to "
         "(bound), the plain default and the peers, in the same interleaved rounds "
         f"({gpus}, bf16, 15 rounds x 5 launches; ratios paired by round, 95% intervals; "
-        f"today's table: {tables}):")
+        f"the committed table: {tables}):")
     tie = tie_rows(study)
     tie_text = ""
     if len(tie):

@@ -89,6 +89,19 @@ def kernel_generation(run: dict) -> str:
         "table-driven"
 
 
+def kernel_commits(study: Study, datasets) -> str:
+    """'commit bec3861' (or 'commits a, b'): the kernel commits the data sets' manifests name,
+    for prose that says which kernel measured them."""
+    commits = sorted({str(run.get("git_commit", "?"))[:7]
+                      for name in datasets
+                      for folder in {path.parent for path in (study.data_dir / name).glob(
+                          f"**/{MANIFEST_FILE}*")}
+                      for run in _runs_of(manifest_path(folder))})
+    if not commits:
+        return "commit unknown"
+    return ("commit " if len(commits) == 1 else "commits ") + ", ".join(commits)
+
+
 def measured_with(study: Study, datasets, records=()) -> str:
     """One line naming the kernel commits (per GPU) behind a section's data sets; data from
     before the table-driven kernel is named as the first kernel's, so no reader takes it for
@@ -218,13 +231,17 @@ def compute(study: Study, experiments) -> DraftNumbers:
     loose = (front_matter.LOOSE_FIGURES_APPENDIX
              if front_matter.LOOSE_FIGURES_APPENDIX in appendices else next(reversed(appendices),
                                                                             None))
-    for index, (name, names) in enumerate(appendices.items()):
+    # the appendix that takes the figures no section shows is built last (its letter kept), so
+    # a figure shown by a later appendix's section is not also shown there as loose
+    for index, (name, names) in sorted(enumerate(appendices.items()),
+                                       key=lambda item: item[1][0] == loose):
         letter = chr(ord("A") + index)
         numbering.prefix = letter
         numbering.directory = "figures/appendix"
         body = sections(n, study, experiments, names=names, numbering=numbering)
         n.appendices[name] = front_matter.appendix(letter, name, body, study, experiments,
                                                    numbering, with_loose_figures=name == loose)
+    n.appendices = {name: n.appendices[name] for name in appendices}
     n.values["appendix_list"] = ", ".join(
         f"[{chr(ord('A') + i)}](appendix_{name}.md) {front_matter.APPENDIX_TITLES.get(name, name)}"
         for i, name in enumerate(getattr(experiments, "appendices", {})))
