@@ -339,3 +339,15 @@ def test_evidence_numbers_are_written_at_the_stated_precision():
         for number in re.findall(r"(?<![\w.])-?\d+\.\d+(?:[eE][-+]?\d+)?", claim["evidence"]):
             digits = number.lstrip("-").split("e")[0].split("E")[0].replace(".", "").lstrip("0")
             assert len(digits) <= PRECISION, (claim["text"][:60], number)
+
+
+def test_a_printed_bound_is_checked_at_its_printed_precision():
+    """The front matter prints "within X" rounded away from the data (up for at most, down for
+    at least) and its claim checks the data against X read back from the printed text."""
+    from wavefront.report.front_matter import bound
+    assert bound(0.000209, 3) == ("0.021%", 0.00021)
+    text, value = bound(0.0002101, 3)
+    assert text == "0.022%" and value >= 0.0002101
+    assert bound(0.5449, 2, percent=False) == ("0.55", 0.55)
+    assert bound(0.8841, 2, percent=False, up=False) == ("0.88", 0.88)
+    assert bound(0.54, 2, percent=False) == ("0.54", 0.54)  # no step up from float fuzz
