@@ -339,3 +339,49 @@ def test_evidence_numbers_are_written_at_the_stated_precision():
         for number in re.findall(r"(?<![\w.])-?\d+\.\d+(?:[eE][-+]?\d+)?", claim["evidence"]):
             digits = number.lstrip("-").split("e")[0].split("E")[0].replace(".", "").lstrip("0")
             assert len(digits) <= PRECISION, (claim["text"][:60], number)
+
+
+def test_a_printed_bound_is_checked_at_its_printed_precision():
+    """The front matter prints "within X" rounded away from the data (up for at most, down for
+    at least) and its claim checks the data against X read back from the printed text."""
+    from wavefront.report.front_matter import bound
+    assert bound(0.000209, 3) == ("0.021%", pytest.approx(0.00021, rel=1e-8))
+    text, value = bound(0.0002101, 3)
+    assert text == "0.022%" and value >= 0.0002101
+    assert bound(0.5449, 2, percent=False)[0] == "0.55"
+    text, value = bound(0.8841, 2, percent=False, up=False)
+    assert text == "0.88" and 0.8841 >= value and value == pytest.approx(0.88)
+    assert bound(0.54, 2, percent=False)[0] == "0.54"  # no step up from float fuzz
+    text, value = bound(abs(0.99 - 1), 2)
+    assert text == "1.00%" and abs(0.99 - 1) <= value and not 0.0101 <= value
+
+
+def test_front_matter_claims_fail_where_their_data_contradict_the_sentence():
+    """Two of the front matter's guards on made-up tables: the scan direction's cost above the
+    printed bound's limit, and long-scoreboard stalls that do not fall in the hint's binary."""
+    from types import SimpleNamespace
+    import pandas as pd
+    from wavefront.report import front_matter
+
+    def experiments(name, **tables):
+        return {name: SimpleNamespace(module=SimpleNamespace(**{
+            k: (lambda study, t=t: t) for k, t in tables.items()}))}
+
+    def holds(fn, exps):
+        n = draft.DraftNumbers()
+        fn(n, None, exps)
+        return [c.holds for c in n.claims]
+
+    rows = pd.DataFrame({"shape": ["B1 H32 S8k D64"] * 2,
+                         "schedule": ["persistent+sawtooth", "grid+sawtooth"]})
+    assert holds(front_matter._one_binary, experiments(
+        "schedule_cost", study_rows=rows.assign(**{"vs linear": [1.004, 0.99]}))) == [True]
+    assert holds(front_matter._one_binary, experiments(
+        "schedule_cost", study_rows=rows.assign(**{"vs linear": [1.004, 0.95]}))) == [False]
+    stalls = pd.DataFrame({"GPU": ["H200", "H200"], "reason": ["long_scoreboard"] * 2,
+                           "setting": ["kv_latency=10, 0 MiB held", "default hint, 0 MiB held"],
+                           "linear": [3.18, 1.73], "sawtooth": [2.14, 1.73]})
+    stalls["sawtooth - linear"] = stalls["sawtooth"] - stalls["linear"]
+    assert holds(front_matter._warp_states, experiments("warp_states", table=stalls)) == [True]
+    flat = stalls.assign(sawtooth=[3.10, 1.73])
+    assert holds(front_matter._warp_states, experiments("warp_states", table=flat)) == [False]
