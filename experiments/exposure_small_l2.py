@@ -193,6 +193,11 @@ def section(study) -> Section:
             "DRAM, sawtooth vs linear", pd.Series(np.nan, index=t.index))],
         "linear slowdown": [f"{x:+.2%}" for x in t["linear slowdown"]],
         "sawtooth vs linear [95%]": [interval_text(r) for _, r in t.iterrows()]})
+    # the table: each GPU and mask with nothing held and with the most held (every hold in
+    # the figure and `plot`'s table)
+    held = t.groupby(["GPU", "mask"])["held MiB"]
+    shown = shown[(t["held MiB"] == held.transform("min"))
+                  | (t["held MiB"] == held.transform("max"))]
     s.claim(f"With the L2 held down, {multiplicity_text(m)}", m["intervals"] == len(t), m)
     ranges = left.dropna(subset=["L2 left (probe), MiB"])
     smallest = ranges.loc[ranges["L2 left (probe), MiB"].idxmin()] if len(ranges) else None
@@ -220,6 +225,8 @@ and round from every SM (the largest buffer that every SM reads 8 times in one l
 DRAM reads under half of 8 passes' worth, by Nsight Compute). Then the paper's
 launch is timed, sawtooth against linear paired by round ({ROUNDS} rounds), and its DRAM reads
 are counted by Nsight Compute with the hold in place (`experiments/exposure_small_l2.py`).
+The table shows each GPU and mask with nothing held and with the most held; the figure, every
+hold.
 
 {md_table(shown)}
 

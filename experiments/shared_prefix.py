@@ -264,7 +264,6 @@ def section(study) -> Section:
         **({} if one_gpu else {"GPU": t["GPU"]}), "batch": label, "order": t["cta_order"],
         "DRAM MB": t["DRAM MB"].map(lambda x: f"{x:.0f}"),
         "predicted MB": t["predicted MB"].map(lambda x: f"{x:.0f}"),
-        "model error": t["model error"].map(lambda x: f"{x:+.1%}"),
         "call vs batch_major [95%]": [
             ("-" if o == "batch_major" or np.isnan(lo)
              else change_with_range(v - 1, lo - 1, hi - 1))
