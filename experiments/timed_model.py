@@ -427,7 +427,7 @@ dilute the line above):
     f"at {_pearson(reg['measured'], reg['predicted']):+.2f}; over the validation's pairs and these "
     f"together ({len(both_ratios)} pairs) the time ratio at "
     f"{_pearson(both_ratios['measured'], both_ratios['predicted']):+.2f}, against the 0.7 "
-    "we count as tracking. Of the {len(checked)} configurations whose measured interval excludes no "
+    f"we count as tracking. Of the {len(checked)} configurations whose measured interval excludes no "
     f"change, {int(checked['right sign'].sum())} have a prediction of the measured sign and "
     f"{int(checked['within size'].sum())} one within 2 points or half the measured change; "
     f"both in {int((checked['right sign'] & checked['within size']).sum())}. The misses: "

@@ -15,7 +15,7 @@ from importlib import resources
 
 import pandas as pd
 
-from wavefront.report.markdown import md_table  # noqa: F401  (experiments import it from here)
+from wavefront.report.markdown import md_table, span  # noqa: F401  (experiments import them here)
 from wavefront.model.presets import gpu_preset
 from wavefront.point import SECTOR_BYTES
 from wavefront.report.analysis import GpuCapacity, Study, dram_bound_share, timing
@@ -181,12 +181,6 @@ def changes_with_range(table: pd.DataFrame, column: str = "TFLOP/s, sawtooth vs 
                        lo: str = "lo", hi: str = "hi") -> list[str]:
     """`change_with_range` of every row of a table of paired changes (median in `column`)."""
     return list(map(change_with_range, table[column], table[lo], table[hi]))
-
-
-def span(values, fmt=".1f") -> str:
-    """'lo-hi' of a series of values (one value where both ends print alike)."""
-    lo, hi = f"{values.min():{fmt}}", f"{values.max():{fmt}}"
-    return lo if lo == hi else f"{lo}-{hi}"
 
 
 def interval(values, scale=1.0, fmt=".2f") -> str:

@@ -16,9 +16,8 @@ import pandas as pd
 from scipy.stats import binom
 
 from wavefront.model.presets import gpu_preset
-from wavefront.report.draft import span
 from wavefront.report.exposure import PRACTICAL_MARGIN, paired, records
-from wavefront.report.markdown import md_table
+from wavefront.report.markdown import md_table, span
 
 # The part number of the first part the experiments' sections open (1-3: introduction,
 # background and related work, method).
