@@ -3,9 +3,9 @@
 The repository travels to every GPU call beside the compiler bundle, 64 MiB in all: that cap is
 what the first test holds (the tracked files' bytes plus the bundle's, with 1 MiB to spare).
 Issue 52's budget, 4.5 MB tracked counted in whole 4 KB blocks (a 300-byte README costs 4 KB),
-is the second: 4,500,000 bytes of blocks. The repository is over it (5.30 MB in blocks on
-2026-11-27, after the data no claim reads left the tree): the code alone (wavefront/, tests/,
-experiments/, scripts/) takes 3.04 MB of it, and the rest is data that claims read, the paper
+is the second: 4,500,000 bytes of blocks. The repository is over it (5.59 MB in blocks on
+2026-11-28, after the data no claim reads left the tree): the code alone (wavefront/, tests/,
+experiments/, scripts/) takes 3.17 MB of it, and the rest is data that claims read, the paper
 and its figures. The test is marked as an expected failure, strict, so that the day the
 repository fits, it fails until the mark goes; each run prints where the blocks are."""
 import gzip
@@ -94,8 +94,8 @@ def _report(sizes: list[tuple[int, str]]) -> str:
 
 
 @pytest.mark.xfail(strict=True, reason=(
-    "issue 52's 4.5 MB in 4 KB blocks is not met: 5.30 MB on 2026-11-27, of which the code "
-    "(wavefront/, tests/, experiments/, scripts/) is 3.04 MB; what is left to cut is data that "
+    "issue 52's 4.5 MB in 4 KB blocks is not met: 5.59 MB on 2026-11-28, of which the code "
+    "(wavefront/, tests/, experiments/, scripts/) is 3.17 MB; what is left to cut is data that "
     "claims read (their sections would go with it), the lead's decision"))
 def test_the_repository_stays_within_its_budget_in_blocks():
     probe = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--is-inside-work-tree"],
