@@ -226,15 +226,15 @@ def q_tile_span(kv_tile, tile_m, tile_n, seqlen_q, seqlen_kv, causal, diagonal=0
     takes the mask on every Q tile. Ints, or NumPy arrays of K/V tiles (and of
     lengths and diagonals, one per tile: packed batches)."""
     scalar = all(np.ndim(x) == 0 for x in (kv_tile, seqlen_q, seqlen_kv, diagonal))
-    q_tiles = -(-seqlen_q // tile_m)
+    q_tiles = -(-seqlen_q // tile_m)  # (returned as given: one count for one length)
     kv_tile, seqlen_q, seqlen_kv, diagonal = np.broadcast_arrays(
         *(np.asarray(x, dtype=np.int64) for x in (kv_tile, seqlen_q, seqlen_kv, diagonal)))
 
     def spans(q_tile):
         return kv_tile_span(q_tile, tile_m, tile_n, seqlen_q, seqlen_kv, causal, diagonal)
-    each_q_tiles = -(-seqlen_q // tile_m)
-    first = _least_q_tile(lambda i: kv_tile < spans(i)[0], each_q_tiles)
-    unmasked = np.maximum(_least_q_tile(lambda i: kv_tile < spans(i)[1], each_q_tiles), first)
+    each = np.broadcast_to(q_tiles, kv_tile.shape)
+    first = _least_q_tile(lambda i: kv_tile < spans(i)[0], each)
+    unmasked = np.maximum(_least_q_tile(lambda i: kv_tile < spans(i)[1], each), first)
     if scalar:
         return int(first), int(unmasked), int(q_tiles)
     return first, unmasked, q_tiles

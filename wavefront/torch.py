@@ -70,11 +70,14 @@ def _values(causal, scale, causal_alignment="top_left"):
     return _options(causal, scale, None, None, causal_alignment).values()
 
 
-def _check_fake(q, k, v, out=None, dout=None, lse=None, packed=False, cu_seqlens=()):
-    """What the ops' real implementations refuse by shape and dtype, refused where they are
-    traced too (torch.compile's fake tensors, meta tensors), naming the argument: a graph
-    traced with mismatched arrays would otherwise carry wrong shapes to its first run.
+def _check_fake(q, k, v, out=None, dout=None, lse=None, packed=False, cu_seqlens=(),
+                causal_alignment="top_left"):
+    """What the ops' real implementations refuse by shape, dtype and option, refused where
+    they are traced too (torch.compile's fake tensors, meta tensors), naming the argument: a
+    graph traced with mismatched arrays would otherwise carry wrong shapes to its first run.
     `packed`: the varlen ops' (total, heads, head_dim) layout, with their cu_seqlens."""
+    from wavefront.schedules import check_causal_alignment
+    check_causal_alignment(causal_alignment)
     rank, layout = (3, "(total, heads, head_dim)") if packed else (
         4, "(batch, heads, seqlen, head_dim)")
     if q.dim() != rank:
@@ -110,9 +113,7 @@ def _check_fake(q, k, v, out=None, dout=None, lse=None, packed=False, cu_seqlens
 @attention.register_fake
 def _attention_fake(q, k, v, causal=False, scale=None, schedule=None, tiles=None,
                     causal_alignment="top_left"):
-    from wavefront.schedules import check_causal_alignment
-    _check_fake(q, k, v)
-    check_causal_alignment(causal_alignment)
+    _check_fake(q, k, v, causal_alignment=causal_alignment)
     # The output is always a new contiguous (B, H, S_q, D) tensor of q's dtype and device.
     return q.new_empty(q.shape)
 
@@ -140,9 +141,7 @@ def _options_lse(causal, scale, schedule, tiles, causal_alignment="top_left"):
 @attention_fwd_lse.register_fake
 def _attention_fwd_lse_fake(q, k, v, causal=False, scale=None, schedule=None, tiles=None,
                             causal_alignment="top_left"):
-    from wavefront.schedules import check_causal_alignment
-    _check_fake(q, k, v)
-    check_causal_alignment(causal_alignment)
+    _check_fake(q, k, v, causal_alignment=causal_alignment)
     return q.new_empty(q.shape), q.new_empty(q.shape[:3], dtype=torch.float32)
 
 
@@ -165,9 +164,7 @@ def attention_bwd(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch
 @attention_bwd.register_fake
 def _attention_bwd_fake(dout, q, k, v, out, lse, causal=False, scale=None,
                         deterministic=True, causal_alignment="top_left"):
-    from wavefront.schedules import check_causal_alignment
-    _check_fake(q, k, v, out, dout, lse)
-    check_causal_alignment(causal_alignment)
+    _check_fake(q, k, v, out, dout, lse, causal_alignment=causal_alignment)
     return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
 
 
@@ -238,9 +235,8 @@ def attention_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
 def _attention_varlen_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                            causal=False, scale=None, schedule=None, tiles=None,
                            causal_alignment="top_left"):
-    from wavefront.schedules import check_causal_alignment
-    _check_fake(q, k, v, packed=True, cu_seqlens=(cu_seqlens_q, cu_seqlens_k))
-    check_causal_alignment(causal_alignment)
+    _check_fake(q, k, v, packed=True, cu_seqlens=(cu_seqlens_q, cu_seqlens_k),
+                causal_alignment=causal_alignment)
     return q.new_empty(q.shape)
 
 
@@ -270,9 +266,8 @@ def attention_varlen_bwd(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
 @attention_varlen_bwd.register_fake
 def _attention_varlen_bwd_fake(dout, q, k, v, out, cu_seqlens_q, cu_seqlens_k, causal=False,
                                scale=None, deterministic=True, causal_alignment="top_left"):
-    from wavefront.schedules import check_causal_alignment
-    _check_fake(q, k, v, out, dout, packed=True, cu_seqlens=(cu_seqlens_q, cu_seqlens_k))
-    check_causal_alignment(causal_alignment)
+    _check_fake(q, k, v, out, dout, packed=True, cu_seqlens=(cu_seqlens_q, cu_seqlens_k),
+                causal_alignment=causal_alignment)
     return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
 
 

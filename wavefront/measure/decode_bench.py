@@ -121,16 +121,13 @@ def decode_contenders(*, batch: int, context: int, heads: int, kv_heads: int, he
 
     runs = {}
 
-    def wavefront_contiguous(i):
-        e = inputs[i % sets]
-        return attention_with_kvcache(e["q"], e["k"], e["v"], lengths, out=outs[i % sets])
-    runs["wavefront contiguous"] = wavefront_contiguous
-    for label, options in (variants or {}).items():
-        def wavefront_variant(i, options=options):
+    # the planned launch (no options), then each sweep variant
+    for label, options in {"": {}, **(variants or {})}.items():
+        def wavefront_contiguous(i, options=options):
             e = inputs[i % sets]
             return attention_with_kvcache(e["q"], e["k"], e["v"], lengths, out=outs[i % sets],
                                           **options)
-        runs[f"wavefront contiguous {label}"] = wavefront_variant
+        runs[f"wavefront contiguous {label}".rstrip()] = wavefront_contiguous
     if paged:
         def wavefront_paged(i):
             e = inputs[i % sets]
