@@ -52,8 +52,8 @@ def head_kv_mib(study) -> tuple[float, int]:
     df = study.load("causal_gqa")
     (seqlen, head_dim, kv_heads, dtype), = df[["seqlen", "head_dim", "kv_heads",
                                                "dtype"]].drop_duplicates().itertuples(index=False)
-    element = {"bfloat16": 2, "float16": 2, "float32": 4}[dtype]
-    return 2 * seqlen * head_dim * element / 2**20, int(kv_heads)
+    from wavefront.point import DTYPE_BYTES
+    return 2 * seqlen * head_dim * DTYPE_BYTES[dtype] / 2**20, int(kv_heads)
 
 
 def table(study) -> pd.DataFrame:

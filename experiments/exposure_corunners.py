@@ -20,7 +20,7 @@ import pandas as pd
 import seaborn as sns
 
 from wavefront.report.draft import Section, md_table
-from wavefront.report.experiments import run_as_script
+from wavefront.report.experiments import run_as_script, sibling
 from wavefront.report.exposure import (interval_text, multiplicity, multiplicity_text,
                                        paired, records)
 
@@ -179,9 +179,7 @@ def table(study) -> pd.DataFrame:
     # launch alone (ncu, `production_bytes`: ncu cannot profile it beside another kernel)
     # over its time beside the co-runner
     try:
-        import importlib
-        own = importlib.import_module(f"{__package__ or 'experiments'}.production_bytes").table(
-            study)
+        own = sibling(__package__, "production_bytes").table(study)
         own = own[own["shape"].str.contains("paper") & (own["contender"] == "persistent+linear")]
         own_bytes = own.set_index(["GPU", "mask"])["median"]
         t["attention GB/s"] = [own_bytes.get((g, m), np.nan) / (ms * 1e6)

@@ -17,7 +17,7 @@ import pandas as pd
 from wavefront.report.draft import Section, md_table, span
 from wavefront.report.experiments import run_as_script
 from wavefront.report.exposure import (interval_text, multiplicity, multiplicity_text,
-                                       paired, records)
+                                       paired, paired_alone, records)
 
 DATASETS = ()
 RECORDS = ("exposure_latency",)
@@ -67,7 +67,8 @@ CONTROL_BATCH = 8 * (131072 // CONTROL_SEQLEN) ** 2
 
 def control_head_mib() -> float:
     """K and V of one head at the control's sequence (bf16, D=64), MiB."""
-    return 2 * CONTROL_SEQLEN * 64 * 2 / 2**20
+    from wavefront.point import DTYPE_BYTES
+    return 2 * CONTROL_SEQLEN * 64 * DTYPE_BYTES["bfloat16"] / 2**20
 
 
 def measure_control(out_dir) -> int:
@@ -190,11 +191,8 @@ def figure(study):
 def net_against_default(study) -> pd.DataFrame:
     """Per GPU, alone: sawtooth with the kv_latency=10 hint against linear with the default
     settings, paired by round (both ran in every round), as `paired` reports it."""
-    d = records(study, "exposure_latency")
-    r = d[(d["kind"] == "round") & (d["environment"] == "alone")].copy()
-    r = r[r["point"].isin(["64x64 (paper)|linear", "64x64 kv_latency=10|sawtooth"])]
-    return paired(r.assign(net="hint's sawtooth vs default linear"), ["GPU", "net"],
-                  "64x64 (paper)|linear", "64x64 kv_latency=10|sawtooth")
+    return paired_alone(study, "64x64 kv_latency=10|sawtooth", "64x64 (paper)|linear",
+                        net="hint's sawtooth vs default linear")
 
 
 def _latency_ns(gpu: str) -> float:

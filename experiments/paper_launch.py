@@ -10,7 +10,6 @@ speed here. The table-driven kernel (f26966e onward) measured every number.
     python experiments/paper_launch.py run            # on a GPU: bench rounds, then the sweep
     python experiments/paper_launch.py plot --out DIR # anywhere: figure and table from data/
 """
-import importlib
 
 import matplotlib.pyplot as plt
 import numpy as np
@@ -18,7 +17,8 @@ import pandas as pd
 import seaborn as sns
 
 from wavefront.report.draft import Claim, Section, kernel_commits, md_table
-from wavefront.report.experiments import run_as_script
+from wavefront.report.markdown import bound
+from wavefront.report.experiments import run_as_script, sibling
 from wavefront.report.analysis import headline_pairs, short_gpu
 from wavefront.results.measurement import paired_ratio
 from wavefront.results.records import BENCH_RECORDS, by_shape
@@ -137,22 +137,12 @@ def dram_rates(study) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def within_printed(value: float, spec: str) -> bool:
-    """Does `value` lie at or below what it prints as under `spec` (a percentage), half a unit
-    of the last printed digit allowed, so "within 0.021%" is checked at 0.021%?"""
-    printed = float(f"{value:{spec}}".rstrip("%")) / 100
-    digits = int(spec.strip(".%"))
-    return bool(abs(value) <= printed + 0.5 * 10 ** -(digits + 2))
-
-
 def saving_across_datasets(study) -> pd.DataFrame:
     """The same launch (non-causal, default settings, nothing held or beside) profiled in three
     data sets: sawtooth's DRAM reads against linear's in each (medians of its one-pass ncu
     launches), per GPU."""
-    import importlib
-    package = __package__ or "experiments"
-    small_l2 = importlib.import_module(f"{package}.exposure_small_l2").table(study)
-    warp = importlib.import_module(f"{package}.warp_states").table(study)
+    small_l2 = sibling(__package__, "exposure_small_l2").table(study)
+    warp = sibling(__package__, "warp_states").table(study)
     here = table(study)
     rows = []
     for gpu in sorted(set(here["GPU"])):
@@ -192,14 +182,15 @@ def section(study) -> Section:
     across = saving_across_datasets(study)
     others = across[["exposure_small_l2", "warp_states"]]
     outside = ((others.lt(across["range lo"], axis=0)) | (others.gt(across["range hi"], axis=0)))
-    appendix_of = importlib.import_module(__package__ or "experiments").appendix_of
+    appendix_of = sibling(__package__).appendix_of
+    widest_text, widest_bound = bound(widest, 3)
     claims = [
         ("Sawtooth reads less DRAM than linear at the paper's launch on every GPU and mask, "
          "in every pair of repeats", bool((t["range hi"] < 0).all()),
          f"range hi {t['range hi'].round(3).tolist()}"),
         (f"and runs at linear's speed there: every paired 95% interval includes no change and "
-         f"lies within {widest:.3%} of it", bool(((t["lo"] <= 1) & (t["hi"] >= 1)).all()
-                                                and within_printed(widest, ".3%")),
+         f"lies within {widest_text} of it", bool(((t["lo"] <= 1) & (t["hi"] >= 1)).all()
+                                                 and widest <= widest_bound),
          f"intervals {list(zip(t['lo'].round(5), t['hi'].round(5)))}"),
         ("and its DRAM traffic is under 2% of the GPU's datasheet bandwidth",
          bool((rates["of DRAM bandwidth"] < 0.02).all()),
@@ -224,7 +215,7 @@ tiles, persistent CTAs, one per SM, 48 of them (`experiments/paper_launch.py`; t
 table-driven kernel at {kernel_commits(study, ["paper_launch"])}). Sawtooth read {cut.min():.0%} to {cut.max():.0%} less DRAM than linear (medians
 over 3 one-pass ncu launches each; in brackets the range over every pair of repeats) and
 ran at the same speed: the largest median difference is {speed.abs().max():.3%}, every 95%
-interval (paired by round, {int(t["rounds"].min())} rounds) lies within {widest:.3%} of no change.
+interval (paired by round, {int(t["rounds"].min())} rounds) lies within {widest_text} of no change.
 Even linear's traffic, spread over its launch, is {rates["DRAM GB/s"].max():.0f} GB/s at most,
 {rates["of DRAM bandwidth"].max():.1%} of the GPU's DRAM bandwidth (datasheet). That the bytes
 sawtooth saves were never what the 48 CTAs waited for is the reading these rates suggest (a

@@ -31,7 +31,7 @@ from wavefront.model.timed import ComputeTiming, MemoryTiming, simulate_timed
 from wavefront.point import plan
 from wavefront.report.analysis import cached_table
 from wavefront.report.draft import Claim, Section, md_table, paragraphs, span
-from wavefront.report.experiments import run_as_script
+from wavefront.report.experiments import run_as_script, sibling
 from wavefront.report.figures import plain_log
 
 DATASETS = ()
@@ -135,21 +135,11 @@ def gpu_points(study) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def _package():
-    import importlib
-    return importlib.import_module(__package__ or "experiments")
-
-
-def _module(name):
-    import importlib
-    return importlib.import_module(f"{__package__ or 'experiments'}.{name}")
-
-
 def measured_points(study) -> pd.DataFrame:
     """The measured one-step binaries (exposure_latency, alone, non-causal) at their own GPU's
     bandwidth per CTA and DRAM latency, their measured step and K/V steps in flight (SASS): the
     map's prediction there beside what they measured."""
-    pipe = _module("exposure_latency").pipeline(study)
+    pipe = sibling(__package__, "exposure_latency").pipeline(study)
     rows = []
     for _, r in pipe[pipe["variant"].isin(MEASURED_VARIANTS)].iterrows():
         g = PRESETS[r["GPU"].lower()]
@@ -168,10 +158,8 @@ def model_skill(study) -> dict:
     correlation of predicted with measured sawtooth/linear time ratios over every measured pair,
     and, of the regime configurations whose interval excludes no change, how many have a
     prediction of the measured sign."""
-    from wavefront.report import timed
-    timed_model = _module("timed_model")
-    skill = timed.ratio_skill(timed.sawtooth_pairs(timed.baseline_rows(study)))
-    checked = timed_model.sign_size_check(timed_model.regime_predictions(study))
+    skill = sibling(__package__, "timed_model").model_skill(study)
+    checked = skill["checked"]
     return {"pairs": skill["pairs"], "time pearson": skill["time pearson"],
             "excluding no change": len(checked), "right sign": int(checked["right sign"].sum())}
 
@@ -322,7 +310,7 @@ def section(study) -> Section:
     hopper_cta = gpus[gpus["GPU"].str.startswith("H")]["bandwidth_gbs_per_sm"]
     from wavefront.report import timed
     gb10 = timed.gb10_postdictions(study).set_index("causal")
-    appendix = _package().appendix_of("timed_model")
+    appendix = sibling(__package__).appendix_of("timed_model")
     claims = [
         Claim("In the model, with three K/V steps in flight, the map predicts every GPU's "
               "speed-up within 0.05% of no change (H100 and H200 at the paper's 48-CTA launch, "

@@ -9,7 +9,6 @@ lies above no change.
 
     python experiments/regimes.py plot --out DIR # anywhere: the figure, from data/
 """
-import importlib
 
 import matplotlib.pyplot as plt
 import numpy as np
@@ -19,7 +18,7 @@ from wavefront.report.analysis import paired_repeat_ratios
 from wavefront.report.draft import Section, md_table
 from wavefront.report.exposure import PRACTICAL_MARGIN, interval_chance
 from wavefront.report.front_matter import chance_bound
-from wavefront.report.experiments import run_as_script
+from wavefront.report.experiments import run_as_script, sibling
 from wavefront.report.figures import short_gpu
 from wavefront.results.measurement import median_ci95
 
@@ -39,9 +38,7 @@ REGIMES = {"a": "the paper's launch (48 CTAs)", "b": "beside a DRAM stream",
 def _regime_modules():
     """The regimes' experiment modules, from the package this one was loaded with (imported
     when asked: `python experiments/regimes.py` first hands over to the CLI)."""
-    import importlib
-    package = __package__ or "experiments"
-    return [importlib.import_module(f"{package}.{name}")
+    return [sibling(__package__, name)
             for name in ("paper_launch", "starved_launch", "exposure_corunners",
                          "exposure_small_l2", "exposure_latency")]
 
@@ -225,7 +222,7 @@ def section(study) -> Section:
                         f"{d['section']} intervals, {d['dropped below']} of them below no change)"
                         for r, d in dropped.items()),
             all(d["dropped"] == d["controls"] for d in dropped.values()), dropped)
-    package = importlib.import_module(__package__ or "experiments")
+    package = sibling(__package__)
     where = {}
     for regime, name in SOURCES.items():
         where.setdefault("the results above" if name in package.DRAFT

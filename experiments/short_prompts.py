@@ -105,13 +105,10 @@ def summary(data_dir) -> None:
 def _search(study) -> tuple[str, str]:
     """(the searched shapes, the GPU) of the lever search committed with this experiment's data
     (data/short_prompts/tune_s768), read from its records."""
-    import json
-
-    from wavefront.results.records import shape_name
-    from wavefront.results.store import read_results_bytes
-    rows = [json.loads(line) for line in read_results_bytes(
-        study.data_dir / "short_prompts" / SEARCH / "tune.jsonl.gz", "the lever search")
-        .decode().splitlines() if line.strip()]
+    from wavefront.results.records import TUNE_RECORDS, shape_name
+    rows = [r for file_rows in study.records(TUNE_RECORDS, "short_prompts",
+                                             f"{SEARCH}/tune.jsonl").values()
+            for r in file_rows]
     shapes = sorted({shape_name({**r["shape"], "kv_heads": None}).removesuffix(" causal")
                      for r in rows})
     masks = sorted({"causal" if r["shape"]["causal"] else "full" for r in rows})

@@ -24,7 +24,7 @@ from wavefront.model.fits import PAPER_LAUNCH
 from wavefront.model.presets import PRESETS
 from wavefront.report import timed
 from wavefront.report.draft import Claim, Section, md_table, paragraphs
-from wavefront.report.experiments import run_as_script
+from wavefront.report.experiments import run_as_script, sibling
 from wavefront.report.figures import short_gpu
 
 DATASETS = (timed.TRAINING, *timed.TIMED_FAMILIES)
@@ -117,16 +117,22 @@ def _exposure_shown(e: pd.DataFrame) -> pd.DataFrame:
             e["linear_dram_read_gb"], e["sawtooth_dram_read_gb"])]})
 
 
-def _module(name):
-    import importlib
-    return importlib.import_module(f"{__package__ or 'experiments'}.{name}")
-
-
 def regime_predictions(study) -> pd.DataFrame:
     """The regimes' configurations (experiments/regimes.py) with the timed model's prediction
     (`timed.regime_predictions`)."""
-    return timed.regime_predictions(study, _module("regimes").configurations(study),
-                                    _module("exposure_corunners").table(study))
+    return timed.regime_predictions(study, sibling(__package__, "regimes").configurations(study),
+                                    sibling(__package__, "exposure_corunners").table(study))
+
+
+def model_skill(study) -> dict:
+    """The model's skill on the scan's effect, as this appendix scores it (computed once per
+    study: the abstract and the model's map state it too): `timed.ratio_skill` over every
+    measured linear/sawtooth pair, and as "checked" the regime configurations whose measured
+    interval excludes no change, with their sign and size verdicts (`sign_size_check`)."""
+    def compute():
+        skill = timed.ratio_skill(timed.sawtooth_pairs(timed.baseline_rows(study)))
+        return {**skill, "checked": sign_size_check(regime_predictions(study))}
+    return study.once("timed_model.model_skill", compute)
 
 
 def sign_size_check(rows: pd.DataFrame) -> pd.DataFrame:
@@ -248,10 +254,10 @@ def section(study) -> Section:
     moved = _moved_by_nudges(pred)
 
     honest = timed.honest_scores(study)
-    skill = timed.ratio_skill(timed.sawtooth_pairs(timed.baseline_rows(study)))
+    skill = dict(model_skill(study))  # (a copy: popped)
+    checked = skill.pop("checked")
     ceiling = timed.measurement_ceiling(study)
     reg = regime_predictions(study)
-    checked = sign_size_check(reg)
     both_ratios = _combined_time_ratios(timed.sawtooth_pairs(timed.baseline_rows(study)), reg)
     above = honest[honest["points"] == timed.KNEE_SPLITS[0]]
     beats = above[above["clock vs no-cache on time"] == "beats"]

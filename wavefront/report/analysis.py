@@ -253,6 +253,15 @@ class Study:
         self.data_dir = Path(data_dir)
         self._frames: dict[str, pd.DataFrame] = {}
         self._summaries: dict[str, pd.DataFrame] = {}
+        self._records: dict[tuple, dict] = {}
+        self._computed: dict[str, object] = {}
+
+    def once(self, name: str, compute):
+        """`compute()` the first time `name` is asked for, its result after (for a number
+        several sections state, computed from this study once)."""
+        if name not in self._computed:
+            self._computed[name] = compute()
+        return self._computed[name]
 
     def load(self, experiment: str) -> pd.DataFrame:
         """A data set's `ok` rows (all repeats)."""
@@ -273,11 +282,15 @@ class Study:
         by its path there without the suffix (`run1`, `h100_run1/tune`), in name order; a
         data set with none fails with its name. A gzip-compressed file (`run1.jsonl.gz`)
         matches its plain name's pattern."""
-        directory = self.data_dir / dataset
-        paths = sorted(set(directory.glob(pattern)) | set(directory.glob(pattern + ".gz")))
-        if not paths:
-            raise SchemaError(f"{directory}: no {kind.name} records ({pattern})")
-        return {str(p.relative_to(directory)).split(".")[0]: kind.read(p) for p in paths}
+        key = (kind.name, dataset, pattern)
+        if key not in self._records:  # read once per study; each caller gets its own rows
+            directory = self.data_dir / dataset
+            paths = sorted(set(directory.glob(pattern)) | set(directory.glob(pattern + ".gz")))
+            if not paths:
+                raise SchemaError(f"{directory}: no {kind.name} records ({pattern})")
+            self._records[key] = {str(p.relative_to(directory)).split(".")[0]: kind.read(p)
+                                  for p in paths}
+        return {name: [dict(r) for r in rows] for name, rows in self._records[key].items()}
 
     def folded_records(self, kind: RecordKind, dataset: str, folded: str,
                        loose: str) -> dict:

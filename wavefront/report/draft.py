@@ -89,14 +89,19 @@ def kernel_generation(run: dict) -> str:
         "table-driven"
 
 
+def _dataset_runs(study: Study, name: str) -> list[dict]:
+    """Every run the manifests of data set `name` record (one manifest per directory, packed
+    or plain: the store's choice when both exist)."""
+    folders = sorted({path.parent for path in (study.data_dir / name).glob(
+        f"**/{MANIFEST_FILE}*")})
+    return [run for folder in folders for run in _runs_of(manifest_path(folder))]
+
+
 def kernel_commits(study: Study, datasets) -> str:
     """'commit bec3861' (or 'commits a, b'): the kernel commits the data sets' manifests name,
     for prose that says which kernel measured them."""
     commits = sorted({str(run.get("git_commit", "?"))[:7]
-                      for name in datasets
-                      for folder in {path.parent for path in (study.data_dir / name).glob(
-                          f"**/{MANIFEST_FILE}*")}
-                      for run in _runs_of(manifest_path(folder))})
+                      for name in datasets for run in _dataset_runs(study, name)})
     if not commits:
         return "commit unknown"
     return ("commit " if len(commits) == 1 else "commits ") + ", ".join(commits)
@@ -108,10 +113,7 @@ def measured_with(study: Study, datasets, records=()) -> str:
     today's."""
     parts, first = [], []
     for name in dict.fromkeys(list(datasets) + list(records)):
-        # one manifest per directory, packed or plain (the store's choice when both exist)
-        folders = sorted({path.parent for path in (study.data_dir / name).glob(
-            f"**/{MANIFEST_FILE}*")})
-        runs = [run for folder in folders for run in _runs_of(manifest_path(folder))]
+        runs = _dataset_runs(study, name)
         if not runs:
             continue
         by_gpu: dict[str, set] = {}

@@ -231,6 +231,14 @@ def until_measured(namespace: dict, ready: bool) -> None:
                 namespace[f"{name}_when_measured"] = namespace.pop(name)
 
 
+def sibling(package: str | None, name: str = "") -> ModuleType:
+    """An experiment's neighbour in its package (`name`), or the package itself (no name),
+    from an experiment module's `__package__`: None where the file runs as a script, whose
+    package is then `experiments`."""
+    base = package or "experiments"
+    return importlib.import_module(f"{base}.{name}" if name else base)
+
+
 def run_as_script(path: str) -> None:
     """`python experiments/<name>.py ACTION ...` is `wavefront experiment ACTION <name> ...`:
     the experiment file hands over to the CLI by process, never by import (the CLI sits above

@@ -72,6 +72,15 @@ def paired(rounds: pd.DataFrame, keys: list[str], linear: str, sawtooth: str) ->
 PRACTICAL_MARGIN = 0.01  # a change under 1% is not counted as one (the scans alone: +-0.05%)
 
 
+def paired_alone(study, faster: str, slower: str, **labels) -> pd.DataFrame:
+    """exposure_latency's rounds with nothing beside the launch: `faster`'s TFLOP/s over
+    `slower`'s (points named 'variant|scan'; both ran in every round), paired by round, per GPU
+    (`paired`); `labels` become constant columns beside the GPU."""
+    r = records(study, "exposure_latency")
+    r = r[(r["kind"] == "round") & (r["environment"] == "alone")].assign(**labels)
+    return paired(r, ["GPU", *labels], slower, faster)
+
+
 def interval_chance(rounds: int) -> float:
     """The chance that a distribution-free interval of the median from `rounds` samples misses
     the true median (median_ci95's order statistics): 1/32 at 6 rounds, not 5%."""

@@ -9,15 +9,14 @@ with their source beside them.
 """
 from __future__ import annotations
 
-import math
 
 import numpy as np
 import pandas as pd
 from scipy.stats import binom
 
 from wavefront.model.presets import gpu_preset
-from wavefront.report.exposure import PRACTICAL_MARGIN, paired, records
-from wavefront.report.markdown import md_table, span
+from wavefront.report.exposure import PRACTICAL_MARGIN, paired_alone
+from wavefront.report.markdown import bound, md_table, span  # noqa: F401  (bound: tests)
 
 # The part number of the first part the experiments' sections open (1-3: introduction,
 # background and related work, method).
@@ -86,26 +85,6 @@ def table_one(t: pd.DataFrame) -> str:
             f"{r['linear TFLOP/s']:.1f} |")
     return "\n".join(["| GPU | source | mask | misses, sawtooth vs linear | TFLOP/s, sawtooth "
                       "vs linear | linear TFLOP/s |", "|---|---|---|---|---|---|", *rows])
-
-
-def bound(x: float, decimals: int, percent: bool = True, up: bool = True) -> tuple[str, float]:
-    """`x` printed as a bound at `decimals` (rounded up for "at most", down for "at least"), and
-    the bound the printed text states, read back from it: a claim checks the data against
-    what the sentence says, not against the unrounded value (give or take a part in 10^9, the
-    float error of 0.99 - 1 against 0.01)."""
-    scale = 10 ** (decimals + (2 if percent else 0))
-    step = math.ceil if up else math.floor
-    value = step(round(x * scale, 6)) / scale
-    text = f"{value:.{decimals}%}" if percent else f"{value:.{decimals}f}"
-    return text, float(text.rstrip("%")) / (100 if percent else 1) * (1 + (1e-9 if up else -1e-9))
-
-
-def _paired_speed(study, faster: str, slower: str) -> pd.DataFrame:
-    """exposure_latency's rounds, alone: `faster`'s TFLOP/s over `slower`'s (points named
-    'variant|scan'), paired by round (both ran in every round), per GPU."""
-    r = records(study, "exposure_latency")
-    r = r[(r["kind"] == "round") & (r["environment"] == "alone")]
-    return paired(r, ["GPU"], slower, faster)
 
 
 def _per_gpu(t: pd.DataFrame) -> str:
@@ -221,8 +200,8 @@ def _exposure(n, study, experiments, lat, depth, hint) -> None:
     flat = depth[depth["covered us"] >= flat_bound]
     change = float(np.maximum((flat["hi"] - 1).abs(), (flat["lo"] - 1).abs()).max())
     change_text, change_bound = bound(change, 2)
-    net = _paired_speed(study, "64x64 kv_latency=10|sawtooth", "64x64 (paper)|linear")
-    wide = _paired_speed(study, "128x64|linear", "64x64 (paper)|linear")
+    net = paired_alone(study, "64x64 kv_latency=10|sawtooth", "64x64 (paper)|linear")
+    wide = paired_alone(study, "128x64|linear", "64x64 (paper)|linear")
     alone = lat[(lat["environment"] == "alone") & ~lat["variant"].str.startswith("S16k")]
     fastest = alone.assign(best=alone["linear ms"] / alone["sawtooth vs linear"].clip(lower=1))
     fastest = fastest.loc[fastest.groupby("GPU")["best"].idxmin(), "variant"]
@@ -270,9 +249,8 @@ def _model_skill(n, study, experiments) -> None:
     honest = timed.honest_scores(study)
     above = honest[honest["points"] == timed.KNEE_SPLITS[0]]
     missed = above[above["timed time median"] > timed.TIME_MEDIAN_TARGET]
-    skill = timed.ratio_skill(timed.sawtooth_pairs(timed.baseline_rows(study)))
-    model = experiments["timed_model"].module
-    checked = model.sign_size_check(model.regime_predictions(study))
+    skill = dict(experiments["timed_model"].module.model_skill(study))  # (a copy: popped)
+    checked = skill.pop("checked")
     right = int(checked["right sign"].sum())
     v.update(
         timed_time_median=span(above["timed time median"] * 100) + "%",
