@@ -11,7 +11,7 @@
 # crash (scripts/gpu_crash_campaign.py), advisor (experiments/advisor_picks.py, one shape),
 # backward (scripts/backward_bench.py), gpu_checks (the GPU tests of the bad-input audit and the
 # cache call), backward_dram (the backward schedules' DRAM bytes and time), tune_short (a lever
-# search at B16 H32 S768 D128, written into the tuned table, which $d/tuned.json brings back),
+# search at B16 H32 S768 D128 unless TUNE_ARGS names another shape, written into the tuned table, which $d/tuned.json brings back),
 # bwd_variants (every named backward config against cuDNN and FA2).
 set -uo pipefail
 : "${WAVEFRONT_GIT_COMMIT:?set WAVEFRONT_GIT_COMMIT=\$(git rev-parse HEAD)}"
@@ -54,9 +54,10 @@ step() {  # step NAME DIR
     bwd_variants) python3 scripts/backward_bench.py --variants "${BWD_VARIANTS:-all}" --rounds "${BWD_ROUNDS:-6}" \
                --json "$d/backward_variants.jsonl" > "$d/backward_variants.log" 2>&1
                tail -60 "$d/backward_variants.log" ;;
-    tune_short) timeout "${TUNE_SECONDS:-300}" python3 -m wavefront.cli tune --batch 16 \
-               --heads 32 --seqlen 768 --head-dim 128 --rounds 6 --no-softmax-levers --write \
-               --out "$d/tune_short" > "$d/tune_short.log" 2>&1; tail -25 "$d/tune_short.log"
+    tune_short) timeout "${TUNE_SECONDS:-300}" python3 -m wavefront.cli tune \
+               ${TUNE_ARGS:---batch 16 --heads 32 --seqlen 768 --head-dim 128 --no-softmax-levers} \
+               --rounds 6 --write --out "$d/tune_short" > "$d/tune_short.log" 2>&1
+               tail -25 "$d/tune_short.log"
                cp wavefront/kernel/tuned.json "$d/tuned.json" ;;
     *) echo "unknown step $1" ;;
     esac
