@@ -251,7 +251,7 @@ def attention_backward(q, k, v, out, lse, dout, *, causal: bool = False,
     which each K/V tile visits its Q tiles; `wavefront.backward_schedules`); `tiles`: 'MxN'
     (Q tile rows x K/V tile rows). `deterministic` (default): dQ from a second, Q-major kernel, so repeated calls give
     bit-identical gradients, and faster than `deterministic=False` (float32 atomics into dQ)
-    on every shape measured (data/backward_bench: 2-3x on an H200). `causal_alignment`: the
+    on every shape measured (data/backward_bench: 1.4-1.7x on an H200). `causal_alignment`: the
     forward's ("top_left" or "bottom_right", as `attention` takes it; a row that saw no key
     gets dq = 0 and adds nothing to dk, dv)."""
     from wavefront.argument_checks import backward_options
