@@ -371,7 +371,8 @@ def section(study) -> Section:
                              else "over 1.3x its median"))
     by_dim = det.groupby("D")["x cudnn"]
     s.claim(f"On the {gpu} at commit {commit}, the public call's default, the deterministic "
-            f"mode (`wavefront_det`, config {RUN_CONFIG}, {DEFAULT_BACKWARD_SCHEDULE}), runs at {spread(det, 'cudnn')} cuDNN's speed across all {configs} configurations "
+            f"mode (`wavefront_det`, config {RUN_CONFIG}, {DEFAULT_BACKWARD_SCHEDULE}), runs "
+            f"at {spread(det, 'cudnn')} cuDNN's speed across all {configs} configurations "
             f"({', '.join(f'D{d}: {g.min():.2f}-{g.max():.2f}x' for d, g in by_dim)}); every "
             f"median and every 95% interval below 1 but "
             f"{'one interval' if len(reaching) == 1 else f'{len(reaching)} intervals'} "
