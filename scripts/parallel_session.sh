@@ -27,7 +27,7 @@ step() {  # step NAME DIR
                > "$d/gpu_tests.log" 2>&1; grep -E "^(FAILED|ERROR)|passed|failed" "$d/gpu_tests.log" | tail -30 ;;
     bench_decode) python3 -m wavefront.cli bench-decode --rounds 8 --per-round 5 --out "$d/decode_bench" \
                > "$d/bench_decode.log" 2>&1; tail -40 "$d/bench_decode.log" ;;
-    decode_sweep) python3 -m wavefront.cli bench-decode --batch 1,8 --rounds 8 --per-round 5 \
+    decode_sweep) python3 -m wavefront.cli bench-decode --batch "${DECODE_SWEEP_BATCH:-1,8}" --rounds 8 --per-round 5 \
                --sweep-splits "${SWEEP_SPLITS:-auto,8,16,32,64,128}" --sweep-ctas-per-sm 2,3 \
                --out "$d/decode_sweep" > "$d/decode_sweep.log" 2>&1; tail -150 "$d/decode_sweep.log" ;;
     shared_prefix|generate) OUT="$d" bash scripts/serving_session.sh "$1" | tail -40 ;;

@@ -131,7 +131,7 @@ def test_decode_matches_reference(page_size, heads, dim, dtype):
 
 
 @pytest.mark.parametrize("page_size", [None, 16, 64, 256])
-@pytest.mark.parametrize("num_splits", [1, 3, 16])
+@pytest.mark.parametrize("num_splits", [1, 3, 16, 37])
 def test_splits_and_ragged_lengths_including_empty_and_full(page_size, num_splits):
     run_case(batch=4, capacity=2048, lengths=[0, 2048, 1, 1333], page_size=page_size,
              num_splits=num_splits, return_lse=True, seed=100 + num_splits)

@@ -355,7 +355,7 @@ def test_each_cache_kernel_compiles_for_sm90():
     assert combine.write_lse and not attention.write_lse and append.paged
     _compile_all([DecodeVariant("bfloat16", 128, 64, 64, 4, False), attention,
                   DecodeVariant("float16", 64, 64, 64, 4, False, write_lse=True),
-                  CombineSplitsVariant("bfloat16", 128, 64, 4, True),
+                  combine, CombineSplitsVariant("float16", 64, 16, 4, 1),
                   AppendVariant("float16", 64, True)])
 
 

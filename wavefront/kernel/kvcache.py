@@ -686,10 +686,11 @@ def attention_with_kvcache(q, k_cache, v_cache, cache_seqlens, *, k=None, v=None
                                                       out5, lse_argument, lengths, table))),
                       **prepared.bound}))
         if prepared.combine is not None:
-            ct.launch(handle, (prepared.launch.problem.q_tiles, shape.batch * shape.kv_heads,
-                               1), combine_splits, launch_args(COMBINE_SPLITS_PARAMS, {
-                                   **dict(zip(COMBINE_PER_CALL, (out5, lse_argument))),
-                                   **prepared.combine}))
+            query_blocks = -(-shape.seqlen_q // prepared.combine["ROWS"])
+            ct.launch(handle, (query_blocks, shape.batch * shape.kv_heads, 1),
+                      combine_splits, launch_args(COMBINE_SPLITS_PARAMS, {
+                          **dict(zip(COMBINE_PER_CALL, (out5, lse_argument))),
+                          **prepared.combine}))
         if not capturing:
             flags.copy_behind(handle)
     if os.environ.get(CHECK_LENGTHS_ENV, "") not in ("", "0"):
