@@ -269,13 +269,35 @@ def _split_state(PartO, PartM, PartL, batches, batch, kv_head, split, q_block,
     return m_s, l_s, a_s
 
 
+def _four_states(PartO, PartM, PartL, batches, batch, kv_head, first, q_block,
+                 ROWS: ConstInt, GROUP_TILE: ConstInt, HEAD_DIM: ConstInt):
+    """The partial states of splits first .. first + 3, their loads issued together."""
+    m0, l0, a0 = _split_state(PartO, PartM, PartL, batches, batch, kv_head, first, q_block,
+                              ROWS, GROUP_TILE, HEAD_DIM)
+    m1, l1, a1 = _split_state(PartO, PartM, PartL, batches, batch, kv_head, first + 1, q_block,
+                              ROWS, GROUP_TILE, HEAD_DIM)
+    m2, l2, a2 = _split_state(PartO, PartM, PartL, batches, batch, kv_head, first + 2, q_block,
+                              ROWS, GROUP_TILE, HEAD_DIM)
+    m3, l3, a3 = _split_state(PartO, PartM, PartL, batches, batch, kv_head, first + 3, q_block,
+                              ROWS, GROUP_TILE, HEAD_DIM)
+    return m0, l0, a0, m1, l1, a1, m2, l2, a2, m3, l3, a3
+
+
+def _merge_four(m, l_sum, acc, states):
+    m0, l0, a0, m1, l1, a1, m2, l2, a2, m3, l3, a3 = states
+    m, l_sum, acc = merge_partial_state(m, l_sum, acc, m0, l0, a0)
+    m, l_sum, acc = merge_partial_state(m, l_sum, acc, m1, l1, a1)
+    m, l_sum, acc = merge_partial_state(m, l_sum, acc, m2, l2, a2)
+    return merge_partial_state(m, l_sum, acc, m3, l3, a3)
+
+
 @ct.kernel
 def combine_splits(PartO, PartM, PartL, Out, Lse, num_splits: int, HEAD_DIM: ConstInt,
                    ROWS: ConstInt, GROUP_TILE: ConstInt, SPLIT_CHUNK: ConstInt,
                    WRITE_LSE: ConstBool):
     """Merge the splits' partial states of ROWS query positions of one (batch, K/V head)
-    exactly: the online softmax's algebra, one split at a time, SPLIT_CHUNK (1 or 4) splits'
-    loads issued before the first of them is merged. A merge that waited on each split's load
+    exactly: the online softmax's algebra, one split at a time, SPLIT_CHUNK (1, 4 or 8)
+    splits' loads issued before the first of them is merged. A merge that waited on each split's load
     in turn cost about half a microsecond a split on an H200 (17 us of a 54 us B1 decode step
     at 29 splits). A split that saw no key has row max ROW_MAX_START and row sum 0, and one
     past the last reads as row max -inf: both weigh nothing. Grid: (query blocks of ROWS,
@@ -291,21 +313,20 @@ def combine_splits(PartO, PartM, PartL, Out, Lse, num_splits: int, HEAD_DIM: Con
     acc = ct.full((TILE_M, HEAD_DIM), 0.0, dtype=ct.float32)
     for chunk in range((num_splits + SPLIT_CHUNK - 1) // SPLIT_CHUNK):
         first = chunk * SPLIT_CHUNK
-        m0, l0, a0 = _split_state(PartO, PartM, PartL, batches, batch, kv_head, first, q_block,
-                                  ROWS, GROUP_TILE, HEAD_DIM)
-        if SPLIT_CHUNK == 4:
-            m1, l1, a1 = _split_state(PartO, PartM, PartL, batches, batch, kv_head, first + 1,
-                                      q_block, ROWS, GROUP_TILE, HEAD_DIM)
-            m2, l2, a2 = _split_state(PartO, PartM, PartL, batches, batch, kv_head, first + 2,
-                                      q_block, ROWS, GROUP_TILE, HEAD_DIM)
-            m3, l3, a3 = _split_state(PartO, PartM, PartL, batches, batch, kv_head, first + 3,
+        if SPLIT_CHUNK == 1:
+            m0, l0, a0 = _split_state(PartO, PartM, PartL, batches, batch, kv_head, first,
                                       q_block, ROWS, GROUP_TILE, HEAD_DIM)
             m, l_sum, acc = merge_partial_state(m, l_sum, acc, m0, l0, a0)
-            m, l_sum, acc = merge_partial_state(m, l_sum, acc, m1, l1, a1)
-            m, l_sum, acc = merge_partial_state(m, l_sum, acc, m2, l2, a2)
-            m, l_sum, acc = merge_partial_state(m, l_sum, acc, m3, l3, a3)
         else:
-            m, l_sum, acc = merge_partial_state(m, l_sum, acc, m0, l0, a0)
+            states = _four_states(PartO, PartM, PartL, batches, batch, kv_head, first, q_block,
+                                  ROWS, GROUP_TILE, HEAD_DIM)
+            if SPLIT_CHUNK == 8:  # the second four's loads issued before the first merge
+                later = _four_states(PartO, PartM, PartL, batches, batch, kv_head, first + 4,
+                                     q_block, ROWS, GROUP_TILE, HEAD_DIM)
+                m, l_sum, acc = _merge_four(m, l_sum, acc, states)
+                m, l_sum, acc = _merge_four(m, l_sum, acc, later)
+            else:
+                m, l_sum, acc = _merge_four(m, l_sum, acc, states)
     _store_rows(Out, Lse, acc, m, l_sum, batch, kv_head, q_block, HEAD_DIM, TILE_M, GROUP_TILE,
                 WRITE_LSE)
 
@@ -471,18 +492,23 @@ class DecodeVariant:
         return _signature(DECODE_PARAMS, self.dtype, self.constants, "decode_attention")
 
 
-# Elements of a split's partial output up to which the combine issues four splits' loads at
-# once (4 KB of float32: decode's few rows); larger tiles load one split at a time.
-COMBINE_CHUNK_ELEMENTS = 1024
-SPLIT_CHUNKS = (1, 4)
+# Elements of a split's partial output up to which the combine issues eight splits' loads at
+# once (2 KB of float32: a decode step's GQA group of 4 at D=128), four splits' (4 KB); larger
+# tiles load one split at a time.
+COMBINE_EIGHT_ELEMENTS = 512
+COMBINE_FOUR_ELEMENTS = 1024
+SPLIT_CHUNKS = (1, 4, 8)
 
 
 def combine_tiles(seqlen_q: int, group_tile: int, head_dim: int) -> tuple[int, int]:
     """-> (query positions per combine CTA, splits whose loads are issued together): every
-    position of a short query (decode: 1) up to the attention tile's, and 4 splits where a
-    split's rows hold at most COMBINE_CHUNK_ELEMENTS elements, else 1."""
+    position of a short query (decode: 1) up to the attention tile's, and 8 or 4 splits where
+    a split's rows are small enough (COMBINE_EIGHT_ELEMENTS, COMBINE_FOUR_ELEMENTS), else 1."""
     rows = min(next_power_of_two(seqlen_q), max(1, MAX_TILE_M // group_tile))
-    return rows, 4 if rows * group_tile * head_dim <= COMBINE_CHUNK_ELEMENTS else 1
+    elements = rows * group_tile * head_dim
+    if elements <= COMBINE_EIGHT_ELEMENTS:
+        return rows, 8
+    return rows, 4 if elements <= COMBINE_FOUR_ELEMENTS else 1
 
 
 @dataclass(frozen=True)
