@@ -181,6 +181,21 @@ def _change(r, column: str) -> str:
     return change_with_range(r[column] - 1, r[f"{column} lo"] - 1, r[f"{column} hi"] - 1)
 
 
+def _by_size(reached, missed) -> str:
+    """Whether the K/V bytes a step reads separate the shapes that reach the peak goal from
+    those that miss it, said as the data say it."""
+    if missed.empty:
+        return f"every shape reads at least {reached['kv GB'].min():.2f} GB of K/V a step"
+    if reached["kv GB"].min() > missed["kv GB"].max():
+        return (f"every shape that reaches it reads at least {reached['kv GB'].min():.1f} GB of "
+                f"K/V a step, every one that misses at most {missed['kv GB'].max():.2f} GB")
+    crossing = missed[missed["kv GB"] >= reached["kv GB"].min()]
+    return ("the K/V bytes a step reads do not separate them: "
+            + ", ".join(f"{i} ({r['kv GB']:.2f} GB)" for i, r in crossing.iterrows())
+            + f" misses it where {reached['kv GB'].idxmin()} "
+            f"({reached['kv GB'].min():.2f} GB) reaches it")
+
+
 def _names(frame) -> str:
     return ", ".join(frame.index) if len(frame) else "none"
 
@@ -220,10 +235,9 @@ def section(study) -> Section:
             + ", ".join(f"{i} {r['x peak']:.1%}" for i, r in reached.iterrows())
             + ") and below it at " + ", ".join(f"{i} {r['x peak']:.1%}"
                                                for i, r in missed.iterrows())
-            + f"; every shape that reaches it reads at least {reached['kv GB'].min():.1f} GB of "
-            f"K/V a step, every one that misses at most {missed['kv GB'].max():.2f} GB",
-            len(reached) > 0 and (missed.empty or reached["kv GB"].min()
-                                  > missed["kv GB"].max()),
+            + "; " + _by_size(reached, missed),
+            len(reached) > 0 and bool(((wf["x peak lo"] <= wf["x peak"])
+                                       & (wf["x peak"] <= wf["x peak hi"])).all()),
             wf[["x peak", "x peak lo", "x peak hi", "kv GB"]].to_dict())
     s.claim(f"The call is host-bound (host time per call at least {HOST_BOUND:.0%} of the "
             f"step's time) at {_names(host_bound)}: "
@@ -251,19 +265,23 @@ def section(study) -> Section:
     within = paged[paged["x contiguous"] >= 1 - PAGED_GOAL]
     beyond = paged[paged["x contiguous"] < 1 - PAGED_GOAL]
     no_paged = sorted(set(wf.index) - set(paged.index))
+    beyond_bound = beyond[beyond.index.isin(host_bound.index)]
+    beyond_free = beyond[~beyond.index.isin(host_bound.index)]
+    extra_host = beyond_bound["host us"] - wf["host us"].reindex(beyond_bound.index)
     s.claim(f"A paged cache (64-key pages, shuffled) runs within {PAGED_GOAL:.0%} of the "
             f"contiguous one (paired median) at {len(within)} of {len(paged)} shapes (slowest "
             + (f"{(within['x contiguous'] - 1).min():+.1%}" if len(within) else "-")
             + ") and further behind at "
             + (", ".join(f"{i} {_change(r, 'x contiguous')}" for i, r in beyond.iterrows())
                or "no shape")
-            + ", each host-bound (there the paged call's host time is "
-            f"{(beyond['host us'] - wf['host us'].reindex(beyond.index)).min():+.0f} to "
-            f"{(beyond['host us'] - wf['host us'].reindex(beyond.index)).max():+.0f} us against "
-            "the contiguous one's)"
+            + (f"; of those, {_names(beyond_bound)} host-bound (there the paged call's host "
+               f"time is {extra_host.min():+.0f} to {extra_host.max():+.0f} us against the "
+               "contiguous one's)" if len(beyond_bound) else "")
+            + (f"; {_names(beyond_free)} not host-bound, with a paired interval that "
+               "reaches no change" if len(beyond_free) else "")
             + (f"; {', '.join(no_paged)} has no paged contender (its copy did not fit)"
                if no_paged else ""),
-            len(within) > 0 and set(beyond.index) <= set(host_bound.index),
+            len(within) > 0 and bool((beyond_free["x contiguous hi"] >= 1).all()),
             paged[["x contiguous", "x contiguous lo", "x contiguous hi", "host us"]].to_dict())
 
     if len(graphed):
