@@ -118,6 +118,47 @@ def _search(study, folder: str) -> tuple[str, str, str]:
     return f"{', '.join(shapes)} ({' and '.join(masks)})", ", ".join(gpus), ", ".join(commits)
 
 
+def in_sample() -> list[tuple[str, dict]]:
+    """(GPU, shape) of the bench's shapes that are themselves an entry of the tuned table on
+    that GPU (searched there, so not held out): read from wavefront/kernel/tuned.json."""
+    import json
+    from wavefront.kernel.tuning import TUNED_TABLE
+    table = json.loads(TUNED_TABLE.read_text())
+    out = []
+    for gpu, (name, _, _) in GPUS.items():
+        keys = set(table.get(name, {}))
+        for sh in shapes():
+            key = (f"d{sh['head_dim']}_{'causal' if sh['causal'] else 'full'}_b{sh['batch']}"
+                   f"_h{sh['heads']}_kv{sh['kv_heads']}_s{sh['seqlen']}")
+            if key in keys:
+                out.append((gpu, sh))
+    return out
+
+
+def _by_length(gpu: str, full_d128: pd.DataFrame) -> tuple[str, bool]:
+    """Where one GPU's D128 shapes without a mask stand against cuDNN, by prompt length, and
+    whether that sentence holds: where some reach cuDNN's level (interval reaching 1) and some
+    do not, only if length alone separates them (every one that reaches it is longer)."""
+    lengths = full_d128["shape"].str.extract(r" S(\d+k?) ")[0]
+    tokens = lengths.str.replace("k", "000").astype(int)
+    reach = full_d128["x cudnn hi"] >= 1.0
+    head = f"on the {gpu} {span(full_d128['x cudnn'], '.2f')}x cuDNN"
+    if reach.all():
+        return f"{head}, level with it or above at every length", True
+    if not reach.any():
+        return f"{head}, below it at every length ({_lengths(lengths)} tokens)", True
+    return (f"{head}: at {_lengths(lengths[reach])} tokens level with it or above, at "
+            f"{_lengths(lengths[~reach])} below it", bool(tokens[reach].min()
+                                                         > tokens[~reach].max()))
+
+
+def shape_name_of(sh: dict) -> str:
+    """"B4 H32 KV8 S4k D128 causal", as the bench's tables name a shape."""
+    from wavefront.results.records import shape_name
+    return shape_name({**sh, "kv_heads": None if sh["kv_heads"] == sh["heads"]
+                       else sh["kv_heads"]})
+
+
 def _lengths(labels) -> str:
     """"S512", "S1k" labels -> "512 and 1k" (in order, each once)."""
     names = sorted(set(labels), key=lambda x: int(x.replace("k", "000")))
@@ -134,30 +175,22 @@ def section(study) -> Section:
     s = Section()
     d = rows(study)
     call = d[d["contender"] == "public call"]
-    above = call[call["x cudnn lo"] > 1.0]
-    below = call[call["x cudnn hi"] < 1.0]
-    level = call[(call["x cudnn lo"] <= 1.0) & (call["x cudnn hi"] >= 1.0)]
-    full_d128 = call[call["shape"].str.contains("D128") & ~call["shape"].str.contains("causal")]
-    s.claim(f"On {len(call)} short-prompt shape-masks the public call runs "
-            f"{call['x cudnn'].min():.2f}-{call['x cudnn'].max():.2f}x cuDNN (median of "
-            f"paired rounds): above it (95% interval above 1) at {len(above)}, level with it "
-            f"(interval including 1) at {len(level)}, below it at {len(below)}",
+    per_gpu = []
+    for gpu, c in call.groupby("GPU"):
+        above = c[c["x cudnn lo"] > 1.0]
+        below = c[c["x cudnn hi"] < 1.0]
+        level = c[(c["x cudnn lo"] <= 1.0) & (c["x cudnn hi"] >= 1.0)]
+        per_gpu.append(f"on the {gpu}, {c['x cudnn'].min():.2f}-{c['x cudnn'].max():.2f}x "
+                       f"cuDNN: above it (95% interval above 1) at {len(above)}, level with it "
+                       f"(interval including 1) at {len(level)}, below it at {len(below)}")
+    s.claim(f"On {call['shape'].nunique()} short-prompt shape-masks the public call runs "
+            f"(median of paired rounds) " + "; ".join(per_gpu),
             bool(len(call) and ((call["x cudnn lo"] <= call["x cudnn"])
-                                 & (call["x cudnn"] <= call["x cudnn hi"])).all()),
+                                & (call["x cudnn"] <= call["x cudnn hi"])).all()),
             call[["GPU", "shape", "x cudnn", "x cudnn lo", "x cudnn hi"]].to_dict("records"))
-    # Where the D128 shapes without a mask stand, by prompt length: the sentence names the
-    # lengths that reach cuDNN's level and those that do not, and holds only if length alone
-    # separates them (every shape that reaches it is longer than every shape that does not).
-    reach = full_d128[full_d128["x cudnn hi"] >= 1.0]
-    short = full_d128[full_d128["x cudnn hi"] < 1.0]
-    lengths = full_d128["shape"].str.extract(r" S(\d+k?) ")[0]
-    as_tokens = lengths.str.replace("k", "000").astype(int)
-    s.claim(f"The {len(full_d128)} D128 shapes without a mask run "
-            f"{span(full_d128['x cudnn'], '.2f')}x cuDNN: at {_lengths(lengths[reach.index])} "
-            f"tokens the call is level with it or above, at {_lengths(lengths[short.index])} "
-            f"below it",
-            bool(len(reach) and len(short)
-                 and as_tokens[reach.index].min() > as_tokens[short.index].max()),
+    full_d128 = call[call["shape"].str.contains("D128") & ~call["shape"].str.contains("causal")]
+    sentences, holds = zip(*(_by_length(gpu, f) for gpu, f in full_d128.groupby("GPU")))
+    s.claim(f"The D128 shapes without a mask run {'; '.join(sentences)}", all(holds),
             full_d128[["GPU", "shape", "x cudnn", "x cudnn lo", "x cudnn hi"]]
             .to_dict("records"))
     repeat = untuned_shapes.replaced(study, "short_prompts")  # measured in an earlier run too
@@ -166,20 +199,26 @@ def section(study) -> Section:
         moved = (repeat["x cudnn now"] - repeat["x cudnn then"]).abs()
         same = bool((repeat["configuration then"] == repeat["configuration now"]).all())
         worst = repeat.loc[moved.idxmax()]
-        s.claim(f"Every shape-mask was measured in two device calls, the second after one more "
-                f"tuned entry; the call resolved to the same configuration at all "
-                f"{len(repeat)} in both, and its ratio to cuDNN moved by "
+        gpus = sorted(set(repeat["GPU"]))
+        s.claim(f"On the {' and '.join(gpus)}, every shape-mask was measured in two device "
+                f"calls, the second after one more tuned entry; the call resolved to the same "
+                f"configuration at all {len(repeat)} in both, and its ratio to cuDNN moved by "
                 f"{moved.median():.3f} (median) and up to {moved.max():.3f} ("
                 f"{worst['shape']}: {worst['x cudnn then']:.3f} then, "
                 f"{worst['x cudnn now']:.3f} now): the run-to-run spread of a ratio the table "
                 "prints from one run",
-                same and len(repeat) == len(call),
+                same and len(repeat) == len(call[call["GPU"].isin(gpus)]),
                 repeat[["GPU", "shape", "configuration then", "configuration now",
                         "x cudnn then", "x cudnn now"]].to_dict("records"))
     searches = [_search(study, folder) for folder in SEARCHES]
     listed = "; ".join(f"{shapes} on the {gpu}, kernel at {commit} "
                        f"(`data/short_prompts/{folder}`)"
                        for folder, (shapes, gpu, commit) in zip(SEARCHES, searches))
+    inside = [(gpu, sh) for gpu, sh in in_sample() if gpu in set(call["GPU"])]
+    searched_here = ("Not held out: " + ", ".join(
+        f"{shape_name_of(sh)} on the {gpu}" for gpu, sh in inside)
+        + " (each an entry of the tuned table, searched at that very shape in an earlier "
+          "session)." if inside else "")
     s.text = f"""## Short prompts
 
 Batched prompts of 512-4k tokens, D64 and D128, MHA and GQA, both masks
@@ -193,7 +232,7 @@ Batched prompts of 512-4k tokens, D64 and D128, MHA and GQA, both masks
 whose entries nearest these shapes came from lever searches at shapes the bench does not time,
 so the bench's shapes are held out from them: {listed}. The last two searches each ran in the
 device call of a run of these rounds, before it; no run of these shapes without the S1536
-entry is committed, so no before/after is claimed. What the tuned table hands these shapes
+entry is committed, so no before/after is claimed. {searched_here} What the tuned table hands these shapes
 (its nearest entry; computed from `wavefront/kernel/tuned.json` as the call resolves it, for
 the GPUs measured):
 
