@@ -118,21 +118,51 @@ def _search(study, folder: str) -> tuple[str, str, str]:
     return f"{', '.join(shapes)} ({' and '.join(masks)})", ", ".join(gpus), ", ".join(commits)
 
 
-def in_sample() -> list[tuple[str, dict]]:
-    """(GPU, shape) of the bench's shapes that are themselves an entry of the tuned table on
-    that GPU (searched there, so not held out): read from wavefront/kernel/tuned.json."""
+def tuned_entries() -> dict[str, dict[tuple, dict]]:
+    """{GPU: {(batch, heads, kv_heads, seqlen, head_dim, causal): entry}} of the shape-keyed
+    entries of wavefront/kernel/tuned.json (each one a lever search at that shape)."""
     import json
+    import re
     from wavefront.kernel.tuning import TUNED_TABLE
     table = json.loads(TUNED_TABLE.read_text())
-    out = []
+    out: dict = {}
     for gpu, (name, _, _) in GPUS.items():
-        keys = set(table.get(name, {}))
-        for sh in shapes():
-            key = (f"d{sh['head_dim']}_{'causal' if sh['causal'] else 'full'}_b{sh['batch']}"
-                   f"_h{sh['heads']}_kv{sh['kv_heads']}_s{sh['seqlen']}")
-            if key in keys:
-                out.append((gpu, sh))
+        for key, entry in table.get(name, {}).items():
+            m = re.fullmatch(r"d(\d+)_(causal|full)_b(\d+)_h(\d+)_kv(\d+)_s(\d+)", key)
+            if m:
+                d, mask, b, h, kv, sq = m.groups()
+                out.setdefault(gpu, {})[(int(b), int(h), int(kv), int(sq), int(d),
+                                         mask == "causal")] = entry
     return out
+
+
+def _key(sh: dict) -> tuple:
+    return (sh["batch"], sh["heads"], sh["kv_heads"], sh["seqlen"], sh["head_dim"],
+            sh["causal"])
+
+
+def in_sample() -> list[tuple[str, dict]]:
+    """(GPU, shape) of the bench's shapes that are themselves an entry of the tuned table on
+    that GPU (searched there, so not held out)."""
+    entries = tuned_entries()
+    return [(gpu, sh) for gpu in GPUS for sh in shapes() if _key(sh) in entries.get(gpu, {})]
+
+
+def _call_runs(study) -> pd.DataFrame:
+    """The public call's rows of every run (the latest and those it replaced), with each
+    run's date, oldest first."""
+    dates = untuned_shapes._run_dates(study, "short_prompts")
+    d = pd.concat([rows(study),
+                   untuned_shapes.rows(study, latest=False, dataset="short_prompts")])
+    d = d[d["contender"] == "public call"].copy()
+    d["date"] = d["run"].map(dates)
+    return d.sort_values(["GPU", "date", "shape"]).reset_index(drop=True)
+
+
+def _counts(c: pd.DataFrame) -> str:
+    above = int((c["x cudnn lo"] > 1.0).sum())
+    below = int((c["x cudnn hi"] < 1.0).sum())
+    return f"above it at {above}, level with it at {len(c) - above - below}, below it at {below}"
 
 
 def _by_length(gpu: str, full_d128: pd.DataFrame) -> tuple[str, bool]:
@@ -159,6 +189,19 @@ def shape_name_of(sh: dict) -> str:
                        else sh["kv_heads"]})
 
 
+def _names(index) -> str:
+    return ", ".join(index) if len(index) else "no shape"
+
+
+def _entry_config(gpu: str, key: str) -> str:
+    """The start of the configuration column's text for a tuned entry
+    ("grouped_dynamic+linear [tiles=128x256"), as the bench names what the call resolved to."""
+    import json
+    from wavefront.kernel.tuning import TUNED_TABLE
+    entry = json.loads(TUNED_TABLE.read_text())[GPUS[gpu][0]][key]
+    return f"{entry['schedule']} [tiles={entry['tiles']}"
+
+
 def _lengths(labels) -> str:
     """"S512", "S1k" labels -> "512 and 1k" (in order, each once)."""
     names = sorted(set(labels), key=lambda x: int(x.replace("k", "000")))
@@ -175,66 +218,100 @@ def section(study) -> Section:
     s = Section()
     d = rows(study)
     call = d[d["contender"] == "public call"]
-    per_gpu = []
+    runs = _call_runs(study)
+    per_gpu, complete = [], True
     for gpu, c in call.groupby("GPU"):
-        above = c[c["x cudnn lo"] > 1.0]
-        below = c[c["x cudnn hi"] < 1.0]
-        level = c[(c["x cudnn lo"] <= 1.0) & (c["x cudnn hi"] >= 1.0)]
+        earlier = runs[(runs["GPU"] == gpu) & (runs["run"] != c["run"].iloc[0])]
+        last_before = earlier[earlier["date"] == earlier["date"].max()] if len(earlier) else earlier
         per_gpu.append(f"on the {gpu}, {c['x cudnn'].min():.2f}-{c['x cudnn'].max():.2f}x "
-                       f"cuDNN: above it (95% interval above 1) at {len(above)}, level with it "
-                       f"(interval including 1) at {len(level)}, below it at {len(below)}")
-    s.claim(f"On {call['shape'].nunique()} short-prompt shape-masks the public call runs "
-            f"(median of paired rounds) " + "; ".join(per_gpu),
-            bool(len(call) and ((call["x cudnn lo"] <= call["x cudnn"])
-                                & (call["x cudnn"] <= call["x cudnn hi"])).all()),
+                       f"cuDNN, {_counts(c)}"
+                       + (f" (the run before it: {_counts(last_before)})"
+                          if len(last_before) else ""))
+        complete &= len(c) == len(shapes()) and c["run"].nunique() == 1
+    s.claim(f"On {len(shapes())} short-prompt shape-masks the public call runs (median of "
+            f"paired rounds; above or below: the 95% interval of the run excludes 1) "
+            + "; ".join(per_gpu),
+            bool(complete),
             call[["GPU", "shape", "x cudnn", "x cudnn lo", "x cudnn hi"]].to_dict("records"))
     full_d128 = call[call["shape"].str.contains("D128") & ~call["shape"].str.contains("causal")]
     sentences, holds = zip(*(_by_length(gpu, f) for gpu, f in full_d128.groupby("GPU")))
     s.claim(f"The D128 shapes without a mask run {'; '.join(sentences)}", all(holds),
             full_d128[["GPU", "shape", "x cudnn", "x cudnn lo", "x cudnn hi"]]
             .to_dict("records"))
-    repeat = untuned_shapes.replaced(study, "short_prompts")  # measured in an earlier run too
-    repeat = repeat[repeat["contender then"] == "public call"] if len(repeat) else repeat
-    if len(repeat):
-        moved = (repeat["x cudnn now"] - repeat["x cudnn then"]).abs()
-        same = bool((repeat["configuration then"] == repeat["configuration now"]).all())
-        worst = repeat.loc[moved.idxmax()]
-        gpus = sorted(set(repeat["GPU"]))
-        s.claim(f"On the {' and '.join(gpus)}, every shape-mask was measured in two device "
-                f"calls, the second after one more tuned entry; the call resolved to the same "
-                f"configuration at all {len(repeat)} in both, and its ratio to cuDNN moved by "
-                f"{moved.median():.3f} (median) and up to {moved.max():.3f} ("
-                f"{worst['shape']}: {worst['x cudnn then']:.3f} then, "
-                f"{worst['x cudnn now']:.3f} now): the run-to-run spread of a ratio the table "
-                "prints from one run",
-                same and len(repeat) == len(call[call["GPU"].isin(gpus)]),
-                repeat[["GPU", "shape", "configuration then", "configuration now",
-                        "x cudnn then", "x cudnn now"]].to_dict("records"))
+    # Run to run: the latest two runs of a GPU at the same configurations (the spread), then
+    # the shapes whose configuration a new tuned entry changed (before and after).
+    for gpu, g in runs.groupby("GPU"):
+        dates = sorted(g["date"].unique())
+        if len(dates) < 2:
+            continue
+        now = g[g["date"] == dates[-1]].set_index("shape")
+        then = g[g["date"] == dates[-2]].set_index("shape").reindex(now.index)
+        moved = (now["x cudnn"] - then["x cudnn"]).abs()
+        same = bool((now["configuration"] == then["configuration"]).all())
+        worst = moved.idxmax()
+        outside = int(((now["x cudnn"] < then["x cudnn lo"])
+                       | (now["x cudnn"] > then["x cudnn hi"])).sum())
+        s.claim(f"On the {gpu} the latest two runs resolved to the same configuration at all "
+                f"{len(now)} shape-masks; the call's ratio to cuDNN moved by "
+                f"{moved.median():.3f} (median) and up to {moved.max():.3f} ({worst}: "
+                f"{then.loc[worst, 'x cudnn']:.3f}, then {now.loc[worst, 'x cudnn']:.3f}), "
+                f"and "
+                f"{outside} of the later medians lie outside the earlier run's interval: an "
+                "interval here is one run's, and runs differ by more",
+                same and len(now) == len(shapes()),
+                pd.DataFrame({"then": then["x cudnn"], "now": now["x cudnn"]}).round(4)
+                .to_dict())
+        if len(dates) >= 3:
+            first = g[g["date"] == dates[0]].set_index("shape").reindex(now.index)
+            changed = then[then["configuration"] != first["configuration"]]
+            bigger = [i for i in changed.index
+                      if then.loc[i, "x cudnn"] - first.loc[i, "x cudnn"] > moved.max()]
+            s.claim(f"On the {gpu}, between its first two runs the tuned table gained the "
+                    f"S1536 entry, which changed the configuration at {_names(changed.index)}: "
+                    + ", ".join(f"{i} {first.loc[i, 'x cudnn']:.3f} -> "
+                                f"{then.loc[i, 'x cudnn']:.3f}" for i in changed.index)
+                    + f"; larger than the spread between runs of one configuration "
+                      f"({moved.max():.3f}) at {_names(bigger)}",
+                    len(changed) > 0 and bool(changed["configuration"].str.contains(
+                        _entry_config(gpu, "d128_full_b6_h32_kv8_s1536"), regex=False).all()),
+                    pd.DataFrame({"first": first.loc[changed.index, "x cudnn"],
+                                  "second": then.loc[changed.index, "x cudnn"]}).round(4)
+                    .to_dict())
     searches = [_search(study, folder) for folder in SEARCHES]
     listed = "; ".join(f"{shapes} on the {gpu}, kernel at {commit} "
                        f"(`data/short_prompts/{folder}`)"
                        for folder, (shapes, gpu, commit) in zip(SEARCHES, searches))
+    entries = tuned_entries()
+    other = {gpu: sorted({shape_name_of(dict(zip(
+        ("batch", "heads", "kv_heads", "seqlen", "head_dim", "causal"), k[:5] + (False,))))
+        .removesuffix(" D64").removesuffix(" D128") for k in entries.get(gpu, {})})
+        for gpu in sorted(set(call["GPU"]))}
     inside = [(gpu, sh) for gpu, sh in in_sample() if gpu in set(call["GPU"])]
-    searched_here = ("Not held out: " + ", ".join(
-        f"{shape_name_of(sh)} on the {gpu}" for gpu, sh in inside)
-        + " (each an entry of the tuned table, searched at that very shape in an earlier "
-          "session)." if inside else "")
+    measured = call.set_index(["GPU", "shape"])["x cudnn"]
+    searched_here = "".join(
+        f" On the {gpu} the bench's {shape_name_of(sh)} is itself a tuned entry (searched at "
+        f"that shape, not held out): its search recorded {entries[gpu][_key(sh)]['x_cudnn']:.3f}x "
+        f"cuDNN, this bench {measured[gpu, shape_name_of(sh)]:.3f}x." for gpu, sh in inside)
     s.text = f"""## Short prompts
 
 Batched prompts of 512-4k tokens, D64 and D128, MHA and GQA, both masks
-(`experiments/short_prompts.py`; the public call as users call it, interleaved rounds):
+(`experiments/short_prompts.py`; the public call as users call it, interleaved rounds; the
+table shows each GPU's latest run):
 
 {md_table(table(study))}
 
 ![short prompts](figures/short_prompts.png)
 
-{". ".join(c.text for c in s.claims)}. The call's configurations come from the tuned table,
-whose entries nearest these shapes came from lever searches at shapes the bench does not time,
-so the bench's shapes are held out from them: {listed}. The last two searches each ran in the
-device call of a run of these rounds, before it; no run of these shapes without the S1536
-entry is committed, so no before/after is claimed. {searched_here} What the tuned table hands these shapes
-(its nearest entry; computed from `wavefront/kernel/tuned.json` as the call resolves it, for
-the GPUs measured):
+{". ".join(c.text for c in s.claims)}.
+
+The call's configurations come from the tuned table. Its shape-keyed entries per GPU are
+lever searches at {"; ".join(f"{', '.join(v)} on the {gpu}" for gpu, v in other.items())}.
+The searches made for these shapes, all on the H200, were placed after runs of them had shown
+the D128 shapes without a mask below cuDNN (their shapes are not the bench's, but their
+placement is not blind to it): {listed}; the last two each ran in the device call of a run of
+these rounds, before it.{searched_here} What the tuned table hands these shapes (its nearest
+entry; computed from `wavefront/kernel/tuned.json` as the call resolves it, for the GPUs
+measured):
 
 {md_table(picks()[lambda p: p["GPU"].isin(set(call["GPU"]))])}"""
     return s

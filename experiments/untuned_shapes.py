@@ -113,10 +113,10 @@ def rows(study, latest: bool = True, dataset: str = "untuned_shapes") -> pd.Data
     return pd.DataFrame(out)
 
 
-def replaced(study, dataset: str = "untuned_shapes") -> pd.DataFrame:
+def replaced(study) -> pd.DataFrame:
     """Per GPU and shape measured twice, the public call under the table of then and under
     today's: its configuration and its speed against cuDNN of the same rounds."""
-    now, then = (rows(study, latest, dataset)[lambda d: d["contender"] == "public call"]
+    now, then = (rows(study, latest)[lambda d: d["contender"] == "public call"]
                  .set_index(["GPU", "shape"]) for latest in (True, False))
     both = then.merge(now, left_index=True, right_index=True, suffixes=(" then", " now"))
     return both.reset_index()

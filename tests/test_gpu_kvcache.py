@@ -137,6 +137,14 @@ def test_splits_and_ragged_lengths_including_empty_and_full(page_size, num_split
              num_splits=num_splits, return_lse=True, seed=100 + num_splits)
 
 
+@pytest.mark.parametrize("seqlen_q,num_splits", [(1, 5), (2, 3)])
+def test_a_group_of_eight_merges_four_splits_a_load(seqlen_q, num_splits):
+    """64 query heads over 8: the combine loads 4 splits at a time (8 at a group of 4), the
+    last chunk padded; with the LSE."""
+    run_case(batch=2, seqlen_q=seqlen_q, heads=64, kv_heads=8, capacity=1024,
+             lengths=[1000, 7], num_splits=num_splits, return_lse=True, seed=700 + seqlen_q)
+
+
 @pytest.mark.parametrize("seqlen_q", [16, 100, 512])
 @pytest.mark.parametrize("page_size", [None, 64])
 @pytest.mark.parametrize("causal", [True, False])

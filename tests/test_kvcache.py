@@ -345,7 +345,8 @@ def _compile_all(variants):
 @pytest.mark.compile
 def test_each_cache_kernel_compiles_for_sm90():
     """One binary of each kernel and kind: decode (GQA 4, contiguous), split paged with pages
-    of 16, chunked prefill with the LSE, the combine with the LSE, the paged append."""
+    of 16, chunked prefill with the LSE, the combine with the LSE (8, 1 and 4 splits a load),
+    the paged append."""
     pytest.importorskip("cuda.tile", reason="compiling needs cuda-tile (the gpu extra)")
     from wavefront.kernel.decode import (AppendVariant, CombineSplitsVariant, DecodeVariant,
                                          variants_for)
@@ -356,6 +357,7 @@ def test_each_cache_kernel_compiles_for_sm90():
     _compile_all([DecodeVariant("bfloat16", 128, 64, 64, 4, False), attention,
                   DecodeVariant("float16", 64, 64, 64, 4, False, write_lse=True),
                   combine, CombineSplitsVariant("float16", 64, 16, 4, 1),
+                  CombineSplitsVariant("bfloat16", 128, 1, 8, 4, True),
                   AppendVariant("float16", 64, True)])
 
 

@@ -249,11 +249,12 @@ def attention_backward(q, k, v, out, lse, dout, *, causal: bool = False,
     takes them (dk, dv summed over each K/V head's query heads). `schedule`: '<cta>+<scan>',
     cta one of grid, persistent, grouped, longest_first, scan linear or sawtooth (the order in
     which each K/V tile visits its Q tiles; `wavefront.backward_schedules`); `tiles`: 'MxN'
-    (Q tile rows x K/V tile rows). `deterministic` (default): dQ from a second, Q-major kernel, so repeated calls give
-    bit-identical gradients, and faster than `deterministic=False` (float32 atomics into dQ)
-    on every shape measured (data/backward_bench: 1.4-1.7x on an H200). `causal_alignment`: the
-    forward's ("top_left" or "bottom_right", as `attention` takes it; a row that saw no key
-    gets dq = 0 and adds nothing to dk, dv)."""
+    (Q tile rows x K/V tile rows). `deterministic` (default): dQ from a second, Q-major
+    kernel, so repeated calls give bit-identical gradients, and faster than
+    `deterministic=False` (float32 atomics into dQ) on every shape measured
+    (experiments/backward_bench.py). `causal_alignment`: the forward's ("top_left" or
+    "bottom_right", as `attention` takes it; a row that saw no key gets dq = 0 and adds
+    nothing to dk, dv)."""
     from wavefront.argument_checks import backward_options
     options = backward_options(causal=causal, scale=scale, schedule=schedule,
                                deterministic=deterministic, tiles=tiles,

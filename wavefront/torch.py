@@ -169,8 +169,8 @@ def _attention_bwd_fake(dout, q, k, v, out, lse, causal=False, scale=None,
 
 
 # dQ from the Q-major kernel, not float32 atomics, whether or not torch asks for deterministic
-# algorithms: on an H200 (data/backward_bench, kernel 062283e) the atomic mode ran 0.38-0.54x
-# cuDNN's backward and the deterministic one 0.60-0.76x, on every shape of the bench.
+# algorithms: the atomic mode is the slower on every shape of the backward bench
+# (experiments/backward_bench.py, the draft's backward appendix).
 _DETERMINISTIC_DQ = True
 
 

@@ -297,11 +297,12 @@ def combine_splits(PartO, PartM, PartL, Out, Lse, num_splits: int, HEAD_DIM: Con
                    WRITE_LSE: ConstBool):
     """Merge the splits' partial states of ROWS query positions of one (batch, K/V head)
     exactly: the online softmax's algebra, one split at a time, SPLIT_CHUNK (1, 4 or 8)
-    splits' loads issued before the first of them is merged. A merge that waited on each split's load
-    in turn cost about half a microsecond a split on an H200 (17 us of a 54 us B1 decode step
-    at 29 splits). A split that saw no key has row max ROW_MAX_START and row sum 0, and one
-    past the last reads as row max -inf: both weigh nothing. Grid: (query blocks of ROWS,
-    batch x K/V heads)."""
+    splits' loads issued before the first of them is merged. (Merging the attention tile's 64
+    rows split by split, each merge waiting on its load, the B1 32k decode step grew about half
+    a microsecond a split from 64 to 128 splits on an H200; this form took its graphed step
+    from 53.9 to 46.6 us at 29 splits: scripts/parallel_session.sh decode_sweep.) A split that
+    saw no key has row max ROW_MAX_START and row sum 0, and one past the last reads as row max
+    -inf: both weigh nothing. Grid: (query blocks of ROWS, batch x K/V heads)."""
     TILE_M = ROWS * GROUP_TILE
     q_block = ct.bid(0)
     kv_heads = Out.shape[2]
@@ -607,11 +608,13 @@ def all_decode_variants(dtypes=DTYPES, head_dims=HEAD_DIMS):
             yield DecodeVariant(dtype, head_dim, 64, 64, 4, True, write_lse=True,
                                 pages_per_tile=4)
             yield DecodeVariant(dtype, head_dim, 64, 64, 4, False, partials=True)
-            # the combine of a decode step (one position) and of a chunked prefill (the
-            # attention tile's positions, fewer splits a load), with and without the LSE
-            for seqlen_q, lse in ((1, False), (1, True), (64, False)):
-                rows, chunk = combine_tiles(seqlen_q, 4, head_dim)
-                yield CombineSplitsVariant(dtype, head_dim, rows, 4, chunk, lse)
+            # the combine of a decode step (one position: 8 splits a load at a group of 4,
+            # 4 at a group of 8) and of a chunked prefill (the attention tile's positions, one
+            # split a load), with and without the LSE
+            for seqlen_q, group_tile in ((1, 4), (1, 8), (64, 4)):
+                rows, chunk = combine_tiles(seqlen_q, group_tile, head_dim)
+                for lse in (False, True):
+                    yield CombineSplitsVariant(dtype, head_dim, rows, group_tile, chunk, lse)
             for paged in (False, True):
                 yield AppendVariant(dtype, head_dim, paged)
     if "bfloat16" in dtypes and 128 in head_dims:
