@@ -15,7 +15,8 @@ from importlib import resources
 
 import pandas as pd
 
-from wavefront.report.markdown import md_table, span  # noqa: F401  (experiments import them here)
+# (experiments import these from here)
+from wavefront.report.markdown import change_with_range, md_table, span  # noqa: F401
 from wavefront.model.presets import gpu_preset
 from wavefront.point import SECTOR_BYTES
 from wavefront.report.analysis import GpuCapacity, Study, dram_bound_share, timing
@@ -172,11 +173,6 @@ class DraftNumbers(Section):
 
 def pct(x) -> str:
     return "n/a" if x is None or x != x else f"{x:+.0%}"
-
-
-def change_with_range(median: float, lo: float, hi: float) -> str:
-    """'+7.8% [+1.7%, +9.1%]': a relative change and its range."""
-    return f"{median:+.1%} [{lo:+.1%}, {hi:+.1%}]"
 
 
 def changes_with_range(table: pd.DataFrame, column: str = "TFLOP/s, sawtooth vs linear",

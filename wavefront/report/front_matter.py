@@ -16,7 +16,8 @@ from scipy.stats import binom
 
 from wavefront.model.presets import gpu_preset
 from wavefront.report.exposure import PRACTICAL_MARGIN, paired_alone
-from wavefront.report.markdown import bound, md_table, span  # noqa: F401  (bound: tests)
+from wavefront.report.markdown import (bound, change_with_range, md_table,  # noqa: F401
+                                       span)  # (bound: tests)
 
 # The part number of the first part the experiments' sections open (1-3: introduction,
 # background and related work, method).
@@ -93,10 +94,6 @@ def _per_gpu(t: pd.DataFrame) -> str:
     if len(set(texts)) == 1 and len(texts) > 1:
         return f"{texts[0]} on both GPUs"
     return " and ".join(f"{x} ({g})" for x, g in zip(texts, t["GPU"]))
-
-
-def _signed(r) -> str:
-    return f"{r['sawtooth vs linear'] - 1:+.1%} [{r['lo'] - 1:+.1%}, {r['hi'] - 1:+.1%}]"
 
 
 def opening(n, study, experiments) -> None:
@@ -210,7 +207,9 @@ def _exposure(n, study, experiments, lat, depth, hint) -> None:
         hint_covered=paid_text, flat_covered=flat_text, flat_change=change_text,
         hint_slowed=" and ".join(f"{x:+.1%} on the {g}" for g, x in zip(
             hint["GPU"], hint["linear vs paper's settings alone"])),
-        hint_net=" and ".join(f"{_signed(r)} on the {r['GPU']}" for _, r in net.iterrows()),
+        hint_net=" and ".join(
+            f"{change_with_range(r['sawtooth vs linear'] - 1, r['lo'] - 1, r['hi'] - 1)} on the "
+            f"{r['GPU']}" for _, r in net.iterrows()),
         wide_gain=_per_gpu(wide),
         wide_ahead=int(wide_depth["K/V steps ahead (SASS)"].max()),
         wide_covered=span(wide_depth["covered us"], ".2f"))

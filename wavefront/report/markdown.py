@@ -31,3 +31,8 @@ def bound(x: float, decimals: int, percent: bool = True, up: bool = True) -> tup
     value = step(round(x * scale, 6)) / scale
     text = f"{value:.{decimals}%}" if percent else f"{value:.{decimals}f}"
     return text, float(text.rstrip("%")) / (100 if percent else 1) * (1 + (1e-9 if up else -1e-9))
+
+
+def change_with_range(median: float, lo: float, hi: float) -> str:
+    """'+7.8% [+1.7%, +9.1%]': a relative change and its range."""
+    return f"{median:+.1%} [{lo:+.1%}, {hi:+.1%}]"
