@@ -543,5 +543,5 @@ def test_graphed_decode_contenders_are_compared_with_graphed_sdpa(tmp_path):
     assert abs(d.loc["wavefront contiguous graphed", "x SDPA"] - 1.25 / 1.20) < 1e-6
     t = e.table(study)
     assert t["graphed vs SDPA graphed [95%]"].iloc[0].startswith("+4.2%")
-    graphed_claim = [c for c in e.section(study).claims if c.text.startswith("Replayed")]
+    graphed_claim = [c for c in e.section(study).claims if "replayed from CUDA graphs" in c.text]
     assert len(graphed_claim) == 1 and graphed_claim[0].holds
