@@ -118,34 +118,21 @@ def _search(study, folder: str) -> tuple[str, str, str]:
     return f"{', '.join(shapes)} ({' and '.join(masks)})", ", ".join(gpus), ", ".join(commits)
 
 
-def tuned_entries() -> dict[str, dict[tuple, dict]]:
-    """{GPU: {(batch, heads, kv_heads, seqlen, head_dim, causal): entry}} of the shape-keyed
-    entries of wavefront/kernel/tuned.json (each one a lever search at that shape)."""
-    import json
-    import re
-    from wavefront.kernel.tuning import TUNED_TABLE
-    table = json.loads(TUNED_TABLE.read_text())
-    out: dict = {}
-    for gpu, (name, _, _) in GPUS.items():
-        for key, entry in table.get(name, {}).items():
-            m = re.fullmatch(r"d(\d+)_(causal|full)_b(\d+)_h(\d+)_kv(\d+)_s(\d+)", key)
-            if m:
-                d, mask, b, h, kv, sq = m.groups()
-                out.setdefault(gpu, {})[(int(b), int(h), int(kv), int(sq), int(d),
-                                         mask == "causal")] = entry
-    return out
-
-
-def _key(sh: dict) -> tuple:
-    return (sh["batch"], sh["heads"], sh["kv_heads"], sh["seqlen"], sh["head_dim"],
-            sh["causal"])
+def _searched_at(tuned: dict, gpu: str, sh: dict) -> dict | None:
+    """The entry of the tuned table (`tuning.load_table()`) searched at exactly this bench
+    shape on `gpu`, if there is one."""
+    from wavefront.kernel.tuning import entry_key
+    key = entry_key(sh["head_dim"], sh["causal"],
+                    (sh["batch"], sh["heads"], sh["kv_heads"], sh["seqlen"]))
+    return tuned.get(GPUS[gpu][0], {}).get(key)
 
 
 def in_sample() -> list[tuple[str, dict]]:
     """(GPU, shape) of the bench's shapes that are themselves an entry of the tuned table on
     that GPU (searched there, so not held out)."""
-    entries = tuned_entries()
-    return [(gpu, sh) for gpu in GPUS for sh in shapes() if _key(sh) in entries.get(gpu, {})]
+    from wavefront.kernel.tuning import load_table
+    tuned = load_table()
+    return [(gpu, sh) for gpu in GPUS for sh in shapes() if _searched_at(tuned, gpu, sh)]
 
 
 def _call_runs(study) -> pd.DataFrame:
@@ -196,9 +183,8 @@ def _names(index) -> str:
 def _entry_config(gpu: str, key: str) -> str:
     """The start of the configuration column's text for a tuned entry
     ("grouped_dynamic+linear [tiles=128x256"), as the bench names what the call resolved to."""
-    import json
-    from wavefront.kernel.tuning import TUNED_TABLE
-    entry = json.loads(TUNED_TABLE.read_text())[GPUS[gpu][0]][key]
+    from wavefront.kernel.tuning import load_table
+    entry = load_table()[GPUS[gpu][0]][key]
     return f"{entry['schedule']} [tiles={entry['tiles']}"
 
 
@@ -281,17 +267,19 @@ def section(study) -> Section:
     listed = "; ".join(f"{shapes} on the {gpu}, kernel at {commit} "
                        f"(`data/short_prompts/{folder}`)"
                        for folder, (shapes, gpu, commit) in zip(SEARCHES, searches))
-    entries = tuned_entries()
-    other = {gpu: sorted({shape_name_of(dict(zip(
-        ("batch", "heads", "kv_heads", "seqlen", "head_dim", "causal"), k[:5] + (False,))))
-        .removesuffix(" D64").removesuffix(" D128") for k in entries.get(gpu, {})})
-        for gpu in sorted(set(call["GPU"]))}
+    from wavefront.kernel.tuning import entry_shapes, load_table
+    tuned = load_table()
+    other = {gpu: [shape_name_of(dict(batch=b, heads=h, kv_heads=kv, seqlen=sq, head_dim=128,
+                                      causal=False)).removesuffix(" D128")
+                   for b, h, kv, sq in entry_shapes(GPUS[gpu][0])]
+             for gpu in sorted(set(call["GPU"]))}
     inside = [(gpu, sh) for gpu, sh in in_sample() if gpu in set(call["GPU"])]
     measured = call.set_index(["GPU", "shape"])["x cudnn"]
     searched_here = "".join(
         f" On the {gpu} the bench's {shape_name_of(sh)} is itself a tuned entry (searched at "
-        f"that shape, not held out): its search recorded {entries[gpu][_key(sh)]['x_cudnn']:.3f}x "
-        f"cuDNN, this bench {measured[gpu, shape_name_of(sh)]:.3f}x." for gpu, sh in inside)
+        f"that shape, not held out): its search recorded "
+        f"{_searched_at(tuned, gpu, sh)['x_cudnn']:.3f}x cuDNN, this bench "
+        f"{measured[gpu, shape_name_of(sh)]:.3f}x." for gpu, sh in inside)
     s.text = f"""## Short prompts
 
 Batched prompts of 512-4k tokens, D64 and D128, MHA and GQA, both masks
@@ -304,8 +292,8 @@ table shows each GPU's latest run):
 
 {". ".join(c.text for c in s.claims)}.
 
-The call's configurations come from the tuned table. Its shape-keyed entries per GPU are
-lever searches at {"; ".join(f"{', '.join(v)} on the {gpu}" for gpu, v in other.items())}.
+The call's configurations come from the tuned table. Its entries per GPU are lever
+searches at {"; ".join(f"{', '.join(v)} on the {gpu}" for gpu, v in other.items())}.
 The searches made for these shapes, all on the H200, were placed after runs of them had shown
 the D128 shapes without a mask below cuDNN (their shapes are not the bench's, but their
 placement is not blind to it): {listed}; the last two each ran in the device call of a run of

@@ -274,14 +274,14 @@ def _decode_variants(splits: str, ctas_per_sm: str) -> dict:
     """{label: cache-call options} of a split x occupancy sweep; {} where neither is given."""
     if not splits.strip() and not ctas_per_sm.strip():
         return {}
+    from wavefront.decode_schedules import MAX_SPLITS
     from wavefront.kernel.kvcache import MAX_CTAS_PER_SM
 
-    def values(text, option, upper):
+    def values(text, option, upper):  # None: the planned value ('auto', or not swept)
         if not text.strip():
             return [None]
         out = []
-        for part in text.split(","):
-            part = part.strip()
+        for part in _list(str, text, option):
             if part == "auto":
                 out.append(None)
             elif part.isdecimal() and part.isascii() and 1 <= int(part) <= upper:
@@ -290,7 +290,6 @@ def _decode_variants(splits: str, ctas_per_sm: str) -> dict:
                 raise click.BadParameter(f"expected integers in [1, {upper}] or 'auto', comma-"
                                          f"separated; got {part!r}", param_hint=option)
         return out
-    from wavefront.decode_schedules import MAX_SPLITS
     return {f"s{s or 'auto'} c{c or 'auto'}": {"num_splits": s, "ctas_per_sm": c}
             for s in values(splits, "--sweep-splits", MAX_SPLITS)
             for c in values(ctas_per_sm, "--sweep-ctas-per-sm", MAX_CTAS_PER_SM)}
