@@ -24,7 +24,6 @@ from wavefront.results.measurement import median_ci95
 
 DATASETS = ("paper_launch", "dram_bound", "causal_gqa", "ctas_in_flight")
 RECORDS = ("paper_launch", "starved_launch")
-NO_INTERVAL: dict = {}  # per regime: configurations without an interval (filled on load)
 # the experiment whose section each regime's data comes from
 SOURCES = {"a": "paper_launch", "b": "starved_launch", "c": "dram_bound", "d": "causal_gqa",
            "e": "ctas_in_flight", "f": "exposure_corunners", "g": "exposure_small_l2",
@@ -45,7 +44,20 @@ def _regime_modules():
 
 def configurations(study) -> pd.DataFrame:
     """One row per regime, GPU and configuration: sawtooth's TFLOP/s over linear's (median,
-    lowest and highest of the paired ratios), and the pairing."""
+    lowest and highest of the paired ratios), and the pairing. Computed once per study (the
+    front matter, this section, its table and figure and the model's regime predictions all
+    read it); each caller gets its own copy."""
+    return study.once("regimes.configurations", lambda: _configurations(study))[0].copy()
+
+
+def no_interval(study) -> dict:
+    """Per regime: its configurations with too few rounds kept for an interval (left out of
+    `configurations`, listed in the regime's own section)."""
+    return dict(study.once("regimes.configurations", lambda: _configurations(study))[1])
+
+
+def _configurations(study) -> tuple[pd.DataFrame, dict]:
+    no_interval_counts = {}
     paper_launch, starved_launch, corunners, small_l2, latency = _regime_modules()
     frames = []
     t = paper_launch.table(study)
@@ -89,7 +101,7 @@ def configurations(study) -> pd.DataFrame:
             ("h", lat, lambda r: f"{r['variant']}, {r['environment']}")):
         without = t[t["lo"].isna()]
         if len(without):  # too few rounds kept: listed in its own section, not counted here
-            NO_INTERVAL[regime] = len(without)
+            no_interval_counts[regime] = len(without)
         t = t.dropna(subset=["lo"])
         frames.append(pd.DataFrame({
             "regime": regime, "GPU": t["GPU"],
@@ -98,7 +110,7 @@ def configurations(study) -> pd.DataFrame:
             "paired by": t["rounds"].map(lambda n: f"{n} rounds")}))
     out = pd.concat(frames, ignore_index=True)
     out["regime name"] = out["regime"].map(lambda r: f"{r}: {REGIMES[r]}")
-    return out
+    return out, no_interval_counts
 
 
 def _controls_left_out(study, c: pd.DataFrame) -> dict:
@@ -241,7 +253,7 @@ sweep repeats in c-e (a repeat times every point once, so its two scans ran side
 {md_table(t.drop(columns="paired by"))}
 
 {s.claims[0].text}. Configurations with too few rounds kept for an interval are left out of
-the count ({', '.join(f'{k}: {v}' for k, v in NO_INTERVAL.items()) or 'none'}; each regime's
+the count ({', '.join(f'{k}: {v}' for k, v in no_interval(study).items()) or 'none'}; each regime's
 own section lists them). An interval that excludes no change by less than 1% is counted here
 too. {s.claims[1].text}. {s.claims[2].text}. The schedule ablation ({package.appendix_of("ablation")})
 is not a regime here: its ranges rest on a few repeats, not on intervals.

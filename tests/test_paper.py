@@ -344,7 +344,7 @@ def test_evidence_numbers_are_written_at_the_stated_precision():
 def test_a_printed_bound_is_checked_at_its_printed_precision():
     """The front matter prints "within X" rounded away from the data (up for at most, down for
     at least) and its claim checks the data against X read back from the printed text."""
-    from wavefront.report.front_matter import bound
+    from wavefront.report.markdown import bound
     assert bound(0.000209, 3) == ("0.021%", pytest.approx(0.00021, rel=1e-8))
     text, value = bound(0.0002101, 3)
     assert text == "0.022%" and value >= 0.0002101
