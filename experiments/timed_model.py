@@ -128,10 +128,13 @@ def model_skill(study) -> dict:
     """The model's skill on the scan's effect, as this appendix scores it (computed once per
     study: the abstract and the model's map state it too): `timed.ratio_skill` over every
     measured linear/sawtooth pair, and as "checked" the regime configurations whose measured
-    interval excludes no change, with their sign and size verdicts (`sign_size_check`)."""
+    interval excludes no change, with their sign and size verdicts (`sign_size_check`), and
+    how many of them there are ("excluding no change") and have the right sign."""
     def compute():
         skill = timed.ratio_skill(timed.sawtooth_pairs(timed.baseline_rows(study)))
-        return {**skill, "checked": sign_size_check(regime_predictions(study))}
+        checked = sign_size_check(regime_predictions(study))
+        return {**skill, "checked": checked, "excluding no change": len(checked),
+                "right sign": int(checked["right sign"].sum())}
     return study.once("timed_model.model_skill", compute)
 
 

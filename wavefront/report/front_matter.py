@@ -247,7 +247,7 @@ def _model_skill(n, study, experiments) -> None:
     missed = above[above["timed time median"] > timed.TIME_MEDIAN_TARGET]
     skill = dict(experiments["timed_model"].module.model_skill(study))  # (a copy: popped)
     checked = skill.pop("checked")
-    right = int(checked["right sign"].sum())
+    right = skill["right sign"]
     v.update(
         timed_time_median=span(above["timed time median"] * 100) + "%",
         nocache_time_median=span(above["no-cache time median"] * 100) + "%",
