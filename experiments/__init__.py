@@ -44,7 +44,9 @@ APPENDICES = {
 def appendix_of(name: str) -> str:
     """'Appendix F': the appendix an experiment's section is rendered into (the letters follow
     APPENDICES' order, as the draft assigns them)."""
-    for index, (appendix, names) in enumerate(APPENDICES.items()):
+    from wavefront.report.experiments import appendix_letters
+    letters = appendix_letters(APPENDICES)
+    for appendix, names in APPENDICES.items():
         if name in names:
-            return f"Appendix {chr(ord('A') + index)}"
+            return f"Appendix {letters[appendix]}"
     raise ValueError(f"{name!r}: in no appendix of APPENDICES")

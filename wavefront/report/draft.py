@@ -20,6 +20,7 @@ from wavefront.report.markdown import change_with_range, md_table, span  # noqa:
 from wavefront.model.presets import gpu_preset
 from wavefront.point import SECTOR_BYTES
 from wavefront.report.analysis import GpuCapacity, Study, dram_bound_share, timing
+from wavefront.report.experiments import appendix_letters
 from wavefront.report.figures import short_gpu
 from wavefront.results.measurement import CORRECTNESS_TOLERANCE
 from wavefront.results.store import (MANIFEST_FILE, SchemaError, manifest_path, read_manifest,
@@ -223,20 +224,20 @@ def compute(study: Study, experiments) -> DraftNumbers:
     loose = (front_matter.LOOSE_FIGURES_APPENDIX
              if front_matter.LOOSE_FIGURES_APPENDIX in appendices else next(reversed(appendices),
                                                                             None))
+    letters = appendix_letters(appendices)
     # the appendix that takes the figures no section shows is built last (its letter kept), so
     # a figure shown by a later appendix's section is not also shown there as loose
-    for index, (name, names) in sorted(enumerate(appendices.items()),
-                                       key=lambda item: item[1][0] == loose):
-        letter = chr(ord("A") + index)
-        numbering.prefix = letter
+    for name in [a for a in appendices if a != loose] + [a for a in appendices if a == loose]:
+        numbering.prefix = letters[name]
         numbering.directory = "figures/appendix"
-        body = sections(n, study, experiments, names=names, numbering=numbering)
-        n.appendices[name] = front_matter.appendix(letter, name, body, study, experiments,
-                                                   numbering, with_loose_figures=name == loose)
+        body = sections(n, study, experiments, names=appendices[name], numbering=numbering)
+        n.appendices[name] = front_matter.appendix(letters[name], name, body, study,
+                                                   experiments, numbering,
+                                                   with_loose_figures=name == loose)
     n.appendices = {name: n.appendices[name] for name in appendices}
     n.values["appendix_list"] = ", ".join(
-        f"[{chr(ord('A') + i)}](appendix_{name}.md) {front_matter.APPENDIX_TITLES.get(name, name)}"
-        for i, name in enumerate(getattr(experiments, "appendices", {})))
+        f"[{letters[name]}](appendix_{name}.md) {front_matter.APPENDIX_TITLES.get(name, name)}"
+        for name in appendices)
     return n
 
 

@@ -139,6 +139,11 @@ def _import_package(directory: Path) -> ModuleType:
     return module
 
 
+def appendix_letters(appendices) -> dict[str, str]:
+    """{appendix name: its letter}, A, B, ... in the order the appendices are listed."""
+    return {name: chr(ord("A") + index) for index, name in enumerate(appendices)}
+
+
 def load_experiment(path) -> Experiment:
     """One experiment module, imported as part of its package (the directory it lies in)."""
     path = Path(path).resolve()
