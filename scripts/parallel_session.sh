@@ -12,7 +12,8 @@
 # backward (scripts/backward_bench.py), gpu_checks (the GPU tests of the bad-input audit and the
 # cache call), backward_dram (the backward schedules' DRAM bytes and time), tune_short (a lever
 # search at B16 H32 S768 D128 unless TUNE_ARGS names another shape, written into the tuned table, which $d/tuned.json brings back),
-# bwd_variants (every named backward config against cuDNN and FA2).
+# bwd_variants (every named backward config against cuDNN and FA2), profile_call (where the cache
+# call's host time goes: scripts/profile_cache_call.py, PROFILE_MODES).
 set -uo pipefail
 : "${WAVEFRONT_GIT_COMMIT:?set WAVEFRONT_GIT_COMMIT=\$(git rev-parse HEAD)}"
 source scripts/setup_gpu_host.sh
@@ -54,6 +55,9 @@ step() {  # step NAME DIR
     bwd_variants) python3 scripts/backward_bench.py --variants "${BWD_VARIANTS:-all}" --rounds "${BWD_ROUNDS:-6}" \
                --json "$d/backward_variants.jsonl" > "$d/backward_variants.log" 2>&1
                tail -60 "$d/backward_variants.log" ;;
+    profile_call) for m in ${PROFILE_MODES:-fixed growing generate}; do
+               python3 scripts/profile_cache_call.py --mode "$m" > "$d/profile_$m.log" 2>&1
+               tail -4 "$d/profile_$m.log"; done ;;
     tune_short) timeout "${TUNE_SECONDS:-300}" python3 -m wavefront.cli tune \
                ${TUNE_ARGS:---batch 16 --heads 32 --seqlen 768 --head-dim 128 --no-softmax-levers} \
                --rounds 6 --write --out "$d/tune_short" > "$d/tune_short.log" 2>&1
