@@ -45,7 +45,8 @@ step() {  # step NAME DIR
                grep -E "^(FAILED|ERROR)|passed|failed" "$d/bwd_tests.log" | tail -30 ;;
     gpu_checks) python3 -m pytest -m gpu -n 8 -q -p no:cacheprovider --tb=short \
                tests/test_gpu_unfriendly_new.py tests/test_gpu_kvcache_views.py \
-               tests/test_gpu_kvcache.py tests/test_gpu_serving.py > "$d/gpu_checks.log" 2>&1
+               tests/test_gpu_kvcache.py tests/test_gpu_kvcache_prepared.py tests/test_gpu_serving.py \
+               > "$d/gpu_checks.log" 2>&1
                grep -E "^(FAILED|ERROR|XPASS)|passed|failed" "$d/gpu_checks.log" | tail -30 ;;
     backward_dram) python3 scripts/backward_bench.py --dram --shapes "B1 H32 S8k,B2 H8 S32k" \
                --head-dims 128 --json "$d/backward_dram.jsonl" > "$d/backward_dram.log" 2>&1

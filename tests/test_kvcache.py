@@ -474,6 +474,39 @@ def test_the_call_hands_each_kernel_every_parameter_once(page_size, splits, lse,
     assert bound["PAGES_PER_TILE"] == (4 if page_size == 16 else 1)
 
 
+def test_prepared_launches_take_the_kernels_leading_parameters():
+    """A prepared launch writes the addresses of its kernel's first parameters: the names the
+    call passes by address must be those, in the kernel's order."""
+    pytest.importorskip("cuda.tile", reason="the kernels' signatures")
+    from wavefront.kernel.decode import COMBINE_SPLITS_PARAMS, DECODE_PARAMS
+    from wavefront.kernel.kvcache import (ATTENTION_PER_CALL, ATTENTION_PREPARED,
+                                          COMBINE_PER_CALL, COMBINE_PREPARED)
+    for prepared, params, per_call in ((ATTENTION_PREPARED, DECODE_PARAMS, ATTENTION_PER_CALL),
+                                       (COMBINE_PREPARED, COMBINE_SPLITS_PARAMS,
+                                        COMBINE_PER_CALL)):
+        assert prepared == tuple(p.name for p in params[:len(prepared)])
+        assert set(per_call) <= set(prepared)  # every per-call array among them
+        assert all(p.kind == "array" for p in params[:len(prepared)])
+
+
+def test_a_launch_state_serves_every_capacity_of_its_split_count():
+    """A cache growing a key a step shares its work table and workspace while its split count
+    holds; another split count, batch or order gets its own."""
+    from wavefront.kernel.kvcache import _state_key
+    problem = DecodeProblem(1, 32, 8, 1, 4096, 128)
+    grown = DecodeProblem(1, 32, 8, 1, 4097, 128)
+    assert _state_key(DecodeLaunch(problem, 16, 264)) == _state_key(DecodeLaunch(grown, 16, 264))
+    assert _state_key(DecodeLaunch(problem, 16, 264)) != _state_key(DecodeLaunch(grown, 17, 264))
+    assert _state_key(DecodeLaunch(problem, 16, 264)) != _state_key(
+        DecodeLaunch(DecodeProblem(2, 32, 8, 1, 4096, 128), 16, 264))
+    assert _state_key(DecodeLaunch(problem, 16, 264)) != _state_key(
+        DecodeLaunch(problem, 16, 264, "kv_head_major"))
+    # what the kernel reads of the table is the same at both capacities
+    read = [DECODE_BATCH, DECODE_KV_HEAD, DECODE_Q_TILE, DECODE_SPLIT, DECODE_SPLITS]
+    assert (DecodeLaunch(problem, 16, 264).work_table()[:, read]
+            == DecodeLaunch(grown, 16, 264).work_table()[:, read]).all()
+
+
 def test_a_gpu_block_table_is_read_back_once_until_torch_writes_it(monkeypatch):
     """The prefix-grouped order reads a GPU block table's first column back to the host: once
     per tensor, and again after an in-place write (its version counter), not every call."""

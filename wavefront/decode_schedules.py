@@ -209,9 +209,11 @@ def choose_splits(problem: DecodeProblem, slots: int, seqlen_hint: int | None = 
     keys = problem.capacity if seqlen_hint is None else max(1, min(seqlen_hint,
                                                                    problem.capacity))
     most = max(1, min(-(-keys // problem.tile_n) // MIN_TILES_PER_SPLIT, MAX_SPLITS))
+    units = problem.units  # (a property chain: once, not per candidate; a decode step plans
+    # anew whenever its cache grows)
 
     def efficiency(splits):
-        waves = problem.units * splits / slots
+        waves = units * splits / slots
         return waves / math.ceil(waves)
     best = max(efficiency(s) for s in range(1, most + 1))
     return next(s for s in range(1, most + 1) if efficiency(s) >= SPLIT_EFFICIENCY * best)

@@ -104,14 +104,21 @@ def has_gpu() -> bool:
     return current_device() is not None
 
 
+_gpu_stack_found: list = []  # [True] once found: a library installed stays installed
+
+
 def require_gpu_stack(what: str) -> None:
-    """A clear error where the GPU libraries (the `gpu` extra) are missing."""
+    """A clear error where the GPU libraries (the `gpu` extra) are missing. Looked up once
+    found (each call of the cache call asks; a lookup costs microseconds)."""
+    if _gpu_stack_found:
+        return
     missing = [name for name, module in (("cuda-tile", "cuda.tile"), ("cupy-cuda13x", "cupy"))
                if importlib.util.find_spec(module.split(".")[0]) is None
                or (module == "cuda.tile" and _find_cuda_tile() is None)]
     if missing:
         raise RuntimeError(f"{what} needs the GPU libraries {missing}: install them with "
                            "pip install 'wavefront[gpu]'")
+    _gpu_stack_found.append(True)
 
 
 def _find_cuda_tile():

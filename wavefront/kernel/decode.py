@@ -48,6 +48,7 @@ from wavefront.decode_schedules import (DECODE_BATCH, DECODE_KV_HEAD, DECODE_Q_T
 from wavefront.kernel.attention import (DEFAULT_K_LATENCY, DEFAULT_V_LATENCY, IO, LN_2,
                                         ROW_MAX_START, ConstBool, ConstInt, Param, _contract,
                                         merge_partial_state)
+from wavefront.kernel.prepared import record_jit_binaries
 from wavefront.point import DTYPES, HEAD_DIMS
 
 # Bits of the flags buffer (int32 [4]): what a kernel clamped.
@@ -375,7 +376,12 @@ def decode_kernel_for(occupancy: int):
     """The attention kernel object for `occupancy` CTAs per SM (a cuTile kernel option)."""
     if not 1 <= occupancy <= 32:
         raise ValueError(f"occupancy must be in [1, 32], got {occupancy!r}")
-    return ct.kernel(decode_attention, occupancy=occupancy)
+    kernel = ct.kernel(decode_attention, occupancy=occupancy)
+    record_jit_binaries(kernel)  # before its first launch: the cache call prepares that binary
+    return kernel
+
+
+record_jit_binaries(combine_splits)
 
 
 # --------------------------------------------------------------------------------------------

@@ -30,7 +30,7 @@ import numpy as np
 from wavefront.decode_schedules import (CTA_ORDERS, PAGE_SIZES, DecodeLaunch, DecodeProblem,
                                         plan_decode)
 from wavefront.kernel.arrays import _ArrayView, _checked_output, _empty, _owned, _view
-from wavefront.kernel.streams import _as_current_stream, _stream_handle
+from wavefront.kernel.streams import _as_current_stream, _stream_getter, _stream_handle
 from wavefront.point import DTYPES, HEAD_DIMS
 
 CHECK_LENGTHS_ENV = "WAVEFRONT_CHECK_LENGTHS"
@@ -292,19 +292,19 @@ class _DeviceFlags:
         self.pinned = cupy.cuda.alloc_pinned_memory(FLAG_WORDS * 4)
         self.host = np.frombuffer(self.pinned, dtype=np.int32, count=FLAG_WORDS)
         self.host[:] = 0
+        self.host_address, self.buffer_address = self.host.ctypes.data, self.buffer.data.ptr
         with cupy.cuda.Device(vq.device):
             self.event = cupy.cuda.Event(disable_timing=True)
         self.pending = False
         self.lock = threading.Lock()
 
     def copy_behind(self, handle: int) -> None:
-        """Queue the buffer's copy to pinned memory on the launch's stream."""
-        import cupy
-        with cupy.cuda.Device(self.device):
-            cupy.cuda.runtime.memcpyAsync(self.host.ctypes.data, self.buffer.data.ptr,
-                                          self.host.nbytes,
-                                          cupy.cuda.runtime.memcpyDeviceToHost, handle)
-            cupy.cuda.runtime.eventRecord(self.event.ptr, handle)
+        """Queue the buffer's copy to pinned memory on the launch's stream (called with the
+        buffer's GPU current, as the launches were made)."""
+        from cupy.cuda import runtime
+        runtime.memcpyAsync(self.host_address, self.buffer_address, self.host.nbytes,
+                            runtime.memcpyDeviceToHost, handle)
+        runtime.eventRecord(self.event.ptr, handle)
         self.pending = True
 
     def check(self, wait: bool = False) -> None:
@@ -359,7 +359,7 @@ def check_kvcache_flags(device: int | None = None) -> None:
 class _LaunchState:
     """What a launch keeps across calls: its table on the GPU and split-KV workspace."""
 
-    launch: DecodeLaunch
+    launch: DecodeLaunch  # the first it was made for: a later one may differ in capacity
     variants: tuple  # (append or None, attention, combine or None)
     work: object
     partials: tuple  # (PartO, PartM, PartL): real ones with splits, else stand-ins
@@ -390,9 +390,21 @@ def _zeroed_before_use(device: int) -> None:
         cupy.cuda.get_current_stream().synchronize()
 
 
+def _state_key(launch: DecodeLaunch) -> tuple:
+    """What a launch's state depends on: everything but the cache's capacity. The kernel reads
+    a table row's (batch, K/V head, Q tile, split, splits) and finds its keys from the lengths
+    on the GPU; the rows' K/V spans of a full cache are the simulator's, not read. So a cache
+    that grows by a key a step (transformers' DynamicCache: a new shape every step) reuses one
+    table and workspace while its split count holds, instead of building and copying a table
+    (and waiting for the copy) every step."""
+    p = launch.problem
+    return (p.batch, p.heads, p.kv_heads, p.seqlen_q, p.head_dim, p.seqlen_new, p.page_size,
+            p.element_bytes, launch.num_splits, launch.ctas, launch.cta_order, launch.sharing)
+
+
 def _state_for(vq: _ArrayView, launch: DecodeLaunch, write_lse: bool,
                occupancy: int) -> _LaunchState:
-    key = (vq.device, vq.dtype, launch, write_lse, occupancy)
+    key = (vq.device, vq.dtype, _state_key(launch), write_lse, occupancy)
     with _states_lock:
         state = _states.get(key)
         if state is not None:
@@ -473,6 +485,14 @@ class _Prepared:
     append: dict | None  # the append kernel's constants
     combine: dict | None  # the combine kernel's arguments that are the same every call
     lse_shape: tuple
+    grid: tuple  # the attention kernel's
+    combine_grid: tuple | None
+    current_stream: object  # () -> the raw handle of q's library's current stream on its GPU
+    # Launches through the driver once the layout has been called PREPARE_AFTER_CALLS times
+    # (`_prepare_launches`); None before, and for good where preparing failed (`failure`).
+    launches: "_PreparedLaunches | None" = None
+    calls_left: int | None = None
+    failure: str | None = None
 
 
 _prepared: OrderedDict = OrderedDict()
@@ -552,8 +572,82 @@ def _prepare(q, k_cache, v_cache, cache_seqlens, k, v, block_table, table_host, 
                                       flags.buffer, scale, causal)
     append = state.variants[0]
     lse_shape = (shape.batch, shape.kv_heads, problem.group, shape.seqlen_q)
+    combine_grid = None if combined is None else (
+        -(-shape.seqlen_q // combined["ROWS"]), shape.batch * shape.kv_heads, 1)
     return _Prepared(vq, shape, launch, state, flags, bound,
-                     None if append is None else append.constants, combined, lse_shape)
+                     None if append is None else append.constants, combined, lse_shape,
+                     (launch.grid, 1, 1), combine_grid, _stream_getter(vq.library, vq.device),
+                     calls_left=PREPARE_AFTER_CALLS if PREPARED_LAUNCHES else None)
+
+
+# A layout called this often launches through the driver (`prepared.PreparedLaunch`):
+# `ct.launch` derives every argument's constraints on each launch, about 20 us of host time
+# per kernel on the H200 hosts (scripts/profile_cache_call.py), where a decode step's kernels
+# run 15-50 us at B1. Preparing costs about 0.4 ms once, so a layout called only a few times (a
+# DynamicCache's step, one call per layer) keeps `ct.launch`.
+PREPARE_AFTER_CALLS = 8
+PREPARED_LAUNCHES = os.environ.get("WAVEFRONT_PREPARED_LAUNCH", "1") != "0"
+
+
+def _address(x) -> int:
+    return x.data_ptr() if hasattr(x, "data_ptr") else x.data.ptr
+
+
+@dataclass
+class _PreparedLaunches:
+    """The attention and combine kernels of one layout, prepared: their per-call arrays'
+    addresses are all a launch takes. The per-call arrays are the kernels' leading parameters
+    (ATTENTION_PREPARED, COMBINE_PREPARED); the split workspace among them keeps its
+    addresses."""
+
+    attention: object  # prepared.PreparedLaunch
+    combine: object | None
+    partials: tuple  # the workspace's addresses
+    spans: tuple  # bytes spanned by q, k_cache, v_cache and out (their layouts are the key's)
+
+
+# The leading parameters of each kernel, passed by address to a prepared launch.
+ATTENTION_PREPARED = ("Q", "K", "V", "Out", "Lse", "PartO", "PartM", "PartL", "CacheSeqlens",
+                      "BlockTable")
+COMBINE_PREPARED = ("PartO", "PartM", "PartL", "Out", "Lse")
+
+
+def _overlaps(out_address: int, out_span: int, inputs: tuple, spans: tuple) -> bool:
+    return any(at < out_address + out_span and out_address < at + span
+               for at, span in zip(inputs, spans))
+
+
+def _prepare_launches(prepared: _Prepared, attention_args: tuple, combine_args: tuple | None,
+                      arrays: tuple) -> None:
+    """Prepare the layout's launches from the arguments of a launch just made (`arrays`: q,
+    k_cache, v_cache, out). Not from a capture (loading a binary is no stream's work), nor
+    from an `out` overlapping an input (the binary would assume it does; the next call
+    tries); a failure keeps `ct.launch` for this layout, with the reason kept."""
+    from wavefront.kernel.arrays import _byte_range
+    from wavefront.kernel.decode import combine_splits, decode_kernel_for
+    from wavefront.kernel.prepared import PreparedLaunch
+    try:
+        ranges = [_byte_range(x) for x in arrays]
+    except (AttributeError, TypeError):
+        prepared.calls_left, prepared.failure = None, "arrays of no library read here"
+        return
+    spans = tuple(end - start for start, end in ranges)
+    if _overlaps(ranges[3][0], spans[3], tuple(r[0] for r in ranges[:3]), spans[:3]):
+        return
+    prepared.calls_left = None
+    device = prepared.vq.device
+    try:
+        attention = PreparedLaunch(decode_kernel_for(prepared.state.variants[1].occupancy),
+                                   "decode_attention", attention_args, len(ATTENTION_PREPARED),
+                                   prepared.grid, device)
+        combine = None if combine_args is None else PreparedLaunch(
+            combine_splits, "combine_splits", combine_args, len(COMBINE_PREPARED),
+            prepared.combine_grid, device)
+    except Exception as exc:  # noqa: BLE001  (whatever it was, ct.launch still works)
+        prepared.failure = f"{type(exc).__name__}: {exc}"
+        return
+    partials = tuple(_address(x) for x in prepared.state.partials)
+    prepared.launches = _PreparedLaunches(attention, combine, partials, spans)
 
 
 # What each kernel takes per call, beside what `bound_arguments` binds once.
@@ -576,6 +670,79 @@ def bound_arguments(launch: DecodeLaunch, variants: tuple, partials: tuple, work
         "PartO": part_o, "PartM": part_m, "PartL": part_l, "num_splits": launch.num_splits,
         **combine.constants}
     return bound, combined
+
+
+def _launch_prepared(launches: _PreparedLaunches, handle: int, q, k_cache, v_cache, out, lse,
+                     lengths, table) -> str:
+    """-> "all" (both kernels launched), "attention" (the combine's addresses do not fit its
+    binary: the caller launches it) or "none" (an `out` over an input, which the binary
+    assumes apart, or addresses that do not fit: the caller launches both)."""
+    out_at = _address(out)
+    q_at, k_at, v_at = _address(q), _address(k_cache), _address(v_cache)
+    spans = launches.spans
+    if _overlaps(out_at, spans[3], (q_at, k_at, v_at), spans[:3]):
+        return "none"
+    lse_at = _address(lse)
+    part_o, part_m, part_l = launches.partials
+    if not launches.attention.launch(handle, (q_at, k_at, v_at, out_at, lse_at, part_o, part_m,
+                                              part_l, _address(lengths), _address(table))):
+        return "none"
+    if launches.combine is None or launches.combine.launch(
+            handle, (part_o, part_m, part_l, out_at, lse_at)):
+        return "all"
+    return "attention"
+
+
+def _launch(prepared: _Prepared, handle: int, capturing: bool, q, k, v, k_cache, v_cache, out,
+            lse, lengths, table) -> None:
+    """Queue the call's kernels on the stream `handle`: through the layout's prepared launches
+    where it has them and the addresses fit their binaries, else through `ct.launch` (counting
+    the layout's calls towards preparing)."""
+    launched = "none"
+    if prepared.launches is not None and prepared.append is None:  # a decode loop's call
+        launched = _launch_prepared(prepared.launches, handle, q, k_cache, v_cache, out, lse,
+                                    lengths, table)
+        if launched == "all":
+            return
+    import cuda.tile as ct
+
+    from wavefront.kernel.attention import launch_args
+    from wavefront.kernel.decode import (APPEND_PARAMS, COMBINE_SPLITS_PARAMS, DECODE_PARAMS,
+                                         append_kv, combine_splits, decode_kernel_for)
+    shape = prepared.shape
+    if prepared.append is not None:
+        ct.launch(handle, (shape.seqlen_new, shape.batch, 1), append_kv,
+                  launch_args(APPEND_PARAMS, {
+                      **dict(zip(APPEND_PER_CALL, (k, v, k_cache, v_cache, lengths, table,
+                                                   prepared.flags.buffer))),
+                      **prepared.append}))
+        if prepared.launches is not None:
+            launched = _launch_prepared(prepared.launches, handle, q, k_cache, v_cache, out,
+                                        lse, lengths, table)
+            if launched == "all":
+                return
+    if launched == "attention":
+        ct.launch(handle, prepared.combine_grid, combine_splits,
+                  launch_args(COMBINE_SPLITS_PARAMS, {
+                      **dict(zip(COMBINE_PER_CALL, (_grouped(prepared.vq, out, shape), lse))),
+                      **prepared.combine}))
+        return
+    out5 = _grouped(prepared.vq, out, shape)
+    attention_args = launch_args(DECODE_PARAMS, {
+        **dict(zip(ATTENTION_PER_CALL, (_grouped(prepared.vq, q, shape), k_cache, v_cache, out5,
+                                        lse, lengths, table))),
+        **prepared.bound})
+    ct.launch(handle, prepared.grid, decode_kernel_for(prepared.state.variants[1].occupancy),
+              attention_args)
+    combine_args = None
+    if prepared.combine is not None:
+        combine_args = launch_args(COMBINE_SPLITS_PARAMS, {
+            **dict(zip(COMBINE_PER_CALL, (out5, lse))), **prepared.combine})
+        ct.launch(handle, prepared.combine_grid, combine_splits, combine_args)
+    if prepared.calls_left is not None and not capturing:
+        prepared.calls_left -= 1
+        if prepared.calls_left <= 0:
+            _prepare_launches(prepared, attention_args, combine_args, (q, k_cache, v_cache, out))
 
 
 def attention_with_kvcache(q, k_cache, v_cache, cache_seqlens, *, k=None, v=None,
@@ -636,23 +803,12 @@ def attention_with_kvcache(q, k_cache, v_cache, cache_seqlens, *, k=None, v=None
         # (with lengths on the GPU, the pages they reach are unknown here: the kernels check)
         check_host_lengths(shape, lengths_host, table_host)
 
-    import cuda.tile as ct
     import cupy
-
-    from wavefront.kernel.attention import launch_args
-    from wavefront.kernel.decode import (APPEND_PARAMS, COMBINE_SPLITS_PARAMS, DECODE_PARAMS,
-                                         append_kv, combine_splits, decode_kernel_for)
     on_device = (contextlib.nullcontext() if cupy.cuda.runtime.getDevice() == vq.device
                  else cupy.cuda.Device(vq.device))
     in_stream = contextlib.nullcontext() if stream is None else _as_current_stream(vq, stream)
     with on_device, in_stream:
-        if stream is not None:
-            handle = _stream_handle(stream)
-        elif vq.library == "torch":
-            import torch
-            handle = torch.cuda.current_stream(vq.device).cuda_stream
-        else:
-            handle = cupy.cuda.get_current_stream().ptr
+        handle = prepared.current_stream() if stream is None else _stream_handle(stream)
         # Inside a CUDA graph capture nothing is queried or copied: the flags are read by the
         # first call outside it (or `check_kvcache_flags`).
         capturing = cupy.cuda.runtime.streamIsCapturing(handle)
@@ -672,25 +828,8 @@ def attention_with_kvcache(q, k_cache, v_cache, cache_seqlens, *, k=None, v=None
                if return_lse else None)
         lse_argument = (lse.reshape(prepared.lse_shape) if return_lse
                         else _stand_in(vq, "Lse", (1, 1, 1, 1), "float32"))
-        if prepared.append is not None:
-            ct.launch(handle, (shape.seqlen_new, shape.batch, 1), append_kv,
-                      launch_args(APPEND_PARAMS, {
-                          **dict(zip(APPEND_PER_CALL, (k, v, k_cache, v_cache, lengths, table,
-                                                       flags.buffer))),
-                          **prepared.append}))
-        out5 = _grouped(vq, out, shape)
-        ct.launch(handle, (prepared.launch.grid, 1, 1),
-                  decode_kernel_for(prepared.state.variants[1].occupancy),
-                  launch_args(DECODE_PARAMS, {
-                      **dict(zip(ATTENTION_PER_CALL, (_grouped(vq, q, shape), k_cache, v_cache,
-                                                      out5, lse_argument, lengths, table))),
-                      **prepared.bound}))
-        if prepared.combine is not None:
-            query_blocks = -(-shape.seqlen_q // prepared.combine["ROWS"])
-            ct.launch(handle, (query_blocks, shape.batch * shape.kv_heads, 1),
-                      combine_splits, launch_args(COMBINE_SPLITS_PARAMS, {
-                          **dict(zip(COMBINE_PER_CALL, (out5, lse_argument))),
-                          **prepared.combine}))
+        _launch(prepared, handle, capturing, q, k, v, k_cache, v_cache, out, lse_argument,
+                lengths, table)
         if not capturing:
             flags.copy_behind(handle)
     if os.environ.get(CHECK_LENGTHS_ENV, "") not in ("", "0"):
