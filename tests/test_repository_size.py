@@ -3,11 +3,15 @@
 The repository travels to every GPU call beside the compiler bundle, 64 MiB in all: that cap is
 what the first test holds (the tracked files' bytes plus the bundle's, with 1 MiB to spare).
 Issue 52's budget, 4.5 MB tracked counted in whole 4 KB blocks (a 300-byte README costs 4 KB),
-is the second: 4,500,000 bytes of blocks. The repository is over it (5.59 MB in blocks on
-2026-11-28, after the data no claim reads left the tree): the code alone (wavefront/, tests/,
-experiments/, scripts/) takes 3.17 MB of it, and the rest is data that claims read, the paper
-and its figures. The test is marked as an expected failure, strict, so that the day the
-repository fits, it fails until the mark goes; each run prints where the blocks are."""
+is the second: 4,500,000 bytes of blocks. The repository is over it: 5,628 KiB in blocks
+(5,763,072 bytes) on 2026-11-28 at 80b2b03, after the data no claim, figure, table or test reads
+left the tree. The code alone (wavefront/, tests/, experiments/, scripts/) takes 3,172 KiB of
+it; with the other top-level files (92), the main paper (draft, fits.json, figures, the
+prediction tables: 444) and the data the main paper and the timed model read (768, the model
+cache included) make 4,476 KiB, 4,583,424 bytes: still over the budget were every appendix
+and all 948 KiB of the data only appendices read gone (their experiments' code kept). The
+test is marked as an expected failure, strict, so that the day the repository fits, it fails
+until the mark goes; each run prints where the blocks are."""
 import gzip
 import subprocess
 from pathlib import Path
@@ -94,9 +98,9 @@ def _report(sizes: list[tuple[int, str]]) -> str:
 
 
 @pytest.mark.xfail(strict=True, reason=(
-    "issue 52's 4.5 MB in 4 KB blocks is not met: 5.59 MB on 2026-11-28, of which the code "
-    "(wavefront/, tests/, experiments/, scripts/) is 3.17 MB; what is left to cut is data that "
-    "claims read (their sections would go with it), the lead's decision"))
+    "issue 52's 4.5 MB in 4 KB blocks is not met: 5,628 KiB on 2026-11-28, of which the code "
+    "(wavefront/, tests/, experiments/, scripts/) is 3,172 KiB; what is left to cut is data "
+    "that claims read (their sections would go with it) or code, the lead's decision"))
 def test_the_repository_stays_within_its_budget_in_blocks():
     probe = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--is-inside-work-tree"],
                            capture_output=True)
