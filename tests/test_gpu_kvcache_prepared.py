@@ -155,3 +155,65 @@ def test_a_growing_cache_keeps_one_table_per_split_count():
                                1 / math.sqrt(128))
             assert _relative(out, ref) < TOLERANCE
     assert len(kvcache._states) - before <= len(splits)
+
+
+@pytest.mark.parametrize("page_size,num_splits,return_lse", [
+    (None, 3, False), (None, 16, True), (64, 37, True), (16, 8, False)])
+def test_splits_merged_in_the_attention_kernel_match_the_combine_kernel(page_size, num_splits,
+                                                                        return_lse):
+    """The last split of each unit merges them (no combine launch): the same output and LSE
+    as the combine kernel's, against the reference, with ragged lengths from empty to full,
+    call after call (the arrival counters set back to 0 by each merger) and replayed from a
+    CUDA graph."""
+    torch = _torch()
+    from wavefront.kernel import kvcache
+    kvcache._prepared.clear()
+    g = torch.Generator(device="cuda").manual_seed(740 + num_splits)
+    batch, capacity = 4, 4096
+    keys, values, k_cache, v_cache, table = make_cache(batch, capacity, 8, 128,
+                                                       torch.bfloat16, page_size, g)
+    lengths = [0, capacity, 1, 2049]
+    seqlens = torch.tensor(lengths, dtype=torch.int32, device="cuda")
+
+    def call(q, merge, out=None):
+        out = torch.full_like(q, math.nan) if out is None else out
+        result = kvcache.attention_with_kvcache(q, k_cache, v_cache, seqlens,
+                                                block_table=table, num_splits=num_splits,
+                                                return_lse=return_lse, out=out,
+                                                merge_splits=merge)
+        return result if return_lse else (result, None)
+
+    for repeat in range(3):
+        q = torch.randn(batch, 1, 32, 128, generator=g, device="cuda").to(torch.bfloat16)
+        merged, merged_lse = call(q, True)
+        separate, separate_lse = call(q, False)
+        torch.cuda.synchronize()
+        ref, ref_lse = reference(q, keys, values, lengths, True, 1 / math.sqrt(128))
+        assert torch.isfinite(merged).all()
+        assert _relative(merged, ref) < TOLERANCE
+        assert _relative(merged, separate) < 1e-3
+        if return_lse:
+            finite = torch.isfinite(ref_lse)
+            assert torch.equal(torch.isfinite(merged_lse), finite)
+            assert torch.allclose(merged_lse[finite], separate_lse[finite], atol=1e-4)
+    used = [p for p in kvcache._prepared.values() if p.state.variants[1].merge]
+    assert len(used) == 1 and used[0].combine is None
+    assert int(used[0].state.arrivals.sum()) == 0  # every merger set its counter back
+    # replayed from a graph, twice, with new queries
+    q = torch.randn(batch, 1, 32, 128, generator=g, device="cuda").to(torch.bfloat16)
+    out = torch.empty_like(q)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        call(q, True, out)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        call(q, True, out)
+    for _ in range(2):
+        q.copy_(torch.randn(batch, 1, 32, 128, generator=g, device="cuda").to(torch.bfloat16))
+        out.fill_(math.nan)
+        graph.replay()
+        torch.cuda.synchronize()
+        ref, _ = reference(q, keys, values, lengths, True, 1 / math.sqrt(128))
+        assert _relative(out, ref) < TOLERANCE
