@@ -7,8 +7,7 @@
 #       "tests" "bench_decode shared_prefix generate"
 # (<hash>: the checkout's HEAD, written out on this side. The device's copy of .git need not be
 # at that commit, so `$(git rev-parse HEAD)` evaluated there stamps a stale commit.)
-# Steps: tests (the whole GPU suite), bench_decode, decode_sweep (splits x CTAs per SM at B1/B8;
-# SWEEP_SPLITS, SWEEP_CTAS, DECODE_SWEEP_MERGE=1 adds the merged combine), shared_prefix, generate, short_prompts,
+# Steps: tests (the whole GPU suite), bench_decode, decode_sweep (splits x CTAs per SM at B1/B8), shared_prefix, generate, short_prompts,
 # crash (scripts/gpu_crash_campaign.py), advisor (experiments/advisor_picks.py, one shape),
 # backward (scripts/backward_bench.py), gpu_checks (the GPU tests of the bad-input audit and the
 # cache call), backward_dram (the backward schedules' DRAM bytes and time), tune_short (a lever
@@ -30,8 +29,7 @@ step() {  # step NAME DIR
     bench_decode) python3 -m wavefront.cli bench-decode --rounds 8 --per-round 5 --out "$d/decode_bench" \
                > "$d/bench_decode.log" 2>&1; tail -40 "$d/bench_decode.log" ;;
     decode_sweep) python3 -m wavefront.cli bench-decode --batch "${DECODE_SWEEP_BATCH:-1,8}" --rounds 8 --per-round 5 \
-               --sweep-splits "${SWEEP_SPLITS:-auto,8,16,32,64,128}" \
-               --sweep-ctas-per-sm "${SWEEP_CTAS-2,3}" ${DECODE_SWEEP_MERGE:+--sweep-merge} \
+               --sweep-splits "${SWEEP_SPLITS:-auto,8,16,32,64,128}" --sweep-ctas-per-sm 2,3 \
                --out "$d/decode_sweep" > "$d/decode_sweep.log" 2>&1; tail -150 "$d/decode_sweep.log" ;;
     shared_prefix|generate) OUT="$d" bash scripts/serving_session.sh "$1" | tail -40 ;;
     short_prompts) OUT="$d" bash scripts/serving_session.sh short_prompts | tail -60 ;;
@@ -47,8 +45,7 @@ step() {  # step NAME DIR
                grep -E "^(FAILED|ERROR)|passed|failed" "$d/bwd_tests.log" | tail -30 ;;
     gpu_checks) python3 -m pytest -m gpu -n 8 -q -p no:cacheprovider --tb=short \
                tests/test_gpu_unfriendly_new.py tests/test_gpu_kvcache_views.py \
-               tests/test_gpu_kvcache.py tests/test_gpu_kvcache_prepared.py \
-               tests/test_gpu_serving.py \
+               tests/test_gpu_kvcache.py tests/test_gpu_kvcache_prepared.py tests/test_gpu_serving.py \
                > "$d/gpu_checks.log" 2>&1
                grep -E "^(FAILED|ERROR|XPASS)|passed|failed" "$d/gpu_checks.log" | tail -30 ;;
     backward_dram) python3 scripts/backward_bench.py --dram --shapes "B1 H32 S8k,B2 H8 S32k" \

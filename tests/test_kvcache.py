@@ -401,12 +401,6 @@ def test_a_split_and_occupancy_sweep_names_one_contender_per_pair():
                         "s16 c3": {"num_splits": 16, "ctas_per_sm": 3}}
     assert _decode_variants("", "") == {}
     assert list(_decode_variants("8", "")) == ["s8 cauto"]
-    # the merge sweep: each contender twice, the combine merged and as its own kernel
-    assert _decode_variants("", "", merge=True) == {
-        "merged": {"merge_splits": True}, "combine kernel": {"merge_splits": False}}
-    assert _decode_variants("auto,32", "", merge=True)["s32 cauto merged"] == {
-        "num_splits": 32, "ctas_per_sm": None, "merge_splits": True}
-    assert len(_decode_variants("auto,32", "2,3", merge=True)) == 8
 
 
 @pytest.mark.compile
@@ -453,10 +447,9 @@ def test_bench_sets_rotate_past_the_l2_and_fit_in_memory():
     assert input_sets(huge, l2, 79 << 30, copies=2) == 0
 
 
-@pytest.mark.parametrize("page_size,splits,lse,new,merge", [
-    (None, 1, False, 0, False), (16, 4, True, 3, False), (64, 1, True, 1, False),
-    (256, 2, False, 0, False), (None, 8, True, 0, True), (64, 3, False, 0, True)])
-def test_the_call_hands_each_kernel_every_parameter_once(page_size, splits, lse, new, merge):
+@pytest.mark.parametrize("page_size,splits,lse,new", [(None, 1, False, 0), (16, 4, True, 3),
+                                                      (64, 1, True, 1), (256, 2, False, 0)])
+def test_the_call_hands_each_kernel_every_parameter_once(page_size, splits, lse, new):
     """The call's per-call arrays plus what it binds once are exactly each kernel's
     parameters (a missing or extra name would first fail on the GPU)."""
     pytest.importorskip("cuda.tile", reason="the kernels' signatures")
@@ -467,17 +460,12 @@ def test_the_call_hands_each_kernel_every_parameter_once(page_size, splits, lse,
                                           COMBINE_PER_CALL, bound_arguments)
     problem = DecodeProblem(2, 32, 8, 1 + new, 4096, 128, seqlen_new=new, page_size=page_size)
     launch = DecodeLaunch(problem, splits, 264)
-    variants = variants_for(problem, "bfloat16", splits, lse, new > 0, merge=merge)
+    variants = variants_for(problem, "bfloat16", splits, lse, new > 0)
     bound, combined = bound_arguments(launch, variants, ("o", "m", "l"), "work", "flags",
-                                      "arrivals", 0.1, True)
+                                      0.1, True)
     args = launch_args(DECODE_PARAMS, {**dict.fromkeys(ATTENTION_PER_CALL), **bound})
     assert len(args) == len(DECODE_PARAMS)
-    assert variants[1].partials == (splits > 1)
-    # a decode step at a group of 4 merges in the attention kernel when asked; then no combine
-    assert variants[1].merge == (merge and splits > 1)
-    assert (combined is not None) == (splits > 1 and not merge)
-    assert bound["MERGE"] == variants[1].merge and bound["WRITE_LSE"] == (
-        lse and (splits == 1 or merge))
+    assert (combined is not None) == (splits > 1) == variants[1].partials
     if combined is not None:
         launch_args(COMBINE_SPLITS_PARAMS, {**dict.fromkeys(COMBINE_PER_CALL), **combined})
     if new:

@@ -270,14 +270,8 @@ def bench_varlen(sequences, tokens, longest, lengths, seed, heads, kv_heads, hea
                       f"bf16: medians of {rounds} interleaved rounds x {per_round} calls")
 
 
-def _decode_variants(splits: str, ctas_per_sm: str, merge: bool = False) -> dict:
-    """{label: cache-call options} of a split x occupancy sweep (x the combine merged into the
-    attention kernel or not, with `merge`); {} where none is given."""
-    if merge:
-        swept = _decode_variants(splits, ctas_per_sm) or {"": {}}
-        return {f"{label} {name}".strip(): {**options, "merge_splits": on}
-                for label, options in swept.items()
-                for name, on in (("merged", True), ("combine kernel", False))}
+def _decode_variants(splits: str, ctas_per_sm: str) -> dict:
+    """{label: cache-call options} of a split x occupancy sweep; {} where neither is given."""
     if not splits.strip() and not ctas_per_sm.strip():
         return {}
     from wavefront.decode_schedules import MAX_SPLITS
@@ -325,13 +319,10 @@ def _decode_variants(splits: str, ctas_per_sm: str, merge: bool = False) -> dict
 @click.option("--sweep-ctas-per-sm", default="", metavar="LIST",
               help="... and at these persistent CTAs per SM (comma-separated, the kernel's "
                    "occupancy; default the planned one).")
-@click.option("--sweep-merge", is_flag=True,
-              help="... each with split-KV's combine merged into the attention kernel "
-                   "('merged') and as a second kernel ('combine kernel').")
 @click.option("--out", "out_dir", type=click.Path(file_okay=False), default=None,
               help="Also write every contender's rounds to <out>/bench_decode.jsonl.")
 def bench_decode(batches, contexts, heads, kv_heads, head_dim, page_size, rounds, per_round,
-                 warmup, graphs, sweep_splits, sweep_ctas_per_sm, sweep_merge, out_dir):
+                 warmup, graphs, sweep_splits, sweep_ctas_per_sm, out_dir):
     """One decode step (a query per sequence, bf16) against a full KV cache: wavefront's cache
     call on a contiguous and a paged cache against torch SDPA's backends on the same cache,
     interleaved rounds; GB/s of K/V read against the DRAM read bandwidth measured first
@@ -344,7 +335,7 @@ def bench_decode(batches, contexts, heads, kv_heads, head_dim, page_size, rounds
     for name, values in (("--batch", batches), ("--context", contexts)):
         if min(values) < 1:
             raise click.BadParameter("must be positive", param_hint=name)
-    variants = _decode_variants(sweep_splits, sweep_ctas_per_sm, sweep_merge)
+    variants = _decode_variants(sweep_splits, sweep_ctas_per_sm)
     dev = _require_gpu()
     from wavefront.measure.decode_bench import decode_contenders, gbps, launched_alike
     from wavefront.measure.microbench import read_bandwidth

@@ -175,11 +175,10 @@ def _store_rows(Out, Lse, acc, row_max, row_sum, batch, kv_head, q_tile, HEAD_DI
 
 
 def _attend_item(Q, K, V, Out, Lse, PartO, PartM, PartL, CacheSeqlens, BlockTable, Work,
-                 Flags, Arrivals, item, qk_scale_log2, seqlen_new, causal, HEAD_DIM: ConstInt,
+                 Flags, item, qk_scale_log2, seqlen_new, causal, HEAD_DIM: ConstInt,
                  TILE_M: ConstInt, TILE_N: ConstInt, GROUP_TILE: ConstInt, PAGED: ConstBool,
                  PAGES_PER_TILE: ConstInt, PARTIALS: ConstBool, WRITE_LSE: ConstBool,
-                 K_LATENCY: ConstInt, V_LATENCY: ConstInt, MERGE: ConstBool,
-                 MERGE_ROWS: ConstInt, MERGE_CHUNK: ConstInt):
+                 K_LATENCY: ConstInt, V_LATENCY: ConstInt):
     """Attend one work item (batch, K/V head, Q tile, split) as its table row says."""
     ROWS = TILE_M // GROUP_TILE
     batch = _field(Work, item, DECODE_BATCH)
@@ -233,10 +232,6 @@ def _attend_item(Q, K, V, Out, Lse, PartO, PartM, PartL, CacheSeqlens, BlockTabl
                  tile=m_i.reshape((1, ROWS, 1, GROUP_TILE)))
         ct.store(PartL, index=(slab, q_tile, kv_head, 0),
                  tile=l_i.reshape((1, ROWS, 1, GROUP_TILE)))
-        if MERGE:
-            _merge_when_last(PartO, PartM, PartL, Out, Lse, Arrivals, batch, kv_head, q_tile,
-                             splits, HEAD_DIM, ROWS, GROUP_TILE, MERGE_ROWS, MERGE_CHUNK,
-                             WRITE_LSE)
     else:
         _store_rows(Out, Lse, acc, m_i, l_i, batch, kv_head, q_tile, HEAD_DIM, TILE_M,
                     GROUP_TILE, WRITE_LSE)
@@ -245,37 +240,26 @@ def _attend_item(Q, K, V, Out, Lse, PartO, PartM, PartL, CacheSeqlens, BlockTabl
 
 
 def decode_attention(Q, K, V, Out, Lse, PartO, PartM, PartL, CacheSeqlens, BlockTable, Work,
-                     Flags, Arrivals, qk_scale_log2: float, num_items: int, seqlen_new: int,
-                     causal: int, HEAD_DIM: ConstInt, TILE_M: ConstInt, TILE_N: ConstInt,
+                     Flags, qk_scale_log2: float, num_items: int, seqlen_new: int, causal: int,
+                     HEAD_DIM: ConstInt, TILE_M: ConstInt, TILE_N: ConstInt,
                      GROUP_TILE: ConstInt, PAGED: ConstBool, PAGES_PER_TILE: ConstInt,
                      PARTIALS: ConstBool, WRITE_LSE: ConstBool, K_LATENCY: ConstInt,
-                     V_LATENCY: ConstInt, MERGE: ConstBool, MERGE_ROWS: ConstInt,
-                     MERGE_CHUNK: ConstInt):
+                     V_LATENCY: ConstInt):
     """One persistent CTA: take table rows c, c + P, c + 2P, ... and attend each."""
     for item in range(ct.bid(0), num_items, ct.num_blocks(0)):
         _attend_item(Q, K, V, Out, Lse, PartO, PartM, PartL, CacheSeqlens, BlockTable, Work,
-                     Flags, Arrivals, item, qk_scale_log2, seqlen_new, causal, HEAD_DIM, TILE_M,
-                     TILE_N, GROUP_TILE, PAGED, PAGES_PER_TILE, PARTIALS, WRITE_LSE, K_LATENCY,
-                     V_LATENCY, MERGE, MERGE_ROWS, MERGE_CHUNK)
+                     Flags, item, qk_scale_log2, seqlen_new, causal, HEAD_DIM, TILE_M, TILE_N,
+                     GROUP_TILE, PAGED, PAGES_PER_TILE, PARTIALS, WRITE_LSE, K_LATENCY,
+                     V_LATENCY)
 
 
 def _split_state(PartO, PartM, PartL, batches, batch, kv_head, split, q_block,
-                 ROWS: ConstInt, GROUP_TILE: ConstInt, HEAD_DIM: ConstInt, GATHER: ConstBool):
+                 ROWS: ConstInt, GROUP_TILE: ConstInt, HEAD_DIM: ConstInt):
     """(row max [TILE_M, 1], row sum [TILE_M, 1], output [TILE_M, HEAD_DIM]) of one split's
     ROWS query positions; a split past the last reads as row max -inf, which weighs
-    nothing. GATHER: loaded element-wise into registers, not through shared memory (the
-    attention kernel's merge: its loop's shared memory is what two CTAs per SM leave)."""
+    nothing."""
     TILE_M = ROWS * GROUP_TILE
     slab = split * batches + batch
-    if GATHER:
-        rows = q_block * ROWS + ct.arange(ROWS, dtype=ct.int32)[:, None, None]
-        heads = ct.arange(GROUP_TILE, dtype=ct.int32)[None, :, None]
-        dims = ct.arange(HEAD_DIM, dtype=ct.int32)[None, None, :]
-        m_s = ct.gather(PartM, (slab, rows, kv_head, heads),
-                        padding_value=-np.inf).reshape((TILE_M, 1))
-        l_s = ct.gather(PartL, (slab, rows, kv_head, heads)).reshape((TILE_M, 1))
-        a_s = ct.gather(PartO, (slab, rows, kv_head, heads, dims)).reshape((TILE_M, HEAD_DIM))
-        return m_s, l_s, a_s
     m_s = ct.load(PartM, index=(slab, q_block, kv_head, 0), shape=(1, ROWS, 1, GROUP_TILE),
                   padding_mode=ct.PaddingMode.NEG_INF).reshape((TILE_M, 1))
     l_s = ct.load(PartL, index=(slab, q_block, kv_head, 0), shape=(1, ROWS, 1, GROUP_TILE),
@@ -287,16 +271,16 @@ def _split_state(PartO, PartM, PartL, batches, batch, kv_head, split, q_block,
 
 
 def _four_states(PartO, PartM, PartL, batches, batch, kv_head, first, q_block,
-                 ROWS: ConstInt, GROUP_TILE: ConstInt, HEAD_DIM: ConstInt, GATHER: ConstBool):
+                 ROWS: ConstInt, GROUP_TILE: ConstInt, HEAD_DIM: ConstInt):
     """The partial states of splits first .. first + 3, their loads issued together."""
     m0, l0, a0 = _split_state(PartO, PartM, PartL, batches, batch, kv_head, first, q_block,
-                              ROWS, GROUP_TILE, HEAD_DIM, GATHER)
+                              ROWS, GROUP_TILE, HEAD_DIM)
     m1, l1, a1 = _split_state(PartO, PartM, PartL, batches, batch, kv_head, first + 1, q_block,
-                              ROWS, GROUP_TILE, HEAD_DIM, GATHER)
+                              ROWS, GROUP_TILE, HEAD_DIM)
     m2, l2, a2 = _split_state(PartO, PartM, PartL, batches, batch, kv_head, first + 2, q_block,
-                              ROWS, GROUP_TILE, HEAD_DIM, GATHER)
+                              ROWS, GROUP_TILE, HEAD_DIM)
     m3, l3, a3 = _split_state(PartO, PartM, PartL, batches, batch, kv_head, first + 3, q_block,
-                              ROWS, GROUP_TILE, HEAD_DIM, GATHER)
+                              ROWS, GROUP_TILE, HEAD_DIM)
     return m0, l0, a0, m1, l1, a1, m2, l2, a2, m3, l3, a3
 
 
@@ -317,45 +301,18 @@ def combine_splits(PartO, PartM, PartL, Out, Lse, num_splits: int, HEAD_DIM: Con
     splits' loads issued before the first of them is merged. (Merging the attention tile's 64
     rows split by split, each merge waiting on its load, the B1 32k decode step grew about half
     a microsecond a split from 64 to 128 splits on an H200; this form took its graphed step
-    from 53.9 to 46.6 us at 29 splits: scripts/parallel_session.sh decode_sweep.) A split that
+    from 53.9 to 46.6 us at 29 splits: scripts/parallel_session.sh decode_sweep. Merging in
+    the attention kernel instead, the last split of a unit merging after an acq_rel count of
+    its arrival and gathering the partial states into registers, was correct in the GPU tests
+    but slower: graphed B1 4k 43.6 against 17.4 us, 32k 97.2 against 44.3 us on an H200,
+    commit 23aef87, reverted.) A split that
     saw no key has row max ROW_MAX_START and row sum 0, and one past the last reads as row max
     -inf: both weigh nothing. Grid: (query blocks of ROWS, batch x K/V heads)."""
-    kv_heads = Out.shape[2]
-    _merge_splits(PartO, PartM, PartL, Out, Lse, num_splits, ct.bid(1) // kv_heads,
-                  ct.bid(1) % kv_heads, ct.bid(0), HEAD_DIM, ROWS, GROUP_TILE, SPLIT_CHUNK,
-                  WRITE_LSE, False)
-
-
-def _merge_when_last(PartO, PartM, PartL, Out, Lse, Arrivals, batch, kv_head, q_tile, splits,
-                     HEAD_DIM: ConstInt, ROWS: ConstInt, GROUP_TILE: ConstInt,
-                     MERGE_ROWS: ConstInt, MERGE_CHUNK: ConstInt, WRITE_LSE: ConstBool):
-    """The combine inside the attention kernel: the last of a unit's splits to store its
-    partial state merges them all (`_merge_splits`, MERGE_ROWS query positions at a time), so
-    a split step is one launch. Each split counts its arrival on the unit's counter with
-    acq_rel order at device scope: the splits before it stored their partial states before
-    their own count (release), and the last one's count reads them all (acquire). The merger
-    sets the counter back to 0 for the next call (and a CUDA graph's next replay)."""
-    seqlen_q = Out.shape[1]
-    unit = (batch * Out.shape[2] + kv_head) * ((seqlen_q + ROWS - 1) // ROWS) + q_tile
-    arrived = ct.atomic_add(Arrivals, unit, 1, memory_order=ct.MemoryOrder.ACQ_REL,
-                            memory_scope=ct.MemoryScope.DEVICE)
-    # a loop of 0 or 1 trips: the last split's branch
-    for _ in range((arrived == splits - 1).astype(ct.int32)):
-        ct.atomic_xchg(Arrivals, unit, 0, memory_order=ct.MemoryOrder.RELAXED)
-        BLOCKS = ROWS // MERGE_ROWS
-        first = q_tile * BLOCKS  # the unit's first block of MERGE_ROWS positions
-        last = min(first + BLOCKS, (seqlen_q + MERGE_ROWS - 1) // MERGE_ROWS)
-        for block in range(first, last):
-            _merge_splits(PartO, PartM, PartL, Out, Lse, splits, batch, kv_head, block,
-                          HEAD_DIM, MERGE_ROWS, GROUP_TILE, MERGE_CHUNK, WRITE_LSE, True)
-
-
-def _merge_splits(PartO, PartM, PartL, Out, Lse, num_splits, batch, kv_head, q_block,
-                  HEAD_DIM: ConstInt, ROWS: ConstInt, GROUP_TILE: ConstInt,
-                  SPLIT_CHUNK: ConstInt, WRITE_LSE: ConstBool, GATHER: ConstBool):
-    """Merge the splits' partial states of query block `q_block` (ROWS positions) of one
-    (batch, K/V head), normalise, store the output (and the LSE)."""
     TILE_M = ROWS * GROUP_TILE
+    q_block = ct.bid(0)
+    kv_heads = Out.shape[2]
+    batch = ct.bid(1) // kv_heads
+    kv_head = ct.bid(1) % kv_heads
     batches = Out.shape[0]
     m = ct.full((TILE_M, 1), ROW_MAX_START, dtype=ct.float32)
     l_sum = ct.full((TILE_M, 1), 0.0, dtype=ct.float32)
@@ -364,14 +321,14 @@ def _merge_splits(PartO, PartM, PartL, Out, Lse, num_splits, batch, kv_head, q_b
         first = chunk * SPLIT_CHUNK
         if SPLIT_CHUNK == 1:
             m0, l0, a0 = _split_state(PartO, PartM, PartL, batches, batch, kv_head, first,
-                                      q_block, ROWS, GROUP_TILE, HEAD_DIM, GATHER)
+                                      q_block, ROWS, GROUP_TILE, HEAD_DIM)
             m, l_sum, acc = merge_partial_state(m, l_sum, acc, m0, l0, a0)
         else:
             states = _four_states(PartO, PartM, PartL, batches, batch, kv_head, first, q_block,
-                                  ROWS, GROUP_TILE, HEAD_DIM, GATHER)
+                                  ROWS, GROUP_TILE, HEAD_DIM)
             if SPLIT_CHUNK == 8:  # the second four's loads issued before the first merge
                 later = _four_states(PartO, PartM, PartL, batches, batch, kv_head, first + 4,
-                                     q_block, ROWS, GROUP_TILE, HEAD_DIM, GATHER)
+                                     q_block, ROWS, GROUP_TILE, HEAD_DIM)
                 m, l_sum, acc = _merge_four(m, l_sum, acc, states)
                 m, l_sum, acc = _merge_four(m, l_sum, acc, later)
             else:
@@ -443,8 +400,7 @@ DECODE_PARAMS = _contract(decode_attention, {
     # PARTIALS: (splits x batch, seqlen_q, kv_heads, group[, D])
     "PartO": ("float32", 5), "PartM": ("float32", 4), "PartL": ("float32", 4),
     "CacheSeqlens": ("int32", 1), "BlockTable": ("int32", 2), "Work": ("int32", 2),
-    "Flags": ("int32", 1),
-    "Arrivals": ("int32", 1)})  # MERGE: per (batch, K/V head, Q tile), splits that stored
+    "Flags": ("int32", 1)})
 COMBINE_SPLITS_PARAMS = _contract(combine_splits._pyfunc, {
     "PartO": ("float32", 5), "PartM": ("float32", 4), "PartL": ("float32", 4),
     "Out": (IO, 5), "Lse": ("float32", 4)})
@@ -505,11 +461,6 @@ class DecodeVariant:
     write_lse: bool = False
     pages_per_tile: int = 1  # pages of 16 or 32 keys: a K/V tile is loaded page by page
     occupancy: int = DECODE_OCCUPANCY
-    # split-KV: the last split of a unit merges them (no `combine_splits` launch), in blocks
-    # of merge_rows query positions, merge_chunk splits' loads at once (`combine_tiles`)
-    merge: bool = False
-    merge_rows: int = 1
-    merge_chunk: int = 1
 
     def __post_init__(self):
         _check_common(self.dtype, self.head_dim)
@@ -524,17 +475,9 @@ class DecodeVariant:
         if self.group_tile & (self.group_tile - 1) or not 1 <= self.group_tile <= self.tile_m:
             raise ValueError(f"group_tile must be a power of two at most tile_m "
                              f"({self.tile_m}), got {self.group_tile!r}")
-        if self.partials and self.write_lse and not self.merge:
+        if self.partials and self.write_lse:
             raise ValueError("a split launch writes partial states; combine_splits writes the "
                              "LSE")
-        if self.merge and not (self.partials and self.merge_chunk in SPLIT_CHUNKS
-                               and self.merge_rows >= 1
-                               and not self.merge_rows & (self.merge_rows - 1)
-                               and self.merge_rows * self.group_tile <= self.tile_m):
-            raise ValueError(f"merge needs partials, merge_chunk one of {SPLIT_CHUNKS} and "
-                             f"merge_rows a power of two with merge_rows x group_tile at most "
-                             f"tile_m; got partials={self.partials}, merge_rows="
-                             f"{self.merge_rows}, merge_chunk={self.merge_chunk}")
 
     @property
     def constants(self) -> dict:
@@ -543,18 +486,15 @@ class DecodeVariant:
                 "PAGES_PER_TILE": self.pages_per_tile, "PARTIALS": self.partials,
                 "WRITE_LSE": self.write_lse,
                 # K is needed first (QK^T), V after the softmax: hint V as further away
-                "K_LATENCY": DEFAULT_K_LATENCY, "V_LATENCY": DEFAULT_V_LATENCY,
-                "MERGE": self.merge, "MERGE_ROWS": self.merge_rows,
-                "MERGE_CHUNK": self.merge_chunk}
+                "K_LATENCY": DEFAULT_K_LATENCY, "V_LATENCY": DEFAULT_V_LATENCY}
 
     @property
     def label(self) -> str:
         return (f"decode_{self.dtype[:2]}_d{self.head_dim}_m{self.tile_m}_n{self.tile_n}"
                 f"_g{self.group_tile}{'_paged' if self.paged else ''}"
                 f"{f'_p{self.pages_per_tile}' if self.pages_per_tile > 1 else ''}"
-                f"{'_splits' if self.partials else ''}"
-                f"{f'_merge_r{self.merge_rows}_c{self.merge_chunk}' if self.merge else ''}"
-                f"{'_lse' if self.write_lse else ''}_occ{self.occupancy}")
+                f"{'_splits' if self.partials else ''}{'_lse' if self.write_lse else ''}"
+                f"_occ{self.occupancy}")
 
     def kernel(self):
         return decode_kernel_for(self.occupancy)
@@ -646,37 +586,18 @@ class AppendVariant:
         return _signature(APPEND_PARAMS, self.dtype, self.constants, "append_kv")
 
 
-# The attention kernel merges its splits itself (`_merge_when_last`) only where that compiles
-# as the split binary does, for two CTAs per SM: at D=128 and a merge tile of at most
-# COMBINE_EIGHT_ELEMENTS (decode at groups up to 4), four splits' loads at once, the binary
-# keeps 241-245 registers, 99 KB of shared memory and no spill (tileiras 13.4, sm_90; the
-# split binary: 254, 99 KB). Eight splits at once took 113 KB, one at a time spilled (786
-# local loads), a group of 8 took 116 KB (one CTA per SM), D=64 spilled 233: those keep the
-# combine kernel.
-MERGE_CHUNK = 4
-
-
-def merges_in_kernel(head_dim: int, rows: int, group_tile: int) -> bool:
-    """Whether a split launch of this merge tile can merge in the attention kernel."""
-    return head_dim == 128 and rows * group_tile * head_dim <= COMBINE_EIGHT_ELEMENTS
-
-
 def variants_for(problem, dtype: str, num_splits: int, write_lse: bool,
-                 appends: bool, occupancy: int = DECODE_OCCUPANCY, merge: bool = False) -> tuple:
+                 appends: bool, occupancy: int = DECODE_OCCUPANCY) -> tuple:
     """The binaries a cache call of `problem` (a `DecodeProblem`) runs, in launch order:
-    (append or None, attention compiled for `occupancy` CTAs per SM, combine or None).
-    `merge`: split-KV's combine inside the attention kernel (no combine launch)."""
+    (append or None, attention compiled for `occupancy` CTAs per SM, combine or None)."""
     paged = problem.page_size is not None
-    splits = num_splits > 1
-    rows, chunk = combine_tiles(problem.seqlen_q, problem.group_tile, problem.head_dim)
-    merge = merge and splits and merges_in_kernel(problem.head_dim, rows, problem.group_tile)
     attention = DecodeVariant(dtype, problem.head_dim, problem.tile_m, problem.tile_n,
-                              problem.group_tile, paged, splits,
-                              write_lse and (merge or not splits), problem.pages_per_tile,
-                              occupancy, merge, rows if merge else 1,
-                              MERGE_CHUNK if merge else 1)
+                              problem.group_tile, paged, num_splits > 1,
+                              write_lse and num_splits == 1, problem.pages_per_tile,
+                              occupancy)
     combine = None
-    if splits and not merge:
+    if num_splits > 1:
+        rows, chunk = combine_tiles(problem.seqlen_q, problem.group_tile, problem.head_dim)
         combine = CombineSplitsVariant(dtype, problem.head_dim, rows, problem.group_tile,
                                        chunk, write_lse)
     append = AppendVariant(dtype, problem.head_dim, paged) if appends else None
@@ -687,9 +608,9 @@ def all_decode_variants(dtypes=DTYPES, head_dims=HEAD_DIMS):
     """The binaries `wavefront compile --all` (and the slow CPU test) builds for the cache call:
     per dtype and head dim, every code path once (contiguous, paged and paged by 16-key pages,
     one split and several, the LSE; the combine with and without the LSE; the append,
-    contiguous and paged), and at bfloat16, D=128, 32-key pages, the tiles of GQA groups
-    1 and 8 and the combine merged into the attention kernel. Other groups a call picks are
-    the same code at other sizes, compiled on first use."""
+    contiguous and paged), and at bfloat16, D=128, 32-key pages and the tiles of GQA groups
+    1 and 8. Other groups a call picks are the same code at other sizes, compiled on first
+    use."""
     for dtype in dtypes:
         for head_dim in head_dims:
             yield DecodeVariant(dtype, head_dim, 64, 64, 4, False)
@@ -708,10 +629,5 @@ def all_decode_variants(dtypes=DTYPES, head_dims=HEAD_DIMS):
                 yield AppendVariant(dtype, head_dim, paged)
     if "bfloat16" in dtypes and 128 in head_dims:
         yield DecodeVariant("bfloat16", 128, 64, 64, 4, True, partials=True, pages_per_tile=2)
-        # the combine merged into the attention kernel (a decode step at a group of 4),
-        # contiguous and paged, with the LSE
-        for paged, lse in ((False, False), (True, True)):
-            yield DecodeVariant("bfloat16", 128, 64, 64, 4, paged, partials=True,
-                                write_lse=lse, merge=True, merge_chunk=MERGE_CHUNK)
         for group_tile in (1, 8):
             yield DecodeVariant("bfloat16", 128, 64, 64, group_tile, False)

@@ -35,9 +35,6 @@ from wavefront.point import DTYPES, HEAD_DIMS
 
 CHECK_LENGTHS_ENV = "WAVEFRONT_CHECK_LENGTHS"
 STATE_CACHE_SIZE = 64
-# Split-KV's combine inside the attention kernel by default? Not until a bench says it pays
-# (`wavefront bench-decode --sweep-merge`).
-MERGE_SPLITS = False
 # The most resident attention CTAs per SM a bench may ask for (`ctas_per_sm`). Compiled with
 # tileiras 13.4 for sm_90, the D128 split binary fits 2-5 per SM (254-96 registers, 99-34 KB),
 # but asked for 6 or 8 it comes back at 255 registers and 145 KB, one per SM (the launch would
@@ -366,7 +363,6 @@ class _LaunchState:
     variants: tuple  # (append or None, attention, combine or None)
     work: object
     partials: tuple  # (PartO, PartM, PartL): real ones with splits, else stand-ins
-    arrivals: object  # the merge's counters, else a stand-in
 
 
 _states: OrderedDict = OrderedDict()
@@ -407,8 +403,8 @@ def _state_key(launch: DecodeLaunch) -> tuple:
 
 
 def _state_for(vq: _ArrayView, launch: DecodeLaunch, write_lse: bool,
-               occupancy: int, merge: bool = False) -> _LaunchState:
-    key = (vq.device, vq.dtype, _state_key(launch), write_lse, occupancy, merge)
+               occupancy: int) -> _LaunchState:
+    key = (vq.device, vq.dtype, _state_key(launch), write_lse, occupancy)
     with _states_lock:
         state = _states.get(key)
         if state is not None:
@@ -430,14 +426,8 @@ def _state_for(vq: _ArrayView, launch: DecodeLaunch, write_lse: bool,
         partials = (_stand_in(vq, "PartO", (1, 1, 1, 1, 1), "float32"),
                     _stand_in(vq, "PartM", (1, 1, 1, 1), "float32"),
                     _stand_in(vq, "PartL", (1, 1, 1, 1), "float32"))
-    variants = variants_for(p, vq.dtype, launch.num_splits, write_lse, p.seqlen_new > 0,
-                            occupancy, merge)
-    if variants[1].merge:  # each unit's split count, set back to 0 by its merger
-        arrivals = _owned(vq, (p.units,), "int32", zeroed=True)
-        _zeroed_before_use(vq.device)
-    else:
-        arrivals = _stand_in(vq, "Arrivals", (1,), "int32")
-    state = _LaunchState(launch, variants, work, partials, arrivals)
+    state = _LaunchState(launch, variants_for(p, vq.dtype, launch.num_splits, write_lse,
+                                              p.seqlen_new > 0, occupancy), work, partials)
     with _states_lock:
         state = _states.setdefault(key, state)
         while len(_states) > STATE_CACHE_SIZE:
@@ -529,7 +519,7 @@ def _lengths_kind(value):
 
 def _prepare(q, k_cache, v_cache, cache_seqlens, k, v, block_table, table_host, causal,
              scale, num_splits, cta_order, return_lse, out, sharing,
-             ctas_per_sm=None, merge_splits=None) -> _Prepared:
+             ctas_per_sm=None) -> _Prepared:
     """Check the arrays and options (naming the argument), plan the launch, make its table
     and buffers."""
     vq, _ = _view("q", q)
@@ -576,11 +566,10 @@ def _prepare(q, k_cache, v_cache, cache_seqlens, k, v, block_table, table_host, 
     occupancy = DECODE_OCCUPANCY if ctas_per_sm is None else ctas_per_sm
     launch = plan_decode(problem, sms=device.sms, ctas_per_sm=occupancy,
                          num_splits=num_splits, cta_order=cta_order, sharing=sharing)
-    state = _state_for(vq, launch, bool(return_lse), occupancy,
-                       MERGE_SPLITS if merge_splits is None else merge_splits)
+    state = _state_for(vq, launch, bool(return_lse), occupancy)
     flags = _flags_for(vq)
     bound, combined = bound_arguments(launch, state.variants, state.partials, state.work,
-                                      flags.buffer, state.arrivals, scale, causal)
+                                      flags.buffer, scale, causal)
     append = state.variants[0]
     lse_shape = (shape.batch, shape.kv_heads, problem.group, shape.seqlen_q)
     combine_grid = None if combined is None else (
@@ -668,13 +657,12 @@ APPEND_PER_CALL = ("KNew", "VNew", "K", "V", "CacheSeqlens", "BlockTable", "Flag
 
 
 def bound_arguments(launch: DecodeLaunch, variants: tuple, partials: tuple, work, flags,
-                    arrivals, scale: float, causal: bool) -> tuple[dict, dict | None]:
+                    scale: float, causal: bool) -> tuple[dict, dict | None]:
     """-> (the attention kernel's arguments that are the same on every call, the combine
     kernel's or None): with ATTENTION_PER_CALL and COMBINE_PER_CALL, every parameter."""
     _, attention, combine = variants
     part_o, part_m, part_l = partials
     bound = {"PartO": part_o, "PartM": part_m, "PartL": part_l, "Work": work, "Flags": flags,
-             "Arrivals": arrivals,
              "qk_scale_log2": float(scale * LOG2_E), "num_items": launch.num_items,
              "seqlen_new": launch.problem.seqlen_new, "causal": int(bool(causal)),
              **attention.constants}
@@ -761,7 +749,7 @@ def attention_with_kvcache(q, k_cache, v_cache, cache_seqlens, *, k=None, v=None
                            block_table=None, causal: bool = True, scale: float | None = None,
                            num_splits: int | None = None, cta_order: str | None = None,
                            return_lse: bool = False, out=None, stream=None,
-                           ctas_per_sm: int | None = None, merge_splits: bool | None = None):
+                           ctas_per_sm: int | None = None):
     """Attention of q against a KV cache; see `wavefront.api.attention_with_kvcache`.
 
     A call of arrays laid out as an earlier call's (shapes, strides, dtypes, devices) with the
@@ -769,11 +757,7 @@ def attention_with_kvcache(q, k_cache, v_cache, cache_seqlens, *, k=None, v=None
     and block tables are checked on every call. `ctas_per_sm` (a bench's knob, not the public
     call's): the persistent attention CTAs per SM, compiled as the kernel's occupancy
     (default `decode.DECODE_OCCUPANCY`); more CTAs keep more K/V loads in flight per SM, which
-    a one-sequence step with few items needs to reach the DRAM bandwidth. `merge_splits` (a
-    bench's knob too): split-KV's combine inside the attention kernel where it compiles so
-    (`decode.merges_in_kernel`), else the combine kernel; default MERGE_SPLITS."""
-    if merge_splits is not None and not isinstance(merge_splits, bool):
-        raise ValueError(f"merge_splits must be True, False or None, got {merge_splits!r}")
+    a one-sequence step with few items needs to reach the DRAM bandwidth."""
     if isinstance(cache_seqlens, bool) or cache_seqlens is None:
         raise ValueError(f"cache_seqlens must be an int or one length per sequence, got "
                          f"{cache_seqlens!r}")
@@ -790,8 +774,7 @@ def attention_with_kvcache(q, k_cache, v_cache, cache_seqlens, *, k=None, v=None
             out is None or layouts[5] is not None):
         table_key = (None if block_table is None else "host" if table_host is not None
                      else _layout(block_table))
-        options = (causal, scale, num_splits, cta_order, return_lse, sharing, ctas_per_sm,
-                   merge_splits)
+        options = (causal, scale, num_splits, cta_order, return_lse, sharing, ctas_per_sm)
         key = (layouts, table_key, table_host is None or table_host.shape,
                _lengths_kind(cache_seqlens), options, tuple(map(type, options)))
     prepared = None if key is None else _prepared.get(key)
@@ -800,7 +783,7 @@ def attention_with_kvcache(q, k_cache, v_cache, cache_seqlens, *, k=None, v=None
         require_gpu_stack("wavefront.attention_with_kvcache")
         prepared = _prepare(q, k_cache, v_cache, cache_seqlens, k, v, block_table, table_host,
                             causal, scale, num_splits, cta_order, return_lse, out, sharing,
-                            ctas_per_sm, merge_splits)
+                            ctas_per_sm)
         if key is not None:
             _prepared[key] = prepared
             while len(_prepared) > STATE_CACHE_SIZE:

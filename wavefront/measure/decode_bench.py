@@ -57,9 +57,8 @@ def decode_contenders(*, batch: int, context: int, heads: int, kv_heads: int, he
     `graphs`, every contender also runs as "<name> graphed": its call captured once per input
     set into a CUDA graph and replayed, checked as the eager call is (set 0's output against the
     float32 reference, after every graph's output was poisoned and replayed). `variants`:
-    {name: cache-call options (num_splits, ctas_per_sm, merge_splits)}, each one more
-    contiguous contender "wavefront contiguous <name>" (a split, occupancy or merge sweep
-    beside the planned launch)."""
+    {name: cache-call options (num_splits, ctas_per_sm)}, each one more contiguous contender
+    "wavefront contiguous <name>" (a split or occupancy sweep beside the planned launch)."""
     import torch
     from torch.nn.attention import SDPBackend, sdpa_kernel
     from torch.nn.functional import scaled_dot_product_attention as sdpa
