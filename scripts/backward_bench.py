@@ -95,7 +95,9 @@ def _error(got, want) -> float:
 
 
 # --variants: each named config (deterministic), and these also in the atomic mode
-ATOMIC_VARIANTS = ("first_cut", "two_warpgroups", "kv_wide")
+ATOMIC_VARIANTS = ("first_cut", "two_warpgroups", "kv_wide", "atomic_coalesced")
+# ... and these only in the atomic mode (their deterministic mode is another config's)
+ATOMIC_ONLY = ("atomic_coalesced",)
 # bf16 gradients against the float64 reference: the bound the GPU tests hold the kernel to
 GRAD_TOLERANCE = 2e-2
 
@@ -118,7 +120,8 @@ def variant_options(names, head_dim=None) -> dict[str, dict]:
                       "twice", flush=True)
                 continue
             seen[config] = name
-        found[f"det[{name}]"] = {"config": name, "deterministic": True}
+        if name not in ATOMIC_ONLY:
+            found[f"det[{name}]"] = {"config": name, "deterministic": True}
         if name in ATOMIC_VARIANTS:
             found[f"atomic[{name}]"] = {"config": name, "deterministic": False}
     return found
