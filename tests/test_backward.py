@@ -629,6 +629,31 @@ def test_coalesced_dq_accumulate_compiles_without_spills(head_dim):
     assert 0 < convert.registers <= 255 and convert.shared_bytes <= 227 * 1024
 
 
+@pytest.mark.compile
+def test_dq_add_probe_compiles_for_sm90():
+    """The atomic dQ accumulate timed alone (`scripts/backward_bench.py --red-probe`), both
+    layouts, both head dims: built without local memory, one REDG per float it adds."""
+    pytest.importorskip("cuda.tile", reason="compiling needs cuda-tile (the gpu extra)")
+    from wavefront.kernel.sass import disassemble, find_cuobjdump, summarise
+    if find_cuobjdump() is None:
+        pytest.skip("cuobjdump not found")
+    from wavefront.kernel.attention import compile_variant
+    from wavefront.kernel.backward import TILE_M_PROBE, DqAddProbeVariant
+    from wavefront.kernel.cubin import kernel_resources
+    for head_dim in (64, 128):
+        for coalesced in (False, True):
+            cubin = compile_variant(DqAddProbeVariant(head_dim, TILE_M_PROBE, coalesced),
+                                    "sm_90")
+            (resources,) = kernel_resources(cubin)
+            sass = disassemble(cubin)
+            summary = summarise(sass)
+            assert 0 < resources.registers <= 255
+            assert summary.local_loads == summary.local_stores == 0, summary
+            reds = sass.count("REDG.E.ADD.F32")
+            # one add per float of the tile and thread, the loop's body possibly twice
+            assert reds in (TILE_M_PROBE * head_dim // 128, TILE_M_PROBE * head_dim // 64)
+
+
 def test_named_configs_and_their_errors():
     from wavefront.backward_schedules import (BACKWARD_CONFIGS, DEFAULT_BACKWARD_CONFIG,
                                               DEFAULT_BACKWARD_TILES, BackwardConfig,

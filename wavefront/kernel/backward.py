@@ -85,6 +85,8 @@ WORKER_WARPS = (None, 8)
 ROWS_TILE = 64
 # Rows of a Q tile's dQ the coalesced accumulate adds at a time (`_add_dq_tile`)
 DQ_CHUNK_ROWS = 32
+# Q tile rows of `dq_add_probe`'s adds (the default cut's)
+TILE_M_PROBE = 64
 
 
 def _load_rows(A, batch, head, q_tile, HEAD_DIM: ConstInt, TILE_M: ConstInt):
@@ -175,6 +177,23 @@ def _add_dq_tile(dQacc, dq, batch, head, q_tile, dq_row_step, HEAD_DIM: ConstInt
         cols_at = ct.arange(HEAD_DIM, dtype=ct.int32)[None, :]
         ct.atomic_add(dQacc, (batch, head, rows_at, cols_at), dq,
                       memory_order=ct.MemoryOrder.RELAXED)
+
+
+@ct.kernel
+def dq_add_probe(dQacc, rounds: int, dq_row_step: int, HEAD_DIM: ConstInt, TILE_M: ConstInt,
+                 COALESCED: ConstBool):
+    """The atomic dQ accumulate alone, to time it (`scripts/backward_bench.py --red-probe`):
+    CTA c adds a [TILE_M, D] float32 tile `rounds` times, its i-th add into Q tile
+    (c + i x CTAs) mod the accumulator's tiles of head 0, as `_add_dq_tile` adds (COALESCED:
+    dQacc (1, 1, tiles, TILE_M x D); else (1, 1, tiles x TILE_M, D))."""
+    tiles = dQacc.shape[2]
+    if not COALESCED:
+        tiles = dQacc.shape[2] // TILE_M
+    values = (ct.arange(TILE_M, dtype=ct.int32)[:, None]
+              + ct.arange(HEAD_DIM, dtype=ct.int32)[None, :]).astype(ct.float32)
+    for i in range(rounds):
+        q_tile = (ct.bid(0) + i * ct.num_blocks(0)) % tiles
+        _add_dq_tile(dQacc, values, 0, 0, q_tile, dq_row_step, HEAD_DIM, TILE_M, COALESCED)
 
 
 def _seen_lse(lse):
@@ -427,6 +446,7 @@ BWD_KV_PARAMS = _contract(flash_attention_bwd_kv, {
     # TILE_M x D); a 1-element stand-in otherwise
     "dQacc": ("float32", 4),
     "Work": ("int32", 2)})  # (items, BWD_COLUMNS): `BackwardLaunch.work_table`
+DQ_ADD_PROBE_PARAMS = _contract(dq_add_probe._pyfunc, {"dQacc": ("float32", 4)})
 BWD_DQ_PARAMS = _contract(flash_attention_bwd_dq, {
     "Q": (IO, 4), "K": (IO, 4), "V": (IO, 4), "dOut": (IO, 4),
     "Lse": ("float32", 3), "Delta": ("float32", 3), "dQ": (IO, 4),
@@ -572,6 +592,33 @@ class RowsVariant:
     def signature(self):
         kernel, params = ROWS_KERNELS[self.which]
         return aot_signature(params, self.dtype, self.constants, kernel._pyfunc.__name__)
+
+
+@dataclass(frozen=True)
+class DqAddProbeVariant:
+    """The binary of `dq_add_probe` (the atomic dQ accumulate timed alone), one per layout."""
+
+    head_dim: int
+    tile_m: int = 64
+    coalesced: bool = False
+
+    def __post_init__(self):
+        _check("bfloat16", self.head_dim, self.tile_m, 64)
+
+    @property
+    def constants(self) -> dict:
+        return {"HEAD_DIM": self.head_dim, "TILE_M": self.tile_m, "COALESCED": self.coalesced}
+
+    @property
+    def label(self) -> str:
+        return (f"bwd_dq_add_probe_d{self.head_dim}_m{self.tile_m}"
+                f"_{'coal' if self.coalesced else 'rows'}")
+
+    def kernel(self):
+        return dq_add_probe
+
+    def signature(self):
+        return aot_signature(DQ_ADD_PROBE_PARAMS, "float32", self.constants, "dq_add_probe")
 
 
 ROWS_KERNELS = {"preprocess": (backward_preprocess, PREPROCESS_PARAMS),
