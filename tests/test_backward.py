@@ -618,12 +618,17 @@ def test_coalesced_dq_accumulate_compiles_without_spills(head_dim):
         (resources,) = kernel_resources(cubin)
         sass = disassemble(cubin)
         steady = min(mma_loop_table(sass), key=lambda r: (r["isetp"], r["instructions"]))
-        found[coalesced] = (resources, summarise(sass), steady)
-    (res, summary, steady), (res0, _, steady0) = found[True], found[False]
+        found[coalesced] = (resources, summarise(sass), steady, sass)
+    (res, summary, steady, _), (res0, _, steady0, _) = found[True], found[False]
     assert summary.local_loads == summary.local_stores == 0, summary
     assert res.registers <= 168 and res.shared_bytes <= min(227 * 1024, res0.shared_bytes)
     assert steady["red"] == steady0["red"] == 64 * head_dim // 256, (steady, steady0)
     assert steady["instructions"] < steady0["instructions"], (steady, steady0)
+    # where a warp's adds land (`backward_sass`): 128 contiguous bytes, 4 sectors, against
+    # 4 adjacent floats per lane (D128: 16 sectors half used; D64, two rows a warp: ~8.6)
+    from wavefront.kernel.backward_sass import sectors_per_red
+    assert set(sectors_per_red(found[True][3])) == {4.0}
+    assert min(sectors_per_red(found[False][3])) >= (16 if head_dim == 128 else 8)
     (convert,) = kernel_resources(compile_variant(
         RowsVariant("convert_dq_tiles", "bfloat16", head_dim, 64), "sm_90"))
     assert 0 < convert.registers <= 255 and convert.shared_bytes <= 227 * 1024
@@ -652,6 +657,12 @@ def test_dq_add_probe_compiles_for_sm90():
             reds = sass.count("REDG.E.ADD.F32")
             # one add per float of the tile and thread, the loop's body possibly twice
             assert reds in (TILE_M_PROBE * head_dim // 128, TILE_M_PROBE * head_dim // 64)
+            if head_dim == 128:  # the layouts derived by hand from this SASS
+                from wavefront.kernel.backward_sass import red_addresses
+                _, lanes = red_addresses(sass, 128)[0]
+                # row-major: each lane 4 adjacent floats, lanes 16 bytes apart; coalesced:
+                # lanes one float (4 bytes) apart (modulo 2^32: the low words)
+                assert set(np.diff(lanes[:32]) % (1 << 32)) == ({4} if coalesced else {16})
 
 
 def test_named_configs_and_their_errors():
