@@ -95,7 +95,9 @@ def _error(got, want) -> float:
 
 
 # --variants: each named config (deterministic), and these also in the atomic mode
-ATOMIC_VARIANTS = ("first_cut", "two_warpgroups", "kv_wide")
+ATOMIC_VARIANTS = ("first_cut", "two_warpgroups", "kv_wide", "atomic_coalesced")
+# ... and these only in the atomic mode (their deterministic mode is another config's)
+ATOMIC_ONLY = ("atomic_coalesced",)
 # bf16 gradients against the float64 reference: the bound the GPU tests hold the kernel to
 GRAD_TOLERANCE = 2e-2
 
@@ -118,7 +120,8 @@ def variant_options(names, head_dim=None) -> dict[str, dict]:
                       "twice", flush=True)
                 continue
             seen[config] = name
-        found[f"det[{name}]"] = {"config": name, "deterministic": True}
+        if name not in ATOMIC_ONLY:
+            found[f"det[{name}]"] = {"config": name, "deterministic": True}
         if name in ATOMIC_VARIANTS:
             found[f"atomic[{name}]"] = {"config": name, "deterministic": False}
     return found
@@ -515,6 +518,68 @@ def predict(args) -> list[dict]:
     return records
 
 
+# --red-probe: the accumulator region each layout's adds land in (fits the L2 of an H100 or
+# H200, so the adds are timed, not DRAM), CTAs per SM, and adds per CTA and launch
+PROBE_REGION_BYTES = 16 << 20
+PROBE_CTAS_PER_SM = 2
+PROBE_ROUNDS = 64
+
+
+def red_probe(args, torch) -> list[dict]:
+    """`--red-probe`: the atomic dQ accumulate alone (`wavefront.kernel.backward.dq_add_probe`),
+    row-major and coalesced, per head dim, in interleaved rounds: float adds per second and per
+    SM clock, and the floor they set on the atomic mode of each bench shape (its dQ adds at
+    128 K/V rows a CTA, over that rate; causal: the visited tile pairs, about half)."""
+    import cuda.tile as ct
+    from wavefront.kernel.backward import TILE_M_PROBE, DqAddProbeVariant
+    from wavefront.measure.rounds import Contender, run_rounds
+    records = RecordLog(args.json)
+    props = torch.cuda.get_device_properties(0)
+    ctas = PROBE_CTAS_PER_SM * props.multi_processor_count
+    stream = torch.cuda.current_stream().cuda_stream
+    for head_dim in args.head_dims:
+        tile_floats = TILE_M_PROBE * head_dim
+        tiles = PROBE_REGION_BYTES // (4 * tile_floats)
+        adds = ctas * PROBE_ROUNDS * tile_floats
+        contenders = []
+        for coalesced in (False, True):
+            shape = ((1, 1, tiles, tile_floats) if coalesced
+                     else (1, 1, tiles * TILE_M_PROBE, head_dim))
+            acc = torch.zeros(shape, dtype=torch.float32, device="cuda")
+            kernel = DqAddProbeVariant(head_dim, TILE_M_PROBE, coalesced).kernel()
+
+            def run(i, acc=acc, kernel=kernel, coalesced=coalesced):
+                ct.launch(stream, (ctas, 1, 1), kernel,
+                          (acc, PROBE_ROUNDS, 1, head_dim, TILE_M_PROBE, coalesced))
+            contenders.append(Contender("coalesced" if coalesced else "row-major", run, adds))
+        for r in run_rounds(contenders, rounds=max(6, args.rounds), per_round=args.per_round,
+                            warmup=args.warmup):
+            rate = adds / (r.median_ms * 1e-3)
+            clock = (sorted(r.sm_clock_mhz)[len(r.sm_clock_mhz) // 2] * 1e6
+                     if r.sm_clock_mhz else None)
+            record = {"probe": "dq_add", "head_dim": head_dim, "layout": r.name,
+                      "gpu": props.name, "adds_per_launch": adds, **r.as_dict(),
+                      "adds_per_s": rate,
+                      "adds_per_sm_clock": (rate / (props.multi_processor_count * clock)
+                                            if clock else None)}
+            floors = {}
+            for shape_name, (batch, heads, _, seqlen) in SHAPES.items():
+                for causal in (False, True):
+                    total = batch * heads * seqlen * head_dim * (seqlen / 128)
+                    total *= 0.5 if causal else 1.0
+                    floors[f"{shape_name} {'causal' if causal else 'full'}"] = (
+                        total / rate * 1e3)
+            record["floor_ms"] = floors
+            records.append(record)
+            print(f"D{head_dim} {r.name:10s} {r.median_ms:7.3f} ms [{r.ci95_ms[0]:.3f}, "
+                  f"{r.ci95_ms[1]:.3f}]  {rate / 1e9:7.1f} G adds/s"
+                  + (f"  {record['adds_per_sm_clock']:.2f} per SM clock"
+                     if record["adds_per_sm_clock"] else "")
+                  + "  floor: " + ", ".join(f"{k} {v:.2f} ms" for k, v in floors.items()),
+                  flush=True)
+    return records
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--shapes", default=",".join(SHAPES),
@@ -542,13 +607,17 @@ def main(argv=None) -> int:
                         help="DRAM bytes per schedule under ncu, instead of timing")
     parser.add_argument("--predict", action="store_true",
                         help="the lock-step L2 model's DRAM reads per schedule (no GPU)")
+    parser.add_argument("--red-probe", action="store_true",
+                        help="time the atomic dQ accumulate alone (row-major and coalesced "
+                             "layouts): float adds per second and the floor they set")
     parser.add_argument("--sms", type=int, default=132, help="--predict: SMs (H100: 132)")
     parser.add_argument("--l2-mb", type=float, default=50.0, help="--predict: L2 MiB")
     parser.add_argument("--profile-once", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--json", help="append the records to this JSON-lines file")
     raw = sys.argv[1:] if argv is None else argv
     args = parser.parse_args(raw)
-    args.passed = [a for a in raw if a not in ("--dram", "--schedules", "--predict")]
+    args.passed = [a for a in raw if a not in ("--dram", "--schedules", "--predict",
+                                               "--red-probe")]
     args.shapes = [s.strip() for s in args.shapes.split(",") if s.strip()]
     unknown = [s for s in args.shapes if s not in SHAPES]
     if unknown:
@@ -570,7 +639,10 @@ def main(argv=None) -> int:
         if args.profile_once:
             profile_once(args, torch)
             return 0
-        records = dram(args) if args.dram else bench(args, torch)
+        if args.red_probe:
+            records = red_probe(args, torch)
+        else:
+            records = dram(args) if args.dram else bench(args, torch)
     if args.json and not isinstance(records, RecordLog):
         with open(args.json, "a") as f:
             for record in records:

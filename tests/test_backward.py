@@ -316,9 +316,13 @@ def _sequence_views(row, columns, q_side, kv_side):
             [x[:, :, kv_start:kv_start + seqlen_kv] for x in kv_side])
 
 
-def _emulate(launch: BackwardLaunch, q, k, v, do, out, lse, scale, deterministic):
+def _emulate(launch: BackwardLaunch, q, k, v, do, out, lse, scale, deterministic,
+             coalesced=False):
     """A packed batch's launch (`VarlenBackwardLaunch`): the arrays are (1, heads, total rows,
-    D) and each row's sequence is sliced out of them, as the kernels do."""
+    D) and each row's sequence is sliced out of them, as the kernels do. `coalesced`: the
+    atomic mode's tile-major accumulator (`dq_tile_offsets`), added into per Q tile and read
+    back as `convert_dq_tiles` does."""
+    from wavefront.kernel.backward import dq_tile_offsets
     from wavefront.backward_schedules import (BWD_KV_START, BWD_Q_START, BWD_SEQLEN_KV,
                                               BWD_SEQLEN_Q)
     from wavefront.schedules import WORK_KV_START, WORK_Q_START, WORK_SEQLEN_KV, WORK_SEQLEN_Q
@@ -327,6 +331,9 @@ def _emulate(launch: BackwardLaunch, q, k, v, do, out, lse, scale, deterministic
     M, N = p.tile_m, p.tile_n
     delta = (do * out).sum(-1)
     dq_acc = np.zeros(q.shape)
+    q_tiles = -(-q.shape[2] // M)
+    tiles_acc = np.zeros(q.shape[:2] + (q_tiles, M * p.head_dim))
+    offsets = dq_tile_offsets(M, p.head_dim)
     # NaN as the kernels' empty dK/dV: a K/V tile no item stores shows, even where its true
     # gradient is 0 (keys no query sees, a sequence without queries)
     dk, dv = np.full(k.shape, np.nan), np.full(k.shape, np.nan)
@@ -364,9 +371,15 @@ def _emulate(launch: BackwardLaunch, q, k, v, do, out, lse, scale, deterministic
                 dv_acc += p_t @ dot
                 ds_t = p_t * (vt @ dot.T - delta_t[None, :]) * scale
                 dk_acc += ds_t @ qt
-                _put(dqs, b, h, i, M, ds_t.T @ kt, add=True)
+                if coalesced:
+                    np.add.at(tiles_acc[b, h, i], offsets, ds_t.T @ kt)
+                else:
+                    _put(dqs, b, h, i, M, ds_t.T @ kt, add=True)
         _put(dks, b, kvh, j, N, dk_acc)
         _put(dvs, b, kvh, j, N, dv_acc)
+    if coalesced:  # convert_dq_tiles: each tile read as (D, M), transposed; rows past the end cut
+        rows = tiles_acc.reshape(q.shape[:2] + (q_tiles, p.head_dim, M)).swapaxes(-1, -2)
+        dq_acc[:] = rows.reshape(q.shape[:2] + (q_tiles * M, p.head_dim))[:, :, :q.shape[2]]
     if deterministic:
         dq_acc[:] = np.nan  # the Q-major pass writes every row
         for row in launch.dq_launch.work_table:
@@ -430,6 +443,31 @@ def test_the_kernels_walk_of_the_tables_gives_the_reference(problem, schedule, d
         np.testing.assert_allclose(mine, want, rtol=1e-9, atol=1e-10)
     blind = max(0, p.seqlen_q - p.seqlen_kv) if p.causal_alignment == "bottom_right" else 0
     assert (got[0][:, :, :blind] == 0).all()
+
+
+@pytest.mark.parametrize("problem", [
+    AttentionProblem(2, 4, 2, 77, 77, 8, True, 16, 32),
+    AttentionProblem(1, 2, 2, 83, 50, 8, False, 16, 16),
+    AttentionProblem(2, 4, 2, 83, 50, 8, True, 16, 32, causal_alignment="bottom_right"),
+], ids=["gqa-causal", "long-q-full", "long-q-bottom-right"])
+def test_coalesced_dq_accumulator_gives_the_reference(problem):
+    """The atomic mode's coalesced dQ accumulator (config `atomic_coalesced`): each Q tile's
+    contribution added at `dq_tile_offsets` (a column-major tile, the last one padded past
+    seqlen_q) and read back as `convert_dq_tiles` reads it gives the float64 reference's dQ;
+    the offsets of a tile are each of its elements once."""
+    from wavefront.kernel.backward import dq_tile_offsets
+    p = problem
+    offsets = dq_tile_offsets(p.tile_m, p.head_dim)
+    assert sorted(offsets.ravel()) == list(range(p.tile_m * p.head_dim))
+    assert (offsets[1:] - offsets[:-1] == 1).all()  # rows adjacent: a warp's adds contiguous
+    q, k, v, do = _inputs(9, p.batch, p.heads, p.kv_heads, p.seqlen_q, p.seqlen_kv, p.head_dim)
+    out, lse, dq, dk, dv = reference_attention_backward(q, k, v, do, causal=p.causal,
+                                                        causal_alignment=p.causal_alignment)
+    launch = BackwardLaunch.of(p, "persistent+sawtooth", sms=3, ctas_per_sm=1, l2_bytes=4000)
+    got = _emulate(launch, q, k, v, do, out, lse, 1 / math.sqrt(p.head_dim), False,
+                   coalesced=True)
+    for mine, want in zip(got, (dq, dk, dv)):
+        np.testing.assert_allclose(mine, want, rtol=1e-9, atol=1e-10)
 
 
 # --------------------------------------------------------------------------------------------
@@ -557,6 +595,76 @@ def test_masked_first_dq_kernel_keeps_its_unmasked_loop_out_of_local_memory():
     assert unmasked[True]["hgmma"] == unmasked[False]["hgmma"], unmasked
 
 
+@pytest.mark.compile
+@pytest.mark.parametrize("head_dim", [64, 128])
+def test_coalesced_dq_accumulate_compiles_without_spills(head_dim):
+    """The atomic mode's coalesced dQ accumulate (config `atomic_coalesced`, the default's
+    64x128 cut with two consumer warpgroups; sm_90, tileiras 13.4): no local memory, shared
+    memory within a CTA's 227 KiB and no more than the row-major accumulate's, as many float
+    reductions per trip of the steady loop, in fewer instructions (no bounds checks, one
+    address per row pair of lanes); and its conversion kernel builds."""
+    pytest.importorskip("cuda.tile", reason="compiling needs cuda-tile (the gpu extra)")
+    from wavefront.kernel.sass import disassemble, find_cuobjdump, mma_loop_table, summarise
+    if find_cuobjdump() is None:
+        pytest.skip("cuobjdump not found")
+    from wavefront.kernel.attention import compile_variant
+    from wavefront.kernel.backward import BackwardKvVariant, RowsVariant
+    from wavefront.kernel.cubin import kernel_resources
+    found = {}
+    for coalesced in (False, True):
+        variant = BackwardKvVariant("bfloat16", head_dim, 64, 128, False, True, worker_warps=8,
+                                    dq_coalesced=coalesced)
+        cubin = compile_variant(variant, "sm_90")
+        (resources,) = kernel_resources(cubin)
+        sass = disassemble(cubin)
+        steady = min(mma_loop_table(sass), key=lambda r: (r["isetp"], r["instructions"]))
+        found[coalesced] = (resources, summarise(sass), steady, sass)
+    (res, summary, steady, _), (res0, _, steady0, _) = found[True], found[False]
+    assert summary.local_loads == summary.local_stores == 0, summary
+    assert res.registers <= 168 and res.shared_bytes <= min(227 * 1024, res0.shared_bytes)
+    assert steady["red"] == steady0["red"] == 64 * head_dim // 256, (steady, steady0)
+    assert steady["instructions"] < steady0["instructions"], (steady, steady0)
+    # where a warp's adds land (`backward_sass`): 128 contiguous bytes, 4 sectors, against
+    # 4 adjacent floats per lane (D128: 16 sectors half used; D64, two rows a warp: ~8.6)
+    from wavefront.kernel.backward_sass import sectors_per_red
+    assert set(sectors_per_red(found[True][3])) == {4.0}
+    assert min(sectors_per_red(found[False][3])) >= (16 if head_dim == 128 else 8)
+    (convert,) = kernel_resources(compile_variant(
+        RowsVariant("convert_dq_tiles", "bfloat16", head_dim, 64), "sm_90"))
+    assert 0 < convert.registers <= 255 and convert.shared_bytes <= 227 * 1024
+
+
+@pytest.mark.compile
+def test_dq_add_probe_compiles_for_sm90():
+    """The atomic dQ accumulate timed alone (`scripts/backward_bench.py --red-probe`), both
+    layouts, both head dims: built without local memory, one REDG per float it adds."""
+    pytest.importorskip("cuda.tile", reason="compiling needs cuda-tile (the gpu extra)")
+    from wavefront.kernel.sass import disassemble, find_cuobjdump, summarise
+    if find_cuobjdump() is None:
+        pytest.skip("cuobjdump not found")
+    from wavefront.kernel.attention import compile_variant
+    from wavefront.kernel.backward import TILE_M_PROBE, DqAddProbeVariant
+    from wavefront.kernel.cubin import kernel_resources
+    for head_dim in (64, 128):
+        for coalesced in (False, True):
+            cubin = compile_variant(DqAddProbeVariant(head_dim, TILE_M_PROBE, coalesced),
+                                    "sm_90")
+            (resources,) = kernel_resources(cubin)
+            sass = disassemble(cubin)
+            summary = summarise(sass)
+            assert 0 < resources.registers <= 255
+            assert summary.local_loads == summary.local_stores == 0, summary
+            reds = sass.count("REDG.E.ADD.F32")
+            # one add per float of the tile and thread, the loop's body possibly twice
+            assert reds in (TILE_M_PROBE * head_dim // 128, TILE_M_PROBE * head_dim // 64)
+            if head_dim == 128:  # the layouts derived by hand from this SASS
+                from wavefront.kernel.backward_sass import red_addresses
+                _, lanes = red_addresses(sass, 128)[0]
+                # row-major: each lane 4 adjacent floats, lanes 16 bytes apart; coalesced:
+                # lanes one float (4 bytes) apart (modulo 2^32: the low words)
+                assert set(np.diff(lanes[:32]) % (1 << 32)) == ({4} if coalesced else {16})
+
+
 def test_named_configs_and_their_errors():
     from wavefront.backward_schedules import (BACKWARD_CONFIGS, DEFAULT_BACKWARD_CONFIG,
                                               DEFAULT_BACKWARD_TILES, BackwardConfig,
@@ -575,6 +683,22 @@ def test_named_configs_and_their_errors():
         BackwardConfig((64, 64), (64, 64), None, 4)
     with pytest.raises(ValueError, match="dq_masked_first"):
         BackwardConfig((64, 64), (64, 64), dq_masked_first=1)
+    with pytest.raises(ValueError, match="dq_coalesced"):
+        BackwardConfig((64, 64), (64, 64), dq_coalesced="yes")
+    from wavefront.kernel.backward import BackwardKvVariant, RowsVariant
+    for atomic, varlen in ((False, False), (True, True)):
+        with pytest.raises(ValueError, match="dq_coalesced .* needs atomic_dq"):
+            BackwardKvVariant("bfloat16", 64, 64, 128, False, atomic, varlen=varlen,
+                              dq_coalesced=True)
+    with pytest.raises(ValueError, match="which must be one of"):
+        RowsVariant("convert", "bfloat16", 64)
+    with pytest.raises(ValueError, match="tile_m must be 64 or 128"):
+        RowsVariant("convert_dq_tiles", "bfloat16", 64, 32)
+    # the coalesced config changes the atomic mode only
+    for d, coalesced in BACKWARD_CONFIGS["atomic_coalesced"].items():
+        default = BACKWARD_CONFIGS[DEFAULT_BACKWARD_CONFIG][d]
+        assert coalesced.dq_coalesced and not default.dq_coalesced
+        assert dataclasses.replace(coalesced, dq_coalesced=False) == default
     from wavefront.kernel.backward_call import config_for, dq_launch_of
     with pytest.raises(ValueError, match="tiles or config"):
         config_for("64x64", "first_cut", 64)

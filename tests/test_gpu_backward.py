@@ -124,7 +124,8 @@ def test_named_configs(config, head_dim, causal):
                                      ctas=7))
 
 
-@pytest.mark.parametrize("config", ["sass_pick", "two_warpgroups", "kv_wide"])
+@pytest.mark.parametrize("config", ["sass_pick", "two_warpgroups", "kv_wide",
+                                    "atomic_coalesced"])
 @pytest.mark.parametrize("head_dim", [64, 128])
 def test_named_configs_on_ragged_lengths(config, head_dim):
     """The new cuts (two warpgroups, the dQ kernel on its own tiles, masked tiles first) where
@@ -133,6 +134,21 @@ def test_named_configs_on_ragged_lengths(config, head_dim):
     for deterministic in (True, False):
         _check(q, k, v, do, True, _run(q, k, v, do, True, config=config, ctas=5,
                                        deterministic=deterministic))
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("head_dim", [64, 128])
+def test_coalesced_dq_accumulator_matches_the_row_major_one(head_dim, causal):
+    """The atomic mode's coalesced dQ accumulator (config `atomic_coalesced`) against the
+    row-major one of the same cut (`two_warpgroups`: the same K/V-major tiles and warps): the
+    same float sums in another order, so every gradient within rounding of the other run's and
+    of the reference; 333 query rows (a padded last Q tile), 250 keys, GQA."""
+    q, k, v, do = _inputs(13, 2, 4, 2, 333, 250, head_dim, torch.bfloat16)
+    runs = {config: _run(q, k, v, do, causal, config=config, deterministic=False, ctas=5)
+            for config in ("two_warpgroups", "atomic_coalesced")}
+    _check(q, k, v, do, causal, runs["atomic_coalesced"])
+    for tiles, rows in zip(runs["atomic_coalesced"], runs["two_warpgroups"]):
+        assert _error(tiles, rows) < 1e-2
 
 
 @pytest.mark.parametrize("causal", [False, True])

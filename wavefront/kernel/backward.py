@@ -11,6 +11,9 @@ Kernels:
   group) and writes dK, dV once. ATOMIC_DQ: each Q tile's dQ contribution is added into a
   float32 dQ accumulator with relaxed float atomics (`ct.atomic_add` on a tile of indices),
   which `convert_dq` casts to the input dtype; the sum's order varies between runs.
+  DQ_COALESCED: the accumulator is tile-major instead, (batch, heads, Q tiles, TILE_M x D),
+  each tile column-major (`dq_tile_offsets`), and `convert_dq_tiles` turns it back; see
+  `_add_dq_tile` for why.
 - `flash_attention_bwd_dq`: the deterministic dQ: Q-major, one (batch, head, Q tile) per item
   scanning its K/V tiles (the forward's work table) and recomputing P and dS; dQ is written
   once, so dQ, dK and dV are bit-identical across runs.
@@ -80,6 +83,10 @@ from wavefront.schedules import (
 WORKER_WARPS = (None, 8)
 # Rows per CTA of the small kernels (preprocess, dQ conversion): they stream, any size works.
 ROWS_TILE = 64
+# Rows of a Q tile's dQ the coalesced accumulate adds at a time (`_add_dq_tile`)
+DQ_CHUNK_ROWS = 32
+# Q tile rows of `dq_add_probe`'s adds (the default cut's)
+TILE_M_PROBE = 64
 
 
 def _load_rows(A, batch, head, q_tile, HEAD_DIM: ConstInt, TILE_M: ConstInt):
@@ -119,6 +126,76 @@ def convert_dq(dQacc, dQ, HEAD_DIM: ConstInt, TILE_M: ConstInt):
              tile=acc.reshape((1, 1, TILE_M, HEAD_DIM)).astype(dQ.dtype))
 
 
+def dq_tile_offsets(tile_m: int, head_dim: int) -> np.ndarray:
+    """Where element (row r, column c) of a Q tile's dQ sits in its tile of the coalesced
+    accumulator (DQ_COALESCED): c x tile_m + r, column-major, as `_add_dq_tile` adds it and
+    `convert_dq_tiles` reads it back (for the host and the CPU tests; the kernels compute the
+    same expression on tiles)."""
+    rows = np.arange(tile_m)[:, None]
+    return np.arange(head_dim)[None, :] * tile_m + rows
+
+
+@ct.kernel
+def convert_dq_tiles(dQacc, dQ, HEAD_DIM: ConstInt, TILE_M: ConstInt):
+    """dQ from the coalesced (tile-major, column-major tiles) accumulator; grid (Q tiles,
+    batch x heads); rows past seqlen_q are dropped by the store."""
+    q_tile = ct.bid(0)
+    heads = dQ.shape[1]
+    batch = ct.bid(1) // heads
+    head = ct.bid(1) % heads
+    acc = ct.load(dQacc, index=(batch, head, q_tile, 0), shape=(1, 1, 1, TILE_M * HEAD_DIM))
+    rows = ct.transpose(acc.reshape((HEAD_DIM, TILE_M)))  # [TILE_M, D]
+    ct.store(dQ, index=(batch, head, q_tile, 0),
+             tile=rows.reshape((1, 1, TILE_M, HEAD_DIM)).astype(dQ.dtype))
+
+
+def _add_dq_tile(dQacc, dq, batch, head, q_tile, dq_row_step, HEAD_DIM: ConstInt,
+                 TILE_M: ConstInt, COALESCED: ConstBool):
+    """Add a Q tile's dQ contribution (float32, [TILE_M, D]) into the accumulator with relaxed
+    float atomics (the sum needs atomicity only). tileiras 13.4 emits one 32-bit REDG per
+    element whatever the index pattern and gives each thread 4 address-adjacent elements where
+    it can prove adjacency, so a warp's REDG covers 32 floats 16 bytes apart: 16 sectors of
+    32 bytes, 2 floats each (sm_90 SASS of the row-major accumulator). COALESCED: the
+    accumulator's tile is column-major (rows adjacent), and the row step is a run-time value
+    (`dq_row_step`, always 1) so the compiler cannot prove that adjacency; it then spreads the
+    rows over the lanes and each REDG covers 128 contiguous bytes, 4 full sectors: a quarter
+    of the L2 atomic transactions for the same sum, and no bounds check (every tile of the
+    accumulator exists, the last one padded). It adds DQ_CHUNK_ROWS rows at a time: the whole
+    tile at once stages it in 32 KiB more shared memory (D=128, 64x128 tiles: 232,672 bytes,
+    over a CTA's 227 KiB; in halves, 199,904, as the row-major accumulate). Rows past seqlen_q
+    (row-major accumulator) are dropped by the bounds check."""
+    if COALESCED:
+        rows = ct.arange(DQ_CHUNK_ROWS, dtype=ct.int32)[:, None] * dq_row_step
+        columns = ct.arange(HEAD_DIM, dtype=ct.int32)[None, :] * TILE_M
+        for part in ct.static_iter(range(TILE_M // DQ_CHUNK_ROWS)):
+            piece = ct.extract(dq, (part, 0), shape=(DQ_CHUNK_ROWS, HEAD_DIM))
+            offsets = columns + part * DQ_CHUNK_ROWS + rows
+            ct.atomic_add(dQacc, (batch, head, q_tile, offsets), piece, check_bounds=False,
+                          memory_order=ct.MemoryOrder.RELAXED)
+    else:
+        rows_at = q_tile * TILE_M + ct.arange(TILE_M, dtype=ct.int32)[:, None]
+        cols_at = ct.arange(HEAD_DIM, dtype=ct.int32)[None, :]
+        ct.atomic_add(dQacc, (batch, head, rows_at, cols_at), dq,
+                      memory_order=ct.MemoryOrder.RELAXED)
+
+
+@ct.kernel
+def dq_add_probe(dQacc, rounds: int, dq_row_step: int, HEAD_DIM: ConstInt, TILE_M: ConstInt,
+                 COALESCED: ConstBool):
+    """The atomic dQ accumulate alone, to time it (`scripts/backward_bench.py --red-probe`):
+    CTA c adds a [TILE_M, D] float32 tile `rounds` times, its i-th add into Q tile
+    (c + i x CTAs) mod the accumulator's tiles of head 0, as `_add_dq_tile` adds (COALESCED:
+    dQacc (1, 1, tiles, TILE_M x D); else (1, 1, tiles x TILE_M, D))."""
+    tiles = dQacc.shape[2]
+    if not COALESCED:
+        tiles = dQacc.shape[2] // TILE_M
+    values = (ct.arange(TILE_M, dtype=ct.int32)[:, None]
+              + ct.arange(HEAD_DIM, dtype=ct.int32)[None, :]).astype(ct.float32)
+    for i in range(rounds):
+        q_tile = (ct.bid(0) + i * ct.num_blocks(0)) % tiles
+        _add_dq_tile(dQacc, values, 0, 0, q_tile, dq_row_step, HEAD_DIM, TILE_M, COALESCED)
+
+
 def _seen_lse(lse):
     """The LSE the probabilities are recomputed from: a row that saw no key (bottom-right
     causal with seqlen_q > seqlen_kv) has the forward's LSE -inf, taken as +inf here (as
@@ -128,9 +205,9 @@ def _seen_lse(lse):
 
 
 def _q_tile_step(Q, dOut, Lse, Delta, dQacc, k, v, dk, dv, batch, head, kv_tile, q_tile,
-                 qk_scale_log2, scale, seqlen_kv, diagonal, HEAD_DIM: ConstInt,
+                 qk_scale_log2, scale, seqlen_kv, diagonal, dq_row_step, HEAD_DIM: ConstInt,
                  TILE_M: ConstInt, TILE_N: ConstInt, MASKED: ConstBool, CAUSAL: ConstBool,
-                 ATOMIC_DQ: ConstBool, Q_LATENCY: ConstInt):
+                 ATOMIC_DQ: ConstBool, Q_LATENCY: ConstInt, DQ_COALESCED: ConstBool):
     """One Q tile's share of a K/V tile's dK and dV (and of the Q tile's dQ), transposed
     (K/V rows first) so that dV = P^T dO and dK = dS^T Q are plain products. `diagonal`
     (CAUSAL): query row r sees key columns c <= r + diagonal (the item's BWD_DIAGONAL)."""
@@ -163,11 +240,8 @@ def _q_tile_step(Q, dOut, Lse, Delta, dQacc, k, v, dk, dv, batch, head, kv_tile,
     dk = ct.mma(ds_t, q, dk)  # [TILE_N, D]
     if ATOMIC_DQ:
         dq = ct.mma(ct.transpose(ds_t), k, ct.full((TILE_M, HEAD_DIM), 0.0, dtype=ct.float32))
-        rows_at = q_tile * TILE_M + ct.arange(TILE_M, dtype=ct.int32)[:, None]
-        cols_at = ct.arange(HEAD_DIM, dtype=ct.int32)[None, :]
-        # Relaxed: the sum needs atomicity only; rows past seqlen_q are dropped (bounds check).
-        ct.atomic_add(dQacc, (batch, head, rows_at, cols_at), dq,
-                      memory_order=ct.MemoryOrder.RELAXED)
+        _add_dq_tile(dQacc, dq, batch, head, q_tile, dq_row_step, HEAD_DIM, TILE_M,
+                     DQ_COALESCED)
     return dk, dv
 
 
@@ -182,8 +256,9 @@ def _sequence(Work, item, q_start_column, q_length_column, kv_start_column,
 
 
 def _kv_work_item(Q, K, V, dOut, Lse, Delta, dK, dV, dQacc, Work, item, qk_scale_log2, scale,
-                  HEAD_DIM: ConstInt, TILE_M: ConstInt, TILE_N: ConstInt, CAUSAL: ConstBool,
-                  ATOMIC_DQ: ConstBool, VARLEN: ConstBool, Q_LATENCY: ConstInt):
+                  dq_row_step, HEAD_DIM: ConstInt, TILE_M: ConstInt, TILE_N: ConstInt,
+                  CAUSAL: ConstBool, ATOMIC_DQ: ConstBool, VARLEN: ConstBool,
+                  Q_LATENCY: ConstInt, DQ_COALESCED: ConstBool):
     """VARLEN: the arrays are packed sequences viewed as (1, heads, total rows, D); the item's
     sequence is sliced out of them (no copy), so its tiles, masks and ragged ends are its own
     and no store or atomic reaches a neighbour's rows."""
@@ -227,13 +302,13 @@ def _kv_work_item(Q, K, V, dOut, Lse, Delta, dK, dV, dQacc, Work, item, qk_scale
         for i in range(masked_lo, masked_hi):
             dk, dv = _q_tile_step(Q, dOut, Lse, Delta, dQacc, k, v, dk, dv, batch, head,
                                   kv_tile, i, qk_scale_log2, scale, seqlen_kv, diagonal,
-                                  HEAD_DIM, TILE_M, TILE_N, True, CAUSAL, ATOMIC_DQ,
-                                  Q_LATENCY)
+                                  dq_row_step, HEAD_DIM, TILE_M, TILE_N, True, CAUSAL,
+                                  ATOMIC_DQ, Q_LATENCY, DQ_COALESCED)
         for t in range(count):
             dk, dv = _q_tile_step(Q, dOut, Lse, Delta, dQacc, k, v, dk, dv, batch, head,
                                   kv_tile, start + step * t, qk_scale_log2, scale, seqlen_kv,
-                                  diagonal, HEAD_DIM, TILE_M, TILE_N, False, CAUSAL,
-                                  ATOMIC_DQ, Q_LATENCY)
+                                  diagonal, dq_row_step, HEAD_DIM, TILE_M, TILE_N, False,
+                                  CAUSAL, ATOMIC_DQ, Q_LATENCY, DQ_COALESCED)
     ct.store(dK, index=(batch, kv_head, kv_tile, 0),
              tile=dk.reshape((1, 1, TILE_N, HEAD_DIM)).astype(dK.dtype))
     ct.store(dV, index=(batch, kv_head, kv_tile, 0),
@@ -242,13 +317,15 @@ def _kv_work_item(Q, K, V, dOut, Lse, Delta, dK, dV, dQacc, Work, item, qk_scale
 
 def flash_attention_bwd_kv(Q, K, V, dOut, Lse, Delta, dK, dV, dQacc, Work,
                            qk_scale_log2: float, scale: float, num_items: int,
-                           HEAD_DIM: ConstInt, TILE_M: ConstInt, TILE_N: ConstInt,
-                           CAUSAL: ConstBool, ATOMIC_DQ: ConstBool, VARLEN: ConstBool,
-                           Q_LATENCY: ConstInt):
-    """One CTA: take K/V-major items (rows c, c + P, ...) and write each one's dK and dV."""
+                           dq_row_step: int, HEAD_DIM: ConstInt, TILE_M: ConstInt,
+                           TILE_N: ConstInt, CAUSAL: ConstBool, ATOMIC_DQ: ConstBool,
+                           VARLEN: ConstBool, Q_LATENCY: ConstInt, DQ_COALESCED: ConstBool):
+    """One CTA: take K/V-major items (rows c, c + P, ...) and write each one's dK and dV.
+    `dq_row_step`: 1 (DQ_COALESCED reads it; run-time on purpose, see `_add_dq_tile`)."""
     for item in range(ct.bid(0), num_items, ct.num_blocks(0)):
         _kv_work_item(Q, K, V, dOut, Lse, Delta, dK, dV, dQacc, Work, item, qk_scale_log2,
-                      scale, HEAD_DIM, TILE_M, TILE_N, CAUSAL, ATOMIC_DQ, VARLEN, Q_LATENCY)
+                      scale, dq_row_step, HEAD_DIM, TILE_M, TILE_N, CAUSAL, ATOMIC_DQ, VARLEN,
+                      Q_LATENCY, DQ_COALESCED)
 
 
 def _dq_step(K, V, q, do, lse, delta, dq, batch, kv_head, kv_tile, q_tile, qk_scale_log2,
@@ -358,12 +435,18 @@ def _kernel(function, occupancy: int, worker_warps: int | None = None):
 PREPROCESS_PARAMS = _contract(backward_preprocess._pyfunc, {
     "Out": (IO, 4), "dOut": (IO, 4), "Delta": ("float32", 3)})
 CONVERT_DQ_PARAMS = _contract(convert_dq._pyfunc, {"dQacc": ("float32", 4), "dQ": (IO, 4)})
+CONVERT_DQ_TILES_PARAMS = _contract(convert_dq_tiles._pyfunc, {
+    "dQacc": ("float32", 4),  # (batch, heads, Q tiles, TILE_M x D), tiles column-major
+    "dQ": (IO, 4)})
 BWD_KV_PARAMS = _contract(flash_attention_bwd_kv, {
     "Q": (IO, 4), "K": (IO, 4), "V": (IO, 4), "dOut": (IO, 4),
     "Lse": ("float32", 3), "Delta": ("float32", 3),
     "dK": (IO, 4), "dV": (IO, 4),
-    "dQacc": ("float32", 4),  # ATOMIC_DQ; a 1-element stand-in otherwise
+    # ATOMIC_DQ: (batch, heads, seqlen_q, D), or DQ_COALESCED (batch, heads, Q tiles,
+    # TILE_M x D); a 1-element stand-in otherwise
+    "dQacc": ("float32", 4),
     "Work": ("int32", 2)})  # (items, BWD_COLUMNS): `BackwardLaunch.work_table`
+DQ_ADD_PROBE_PARAMS = _contract(dq_add_probe._pyfunc, {"dQacc": ("float32", 4)})
 BWD_DQ_PARAMS = _contract(flash_attention_bwd_dq, {
     "Q": (IO, 4), "K": (IO, 4), "V": (IO, 4), "dOut": (IO, 4),
     "Lse": ("float32", 3), "Delta": ("float32", 3), "dQ": (IO, 4),
@@ -404,6 +487,10 @@ class _TiledVariant:
             raise ValueError(f"{self.label}: tileiras 13.4 fails to compile the deterministic "
                              "packed-batch binaries at D=128 with 64x64 tiles (return code 5); "
                              "use 128x64 tiles")
+        if getattr(self, "dq_coalesced", False) and (self.varlen or not self.atomic_dq):
+            raise ValueError("dq_coalesced (the tile-major dQ accumulator) needs atomic_dq and "
+                             "a dense batch (a packed sequence starts mid-tile), got "
+                             f"atomic_dq={self.atomic_dq}, varlen={self.varlen}")
 
     @property
     def constants(self) -> dict:
@@ -427,25 +514,28 @@ class _TiledVariant:
 @dataclass(frozen=True)
 class BackwardKvVariant(_TiledVariant):
     """One binary of the K/V-major kernel.
-    Label: `bwd_kv_<dtype>_d<D>_<M>x<N>_<full|causal>_<atomic|det>[_lat<L>]_occ<O>[_ww<W>]
-    [_varlen]`."""
+    Label: `bwd_kv_<dtype>_d<D>_<M>x<N>_<full|causal>_<atomic[_coal]|det>[_lat<L>]_occ<O>
+    [_ww<W>][_varlen]`."""
 
     atomic_dq: bool = True
     occupancy: int = 1
     varlen: bool = False  # packed sequences, sliced per work item
     worker_warps: int | None = None
     q_latency: int = 0  # 0: no hint on the Q and dO loads; 1..10: cuTile's latency hint
+    dq_coalesced: bool = False  # the tile-major dQ accumulator (`_add_dq_tile`)
     prefix = "bwd_kv"
     function = staticmethod(flash_attention_bwd_kv)
     params = BWD_KV_PARAMS
 
     @property
     def constants(self) -> dict:
-        return {**super().constants, "ATOMIC_DQ": self.atomic_dq, "Q_LATENCY": self.q_latency}
+        return {**super().constants, "ATOMIC_DQ": self.atomic_dq, "Q_LATENCY": self.q_latency,
+                "DQ_COALESCED": self.dq_coalesced}
 
     @property
     def suffix(self) -> str:
         return (("_atomic" if self.atomic_dq else "_det")
+                + ("_coal" if self.dq_coalesced else "")
                 + (f"_lat{self.q_latency}" if self.q_latency else ""))
 
 
@@ -473,7 +563,8 @@ class BackwardDqVariant(_TiledVariant):
 
 @dataclass(frozen=True)
 class RowsVariant:
-    """The preprocess (`which` = "preprocess") or the dQ conversion ("convert_dq") kernel."""
+    """The preprocess (`which` = "preprocess") or a dQ conversion kernel ("convert_dq", of the
+    row-major accumulator; "convert_dq_tiles", of the coalesced one at its Q tile rows)."""
 
     which: str
     dtype: str
@@ -481,9 +572,11 @@ class RowsVariant:
     tile_m: int = ROWS_TILE
 
     def __post_init__(self):
-        if self.which not in ("preprocess", "convert_dq"):
-            raise ValueError(f"which must be 'preprocess' or 'convert_dq', got {self.which!r}")
+        if self.which not in ROWS_KERNELS:
+            raise ValueError(f"which must be one of {tuple(ROWS_KERNELS)}, got {self.which!r}")
         _check(self.dtype, self.head_dim, 64, 64)
+        if self.tile_m not in (64, 128):
+            raise ValueError(f"tile_m must be 64 or 128, got {self.tile_m!r}")
 
     @property
     def constants(self) -> dict:
@@ -494,20 +587,51 @@ class RowsVariant:
         return f"bwd_{self.which}_{self.dtype[:2]}_d{self.head_dim}_m{self.tile_m}"
 
     def kernel(self):
-        return backward_preprocess if self.which == "preprocess" else convert_dq
+        return ROWS_KERNELS[self.which][0]
 
     def signature(self):
-        if self.which == "preprocess":
-            return aot_signature(PREPROCESS_PARAMS, self.dtype, self.constants,
-                                 "backward_preprocess")
-        return aot_signature(CONVERT_DQ_PARAMS, self.dtype, self.constants, "convert_dq")
+        kernel, params = ROWS_KERNELS[self.which]
+        return aot_signature(params, self.dtype, self.constants, kernel._pyfunc.__name__)
+
+
+@dataclass(frozen=True)
+class DqAddProbeVariant:
+    """The binary of `dq_add_probe` (the atomic dQ accumulate timed alone), one per layout."""
+
+    head_dim: int
+    tile_m: int = 64
+    coalesced: bool = False
+
+    def __post_init__(self):
+        _check("bfloat16", self.head_dim, self.tile_m, 64)
+
+    @property
+    def constants(self) -> dict:
+        return {"HEAD_DIM": self.head_dim, "TILE_M": self.tile_m, "COALESCED": self.coalesced}
+
+    @property
+    def label(self) -> str:
+        return (f"bwd_dq_add_probe_d{self.head_dim}_m{self.tile_m}"
+                f"_{'coal' if self.coalesced else 'rows'}")
+
+    def kernel(self):
+        return dq_add_probe
+
+    def signature(self):
+        return aot_signature(DQ_ADD_PROBE_PARAMS, "float32", self.constants, "dq_add_probe")
+
+
+ROWS_KERNELS = {"preprocess": (backward_preprocess, PREPROCESS_PARAMS),
+                "convert_dq": (convert_dq, CONVERT_DQ_PARAMS),
+                "convert_dq_tiles": (convert_dq_tiles, CONVERT_DQ_TILES_PARAMS)}
 
 
 def config_variants(config, dtype: str, head_dim: int, causal: bool) -> dict:
     """The binaries a `BackwardConfig` runs (dense): {'kv_det', 'kv_atomic', 'dq'} -> variant."""
     kv = {f"kv_{'atomic' if atomic else 'det'}": BackwardKvVariant(
         dtype, head_dim, *config.kv_tiles, causal, atomic, worker_warps=config.kv_worker_warps,
-        q_latency=config.q_latency) for atomic in (False, True)}
+        q_latency=config.q_latency, dq_coalesced=atomic and config.dq_coalesced)
+        for atomic in (False, True)}
     return {**kv, "dq": BackwardDqVariant(dtype, head_dim, *config.dq_tiles, causal,
                                           worker_warps=config.dq_worker_warps,
                                           masked_first=config.dq_masked_first)}

@@ -2,9 +2,10 @@
 
 `attention_backward(q, k, v, out, lse, dout)` runs, on the caller's current stream:
 1. `backward_preprocess`: Delta = rowsum(dO * O) (float32);
-2. `flash_attention_bwd_kv`: dK, dV (and, atomic mode, dQ into a zeroed float32 accumulator);
-3. atomic mode: `convert_dq` casts the accumulator to the input dtype; deterministic mode:
-   `flash_attention_bwd_dq` computes dQ Q-major instead.
+2. `flash_attention_bwd_kv`: dK, dV (and, atomic mode, dQ into a zeroed float32 accumulator:
+   row-major as dQ, or tile-major with column-major tiles where the config's dq_coalesced);
+3. atomic mode: `convert_dq` (`convert_dq_tiles`) casts the accumulator to the input dtype;
+   deterministic mode: `flash_attention_bwd_dq` computes dQ Q-major instead.
 The work tables of a shape and schedule are uploaded once and kept (`_tables`, bounded), as
 CuPy arrays of their own (not torch's, whose CUDA-graph pools must not own them; see
 `wavefront.kernel.arrays._owned`).
@@ -201,16 +202,26 @@ def _run(launch: BackwardLaunch, config: BackwardConfig, library, device, dtype,
     ct.launch(stream, rows_grid, RowsVariant("preprocess", dtype, p.head_dim).kernel(),
               (out, dout, delta, p.head_dim, ROWS_TILE))
     atomic = not deterministic
+    coalesced = atomic and config.dq_coalesced and not varlen
     dq_acc = stand_in
-    if atomic:
+    q_tiles = -(-p.seqlen_q // p.tile_m)
+    if coalesced:  # every Q tile whole (the last one padded): the adds need no bounds check
+        dq_acc = _zeros(library, device, (p.batch, p.heads, q_tiles, p.tile_m * p.head_dim),
+                        "float32")
+    elif atomic:
         dq_acc = _zeros(library, device, tuple(q.shape), "float32")
     kv_variant = BackwardKvVariant(dtype, p.head_dim, p.tile_m, p.tile_n, p.causal, atomic,
                                    varlen=varlen, worker_warps=config.kv_worker_warps,
-                                   q_latency=config.q_latency)
+                                   q_latency=config.q_latency, dq_coalesced=coalesced)
     ct.launch(stream, (launch.num_ctas, 1, 1), kv_variant.kernel(),
               (q, k, v, dout, lse, delta, dk, dv, dq_acc, kv_table, qk_scale_log2, scale,
-               launch.num_items, p.head_dim, p.tile_m, p.tile_n, p.causal, atomic, varlen,
-               config.q_latency))
+               launch.num_items, 1, p.head_dim, p.tile_m, p.tile_n, p.causal, atomic, varlen,
+               config.q_latency, coalesced))
+    if coalesced:
+        ct.launch(stream, (q_tiles, p.batch * p.heads, 1),
+                  RowsVariant("convert_dq_tiles", dtype, p.head_dim, p.tile_m).kernel(),
+                  (dq_acc, dq, p.head_dim, p.tile_m))
+        return
     if atomic:
         ct.launch(stream, rows_grid, RowsVariant("convert_dq", dtype, p.head_dim).kernel(),
                   (dq_acc, dq, p.head_dim, ROWS_TILE))
