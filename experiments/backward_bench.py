@@ -183,17 +183,21 @@ def sass_facts(study) -> pd.DataFrame:
 # so), one line per contender and configuration, parsed here.
 VARIANT_RUNS = ("variants_d41682d", "variants_c30b860")
 LATEST_VARIANTS = "variants_c30b860"
+# the atomic mode's coalesced dQ accumulate (config atomic_coalesced) beside the default's cut,
+# and the adds alone (`scripts/backward_bench.py --red-probe`), one device call
+COALESCED_VARIANTS = "variants_f9eaca9"
+RED_PROBE = "red_probe.jsonl.gz"
 _CONFIG_LINE = re.compile(r"^(B\d+ H\d+(?: KV\d+)? S\d+k) D(\d+) (full|causal)$")
 _CONTENDER_LINE = re.compile(
     r"^  (\S+)\s+([\d.]+) ms \[([\d.]+), ([\d.]+)\]\s+([\d.]+) TFLOP/s"
     r"(?:  x cuDNN ([\d.]+) \[([\d.]+), ([\d.]+)\])?(?:  x FA2 ([\d.]+))?")
 
 
-def variant_rows(study) -> pd.DataFrame:
+def variant_rows(study, runs=VARIANT_RUNS) -> pd.DataFrame:
     """One row per variant run, configuration and contender: median ms [95%], TFLOP/s, speed
     over cuDNN (paired by round, median [95%]) and over FA2 (median), as the run printed them."""
     rows = []
-    for run in VARIANT_RUNS:
+    for run in runs:
         text = read_results_bytes(study.data_dir / "backward_bench" / f"{run}.log.gz",
                                   "a backward variant run").decode()
         config = None
@@ -584,6 +588,7 @@ def section(study) -> Section:
                                 + sass["local_stores"].astype(str)})[
         ["head_dim", "tiles", "mask", "dQ", "registers", "hgmma", "spills (LDL/STL)"]].rename(
         columns={"head_dim": "D", "hgmma": "warpgroup MMAs"})
+    _coalesced_claim(s, study)
     c = [claim.text for claim in s.claims]
     s.text = f"""## The backward pass: dQ, dK, dV against cuDNN and FlashAttention-2
 
@@ -651,8 +656,66 @@ default config of the run's commit:
 
 {c[11]}. The run before it (`variants_d41682d`: two_warpgroups without the dQ
 kernel's masked tiles first, {earlier_configs} configurations) measured two_warpgroups at
-{span(earlier['x cudnn'], '.2f')}x cuDNN and {span(earlier['x fa2'], '.2f')}x FA2."""
+{span(earlier['x cudnn'], '.2f')}x cuDNN and {span(earlier['x fa2'], '.2f')}x FA2.
+
+**The atomic mode's adds, coalesced.** In the default's atomic binary each warp's float32 dQ
+add (a scalar `RED.E.ADD.F32` per element; cuTile 1.7 has neither a vector nor a bulk reduce)
+covers 32 floats 16 bytes apart: 16 half-used 32-byte sectors at D=128, 8.5 at D=64 (read from
+the SASS ahead of time). Config `atomic_coalesced` keeps the default's cut and lays the float32
+accumulator out tile by tile, each tile column-major, so that a warp's adds cover 4 whole
+sectors; a second pass turns it back into dQ (packed batches keep the row-major accumulator).
+{c[12]}."""
     return s
+
+
+def _coalesced_claim(s: Section, study) -> None:
+    """The coalesced accumulate's run against the row-major one and the deterministic default,
+    and the adds alone, as one claim."""
+    from wavefront.backward_schedules import BACKWARD_CONFIGS, DEFAULT_BACKWARD_CONFIG
+    v = variant_rows(study, (COALESCED_VARIANTS,))
+    by = {name: v[v["contender"] == name].set_index(["shape", "D", "mask"])
+          for name in ("atomic[atomic_coalesced]", "atomic[two_warpgroups]", "wavefront_det")}
+    coalesced, row_major, default = by.values()
+    faster = (coalesced["ms"] < default["ms"].reindex(coalesced.index)).sum()
+    probe = pd.DataFrame([json.loads(line) for line in read_results_bytes(
+        study.data_dir / "backward_bench" / RED_PROBE, "the dQ add probe").decode().splitlines()
+        if line.strip()])
+    probe["G adds/s"] = probe["adds_per_launch"] / probe["samples_ms"].map(np.median) / 1e6
+    rate = probe.set_index(["head_dim", "layout"])["G adds/s"]
+    gpu = ", ".join(sorted({short_gpu(name) for name in probe["gpu"]}))
+    default_coalesced = any(c.dq_coalesced for c in BACKWARD_CONFIGS[DEFAULT_BACKWARD_CONFIG]
+                            .values())
+
+    def spread(rows):
+        return (f"{rows['x cudnn'].min():.2f}-{rows['x cudnn'].max():.2f}x cuDNN (95% intervals "
+                f"within [{rows['x cudnn lo'].min():.2f}, {rows['x cudnn hi'].max():.2f}])")
+    s.claim(f"On the {gpu} (`{COALESCED_VARIANTS}`, {len(coalesced)} configurations, 6 "
+            f"interleaved rounds), the coalesced atomic mode runs at {spread(coalesced)}, the "
+            f"row-major atomic mode of the same cut at {spread(row_major)} and the "
+            f"deterministic default at {spread(default)} in the same rounds; the coalesced "
+            f"atomic mode is the faster of the two modes at {faster} of {len(coalesced)} "
+            f"configurations (medians) and below cuDNN in every one. The adds alone "
+            f"(`dq_add_probe`: one launch adding a bench-sized dQ, medians of its repeats) run "
+            + ", ".join(f"D{d} {rate[d, 'coalesced']:.0f} G adds/s coalesced against "
+                        f"{rate[d, 'row-major']:.0f} row-major"
+                        for d in sorted(probe["head_dim"].unique()))
+            + ": the same adds over fewer whole sectors ran "
+            + ", ".join(f"{rate[d, 'coalesced'] / rate[d, 'row-major']:.1f}x"
+                        for d in sorted(probe["head_dim"].unique()))
+            + " as fast. "
+            + ("The public call's atomic mode is the coalesced one" if default_coalesced else
+               "The public call's atomic mode (`deterministic=False`) still adds row-major: "
+               "making the coalesced one its default needs the whole backward GPU suite and a "
+               "bench of the public call"),
+            len(coalesced) == len(row_major) == len(default) == 12
+            and bool((coalesced["x cudnn hi"] < 1).all())
+            and bool((coalesced["ms"] < row_major["ms"].reindex(coalesced.index)).all())
+            and bool((rate.xs("coalesced", level="layout")
+                      > 2 * rate.xs("row-major", level="layout")).all()),
+            {"coalesced": coalesced[["x cudnn", "x cudnn lo", "x cudnn hi"]].round(3)
+             .reset_index().to_dict("records"),
+             "default ms": default["ms"].round(3).tolist(),
+             "G adds/s": {f"D{d} {layout}": round(x, 1) for (d, layout), x in rate.items()}})
 
 
 def span_int(values) -> str:
