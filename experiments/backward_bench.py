@@ -15,6 +15,7 @@ per schedule; and the named configs (`--variants`) that cut the kernels otherwis
     python experiments/backward_bench.py run      # GPU: the bench into data/backward_bench/
     python experiments/backward_bench.py plot --out DIR
 """
+import dataclasses
 import functools
 import json
 import os
@@ -346,8 +347,11 @@ def section(study) -> Section:
     rounds = int(t["rounds"].min())
     # the named config each head dim's default is (measured_pick is a pick of others)
     default = BACKWARD_CONFIGS[DEFAULT_BACKWARD_CONFIG]
+    # (the atomic mode's accumulate aside: the named cuts add row-major)
     same_as = {d: next(n for n in ("two_warpgroups", "sass_pick", "first_cut")
-                       if BACKWARD_CONFIGS[n][d] == default[d]) for d in default}
+                       if BACKWARD_CONFIGS[n][d]
+                       == dataclasses.replace(default[d], dq_coalesced=False))
+               for d in default}
     cut = ", ".join(f"D{d} as {n}" for d, n in sorted(same_as.items()))
 
     def of(name, frame=t):

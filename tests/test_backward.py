@@ -694,11 +694,13 @@ def test_named_configs_and_their_errors():
         RowsVariant("convert", "bfloat16", 64)
     with pytest.raises(ValueError, match="tile_m must be 64 or 128"):
         RowsVariant("convert_dq_tiles", "bfloat16", 64, 32)
-    # the coalesced config changes the atomic mode only
+    # the coalesced config changes the atomic mode only: the default is measured_pick's cut
+    # with its atomic mode coalesced
     for d, coalesced in BACKWARD_CONFIGS["atomic_coalesced"].items():
-        default = BACKWARD_CONFIGS[DEFAULT_BACKWARD_CONFIG][d]
-        assert coalesced.dq_coalesced and not default.dq_coalesced
-        assert dataclasses.replace(coalesced, dq_coalesced=False) == default
+        pick = BACKWARD_CONFIGS["measured_pick"][d]
+        assert coalesced.dq_coalesced and not pick.dq_coalesced
+        assert dataclasses.replace(coalesced, dq_coalesced=False) == pick
+        assert BACKWARD_CONFIGS[DEFAULT_BACKWARD_CONFIG][d] == coalesced
     from wavefront.kernel.backward_call import config_for, dq_launch_of
     with pytest.raises(ValueError, match="tiles or config"):
         config_for("64x64", "first_cut", 64)

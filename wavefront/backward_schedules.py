@@ -187,7 +187,11 @@ BACKWARD_CONFIGS["measured_pick"] = {64: BACKWARD_CONFIGS["two_warpgroups"][64],
 BACKWARD_CONFIGS["atomic_coalesced"] = {
     d: dataclasses.replace(c, dq_coalesced=True)
     for d, c in BACKWARD_CONFIGS["measured_pick"].items()}
-DEFAULT_BACKWARD_CONFIG = "measured_pick"
+# The default: measured_pick's binaries for the deterministic mode, the coalesced accumulate
+# for the atomic one (`deterministic=False`): on an H200 the coalesced atomic mode ran
+# 0.69-0.79x cuDNN over the 12 bench configurations against the row-major one's 0.38-0.53x
+# (data/backward_bench/variants_f9eaca9.log.gz, 6 interleaved rounds).
+DEFAULT_BACKWARD_CONFIG = "atomic_coalesced"
 # The K/V-major kernel's tiles of the default config (what the model and the experiments cut
 # the default backward at)
 DEFAULT_BACKWARD_TILES = {d: c.kv_tiles
