@@ -28,6 +28,7 @@ from wavefront.report.figures import short_gpu
 from wavefront.measure.decode_bench import GRAPHED, launched_alike
 from wavefront.results.measurement import paired_ratio
 from wavefront.results.records import DECODE_BENCH_RECORDS
+from wavefront.results.store import read_results_bytes
 
 DATASETS = ()
 RECORDS = ("decode_bench",)
@@ -205,11 +206,32 @@ def _by_size(reached, missed) -> str:
             f"({reached['kv GB'].min():.2f} GB) reaches it")
 
 
-def _missing(missing: dict) -> str:
-    """A sentence naming the shapes a GPU's run did not reach (its lane's time limit)."""
-    return "".join(f" The {gpu}'s run ended before {', '.join(shapes)} (the time limit of its "
-                   "device call): its claims count the shapes it measured."
-                   for gpu, shapes in missing.items())
+def _missing(missing: dict, failures: dict) -> str:
+    """A sentence naming the shapes a GPU's run did not measure: the failure it recorded, else
+    not reached (its device call's time limit)."""
+    out = []
+    for gpu, shapes in missing.items():
+        failed = [f"{shape} failed ({failures[gpu, shape]})" for shape in shapes
+                  if (gpu, shape) in failures]
+        unreached = [shape for shape in shapes if (gpu, shape) not in failures]
+        out.append(f" The {gpu}'s run has no {', '.join(shapes)}: "
+                   + "; ".join(failed + ([f"it ended before {', '.join(unreached)} (the time "
+                                          "limit of its device call)"] if unreached else []))
+                   + "; its claims count the shapes it measured.")
+    return "".join(out)
+
+
+def _failures(study) -> dict:
+    """{(GPU, shape): error} of the shapes a run recorded as failed (rows with an error, which
+    the records' schema leaves out of `_records`)."""
+    import json
+    out = {}
+    for path in sorted((study.data_dir / "decode_bench").glob(RUN + ".gz")):
+        for line in read_results_bytes(path, "a decode bench run").decode().splitlines():
+            row = json.loads(line) if line.strip() else {}
+            if "error" in row:
+                out[short_gpu(row["gpu"]), _shape(row["batch"], row["context"])] = row["error"]
+    return out
 
 
 def _names(frame) -> str:
@@ -384,6 +406,7 @@ def section(study) -> Section:
     throttled = throttled[throttled > 0]
     refused = sorted({n for r in _records(study) for n in r.get("notes", ())
                       if n.startswith("SDPA")})
+    failures = _failures(study)
     s.text = f"""## Decode against a KV cache: one step at the bandwidth
 
 One decode step (a query per sequence, H32 over KV8, D128, bf16) against a full cache, on
@@ -396,7 +419,7 @@ cache under each backend that takes the call ({'; '.join(refused) or 'every back
 {int(d['rounds'].min())} interleaved rounds, K/V rotated past the L2, medians with 95% intervals,
 ratios paired by round; "step / host us": the step's time and the host's time per call;
 "graphed": the same calls captured into CUDA graphs and replayed (where measured), against
-SDPA's backends replayed the same way.{_missing(missing)}
+SDPA's backends replayed the same way.{_missing(missing, failures)}
 Rounds with a throttled clock (NVML), per shape, out of its rounds x contenders:
 {', '.join(f'{g} {i} {n} of {rounds_of[g, i]}' for (g, i), n in throttled.items()) or 'none'}.
 
