@@ -71,6 +71,16 @@ def decode_contenders(*, batch: int, context: int, heads: int, kv_heads: int, he
         raise ValueError(f"context ({context}) must be a multiple of page_size ({page_size})")
     dtype = torch.bfloat16
     step_bytes = kv_bytes(batch, context, kv_heads, head_dim)
+    # The shapes before this one freed their caches and graphs into torch's (and CuPy's) pools,
+    # which the driver counts as taken: on an H100, B64 128k found 41.2 GB free after B64 32k
+    # and failed. Give them back before asking.
+    import gc
+
+    import cupy
+    gc.collect()
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
+    cupy.get_default_memory_pool().free_all_blocks()
     free, _ = torch.cuda.mem_get_info()
     notes = []
     paged = input_sets(step_bytes, l2_bytes, free, copies=2) >= 1
