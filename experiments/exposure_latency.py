@@ -16,8 +16,8 @@ import pandas as pd
 
 from wavefront.report.draft import Section, md_table, span
 from wavefront.report.experiments import run_as_script
-from wavefront.report.exposure import (interval_text, multiplicity, multiplicity_text,
-                                       paired, paired_alone, records)
+from wavefront.report.exposure import (flat, interval_text, multiplicity, multiplicity_text,
+                                       paired, paired_alone, pays, records)
 
 DATASETS = ()
 RECORDS = ("exposure_latency",)
@@ -230,7 +230,7 @@ def section(study) -> Section:
             + ". The control agrees with a gain that needs the misses (one interval, on one "
               "GPU; the S=16k launch has other work items too, so it controls the misses, not "
               "every other difference)",
-            len(hint) >= 2 and bool((hint["lo"] > 1.05).all()) and len(control) >= 1
+            len(hint) >= 2 and len(pays(hint)) == len(hint) and len(control) >= 1
             and bool((control["sawtooth vs linear"] - 1).abs().max() < 0.01),
             {"hint": hint.to_dict("records"), "control": control.to_dict("records")})
     net = net_against_default(study)
@@ -258,12 +258,11 @@ def section(study) -> Section:
             "non-causal)",
             m["intervals"] == len(t), m)
     p = pipeline(study)
-    paid = p[p["lo"] > 1.05]
-    flat = p[(p["lo"] <= 1.01) & (p["hi"] >= 0.99)]
+    paid, level = pays(p), flat(p)
     covered_text = ""
-    if len(paid) and len(flat):
+    if len(paid) and len(level):
         ahead = p.groupby("variant")["K/V steps ahead (SASS)"].first()
-        wide = flat[flat["variant"] == "128x64"]
+        wide = level[level["variant"] == "128x64"]
         s.claim(f"The variable that separates the binaries is the time their loads in flight "
                 f"cover, not the count of K/V steps: the kv_latency=10 hint leaves "
                 f"{ahead['64x64 kv_latency=10']} K/V step(s) in flight where the paper's "
@@ -272,18 +271,18 @@ def section(study) -> Section:
                 f"least time (one binary pays, the kv_latency=10 one, on "
                 f"{paid['GPU'].nunique()} GPUs): {paid['covered us'].max():.2f} us at most "
                 f"where it pays, "
-                f"{flat['covered us'].min():.2f} us at least where it does not (128x64 covers "
+                f"{level['covered us'].min():.2f} us at least where it does not (128x64 covers "
                 f"{span(wide['covered us'], '.2f')} us with its one step)",
-                paid["covered us"].max() < flat["covered us"].min()
+                paid["covered us"].max() < level["covered us"].min()
                 and ahead["64x64 kv_latency=10"] < ahead["64x64 (paper)"]
                 and ahead["128x64"] == ahead["64x64 kv_latency=10"] and len(wide) >= 2
                 and set(paid["variant"]) == {"64x64 kv_latency=10"},
                 p.to_dict("records"))
         bracket = {}
         for gpu, g in p.groupby("GPU"):
-            pays, still = g[g["lo"] > 1.05], g[(g["lo"] <= 1.01) & (g["hi"] >= 0.99)]
-            if len(pays) and len(still):
-                bracket[gpu] = (pays["covered us"].max() * 1e3 / _latency_ns(gpu),
+            paying, still = pays(g), flat(g)
+            if len(paying) and len(still):
+                bracket[gpu] = (paying["covered us"].max() * 1e3 / _latency_ns(gpu),
                                 still["covered us"].min() * 1e3 / _latency_ns(gpu))
         lows, highs = [b[0] for b in bracket.values()], [b[1] for b in bracket.values()]
         s.claim("Hypothesis (the model's map below takes it as its rule of covered DRAM "

@@ -70,6 +70,17 @@ def paired(rounds: pd.DataFrame, keys: list[str], linear: str, sawtooth: str) ->
 
 
 PRACTICAL_MARGIN = 0.01  # a change under 1% is not counted as one (the scans alone: +-0.05%)
+PAYS_BY = 0.05  # sawtooth "pays" where its interval over linear lies above 1 + PAYS_BY
+
+
+def pays(frame: pd.DataFrame) -> pd.DataFrame:
+    """The rows whose interval (lo, hi) of sawtooth over linear lies above 1 + PAYS_BY."""
+    return frame[frame["lo"] > 1 + PAYS_BY]
+
+
+def flat(frame: pd.DataFrame) -> pd.DataFrame:
+    """The rows whose interval reaches within PRACTICAL_MARGIN of no change."""
+    return frame[(frame["lo"] <= 1 + PRACTICAL_MARGIN) & (frame["hi"] >= 1 - PRACTICAL_MARGIN)]
 
 
 def paired_alone(study, faster: str, slower: str, **labels) -> pd.DataFrame:
