@@ -53,7 +53,10 @@ def head_kv_mib(study) -> tuple[float, int]:
     (seqlen, head_dim, kv_heads, dtype), = df[["seqlen", "head_dim", "kv_heads",
                                                "dtype"]].drop_duplicates().itertuples(index=False)
     from wavefront.point import DTYPE_BYTES
-    return 2 * seqlen * head_dim * DTYPE_BYTES[dtype] / 2**20, int(kv_heads)
+    from wavefront.schedules import AttentionProblem
+    one_head = AttentionProblem(1, 1, 1, int(seqlen), int(seqlen), int(head_dim),
+                                element_bytes=DTYPE_BYTES[dtype])
+    return one_head.kv_bytes_per_unit / 2**20, int(kv_heads)
 
 
 def table(study) -> pd.DataFrame:

@@ -68,7 +68,9 @@ CONTROL_BATCH = 8 * (131072 // CONTROL_SEQLEN) ** 2
 def control_head_mib() -> float:
     """K and V of one head at the control's sequence (bf16, D=64), MiB."""
     from wavefront.point import DTYPE_BYTES
-    return 2 * CONTROL_SEQLEN * 64 * DTYPE_BYTES["bfloat16"] / 2**20
+    from wavefront.schedules import AttentionProblem
+    return AttentionProblem(1, 1, 1, CONTROL_SEQLEN, CONTROL_SEQLEN, 64,
+                            element_bytes=DTYPE_BYTES["bfloat16"]).kv_bytes_per_unit / 2**20
 
 
 def measure_control(out_dir) -> int:
