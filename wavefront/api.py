@@ -249,9 +249,10 @@ def attention_backward(q, k, v, out, lse, dout, *, causal: bool = False,
     takes them (dk, dv summed over each K/V head's query heads). `schedule`: '<cta>+<scan>',
     cta one of grid, persistent, grouped, longest_first, scan linear or sawtooth (the order in
     which each K/V tile visits its Q tiles; `wavefront.backward_schedules`); `tiles`: 'MxN'
-    (Q tile rows x K/V tile rows). `deterministic` (default): dQ from a second, Q-major
-    kernel, so repeated calls give bit-identical gradients, and faster than
-    `deterministic=False` (float32 atomics into dQ) on every shape measured
+    (Q tile rows x K/V tile rows; the atomic mode then adds row-major). `deterministic`
+    (default): dQ from a second, Q-major kernel, so repeated calls give bit-identical
+    gradients; `deterministic=False`: float32 atomics into a tile-major dQ accumulator, not
+    bit-identical, the faster mode at most shapes of the backward bench
     (experiments/backward_bench.py). `causal_alignment`: the forward's ("top_left" or
     "bottom_right", as `attention` takes it; a row that saw no key gets dq = 0 and adds
     nothing to dk, dv)."""

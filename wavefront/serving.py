@@ -244,7 +244,11 @@ def hf_cache_attention_forward(module, query, key, value, attention_mask, scalin
     else:
         lengths = cache_seqlens_from_mask(attention_mask, batch)
         _check_mask_once(attention_mask, lengths)
-    if torch.compiler.is_compiling() or torch.is_grad_enabled() and query.requires_grad:
+    if (torch.compiler.is_compiling() or torch.is_grad_enabled() and any(
+            t.requires_grad for t in (query, key, value))
+            or type(query) is not torch.Tensor or torch._C._len_torch_dispatch_stack()
+            or torch._C._is_torch_function_mode_enabled()):
+        # traced, differentiated, a tensor subclass or a mode that must see the op: the op
         return kvcache_attention(query, key, value, lengths, scaling), None
     # Eager and without gradients (generate): the op's body. The op is what torch.compile
     # traces; called eagerly its dispatch (autograd's, and the backend's wrapper that turns

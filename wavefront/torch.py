@@ -169,8 +169,9 @@ def _attention_bwd_fake(dout, q, k, v, out, lse, causal=False, scale=None,
 
 
 # dQ from the Q-major kernel, not float32 atomics, whether or not torch asks for deterministic
-# algorithms: the atomic mode is the slower on every shape of the backward bench
-# (experiments/backward_bench.py, the draft's backward appendix).
+# algorithms: bit-identical gradients. The atomic mode (coalesced since fc184ee) is the faster
+# at most shapes of the backward bench (experiments/backward_bench.py), but training through
+# these ops under torch.compile and CUDA graphs has been verified with this mode only.
 _DETERMINISTIC_DQ = True
 
 

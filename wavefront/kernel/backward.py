@@ -641,7 +641,8 @@ def all_backward_variants(dtypes=DTYPES, head_dims=HEAD_DIMS, tiles=None):
     """Every backward binary the calls run: per dtype and head dim, the K/V-major kernel (both
     masks, atomic and deterministic dQ) and the deterministic dQ kernel of the default config
     (`backward_schedules.DEFAULT_BACKWARD_CONFIG`; or both kernels at `tiles`, the compiler's
-    warps), packed variable-length batches at their own tiles, and the two row kernels."""
+    warps), packed variable-length batches at their own tiles, and the row kernels (with the
+    coalesced accumulator's conversion where the default config adds coalesced)."""
     from wavefront.backward_schedules import (DEFAULT_VARLEN_BACKWARD_TILES, BackwardConfig,
                                               backward_config)
     for dtype in dtypes:
@@ -662,3 +663,6 @@ def all_backward_variants(dtypes=DTYPES, head_dims=HEAD_DIMS, tiles=None):
                 yield BackwardDqVariant(dtype, head_dim, tile_m, tile_n, causal, varlen=True)
             yield RowsVariant("preprocess", dtype, head_dim)
             yield RowsVariant("convert_dq", dtype, head_dim)
+            default = backward_config(None, head_dim)
+            if tiles is None and default.dq_coalesced:  # the coalesced accumulator's pass
+                yield RowsVariant("convert_dq_tiles", dtype, head_dim, default.kv_tiles[0])

@@ -13,8 +13,8 @@ once (a debug switch: it synchronises the stream).
 The work table (one row per (batch, K/V head, Q tile, split), `wavefront.decode_schedules`)
 depends on shapes only, never on lengths, so a decode loop builds it once; it is kept per
 launch with its split-KV workspace in a bounded cache (`_states`). Calls on several streams at
-once with the same shapes and several splits share that workspace: serialise them, or pass
-num_splits=1.
+once with the same shapes (the cache's capacity aside) and several splits share that
+workspace: serialise them, or pass num_splits=1.
 """
 from __future__ import annotations
 
@@ -583,8 +583,9 @@ def _prepare(q, k_cache, v_cache, cache_seqlens, k, v, block_table, table_host, 
 # A layout called this often launches through the driver (`prepared.PreparedLaunch`):
 # `ct.launch` derives every argument's constraints on each launch, about 20 us of host time
 # per kernel on the H200 hosts (scripts/profile_cache_call.py), where a decode step's kernels
-# run 15-50 us at B1. Preparing costs about 0.4 ms once, so a layout called only a few times (a
-# DynamicCache's step, one call per layer) keeps `ct.launch`.
+# run 15-50 us at B1. Preparing costs about 0.4 ms once, so a layout called only a few times
+# keeps `ct.launch`: a DynamicCache's step (a new layout a step, one call per layer) prepares
+# only in a model of more layers than this (not measured: the generate bench's model has 4).
 PREPARE_AFTER_CALLS = 8
 PREPARED_LAUNCHES = os.environ.get("WAVEFRONT_PREPARED_LAUNCH", "1") != "0"
 
@@ -675,8 +676,9 @@ def bound_arguments(launch: DecodeLaunch, variants: tuple, partials: tuple, work
 def _launch_prepared(launches: _PreparedLaunches, handle: int, q, k_cache, v_cache, out, lse,
                      lengths, table) -> str:
     """-> "all" (both kernels launched), "attention" (the combine's addresses do not fit its
-    binary: the caller launches it) or "none" (an `out` over an input, which the binary
-    assumes apart, or addresses that do not fit: the caller launches both)."""
+    binary: the caller launches it) or "none" (an `out` over q or the cache, which the binary
+    assumes apart, or addresses that do not fit: the caller launches both). An `out` over GPU
+    lengths or a block table is not looked for: the call's contract has them apart."""
     out_at = _address(out)
     q_at, k_at, v_at = _address(q), _address(k_cache), _address(v_cache)
     spans = launches.spans
@@ -739,9 +741,11 @@ def _launch(prepared: _Prepared, handle: int, capturing: bool, q, k, v, k_cache,
         combine_args = launch_args(COMBINE_SPLITS_PARAMS, {
             **dict(zip(COMBINE_PER_CALL, (out5, lse))), **prepared.combine})
         ct.launch(handle, prepared.combine_grid, combine_splits, combine_args)
-    if prepared.calls_left is not None and not capturing:
-        prepared.calls_left -= 1
-        if prepared.calls_left <= 0:
+    left = prepared.calls_left  # (read once: another thread may be preparing it)
+    if left is not None and not capturing:
+        if left > 1:
+            prepared.calls_left = left - 1
+        else:  # (an `out` over an input leaves it at 1: the next call tries again)
             _prepare_launches(prepared, attention_args, combine_args, (q, k_cache, v_cache, out))
 
 
