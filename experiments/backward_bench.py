@@ -291,8 +291,8 @@ def predictions(study) -> pd.DataFrame:
 
 RUN_COMMIT = RUN.removeprefix("bench_").split(".")[0]  # the kernel's commit, as `measure` names it
 CAPTION = (f"The backward pass on an H200 (one GPU of a host whose other GPUs ran other work "
-           f"at the same time, as the run's manifest says), kernel at commit {RUN_COMMIT}, both dQ modes at the public "
-           f"call's default config ({RUN_CONFIG}) and schedule (persistent+linear); bf16, the "
+           f"at the same time, as the run's manifest says), kernel at commit {RUN_COMMIT}, "
+           f"both dQ modes at the public call's default config ({RUN_CONFIG}) and schedule (persistent+linear); bf16, the "
            "forward's bench shapes, D64 and D128, full and causal: each contender's speed over "
            "cuDNN's backward (cuDNN's time over its own, paired by round; 1 = cuDNN, dashed); "
            "bars are medians over rounds, whiskers their distribution-free 95% intervals.")
@@ -606,8 +606,8 @@ either added across CTAs with float32 atomics or, in the deterministic mode, com
 second, Q-major kernel) against torch SDPA's backward under its cuDNN and FlashAttention-2
 backends, each as called, on the {gpu} (`experiments/backward_bench.py`,
 `scripts/backward_bench.py`; kernel at {commit}; one GPU of a host whose other GPUs ran other
-work at the same time, as the run's manifest says; bf16; {rounds} interleaved rounds; speed over cuDNN paired by round, median [95%
-interval]; wavefront as the public call runs by default: deterministic, config {RUN_CONFIG}
+work at the same time, as the run's manifest says; bf16; {rounds} interleaved rounds; speed
+over cuDNN paired by round, median [95% interval]; wavefront as the public call runs by default: deterministic, config {RUN_CONFIG}
 ({cut}: **Faster binaries** below), {DEFAULT_BACKWARD_SCHEDULE}; the atomic mode with
 `deterministic=False`):
 
