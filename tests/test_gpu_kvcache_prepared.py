@@ -59,7 +59,19 @@ def test_prepared_launches_give_what_ct_launch_gave(page_size, batch, num_splits
         call(torch.randn(batch, 1, 32, 128, generator=g, device="cuda").to(torch.bfloat16))
     assert prepared.launches is not None, prepared.failure
     assert (prepared.launches.combine is None) == (prepared.combine is None)
+
+    class Counted:  # the prepared launch, counting what it launched
+        def __init__(self, launch):
+            self.inner, self.launched = launch, 0
+
+        def launch(self, stream, addresses):
+            done = self.inner.launch(stream, addresses)
+            self.launched += bool(done)
+            return done
+    counted = Counted(prepared.launches.attention)
+    prepared.launches.attention = counted
     again, again_lse = call(q)
+    assert counted.launched == 1  # through the driver, not a silent fall-back to ct.launch
     assert torch.equal(again, first)
     if return_lse:
         assert torch.equal(again_lse, first_lse)
