@@ -501,8 +501,9 @@ def test_backward_binaries_of_one_dtype_compile_for_sm90():
     from wavefront.kernel.backward import all_backward_variants
     variants = list(all_backward_variants(dtypes=("bfloat16",)))
     # per head dim, dense and packed: K/V-major (2 masks x atomic/deterministic) and the dQ
-    # kernel (2 masks); the preprocess and the dQ conversion
-    assert len(variants) == 2 * (2 * (4 + 2) + 2)
+    # kernel (2 masks); the preprocess, the dQ conversion and the coalesced accumulator's (the
+    # default config adds coalesced)
+    assert len(variants) == 2 * (2 * (4 + 2) + 3)
     _compile_all(variants)
 
 
