@@ -214,12 +214,12 @@ def figure(study):
                             fontsize=8, weight="bold")
             row = min(DRAM_NS, key=lambda d: abs(d - measured["DRAM ns"].mean())) \
                 if len(measured) else None
-            for k, r in enumerate(measured.itertuples()):
-                if depth != r._3 or dram_ns != row:
+            for k, (_, r) in enumerate(measured.iterrows()):
+                if depth != r["K/V steps in flight"] or dram_ns != row:
                     continue
-                x = np.interp(np.log(r.bandwidth_gbs_per_sm), np.log(cols),
+                x = np.interp(np.log(r["bandwidth_gbs_per_sm"]), np.log(cols),
                               np.arange(len(cols))) + 0.5
-                y = np.interp(-r._4, [-s for s in idx], np.arange(len(idx))) + 0.5
+                y = np.interp(-r["step ns"], [-s for s in idx], np.arange(len(idx))) + 0.5
                 ax.plot(x, y, marker="o", ms=9, mfc="none", mec="k", mew=1.5)
                 ax.annotate(str(k + 1), (x, y), xytext=(-14 - 10 * (k % 2), 6),
                             textcoords="offset points", fontsize=9, weight="bold")
@@ -246,8 +246,9 @@ def figure(study):
         fontsize=8, va="top", transform=axes[1, -1].transAxes)
     axes[2, -1].text(0, 0.9, "Measured one-step binaries (circles; 1-step panel,\nnearest "
                      "latency; above 80 GB/s drawn at 80):\n" + "\n".join(
-        f"{k + 1}: {r.GPU} {r.binary}, step {r._4:.0f} ns:\n   predicted "
-        f"{r.predicted:+.0%}, measured {r.measured:+.0%}" for k, r in enumerate(measured.itertuples())),
+        f"{k + 1}: {r['GPU']} {r['binary']}, step {r['step ns']:.0f} ns:\n   predicted "
+        f"{r['predicted']:+.0%}, measured {r['measured']:+.0%}"
+        for k, (_, r) in enumerate(measured.iterrows())),
         fontsize=8, va="top", transform=axes[2, -1].transAxes)
     axes[2, -1].axis("off")
     fig.suptitle("Timed model's map of sawtooth's speed-up over linear (a model, not a "
