@@ -194,7 +194,7 @@ def _exposure(n, study, experiments, lat, depth, hint) -> None:
     flat = depth[depth["covered us"] >= flat_bound]
     change = float(np.maximum((flat["hi"] - 1).abs(), (flat["lo"] - 1).abs()).max())
     change_text, change_bound = bound(change, 2)
-    net = paired_alone(study, "64x64 kv_latency=10|sawtooth", "64x64 (paper)|linear")
+    net = experiments["exposure_latency"].module.net_against_default(study)
     wide = paired_alone(study, "128x64|linear", "64x64 (paper)|linear")
     alone = lat[(lat["environment"] == "alone") & ~lat["variant"].str.startswith("S16k")]
     fastest = alone.assign(best=alone["linear ms"] / alone["sawtooth vs linear"].clip(lower=1))
