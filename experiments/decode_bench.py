@@ -398,7 +398,10 @@ def section(study) -> Section:
     d = every_gpu[every_gpu["launch"] == "eager"]
     peaks = d.groupby("GPU")["peak GB/s"].first()
     shapes_of = every_gpu.groupby("GPU")["shape"].apply(set)
-    every_shape = set().union(*shapes_of)
+    failures = _failures(study)
+    # every shape some GPU measured or a run recorded as failed (one that failed on every GPU
+    # is still named)
+    every_shape = set().union(*shapes_of, {shape for _, shape in failures})
     missing = {gpu: sorted(every_shape - got) for gpu, got in shapes_of.items()
                if every_shape - got}
     rounds_of = every_gpu.groupby(["GPU", "shape"])["rounds"].sum()
@@ -406,7 +409,6 @@ def section(study) -> Section:
     throttled = throttled[throttled > 0]
     refused = sorted({n for r in _records(study) for n in r.get("notes", ())
                       if n.startswith("SDPA")})
-    failures = _failures(study)
     s.text = f"""## Decode against a KV cache: one step at the bandwidth
 
 One decode step (a query per sequence, H32 over KV8, D128, bf16) against a full cache, on
