@@ -20,7 +20,8 @@ import re
 
 import numpy as np
 
-_LINE = re.compile(r"/\*([0-9a-f]{4,})\*/\s+(@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)\s*([^;]*);")
+from wavefront.kernel.sass import ADDRESSED
+
 _OPERANDS = re.compile(r",\s*(?![^\[]*\])")
 _PREDICATE = re.compile(r"^!?U?P(\d|T)")
 _REGISTER = re.compile(r"^U?R\d+$")
@@ -86,7 +87,7 @@ def red_addresses(sass: str, threads: int = 384) -> list[tuple[int, np.ndarray]]
     of `sass`, in code order; threads 0 .. threads - 1 (producer warps included)."""
     regs = _Registers(threads)
     found = []
-    for address, _, op, rest in _LINE.findall(sass):
+    for address, op, rest in ADDRESSED.findall(sass):
         operands = [o.strip() for o in _OPERANDS.split(rest)] if rest.strip() else []
         if op.startswith(("REDG", "ATOMG", "RED.")):
             at = re.search(r"\]\s*\[(U?R\d+)(?:\.64)?(?:\+U?R\d+)?(?:\+(-?0x[0-9a-f]+))?\]", rest)

@@ -106,14 +106,15 @@ LOOP_CLASSES = (
     ("convert to 16-bit", ("F2FP",)),
     ("wait or barrier", ("SYNCS", "BAR", "WARPGROUP", "WARPSYNC", "DEPBAR")),
 )
-_ADDRESSED = re.compile(
+# An instruction with its code address: (address, opcode, operands); `backward_sass` reads it too
+ADDRESSED = re.compile(
     r"/\*([0-9a-f]{4,})\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)([^;]*);")
 
 
 def loops(sass: str) -> list[tuple[int, int, list[str]]]:
     """Every loop of the code: (first address, address of its backward branch, the opcodes in
     between), one per backward branch."""
-    code = [(int(address, 16), op, rest) for address, op, rest in _ADDRESSED.findall(sass)]
+    code = [(int(address, 16), op, rest) for address, op, rest in ADDRESSED.findall(sass)]
     found = []
     for address, op, rest in code:
         target = re.search(r"0x([0-9a-f]+)", rest) if op == "BRA" else None
