@@ -29,7 +29,8 @@ import numpy as np
 
 from wavefront.decode_schedules import (CTA_ORDERS, PAGE_SIZES, DecodeLaunch, DecodeProblem,
                                         plan_decode)
-from wavefront.kernel.arrays import _ArrayView, _checked_output, _empty, _owned, _view
+from wavefront.kernel.arrays import (_ArrayView, _byte_range, _checked_output, _empty,
+                                     _overlaps_an_input, _owned, _view)
 from wavefront.kernel.streams import _as_current_stream, _stream_getter, _stream_handle
 from wavefront.point import DTYPES, HEAD_DIMS
 
@@ -613,18 +614,12 @@ ATTENTION_PREPARED = ("Q", "K", "V", "Out", "Lse", "PartO", "PartM", "PartL", "C
 COMBINE_PREPARED = ("PartO", "PartM", "PartL", "Out", "Lse")
 
 
-def _overlaps(out_address: int, out_span: int, inputs: tuple, spans: tuple) -> bool:
-    return any(at < out_address + out_span and out_address < at + span
-               for at, span in zip(inputs, spans))
-
-
 def _prepare_launches(prepared: _Prepared, attention_args: tuple, combine_args: tuple | None,
                       arrays: tuple) -> None:
     """Prepare the layout's launches from the arguments of a launch just made (`arrays`: q,
     k_cache, v_cache, out). Not from a capture (loading a binary is no stream's work), nor
     from an `out` overlapping an input (the binary would assume it does; the next call
     tries); a failure keeps `ct.launch` for this layout, with the reason kept."""
-    from wavefront.kernel.arrays import _byte_range
     from wavefront.kernel.decode import combine_splits, decode_kernel_for
     from wavefront.kernel.prepared import PreparedLaunch
     try:
@@ -632,8 +627,7 @@ def _prepare_launches(prepared: _Prepared, attention_args: tuple, combine_args: 
     except (AttributeError, TypeError):
         prepared.calls_left, prepared.failure = None, "arrays of no library read here"
         return
-    spans = tuple(end - start for start, end in ranges)
-    if _overlaps(ranges[3][0], spans[3], tuple(r[0] for r in ranges[:3]), spans[:3]):
+    if _overlaps_an_input(ranges):
         return
     prepared.calls_left = None
     device = prepared.vq.device
@@ -648,7 +642,8 @@ def _prepare_launches(prepared: _Prepared, attention_args: tuple, combine_args: 
         prepared.failure = f"{type(exc).__name__}: {exc}"
         return
     partials = tuple(_address(x) for x in prepared.state.partials)
-    prepared.launches = _PreparedLaunches(attention, combine, partials, spans)
+    prepared.launches = _PreparedLaunches(attention, combine, partials,
+                                          tuple(end - start for start, end in ranges))
 
 
 # What each kernel takes per call, beside what `bound_arguments` binds once.
@@ -679,10 +674,9 @@ def _launch_prepared(launches: _PreparedLaunches, handle: int, q, k_cache, v_cac
     binary: the caller launches it) or "none" (an `out` over q or the cache, which the binary
     assumes apart, or addresses that do not fit: the caller launches both). An `out` over GPU
     lengths or a block table is not looked for: the call's contract has them apart."""
-    out_at = _address(out)
-    q_at, k_at, v_at = _address(q), _address(k_cache), _address(v_cache)
-    spans = launches.spans
-    if _overlaps(out_at, spans[3], (q_at, k_at, v_at), spans[:3]):
+    q_at, k_at, v_at, out_at = at = (_address(q), _address(k_cache), _address(v_cache),
+                                     _address(out))
+    if _overlaps_an_input([(a, a + span) for a, span in zip(at, launches.spans)]):
         return "none"
     lse_at = _address(lse)
     part_o, part_m, part_l = launches.partials
@@ -695,34 +689,38 @@ def _launch_prepared(launches: _PreparedLaunches, handle: int, q, k_cache, v_cac
     return "attention"
 
 
+def _launch_append(prepared: _Prepared, handle: int, k, v, k_cache, v_cache, lengths,
+                   table) -> None:
+    """The call's new keys and values written into the cache (`append_kv`)."""
+    import cuda.tile as ct
+
+    from wavefront.kernel.attention import launch_args
+    from wavefront.kernel.decode import APPEND_PARAMS, append_kv
+    shape = prepared.shape
+    ct.launch(handle, (shape.seqlen_new, shape.batch, 1), append_kv,
+              launch_args(APPEND_PARAMS, {
+                  **dict(zip(APPEND_PER_CALL, (k, v, k_cache, v_cache, lengths, table,
+                                               prepared.flags.buffer))),
+                  **prepared.append}))
+
+
 def _launch(prepared: _Prepared, handle: int, capturing: bool, q, k, v, k_cache, v_cache, out,
             lse, lengths, table) -> None:
     """Queue the call's kernels on the stream `handle`: through the layout's prepared launches
     where it has them and the addresses fit their binaries, else through `ct.launch` (counting
     the layout's calls towards preparing)."""
-    launched = "none"
-    if prepared.launches is not None and prepared.append is None:  # a decode loop's call
-        launched = _launch_prepared(prepared.launches, handle, q, k_cache, v_cache, out, lse,
-                                    lengths, table)
-        if launched == "all":
-            return
+    shape = prepared.shape
+    if prepared.append is not None:  # (the cache's new keys first: the attention reads them)
+        _launch_append(prepared, handle, k, v, k_cache, v_cache, lengths, table)
+    launched = "none" if prepared.launches is None else _launch_prepared(
+        prepared.launches, handle, q, k_cache, v_cache, out, lse, lengths, table)
+    if launched == "all":  # a decode loop's call, no import on its way
+        return
     import cuda.tile as ct
 
     from wavefront.kernel.attention import launch_args
-    from wavefront.kernel.decode import (APPEND_PARAMS, COMBINE_SPLITS_PARAMS, DECODE_PARAMS,
-                                         append_kv, combine_splits, decode_kernel_for)
-    shape = prepared.shape
-    if prepared.append is not None:
-        ct.launch(handle, (shape.seqlen_new, shape.batch, 1), append_kv,
-                  launch_args(APPEND_PARAMS, {
-                      **dict(zip(APPEND_PER_CALL, (k, v, k_cache, v_cache, lengths, table,
-                                                   prepared.flags.buffer))),
-                      **prepared.append}))
-        if prepared.launches is not None:
-            launched = _launch_prepared(prepared.launches, handle, q, k_cache, v_cache, out,
-                                        lse, lengths, table)
-            if launched == "all":
-                return
+    from wavefront.kernel.decode import (COMBINE_SPLITS_PARAMS, DECODE_PARAMS, combine_splits,
+                                         decode_kernel_for)
     if launched == "attention":
         ct.launch(handle, prepared.combine_grid, combine_splits,
                   launch_args(COMBINE_SPLITS_PARAMS, {
