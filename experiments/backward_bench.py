@@ -292,8 +292,9 @@ def predictions(study) -> pd.DataFrame:
 RUN_COMMIT = RUN.removeprefix("bench_").split(".")[0]  # the kernel's commit, as `measure` names it
 CAPTION = (f"The backward pass on an H200 (one GPU of a host whose other GPUs ran other work "
            f"at the same time, as the run's manifest says), kernel at commit {RUN_COMMIT}, "
-           f"both dQ modes at the public call's default config ({RUN_CONFIG}) and schedule (persistent+linear); bf16, the "
-           "forward's bench shapes, D64 and D128, full and causal: each contender's speed over "
+           f"both dQ modes at the public call's default config ({RUN_CONFIG}) and schedule "
+           "(persistent+linear); bf16, the forward's bench shapes, D64 and D128, full and causal: "
+           "each contender's speed over "
            "cuDNN's backward (cuDNN's time over its own, paired by round; 1 = cuDNN, dashed); "
            "bars are medians over rounds, whiskers their distribution-free 95% intervals.")
 
@@ -357,10 +358,6 @@ def section(study) -> Section:
     def of(name, frame=t):
         return frame[frame["contender"] == name]
 
-    def spread(rows, peer):
-        return (f"{rows[f'x {peer}'].min():.2f}-{rows[f'x {peer}'].max():.2f}x (95% intervals "
-                f"within [{rows[f'x {peer} lo'].min():.2f}, {rows[f'x {peer} hi'].max():.2f}])")
-
     atomic, det, fa2, cudnn = of("wavefront"), of("wavefront_det"), of("fa2"), of("cudnn")
     ours = pd.concat([atomic, det])
     # where an interval reaches 1, say why: cuDNN's own rounds spread (an outlier round of the
@@ -380,12 +377,12 @@ def section(study) -> Section:
     by_dim = det.groupby("D")["x cudnn"]
     s.claim(f"On the {gpu} at commit {commit}, the public call's default, the deterministic "
             f"mode (`wavefront_det`, config {RUN_CONFIG}, {DEFAULT_BACKWARD_SCHEDULE}), runs "
-            f"at {spread(det, 'cudnn')} cuDNN's speed across all {configs} configurations "
+            f"at {_spread(det, 'cudnn')} cuDNN's speed across all {configs} configurations "
             f"({', '.join(f'D{d}: {g.min():.2f}-{g.max():.2f}x' for d, g in by_dim)}); every "
             f"median and every 95% interval below 1"
             + (f" but {'one interval' if len(reaching) == 1 else f'{len(reaching)} intervals'}"
                f" ({'; '.join(exceptions)})" if exceptions else "")
-            + f"; the atomic mode (`deterministic=False`) runs at {spread(atomic, 'cudnn')}",
+            + f"; the atomic mode (`deterministic=False`) runs at {_spread(atomic, 'cudnn')}",
             configs == 12 and len(ours) == 2 * configs
             and DEFAULT_BACKWARD_CONFIG == RUN_CONFIG and commit == RUN_COMMIT
             and bool((ours["x cudnn"] < 1).all()) and bool((atomic["x cudnn hi"] < 1).all())
@@ -394,10 +391,10 @@ def section(study) -> Section:
             and int(t["rounds"].max()) == rounds,
             ours[["config", "contender", "x cudnn", "x cudnn lo", "x cudnn hi"]].round(4)
             .to_dict("records"))
-    s.claim(f"FlashAttention-2's backward (SDPA) runs at {spread(fa2, 'cudnn')} cuDNN's "
-            f"speed; the deterministic mode at {spread(det, 'fa2')} FA2's, "
+    s.claim(f"FlashAttention-2's backward (SDPA) runs at {_spread(fa2, 'cudnn')} cuDNN's "
+            f"speed; the deterministic mode at {_spread(det, 'fa2')} FA2's, "
             f"{_against(det, 'x fa2', 'faster than FA2', 'slower')}, and the atomic mode at "
-            f"{spread(atomic, 'fa2')}, {_against(atomic, 'x fa2', 'faster', 'slower')}",
+            f"{_spread(atomic, 'fa2')}, {_against(atomic, 'x fa2', 'faster', 'slower')}",
             len(fa2) == configs and bool((det["x fa2 lo"] > 1).all())
             and bool((atomic["x fa2 lo"] > 1).all()),
             t[t["contender"] != "cudnn"][["config", "contender", "x cudnn", "x fa2",
@@ -607,9 +604,9 @@ second, Q-major kernel) against torch SDPA's backward under its cuDNN and FlashA
 backends, each as called, on the {gpu} (`experiments/backward_bench.py`,
 `scripts/backward_bench.py`; kernel at {commit}; one GPU of a host whose other GPUs ran other
 work at the same time, as the run's manifest says; bf16; {rounds} interleaved rounds; speed
-over cuDNN paired by round, median [95% interval]; wavefront as the public call runs by default: deterministic, config {RUN_CONFIG}
-({cut}: **Faster binaries** below), {DEFAULT_BACKWARD_SCHEDULE}; the atomic mode with
-`deterministic=False`):
+over cuDNN paired by round, median [95% interval]; wavefront as the public call runs by
+default: deterministic, config {RUN_CONFIG} ({cut}: **Faster binaries** below),
+{DEFAULT_BACKWARD_SCHEDULE}; the atomic mode with `deterministic=False`):
 
 {md_table(table(study))}
 
@@ -690,7 +687,7 @@ def _coalesced_claim(s: Section, study) -> None:
     probe = pd.DataFrame([json.loads(line) for line in read_results_bytes(
         study.data_dir / "backward_bench" / RED_PROBE, "the dQ add probe").decode().splitlines()
         if line.strip()])
-    probe["G adds/s"] = probe["adds_per_launch"] / probe["samples_ms"].map(np.median) / 1e6
+    probe["G adds/s"] = probe["adds_per_s"] / 1e9  # (at the median launch time)
     rate = probe.set_index(["head_dim", "layout"])["G adds/s"]
     gpu = ", ".join(sorted({short_gpu(name) for name in probe["gpu"]}))
     default_coalesced = any(c.dq_coalesced for c in BACKWARD_CONFIGS[DEFAULT_BACKWARD_CONFIG]
@@ -703,13 +700,11 @@ def _coalesced_claim(s: Section, study) -> None:
     same_cut = all(kv_cut(BACKWARD_CONFIGS["two_warpgroups"][d]) == kv_cut(c)
                    for d, c in BACKWARD_CONFIGS["atomic_coalesced"].items())
 
-    def spread(rows):
-        return (f"{rows['x cudnn'].min():.2f}-{rows['x cudnn'].max():.2f}x cuDNN (95% intervals "
-                f"within [{rows['x cudnn lo'].min():.2f}, {rows['x cudnn hi'].max():.2f}])")
     s.claim(f"On the {gpu} (`{COALESCED_VARIANTS}`, {len(coalesced)} configurations, "
-            f"interleaved rounds), the coalesced atomic mode runs at {spread(coalesced)}, the "
-            f"row-major atomic mode of the same cut at {spread(row_major)} and the "
-            f"deterministic default at {spread(default)} in the same rounds; the coalesced "
+            f"interleaved rounds), the coalesced atomic mode runs at "
+            f"{_spread(coalesced, 'cudnn', ' cuDNN')}, the row-major atomic mode of the same cut "
+            f"at {_spread(row_major, 'cudnn', ' cuDNN')} and the deterministic default at "
+            f"{_spread(default, 'cudnn', ' cuDNN')} in the same rounds; the coalesced "
             f"atomic mode is the faster of the two modes at {faster} of {len(coalesced)} "
             f"configurations (medians) and below cuDNN in every one. The adds alone "
             f"(`dq_add_probe`: one launch adding a bench-sized dQ, medians of its repeats) run "
@@ -733,6 +728,13 @@ def _coalesced_claim(s: Section, study) -> None:
              .reset_index().to_dict("records"),
              "default ms": default["ms"].round(3).tolist(),
              "G adds/s": {f"D{d} {layout}": round(x, 1) for (d, layout), x in rate.items()}})
+
+
+def _spread(rows, peer: str, unit: str = "") -> str:
+    """'0.62-0.77x<unit> (95% intervals within [lo, hi])': the medians' range of a speed over
+    `peer` and the widest reach of their intervals."""
+    return (f"{rows[f'x {peer}'].min():.2f}-{rows[f'x {peer}'].max():.2f}x{unit} (95% intervals "
+            f"within [{rows[f'x {peer} lo'].min():.2f}, {rows[f'x {peer} hi'].max():.2f}])")
 
 
 def _against(rows, column: str, above: str, below: str) -> str:
