@@ -204,9 +204,8 @@ def _run(launch: BackwardLaunch, config: BackwardConfig, library, device, dtype,
     atomic = not deterministic
     coalesced = atomic and config.dq_coalesced and not varlen
     dq_acc = stand_in
-    q_tiles = -(-p.seqlen_q // p.tile_m)
     if coalesced:  # every Q tile whole (the last one padded): the adds need no bounds check
-        dq_acc = _zeros(library, device, (p.batch, p.heads, q_tiles, p.tile_m * p.head_dim),
+        dq_acc = _zeros(library, device, (p.batch, p.heads, p.q_tiles, p.tile_m * p.head_dim),
                         "float32")
     elif atomic:
         dq_acc = _zeros(library, device, tuple(q.shape), "float32")
@@ -218,7 +217,7 @@ def _run(launch: BackwardLaunch, config: BackwardConfig, library, device, dtype,
                launch.num_items, 1, p.head_dim, p.tile_m, p.tile_n, p.causal, atomic, varlen,
                config.q_latency, coalesced))
     if coalesced:
-        ct.launch(stream, (q_tiles, p.batch * p.heads, 1),
+        ct.launch(stream, (p.q_tiles, p.batch * p.heads, 1),
                   RowsVariant("convert_dq_tiles", dtype, p.head_dim, p.tile_m).kernel(),
                   (dq_acc, dq, p.head_dim, p.tile_m))
         return
