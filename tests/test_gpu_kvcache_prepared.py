@@ -167,3 +167,39 @@ def test_a_growing_cache_keeps_one_table_per_split_count():
                                1 / math.sqrt(128))
             assert _relative(out, ref) < TOLERANCE
     assert len(kvcache._states) - before <= len(splits)
+
+
+def test_a_grown_cache_is_planned_from_the_last_call_and_still_checked(monkeypatch):
+    """A cache one key longer than the last call's (a DynamicCache step) is planned from that
+    call (`_replanned`: no `_prepare`), every step's output right against the reference; a
+    grown cache that breaks a rule (v shorter than k) is still refused, naming the argument."""
+    torch = _torch()
+    import wavefront
+    from wavefront.kernel import kvcache
+    kvcache._prepared.clear()
+    kvcache._families.clear()
+    prepares = []
+    real_prepare = kvcache._prepare
+    monkeypatch.setattr(kvcache, "_prepare",
+                        lambda *a, **kw: prepares.append(1) or real_prepare(*a, **kw))
+    g = torch.Generator(device="cuda").manual_seed(731)
+    k = torch.randn(2, 8, 3000, 128, generator=g, device="cuda").to(torch.bfloat16)
+    v = torch.randn_like(k)
+    for step in range(12):
+        k = torch.cat([k, torch.randn(2, 8, 1, 128, generator=g, device="cuda")
+                       .to(torch.bfloat16)], dim=2)
+        v = torch.cat([v, torch.randn_like(k[:, :, :1])], dim=2)
+        q = torch.randn(2, 1, 32, 128, generator=g, device="cuda").to(torch.bfloat16)
+        out = torch.full_like(q, math.nan)
+        lengths = [k.shape[2], k.shape[2] - 5 * step]  # ragged: the second lags behind
+        wavefront.attention_with_kvcache(q, k.transpose(1, 2), v.transpose(1, 2), lengths,
+                                         out=out)
+        torch.cuda.synchronize()
+        ref, _ = reference(q, k.transpose(1, 2), v.transpose(1, 2), lengths, True,
+                           1 / math.sqrt(128))
+        assert _relative(out, ref) < TOLERANCE, step
+    assert len(prepares) == 1  # the first call's; every grown cache was replanned
+    short_v = v[:, :, :-1]
+    with pytest.raises(ValueError, match="v_cache shape must equal k_cache shape"):
+        wavefront.attention_with_kvcache(q, k.transpose(1, 2), short_v.transpose(1, 2),
+                                         k.shape[2] - 1)

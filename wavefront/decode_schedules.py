@@ -27,6 +27,7 @@ they share are read while still in L2).
 """
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 
@@ -144,46 +145,46 @@ class DecodeProblem:
         if self.page_size is not None and self.page_size not in PAGE_SIZES:
             raise ValueError(f"page_size must be one of {PAGE_SIZES}, got {self.page_size!r}")
 
-    @property
+    @functools.cached_property
     def group(self) -> int:
         """Query heads per K/V head."""
         return self.heads // self.kv_heads
 
-    @property
+    @functools.cached_property
     def group_tile(self) -> int:
         """The group padded to a power of two: a tile's rows are (position, head) pairs."""
         return next_power_of_two(self.group)
 
-    @property
+    @functools.cached_property
     def tile_m(self) -> int:
         """Rows per Q tile: every packed row of the call where they fit in MAX_TILE_M, at
         least MIN_TILE_M (the smallest warpgroup MMA)."""
         rows = next_power_of_two(self.seqlen_q * self.group_tile)
         return max(MIN_TILE_M, self.group_tile, min(MAX_TILE_M, rows))
 
-    @property
+    @functools.cached_property
     def rows_per_tile(self) -> int:
         """Query positions per Q tile."""
         return self.tile_m // self.group_tile
 
-    @property
+    @functools.cached_property
     def tile_n(self) -> int:
         return DEFAULT_TILE_N
 
-    @property
+    @functools.cached_property
     def pages_per_tile(self) -> int:
         return pages_per_tile(self.page_size, self.tile_n)
 
-    @property
+    @functools.cached_property
     def q_tiles(self) -> int:
         return -(-self.seqlen_q // self.rows_per_tile)
 
-    @property
+    @functools.cached_property
     def kv_tiles(self) -> int:
         """K/V tiles of a full cache (the most an item scans)."""
         return -(-self.capacity // self.tile_n)
 
-    @property
+    @functools.cached_property
     def units(self) -> int:
         """(batch, K/V head, Q tile) triples: the items without a split."""
         return self.batch * self.kv_heads * self.q_tiles
@@ -209,9 +210,13 @@ def choose_splits(problem: DecodeProblem, slots: int, seqlen_hint: int | None = 
     keys = problem.capacity if seqlen_hint is None else max(1, min(seqlen_hint,
                                                                    problem.capacity))
     most = max(1, min(-(-keys // problem.tile_n) // MIN_TILES_PER_SPLIT, MAX_SPLITS))
-    units = problem.units  # (a property chain: once, not per candidate; a decode step plans
-    # anew whenever its cache grows)
+    return _fewest_good_splits(problem.units, slots, most)
 
+
+@functools.lru_cache(maxsize=1024)
+def _fewest_good_splits(units: int, slots: int, most: int) -> int:
+    """`choose_splits`' rule over 1..`most` splits, remembered: a cache that grows plans a
+    step anew, and its candidates change only every MIN_TILES_PER_SPLIT tiles."""
     def efficiency(splits):
         waves = units * splits / slots
         return waves / math.ceil(waves)

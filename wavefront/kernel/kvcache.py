@@ -494,9 +494,31 @@ class _Prepared:
     launches: "_PreparedLaunches | None" = None
     calls_left: int | None = None
     failure: str | None = None
+    # What a call of the same arrays but caches of another length plans from (`_replanned`):
+    # the new keys' views, the block table's kind and the resolved options.
+    plan: "_PlanOptions | None" = None
+
+
+@dataclass(frozen=True)
+class _PlanOptions:
+    """A call's checked options and what `_prepare` resolved of them, for `_planned`."""
+
+    vk: _ArrayView | None
+    vv: _ArrayView | None
+    sms: int
+    occupancy: int
+    num_splits: int | None
+    cta_order: str | None
+    sharing: tuple | None
+    return_lse: bool
+    scale: float
+    causal: bool
 
 
 _prepared: OrderedDict = OrderedDict()
+# The latest call's `_Prepared` per key without the caches' lengths (`_without_length`): what a
+# call of a grown cache is planned from (`_replanned`).
+_families: OrderedDict = OrderedDict()
 
 
 def _layout(x):
@@ -508,6 +530,14 @@ def _layout(x):
     if kind.__module__.startswith("cupy"):
         return kind, x.shape, x.strides, x.dtype, x.data.device_id
     return None
+
+
+def _without_length(layout):
+    """A cache's layout (`_layout`) without what its length changes: its dimension 1 (keys
+    per sequence, or a page's keys) and its strides but the last (a cache viewed from
+    (batch, kv_heads, keys, D), as transformers keeps one, strides its heads by its length)."""
+    kind, shape, strides, dtype, device = layout
+    return kind, shape[0], tuple(shape[2:]), strides[-1], dtype, device
 
 
 def _lengths_kind(value):
@@ -562,32 +592,64 @@ def _prepare(q, k_cache, v_cache, cache_seqlens, k, v, block_table, table_host, 
     device = current_device()
     if device is None:
         raise RuntimeError("wavefront.attention_with_kvcache needs a CUDA GPU; none is visible")
+    options = _PlanOptions(vk, vv, device.sms,
+                           DECODE_OCCUPANCY if ctas_per_sm is None else ctas_per_sm,
+                           num_splits, cta_order, sharing, bool(return_lse), float(scale),
+                           bool(causal))
+    return _planned(vq, shape, options, _flags_for(vq), _stream_getter(vq.library, vq.device),
+                    PREPARE_AFTER_CALLS)
+
+
+def _planned(vq: _ArrayView, shape: CacheShape, options: _PlanOptions, flags, stream_getter,
+             prepare_after: int) -> _Prepared:
+    """The launch of a checked call: its plan, table, buffers and bound arguments."""
     problem = DecodeProblem(shape.batch, shape.heads, shape.kv_heads, shape.seqlen_q,
                             shape.capacity, shape.head_dim, shape.seqlen_new, shape.page_size)
-    occupancy = DECODE_OCCUPANCY if ctas_per_sm is None else ctas_per_sm
-    launch = plan_decode(problem, sms=device.sms, ctas_per_sm=occupancy,
-                         num_splits=num_splits, cta_order=cta_order, sharing=sharing)
-    state = _state_for(vq, launch, bool(return_lse), occupancy)
-    flags = _flags_for(vq)
+    launch = plan_decode(problem, sms=options.sms, ctas_per_sm=options.occupancy,
+                         num_splits=options.num_splits, cta_order=options.cta_order,
+                         sharing=options.sharing)
+    state = _state_for(vq, launch, options.return_lse, options.occupancy)
     bound, combined = bound_arguments(launch, state.variants, state.partials, state.work,
-                                      flags.buffer, scale, causal)
+                                      flags.buffer, options.scale, options.causal)
     append = state.variants[0]
     lse_shape = (shape.batch, shape.kv_heads, problem.group, shape.seqlen_q)
     combine_grid = None if combined is None else (
         -(-shape.seqlen_q // combined["ROWS"]), shape.batch * shape.kv_heads, 1)
     return _Prepared(vq, shape, launch, state, flags, bound,
                      None if append is None else append.constants, combined, lse_shape,
-                     (launch.grid, 1, 1), combine_grid, _stream_getter(vq.library, vq.device),
-                     calls_left=PREPARE_AFTER_CALLS if PREPARED_LAUNCHES else None)
+                     (launch.grid, 1, 1), combine_grid, stream_getter,
+                     calls_left=prepare_after if PREPARED_LAUNCHES else None, plan=options)
+
+
+def _replanned(base: _Prepared, k_cache, v_cache, block_table, table_host) -> _Prepared:
+    """The launch of a call whose arrays are laid out as `base`'s except for the caches'
+    length (their capacity: transformers' DynamicCache grows by a key each step, so every
+    step is a new layout): only the caches and the block table are checked again, and the
+    plan is made for the new capacity; q, the new keys, `out` and the options were checked
+    for `base` and are the same (the call's key says so). Checking and planning anew took
+    about 100 us of a growing call's 240 on the H200 host (scripts/profile_cache_call.py)."""
+    vkc, _ = _view("k_cache", k_cache)
+    vvc, _ = _view("v_cache", v_cache)
+    table_shape = None
+    if block_table is not None:
+        table_shape = (table_host.shape if table_host is not None
+                       else tuple(_view("block_table", block_table)[0].shape))
+    options = base.plan
+    shape = check_arrays(base.vq, vkc, vvc, options.vk, options.vv, table_shape)
+    return _planned(base.vq, shape, options, base.flags, base.current_stream,
+                    REPLANNED_PREPARE_AFTER_CALLS)
 
 
 # A layout called this often launches through the driver (`prepared.PreparedLaunch`):
 # `ct.launch` derives every argument's constraints on each launch, about 20 us of host time
 # per kernel on the H200 hosts (scripts/profile_cache_call.py), where a decode step's kernels
 # run 15-50 us at B1. Preparing costs about 0.4 ms once, so a layout called only a few times
-# keeps `ct.launch`: a DynamicCache's step (a new layout a step, one call per layer) prepares
-# only in a model of more layers than this (not measured: the generate bench's model has 4).
+# keeps `ct.launch`.
 PREPARE_AFTER_CALLS = 8
+# A layout reached by a cache's growth (`_replanned`) is a DynamicCache step's: called once per
+# layer, then never again. It prepares only if called this often (a cache that stopped
+# growing), so that no model's step pays the 0.4 ms of preparing for every layer's call.
+REPLANNED_PREPARE_AFTER_CALLS = 256
 PREPARED_LAUNCHES = os.environ.get("WAVEFRONT_PREPARED_LAUNCH", "1") != "0"
 
 
@@ -755,8 +817,10 @@ def attention_with_kvcache(q, k_cache, v_cache, cache_seqlens, *, k=None, v=None
     """Attention of q against a KV cache; see `wavefront.api.attention_with_kvcache`.
 
     A call of arrays laid out as an earlier call's (shapes, strides, dtypes, devices) with the
-    same options skips the checks and the planning that call made (`_prepared`); host lengths
-    and block tables are checked on every call. `ctas_per_sm` (a bench's knob, not the public
+    same options skips the checks and the planning that call made (`_prepared`); one whose
+    caches differ from the latest such call's only in length checks the caches alone and plans
+    for their length (`_replanned`); host lengths and block tables are checked on every
+    call. `ctas_per_sm` (a bench's knob, not the public
     call's): the persistent attention CTAs per SM, compiled as the kernel's occupancy
     (default `decode.DECODE_OCCUPANCY`); more CTAs keep more K/V loads in flight per SM, which
     a one-sequence step with few items needs to reach the DRAM bandwidth."""
@@ -771,31 +835,44 @@ def attention_with_kvcache(q, k_cache, v_cache, cache_seqlens, *, k=None, v=None
     layouts = (_layout(q), _layout(k_cache), _layout(v_cache),
                None if k is None else _layout(k), None if v is None else _layout(v),
                None if out is None else _layout(out))
-    key = None
+    key = family = None
     if None not in layouts[:3] and (k is None or None not in layouts[3:5]) and (
             out is None or layouts[5] is not None):
         table_key = (None if block_table is None else "host" if table_host is not None
                      else _layout(block_table))
         options = (causal, scale, num_splits, cta_order, return_lse, sharing, ctas_per_sm)
-        key = (layouts, table_key, table_host is None or table_host.shape,
-               _lengths_kind(cache_seqlens), options, tuple(map(type, options)))
+        rest = (table_key, _lengths_kind(cache_seqlens), options, tuple(map(type, options)))
+        key = (layouts, table_host is None or table_host.shape) + rest
     prepared = None if key is None else _prepared.get(key)
     if prepared is None:
-        from wavefront.device import require_gpu_stack
-        require_gpu_stack("wavefront.attention_with_kvcache")
-        prepared = _prepare(q, k_cache, v_cache, cache_seqlens, k, v, block_table, table_host,
-                            causal, scale, num_splits, cta_order, return_lse, out, sharing,
-                            ctas_per_sm)
+        if key is not None:
+            # the key without the caches' and the block table's lengths
+            family = (layouts[0], _without_length(layouts[1]), _without_length(layouts[2]),
+                      layouts[3:]) + rest
+            base = _families.get(family)
+            if base is not None:
+                prepared = _replanned(base, k_cache, v_cache, block_table, table_host)
+        if prepared is None:
+            from wavefront.device import require_gpu_stack
+            require_gpu_stack("wavefront.attention_with_kvcache")
+            prepared = _prepare(q, k_cache, v_cache, cache_seqlens, k, v, block_table,
+                                table_host, causal, scale, num_splits, cta_order, return_lse,
+                                out, sharing, ctas_per_sm)
         if key is not None:
             _prepared[key] = prepared
+            _families[family] = prepared
+            _families.move_to_end(family)
             while len(_prepared) > STATE_CACHE_SIZE:
                 _prepared.popitem(last=False)
-        q, k_cache, v_cache = (_view(n, x)[1] for n, x in (("q", q), ("k_cache", k_cache),
-                                                             ("v_cache", v_cache)))
-        if k is not None:
-            k, v = _view("k", k)[1], _view("v", v)[1]
-        if out is not None:
-            out = _view("out", out)[1]
+            while len(_families) > STATE_CACHE_SIZE:
+                _families.popitem(last=False)
+        else:  # (keyed calls are of torch tensors and CuPy arrays: no conversion)
+            q, k_cache, v_cache = (_view(n, x)[1] for n, x in (("q", q), ("k_cache", k_cache),
+                                                                 ("v_cache", v_cache)))
+            if k is not None:
+                k, v = _view("k", k)[1], _view("v", v)[1]
+            if out is not None:
+                out = _view("out", out)[1]
     vq, shape, flags = prepared.vq, prepared.shape, prepared.flags
     if isinstance(cache_seqlens, (int, np.integer)):
         lengths_host = np.full(shape.batch, int(cache_seqlens), dtype=np.int64)
