@@ -19,6 +19,7 @@ variable-length batches are not covered: the advisor does not rank them.
 
     python experiments/advisor_picks.py run     # on a GPU: into data/advisor_picks/
     WAVEFRONT_ADVISOR_SHAPES=2 python experiments/advisor_picks.py run   # the first two only
+    WAVEFRONT_ADVISOR_SHAPES=2,4 python experiments/advisor_picks.py run   # the 2nd and 4th
     python -c "from wavefront.report.analysis import Study; import experiments.advisor_picks as a;
                print(a.table(Study('data')).to_string())"   # anywhere: the score, from data/
 """
@@ -84,15 +85,22 @@ def _budget_launch(point, dev, budget_mb: float):
         l2_fraction=min(4.0, max(budget_mb * 1e6, 1.0) / dev.l2_bytes)))
 
 
-def _shapes_asked() -> int:
-    """How many of SHAPES to measure (all; WAVEFRONT_ADVISOR_SHAPES=N: the first N, where device
-    time is short)."""
+def _shapes_asked() -> list[str]:
+    """Which of SHAPES to measure: all; WAVEFRONT_ADVISOR_SHAPES=N the first N, or =i,j,... the
+    i-th, j-th (from 1), where device time is short or several GPUs share the shapes."""
     import os
-    value = os.environ.get("WAVEFRONT_ADVISOR_SHAPES", "")
-    if value and not (value.isdigit() and 1 <= int(value) <= len(SHAPES)):
-        raise SystemExit(f"WAVEFRONT_ADVISOR_SHAPES must be an integer in [1, {len(SHAPES)}], "
-                         f"got {value!r}")
-    return int(value) if value else len(SHAPES)
+    value = os.environ.get("WAVEFRONT_ADVISOR_SHAPES", "").strip()
+    names = list(SHAPES)
+    if not value:
+        return names
+    parts = value.split(",")
+    if not all(p.strip().isdigit() and 1 <= int(p) <= len(SHAPES) for p in parts):
+        raise SystemExit(f"WAVEFRONT_ADVISOR_SHAPES must be an integer in [1, {len(SHAPES)}] "
+                         f"(the first N shapes) or a list of such indices, e.g. 2,4; got "
+                         f"{value!r}")
+    if len(parts) == 1:
+        return names[:int(parts[0])]
+    return [names[int(p) - 1] for p in dict.fromkeys(parts)]
 
 
 def measure(out_dir) -> int:
@@ -115,7 +123,8 @@ def measure(out_dir) -> int:
     with JsonlSink(out_dir, "rounds.jsonl") as sink:
         def write(row):
             sink.write(EXPOSURE_RECORDS.stamp({"gpu": dev.name, **row}))
-        for name, shape in list(SHAPES.items())[:_shapes_asked()]:
+        for name in _shapes_asked():
+            shape = SHAPES[name]
             ranked, budgets = predictions(key, gpu, shape)
             configs = {_config(r): Point(**shape, schedule=r.schedule, tiles=r.tiles,
                                          occupancy=r.occupancy) for r in ranked}

@@ -8,7 +8,8 @@
 # (<hash>: the checkout's HEAD, written out on this side. The device's copy of .git need not be
 # at that commit, so `$(git rev-parse HEAD)` evaluated there stamps a stale commit.)
 # Steps: tests (the whole GPU suite), bench_decode, decode_sweep (splits x CTAs per SM at B1/B8), shared_prefix, generate, short_prompts,
-# crash (scripts/gpu_crash_campaign.py), advisor (experiments/advisor_picks.py, one shape),
+# crash (scripts/gpu_crash_campaign.py), advisor (experiments/advisor_picks.py, the first
+# shape; advisor:2,4 its 2nd and 4th),
 # backward (scripts/backward_bench.py), gpu_checks (the GPU tests of the bad-input audit and the
 # cache call), backward_dram (the backward schedules' DRAM bytes and time), tune_short (a lever
 # search at B16 H32 S768 D128 unless TUNE_ARGS names another shape, written into the tuned table, which $d/tuned.json brings back),
@@ -35,8 +36,9 @@ step() {  # step NAME DIR
     short_prompts) OUT="$d" bash scripts/serving_session.sh short_prompts | tail -60 ;;
     crash) python3 scripts/gpu_crash_campaign.py "$d/crash" --budget-s "${CRASH_SECONDS:-120}" \
                > "$d/crash.log" 2>&1; tail -3 "$d/crash.log" ;;
-    advisor) WAVEFRONT_ADVISOR_SHAPES=1 python3 -m wavefront.cli experiment run advisor_picks \
-               --data "$d" > "$d/advisor.log" 2>&1; tail -20 "$d/advisor.log" ;;
+    advisor|advisor:*) shapes="${1#advisor}"; shapes="${shapes#:}"
+               WAVEFRONT_ADVISOR_SHAPES="${shapes:-1}" python3 -m wavefront.cli experiment run \
+               advisor_picks --data "$d" > "$d/advisor.log" 2>&1; tail -20 "$d/advisor.log" ;;
     backward) python3 scripts/backward_bench.py --rounds 8 --json "$d/backward.jsonl" \
                > "$d/backward.log" 2>&1; tail -40 "$d/backward.log" ;;
     bwd_tests) python3 -m pytest -m gpu -n 4 -q -p no:cacheprovider --tb=short \

@@ -89,3 +89,20 @@ def test_advisor_picks_scores_the_pick_and_the_budgets_from_its_records(tmp_path
     assert t["advised / best"] == pytest.approx(1.1)
     assert t["advised budget"] == "2 unit(s)" and t["advised budget / best group"] == 1.0
     assert t["x (32 MB) / best group"] == pytest.approx(1.2)
+
+
+def test_advisor_picks_measures_the_shapes_asked_for(monkeypatch):
+    """WAVEFRONT_ADVISOR_SHAPES: all shapes by default, the first N, or a list of indices
+    (lanes of several GPUs share the shapes); anything else is refused, naming the variable."""
+    picks = _advisor_picks()
+    names = list(picks.SHAPES)
+    monkeypatch.delenv("WAVEFRONT_ADVISOR_SHAPES", raising=False)
+    assert picks._shapes_asked() == names
+    monkeypatch.setenv("WAVEFRONT_ADVISOR_SHAPES", "2")
+    assert picks._shapes_asked() == names[:2]
+    monkeypatch.setenv("WAVEFRONT_ADVISOR_SHAPES", "4,2,4")
+    assert picks._shapes_asked() == [names[3], names[1]]
+    for bad in ("0", "5", "2-3", "x", "1,"):
+        monkeypatch.setenv("WAVEFRONT_ADVISOR_SHAPES", bad)
+        with pytest.raises(SystemExit, match="WAVEFRONT_ADVISOR_SHAPES"):
+            picks._shapes_asked()
