@@ -495,7 +495,7 @@ class _Prepared:
     calls_left: int | None = None
     failure: str | None = None
     # What a call of the same arrays but caches of another length plans from (`_replanned`):
-    # the new keys' views, the block table's kind and the resolved options.
+    # the new keys' views and the options as `_prepare` checked and resolved them.
     plan: "_PlanOptions | None" = None
 
 
@@ -626,8 +626,9 @@ def _replanned(base: _Prepared, k_cache, v_cache, block_table, table_host) -> _P
     length (their capacity: transformers' DynamicCache grows by a key each step, so every
     step is a new layout): only the caches and the block table are checked again, and the
     plan is made for the new capacity; q, the new keys, `out` and the options were checked
-    for `base` and are the same (the call's key says so). Checking and planning anew took
-    about 100 us of a growing call's 240 on the H200 host (scripts/profile_cache_call.py)."""
+    for `base` and are the same (the call's key says so). Checking and planning all anew was
+    about 40% of a growing call's host time under cProfile on the H200 host
+    (scripts/profile_cache_call.py --mode growing)."""
     vkc, _ = _view("k_cache", k_cache)
     vvc, _ = _view("v_cache", v_cache)
     table_shape = None
