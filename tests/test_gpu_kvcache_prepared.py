@@ -171,19 +171,26 @@ def test_a_growing_cache_keeps_one_table_per_split_count():
 
 def test_a_grown_cache_is_planned_from_the_last_call_and_still_checked(monkeypatch):
     """A cache one key longer than the last call's (a DynamicCache step) is planned from that
-    call (`_replanned`: no `_prepare`), every step's output right against the reference; a
-    grown cache that breaks a rule (v shorter than k) is still refused, naming the argument."""
+    call (`_replanned`: no `_prepare`), and its combine launches through the prepared launch
+    the grown layouts share once they made PREPARE_AFTER_CALLS of them; every step's output
+    right against the reference; a grown cache that breaks a rule (v shorter than k) is still
+    refused, naming the argument."""
     torch = _torch()
     import wavefront
     from wavefront.kernel import kvcache
+    from wavefront.kernel.prepared import PreparedLaunch
     kvcache._prepared.clear()
     kvcache._families.clear()
-    prepares = []
-    real_prepare = kvcache._prepare
+    kvcache._combines.clear()
+    prepares, driver = [], []
+    real_prepare, real_launch = kvcache._prepare, PreparedLaunch.launch
     monkeypatch.setattr(kvcache, "_prepare",
                         lambda *a, **kw: prepares.append(1) or real_prepare(*a, **kw))
+    monkeypatch.setattr(PreparedLaunch, "launch",
+                        lambda self, *a: driver.append(real_launch(self, *a)) or driver[-1])
     g = torch.Generator(device="cuda").manual_seed(731)
-    k = torch.randn(2, 8, 3000, 128, generator=g, device="cuda").to(torch.bfloat16)
+    # 3073-3084 keys: 49 K/V tiles at every step, so one split count (one launch state)
+    k = torch.randn(2, 8, 3072, 128, generator=g, device="cuda").to(torch.bfloat16)
     v = torch.randn_like(k)
     for step in range(12):
         k = torch.cat([k, torch.randn(2, 8, 1, 128, generator=g, device="cuda")
@@ -199,6 +206,9 @@ def test_a_grown_cache_is_planned_from_the_last_call_and_still_checked(monkeypat
                            1 / math.sqrt(128))
         assert _relative(out, ref) < TOLERANCE, step
     assert len(prepares) == 1  # the first call's; every grown cache was replanned
+    # steps 1-8 counted (the first call is no grown layout's), steps 9-11 shared the combine
+    assert driver == [True] * (11 - kvcache.PREPARE_AFTER_CALLS)
+    assert len(kvcache._combines) == 1
     short_v = v[:, :, :-1]
     with pytest.raises(ValueError, match="v_cache shape must equal k_cache shape"):
         wavefront.attention_with_kvcache(q, k.transpose(1, 2), short_v.transpose(1, 2),

@@ -497,6 +497,7 @@ class _Prepared:
     # What a call of the same arrays but caches of another length plans from (`_replanned`):
     # the new keys' views and the options as `_prepare` checked and resolved them.
     plan: "_PlanOptions | None" = None
+    grown: bool = False  # planned by `_replanned`: its combine launch is shared (`_combines`)
 
 
 @dataclass(frozen=True)
@@ -637,8 +638,10 @@ def _replanned(base: _Prepared, k_cache, v_cache, block_table, table_host) -> _P
                        else tuple(_view("block_table", block_table)[0].shape))
     options = base.plan
     shape = check_arrays(base.vq, vkc, vvc, options.vk, options.vv, table_shape)
-    return _planned(base.vq, shape, options, base.flags, base.current_stream,
-                    REPLANNED_PREPARE_AFTER_CALLS)
+    prepared = _planned(base.vq, shape, options, base.flags, base.current_stream,
+                        REPLANNED_PREPARE_AFTER_CALLS)
+    prepared.grown = True
+    return prepared
 
 
 # A layout called this often launches through the driver (`prepared.PreparedLaunch`):
@@ -707,6 +710,57 @@ def _prepare_launches(prepared: _Prepared, attention_args: tuple, combine_args: 
     partials = tuple(_address(x) for x in prepared.state.partials)
     prepared.launches = _PreparedLaunches(attention, combine, partials,
                                           tuple(end - start for start, end in ranges))
+
+
+# The combine kernel's prepared launches shared by the layouts of a growing cache: the combine
+# reads only the split workspace, `out` and the LSE, none of which the cache's length changes,
+# so one prepared launch serves every step of a DynamicCache with the same split count (the
+# attention kernel's arguments change with the length: it keeps `ct.launch`). Keyed by the
+# launch state (its workspace), the output's and the LSE's layouts and the grid; prepared once
+# a key has launched PREPARE_AFTER_CALLS times. Value: [state, calls left or the prepared
+# launch or None where preparing failed].
+_combines: OrderedDict = OrderedDict()
+_combines_lock = threading.Lock()
+
+
+def _combine_key(prepared: _Prepared, out, lse) -> tuple:
+    return (id(prepared.state), _layout(out), _layout(lse), prepared.combine_grid)
+
+
+def _launch_shared_combine(prepared: _Prepared, handle: int, out5, lse) -> bool:
+    """Launch a grown layout's combine through the shared prepared launch of its key, if it
+    has one and the addresses fit its binary -> True; else False (the caller launches it)."""
+    found = _combines.get(_combine_key(prepared, out5, lse))
+    if found is None or found[0] is not prepared.state or not hasattr(found[1], "launch"):
+        return False
+    part_o, part_m, part_l = (_address(x) for x in prepared.state.partials)
+    return found[1].launch(handle, (part_o, part_m, part_l, _address(out5), _address(lse)))
+
+
+def _count_shared_combine(prepared: _Prepared, out5, lse, combine_args: tuple,
+                          capturing: bool) -> None:
+    """Count a grown layout's combine launched through `ct.launch` towards its key's
+    preparing, and prepare it on the PREPARE_AFTER_CALLS-th (not from a capture)."""
+    from wavefront.kernel.decode import combine_splits
+    from wavefront.kernel.prepared import PreparedLaunch
+    key = _combine_key(prepared, out5, lse)
+    with _combines_lock:
+        found = _combines.get(key)
+        if found is None or found[0] is not prepared.state:
+            found = _combines[key] = [prepared.state, PREPARE_AFTER_CALLS]
+            while len(_combines) > STATE_CACHE_SIZE:
+                _combines.popitem(last=False)
+        if not isinstance(found[1], int) or capturing:
+            return
+        if found[1] > 1:
+            found[1] -= 1
+            return
+        try:
+            found[1] = PreparedLaunch(combine_splits, "combine_splits", combine_args,
+                                      len(COMBINE_PREPARED), prepared.combine_grid,
+                                      prepared.vq.device)
+        except Exception:  # noqa: BLE001  (whatever it was, ct.launch still works)
+            found[1] = None
 
 
 # What each kernel takes per call, beside what `bound_arguments` binds once.
@@ -798,15 +852,21 @@ def _launch(prepared: _Prepared, handle: int, capturing: bool, q, k, v, k_cache,
     ct.launch(handle, prepared.grid, decode_kernel_for(prepared.state.variants[1].occupancy),
               attention_args)
     combine_args = None
-    if prepared.combine is not None:
+    if prepared.combine is not None and not (
+            prepared.grown and _launch_shared_combine(prepared, handle, out5, lse)):
         combine_args = launch_args(COMBINE_SPLITS_PARAMS, {
             **dict(zip(COMBINE_PER_CALL, (out5, lse))), **prepared.combine})
         ct.launch(handle, prepared.combine_grid, combine_splits, combine_args)
+        if prepared.grown and PREPARED_LAUNCHES:
+            _count_shared_combine(prepared, out5, lse, combine_args, capturing)
     left = prepared.calls_left  # (read once: another thread may be preparing it)
     if left is not None and not capturing:
         if left > 1:
             prepared.calls_left = left - 1
         else:  # (an `out` over an input leaves it at 1: the next call tries again)
+            if prepared.combine is not None and combine_args is None:  # (launched shared)
+                combine_args = launch_args(COMBINE_SPLITS_PARAMS, {
+                    **dict(zip(COMBINE_PER_CALL, (out5, lse))), **prepared.combine})
             _prepare_launches(prepared, attention_args, combine_args, (q, k_cache, v_cache, out))
 
 
