@@ -447,8 +447,9 @@ def test_k_and_v_are_two_lines_of_the_lru():
 
 
 def test_an_explicit_depth_runs_the_joint_pipeline_as_before():
-    """`loads_ahead` keeps the joint pipeline bit for bit: these numbers are what the model
-    gave before the rings were split (commit afd237e), for a two-partition dynamic causal
+    """`loads_ahead` keeps the joint pipeline: these numbers are what the model gave before
+    the rings were split (commit afd237e, identical here to the last digit; compared to 1e-9
+    so that another CPU's rounding does not fail it), for a two-partition dynamic causal
     launch at two depths."""
     launch = _launch(seqlen=16384, causal=True, schedule="dynamic+linear", ctas=8, sms=8,
                      occupancy=1)
@@ -457,8 +458,8 @@ def test_an_explicit_depth_runs_the_joint_pipeline_as_before():
     for depth, expected in before.items():
         p = simulate_timed(launch, MEMORY, ComputeTiming(300.0, 100.0, 0.0), l2_bytes=L2,
                            partitions=2, loads_ahead=depth)
-        assert (p.kernel_ns, p.dram_read_bytes, p.near_hit_bytes, p.far_hit_bytes,
-                p.fill_waits) == expected
+        got = (p.kernel_ns, p.dram_read_bytes, p.near_hit_bytes, p.far_hit_bytes)
+        assert got == pytest.approx(expected[:4], rel=1e-9) and p.fill_waits == expected[4]
 
 
 def test_a_read_binary_runs_its_rings_and_an_unread_one_the_assumed_depth():
