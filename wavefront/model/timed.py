@@ -473,6 +473,15 @@ def _run(table, n_slots, dynamic, stride, alternate, heads, kv_heads, q_tiles, k
                 ht[0] = max(arrival, ready_k[s, t % k_stages]) + step_ns[s]
             elif in_a[s]:  # phase A of step t: after phase B of t - 1, once K_t is in
                 ht[0] = max(arrival, ready_k[s, t % k_stages]) + phase_a * step_ns[s]
+                if (next_v[s] < next_k[s] or next_k[s] >= steps[s]
+                        or next_k[s] >= t + 1 + k_stages):
+                    # the producer waits for a V stage (or is done): the K stage phase A
+                    # frees issues nothing, so its end is no event and phase B follows
+                    # (V_t was issued by the end of step t - 1) -- half the events where the
+                    # K ring is the longer by two or more
+                    in_a[s] = False
+                    ht[0] = (max(ht[0], ready_v[s, t % v_stages])
+                             + (1.0 - phase_a) * step_ns[s])
             else:  # phase B: once V_t is in
                 ht[0] = max(arrival, ready_v[s, t % v_stages]) + (1.0 - phase_a) * step_ns[s]
             _heap_sift_down(ht, hs, n)
