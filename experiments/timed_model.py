@@ -22,6 +22,7 @@ import seaborn as sns
 
 from wavefront.model.fits import PAPER_LAUNCH
 from wavefront.model.presets import PRESETS
+from wavefront.model import timed as timed_module
 from wavefront.report import timed
 from wavefront.report.draft import Claim, Section, md_table, paragraphs
 from wavefront.report.experiments import run_as_script, sibling
@@ -178,13 +179,21 @@ def _misses_prose(checked: pd.DataFrame) -> str:
     return "; ".join(parts)
 
 
-def _depth_one_prose(reg: pd.DataFrame) -> str:
-    wide = reg[reg["configuration"].str.startswith("128x64") | (reg["regime"] == "e")]
-    wide = wide[(wide["lo"] > 0) | (wide["hi"] < 0) | (wide["measured"].abs() < 0.01)]
-    wide = wide[wide["predicted"] > 0.02]
-    if not len(wide):
-        return "nothing"
-    return f"{wide['predicted'].min():+.0%} to {wide['predicted'].max():+.0%}"
+def _one_stage_prose(reg: pd.DataFrame) -> str:
+    """The one-stage-per-ring binaries without a co-runner: the 128-row tiles (and the few-CTA
+    regime, 128-row too) measured near no change, and the 64x64 kv_latency=10 binary, each
+    as measured and as predicted."""
+    def span(x: pd.Series) -> str:
+        return (f"{x.min():+.1%} to {x.max():+.1%}" if len(x) > 1 and x.min() != x.max()
+                else f"{x.iloc[0]:+.1%}" if len(x) else "-")
+    alone = ~reg["configuration"].str.contains("append|held")
+    wide = reg[(reg["configuration"].str.startswith("128x64") & alone) | (reg["regime"] == "e")]
+    wide = wide[wide["measured"].abs() < 0.01]
+    lat10 = reg[reg["configuration"].str.startswith("64x64 kv_latency=10") & alone]
+    return (f"the 128-row binaries and the few-CTA regime measured within 1% of no change "
+            f"({len(wide)} configurations) are predicted {span(wide['predicted'])}; the 64x64 "
+            f"kv_latency=10 binary measured {span(lat10['measured'])} and is predicted "
+            f"{span(lat10['predicted'])}")
 
 
 def _checked_shown(checked: pd.DataFrame) -> pd.DataFrame:
@@ -352,10 +361,14 @@ def section(study) -> Section:
 {paragraphs(
     "The lock-step model above assumes the order in which tiles reach the L2. The timed model "
     "derives it: every resident CTA has a clock and walks the work table the kernel reads; a "
-    "K/V step computes for a calibrated time once its K and V have arrived, the buffer it "
-    "frees takes the load as many steps further on as the binary's shorter K/V ring holds "
-    "(read from each binary's SASS, data/kv_pipeline: 3 for D64 64x64 non-causal, 2 causal, 1 "
-    "for every 128-row tile); a hit returns after the L2 latency, a miss "
+    "binary's producer fills a ring of K stages and a ring of V stages (read from each "
+    "binary's SASS, data/kv_pipeline: 6 and 3 for D64 64x64 non-causal, one each for every "
+    "128-row tile), in program order as the consumer frees them; a K/V step computes in two "
+    "phases of a calibrated step time, QK^T and the softmax once its K has arrived "
+    f"({timed_module.PHASE_A_FRACTION:.0%} of the step, chosen: the two MMAs are equal work "
+    "and the softmax comes on top of the first; not fitted), then P.V once its V has "
+    "arrived; the end of each phase frees its tile's stage, so the next K loads during a "
+    "step's P.V and the next V during the next QK^T; a hit returns after the L2 latency, a miss "
     "after the DRAM latency plus its wait in a queue served at the measured bandwidth; a load "
     "of a line whose fill is under way waits for that fill; dynamic schedules hand out rows "
     "when a CTA frees up in simulated time. Order, convoys, drift and imbalance come out of "
@@ -440,16 +453,12 @@ dilute the line above):
     f"change, {int(checked['right sign'].sum())} have a prediction of the measured sign and "
     f"{int(checked['within size'].sum())} one within 2 points or half the measured change; "
     f"both in {int((checked['right sign'] & checked['within size']).sum())}. The misses: "
-    + _misses_prose(checked) + ". Two patterns. Beside a store-only co-runner sawtooth "
+    + _misses_prose(checked) + ". Beside a store-only co-runner sawtooth "
     "measured slower and the model, whose co-runner only takes DRAM bandwidth and L2 lines, "
-    "predicts no change. And every 128-row-tile binary (one stage per K and V ring, read "
-    "from SASS: one K/V step in flight) is predicted to gain "
-    + _depth_one_prose(reg) + " where it measured no change, while the 64x64 "
-    "kv_latency=10 binary, also one step in flight, measured +18% as predicted in sign: the "
-    "model loads a step's K and V together once the step ends, where the binary waits on and "
-    "releases K and V separately (two barrier waits and two releases per step in the SASS), "
-    "so a 128-row binary may overlap the next K load with the current step's second half. "
-    "That barrier structure is the coupling still missing (a hypothesis: not simulated here).")}
+    "predicts no change. The binaries with one stage per K and V ring (read from SASS) "
+    "separate as the barrier structure says they should: "
+    + _one_stage_prose(reg) + ". A long step (the 128-row tiles) hides a miss behind the "
+    "other phase; the 64x64 step is shorter than a miss and exposes it.")}
 
 {md_table(_checked_shown(checked))}
 
@@ -632,10 +641,10 @@ L2 taken by persisting lines, a co-runner's DRAM traffic, and fewer K/V steps in
                    and score_moves[["DRAM median change", "time median change"]].max().max()
                    < 0.015),
               nudged.round(4).to_dict("records")),
-        Claim("The in-sample calibration error is under 2% (median) on the training launches, "
-              "its worst launch within 12% (the one-step pipelines of the 128-row tiles fit "
-              "worse than the assumed two did: under 3%)",
-              bool(all(c.errors["median"] < 0.02 and c.errors["max"] < 0.12
+        Claim("The in-sample calibration error is under 1% (median) on the training launches, "
+              "its worst launch within 4% (with K and V loaded together the 128-row tiles' "
+              "one-stage rings fitted to 2% and 11%)",
+              bool(all(c.errors["median"] < 0.01 and c.errors["max"] < 0.04
                        for c in cals.values())),
               {g: c.errors for g, c in cals.items()}),
         Claim("The timed model's non-causal DRAM reads at the GB10 paper's launch are within 10% "

@@ -382,3 +382,109 @@ def test_the_measurement_ceiling_follows_spearman_brown():
     assert _ceiling(1.0) == 1.0
     assert _ceiling(0.0) == 0.0 and _ceiling(-0.3) == 0.0
     assert _ceiling(0.21) < _ceiling(0.33) < _ceiling(0.65)
+
+
+# ---------------------------------------------------------------------------------------------
+# The K and V rings apart (issue 54's coupling): phases A (QK^T + softmax) and B (P.V)
+# ---------------------------------------------------------------------------------------------
+
+WIDE = MemoryTiming(l2_ns=150.0, far_ns=150.0, dram_ns=400.0, dram_bytes_per_s=1e18)
+
+
+def _one_item(kv_tiles):
+    """One CTA, one Q tile, `kv_tiles` K/V steps (64x64 tiles, D64)."""
+    return plan((1, 1, 64, 64), (1, 1, 64 * kv_tiles, 64), sms=1, l2_bytes=L2,
+                schedule="persistent+linear", tiles="64x64", ctas=1, occupancy=1)
+
+
+def test_one_stage_rings_hide_a_miss_behind_the_other_phase():
+    """With one K and one V stage, K_{t+1} loads during step t's P.V and V_{t+1} during the
+    next QK^T: a 400 ns miss hides behind 1000 ns phases, where the joint one-step ring
+    (K and V issued when the step ends) pays it every step. A phase shorter than the miss
+    exposes the difference, step by step."""
+    steps, step_ns = 20, 2000.0
+    compute = ComputeTiming(step_ns, 0.0, 0.0)
+    joint = simulate_timed(_one_item(steps), WIDE, compute, l2_bytes=L2, partitions=1,
+                           loads_ahead=1)
+    split = simulate_timed(_one_item(steps), WIDE, compute, l2_bytes=L2, partitions=1,
+                           kv_stages=(1, 1), phase_a_fraction=0.5)
+    assert joint.kernel_ns == pytest.approx(steps * (step_ns + 400.0), rel=1e-6)
+    assert split.kernel_ns == pytest.approx(400.0 + steps * step_ns, rel=1e-6)
+    # phase B of 200 ns leaves 200 ns of each later K's miss exposed
+    short_b = simulate_timed(_one_item(steps), WIDE, compute, l2_bytes=L2, partitions=1,
+                             kv_stages=(1, 1), phase_a_fraction=0.9)
+    assert short_b.kernel_ns == pytest.approx(400.0 + steps * step_ns + (steps - 1) * 200.0,
+                                              rel=1e-6)
+    assert split.dram_read_bytes == joint.dram_read_bytes  # the same bytes, as two lines
+
+
+def test_the_producer_issues_in_program_order():
+    """One producer warp issues K_0, V_0, K_1, ... in order: K stages beyond the V ring's
+    plus one change nothing (K_{t+2} waits behind V_{t+1}, and the one V stage sets the pace
+    either way), so four behave as two; a second K stage does help where phase B is too short
+    to hide K's miss (200 ns of 400 per step)."""
+    compute = ComputeTiming(2000.0, 0.0, 0.0)
+
+    def run(stages):
+        return simulate_timed(_one_item(20), WIDE, compute, l2_bytes=L2, partitions=1,
+                              kv_stages=stages, phase_a_fraction=0.9).kernel_ns
+    assert run((4, 1)) == run((2, 1))
+    assert run((2, 1)) < run((1, 1)) - 19 * 150.0
+
+
+def test_k_and_v_are_two_lines_of_the_lru():
+    """Two CTAs reading one head in lock-step (a DRAM without a queue): each K/V load of the
+    second reader waits on the first one's fill, once per line: per step once when K and V
+    are one line, twice when they are two. Every tile still comes from DRAM once."""
+    launch = _launch(seqlen=128 * 64, ctas=2, sms=2, occupancy=1)
+    compute = ComputeTiming(100.0, 0.0, 0.0)
+    joint = simulate_timed(launch, WIDE, compute, l2_bytes=L2, partitions=1, loads_ahead=1)
+    split = simulate_timed(launch, WIDE, compute, l2_bytes=L2, partitions=1, kv_stages=(1, 1))
+    kv_tiles = launch.problem.kv_tiles
+    assert joint.fill_waits == kv_tiles and split.fill_waits == 2 * kv_tiles
+    assert split.dram_read_bytes == joint.dram_read_bytes == (2 * 128 * 64 * 64 * 2
+                                                              + 128 * 64 * 64 * 2)
+
+
+def test_an_explicit_depth_runs_the_joint_pipeline_as_before():
+    """`loads_ahead` keeps the joint pipeline: these numbers are what the model gave before
+    the rings were split (commit afd237e, identical here to the last digit; compared to 1e-9
+    so that another CPU's rounding does not fail it), for a two-partition dynamic causal
+    launch at two depths."""
+    launch = _launch(seqlen=16384, causal=True, schedule="dynamic+linear", ctas=8, sms=8,
+                     occupancy=1)
+    before = {1: (1926835.4826666694, 6291456.0, 532742144.0, 2031616.0, 1764),
+              3: (1249722.8800000013, 6291456.0, 532758528.0, 2015232.0, 1764)}
+    for depth, expected in before.items():
+        p = simulate_timed(launch, MEMORY, ComputeTiming(300.0, 100.0, 0.0), l2_bytes=L2,
+                           partitions=2, loads_ahead=depth)
+        got = (p.kernel_ns, p.dram_read_bytes, p.near_hit_bytes, p.far_hit_bytes)
+        assert got == pytest.approx(expected[:4], rel=1e-9) and p.fill_waits == expected[4]
+
+
+def test_a_read_binary_runs_its_rings_and_an_unread_one_the_assumed_depth():
+    """Without a pipeline argument the launch's binary decides: its K and V rings where its
+    SASS was read (the paper launch's D64 64x64 binary: 6 and 3), a joint two otherwise."""
+    from wavefront.model.pipeline import kv_stages_of
+    compute = ComputeTiming(540.0, 1100.0, 7000.0)
+    read = _paper_like(seqlen=8192)
+    assert kv_stages_of(read)[0] == (6, 3)
+    default = simulate_timed(read, MEMORY, compute, l2_bytes=L2, partitions=2)
+    rings = simulate_timed(read, MEMORY, compute, l2_bytes=L2, partitions=2, kv_stages=(6, 3))
+    assert default.kernel_ns == rings.kernel_ns and default.fill_waits == rings.fill_waits
+    unread = _launch(seqlen=8192, occupancy=4)
+    assert kv_stages_of(unread)[0] is None
+    assert (simulate_timed(unread, MEMORY, compute, l2_bytes=L2).kernel_ns
+            == simulate_timed(unread, MEMORY, compute, l2_bytes=L2, loads_ahead=2).kernel_ns)
+
+
+def test_bad_pipeline_arguments_name_themselves():
+    launch = _launch()
+    compute = ComputeTiming(1, 1, 1)
+    with pytest.raises(ValueError, match="not both"):
+        simulate_timed(launch, MEMORY, compute, l2_bytes=L2, loads_ahead=2, kv_stages=(2, 2))
+    with pytest.raises(ValueError, match="kv_stages"):
+        simulate_timed(launch, MEMORY, compute, l2_bytes=L2, kv_stages=(0, 2))
+    with pytest.raises(ValueError, match="phase_a_fraction"):
+        simulate_timed(launch, MEMORY, compute, l2_bytes=L2, kv_stages=(1, 1),
+                       phase_a_fraction=1.5)

@@ -5,8 +5,9 @@ tileiras warp-specialises the attention loop: a producer warp issues the K and V
 wait on a stage's barrier (`SYNCS.PHASECHK`), compute, and release it (`SYNCS.ARRIVE`). How
 far ahead of the consumer the loads can run is the number of stages of each ring: the producer
 wraps its stage counter with a multiply-high division and a `UIMAD idx, q, -N, idx`, N the
-ring's length. A K/V step needs both its K and its V, so the step lookahead is the shorter
-ring (a power-of-two ring wraps with `idx &= N - 1` instead). Parsed here from the text, so the model stays free of the compiler; the kernel layer
+ring's length (a power-of-two ring wraps with `idx &= N - 1` instead). A K/V step needs both
+its K and its V, so the steps whose loads are in flight together are the shorter ring's
+(`loads_ahead`); the timed model simulates the two rings apart (`model.timed`). Parsed here from the text, so the model stays free of the compiler; the kernel layer
 (`wavefront.kernel.sass`) has the disassembler.
 """
 from __future__ import annotations
@@ -119,8 +120,8 @@ ASSUMED_LOADS_AHEAD = 2
 
 
 @lru_cache(maxsize=4)
-def read_depths(path: Path = PIPELINE_DATA) -> dict[tuple, int]:
-    """(head_dim, tile_m, tile_n, causal, occupancy) -> K/V steps in flight, from the file
+def read_stages(path: Path = PIPELINE_DATA) -> dict[tuple, tuple[int, int]]:
+    """(head_dim, tile_m, tile_n, causal, occupancy) -> (K stages, V stages), from the file
     `kv_pipeline` summaries were saved to ({} when it is absent). A malformed file is an
     error naming it and the field."""
     if not Path(path).exists():
@@ -128,20 +129,34 @@ def read_depths(path: Path = PIPELINE_DATA) -> dict[tuple, int]:
     try:
         binaries = json.loads(Path(path).read_text())["binaries"]
         return {(int(b["head_dim"]), int(b["tile_m"]), int(b["tile_n"]), bool(b["causal"]),
-                 int(b["occupancy"])): int(b["loads_ahead"]) for b in binaries.values()}
+                 int(b["occupancy"])): (int(b["k_stages"]), int(b["v_stages"]))
+                for b in binaries.values()}
     except (ValueError, KeyError, TypeError, AttributeError) as exc:
         raise ValueError(f"{path}: every entry of 'binaries' needs head_dim, tile_m, tile_n, "
-                         f"causal, occupancy and loads_ahead ({exc.__class__.__name__}: "
+                         f"causal, occupancy, k_stages and v_stages ({exc.__class__.__name__}: "
                          f"{exc})") from None
 
 
-def loads_ahead_of(launch, path: Path = PIPELINE_DATA) -> tuple[int, str]:
-    """(K/V steps in flight, where that comes from) for the binary a launch runs: read from
+def read_depths(path: Path = PIPELINE_DATA) -> dict[tuple, int]:
+    """(head_dim, tile_m, tile_n, causal, occupancy) -> K/V steps in flight (the shorter
+    ring), from the same file as `read_stages`."""
+    return {key: min(stages) for key, stages in read_stages(path).items()}
+
+
+def kv_stages_of(launch, path: Path = PIPELINE_DATA) -> tuple[tuple[int, int] | None, str]:
+    """((K stages, V stages), where they come from) for the binary a launch runs, read from
     its SASS (static binary of its variant; dynamic schedules' binaries share its pipeline
-    code) or assumed."""
+    code); (None, why) where the binary was not read."""
     p = launch.problem
     key = (p.head_dim, p.tile_m, p.tile_n, bool(p.causal), launch.ctas_per_sm)
-    depth = read_depths(path).get(key)
-    if depth is None:
-        return ASSUMED_LOADS_AHEAD, "assumed (binary not read)"
-    return depth, "read from the binary's SASS"
+    stages = read_stages(path).get(key)
+    if stages is None:
+        return None, "assumed (binary not read)"
+    return stages, "read from the binary's SASS"
+
+
+def loads_ahead_of(launch, path: Path = PIPELINE_DATA) -> tuple[int, str]:
+    """(K/V steps in flight, where that comes from) for the binary a launch runs: the shorter
+    of its rings as read (`kv_stages_of`), or assumed."""
+    stages, source = kv_stages_of(launch, path)
+    return (ASSUMED_LOADS_AHEAD if stages is None else min(stages)), source

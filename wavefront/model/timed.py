@@ -3,10 +3,18 @@
 The lock-step rounds of `simulation.trace_blocks` assume the order in which tiles reach the L2;
 here the order comes out of time. Every resident CTA (a slot, on SM slot mod SMs) has a clock:
 
-- a work item begins by loading its Q tile and the K/V tiles of its first `loads_ahead` steps;
-- a K/V step computes for `step_ns` once its K and V tiles have arrived and the previous step
-  is done; when it ends, the buffer it used takes the load of the step `loads_ahead` further on
-  (the kernel's multi-buffered TMA pipeline);
+- the binary's producer warp fills a ring of K stages and a ring of V stages (their lengths
+  read from its SASS, `model.pipeline`), issuing K_0, V_0, K_1, V_1, ... in program order,
+  each as soon as its stage is free: a work item begins by loading its Q tile and as many K
+  and V tiles as the rings hold;
+- a K/V step computes in two phases: A (QK^T and the softmax, `PHASE_A_FRACTION` of
+  `step_ns`) once the previous step is done and K_t has arrived, then B (P.V, the rest) once
+  V_t has arrived. The end of A releases K_t's stage, the end of B V_t's (the consumer's two
+  barrier waits and two releases per step), and the producer fills them with K_{t+k_stages}
+  and V_{t+v_stages}: the next K loads during a step's P.V, the next V during the next QK^T;
+- a launch given an explicit `loads_ahead` (and a binary whose pipeline was not read: two)
+  runs the joint pipeline instead: K and V of a step travel together, the step computes
+  once both have arrived, and its end frees the buffer for the step `loads_ahead` further on;
 - a load that hits in the reader's L2 partition returns after the L2 latency; one that hits
   only in the home partition after the far latency (the line is then copied near the reader,
   the partition model of `simulation.LruL2`); a miss goes to a DRAM that serves bytes at its
@@ -33,7 +41,7 @@ from dataclasses import dataclass, field
 import numba
 import numpy as np
 
-from wavefront.model.pipeline import loads_ahead_of
+from wavefront.model.pipeline import ASSUMED_LOADS_AHEAD, kv_stages_of
 from wavefront.model.simulation import (
     KIND_O, KIND_PARTIAL_READ, _combine_pass, _hash64, _item_table, lru_touch, slots_of)
 from wavefront.point import SECTOR_BYTES
@@ -107,9 +115,15 @@ class ComputeTiming:
     source: str = ""
 
 
-# The kernel's K/V pipeline: tileiras multi-buffers the K and V tiles of a loop; how many steps
-# it loads ahead is read from each binary's SASS (`model.pipeline`, data/kv_pipeline), two
-# where a binary was not read. Not fitted.
+# The kernel's K/V pipeline: tileiras multi-buffers the K and V tiles of a loop; its rings'
+# lengths are read from each binary's SASS (`model.pipeline`, data/kv_pipeline), a joint ring
+# of two steps where a binary was not read. Not fitted.
+# The share of a K/V step before its P.V (phase A: QK^T and the softmax). Chosen, not fitted:
+# QK^T and P.V are the same MMA work (2 x tile_m x tile_n x head_dim each), and the softmax
+# (an exponential per score on the MUFU, row max and sum, the output's rescale) comes on top
+# of QK^T. Unhidden it would be about one more MMA's time at these tiles (f ~ 2/3); the
+# consumer warpgroups overlap one's softmax with another's MMA, which pulls it towards 1/2.
+PHASE_A_FRACTION = 0.6
 # The DRAM series is kept in this many bins over the launch (rebinned for comparisons).
 SERIES_BINS = 4096
 
@@ -292,18 +306,33 @@ def _q_rows(q_index, q_tiles, tile_m, seqlen_q):
     return min(tile_m, seqlen_q - (q_index % q_tiles) * tile_m)
 
 
+@numba.njit(cache=True, inline="always")
+def _kv_tile(t, scan_start, scan_sign, scan_count, masked_lo):
+    """The K/V tile an item reads at its step t: its scan, then its masked tiles."""
+    if t < scan_count:
+        return scan_start + scan_sign * t
+    return masked_lo + t - scan_count
+
+
 @numba.njit(cache=True, error_model="numpy")
 def _run(table, n_slots, dynamic, stride, alternate, heads, kv_heads, q_tiles, kv_tiles, tile_m,
          tile_n, seqlen_q, seqlen_kv, row_bytes, partial_row_bytes, tiled, batch_heads,
-         q_base, o_base, partial_base, step_ns, item_ns, loads_ahead, part_of_slot, home_of,
-         timing, capacity, prev, nxt, present, size, head, tail, used, fill, dram_free, series,
-         counts, item_start, item_end, item_slot, co_rate, co_chunk, co_base, co_chunks):
-    """Simulate the launch; returns the time the last CTA finished (ns, from launch)."""
+         q_base, o_base, partial_base, v_base, step_ns, item_ns, k_stages, v_stages, phase_a,
+         part_of_slot, home_of, timing, capacity, prev, nxt, present, size, head, tail, used,
+         fill, dram_free, series, counts, item_start, item_end, item_slot, co_rate, co_chunk,
+         co_base, co_chunks):
+    """Simulate the launch; returns the time the last CTA finished (ns, from launch).
+
+    Two pipelines (see `simulate_timed`): split (v_base >= 0), a K ring of `k_stages` and a V
+    ring of `v_stages`, each step in two events (the end of phase A, `phase_a` of the step,
+    which needs K; the end of phase B, which needs V); joint (v_base < 0), one ring of
+    `k_stages` steps whose K and V travel together, one event per step."""
     n_items = table.shape[0]
     qpk = heads // kv_heads
-    depth = loads_ahead
+    split = v_base >= 0
     cur = np.full(n_slots, -1, np.int64)
     step = np.zeros(n_slots, np.int64)  # the step whose compute ends at the pending event
+    in_a = np.zeros(n_slots, np.bool_)  # (split) the pending event ends that step's phase A
     steps = np.zeros(n_slots, np.int64)  # K/V steps of the item in hand
     begin = np.zeros(n_slots, np.bool_)  # the pending event begins an item
     taken = np.zeros(n_slots, np.int64)
@@ -315,15 +344,23 @@ def _run(table, n_slots, dynamic, stride, alternate, heads, kv_heads, q_tiles, k
     masked_lo = np.zeros(n_slots, np.int64)
     kv_base = np.zeros(n_slots, np.int64)
     q_of = np.zeros(n_slots, np.int64)
-    ready = np.zeros((n_slots, depth), np.float64)  # the K/V buffer ring: data arrival times
-    ring = np.zeros(n_slots, np.int64)  # the ring entry of the step computing now
+    # the rings: data arrival time of step t's K (joint: K and V) at t % k_stages, of its V
+    # at t % v_stages; the producer's next K (joint: K/V) load and next V load
+    ready_k = np.zeros((n_slots, k_stages), np.float64)
+    ready_v = np.zeros((n_slots, v_stages), np.float64)
+    next_k = np.zeros(n_slots, np.int64)
+    next_v = np.zeros(n_slots, np.int64)
     ht = np.empty(n_slots, np.float64)
     hs = np.empty(n_slots, np.int64)
-    # the accesses of one event: Q, the K/V of up to `depth` steps, the output
-    acc_id = np.empty(depth + 2, np.int64)
-    acc_bytes = np.empty(depth + 2, np.int64)
-    acc_read = np.empty(depth + 2, np.bool_)
-    acc_ready = np.empty(depth + 2, np.float64)
+    # the accesses of one event: Q, up to a ring's worth of K and V loads, the output; per
+    # access the step a K/V load is for (-1: Q or output) and whether it is a V
+    n_max = k_stages + v_stages + 2
+    acc_id = np.empty(n_max, np.int64)
+    acc_bytes = np.empty(n_max, np.int64)
+    acc_read = np.empty(n_max, np.bool_)
+    acc_ready = np.empty(n_max, np.float64)
+    acc_step = np.empty(n_max, np.int64)
+    acc_v = np.zeros(n_max, np.bool_)
     co_state = np.zeros(3, np.float64)
     targets = np.empty(2, np.int64)
     n = 0
@@ -359,26 +396,50 @@ def _run(table, n_slots, dynamic, stride, alternate, heads, kv_heads, q_tiles, k
             masked_lo[s] = table[it, WORK_MASKED_LO]
             steps[s] = scan + table[it, WORK_MASKED_HI] - masked_lo[s]
             step[s] = 0
-            ring[s] = 0
+            in_a[s] = split
+            next_k[s] = 0
+            next_v[s] = 0
             acc_id[0] = q_base + q_of[s]
             acc_bytes[0] = _q_rows(q_of[s], q_tiles, tile_m, seqlen_q) * row_bytes
             acc_read[0] = True
+            acc_step[0] = -1
             n_acc = 1
-            first, last = 0, min(depth, steps[s])
-        else:  # step t ends: its buffer takes the load of step t + depth
-            first = step[s] + depth
-            last = min(first + 1, steps[s])
+            k_done = 0  # steps whose K stage (joint: K/V) the consumer has released
+            v_done = 0
+        elif in_a[s]:  # phase A of step t ends (QK^T and softmax): K_t's stage is released
+            in_a[s] = False
+            k_done = step[s] + 1
+            v_done = step[s]
+        else:  # step t ends (P.V): V_t's stage (joint: the step's buffer) is released
             step[s] += 1
-        for t in range(first, last):
-            # K and V of a step travel together (one reader, one time, equal sizes), so the
-            # LRU keeps them as one line of both sizes: half the work, the same bytes
-            if t < scan_count[s]:
-                j = scan_start[s] + scan_sign[s] * t
+            in_a[s] = split
+            k_done = step[s]
+            v_done = step[s]
+        # The producer issues its loads in program order (K_0, V_0, K_1, ...; joint: one
+        # K/V load per step), each as soon as its stage is free, and waits at the first
+        # whose stage is not
+        while True:
+            if split and next_v[s] < next_k[s]:
+                t = next_v[s]
+                if t >= v_done + v_stages:
+                    break
+                next_v[s] += 1
+                acc_v[n_acc] = True
+                acc_id[n_acc] = v_base
             else:
-                j = masked_lo[s] + t - scan_count[s]
-            acc_id[n_acc] = kv_base[s] + j
-            acc_bytes[n_acc] = 2 * min(tile_n, seqlen_kv - j * tile_n) * row_bytes
+                t = next_k[s]
+                if t >= steps[s] or t >= k_done + k_stages:
+                    break
+                next_k[s] += 1
+                acc_v[n_acc] = False
+                acc_id[n_acc] = 0
+            j = _kv_tile(t, scan_start[s], scan_sign[s], scan_count[s], masked_lo[s])
+            acc_id[n_acc] += kv_base[s] + j
+            # (joint: the LRU keeps a step's K and V as one line of both sizes)
+            acc_bytes[n_acc] = ((1 if split else 2) * min(tile_n, seqlen_kv - j * tile_n)
+                                * row_bytes)
             acc_read[n_acc] = True
+            acc_step[n_acc] = t
             n_acc += 1
         done_item = step[s] >= steps[s]
         if done_item:  # the item's epilogue writes its output (or its partial state)
@@ -391,23 +452,38 @@ def _run(table, n_slots, dynamic, stride, alternate, heads, kv_heads, q_tiles, k
                 acc_id[n_acc] = o_base + q_of[s]
                 acc_bytes[n_acc] = q_rows * row_bytes
             acc_read[n_acc] = False
+            acc_step[n_acc] = -1
             n_acc += 1
         _corunner_until(now, co_state, co_rate, co_chunk, co_base, co_chunks, home_of, capacity,
                         prev, nxt, present, size, head, tail, used)
         _serve(n_acc, acc_id, acc_bytes, acc_read, acc_ready, part_of_slot[s], now, home_of,
                timing, capacity, prev, nxt, present, size, head, tail, used, fill, dram_free,
                series, counts, targets)
-        arrival = now
-        if starting:  # the first step waits for the Q tile too; the loads fill the ring
-            arrival = acc_ready[0]
-            for t in range(last):
-                ready[s, t] = acc_ready[1 + t]
-        else:
-            if last > first:  # (t + depth) shares step t's ring entry
-                ready[s, ring[s]] = acc_ready[0]
-            ring[s] = ring[s] + 1 if ring[s] + 1 < depth else 0
+        arrival = acc_ready[0] if starting else now  # the first step waits for the Q tile too
+        for i in range(n_acc):
+            t = acc_step[i]
+            if t >= 0:
+                if acc_v[i]:
+                    ready_v[s, t % v_stages] = acc_ready[i]
+                else:
+                    ready_k[s, t % k_stages] = acc_ready[i]
         if not done_item:
-            ht[0] = max(arrival, ready[s, ring[s]]) + step_ns[s]
+            t = step[s]
+            if not split:
+                ht[0] = max(arrival, ready_k[s, t % k_stages]) + step_ns[s]
+            elif in_a[s]:  # phase A of step t: after phase B of t - 1, once K_t is in
+                ht[0] = max(arrival, ready_k[s, t % k_stages]) + phase_a * step_ns[s]
+                if (next_v[s] < next_k[s] or next_k[s] >= steps[s]
+                        or next_k[s] >= t + 1 + k_stages):
+                    # the producer waits for a V stage (or is done): the K stage phase A
+                    # frees issues nothing, so its end is no event and phase B follows
+                    # (V_t was issued by the end of step t - 1) -- half the events where the
+                    # K ring is the longer by two or more
+                    in_a[s] = False
+                    ht[0] = (max(ht[0], ready_v[s, t % v_stages])
+                             + (1.0 - phase_a) * step_ns[s])
+            else:  # phase B: once V_t is in
+                ht[0] = max(arrival, ready_v[s, t % v_stages]) + (1.0 - phase_a) * step_ns[s]
             _heap_sift_down(ht, hs, n)
             continue
         done = arrival + item_ns
@@ -475,11 +551,11 @@ MAX_TIMED_STEPS = 3_000_000_000
 
 def timed_cost(launch: Launch) -> tuple[int, int]:
     """(bytes the simulation allocates, K/V steps it simulates) for one launch: the LRU's
-    per-partition arrays over every tile id (three of 8 bytes and a flag, per partition, plus
-    the line sizes) and the work table's steps (a dense launch's counted from its problem,
+    per-partition arrays over every tile id (K and V apart: three of 8 bytes and a flag, per
+    partition, plus the line sizes) and the work table's steps (a dense launch's counted from its problem,
     `dense_steps`: its table is not built to be refused)."""
     p = launch.problem
-    n_ids = (p.kv_units * p.kv_tiles + 2 * p.batch * p.heads * p.q_tiles
+    n_ids = (2 * p.kv_units * p.kv_tiles + 2 * p.batch * p.heads * p.q_tiles
              + (p.batch * p.heads * p.q_tiles * launch.n_chunks
                 if launch.kv.writes_partials else 0))
     table_bytes = launch.num_items * 8 * 16
@@ -527,19 +603,34 @@ def check_timed(launch: Launch, memory_bytes: int | None = None) -> float:
 
 def simulate_timed(launch: Launch, memory: MemoryTiming, compute: ComputeTiming, *,
                    l2_bytes: int, partitions: int = 2, loads_ahead: int | None = None,
-                   horizon_ns: float | None = None,
+                   kv_stages: tuple[int, int] | None = None,
+                   phase_a_fraction: float | None = None, horizon_ns: float | None = None,
                    exposure: Exposure = NO_EXPOSURE) -> TimedPrediction:
     """Simulate one launch with clocks (see the module docstring). `l2_bytes` is the whole
     L2, split over `partitions` (1 or 2) as in `simulation.LruL2`'s partition model;
-    `loads_ahead` the K/V steps whose loads the binary keeps in flight per consumer (read
-    from its SASS: `model.pipeline`; None: the launch's binary's, as read, else assumed 2);
-    `exposure` what else runs beside it (`Exposure`)."""
-    if loads_ahead is None:
-        loads_ahead, _ = loads_ahead_of(launch)
+    the K/V pipeline: `kv_stages` (K stages, V stages) simulates the two rings apart, each
+    step in two phases, `phase_a_fraction` of it before P.V (None: PHASE_A_FRACTION);
+    `loads_ahead` instead runs the joint pipeline, K and V of a step together, that many
+    steps ahead (the phase diagram and the depth regimes sweep it); neither: the launch's
+    binary's rings as read from its SASS (`model.pipeline`), else a joint two. `exposure`
+    what else runs beside it (`Exposure`)."""
+    if loads_ahead is not None and kv_stages is not None:
+        raise ValueError("give loads_ahead (the joint pipeline) or kv_stages (K and V rings), "
+                         f"not both: got {loads_ahead!r} and {kv_stages!r}")
+    if loads_ahead is None and kv_stages is None:
+        kv_stages, _ = kv_stages_of(launch)
+        if kv_stages is None:
+            loads_ahead = ASSUMED_LOADS_AHEAD
     if partitions not in (1, 2):
         raise ValueError(f"partitions must be 1 or 2, got {partitions!r}")
-    if loads_ahead < 1:
+    if loads_ahead is not None and loads_ahead < 1:
         raise ValueError(f"loads_ahead must be at least 1, got {loads_ahead!r}")
+    if kv_stages is not None and (len(kv_stages) != 2 or min(kv_stages) < 1):
+        raise ValueError(f"kv_stages must be (K stages, V stages), each at least 1, got "
+                         f"{kv_stages!r}")
+    phase_a = PHASE_A_FRACTION if phase_a_fraction is None else phase_a_fraction
+    if not 0 <= phase_a <= 1:
+        raise ValueError(f"phase_a_fraction must be in [0, 1], got {phase_a_fraction!r}")
     for name in ("step_ns", "item_ns", "launch_ns"):
         if not np.isfinite(getattr(compute, name)) or getattr(compute, name) < 0:
             raise ValueError(f"compute.{name} must be a finite number >= 0, got "
@@ -556,10 +647,13 @@ def simulate_timed(launch: Launch, memory: MemoryTiming, compute: ComputeTiming,
     table = _item_table(launch)
     n_slots, dynamic = slots_of(launch)
     # Tile ids, dense per kind so that the LRU's arrays stay small and K/V tiles neighbours:
-    # K/V (a step's K and V as one line) per unit, then Q, outputs, partial states
+    # K per unit, then V per unit (joint: a step's K and V as one line), then Q, outputs,
+    # partial states
     n_kv = p.kv_units * p.kv_tiles
+    v_base = n_kv if kv_stages is not None else -1
+    n_lines = 2 * n_kv if kv_stages is not None else n_kv
     n_q = p.batch * p.heads * p.q_tiles
-    q_base, o_base, partial_base = n_kv, n_kv + n_q, n_kv + 2 * n_q
+    q_base, o_base, partial_base = n_lines, n_lines + n_q, n_lines + 2 * n_q
     n_ids = partial_base + (n_q * launch.n_chunks if launch.kv.writes_partials else 0)
     co_rate = (exposure.corunner_dram_bytes_per_s * exposure.corunner_l2_fraction * 1e-9)
     co_base = n_ids
@@ -600,8 +694,10 @@ def simulate_timed(launch: Launch, memory: MemoryTiming, compute: ComputeTiming,
                p.kv_heads, p.q_tiles, p.kv_tiles, p.tile_m, p.tile_n, p.seqlen_q, p.seqlen_kv,
                p.head_dim * p.element_bytes, launch.partial_row_bytes,
                bool(launch.kv.writes_partials), p.batch * p.heads, q_base, o_base, partial_base,
-               step_ns,
-               float(compute.item_ns), int(loads_ahead), part_of_slot, home_of, timing, *lru,
+               v_base, step_ns, float(compute.item_ns),
+               int(kv_stages[0] if kv_stages is not None else loads_ahead),
+               int(kv_stages[1] if kv_stages is not None else 1), float(phase_a), part_of_slot,
+               home_of, timing, *lru,
                np.zeros(2), series, counts, item_start, item_end, item_slot, co_rate,
                CORUNNER_CHUNK_BYTES, co_base, max(co_chunks, 1))
     if launch.kv.writes_partials:  # the combine kernel, a second launch

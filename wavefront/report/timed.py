@@ -769,9 +769,12 @@ def exposure_prediction(study, gpu_key: str, regime: dict, causal: bool = False)
                           schedule=schedule, tiles=regime.get("tiles", PAPER_LAUNCH["tiles"]),
                           occupancy=1,
                           ctas=PAPER_LAUNCH_CTAS)
+            # a measured binary's K and V rings where the regime names them; else the
+            # joint pipeline `depth` steps ahead (the depth regimes sweep it)
+            pipeline = ({"kv_stages": regime["stages"]} if regime.get("stages") else
+                        {"loads_ahead": regime["depth"]})
             pred = simulate_timed(launch, memory, cal.compute(launch), l2_bytes=gpu.l2_bytes,
-                                  partitions=gpu.l2_partitions, loads_ahead=regime["depth"],
-                                  exposure=e)
+                                  partitions=gpu.l2_partitions, exposure=e, **pipeline)
             at[batch] = (pred.kernel_ns * 1e-6, pred.dram_read_bytes / 1e9)
         scan = schedule.split("+")[1]
         extra = PAPER_LAUNCH["batch"] - 2
@@ -811,8 +814,8 @@ def _corunner_exposure(rates: pd.DataFrame, gpu: str, mask: str, environment: st
 
 def _regime_rows(study, conf: pd.DataFrame, rates: pd.DataFrame) -> pd.DataFrame:
     """Every configuration of regimes f, g, h (co-runners, L2 held, K/V depth) the timed model
-    can be set up for, predicted with the same calibration (K/V depth per variant read from
-    its SASS, data/exposure_latency/pipeline.json), beside its measured speed-up and interval;
+    can be set up for, predicted with the same calibration (K and V rings per variant read
+    from its SASS, data/exposure_latency/pipeline.json), beside its measured speed-up and interval;
     and every configuration of regimes c, d, e (today's validation families) from the held-out
     validation's linear/sawtooth pairs."""
     import re
@@ -823,9 +826,10 @@ def _regime_rows(study, conf: pd.DataFrame, rates: pd.DataFrame) -> pd.DataFrame
     pairs = pairs.assign(GPU=pairs["gpu"].map(short_gpu))
     # regimes c-e are families of the held-out validation: their pairs' predictions
     family = {"c": "dram_bound", "d": "causal_gqa", "e": "ctas_in_flight"}
-    depth = {k: v["loads_ahead"] for k, v in read_json(
-        study.data_dir / "exposure_latency" / "pipeline.json", "pipeline record")[
-        "variants"].items()}
+    variants = read_json(study.data_dir / "exposure_latency" / "pipeline.json",
+                         "pipeline record")["variants"]
+    depth = {k: v["loads_ahead"] for k, v in variants.items()}
+    stages = {k: (int(v["k_stages"]), int(v["v_stages"])) for k, v in variants.items()}
     out = []
     for r in conf.itertuples():
         gpu_key = r.GPU.lower()
@@ -866,7 +870,7 @@ def _regime_rows(study, conf: pd.DataFrame, rates: pd.DataFrame) -> pd.DataFrame
             continue
         tiles = variant.split()[0]
         regime = {"regime": r.regime, "value": r.configuration, "depth": depth[variant],
-                  "exposure": exposure, "tiles": tiles}
+                  "stages": stages[variant], "exposure": exposure, "tiles": tiles}
         pred = exposure_prediction(study, gpu_key, regime, causal=mask == "causal")
         out.append({"source": "regimes f-h (simulated)", "regime": r.regime, "GPU": r.GPU,
                     "configuration": r.configuration, "measured": r.ratio - 1,
