@@ -217,8 +217,10 @@ def figure(study):
 
 
 # How far (percentage points) the wavefront path's forced agreement may fall below SDPA's own
-# StaticCache-against-DynamicCache agreement, the measure of bf16's spread here (random weights
-# leave many logits near-tied: SDPA's two paths agreed on 94.3-95.9% of steps over the runs)
+# StaticCache-against-DynamicCache agreement, the yardstick of two paths that should agree. Set
+# after a run failed a fixed 95% (the StaticCache path at 94.5%, SDPA's own two paths at 94.9%,
+# 497f0b9); SDPA's two paths agreed on 94.3% (718f106) and 95.9% (38b174b) in the runs before,
+# which the committed data (one run) no longer holds.
 NOISE_POINTS = 2
 
 
@@ -241,8 +243,8 @@ def section(study) -> Section:
                         for _, r in ours.iterrows())
             + " of the steps; SDPA's own StaticCache path against its DynamicCache: "
             + ", ".join(f"{r['GPU']} {r['forced agreement']:.1%}" for _, r in yard.iterrows())
-            + f" (bf16's own spread on this model's near-tied logits: every wavefront path "
-            f"within {NOISE_POINTS} points of it or above)",
+            + f" (the yardstick: every wavefront path within {NOISE_POINTS} points of it or "
+            "above)",
             len(ours) == 2 * t["GPU"].nunique() and len(yard) == t["GPU"].nunique()
             and all(r["forced agreement"] >= float(yard.loc[yard["GPU"] == r["GPU"],
                                                             "forced agreement"].iloc[0])

@@ -27,7 +27,7 @@ from wavefront.model import presets as presets_module
 from wavefront.model import simulation as simulation_module
 from wavefront.model import timed as timed_module
 from wavefront.model.presets import PRESETS
-from wavefront.model.timed import ComputeTiming, MemoryTiming, simulate_timed
+from wavefront.model.timed import PHASE_A_FRACTION, ComputeTiming, MemoryTiming, simulate_timed
 from wavefront.point import plan
 from wavefront.report.analysis import cached_table
 from wavefront.report.draft import Claim, Section, md_table, paragraphs, span
@@ -375,7 +375,8 @@ def section(study) -> Section:
         + ", ".join(f"{r.GPU} {r.predicted:+.1%}" for r in split_wide.itertuples())
         + " and kv_latency=10 "
         + ", ".join(f"{r.GPU} {r.predicted:+.1%}" for r in split_hinted.itertuples())
-        + ": in the model a long step hides the next K's miss behind P.V",
+        + f" (phases of {PHASE_A_FRACTION:.0%} and {1 - PHASE_A_FRACTION:.0%} of a step, "
+        "chosen, not fitted)",
         bool(len(split_wide) >= 2 and len(split_hinted) >= 2
              and ((split_wide["predicted"] - split_wide["measured"]).abs() < 0.03).all()
              and (split_hinted["predicted"] > 0.10).all()),

@@ -75,8 +75,9 @@ def test_advisor_picks_scores_the_pick_and_the_budgets_from_its_records(tmp_path
     gpu = "NVIDIA H100 80GB HBM3"
     rows = [{"kind": "prediction", "shape": "S", "config": c, "predicted_ms": p}
             for c, p in (("a", 1.0), ("b", 2.0), ("c", 3.0))]
-    rows += [{"kind": "budget_prediction", "shape": "S", "budget": b, "predicted_ms": p}
-             for b, p in (("1 unit(s)", 2.0), ("2 unit(s)", 1.0), ("x (32 MB)", 3.0))]
+    rows += [{"kind": "budget_prediction", "shape": "S", "budget": b, "predicted_ms": p,
+              "group_units": u}
+             for b, p, u in (("1 unit(s)", 2.0, 1), ("2 unit(s)", 1.0, 2), ("x (32 MB)", 3.0, 2))]
     timed = {"a": 1.1, "b": 1.0, "c": 1.5, "budget 1 unit(s)": 2.0, "budget 2 unit(s)": 1.0,
              "budget x (32 MB)": 1.2}
     rows += [{"kind": "round", "shape": "S", "config": c, "round": r, "ms": ms * (1 + r / 100)}
@@ -88,7 +89,10 @@ def test_advisor_picks_scores_the_pick_and_the_budgets_from_its_records(tmp_path
     assert t["advised"] == "a" and t["measured best"] == "b" and t["configurations"] == 3
     assert t["advised / best"] == pytest.approx(1.1)
     assert t["advised budget"] == "2 unit(s)" and t["advised budget / best group"] == 1.0
-    assert t["x (32 MB) / best group"] == pytest.approx(1.2)
+    assert t["x (32 MB) / best group"] == pytest.approx(1.2) and t["x (32 MB) units"] == 2
+    assert t["rounds"] == t["budget rounds"] == 3 and t["budgets timed"] == "3 of 3"
+    assert t["lo"] == t["hi"] == pytest.approx(1.1)  # the same 1% a round on both
+    assert t["group lo"] == t["group hi"] == 1.0  # the advised group is the best
 
 
 def test_advisor_picks_measures_the_shapes_asked_for(monkeypatch):

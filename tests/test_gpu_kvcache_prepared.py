@@ -169,7 +169,9 @@ def test_a_growing_cache_keeps_one_table_per_split_count():
     assert len(kvcache._states) - before <= len(splits)
 
 
-def test_a_grown_cache_is_planned_from_the_last_call_and_still_checked(monkeypatch):
+@pytest.mark.parametrize("return_lse", [False, True])
+def test_a_grown_cache_is_planned_from_the_last_call_and_still_checked(monkeypatch,
+                                                                        return_lse):
     """A cache one key longer than the last call's (a DynamicCache step) is planned from that
     call (`_replanned`: no `_prepare`), and its combine launches through the prepared launch
     the grown layouts share once they made PREPARE_AFTER_CALLS of them; every step's output
@@ -179,6 +181,8 @@ def test_a_grown_cache_is_planned_from_the_last_call_and_still_checked(monkeypat
     import wavefront
     from wavefront.kernel import kvcache
     from wavefront.kernel.prepared import PreparedLaunch
+    if not kvcache.PREPARED_LAUNCHES:
+        pytest.skip("prepared launches are off (WAVEFRONT_PREPARED_LAUNCH=0)")
     kvcache._prepared.clear()
     kvcache._families.clear()
     kvcache._combines.clear()
@@ -199,12 +203,14 @@ def test_a_grown_cache_is_planned_from_the_last_call_and_still_checked(monkeypat
         q = torch.randn(2, 1, 32, 128, generator=g, device="cuda").to(torch.bfloat16)
         out = torch.full_like(q, math.nan)
         lengths = [k.shape[2], k.shape[2] - 5 * step]  # ragged: the second lags behind
-        wavefront.attention_with_kvcache(q, k.transpose(1, 2), v.transpose(1, 2), lengths,
-                                         out=out)
+        result = wavefront.attention_with_kvcache(q, k.transpose(1, 2), v.transpose(1, 2),
+                                                  lengths, out=out, return_lse=return_lse)
         torch.cuda.synchronize()
-        ref, _ = reference(q, k.transpose(1, 2), v.transpose(1, 2), lengths, True,
-                           1 / math.sqrt(128))
+        ref, ref_lse = reference(q, k.transpose(1, 2), v.transpose(1, 2), lengths, True,
+                                 1 / math.sqrt(128))
         assert _relative(out, ref) < TOLERANCE, step
+        if return_lse:  # a new LSE each call: the shared combine takes its address
+            assert torch.allclose(result[1], ref_lse, atol=2e-2, rtol=1e-3), step
     assert len(prepares) == 1  # the first call's; every grown cache was replanned
     # steps 1-8 counted (the first call is no grown layout's), steps 9-11 shared the combine
     assert driver == [True] * (11 - kvcache.PREPARE_AFTER_CALLS)
@@ -212,4 +218,5 @@ def test_a_grown_cache_is_planned_from_the_last_call_and_still_checked(monkeypat
     short_v = v[:, :, :-1]
     with pytest.raises(ValueError, match="v_cache shape must equal k_cache shape"):
         wavefront.attention_with_kvcache(q, k.transpose(1, 2), short_v.transpose(1, 2),
-                                         k.shape[2] - 1)
+                                         k.shape[2] - 1, out=out, return_lse=return_lse)
+    assert len(prepares) == 1  # refused by the replanned call's own check

@@ -210,18 +210,18 @@ def choose_splits(problem: DecodeProblem, slots: int, seqlen_hint: int | None = 
     keys = problem.capacity if seqlen_hint is None else max(1, min(seqlen_hint,
                                                                    problem.capacity))
     most = max(1, min(-(-keys // problem.tile_n) // MIN_TILES_PER_SPLIT, MAX_SPLITS))
-    return _fewest_good_splits(problem.units, slots, most)
+    return _fewest_good_splits(problem.units, slots, most, SPLIT_EFFICIENCY)
 
 
 @functools.lru_cache(maxsize=1024)
-def _fewest_good_splits(units: int, slots: int, most: int) -> int:
+def _fewest_good_splits(units: int, slots: int, most: int, good_enough: float) -> int:
     """`choose_splits`' rule over 1..`most` splits, remembered: a cache that grows plans a
     step anew, and its candidates change only every MIN_TILES_PER_SPLIT tiles."""
     def efficiency(splits):
         waves = units * splits / slots
         return waves / math.ceil(waves)
     best = max(efficiency(s) for s in range(1, most + 1))
-    return next(s for s in range(1, most + 1) if efficiency(s) >= SPLIT_EFFICIENCY * best)
+    return next(s for s in range(1, most + 1) if efficiency(s) >= good_enough * best)
 
 
 @dataclass(frozen=True)

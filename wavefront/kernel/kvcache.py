@@ -497,7 +497,7 @@ class _Prepared:
     # What a call of the same arrays but caches of another length plans from (`_replanned`):
     # the new keys' views and the options as `_prepare` checked and resolved them.
     plan: "_PlanOptions | None" = None
-    grown: bool = False  # planned by `_replanned`: its combine launch is shared (`_combines`)
+    grown: bool = False  # a DynamicCache step's (`_replanned`): its combine is shared (`_combines`)
 
 
 @dataclass(frozen=True)
@@ -638,9 +638,12 @@ def _replanned(base: _Prepared, k_cache, v_cache, block_table, table_host) -> _P
                        else tuple(_view("block_table", block_table)[0].shape))
     options = base.plan
     shape = check_arrays(base.vq, vkc, vvc, options.vk, options.vv, table_shape)
+    # Grown: by at most the call's queries since the base call, as a DynamicCache grows a step
+    # (two fixed caches of different lengths, alternating, are no growth: they prepare as any)
+    grown = 0 < shape.capacity - base.shape.capacity <= shape.seqlen_q
     prepared = _planned(base.vq, shape, options, base.flags, base.current_stream,
-                        REPLANNED_PREPARE_AFTER_CALLS)
-    prepared.grown = True
+                        REPLANNED_PREPARE_AFTER_CALLS if grown else PREPARE_AFTER_CALLS)
+    prepared.grown = grown
     return prepared
 
 
@@ -650,9 +653,10 @@ def _replanned(base: _Prepared, k_cache, v_cache, block_table, table_host) -> _P
 # run 15-50 us at B1. Preparing costs about 0.4 ms once, so a layout called only a few times
 # keeps `ct.launch`.
 PREPARE_AFTER_CALLS = 8
-# A layout reached by a cache's growth (`_replanned`) is a DynamicCache step's: called once per
-# layer, then never again. It prepares only if called this often (a cache that stopped
-# growing), so that no model's step pays the 0.4 ms of preparing for every layer's call.
+# A layout reached by a cache's growth by the call's queries (`_replanned`) is a DynamicCache
+# step's: called once per layer, then never again. It prepares only if called this often (a
+# cache that stopped growing), so that no model's step pays the 0.4 ms of preparing for every
+# layer's call.
 REPLANNED_PREPARE_AFTER_CALLS = 256
 PREPARED_LAUNCHES = os.environ.get("WAVEFRONT_PREPARED_LAUNCH", "1") != "0"
 
@@ -717,8 +721,8 @@ def _prepare_launches(prepared: _Prepared, attention_args: tuple, combine_args: 
 # so one prepared launch serves every step of a DynamicCache with the same split count (the
 # attention kernel's arguments change with the length: it keeps `ct.launch`). Keyed by the
 # launch state (its workspace), the output's and the LSE's layouts and the grid; prepared once
-# a key has launched PREPARE_AFTER_CALLS times. Value: [state, calls left or the prepared
-# launch or None where preparing failed].
+# a key has launched PREPARE_AFTER_CALLS times. Value: [state, calls left, "preparing", the
+# prepared launch, or why preparing failed (a str)].
 _combines: OrderedDict = OrderedDict()
 _combines_lock = threading.Lock()
 
@@ -755,12 +759,14 @@ def _count_shared_combine(prepared: _Prepared, out5, lse, combine_args: tuple,
         if found[1] > 1:
             found[1] -= 1
             return
-        try:
-            found[1] = PreparedLaunch(combine_splits, "combine_splits", combine_args,
-                                      len(COMBINE_PREPARED), prepared.combine_grid,
-                                      prepared.vq.device)
-        except Exception:  # noqa: BLE001  (whatever it was, ct.launch still works)
-            found[1] = None
+        found[1] = "preparing"  # (built outside the lock: an export can take 0.1 s)
+    try:
+        launch = PreparedLaunch(combine_splits, "combine_splits", combine_args,
+                                len(COMBINE_PREPARED), prepared.combine_grid,
+                                prepared.vq.device)
+    except Exception as exc:  # noqa: BLE001  (whatever it was, ct.launch still works)
+        launch = f"{type(exc).__name__}: {exc}"  # (kept: why it stays on ct.launch)
+    found[1] = launch
 
 
 # What each kernel takes per call, beside what `bound_arguments` binds once.
