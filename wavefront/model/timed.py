@@ -473,8 +473,8 @@ def _run(table, n_slots, dynamic, stride, alternate, heads, kv_heads, q_tiles, k
                 ht[0] = max(arrival, ready_k[s, t % k_stages]) + step_ns[s]
             elif in_a[s]:  # phase A of step t: after phase B of t - 1, once K_t is in
                 ht[0] = max(arrival, ready_k[s, t % k_stages]) + phase_a * step_ns[s]
-                if (next_v[s] < next_k[s] or next_k[s] >= steps[s]
-                        or next_k[s] >= t + 1 + k_stages):
+                # (next_k <= t + k_stages here: the K ring never runs further ahead)
+                if next_v[s] < next_k[s] or next_k[s] >= steps[s]:
                     # the producer waits for a V stage (or is done): the K stage phase A
                     # frees issues nothing, so its end is no event and phase B follows
                     # (V_t was issued by the end of step t - 1) -- half the events where the
@@ -552,8 +552,8 @@ MAX_TIMED_STEPS = 3_000_000_000
 def timed_cost(launch: Launch) -> tuple[int, int]:
     """(bytes the simulation allocates, K/V steps it simulates) for one launch: the LRU's
     per-partition arrays over every tile id (K and V apart: three of 8 bytes and a flag, per
-    partition, plus the line sizes) and the work table's steps (a dense launch's counted from its problem,
-    `dense_steps`: its table is not built to be refused)."""
+    partition, plus the line sizes) and the work table's steps (a dense launch's counted from
+    its problem, `dense_steps`: its table is not built to be refused)."""
     p = launch.problem
     n_ids = (2 * p.kv_units * p.kv_tiles + 2 * p.batch * p.heads * p.q_tiles
              + (p.batch * p.heads * p.q_tiles * launch.n_chunks
