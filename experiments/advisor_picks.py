@@ -308,9 +308,10 @@ Does `wavefront advise` name the fastest configuration on shapes nobody measured
 x CTAs per SM it offers (tiles not calibrated projected and marked; the code-generation
 levers are not modelled) and predicts grouped+linear's time at every group size and at the
 fixed L2 budgets of FlashAttention-3 (8 MB varlen, 32 MB dense) and cuDNN/TileGym (50 MB); the
-predictions are recorded before anything runs. Then every candidate and group size is compiled,
-checked against the float32 reference and timed in {ROUNDS} interleaved rounds of {REPS}
-launches. "mean pick / best": a candidate picked at random, on average. {s.claims[2].text}.
+predictions are recorded before anything runs, and the table scores those (the model of the
+run's commit, named below, not necessarily today's). Then every candidate and group size is
+compiled, checked against the float32 reference and timed in {ROUNDS} interleaved rounds of
+{REPS} launches. "mean pick / best": a candidate picked at random, on average. {s.claims[2].text}.
 Ranges: the ratio's lowest and highest over the paired rounds (the best fixed by its median).
 
 {md_table(shown)}
