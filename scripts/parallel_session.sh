@@ -13,7 +13,8 @@
 # backward (scripts/backward_bench.py), gpu_checks (the GPU tests of the bad-input audit and the
 # cache call), backward_dram (the backward schedules' DRAM bytes and time), tune_short (a lever
 # search at B16 H32 S768 D128 unless TUNE_ARGS names another shape, written into the tuned table, which $d/tuned.json brings back),
-# bwd_variants (every named backward config against cuDNN and FA2), profile_call (where the cache
+# bwd_variants (every named backward config against cuDNN and FA2), item_clocks (per-item
+# GPU clocks of the timed model's two worst launches, and their GPU test), profile_call (where the cache
 # call's host time goes: scripts/profile_cache_call.py, PROFILE_MODES).
 set -uo pipefail
 : "${WAVEFRONT_GIT_COMMIT:?set WAVEFRONT_GIT_COMMIT=\$(git rev-parse HEAD)}"
@@ -66,6 +67,11 @@ step() {  # step NAME DIR
                --rounds 6 --write --out "$d/tune_short" > "$d/tune_short.log" 2>&1
                tail -25 "$d/tune_short.log"
                cp wavefront/kernel/tuned.json "$d/tuned.json" ;;
+    item_clocks) python3 -m wavefront.cli experiment run item_clocks --data "$d" \
+               > "$d/item_clocks.log" 2>&1; tail -20 "$d/item_clocks.log"
+               python3 -m pytest -m gpu -q -p no:cacheprovider --tb=short \
+               tests/test_gpu_item_clocks.py > "$d/item_clocks_tests.log" 2>&1
+               tail -15 "$d/item_clocks_tests.log" ;;
     *) echo "unknown step $1" ;;
     esac
 }

@@ -1,0 +1,354 @@
+"""Do a launch's CTAs run at one speed, and do they spread along K/V as the timed model says?
+
+The timed model misses most at two launches, and both misses were put down to what it lacks,
+CTA-to-CTA variation in speed: B1 H1 S256k D128 non-causal (128x64 tiles, 264 persistent
+CTAs) reads 6-19 GB where it predicts 1.1 GB, and B1 H1 S128k D128 causal (64x64 tiles, 264
+persistent CTAs) reads 1.2-2.0 GB where it predicts 11-17 GB. Here the kernel clocks its own
+work items: the RECORD_ORDER binary's tickets read the GPU's `%globaltimer`, written into the
+ticket counter by a one-thread kernel beside the launch (`wavefront.measure.item_clocks`).
+Static persistent CTAs take items c, c + 264, ..., so each CTA's speed (ns per K/V step over
+its items) is measured, and where every CTA is along K/V at any moment follows from its items'
+start and end times. The same launches' DRAM reads come from Nsight Compute in the same run
+(the plain binary), and the clocked binary is timed beside the plain one.
+
+Three predictions of each launch's DRAM reads are set against them: the timed model as it is
+(every CTA at the calibrated speed), the timed model given each CTA's measured speed
+(`Exposure.cta_speed`), and the measured item timeline itself replayed through the same
+partitioned LRU (`simulation.timed_trace`: each item's K/V steps evenly spaced between its
+measured start and end).
+
+    python experiments/item_clocks.py run            # on a GPU: data/item_clocks/
+    python experiments/item_clocks.py plot --out DIR # anywhere: figure, table
+"""
+import matplotlib.pyplot as plt
+import numpy as np
+import pandas as pd
+import seaborn as sns
+
+from wavefront.report.draft import Section, md_table
+from wavefront.report.experiments import run_as_script
+from wavefront.report.exposure import records
+
+DATASETS = ()
+RECORDS = ("item_clocks",)
+REPEATS = 3
+SEED = 5
+# the moments of a launch at which the CTAs' spread along K/V is read (fractions of its span)
+MOMENTS = (0.25, 0.5, 0.75)
+
+
+def points():
+    from wavefront.point import Point
+    return {
+        "S256k 128x64 non-causal": Point(batch=1, heads=1, seqlen=262144, head_dim=128,
+                                         tiles="128x64", occupancy=2,
+                                         schedule="persistent+linear"),
+        "S128k 64x64 causal": Point(batch=1, heads=1, seqlen=131072, head_dim=128, causal=True,
+                                    tiles="64x64", occupancy=2, schedule="persistent+linear"),
+    }
+
+
+def measure(out_dir) -> int:
+    """Per point: checked against the float32 reference (tickets included), outputs of the
+    plain and clocked binaries compared, then REPEATS interleaved rounds (plain, clocked
+    without and with the timer), then Nsight Compute's DRAM reads of the plain binary;
+    appended to <out_dir>/clocks.jsonl. -> failures."""
+    import click
+    import cupy
+
+    from wavefront.device import current_device
+    from wavefront.kernel.launcher import launcher_for
+    from wavefront.measure.bench import IncorrectResult, random_inputs, relative_error
+    from wavefront.measure.item_clocks import ItemClock
+    from wavefront.measure.sink import JsonlSink
+    from wavefront.results.measurement import CORRECTNESS_TOLERANCE
+    from wavefront.results.records import EXPOSURE_RECORDS
+    dev = current_device()
+    clock = ItemClock()
+    stream = cupy.cuda.Stream(non_blocking=True)
+    failures = 0
+    with JsonlSink(out_dir, "clocks.jsonl") as sink:
+        def write(row):
+            sink.write(EXPOSURE_RECORDS.stamp({"gpu": dev.name, "sms": dev.sms,
+                                               "l2_bytes": dev.l2_bytes, **row}))
+        with click.progressbar(list(points().items()), label="clocked launches") as bar:
+            for name, point in bar:
+                try:
+                    q, k, v = random_inputs(point, SEED)
+                    plain, arrays = launcher_for(q, k, v, **point.attention_kwargs())
+                    clocked, _ = launcher_for(q, k, v, record_order=True,
+                                              **point.attention_kwargs())
+                    err = relative_error(point, SEED + 1, record_order=True)
+                    if not err < CORRECTNESS_TOLERANCE:
+                        raise IncorrectResult(f"{name}: relative error {err:.3g}")
+                    outs = [cupy.full(q.shape, cupy.nan, dtype=q.dtype) for _ in range(2)]
+                    plain(*arrays, outs[0], stream.ptr)
+                    clock.record(clocked, *arrays, outs[1], stream)  # warm-up and check
+                    equal = bool(cupy.array_equal(outs[0], outs[1]))
+                    for r in range(REPEATS):
+                        ms = {}
+                        for label, lau in (("plain", plain), ("clocked", clocked)):
+                            t0, t1 = cupy.cuda.Event(), cupy.cuda.Event()
+                            t0.record(stream)
+                            lau(*arrays, outs[0], stream.ptr)
+                            t1.record(stream)
+                            t1.synchronize()
+                            ms[label] = cupy.cuda.get_elapsed_time(t0, t1)
+                        c = clock.record(clocked, *arrays, outs[1], stream)
+                        write({"kind": "clocks", "point": name, "repeat": r,
+                               "plain_ms": ms["plain"], "clocked_ms": ms["clocked"],
+                               "timed_ms": c.launch_ms, "outputs_equal": equal,
+                               "timer_writes": c.timer_writes,
+                               "timer_step_ns": c.timer_step_ns,
+                               "start_ns": c.start_ns.tolist(), "end_ns": c.end_ns.tolist()})
+                except Exception as exc:  # recorded, the rest goes on
+                    failures += 1
+                    write({"kind": "clocks", "point": name, "error": str(exc)[:300]})
+        failures += _profile(out_dir, write)
+    return failures
+
+
+def _profile(out_dir, write) -> int:
+    """Nsight Compute's DRAM reads of each point's plain binary (`wavefront profile`, cold L2,
+    REPEATS launches), each row written as a record."""
+    import subprocess
+    import sys
+    import tempfile
+    from pathlib import Path
+    failures = 0
+    for name, p in points().items():
+        with tempfile.TemporaryDirectory() as tmp:
+            cmd = [sys.executable, "-m", "wavefront.cli", "profile", "--batch", str(p.batch),
+                   "--heads", str(p.heads), "--seqlen", str(p.seqlen), "--head-dim",
+                   str(p.head_dim), "--tile", p.tiles, "--occupancy", str(p.occupancy),
+                   "--schedule", p.schedule, "--repeats", str(REPEATS), "--out", tmp,
+                   "--causal" if p.causal else "--no-causal"]
+            run = subprocess.run(cmd, capture_output=True, text=True)
+            results = Path(tmp) / "results.csv"
+            if run.returncode or not results.exists():
+                failures += 1
+                write({"kind": "ncu", "point": name,
+                       "error": (run.stderr or run.stdout)[-300:]})
+                continue
+            for row in pd.read_csv(results).to_dict("records"):
+                write({"kind": "ncu", "point": name, "repeat": row.get("repeat"),
+                       "status": row.get("status"), "dram_read_bytes":
+                       row.get("dram_read_bytes"), "ncu_duration_ns": row.get("ncu_duration_ns")})
+    return failures
+
+
+# ---- analysis (anywhere) ----------------------------------------------------------------------
+
+def _clocks(study) -> pd.DataFrame:
+    d = records(study, "item_clocks")
+    c = d[d["kind"] == "clocks"]
+    return c[c["error"].isna()] if "error" in c else c
+
+
+def _ncu(study) -> pd.DataFrame:
+    d = records(study, "item_clocks")
+    n = d[d["kind"] == "ncu"]
+    n = n[n["error"].isna()] if "error" in n else n
+    return n[n["status"] == "ok"]
+
+
+def _launch(row):
+    from wavefront.point import GpuShape
+    return points()[row["point"]].launch(GpuShape.of(row))
+
+
+def _steps(launch) -> np.ndarray:
+    from wavefront.schedules import WORK_MASKED_HI, WORK_MASKED_LO, WORK_SCAN_COUNT
+    t = launch.work_table.astype(np.int64)
+    return t[:, WORK_SCAN_COUNT] + t[:, WORK_MASKED_HI] - t[:, WORK_MASKED_LO]
+
+
+def spread_mb(launch, start, end, moment: float) -> float:
+    """Where the running items are along K/V at `moment` of the launch's span: the distance
+    between the 10th and 90th percentile of their positions (K/V tiles scanned so far, each
+    item at a constant pace between its start and end), in MB of K and V."""
+    start, end = np.asarray(start, float), np.asarray(end, float)
+    t = start.min() + moment * (end.max() - start.min())
+    running = (start <= t) & (end > t)
+    if running.sum() < 2:
+        return float("nan")
+    steps = _steps(launch)[running]
+    pos = (t - start[running]) / (end[running] - start[running]) * steps
+    p = launch.problem
+    tile_bytes = 2 * p.tile_n * p.head_dim * p.element_bytes
+    lo, hi = np.percentile(pos, [10, 90])
+    return float((hi - lo) * tile_bytes / 1e6)
+
+
+def cta_speeds(launch, start, end) -> np.ndarray:
+    """Per CTA (static persistent: CTA c runs items c, c + P, ...): its speed, the median
+    CTA's ns per K/V step over its own (> 1: faster than the median CTA)."""
+    from wavefront.measure.item_clocks import ItemClocks, per_cta
+    slots = np.arange(launch.num_items) % launch.num_ctas
+    clocks = ItemClocks(np.asarray(start), np.asarray(end), 0, 0, 0.0)
+    ns = per_cta(clocks, slots, _steps(launch))["ns_per_step"]
+    return np.median(ns) / ns
+
+
+def _model(study, gpu: str):
+    from wavefront.model.presets import preset_for_device
+    from wavefront.model.timed import memory_timing
+    from wavefront.report.timed import calibrations
+    preset = preset_for_device(gpu)
+    return preset, memory_timing(preset), calibrations(study)[gpu]
+
+
+def _rows(study) -> pd.DataFrame:
+    from wavefront.model.fits import dram_reads_by_model
+    from wavefront.model.simulation import timed_trace
+    from wavefront.model.timed import Exposure, simulate_timed
+    c = _clocks(study)
+    rows = []
+    for (gpu, name), g in c.groupby(["gpu", "point"]):
+        first = g.iloc[0]
+        launch = _launch(first)
+        preset, memory, cal = _model(study, gpu)
+        compute = cal.compute(launch)
+        if compute is None:
+            continue
+        kw = dict(l2_bytes=int(first["l2_bytes"]), partitions=preset.l2_partitions)
+        base = simulate_timed(launch, memory, compute, **kw)
+        for _, r in g.iterrows():
+            start, end = np.asarray(r["start_ns"], float), np.asarray(r["end_ns"], float)
+            speeds = cta_speeds(launch, start, end)
+            fed = simulate_timed(launch, memory, compute, **kw,
+                                 exposure=Exposure(cta_speed=tuple(speeds)))
+            replay = dram_reads_by_model(launch, preset, [timed_trace(launch, start, end)])
+            row = {"GPU": r["GPU"], "gpu": gpu, "point": name, "repeat": int(r["repeat"]),
+                   "plain ms": r["plain_ms"], "clocked ms": r["clocked_ms"],
+                   "clocked, timer on ms": r["timed_ms"], "outputs equal": r["outputs_equal"],
+                   "timer step ns": r["timer_step_ns"],
+                   "first wave": int((start < end.min()).sum()), "ctas": launch.num_ctas,
+                   "CTA speed p5": np.percentile(speeds, 5),
+                   "CTA speed p95": np.percentile(speeds, 95),
+                   "CTA speed CV": float(np.std(speeds) / np.mean(speeds)),
+                   "model GB": base.dram_read_bytes / 1e9,
+                   "model, measured speeds GB": fed.dram_read_bytes / 1e9,
+                   "replayed timeline GB": replay["partitions"] / 1e9,
+                   "model ms": base.kernel_ns * 1e-6,
+                   "model, measured speeds ms": fed.kernel_ns * 1e-6}
+            for m in MOMENTS:
+                row[f"spread at {m:.0%}, MB"] = spread_mb(launch, start, end, m)
+                row[f"model spread at {m:.0%}, MB"] = spread_mb(
+                    launch, base.item_start_ns, base.item_end_ns, m)
+                row[f"fed spread at {m:.0%}, MB"] = spread_mb(
+                    launch, fed.item_start_ns, fed.item_end_ns, m)
+            rows.append(row)
+    out = pd.DataFrame(rows)
+    n = _ncu(study)
+    if len(out) and len(n):
+        dram = n.groupby(["gpu", "point"])["dram_read_bytes"].agg(["median", "min", "max"])
+        for col in ("median", "min", "max"):
+            out[f"measured GB {col}"] = [dram[col].get((g, p), np.nan) / 1e9
+                                         for g, p in zip(out["gpu"], out["point"])]
+    return out
+
+
+def table(study) -> pd.DataFrame:
+    """Per GPU, point and repeat: the clocked launch's CTA speeds and spreads along K/V, the
+    model's, and the DRAM reads measured and predicted three ways."""
+    return study.once("item_clocks.rows", lambda: _rows(study)).copy()
+
+
+def figure(study):
+    t = table(study)
+    moments = [f"{m:.0%}" for m in MOMENTS]
+    long = []
+    for _, r in t.iterrows():
+        for m in moments:
+            for source, col in (("measured", f"spread at {m}, MB"),
+                                ("model", f"model spread at {m}, MB"),
+                                ("model, measured speeds", f"fed spread at {m}, MB")):
+                long.append({"GPU": r["GPU"], "point": r["point"], "moment": m,
+                             "source": source, "MB": r[col]})
+    d = pd.DataFrame(long)
+    g = sns.catplot(data=d, x="moment", y="MB", hue="source", col="point", kind="bar",
+                    errorbar=("pi", 100), height=3.2, aspect=1.2, sharey=False)
+    g.set_axis_labels("moment of the launch (share of its span)",
+                      "running CTAs' spread along K/V (MB)")
+    gpus = ", ".join(sorted(t["GPU"].unique()))
+    g.figure.suptitle(f"Where the running CTAs are along K/V: 10th-90th percentile distance "
+                      f"({gpus}, B1 H1 D128 bf16, 264 persistent CTAs; bars: medians of "
+                      f"{REPEATS} launches, whiskers their range)", fontsize=9, y=1.04)
+    return g.figure
+
+
+def section(study) -> Section:
+    s = Section()
+    t = table(study)
+    if t.empty:
+        s.text = "## Per-CTA clocks\n\nNo clocked launch is in `data/item_clocks` yet."
+        return s
+    s.claim("The clocked binary's outputs equal the plain binary's bit for bit in every "
+            "launch", bool(t["outputs equal"].all()), t["outputs equal"].tolist())
+    step = t["timer step ns"].max()
+    s.claim(f"the clock's resolution (the finest step of `%globaltimer` the timer saw) is "
+            f"{step:.0f} ns or finer", bool(step <= 1000), t["timer step ns"].tolist())
+    s.claim("every CTA started in the launch's first wave (the timer took no CTA's place)",
+            bool((t["first wave"] >= t["ctas"]).all()), t["first wave"].tolist())
+    over = (t["clocked, timer on ms"] / t["plain ms"] - 1)
+    s.claim(f"with the timer on, the clocked launch took {over.min():+.1%} to {over.max():+.1%} "
+            "of the plain launch's time in the same round", bool(over.abs().max() < 0.05),
+            over.tolist())
+    per = t.groupby(["GPU", "point"])
+    cv = per["CTA speed CV"].agg(["min", "max"])
+    s.claim("CTA speeds (each CTA's ns per K/V step over its items, against the median CTA's) "
+            "vary with a coefficient of variation of " + "; ".join(
+                f"{p} {g} {r['min']:.1%}-{r['max']:.1%}" for (g, p), r in cv.iterrows()),
+            bool((cv["max"] < 1).all()), cv.to_dict())
+    shown = per.agg(**{
+        "launches": ("repeat", "count"),
+        "CTA speed p5-p95": ("CTA speed p5", lambda x: f"{x.min():.3f}"),
+        "_hi": ("CTA speed p95", "max"),
+        "spread at 50%, MB (measured)": ("spread at 50%, MB", "median"),
+        "spread at 50%, MB (model)": ("model spread at 50%, MB", "median"),
+        "DRAM GB measured (ncu)": ("measured GB median", "median"),
+        "model": ("model GB", "median"),
+        "model, measured speeds": ("model, measured speeds GB", "median"),
+        "replayed timeline": ("replayed timeline GB", "median")}).reset_index()
+    shown["CTA speed p5-p95"] = [f"{a}-{b:.3f}" for a, b in
+                                 zip(shown["CTA speed p5-p95"], shown.pop("_hi"))]
+    for col in shown.columns[5:]:
+        shown[col] = shown[col].round(2)
+    for _, r in shown.iterrows():
+        gap, fed = r["model"] / r["DRAM GB measured (ncu)"], (
+            r["model, measured speeds"] / r["DRAM GB measured (ncu)"])
+        closes = abs(np.log(fed)) < 0.5 * abs(np.log(gap))
+        s.claim(f"{r['point']} ({r['GPU']}): the model predicts {r['model']:.2f} GB against "
+                f"{r['DRAM GB measured (ncu)']:.2f} GB measured ({gap:.2f}x); given each CTA's "
+                f"measured speed, {r['model, measured speeds']:.2f} GB ({fed:.2f}x): "
+                + ("it closes more than half the gap (on a log scale)" if closes else
+                   "it does not close half the gap (on a log scale)"),
+                bool(np.isfinite(gap) and np.isfinite(fed)), r.to_dict())
+        rep = r["replayed timeline"] / r["DRAM GB measured (ncu)"]
+        s.claim(f"the measured item timeline replayed through the same LRU reads "
+                f"{r['replayed timeline']:.2f} GB ({rep:.2f}x)", bool(np.isfinite(rep)),
+                r.to_dict())
+    s.text = f"""## Per-CTA clocks: do the CTAs run at one speed?
+
+The two launches the timed model misses most, clocked by the kernel itself: the RECORD_ORDER
+binary's work-item tickets read `%globaltimer`, written into the ticket counter by a
+one-thread kernel beside the launch (`experiments/item_clocks.py`,
+`wavefront.measure.item_clocks`). {REPEATS} clocked launches per point, each round beside a
+plain and a clocked launch without the timer; DRAM reads of the plain binary by Nsight Compute
+in the same run (cold L2, {REPEATS} launches). "Spread": the distance along K/V between the
+10th and 90th percentile of the running CTAs' positions at the launch's midpoint (each item
+at a constant pace between its measured start and end). Predictions: the timed model (every
+CTA at the calibrated speed), the same given each CTA's measured speed, and the measured item
+timeline replayed through the same partitioned LRU.
+
+{md_table(shown)}
+
+{' '.join(c.text + '.' for c in s.claims)}
+
+![item_clocks](figures/item_clocks.png)"""
+    return s
+
+
+if __name__ == "__main__":  # the same as `wavefront experiment ACTION NAME`
+    run_as_script(__file__)
