@@ -33,7 +33,8 @@ DATASETS = ()
 RECORDS = ("item_clocks",)
 REPEATS = 3
 SEED = 5
-# the moments of a launch at which the CTAs' spread along K/V is read (fractions of its span)
+# the rounds of work items in whose middle the CTAs' spread along K/V is read (shares of the
+# launch's full rounds)
 MOMENTS = (0.25, 0.5, 0.75)
 
 
@@ -164,11 +165,18 @@ def _steps(launch) -> np.ndarray:
 
 
 def spread_mb(launch, start, end, moment: float) -> float:
-    """Where the running items are along K/V at `moment` of the launch's span: the distance
-    between the 10th and 90th percentile of their positions (K/V tiles scanned so far, each
-    item at a constant pace between its start and end), in MB of K and V."""
+    """Where the running items are along K/V in the middle of the round of work items at
+    `moment` of the launch (0: its first round of P items, 1: its last full round; the middle:
+    the median of that round's items' midpoints): the distance between the 10th and 90th
+    percentile of their positions (K/V tiles scanned so far, each item at a constant pace
+    between its start and end), in MB of K and V. Read mid-round, not at a fixed time: at a
+    round's end the CTAs that started their next item sit at tile 0, the rest near the last."""
     start, end = np.asarray(start, float), np.asarray(end, float)
-    t = start.min() + moment * (end.max() - start.min())
+    ctas = launch.num_ctas
+    rounds = max(1, launch.num_items // ctas)
+    first = min(int(moment * rounds), rounds - 1) * ctas
+    mine = slice(first, min(first + ctas, launch.num_items))
+    t = np.median((start[mine] + end[mine]) / 2)
     running = (start <= t) & (end > t)
     if running.sum() < 2:
         return float("nan")
@@ -269,7 +277,7 @@ def figure(study):
     d = pd.DataFrame(long)
     g = sns.catplot(data=d, x="moment", y="MB", hue="source", col="point", kind="bar",
                     errorbar=("pi", 100), height=3.2, aspect=1.2, sharey=False)
-    g.set_axis_labels("moment of the launch (share of its span)",
+    g.set_axis_labels("round of work items (share of the launch's full rounds)",
                       "running CTAs' spread along K/V (MB)")
     gpus = ", ".join(sorted(t["GPU"].unique()))
     g.figure.suptitle(f"Where the running CTAs are along K/V: 10th-90th percentile distance "
@@ -337,8 +345,8 @@ one-thread kernel beside the launch (`experiments/item_clocks.py`,
 `wavefront.measure.item_clocks`). {REPEATS} clocked launches per point, each round beside a
 plain and a clocked launch without the timer; DRAM reads of the plain binary by Nsight Compute
 in the same run (cold L2, {REPEATS} launches). "Spread": the distance along K/V between the
-10th and 90th percentile of the running CTAs' positions at the launch's midpoint (each item
-at a constant pace between its measured start and end). Predictions: the timed model (every
+10th and 90th percentile of the running CTAs' positions in the middle of the launch's middle
+round of work items (each item at a constant pace between its measured start and end). Predictions: the timed model (every
 CTA at the calibrated speed), the same given each CTA's measured speed, and the measured item
 timeline replayed through the same partitioned LRU.
 
