@@ -10,8 +10,11 @@ same binary that records the order records the clock.
 
 A GPU-side timer (a one-thread kernel writing `%globaltimer` into the counter) was tried first
 and dropped: beside the S256k launch of 264 persistent CTAs (two per SM) the launch took 1.6x
-as long (H200, 112 against 70 ms), and its shortest items ran 6.3 ms against a median of 9.0:
-as if the timer took one CTA's place and that CTA ran its items last, alone on its SM. The copies' resolution is the host's round trip, a few microseconds: each
+as long (H200, 112 against 70 ms); why was not established.
+
+The attention waits behind a gate (a one-thread kernel on its stream that spins until the
+clock's first copy lands), so the clock runs from before its first CTA starts, however long
+the host takes to queue it. The copies' resolution is the host's round trip, a few microseconds: each
 `ItemClocks` carries its copies and their mean interval.
 """
 from __future__ import annotations
@@ -22,6 +25,19 @@ from dataclasses import dataclass
 import numpy as np
 
 _H2D = 1  # cudaMemcpyHostToDevice
+# The gate gives up after this long on the GPU's clock (the host died or never copied)
+GATE_TIMEOUT_NS = 5_000_000_000
+
+_GATE_SOURCE = r"""
+extern "C" __global__ void clock_gate(const int* gate, unsigned long long timeout_ns) {
+    unsigned long long began, now;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(began));
+    do {
+        asm volatile("nanosleep.u32 1000;");
+        asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now));
+    } while (*(volatile const int*)gate == 0 && now - began < timeout_ns);
+}
+"""
 
 
 @dataclass(frozen=True)
@@ -53,6 +69,8 @@ class ItemClock:
         self.pinned = cupy.cuda.alloc_pinned_memory(4)
         self.value = np.frombuffer(self.pinned, np.int32, 1)
         self.copy_stream = cupy.cuda.Stream(non_blocking=True)
+        self.gate_kernel = cupy.RawKernel(_GATE_SOURCE, "clock_gate")
+        self.gate = cupy.zeros(1, dtype=cupy.int32)
 
     def _write(self, word_ptr: int, value: int) -> None:
         self.value[0] = value
@@ -71,12 +89,16 @@ class ItemClock:
         own(q, k, v, out, stream.ptr)
         stream.synchronize()
         word = own.order.data.ptr  # Order[0]: the ticket counter the attention adds to
-        base = time.perf_counter_ns()
-        self._write(word, 1)
+        self.gate.fill(0)
+        cupy.cuda.Device().synchronize()
+        self.gate_kernel((1,), (1,), (self.gate, cupy.uint64(GATE_TIMEOUT_NS)), stream=stream)
         t0, t1 = cupy.cuda.Event(), cupy.cuda.Event()
         t0.record(stream)
         own(q, k, v, out, stream.ptr)
         t1.record(stream)
+        base = time.perf_counter_ns()
+        self._write(word, 1)
+        self._write(self.gate.data.ptr, 1)  # the attention may start
         copies, first = 0, time.perf_counter_ns()
         while not t1.done:
             self._write(word, time.perf_counter_ns() - base)
@@ -86,9 +108,12 @@ class ItemClock:
         order = np.asarray(own.order[1:].get(), dtype=np.int64)
         start, end = order[0::2], order[1::2]
         begin = start.min()
+        ms = float(cupy.cuda.get_elapsed_time(t0, t1))
+        if (end.max() - begin) * 1e-6 < 0.2 * ms:  # tickets counted, not timed
+            raise RuntimeError(f"the clock did not run during the launch: its items span "
+                               f"{(end.max() - begin) * 1e-6:.3f} ms of a {ms:.3f} ms launch")
         return ItemClocks(start - begin, end - begin, copies,
-                          (last - first) / max(copies, 1),
-                          float(cupy.cuda.get_elapsed_time(t0, t1)))
+                          (last - first) / max(copies, 1), ms)
 
 
 def per_cta(clocks: ItemClocks, slot_of_item: np.ndarray, steps: np.ndarray) -> dict:
