@@ -16,7 +16,8 @@ def test_item_clocks_are_times_of_the_items(causal):
     from wavefront.measure.bench import random_inputs
     from wavefront.measure.item_clocks import ItemClock
     from wavefront.point import Point
-    point = Point(batch=2, heads=2, seqlen=8192, head_dim=64, causal=causal, tiles="64x64",
+    # items of 512 K/V steps, long against the clock's few microseconds
+    point = Point(batch=1, heads=2, seqlen=32768, head_dim=64, causal=causal, tiles="64x64",
                   occupancy=1, ctas=16, schedule="persistent+linear")
     q, k, v = random_inputs(point, 3)
     plain, _ = launcher_for(q, k, v, **point.attention_kwargs())
