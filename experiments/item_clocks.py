@@ -355,13 +355,14 @@ def section(study) -> Section:
 The two launches the timed model misses most, clocked by the kernel itself: the RECORD_ORDER
 binary's work-item tickets read the host's clock, copied into the ticket counter through the
 copy engine while the launch runs (`experiments/item_clocks.py`,
-`wavefront.measure.item_clocks`). {REPEATS} clocked launches per point, each round beside a
-plain and a clocked launch without the clock; DRAM reads of the plain binary by Nsight Compute
-in the same run (cold L2, {REPEATS} launches). "Spread": the distance along K/V between the
-10th and 90th percentile of the running CTAs' positions in the middle of the launch's middle
-round of work items (each item at a constant pace between its measured start and end). Predictions: the timed model (every
-CTA at the calibrated speed), the same given each CTA's measured speed, and the measured item
-timeline replayed through the same partitioned LRU.
+`wavefront.measure.item_clocks`). {REPEATS} clocked launches per point and run, each round
+beside a plain and a clocked launch without the clock; DRAM reads of the plain binary by Nsight
+Compute in the same run (cold L2, {REPEATS} launches per run). "Spread": the distance along K/V
+between the 10th and 90th percentile of the running CTAs' positions in the middle of the
+launch's middle round of work items (each item at a constant pace between its measured start
+and end). Predictions: the timed model (every CTA at the calibrated speed), the same given
+each CTA's measured speed, the same speeds given to other CTAs (shuffled), and the measured
+item timeline replayed through the same partitioned LRU.
 
 {md_table(shown)}
 

@@ -1,8 +1,8 @@
 """Per-item clocks on the GPU (`wavefront.measure.item_clocks`): the RECORD_ORDER binary's
-tickets read the host's clock, copied into the ticket counter while the launch runs. Every item ends after it starts, a
-static persistent CTA's next item starts after its previous one ends, the clocks span no more
-than the launch's CUDA-event time, and the output is the plain binary's bit for bit. Fresh
-random inputs, outputs poisoned with NaN first."""
+tickets read the host's clock, copied into the ticket counter while the launch runs. Every
+item ends after it starts, a static persistent CTA's next item starts after its previous one
+ends, the clocks span no more than the launch's CUDA-event time, and the output is the plain
+binary's bit for bit. Fresh random inputs, outputs poisoned with NaN first."""
 import numpy as np
 import pytest
 

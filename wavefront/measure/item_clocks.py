@@ -14,8 +14,8 @@ as long (H200, 112 against 70 ms); why was not established.
 
 The attention waits behind a gate (a one-thread kernel on its stream that spins until the
 clock's first copy lands), so the clock runs from before its first CTA starts, however long
-the host takes to queue it. The copies' resolution is the host's round trip, a few microseconds: each
-`ItemClocks` carries its copies and their mean interval.
+the host takes to queue it. The copies' resolution is the host's round trip, a few
+microseconds: each `ItemClocks` carries its copies and their mean interval.
 """
 from __future__ import annotations
 
