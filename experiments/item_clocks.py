@@ -79,12 +79,13 @@ def measure(out_dir) -> int:
                     plain, _ = launcher_for(q, k, v, **point.attention_kwargs())
                     clocked, _ = launcher_for(q, k, v, record_order=True,
                                               **point.attention_kwargs())
-                    err = relative_error(point, SEED + 1, record_order=True)
+                    err = relative_error(point, SEED + 1, record_order=True,
+                                         launcher=clocked)
                     if not err < CORRECTNESS_TOLERANCE:
                         raise IncorrectResult(f"{name}: relative error {err:.3g}")
                     outs = [cupy.full(q.shape, cupy.nan, dtype=q.dtype) for _ in range(2)]
                     plain(q, k, v, outs[0], stream.ptr)
-                    clock.record(clocked, q, k, v, outs[1], stream)  # warm-up and check
+                    clock.record(clocked, q, k, v, outs[1], stream)  # outputs compared
                     equal = bool(cupy.array_equal(outs[0], outs[1]))
                     for r in range(REPEATS):
                         ms = {}
@@ -104,11 +105,11 @@ def measure(out_dir) -> int:
                 except Exception as exc:  # recorded, the rest goes on
                     failures += 1
                     write({"kind": "clocks", "point": name, "error": str(exc)[:300]})
-        failures += _profile(out_dir, write)
+        failures += _profile(write)
     return failures
 
 
-def _profile(out_dir, write) -> int:
+def _profile(write) -> int:
     """Nsight Compute's DRAM reads of each point's plain binary (`wavefront profile`, cold L2,
     REPEATS launches), each row written as a record."""
     import subprocess
@@ -157,19 +158,14 @@ def _launch(row):
     return points()[row["point"]].launch(GpuShape.of(row))
 
 
-def _steps(launch) -> np.ndarray:
-    from wavefront.schedules import WORK_MASKED_HI, WORK_MASKED_LO, WORK_SCAN_COUNT
-    t = launch.work_table.astype(np.int64)
-    return t[:, WORK_SCAN_COUNT] + t[:, WORK_MASKED_HI] - t[:, WORK_MASKED_LO]
-
-
-def spread_mb(launch, start, end, moment: float) -> float:
+def spread_mb(launch, steps, start, end, moment: float) -> float:
     """Where the running items are along K/V in the middle of the round of work items at
     `moment` of the launch (0: its first round of P items, 1: its last full round; the middle:
     the median of that round's items' midpoints): the distance between the 10th and 90th
     percentile of their positions (K/V tiles scanned so far, each item at a constant pace
-    between its start and end), in MB of K and V. Read mid-round, not at a fixed time: at a
-    round's end the CTAs that started their next item sit at tile 0, the rest near the last."""
+    between its start and end; `steps`: each item's K/V steps), in MB of K and V. Read
+    mid-round, not at a fixed time: at a round's end the CTAs that started their next item sit
+    at tile 0, the rest near the last."""
     start, end = np.asarray(start, float), np.asarray(end, float)
     ctas = launch.num_ctas
     rounds = max(1, launch.num_items // ctas)
@@ -179,21 +175,17 @@ def spread_mb(launch, start, end, moment: float) -> float:
     running = (start <= t) & (end > t)
     if running.sum() < 2:
         return float("nan")
-    steps = _steps(launch)[running]
-    pos = (t - start[running]) / (end[running] - start[running]) * steps
+    pos = (t - start[running]) / (end[running] - start[running]) * steps[running]
     p = launch.problem
     tile_bytes = 2 * p.tile_n * p.head_dim * p.element_bytes
     lo, hi = np.percentile(pos, [10, 90])
     return float((hi - lo) * tile_bytes / 1e6)
 
 
-def cta_speeds(launch, start, end) -> np.ndarray:
-    """Per CTA (static persistent: CTA c runs items c, c + P, ...): its speed, the median
-    CTA's ns per K/V step over its own (> 1: faster than the median CTA)."""
-    from wavefront.measure.item_clocks import ItemClocks, per_cta
-    slots = np.arange(launch.num_items) % launch.num_ctas
-    clocks = ItemClocks(np.asarray(start), np.asarray(end), 0, 0, 0.0)
-    ns = per_cta(clocks, slots, _steps(launch))["ns_per_step"]
+def cta_speeds(clocks, slot_of_item, steps) -> np.ndarray:
+    """Per CTA: its speed, the median CTA's ns per K/V step over its own (> 1: faster than the
+    median CTA)."""
+    ns = clocks.ns_per_step(slot_of_item, steps)
     return np.median(ns) / ns
 
 
@@ -205,9 +197,20 @@ def _model(study, gpu: str):
     return preset, memory_timing(preset), calibrations(study)[gpu]
 
 
+def _replayed_dram_bytes(launch, preset, start, end) -> float:
+    """The measured item timeline through the partitioned LRU (`fits.l2_models`' physical
+    one), each item's K/V steps evenly spaced between its start and end."""
+    from wavefront.model.fits import l2_models
+    from wavefront.model.simulation import address_bound, timed_trace
+    from wavefront.point import SECTOR_BYTES
+    cache = l2_models(preset)["partitions"](address_bound(launch))
+    cache.feed(timed_trace(launch, start, end))
+    return cache.result().dram_read_sectors * SECTOR_BYTES
+
+
 def _rows(study) -> pd.DataFrame:
-    from wavefront.model.fits import dram_reads_by_model
-    from wavefront.model.simulation import timed_trace
+    from wavefront.measure.item_clocks import ItemClocks
+    from wavefront.model.simulation import item_steps
     from wavefront.model.timed import Exposure, simulate_timed
     c = _clocks(study)
     rows = []
@@ -220,35 +223,41 @@ def _rows(study) -> pd.DataFrame:
             continue
         kw = dict(l2_bytes=int(first["l2_bytes"]), partitions=preset.l2_partitions)
         base = simulate_timed(launch, memory, compute, **kw)
+        steps = item_steps(launch)
         for _, r in g.iterrows():
-            start, end = np.asarray(r["start_ns"], float), np.asarray(r["end_ns"], float)
-            speeds = cta_speeds(launch, start, end)
+            clocks = ItemClocks(np.asarray(r["start_ns"], np.int64),
+                                np.asarray(r["end_ns"], np.int64), int(r["clock_copies"]),
+                                float(r["clock_step_ns"]), float(r["timed_ms"]))
+            start, end = clocks.start_ns.astype(float), clocks.end_ns.astype(float)
+            # the slot that ran each item: static persistent CTA c runs c, c + P, ... (the
+            # model's rule, as it assigned them)
+            speeds = cta_speeds(clocks, base.item_slot, steps)
             fed = simulate_timed(launch, memory, compute, **kw,
                                  exposure=Exposure(cta_speed=tuple(speeds)))
             # the control: the same speeds given to other CTAs (does the spread alone do it?)
             shuffled = simulate_timed(launch, memory, compute, **kw, exposure=Exposure(
                 cta_speed=tuple(np.random.default_rng(int(r["repeat"])).permutation(speeds))))
-            replay = dram_reads_by_model(launch, preset, [timed_trace(launch, start, end)])
+            replay = _replayed_dram_bytes(launch, preset, start, end)
             row = {"GPU": r["GPU"], "gpu": gpu, "point": name, "repeat": int(r["repeat"]),
                    "plain ms": r["plain_ms"], "clocked ms": r["clocked_ms"],
                    "clocked, clock on ms": r["timed_ms"], "outputs equal": r["outputs_equal"],
                    "clock step ns": r["clock_step_ns"],
-                   "first wave": int((start < end.min()).sum()), "ctas": launch.num_ctas,
+                   "first wave": clocks.first_wave(), "ctas": launch.num_ctas,
                    "CTA speed p5": np.percentile(speeds, 5),
                    "CTA speed p95": np.percentile(speeds, 95),
                    "CTA speed CV": float(np.std(speeds) / np.mean(speeds)),
                    "model GB": base.dram_read_bytes / 1e9,
                    "model, measured speeds GB": fed.dram_read_bytes / 1e9,
                    "model, speeds shuffled GB": shuffled.dram_read_bytes / 1e9,
-                   "replayed timeline GB": replay["partitions"] / 1e9,
+                   "replayed timeline GB": replay / 1e9,
                    "model ms": base.kernel_ns * 1e-6,
                    "model, measured speeds ms": fed.kernel_ns * 1e-6}
             for m in MOMENTS:
-                row[f"spread at {m:.0%}, MB"] = spread_mb(launch, start, end, m)
+                row[f"spread at {m:.0%}, MB"] = spread_mb(launch, steps, start, end, m)
                 row[f"model spread at {m:.0%}, MB"] = spread_mb(
-                    launch, base.item_start_ns, base.item_end_ns, m)
+                    launch, steps, base.item_start_ns, base.item_end_ns, m)
                 row[f"fed spread at {m:.0%}, MB"] = spread_mb(
-                    launch, fed.item_start_ns, fed.item_end_ns, m)
+                    launch, steps, fed.item_start_ns, fed.item_end_ns, m)
             rows.append(row)
     out = pd.DataFrame(rows)
     n = _ncu(study)

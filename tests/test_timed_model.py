@@ -312,11 +312,12 @@ def test_the_guard_counts_a_dense_launchs_steps_without_its_table(schedule, seql
                                                                   causal, alignment):
     """The step count the guard refuses by (from the problem alone) is the work table's: a
     launch of 1.3e11 steps was refused only after building its table (30-60 s, gigabytes)."""
-    from wavefront.model.timed import _item_steps_of, dense_steps
+    from wavefront.model.simulation import item_steps
+    from wavefront.model.timed import dense_steps
     launch = plan((3, 4, seqlen_q, 64), (3, 2, seqlen_kv, 64), sms=132, l2_bytes=L2,
                   causal=causal, schedule=schedule, tiles="64x64",
                   causal_alignment=alignment)
-    assert dense_steps(launch) == int(_item_steps_of(launch).sum()) > 0
+    assert dense_steps(launch) == int(item_steps(launch).sum()) > 0
 
 
 def test_a_capacity_from_one_length_warns():

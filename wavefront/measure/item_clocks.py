@@ -20,6 +20,7 @@ microseconds: each `ItemClocks` carries its copies and their mean interval.
 from __future__ import annotations
 
 import time
+import weakref
 from dataclasses import dataclass
 
 import numpy as np
@@ -52,11 +53,22 @@ class ItemClocks:
     step_ns: float
     launch_ms: float
 
+    def first_wave(self) -> int:
+        """How many items started before the first item ended (a persistent launch's CTAs
+        resident at once)."""
+        return int((self.start_ns < self.end_ns.min()).sum())
+
     def first_wave_started(self, ctas: int) -> bool:
-        """Whether `ctas` items started before the first item ended (every CTA of a
-        persistent launch was resident at once)."""
-        first_end = self.end_ns.min()
-        return int((self.start_ns < first_end).sum()) >= min(ctas, len(self.start_ns))
+        """Whether every one of `ctas` persistent CTAs started in the first wave."""
+        return self.first_wave() >= min(ctas, len(self.start_ns))
+
+    def ns_per_step(self, slot_of_item: np.ndarray, steps: np.ndarray) -> np.ndarray:
+        """Per CTA slot (`slot_of_item`: the slot that ran each item): its busy time (its items'
+        durations) over its K/V steps (`steps`, per item)."""
+        n = int(slot_of_item.max()) + 1
+        busy = np.bincount(slot_of_item, weights=self.end_ns - self.start_ns, minlength=n)
+        work = np.bincount(slot_of_item, weights=steps, minlength=n)
+        return busy / np.maximum(work, 1)
 
 
 class ItemClock:
@@ -71,6 +83,7 @@ class ItemClock:
         self.copy_stream = cupy.cuda.Stream(non_blocking=True)
         self.gate_kernel = cupy.RawKernel(_GATE_SOURCE, "clock_gate")
         self.gate = cupy.zeros(1, dtype=cupy.int32)
+        self._loaded = weakref.WeakSet()  # launchers already launched once
 
     def _write(self, word_ptr: int, value: int) -> None:
         self.value[0] = value
@@ -80,14 +93,16 @@ class ItemClock:
 
     def record(self, launcher, q, k, v, out, stream) -> ItemClocks:
         """Launch `launcher` (made with record_order=True) once on `stream` (a non-blocking
-        CuPy stream) after one launch without the clock (which loads its binary: a module
-        load waits for the device); -> the clocked launch's items' clocks."""
+        CuPy stream); -> its items' clocks. A launcher's first record launches it once without
+        the clock first: that loads its binary, and a module load waits for the device."""
         cupy = self.cupy
         if not launcher.record_order:
             raise ValueError("launcher: expected one made with record_order=True")
         own = launcher.on_stream(stream.ptr)
-        own(q, k, v, out, stream.ptr)
-        stream.synchronize()
+        if own not in self._loaded:
+            own(q, k, v, out, stream.ptr)
+            stream.synchronize()
+            self._loaded.add(own)
         word = own.order.data.ptr  # Order[0]: the ticket counter the attention adds to
         self.gate.fill(0)
         cupy.cuda.Device().synchronize()
@@ -115,11 +130,3 @@ class ItemClock:
         return ItemClocks(start - begin, end - begin, copies,
                           (last - first) / max(copies, 1), ms)
 
-
-def per_cta(clocks: ItemClocks, slot_of_item: np.ndarray, steps: np.ndarray) -> dict:
-    """Per CTA slot (static persistent: CTA c runs items c, c + P, ...): its K/V steps, its
-    busy time (sum of its items' durations) and its ns per step."""
-    n = int(slot_of_item.max()) + 1
-    busy = np.bincount(slot_of_item, weights=clocks.end_ns - clocks.start_ns, minlength=n)
-    work = np.bincount(slot_of_item, weights=steps, minlength=n)
-    return {"steps": work, "busy_ns": busy, "ns_per_step": busy / np.maximum(work, 1)}

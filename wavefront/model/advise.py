@@ -75,10 +75,10 @@ def total_steps(launch) -> int:
     """The K/V steps a candidate's simulation takes: a dense launch's counted from its problem
     (`timed.dense_steps`: its work table is not built to be refused), a packed batch's from
     its table."""
-    from wavefront.model.simulation import _item_steps
+    from wavefront.model.simulation import item_steps
     from wavefront.model.timed import dense_steps
     steps = dense_steps(launch)
-    return int(_item_steps(launch.work_table.astype("int64")).sum()) if steps is None else steps
+    return int(item_steps(launch).sum()) if steps is None else steps
 
 
 def rank(point, gpu, memory, compute_of: Callable, schedules: list[str], *,

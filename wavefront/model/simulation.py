@@ -71,8 +71,9 @@ def _item_table(launch: Launch) -> np.ndarray:
     return launch.work_table.astype(np.int64)
 
 
-def _item_steps(table: np.ndarray) -> np.ndarray:
-    """K/V tiles each work item visits: its unmasked scan and its masked tiles."""
+def item_steps(launch: Launch) -> np.ndarray:
+    """K/V tiles each work item of `launch` visits: its unmasked scan and its masked tiles."""
+    table = _item_table(launch)
     return table[:, WORK_SCAN_COUNT] + table[:, WORK_MASKED_HI] - table[:, WORK_MASKED_LO]
 
 
@@ -295,7 +296,7 @@ def timed_trace(launch: Launch, start, end) -> Trace:
     parts = [(b.address.copy(), b.nbytes.copy(), b.kind.copy())
              for b in _blocks(launch, 1, True, False, 0.0, 0, BLOCK_ACCESSES)]
     address, nbytes, kind = (np.concatenate(p) for p in zip(*parts))
-    steps = _item_steps(_item_table(launch))
+    steps = item_steps(launch)
     per_item = 2 + 2 * steps  # Q, K and V of each step, then O (or the partial state)
     main = int(per_item.sum())
     item = np.repeat(np.arange(n_items), per_item)
@@ -340,7 +341,7 @@ class DriftModel:
         """(start, end) of every work item, in K/V steps of a mean-rate slot."""
         import heapq
         rng = np.random.default_rng(seed)
-        steps = _item_steps(_item_table(launch)).astype(np.float64)
+        steps = item_steps(launch).astype(np.float64)
         n_items = launch.num_items
         n_slots = int(_slot_of_item(launch).max()) + 1
         rate = np.clip(1.0 + self.rate_spread * rng.standard_normal(n_slots), 0.2, None)

@@ -43,7 +43,8 @@ import numpy as np
 
 from wavefront.model.pipeline import ASSUMED_LOADS_AHEAD, kv_stages_of
 from wavefront.model.simulation import (
-    KIND_O, KIND_PARTIAL_READ, _combine_pass, _hash64, _item_table, lru_touch, slots_of)
+    KIND_O, KIND_PARTIAL_READ, _combine_pass, _hash64, _item_table, item_steps, lru_touch,
+    slots_of)
 from wavefront.point import SECTOR_BYTES
 from wavefront.schedules import (
     WORK_BATCH, WORK_CHUNK, WORK_HEAD, WORK_MASKED_HI, WORK_MASKED_LO, WORK_Q_TILE,
@@ -561,13 +562,8 @@ def timed_cost(launch: Launch) -> tuple[int, int]:
     table_bytes = launch.num_items * 8 * 16
     steps = dense_steps(launch)
     if steps is None:
-        steps = int(_item_steps_of(launch).sum())
+        steps = int(item_steps(launch).sum())
     return 2 * n_ids * (3 * 8 + 1) + 8 * n_ids + table_bytes + 4 * 8 * launch.num_items, steps
-
-
-def _item_steps_of(launch: Launch) -> np.ndarray:
-    table = _item_table(launch)
-    return table[:, WORK_SCAN_COUNT] + table[:, WORK_MASKED_HI] - table[:, WORK_MASKED_LO]
 
 
 def dense_steps(launch: Launch) -> int | None:
@@ -673,8 +669,7 @@ def simulate_timed(launch: Launch, memory: MemoryTiming, compute: ComputeTiming,
     part_of_slot = ((np.arange(n_slots) % launch.sms) % partitions).astype(np.int64)
     counts = np.zeros(6, np.float64)
     if horizon_ns is None:  # every byte from DRAM, plus every step's compute, is an upper end
-        steps = float(np.sum(table[:, WORK_SCAN_COUNT] + table[:, WORK_MASKED_HI]
-                             - table[:, WORK_MASKED_LO]))
+        steps = float(np.sum(item_steps(launch)))
         horizon_ns = (2 * steps * p.tile_n * p.head_dim * p.element_bytes
                       / (memory.dram_bytes_per_s * 1e-9)
                       + (steps / n_slots + 1) * compute.step_ns
@@ -954,10 +949,8 @@ def no_cache_ns(launch: Launch, compute: ComputeTiming) -> float:
     dynamic ones (and a grid's next CTA) hand the next row to the first CTA that frees up.
     The timed model earns its clock only where it beats this on time."""
     import heapq
-    table = _item_table(launch)
     n_slots, dynamic = slots_of(launch)
-    steps = (table[:, WORK_SCAN_COUNT] + table[:, WORK_MASKED_HI]
-             - table[:, WORK_MASKED_LO]).astype(np.float64)
+    steps = item_steps(launch).astype(np.float64)
     cost = compute.item_ns + steps * compute.step_ns
     if not dynamic:
         stride = launch.num_ctas
