@@ -16,9 +16,11 @@ def test_item_clocks_are_times_of_the_items(causal):
     from wavefront.measure.bench import random_inputs
     from wavefront.measure.item_clocks import ItemClock
     from wavefront.point import Point
-    # items of 512 K/V steps, long against the clock's few microseconds
-    point = Point(batch=1, heads=2, seqlen=32768, head_dim=64, causal=causal, tiles="64x64",
-                  occupancy=1, ctas=16, schedule="persistent+linear")
+    # items of up to 1024 K/V steps, long against the clock's few microseconds, on every SM
+    # as the experiment's launches (a launch of 16 CTAs on fresh H200 hosts saw the clock's
+    # copies stop landing after ~0.1 ms: refused by `record`, not yet understood)
+    point = Point(batch=1, heads=4, seqlen=65536, head_dim=64, causal=causal, tiles="64x64",
+                  occupancy=2, schedule="persistent+linear")
     q, k, v = random_inputs(point, 3)
     plain, _ = launcher_for(q, k, v, **point.attention_kwargs())
     clocked, _ = launcher_for(q, k, v, record_order=True, **point.attention_kwargs())
