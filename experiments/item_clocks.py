@@ -271,8 +271,18 @@ def _rows(study) -> pd.DataFrame:
 
 def table(study) -> pd.DataFrame:
     """Per GPU, point and repeat: the clocked launch's CTA speeds and spreads along K/V, the
-    model's, and the DRAM reads measured and predicted three ways."""
-    return study.once("item_clocks.rows", lambda: _rows(study)).copy()
+    model's, and the DRAM reads measured and predicted three ways; cached with the model's
+    other predictions (`data/model_cache`), keyed on the records, the model and this file."""
+    from pathlib import Path
+
+    from wavefront.report.analysis import cached_table
+    from wavefront.report.timed import model_inputs
+
+    def cached():
+        records = sorted((study.data_dir / "item_clocks").glob("*.jsonl*"))
+        return cached_table(study, "item_clocks", [*records, *model_inputs(study),
+                                                   Path(__file__)], lambda: _rows(study))
+    return study.once("item_clocks.rows", cached).copy()
 
 
 def figure(study):

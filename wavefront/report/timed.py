@@ -38,6 +38,12 @@ def _model_files() -> list[Path]:
             Path(simulation.__file__), Path(pipeline.__file__), pipeline.PIPELINE_DATA]
 
 
+def model_inputs(study) -> list[Path]:
+    """The files a timed prediction depends on, for a cache key (`cached_table`): the
+    calibration's training data and the model's code and presets."""
+    return [results_path(study.data_dir / TRAINING), *_model_files()]
+
+
 def _points(study, family: str) -> tuple[pd.DataFrame, pd.DataFrame]:
     """(per point: median DRAM reads and time over repeats, the point's first row)."""
     df = with_timing(study.load(family))
@@ -75,7 +81,7 @@ def calibrations(study) -> dict[str, Calibration]:
     """Per GPU: the compute timings fitted on the training set's launches that fit in the L2
     (DRAM reads within ABOVE_KNEE x compulsory), cached."""
     table = cached_table(study, "timed_calibration",
-                         [results_path(study.data_dir / TRAINING), *_model_files()],
+                         model_inputs(study),
                          lambda: _calibration_table(study))
     out = {}
     for gpu, g in table.groupby("gpu"):
@@ -576,7 +582,7 @@ def predictions(study) -> pd.DataFrame:
     model, the compute projected from the H100's calibration at its own fraction of peak (the
     point prediction), and at FA2_FRACTION_OF_PEAK (the interval's fast end; columns `_fast`),
     each with its range over the calibration's nudges (`_min`, `_max`) (cached)."""
-    inputs = [results_path(study.data_dir / TRAINING), *_model_files(), Path(__file__)]
+    inputs = [*model_inputs(study), Path(__file__)]
     return cached_table(study, "timed_predictions", inputs, lambda: _prediction_rows(study))
 
 
@@ -989,5 +995,5 @@ def gb10_postdictions(study) -> pd.DataFrame:
     one K/V step in flight (against `step_ns_at_peak`: below it, that depth cannot give the
     paper's linear throughput) (cached in data/model_cache, keyed by the training set and the
     model's source)."""
-    inputs = [results_path(study.data_dir / TRAINING), *_model_files(), Path(__file__)]
+    inputs = [*model_inputs(study), Path(__file__)]
     return cached_table(study, "gb10_postdiction", inputs, lambda: _gb10_rows(study))
