@@ -32,6 +32,9 @@ from wavefront.report.exposure import records
 DATASETS = ()
 RECORDS = ("item_clocks",)
 REPEATS = 3
+NCU_REPEATS = 4
+# the binaries profiled: the plain one, and the one whose tickets carry the clock
+BINARIES = ("plain", "clocked")
 SEED = 5
 # the rounds of work items in whose middle the CTAs' spread along K/V is read (shares of the
 # launch's full rounds)
@@ -110,31 +113,38 @@ def measure(out_dir) -> int:
 
 
 def _profile(write) -> int:
-    """Nsight Compute's DRAM reads of each point's plain binary (`wavefront profile`, cold L2,
-    REPEATS launches), each row written as a record."""
+    """Nsight Compute's DRAM reads of each point's plain binary and of the clocked binary
+    (`wavefront profile`, cold L2, NCU_REPEATS launches each; the clock itself cannot run under
+    ncu, which serialises the host's copies behind the launch, so the clocked binary takes
+    tickets that count), each row written as a record."""
     import subprocess
     import sys
     import tempfile
     from pathlib import Path
     failures = 0
-    for name, p in points().items():
-        with tempfile.TemporaryDirectory() as tmp:
-            cmd = [sys.executable, "-m", "wavefront.cli", "profile", "--batch", str(p.batch),
-                   "--heads", str(p.heads), "--seqlen", str(p.seqlen), "--head-dim",
-                   str(p.head_dim), "--tile", p.tiles, "--occupancy", str(p.occupancy),
-                   "--schedule", p.schedule, "--repeats", str(REPEATS), "--out", tmp,
-                   "--causal" if p.causal else "--no-causal"]
-            run = subprocess.run(cmd, capture_output=True, text=True)
-            results = Path(tmp) / "results.csv"
-            if run.returncode or not results.exists():
-                failures += 1
-                write({"kind": "ncu", "point": name,
-                       "error": (run.stderr or run.stdout)[-300:]})
-                continue
-            for row in pd.read_csv(results).to_dict("records"):
-                write({"kind": "ncu", "point": name, "repeat": row.get("repeat"),
-                       "status": row.get("status"), "dram_read_bytes":
-                       row.get("dram_read_bytes"), "ncu_duration_ns": row.get("ncu_duration_ns")})
+    for i, (name, p) in enumerate(points().items()):
+        # which binary goes first alternates from point to point
+        for binary in BINARIES[::(-1) ** i]:
+            with tempfile.TemporaryDirectory() as tmp:
+                cmd = [sys.executable, "-m", "wavefront.cli", "profile", "--batch",
+                       str(p.batch), "--heads", str(p.heads), "--seqlen", str(p.seqlen),
+                       "--head-dim", str(p.head_dim), "--tile", p.tiles, "--occupancy",
+                       str(p.occupancy), "--schedule", p.schedule, "--repeats",
+                       str(NCU_REPEATS), "--out", tmp,
+                       "--causal" if p.causal else "--no-causal",
+                       *(["--record-order"] if binary == "clocked" else [])]
+                run = subprocess.run(cmd, capture_output=True, text=True)
+                results = Path(tmp) / "results.csv"
+                if run.returncode or not results.exists():
+                    failures += 1
+                    write({"kind": "ncu", "point": name, "binary": binary,
+                           "error": (run.stderr or run.stdout)[-300:]})
+                    continue
+                for row in pd.read_csv(results).to_dict("records"):
+                    write({"kind": "ncu", "point": name, "binary": binary,
+                           "repeat": row.get("repeat"), "status": row.get("status"),
+                           "dram_read_bytes": row.get("dram_read_bytes"),
+                           "ncu_duration_ns": row.get("ncu_duration_ns")})
     return failures
 
 
@@ -146,11 +156,37 @@ def _clocks(study) -> pd.DataFrame:
     return c[c["error"].isna()] if "error" in c else c
 
 
-def _ncu(study) -> pd.DataFrame:
-    d = records(study, "item_clocks")
+def _ncu(study, binary: str | None = "plain") -> pd.DataFrame:
+    """Nsight Compute's rows of one binary (runs before the clocked binary was profiled too
+    profiled the plain one only); None: both, with a `binary` column."""
+    from wavefront.report.analysis import short_gpu
+    from wavefront.results.records import EXPOSURE_RECORDS
+    d = pd.DataFrame([{**r, "run": run} for run, rows in study.records(
+        EXPOSURE_RECORDS, "item_clocks").items() for r in rows])
+    d["GPU"] = d["gpu"].map(short_gpu)
     n = d[d["kind"] == "ncu"]
     n = n[n["error"].isna()] if "error" in n else n
-    return n[n["status"] == "ok"]
+    n = n[n["status"] == "ok"].assign(
+        binary=n["binary"].fillna("plain") if "binary" in n else "plain")
+    return n if binary is None else n[n["binary"] == binary]
+
+
+def binary_dram(study) -> pd.DataFrame:
+    """Per GPU and point: DRAM reads of the plain and the clocked binary (median, range,
+    launches), from the runs that profiled both."""
+    n = _ncu(study, None)
+    both = n.groupby("run")["binary"].transform("nunique") == len(BINARIES)
+    n = n[both]
+    if n.empty:
+        return pd.DataFrame()
+    t = n.groupby(["GPU", "point", "binary"])["dram_read_bytes"].agg(
+        ["median", "min", "max", "count"]).unstack("binary")
+    out = pd.DataFrame({"GPU": [g for g, _ in t.index], "point": [p for _, p in t.index]})
+    for b in BINARIES:
+        for col in ("median", "min", "max"):
+            out[f"{b} GB {col}"] = t[(col, b)].to_numpy() / 1e9
+        out[f"{b} launches"] = t[("count", b)].to_numpy()
+    return out
 
 
 def _launch(row):
@@ -327,10 +363,21 @@ def section(study) -> Section:
     plain = t.groupby("point")["plain ms"].agg(lambda x: x.max() / x.min() - 1)
     s.claim(f"With the clock on, a launch took {over.min():+.1%} to {over.max():+.1%} (median "
             f"{over.median():+.1%}) more time than the plain launch of its round, while the "
-            f"plain launches of one point differed by up to {plain.max():.1%} among themselves; "
-            "the clocked binary's DRAM reads were not counted (Nsight Compute serialises the "
-            "clock's copies behind the launch)", bool(abs(over.median()) < 0.1),
-            {"over": over.tolist(), "plain": plain.to_dict()})
+            f"plain launches of one point differed by up to {plain.max():.1%} among themselves",
+            bool(abs(over.median()) < 0.1), {"over": over.tolist(), "plain": plain.to_dict()})
+    b = binary_dram(study)
+    if b.empty:
+        s.claim("The clocked binary's DRAM reads were not counted", True, [])
+    for _, r in b.iterrows():
+        inside = r["plain GB min"] <= r["clocked GB median"] <= r["plain GB max"]
+        s.claim(f"{r['point']} ({r['GPU']}): under Nsight Compute the clocked binary read "
+                f"{r['clocked GB median']:.2f} GB of DRAM (median; {r['clocked GB min']:.2f}-"
+                f"{r['clocked GB max']:.2f}, {r['clocked launches']} launches), the plain one "
+                f"{r['plain GB median']:.2f} ({r['plain GB min']:.2f}-{r['plain GB max']:.2f}, "
+                f"{r['plain launches']}): " + ("inside" if inside else "outside")
+                + " the plain binary's range (the tickets count there: Nsight Compute "
+                "serialises the clock's copies behind the launch)",
+                bool(np.isfinite(r["clocked GB median"])), r.to_dict())
     per = t.groupby(["GPU", "point"])
     cv = per["CTA speed CV"].agg(["min", "max"])
     s.claim("CTA speeds (each CTA's ns per K/V step over its items, against the median CTA's) "
@@ -375,8 +422,8 @@ The two launches the timed model misses most, clocked by the kernel itself: the 
 binary's work-item tickets read the host's clock, copied into the ticket counter through the
 copy engine while the launch runs (`experiments/item_clocks.py`,
 `wavefront.measure.item_clocks`). {REPEATS} clocked launches per point and run, each round
-beside a plain and a clocked launch without the clock; DRAM reads of the plain binary by Nsight
-Compute in the same run (cold L2, {REPEATS} launches per run). "Spread": the distance along K/V
+beside a plain and a clocked launch without the clock; DRAM reads by Nsight Compute in the same
+run (cold L2; of the plain binary, and in the last run of the clocked one too). "Spread": the distance along K/V
 between the 10th and 90th percentile of the running CTAs' positions in the middle of the
 launch's middle round of work items (each item at a constant pace between its measured start
 and end). Predictions: the timed model (every CTA at the calibrated speed), the same given

@@ -19,7 +19,8 @@ from wavefront.model.counting import launch_counts
 from wavefront.model.fits import ABOVE_KNEE, PAPER_LAUNCH, launch_of_row
 from wavefront.model.presets import PRESETS, preset_for_device
 from wavefront.model.timed import (
-    Calibration, calibrate, memory_timing, no_cache_ns, projected_compute, simulate_timed)
+    NO_EXPOSURE, Calibration, calibrate, memory_timing, no_cache_ns, projected_compute,
+    simulate_timed)
 from wavefront.point import SECTOR_BYTES, plan
 from wavefront.schedules import Launch
 from wavefront.report.analysis import VALIDATION_FAMILIES, cached_table, medians, short_gpu
@@ -95,9 +96,10 @@ def calibrations(study) -> dict[str, Calibration]:
     return out
 
 
-def _validation_rows(study, cals: dict | None = None) -> pd.DataFrame:
+def _validation_rows(study, cals: dict | None = None, exposure=None) -> pd.DataFrame:
     """`validation_rows`, computed; `cals`: calibrations to simulate with instead of the fitted
-    ones (nudged copies: `nudged_validation`)."""
+    ones (nudged copies: `nudged_validation`); `exposure`: an `Exposure` every point is
+    simulated with (e.g. measured CTA speeds; default: none)."""
     cals = calibrations(study) if cals is None else cals
     rows = []
     for family in TIMED_FAMILIES:
@@ -110,7 +112,8 @@ def _validation_rows(study, cals: dict | None = None) -> pd.DataFrame:
             if compute is None:
                 continue
             pred = simulate_timed(launch, memory, compute, l2_bytes=int(row["l2_bytes"]),
-                                  partitions=preset.l2_partitions)
+                                  partitions=preset.l2_partitions,
+                                  exposure=NO_EXPOSURE if exposure is None else exposure)
             rows.append({
                 "gpu": r["gpu"], "family": family, "point": r["point"],
                 "causal": bool(row["causal"]), "schedule": f"{row['cta_schedule']}+"
