@@ -32,7 +32,8 @@ from wavefront.report.exposure import records
 DATASETS = ()
 RECORDS = ("item_clocks",)
 REPEATS = 3
-NCU_REPEATS = 4
+# Nsight Compute rounds per point, one launch of each binary per round
+NCU_ROUNDS = 6
 # the binaries profiled: the plain one, and the one whose tickets carry the clock
 BINARIES = ("plain", "clocked")
 SEED = 5
@@ -114,37 +115,37 @@ def measure(out_dir) -> int:
 
 def _profile(write) -> int:
     """Nsight Compute's DRAM reads of each point's plain binary and of the clocked binary
-    (`wavefront profile`, cold L2, NCU_REPEATS launches each; the clock itself cannot run under
-    ncu, which serialises the host's copies behind the launch, so the clocked binary takes
-    tickets that count), each row written as a record."""
+    (`wavefront profile`, cold L2), NCU_ROUNDS interleaved rounds of one launch each, which
+    binary goes first alternating from round to round; the clock itself cannot run under ncu
+    (it serialises the host's copies behind the launch), so the clocked binary's tickets
+    count. Each row is written as a record."""
     import subprocess
     import sys
     import tempfile
     from pathlib import Path
     failures = 0
-    for i, (name, p) in enumerate(points().items()):
-        # which binary goes first alternates from point to point
-        for binary in BINARIES[::(-1) ** i]:
-            with tempfile.TemporaryDirectory() as tmp:
-                cmd = [sys.executable, "-m", "wavefront.cli", "profile", "--batch",
-                       str(p.batch), "--heads", str(p.heads), "--seqlen", str(p.seqlen),
-                       "--head-dim", str(p.head_dim), "--tile", p.tiles, "--occupancy",
-                       str(p.occupancy), "--schedule", p.schedule, "--repeats",
-                       str(NCU_REPEATS), "--out", tmp,
-                       "--causal" if p.causal else "--no-causal",
-                       *(["--record-order"] if binary == "clocked" else [])]
-                run = subprocess.run(cmd, capture_output=True, text=True)
-                results = Path(tmp) / "results.csv"
-                if run.returncode or not results.exists():
-                    failures += 1
-                    write({"kind": "ncu", "point": name, "binary": binary,
-                           "error": (run.stderr or run.stdout)[-300:]})
-                    continue
-                for row in pd.read_csv(results).to_dict("records"):
-                    write({"kind": "ncu", "point": name, "binary": binary,
-                           "repeat": row.get("repeat"), "status": row.get("status"),
-                           "dram_read_bytes": row.get("dram_read_bytes"),
-                           "ncu_duration_ns": row.get("ncu_duration_ns")})
+    for name, p in points().items():
+        for r in range(NCU_ROUNDS):
+            for binary in BINARIES[::(-1) ** r]:
+                with tempfile.TemporaryDirectory() as tmp:
+                    cmd = [sys.executable, "-m", "wavefront.cli", "profile", "--batch",
+                           str(p.batch), "--heads", str(p.heads), "--seqlen", str(p.seqlen),
+                           "--head-dim", str(p.head_dim), "--tile", p.tiles, "--occupancy",
+                           str(p.occupancy), "--schedule", p.schedule, "--repeats", "1",
+                           "--out", tmp, "--causal" if p.causal else "--no-causal",
+                           *(["--record-order"] if binary == "clocked" else [])]
+                    run = subprocess.run(cmd, capture_output=True, text=True)
+                    results = Path(tmp) / "results.csv"
+                    if run.returncode or not results.exists():
+                        failures += 1
+                        write({"kind": "ncu", "point": name, "binary": binary, "repeat": r,
+                               "error": (run.stderr or run.stdout)[-300:]})
+                        continue
+                    for row in pd.read_csv(results).to_dict("records"):
+                        write({"kind": "ncu", "point": name, "binary": binary, "repeat": r,
+                               "status": row.get("status"),
+                               "dram_read_bytes": row.get("dram_read_bytes"),
+                               "ncu_duration_ns": row.get("ncu_duration_ns")})
     return failures
 
 
