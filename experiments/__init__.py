@@ -35,7 +35,8 @@ APPENDICES = {
     "first_kernel": ("foundation", "bench_rounds", "scaling"),
     "counters": ("counter_variance", "kernel_drift", "throughput_vs_misses"),
     "tables": ("knee", "headline", "tiled_fit", "predictions"),
-    "regimes": ("ablation", "starved_launch", "dram_bound", "ctas_in_flight", "tiled"),
+    "regimes": ("ablation", "starved_launch", "dram_bound", "ctas_in_flight", "tiled",
+                "cta_convoy"),
     "model": ("timed_model", "item_clocks", "advisor_picks"),
     "backward": ("backward_bench",),
 }

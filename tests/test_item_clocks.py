@@ -53,3 +53,27 @@ def test_ctas_in_lock_step_have_no_spread_and_drifting_ones_do():
     assert ic.spread_mb(LAUNCH, steps, together.start_ns, together.end_ns, 0.5) == 0.0
     apart, _, _ = _lockstep(np.linspace(90.0, 110.0, LAUNCH.num_ctas))
     assert ic.spread_mb(LAUNCH, steps, apart.start_ns, apart.end_ns, 0.5) > 0.5
+
+
+def test_the_clocked_binary_differs_from_the_plain_one_only_by_its_tickets():
+    """What Appendix G says of the two binaries at the S256k launch: the same K/V loop (its
+    instruction mix and its rings), and the clocked one's only atomics are its two tickets per
+    work item (start and end)."""
+    from collections import Counter
+
+    from wavefront.kernel.attention import KernelVariant, compile_variant
+    from wavefront.kernel.sass import ADDRESSED, disassemble, find_cuobjdump, kv_loop_mix
+    from wavefront.model.pipeline import kv_pipeline
+    if find_cuobjdump() is None:
+        pytest.skip("cuobjdump/nvdisasm not installed")
+    launch = _experiment().points()["S256k 128x64 non-causal"].launch(GpuShape(132, 50 << 20))
+    sass = {clocked: disassemble(compile_variant(
+        KernelVariant.for_launch(launch, "bfloat16", record_order=clocked), "sm_90"))
+        for clocked in (False, True)}
+    assert kv_pipeline(sass[True]).as_dict() == kv_pipeline(sass[False]).as_dict()
+    assert kv_loop_mix(sass[True]) == kv_loop_mix(sass[False])
+    atomics = {clocked: Counter(op for _, op, _ in ADDRESSED.findall(s)
+                                if op.startswith(("ATOM", "RED")))
+               for clocked, s in sass.items()}
+    assert sum(atomics[False].values()) == 0
+    assert sum(atomics[True].values()) == 2, atomics[True]

@@ -19,7 +19,7 @@ from wavefront.model.counting import launch_counts
 from wavefront.model.fits import ABOVE_KNEE, PAPER_LAUNCH, launch_of_row
 from wavefront.model.presets import PRESETS, preset_for_device
 from wavefront.model.timed import (
-    NO_EXPOSURE, Calibration, calibrate, memory_timing, no_cache_ns, projected_compute,
+    NO_EXPOSURE, Calibration, Exposure, calibrate, memory_timing, no_cache_ns, projected_compute,
     simulate_timed)
 from wavefront.point import SECTOR_BYTES, plan
 from wavefront.schedules import Launch
@@ -134,6 +134,16 @@ def validation_rows(study) -> pd.DataFrame:
     inputs = [results_path(study.data_dir / f) for f in (TRAINING, *TIMED_FAMILIES)]
     return cached_table(study, "timed_validation", inputs + _model_files(),
                         lambda: _validation_rows(study))
+
+
+def spread_validation_rows(study, speeds, seed: int, sources: list[Path]) -> pd.DataFrame:
+    """`validation_rows` re-simulated with every point's CTAs at speeds drawn (with `seed`) from
+    a measured sample `speeds` (`Exposure.cta_speed`), cached; `sources`: the files the sample
+    is computed from (for the cache key)."""
+    inputs = [results_path(study.data_dir / f) for f in (TRAINING, *TIMED_FAMILIES)]
+    exposure = Exposure(cta_speed=tuple(float(x) for x in speeds), seed=seed)
+    return cached_table(study, "timed_validation_spread", inputs + _model_files() + sources,
+                        lambda: _validation_rows(study, exposure=exposure))
 
 
 VALIDATION_NUDGES = (-1, 1)  # the held-out rows re-simulated at item_ns x (1 + k x 1e-15)

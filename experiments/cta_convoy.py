@@ -1,0 +1,297 @@
+"""Does a CTA order that hands out work items at run time keep the CTAs together, and does it
+buy time?
+
+One head, long sequences (B1 H1 D128 bf16, 128x64 tiles, two CTAs per SM): every work item
+scans the same K and V, so the L2 serves a K/V tile again only while the CTAs scanning it stay
+close together along K/V. Three CTA orders of the same kernel: static persistent CTAs (CTA c
+takes items c, c + P, ...), dynamic persistent CTAs (a CTA takes the next item from a global
+atomic counter when it finishes one: FlashAttention-3's dynamic scheduler) and one CTA per item
+(the hardware hands out the next CTA). At 64k the K and V of the head (32 MiB) fit in the L2
+of both GPUs: the control, where no order can save a DRAM byte. At 128k and 256k they do not.
+Also the causal S128k launch with 64x64 tiles (the second launch `item_clocks` clocks).
+
+Per launch: correct against the float32 reference, then ROUNDS rounds in which every launch
+runs once in a random order (CUDA events, SM clock and throttle state sampled), then Nsight
+Compute's DRAM reads (cold L2, NCU_REPEATS launches each). The timed model predicts each.
+
+    python experiments/cta_convoy.py run            # on a GPU: data/cta_convoy/
+    python experiments/cta_convoy.py plot --out DIR # anywhere: figure, table
+"""
+import matplotlib.pyplot as plt
+import numpy as np
+import pandas as pd
+import seaborn as sns
+
+from wavefront.report.draft import Section, md_table
+from wavefront.report.experiments import run_as_script
+from wavefront.report.exposure import interval_text, paired, records
+
+DATASETS = ()
+RECORDS = ("cta_convoy",)
+ROUNDS = 8
+NCU_REPEATS = 3
+ORDERS = ("persistent", "dynamic", "grid")  # static persistent, dynamic persistent, grid
+SEQLENS = (65536, 131072, 262144)
+CONTROL_SEQLEN = 65536  # K and V of the head: 32 MiB, in the L2 of both GPUs
+CAUSAL_ORDERS = ("persistent", "dynamic")
+
+
+def _name(seqlen: int, causal: bool, order: str) -> str:
+    return f"S{seqlen // 1024}k {'causal' if causal else 'non-causal'}|{order}"
+
+
+def points():
+    from wavefront.point import Point
+    out = {_name(s, False, o): Point(batch=1, heads=1, seqlen=s, head_dim=128, causal=False,
+                                     tiles="128x64", occupancy=2, schedule=f"{o}+linear")
+           for s in SEQLENS for o in ORDERS}
+    out.update({_name(131072, True, o): Point(batch=1, heads=1, seqlen=131072, head_dim=128,
+                                              causal=True, tiles="64x64", occupancy=2,
+                                              schedule=f"{o}+linear")
+                for o in CAUSAL_ORDERS})
+    return out
+
+
+def measure(out_dir) -> int:
+    """The rounds, then Nsight Compute; appended to <out_dir>/rounds.jsonl. -> failures."""
+    import click
+
+    from wavefront.device import current_device
+    from wavefront.measure.corunners import paired_rounds
+    from wavefront.measure.sink import JsonlSink
+    from wavefront.results.records import EXPOSURE_RECORDS
+    dev = current_device()
+    failures = 0
+    with JsonlSink(out_dir, "rounds.jsonl") as sink:
+        def write(row):
+            sink.write(EXPOSURE_RECORDS.stamp({"gpu": dev.name, "sms": dev.sms,
+                                               "l2_bytes": dev.l2_bytes, **row}))
+        try:
+            with click.progressbar(length=ROUNDS, label="convoy rounds") as bar:
+                for row in paired_rounds(points(), {"alone": None}, rounds=ROUNDS,
+                                         spare_ctas=0, progress=lambda env, r: bar.update(1)):
+                    sink.write(EXPOSURE_RECORDS.stamp({"kind": "round", **row}))
+        except Exception as exc:  # recorded; the counters still run
+            failures += 1
+            write({"kind": "round", "error": str(exc)[:300]})
+        failures += _profile(write)
+    return failures
+
+
+def _profile(write) -> int:
+    """Nsight Compute's DRAM reads of every launch (`wavefront profile`, cold L2): one call per
+    mask, its orders and lengths interleaved by the sweep."""
+    import subprocess
+    import sys
+    import tempfile
+    from pathlib import Path
+    failures = 0
+    groups = ((False, "128x64", SEQLENS, ORDERS), (True, "64x64", (131072,), CAUSAL_ORDERS))
+    for causal, tiles, seqlens, orders in groups:
+        with tempfile.TemporaryDirectory() as tmp:
+            cmd = [sys.executable, "-m", "wavefront.cli", "profile", "--batch", "1", "--heads",
+                   "1", "--seqlen", ",".join(map(str, seqlens)), "--head-dim", "128", "--tile",
+                   tiles, "--occupancy", "2", "--schedule",
+                   ",".join(f"{o}+linear" for o in orders), "--repeats", str(NCU_REPEATS),
+                   "--out", tmp, "--causal" if causal else "--no-causal"]
+            run = subprocess.run(cmd, capture_output=True, text=True)
+            results = Path(tmp) / "results.csv"
+            if run.returncode or not results.exists():
+                failures += 1
+                write({"kind": "ncu", "causal": causal,
+                       "error": (run.stderr or run.stdout)[-300:]})
+                continue
+            for row in pd.read_csv(results).to_dict("records"):
+                write({"kind": "ncu", "point": _name(int(row["seqlen"]), causal,
+                                                     row["cta_schedule"]),
+                       "repeat": row.get("repeat"), "status": row.get("status"),
+                       "dram_read_bytes": row.get("dram_read_bytes"),
+                       "compulsory_read_bytes": row.get("compulsory_read_bytes"),
+                       "ncu_duration_ns": row.get("ncu_duration_ns")})
+    return failures
+
+
+# ---- analysis (anywhere) ----------------------------------------------------------------------
+
+def _records(study, kind: str) -> pd.DataFrame:
+    d = records(study, "cta_convoy")
+    d = d[d["kind"] == kind]
+    d = d[d["error"].isna()] if "error" in d else d
+    if kind == "ncu":
+        d = d[d["status"] == "ok"]
+    parts = d["point"].str.split("|", expand=True)
+    return d.assign(launch=parts[0], order=parts[1])
+
+
+def _predictions(study) -> pd.DataFrame:
+    """The timed model's DRAM reads and time for every launch on every GPU measured."""
+    from wavefront.model.presets import preset_for_device
+    from wavefront.model.timed import memory_timing, simulate_timed
+    from wavefront.point import GpuShape
+    from wavefront.report.timed import calibrations
+    cals = calibrations(study)
+    rows = []
+    n = _records(study, "ncu")
+    for gpu, g in n.groupby("gpu"):
+        preset = preset_for_device(gpu)
+        first = g.iloc[0]
+        for name, point in points().items():
+            launch = point.launch(GpuShape.of(first))
+            compute = cals[gpu].compute(launch)
+            if compute is None:
+                continue
+            pred = simulate_timed(launch, memory_timing(preset), compute,
+                                  l2_bytes=int(first["l2_bytes"]),
+                                  partitions=preset.l2_partitions)
+            rows.append({"gpu": gpu, "point": name, "model GB": pred.dram_read_bytes / 1e9,
+                         "model ms": pred.kernel_ns * 1e-6})
+    return pd.DataFrame(rows)
+
+
+def predictions(study) -> pd.DataFrame:
+    """`_predictions`, cached with the model's other predictions (data/model_cache)."""
+    from pathlib import Path
+
+    from wavefront.report.analysis import cached_table
+    from wavefront.report.timed import model_inputs
+
+    def cached():
+        files = sorted((study.data_dir / "cta_convoy").glob("*.jsonl*"))
+        return cached_table(study, "cta_convoy", [*files, *model_inputs(study), Path(__file__)],
+                            lambda: _predictions(study))
+    return study.once("cta_convoy.predictions", cached).copy()
+
+
+def table(study) -> pd.DataFrame:
+    """Per GPU and launch: each order's DRAM reads (Nsight Compute: median, range, over the
+    compulsory bytes), the model's, its median time over the rounds and its speed against the
+    static persistent order paired by round (> 1: faster), with the 95% interval."""
+    n = _records(study, "ncu")
+    r = _records(study, "round")
+    if n.empty or r.empty:
+        return pd.DataFrame()
+    dram = n.groupby(["GPU", "gpu", "launch", "order", "point"]).agg(
+        dram_gb=("dram_read_bytes", lambda x: x.median() / 1e9),
+        dram_lo=("dram_read_bytes", lambda x: x.min() / 1e9),
+        dram_hi=("dram_read_bytes", lambda x: x.max() / 1e9),
+        compulsory=("compulsory_read_bytes", "median"),
+        ncu_launches=("dram_read_bytes", "size")).reset_index()
+    dram["x compulsory"] = dram["dram_gb"] * 1e9 / dram["compulsory"]
+    speeds = []
+    for (gpu, launch), g in r.groupby(["GPU", "launch"]):
+        base = f"{launch}|persistent"
+        for order in g["order"].unique():
+            p = paired(g.assign(key=0), ["key"], base, f"{launch}|{order}").iloc[0]
+            speeds.append({"GPU": gpu, "launch": launch, "order": order,
+                           "median ms": float(g[g["order"] == order]["ms"].median()),
+                           "speed vs static": p["sawtooth vs linear"], "lo": p["lo"],
+                           "hi": p["hi"], "rounds": p["rounds"],
+                           "throttled rounds": p["throttled rounds"]})
+    t = dram.merge(pd.DataFrame(speeds), on=["GPU", "launch", "order"], how="left")
+    t = t.merge(predictions(study), on=["gpu", "point"], how="left")
+    order = {o: i for i, o in enumerate(ORDERS)}
+    return t.sort_values(["GPU", "launch", "order"], key=lambda c: c.map(order)
+                         if c.name == "order" else c).reset_index(drop=True)
+
+
+def figure(study):
+    t = table(study)
+    launches = list(dict.fromkeys(t["launch"]))
+    fig, axes = plt.subplots(1, 2, figsize=(11, 3.8))
+    sns.barplot(data=t, x="launch", y="dram_gb", hue="order", ax=axes[0], order=launches,
+                hue_order=list(ORDERS), errorbar=None)
+    axes[0].set(yscale="log", xlabel="launch (B1 H1 D128 bf16)",
+                ylabel="DRAM reads (GB, Nsight Compute median)")
+    colours = dict(zip(ORDERS, sns.color_palette(n_colors=len(ORDERS))))
+    markers = dict(zip(sorted(t["GPU"].unique()), "os^"))
+    for (gpu, order), g in t[t["order"] != "persistent"].groupby(["GPU", "order"]):
+        x = np.array([launches.index(x) for x in g["launch"]]) + (
+            0.1 if order == "grid" else -0.1) + (0.04 if gpu == "H200" else -0.04)
+        axes[1].errorbar(x, g["speed vs static"], yerr=[g["speed vs static"] - g["lo"],
+                                                        g["hi"] - g["speed vs static"]],
+                         fmt=markers[gpu], color=colours[order], label=f"{order}, {gpu}",
+                         capsize=3)
+    axes[1].axhline(1, color="0.5", lw=0.8)
+    axes[1].set_xticks(range(len(launches)), launches)
+    axes[1].set(xlabel="launch (B1 H1 D128 bf16)",
+                ylabel="speed over static persistent (x)")
+    axes[1].legend(fontsize=8, title="order, GPU (95% intervals)", title_fontsize=8)
+    for ax in axes:
+        ax.tick_params(axis="x", labelsize=9)
+    gpus = ", ".join(sorted(t["GPU"].unique()))
+    fig.suptitle(f"CTA orders of one kernel: static persistent, dynamic persistent, one CTA per "
+                 f"item ({gpus}; 128x64 tiles non-causal, 64x64 causal; two CTAs per SM; time "
+                 f"paired by round over {ROUNDS} rounds)", fontsize=9)
+    fig.tight_layout()
+    return fig
+
+
+def _interval(r) -> str:
+    """'+12.3% [+11.0%, +13.1%]': a speed over static persistent and its interval."""
+    return interval_text({"sawtooth vs linear": r["speed vs static"], "lo": r["lo"],
+                          "hi": r["hi"]})
+
+
+def section(study) -> Section:
+    s = Section()
+    t = table(study)
+    if t.empty:
+        s.text = "## CTA orders and the convoy\n\nNo run is in `data/cta_convoy` yet."
+        return s
+    control = t[t["launch"] == f"S{CONTROL_SEQLEN // 1024}k non-causal"]
+    s.claim(f"At S{CONTROL_SEQLEN // 1024}k (K and V in the L2) every order reads "
+            f"{control['x compulsory'].min():.2f}-{control['x compulsory'].max():.2f}x the "
+            "compulsory bytes", bool((control["x compulsory"] < 1.1).all()),
+            control[["GPU", "order", "x compulsory"]].round(3).to_dict("records"))
+    for (gpu, launch), g in t.groupby(["GPU", "launch"], sort=False):
+        if len(control) and launch == control["launch"].iloc[0]:
+            continue
+        static = g[g["order"] == "persistent"].iloc[0]
+        for _, r in g[g["order"] != "persistent"].iterrows():
+            s.claim(f"{gpu} {launch}: {r['order']} reads {r['dram_gb']:.2f} GB "
+                    f"({r['dram_lo']:.2f}-{r['dram_hi']:.2f}) against static persistent's "
+                    f"{static['dram_gb']:.2f} ({static['dram_lo']:.2f}-{static['dram_hi']:.2f}) "
+                    f"and runs {_interval(r)} "
+                    "against it", bool(np.isfinite(r["dram_gb"])), r.round(4).to_dict())
+    for (gpu, launch), g in control.groupby(["GPU", "launch"]):
+        for _, r in g[g["order"] != "persistent"].iterrows():
+            s.claim(f"{gpu} {launch} (the control): {r['order']} runs "
+                    f"{_interval(r)} against static "
+                    "persistent", bool(np.isfinite(r["speed vs static"])), r.round(4).to_dict())
+    m = t.dropna(subset=["model GB"])
+    ratio = m["model GB"] / m["dram_gb"]
+    s.claim(f"The timed model's DRAM reads are {ratio.min():.2f}-{ratio.max():.2f}x the measured "
+            "(every order and launch)", bool(len(m)), m[["GPU", "point", "model GB",
+                                                           "dram_gb"]].round(3).to_dict("records"))
+    shown = pd.DataFrame({
+        "GPU": t["GPU"], "launch": t["launch"], "order": t["order"],
+        "DRAM GB (range)": [f"{a:.2f} ({b:.2f}-{c:.2f})" for a, b, c in
+                            zip(t["dram_gb"], t["dram_lo"], t["dram_hi"])],
+        "x compulsory": t["x compulsory"].round(2),
+        "model GB": t["model GB"].round(2),
+        "median ms": t["median ms"].round(2),
+        "model ms": t["model ms"].round(2),
+        "speed vs static [95%]": [_interval(r) if r["order"] != "persistent" else "-"
+                                  for _, r in t.iterrows()],
+        "rounds": t["rounds"]})
+    s.text = f"""## CTA orders and the convoy: dynamic work items at one long head
+
+At one head of a long sequence every work item scans the same K and V, so the L2 serves a tile
+again only while the CTAs scanning it stay together (`experiments/cta_convoy.py`). Three CTA
+orders of one kernel (128x64 tiles, two CTAs per SM, linear scan; causal: 64x64): static
+persistent CTAs, dynamic persistent CTAs taking the next work item from an atomic counter, and
+one CTA per item. Time: {ROUNDS} rounds, every launch once per round in random order, speed
+over static persistent paired by round (95% interval); DRAM reads: Nsight Compute, cold L2,
+{NCU_REPEATS} launches each (median and range). At S{CONTROL_SEQLEN // 1024}k the head's K and
+V fit in the L2: the control.
+
+{md_table(shown)}
+
+{' '.join(c.text + '.' for c in s.claims)}
+
+![cta_convoy](figures/cta_convoy.png)"""
+    return s
+
+
+if __name__ == "__main__":  # the same as `wavefront experiment ACTION NAME`
+    run_as_script(__file__)
