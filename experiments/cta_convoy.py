@@ -1,5 +1,4 @@
-"""Does a CTA order that hands out work items at run time keep the CTAs together, and does it
-buy time?
+"""Dynamic CTA orders at one long head: do they keep the CTAs together, and does it buy time?
 
 One head, long sequences (B1 H1 D128 bf16, 128x64 tiles, two CTAs per SM): every work item
 scans the same K and V, so the L2 serves a K/V tile again only while the CTAs scanning it stay
