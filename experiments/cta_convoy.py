@@ -23,11 +23,11 @@ import seaborn as sns
 
 from wavefront.report.draft import Section, md_table
 from wavefront.report.experiments import run_as_script
-from wavefront.report.exposure import interval_text, paired, records
+from wavefront.report.exposure import interval_text, paired
 
 DATASETS = ()
 RECORDS = ("cta_convoy",)
-ROUNDS = 8
+ROUNDS = 24  # the GPUs run power-capped: a pair whose clock states differ is dropped
 NCU_REPEATS = 3
 ORDERS = ("persistent", "dynamic", "grid")  # static persistent, dynamic persistent, grid
 SEQLENS = (65536, 131072, 262144)
@@ -113,7 +113,14 @@ def _profile(write) -> int:
 # ---- analysis (anywhere) ----------------------------------------------------------------------
 
 def _records(study, kind: str) -> pd.DataFrame:
-    d = records(study, "cta_convoy")
+    """One kind of record of every run, each round named by its run (rounds pair within one)."""
+    from wavefront.report.analysis import short_gpu
+    from wavefront.results.records import EXPOSURE_RECORDS
+    d = pd.DataFrame([{**r, "run": run} for run, rows in study.records(
+        EXPOSURE_RECORDS, "cta_convoy").items() for r in rows])
+    d["GPU"] = d["gpu"].map(short_gpu)
+    if "round" in d:
+        d["round"] = d["run"] + ":" + d["round"].astype("Int64").astype(str)
     d = d[d["kind"] == kind]
     d = d[d["error"].isna()] if "error" in d else d
     if kind == "ncu":
@@ -251,12 +258,12 @@ def section(study) -> Section:
                     f"({r['dram_lo']:.2f}-{r['dram_hi']:.2f}) against static persistent's "
                     f"{static['dram_gb']:.2f} ({static['dram_lo']:.2f}-{static['dram_hi']:.2f}) "
                     f"and runs {_interval(r)} "
-                    "against it", bool(np.isfinite(r["dram_gb"])), r.round(4).to_dict())
+                    "against it", bool(np.isfinite(r["dram_gb"])), r.to_dict())
     for (gpu, launch), g in control.groupby(["GPU", "launch"]):
         for _, r in g[g["order"] != "persistent"].iterrows():
             s.claim(f"{gpu} {launch} (the control): {r['order']} runs "
                     f"{_interval(r)} against static "
-                    "persistent", bool(np.isfinite(r["speed vs static"])), r.round(4).to_dict())
+                    "persistent", bool(np.isfinite(r["speed vs static"])), r.to_dict())
     m = t.dropna(subset=["model GB"])
     ratio = m["model GB"] / m["dram_gb"]
     s.claim(f"The timed model's DRAM reads are {ratio.min():.2f}-{ratio.max():.2f}x the measured "
