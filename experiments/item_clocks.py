@@ -27,7 +27,7 @@ import numpy as np
 import pandas as pd
 import seaborn as sns
 
-from wavefront.report.draft import Section, md_table
+from wavefront.report.draft import Section, md_table, span
 from wavefront.report.experiments import run_as_script
 from wavefront.report.exposure import records
 
@@ -128,7 +128,7 @@ def _profile(write) -> int:
     failures = 0
     for name, p in points().items():
         for r in range(NCU_ROUNDS):
-            for binary in BINARIES[::(-1) ** r]:
+            for binary in BINARIES if r % 2 == 0 else BINARIES[::-1]:
                 with tempfile.TemporaryDirectory() as tmp:
                     cmd = [sys.executable, "-m", "wavefront.cli", "profile", "--batch",
                            str(p.batch), "--heads", str(p.heads), "--seqlen", str(p.seqlen),
@@ -153,48 +153,67 @@ def _profile(write) -> int:
 
 # ---- analysis (anywhere) ----------------------------------------------------------------------
 
+def _records(study, kind: str) -> pd.DataFrame:
+    """The `kind` records of every run that did not fail, with the run each came from."""
+    d = records(study, "item_clocks", with_run=True)
+    d = d[d["kind"] == kind]
+    return d[d["error"].isna()] if "error" in d else d
+
+
 def _clocks(study) -> pd.DataFrame:
-    d = records(study, "item_clocks")
-    c = d[d["kind"] == "clocks"]
-    return c[c["error"].isna()] if "error" in c else c
+    return _records(study, "clocks")
 
 
 def _ncu(study, binary: str | None = "plain") -> pd.DataFrame:
     """Nsight Compute's rows of one binary (runs before the clocked binary was profiled too
     profiled the plain one only); None: both, with a `binary` column."""
-    from wavefront.report.analysis import short_gpu
-    from wavefront.results.records import EXPOSURE_RECORDS
-    d = pd.DataFrame([{**r, "run": run} for run, rows in study.records(
-        EXPOSURE_RECORDS, "item_clocks").items() for r in rows])
-    d["GPU"] = d["gpu"].map(short_gpu)
-    n = d[d["kind"] == "ncu"]
-    n = n[n["error"].isna()] if "error" in n else n
+    n = _records(study, "ncu")
     n = n[n["status"] == "ok"].assign(
         binary=n["binary"].fillna("plain") if "binary" in n else "plain")
     return n if binary is None else n[n["binary"] == binary]
 
 
 def binary_dram(study) -> pd.DataFrame:
-    """Per GPU, point and run that profiled both binaries: DRAM reads of the plain and the
-    clocked binary (median, range, launches), and whether the ranges overlap."""
+    """Per GPU, point and run that profiled both binaries there: DRAM reads of the plain and the
+    clocked binary (median, range, launches), whether the ranges overlap, and whether the
+    binaries took turns (one run profiled each binary's launches in a row)."""
     n = _ncu(study, None)
-    n = n[n.groupby("run")["binary"].transform("nunique") == len(BINARIES)]
+    keys = ["GPU", "point", "run"]
+    n = n[n.groupby(keys)["binary"].transform("nunique") == len(BINARIES)]
     if n.empty:
         return pd.DataFrame()
-    t = n.groupby(["GPU", "point", "run", "binary"])["dram_read_bytes"].agg(
+    t = n.groupby([*keys, "binary"])["dram_read_bytes"].agg(
         ["median", "min", "max", "count"]).unstack("binary")
-    out = t.index.to_frame(index=False)
+    out = pd.DataFrame(index=t.index)
     for b in BINARIES:
         for col in ("median", "min", "max"):
-            out[f"{b} GB {col}"] = t[(col, b)].to_numpy() / 1e9
-        out[f"{b} launches"] = t[("count", b)].to_numpy()
+            out[f"{b} GB {col}"] = t[(col, b)] / 1e9
+        out[f"{b} launches"] = t[("count", b)]
     out["ranges overlap"] = ((out["clocked GB min"] <= out["plain GB max"])
                              & (out["plain GB min"] <= out["clocked GB max"]))
-    # interleaved: the binaries took turns (one run profiled each binary's launches together)
-    turns = n.groupby(["GPU", "point", "run"], sort=True)["binary"].agg(
-        lambda x: int((x.to_numpy()[1:] != x.to_numpy()[:-1]).sum()))
-    out["interleaved"] = turns.to_numpy() > 1
-    return out
+    out["interleaved"] = n.groupby(keys, sort=True)["binary"].agg(
+        lambda x: int((x.to_numpy()[1:] != x.to_numpy()[:-1]).sum()) > 1)
+    return out.reset_index()
+
+
+# a replayed timeline "comes close" to the reads it replays within this factor either way
+REPLAY_CLOSE = 1.1
+
+
+def binary_gaps(study) -> pd.DataFrame:
+    """`binary_dram` with, per run, the clocked binary's share of the plain binary's reads
+    (medians) and that run's clocked item timelines replayed through the partitioned LRU
+    (`table`, median over its launches) against the clocked binary's median reads."""
+    b, t = binary_dram(study), table(study)
+    if b.empty or t.empty:
+        return pd.DataFrame()
+    replay = t.groupby(["GPU", "point", "run"])["replayed timeline GB"].median().rename(
+        "replayed GB").reset_index()
+    g = b.merge(replay, on=["GPU", "point", "run"], how="left")
+    g["clocked share"] = g["clocked GB median"] / g["plain GB median"]
+    g["replay over clocked"] = g["replayed GB"] / g["clocked GB median"]
+    g["replay close"] = np.abs(np.log(g["replay over clocked"])) < np.log(REPLAY_CLOSE)
+    return g
 
 
 def _launch(row):
@@ -252,8 +271,19 @@ def _replayed_dram_bytes(launch, preset, start, end) -> float:
     return cache.result().dram_read_sectors * SECTOR_BYTES
 
 
-def _rows(study) -> pd.DataFrame:
+def _item_clocks(r):
+    """A clocks record's item times as `ItemClocks`."""
     from wavefront.measure.item_clocks import ItemClocks
+    return ItemClocks(np.asarray(r["start_ns"], np.int64), np.asarray(r["end_ns"], np.int64),
+                      int(r["clock_copies"]), float(r["clock_step_ns"]), float(r["timed_ms"]))
+
+
+def _static_slots(launch) -> np.ndarray:
+    """The CTA that runs each work item under static persistent CTAs: c runs c, c + P, ..."""
+    return np.arange(launch.num_items) % launch.num_ctas
+
+
+def _rows(study) -> pd.DataFrame:
     from wavefront.model.simulation import item_steps
     from wavefront.model.timed import Exposure, simulate_timed
     c = _clocks(study)
@@ -268,13 +298,13 @@ def _rows(study) -> pd.DataFrame:
         kw = dict(l2_bytes=int(first["l2_bytes"]), partitions=preset.l2_partitions)
         base = simulate_timed(launch, memory, compute, **kw)
         steps = item_steps(launch)
+        # the slot that ran each item, as the model assigned them (what Exposure.cta_speed
+        # indexes): the static persistent rule `pooled_speeds` uses too
+        if not np.array_equal(base.item_slot, _static_slots(launch)):
+            raise ValueError(f"{name}: the model's CTA of each item is not static persistent")
         for _, r in g.iterrows():
-            clocks = ItemClocks(np.asarray(r["start_ns"], np.int64),
-                                np.asarray(r["end_ns"], np.int64), int(r["clock_copies"]),
-                                float(r["clock_step_ns"]), float(r["timed_ms"]))
+            clocks = _item_clocks(r)
             start, end = clocks.start_ns.astype(float), clocks.end_ns.astype(float)
-            # the slot that ran each item: static persistent CTA c runs c, c + P, ... (the
-            # model's rule, as it assigned them)
             speeds = cta_speeds(clocks, base.item_slot, steps)
             fed = simulate_timed(launch, memory, compute, **kw,
                                  exposure=Exposure(cta_speed=tuple(speeds)))
@@ -282,7 +312,8 @@ def _rows(study) -> pd.DataFrame:
             shuffled = simulate_timed(launch, memory, compute, **kw, exposure=Exposure(
                 cta_speed=tuple(np.random.default_rng(int(r["repeat"])).permutation(speeds))))
             replay = _replayed_dram_bytes(launch, preset, start, end)
-            row = {"GPU": r["GPU"], "gpu": gpu, "point": name, "repeat": int(r["repeat"]),
+            row = {"GPU": r["GPU"], "gpu": gpu, "point": name, "run": r["run"],
+                   "repeat": int(r["repeat"]),
                    "plain ms": r["plain_ms"], "clocked ms": r["clocked_ms"],
                    "clocked, clock on ms": r["timed_ms"], "outputs equal": r["outputs_equal"],
                    "clock step ns": r["clock_step_ns"],
@@ -315,21 +346,16 @@ def _rows(study) -> pd.DataFrame:
     return out
 
 
-def pooled_speeds(study) -> np.ndarray:
-    """Every clocked launch's CTA speeds (each against its launch's median CTA), pooled: the
-    measured sample a held-out launch's CTAs are drawn from. Static persistent CTA c runs items
-    c, c + P, ... (the model's rule)."""
-    from wavefront.measure.item_clocks import ItemClocks
+def pooled_speeds(study) -> pd.DataFrame:
+    """Every clocked launch's CTA speeds (each against its launch's median CTA), pooled, with
+    the GPU that ran it: the measured sample a held-out launch's CTAs are drawn from."""
     from wavefront.model.simulation import item_steps
     out = []
     for _, r in _clocks(study).iterrows():
         launch = _launch(r)
-        clocks = ItemClocks(np.asarray(r["start_ns"], np.int64),
-                            np.asarray(r["end_ns"], np.int64), int(r["clock_copies"]),
-                            float(r["clock_step_ns"]), float(r["timed_ms"]))
-        slots = np.arange(launch.num_items) % launch.num_ctas
-        out.append(cta_speeds(clocks, slots, item_steps(launch)))
-    return np.concatenate(out) if out else np.array([])
+        speeds = cta_speeds(_item_clocks(r), _static_slots(launch), item_steps(launch))
+        out.append(pd.DataFrame({"GPU": r["GPU"], "speed": speeds}))
+    return pd.concat(out, ignore_index=True) if out else pd.DataFrame(columns=["GPU", "speed"])
 
 
 def held_out(study) -> pd.DataFrame:
@@ -338,17 +364,14 @@ def held_out(study) -> pd.DataFrame:
     (`report.timed.spread_validation_rows`): median |relative error| and median
     predicted/measured ratio of DRAM reads, median |relative error| of time. Points whose launch
     is one of the clocked launches are left out (not held out)."""
-    from pathlib import Path
-
     from wavefront.model.fits import ABOVE_KNEE
     from wavefront.point import GpuShape
     from wavefront.report.analysis import short_gpu
     from wavefront.report.timed import spread_validation_rows, validation_rows
-    speeds = pooled_speeds(study)
+    speeds = pooled_speeds(study)["speed"]
     if not len(speeds):
         return pd.DataFrame()
-    records = sorted((study.data_dir / "item_clocks").glob("*.jsonl*"))
-    drawn = spread_validation_rows(study, speeds, SEED, [*records, Path(__file__)])
+    drawn = spread_validation_rows(study, speeds.to_numpy(), SEED)
     keys = ["gpu", "family", "point"]
     rows = validation_rows(study).merge(drawn, on=keys, suffixes=("", " drawn"))
     # H100 and H200 both have 132 SMs: one key per clocked launch
@@ -416,45 +439,40 @@ def figure(study):
     return g.figure
 
 
-def _binaries_paragraph(s: Section, b: pd.DataFrame, shown: pd.DataFrame,
-                        t: pd.DataFrame) -> str:
+def _binaries_paragraph(s: Section, gaps: pd.DataFrame, t: pd.DataFrame) -> str:
     """Where the two binaries' DRAM reads are apart in every run that counted both: how far,
-    and what the clocked launch's own reads say of the model (claims added to `s`)."""
-    if b.empty:
+    at what time, and how close each run's replayed item timelines come to the clocked
+    binary's own reads (claims added to `s`)."""
+    if gaps.empty:
         return ""
-    apart = b.groupby("point")["ranges overlap"].agg(lambda x: not x.any())
+    apart = gaps.groupby(["GPU", "point"])["ranges overlap"].agg(lambda x: not x.any())
     if not apart.any():
-        return ("**The clocked binary reads what the plain one reads** at both points: their "
-                "ranges overlap in every run that counted both.")
-    name = apart[apart].index[0]
-    runs = b[b["point"] == name]
-    share = runs["clocked GB median"] / runs["plain GB median"]
-    r = shown[shown["point"] == name].iloc[0]
-    own = r["DRAM GB, clocked binary (ncu)"]
-    ratios = {k: r[k] / own for k in ("replayed timeline", "model", "model, measured speeds")}
-    first = len(s.claims)
-    mine = t[t["point"] == name]
-    s.claim(f"At {name} the clocked binary read {share.min():.2f}-{share.max():.2f}x the plain "
-            f"binary's DRAM bytes (medians, {len(runs)} runs), and took "
-            f"{(mine['clocked ms'] / mine['plain ms']).median():.3f}x the plain binary's time "
-            f"(median of {len(mine)} rounds, the clock off); against its own {own:.2f} GB the "
-            f"measured timeline replayed through the partitioned LRU reads "
-            f"{ratios['replayed timeline']:.2f}x, the timed model {ratios['model']:.2f}x and, "
-            f"given the clocked CTAs' speeds, {ratios['model, measured speeds']:.2f}x",
-            bool(np.isfinite(share).all()), {"share": share.tolist(), **ratios})
-    close = abs(np.log(ratios["replayed timeline"])) < np.log(1.1)
-    text = f"""**The clocked binary is not the plain one at {name}.** {s.claims[first].text}.
+        return ("**The clocked binary reads what the plain one reads** at every point: their "
+                "ranges overlap in every run that counted both.\n")
+    texts = []
+    for gpu, name in apart[apart].index:
+        runs = gaps[(gaps["GPU"] == gpu) & (gaps["point"] == name)]
+        mine = t[(t["GPU"] == gpu) & (t["point"] == name)]
+        first = len(s.claims)
+        s.claim(f"At {name} ({gpu}) the clocked binary read "
+                f"{span(runs['clocked share'], '.2f')}x the plain binary's DRAM bytes (medians, "
+                f"{len(runs)} runs) and took {(mine['clocked ms'] / mine['plain ms']).median():.3f}"
+                f"x its time (median of {len(mine)} rounds, the clock off); each run's clocked "
+                "item timelines, replayed through the partitioned LRU, read "
+                f"{span(runs['replay over clocked'], '.2f')}x that run's clocked-binary reads",
+                bool(runs["replay over clocked"].notna().all()),
+                runs[["run", "clocked share", "replay over clocked"]].round(3)
+                .to_dict("records"))
+        claim = s.claims[first].text
+        texts.append(f"""**The clocked binary is not the plain one at {name}.** {claim}.
 In their machine code the K/V loop (its instruction mix, its K and V rings) is the same, and the
 clocked binary's only atomics are its two tickets per work item, on the one counter
-(`tests/test_item_clocks.py` checks both). The speeds and item timelines above are those of the
-clocked launch."""
-    if close:
-        text += """ Against it the cache model given the measured timeline is within 10%: at this
-launch the partitioned LRU is right given the timeline, and what the model lacks is the
-timeline. The timeline answers to what happens at item boundaries (a hypothesis for how: the
-CTAs meet at their items' ends, queue on the one counter, and the queue pulls stragglers back
-into the convoy; untested)."""
-    return text
+(`tests/test_item_clocks.py` checks both): the difference sits at the work items' boundaries
+(a hypothesis for how it acts: the CTAs meet at their items' ends, queue on the one counter,
+and the queue pulls stragglers back into the convoy; untested). The speeds and item timelines
+above are those of the clocked launch; its DRAM reads come from other launches of the same
+binary, with its tickets counting.""")
+    return "\n\n".join(texts) + "\n"
 
 
 def section(study) -> Section:
@@ -515,52 +533,55 @@ def section(study) -> Section:
         shown[col] = shown[col].astype(float).round(2)
     for _, r in shown.iterrows():
         plain, own = r["DRAM GB, plain binary (ncu)"], r["DRAM GB, clocked binary (ncu)"]
-        gap, fed = r["model"] / plain, r["model, measured speeds"] / plain
+        # first against the binary whose CTAs were clocked, where its reads were counted
+        ref, whose = (own, "clocked") if np.isfinite(own) else (plain, "plain")
+        gap, fed = r["model"] / ref, r["model, measured speeds"] / ref
         closes = abs(np.log(fed)) < 0.5 * abs(np.log(gap))
-        s.claim(f"{r['point']} ({r['GPU']}): against the plain binary's {plain:.2f} GB the "
+        s.claim(f"{r['point']} ({r['GPU']}): against the {whose} binary's {ref:.2f} GB the "
                 f"model predicts {r['model']:.2f} GB ({gap:.2f}x); given each CTA's measured "
                 f"speed, {r['model, measured speeds']:.2f} GB ({fed:.2f}x): "
                 + ("more than half the gap closed (on a log scale)" if closes else
-                   "not half the gap closed (on a log scale)"),
+                   "not half the gap closed (on a log scale)")
+                + (", the error changing sign" if (gap - 1) * (fed - 1) < 0 else "")
+                + (f"; against the plain binary's {plain:.2f} GB, {r['model'] / plain:.2f}x and "
+                   f"{r['model, measured speeds'] / plain:.2f}x" if whose == "clocked" else ""),
                 bool(np.isfinite(gap) and np.isfinite(fed)), r.to_dict())
-        if np.isfinite(own):
-            gap, fed = r["model"] / own, r["model, measured speeds"] / own
-            closes = abs(np.log(fed)) < 0.5 * abs(np.log(gap))
-            s.claim(f"Against the launch whose CTAs were clocked (the clocked binary, {own:.2f} "
-                    f"GB) the model reads {gap:.2f}x and, with the speeds, {fed:.2f}x: "
-                    + ("more than half the gap closed" if closes else "not half the gap closed")
-                    + (", the error changing sign" if (gap - 1) * (fed - 1) < 0 else ""),
-                    bool(np.isfinite(gap)), r.to_dict())
-        sh = r["same speeds, shuffled"] / plain
+        sh = r["same speeds, shuffled"] / ref
         s.claim(f"The same speeds given to other CTAs (shuffled): {r['same speeds, shuffled']:.2f} "
-                f"GB ({sh:.2f}x the plain binary's)", bool(np.isfinite(sh)), r.to_dict())
-        rep = r["replayed timeline"] / (own if np.isfinite(own) else plain)
+                f"GB ({sh:.2f}x the {whose} binary's)", bool(np.isfinite(sh)), r.to_dict())
+        rep = r["replayed timeline"] / ref
         s.claim(f"The measured item timeline replayed through the same LRU reads "
-                f"{r['replayed timeline']:.2f} GB ({rep:.2f}x the "
-                + ("clocked" if np.isfinite(own) else "plain") + " binary's)",
+                f"{r['replayed timeline']:.2f} GB ({rep:.2f}x the {whose} binary's)",
                 bool(np.isfinite(rep)), r.to_dict())
-    binaries = _binaries_paragraph(s, b, shown, t)
+    main_claims = len(s.claims)
+    binaries = _binaries_paragraph(s, binary_gaps(study), t)
     point_claims = len(s.claims)
     h = held_out(study)
     if not h.empty:
-        above, at = (h[(h["GPU"] == "both") & (h["points"] == split)].iloc[0]
-                     for split in ("above the knee", "at compulsory"))
+        both = h[h["GPU"] == "both"].set_index("points")
+        above = both.loc["above the knee"]
+        at = both.loc["at compulsory"] if "at compulsory" in both.index else None
+        speeds = pooled_speeds(study)
+        gpus = " and ".join(sorted(h.loc[h["GPU"] != "both", "GPU"].unique()))
         s.claim(f"Held out: every point of the timed validation simulated with each CTA's speed "
-                f"drawn from the {len(pooled_speeds(study))} measured ones (the clocked "
-                f"launches' own points left out): above the knee ({above['n']} points, H100 and "
-                f"H200) the median |error| of DRAM reads goes from "
+                f"drawn from the {len(speeds)} measured ones ("
+                + ", ".join(sorted(speeds["GPU"].unique())) + " only; the clocked "
+                f"launches' own points left out): above the knee ({above['n']} points, {gpus}) "
+                f"the median |error| of DRAM reads goes from "
                 f"{above['DRAM |err| (model)']:.1%} to {above['DRAM |err| (drawn speeds)']:.1%} "
                 f"(median predicted/measured {above['DRAM pred/meas (model)']:.2f} to "
                 f"{above['DRAM pred/meas (drawn speeds)']:.2f}), of time from "
-                f"{above['time |err| (model)']:.1%} to {above['time |err| (drawn speeds)']:.1%}; "
-                f"at the compulsory bytes ({at['n']} points) of time from "
-                f"{at['time |err| (model)']:.1%} to {at['time |err| (drawn speeds)']:.1%}",
+                f"{above['time |err| (model)']:.1%} to {above['time |err| (drawn speeds)']:.1%}"
+                + ("" if at is None else f"; at the compulsory bytes ({at['n']} points) of time "
+                   f"from {at['time |err| (model)']:.1%} to "
+                   f"{at['time |err| (drawn speeds)']:.1%}"),
                 bool(np.isfinite(above["DRAM |err| (drawn speeds)"])), above.to_dict())
         fam = h[(h["points"] == "above the knee") & (h["GPU"] != "both")]
         better = fam["DRAM |err| (drawn speeds)"] < fam["DRAM |err| (model)"]
+        worse = fam["DRAM |err| (drawn speeds)"] > fam["DRAM |err| (model)"]
         worst = fam.loc[fam["DRAM pred/meas (drawn speeds)"].idxmax()]
         s.claim(f"The drawn speeds lower the median DRAM error above the knee in {better.sum()} "
-                f"of {len(fam)} GPU-families and raise it in the rest; the largest "
+                f"of {len(fam)} GPU-families and raise it in {worse.sum()}; the largest "
                 f"over-prediction is {worst['family']} on the {worst['GPU']} "
                 f"({worst['DRAM pred/meas (drawn speeds)']:.1f}x, against "
                 f"{worst['DRAM pred/meas (model)']:.2f}x without them)", bool(len(fam)),
@@ -574,7 +595,7 @@ def section(study) -> Section:
 **Held out: the measured spread given to every launch.** Is the spread an input the model lacks
 everywhere? Each point of the timed validation (this appendix's first section) re-simulated
 with every CTA's speed drawn at random from the pooled measured speeds, all other inputs
-unchanged; the points of the two clocked launches are left out.
+unchanged; the points of the {len(points())} clocked launches are left out.
 
 {md_table(shown_h)}
 
@@ -582,15 +603,17 @@ unchanged; the points of the two clocked launches are left out.
 """
     else:
         held = ""
+    runs, counted = t["run"].nunique(), b["run"].nunique() if len(b) else 0
+    interleaved = int(b.groupby("run")["interleaved"].all().sum()) if len(b) else 0
     s.text = f"""## Per-CTA clocks: do the CTAs run at one speed?
 
-The two launches the timed model misses most, clocked by the kernel itself: the RECORD_ORDER
-binary's work-item tickets read the host's clock, copied into the ticket counter through the
-copy engine while the launch runs (`experiments/item_clocks.py`,
+The {len(points())} launches the timed model misses most, clocked by the kernel itself: the
+RECORD_ORDER binary's work-item tickets read the host's clock, copied into the ticket counter
+through the copy engine while the launch runs (`experiments/item_clocks.py`,
 `wavefront.measure.item_clocks`). {REPEATS} clocked launches per point and run, each round
 beside a plain and a clocked launch without the clock; DRAM reads by Nsight Compute in the same
-run (cold L2): of the plain binary, and in the last two runs of the clocked one too (in the
-last, in interleaved rounds). "Spread": the distance along K/V
+run (cold L2): of the plain binary in all {runs} runs, and of the clocked one too in
+{counted} (interleaved in {interleaved}). "Spread": the distance along K/V
 between the 10th and 90th percentile of the running CTAs' positions in the middle of the
 launch's middle round of work items (each item at a constant pace between its measured start
 and end). Predictions: the timed model (every CTA at the calibrated speed), the same given
@@ -599,7 +622,7 @@ item timeline replayed through the same partitioned LRU.
 
 {md_table(shown)}
 
-{' '.join(c.text + '.' for c in s.claims[:point_claims])}
+{' '.join(c.text + '.' for c in s.claims[:main_claims])}
 
 {binaries}
 What the measured speeds are, and are not: each is a CTA's time per K/V step in the launch as it

@@ -123,7 +123,7 @@ def section(study) -> Section:
         s.claim(f"At the paper's launch the production kernels read {min(lin):.2f}-"
                 f"{max(lin):.2f}x the DRAM bytes of our linear scan (" + ", ".join(
                     f"{p} {min(v):.2f}-{max(v):.2f}x" for p, v in per.items())
-                + "; both GPUs and masks)", True, rows)
+                + "; " + ", ".join(sorted({g for g, *_ in rows})) + ", both masks)", True, rows)
     for shape in [n for n in SHAPES if "paper" not in n]:
         sub = t[t["shape"] == shape].pivot_table(index=["GPU", "mask"], columns="contender",
                                                  values="median")
@@ -132,9 +132,10 @@ def section(study) -> Section:
             continue
         over = sub[peers].div(sub["persistent+linear"], axis=0)
         masks = over.groupby(level="mask")
-        s.claim(f"At {shape} they read " + "; ".join(
-            f"{m} {g.min().min():.2f}-{g.max().max():.2f}x" for m, g in masks)
-                + " the DRAM bytes of our linear scan (every peer, both GPUs)",
+        s.claim(f"At {shape} they read " + " and ".join(
+            f"{g.min().min():.2f}-{g.max().max():.2f}x ({m})" for m, g in masks)
+                + " the DRAM bytes of our linear scan (every peer, "
+                + ", ".join(sorted(over.index.get_level_values("GPU").unique())) + ")",
                 bool(over.notna().all().all()), over.round(3).to_dict())
     s.text = f"""## The production kernels' own DRAM bytes
 

@@ -436,10 +436,14 @@ def _inputs_key(paths) -> str:
     return h.hexdigest()[:16]
 
 
-def cached_table(study, name: str, inputs, compute) -> pd.DataFrame:
-    """`compute()` once per distinct `inputs` (files), kept in data/model_cache/<name>.csv.gz
-    (compressed: the cache travels with every GPU call)."""
+def cached_table(study, name: str, inputs, compute, values: str = "") -> pd.DataFrame:
+    """`compute()` once per distinct `inputs` (files) and `values` (the text of any argument
+    not read from those files), kept in data/model_cache/<name>.csv.gz (compressed: the cache
+    travels with every GPU call)."""
     key = _inputs_key(inputs)
+    if values:
+        import hashlib
+        key = hashlib.sha256((key + values).encode()).hexdigest()[:len(key)]
     cache = study.data_dir / MODEL_CACHE / f"{name}.csv.gz"
     if cache.exists():
         try:  # a cache that does not read (cut, foreign) is computed again, not trusted

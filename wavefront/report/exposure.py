@@ -19,10 +19,14 @@ from wavefront.results.records import EXPOSURE_RECORDS
 CLOCK_TOLERANCE = 0.02
 
 
-def records(study, dataset: str, pattern: str = "*.jsonl", kind=EXPOSURE_RECORDS) -> pd.DataFrame:
-    """Every `kind` record of data/<dataset>/ as one DataFrame, with the GPU's short name."""
+def records(study, dataset: str, pattern: str = "*.jsonl", kind=EXPOSURE_RECORDS,
+            with_run: bool = False) -> pd.DataFrame:
+    """Every `kind` record of data/<dataset>/ as one DataFrame, with the GPU's short name;
+    `with_run`: and the file each came from (`run`: its name without suffixes), for pairing
+    within a run."""
     rows = study.records(kind, dataset, pattern)
-    frame = pd.DataFrame([r for file_rows in rows.values() for r in file_rows])
+    frame = pd.DataFrame([{**r, "run": run} if with_run else r
+                          for run, file_rows in rows.items() for r in file_rows])
     if "gpu" in frame:
         frame["GPU"] = frame["gpu"].map(short_gpu)
     return frame

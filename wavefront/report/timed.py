@@ -131,19 +131,22 @@ def _validation_rows(study, cals: dict | None = None, exposure=None) -> pd.DataF
 def validation_rows(study) -> pd.DataFrame:
     """Per measured point of every timed family: measured and predicted DRAM reads and
     kernel time (medians over repeats), cached."""
-    inputs = [results_path(study.data_dir / f) for f in (TRAINING, *TIMED_FAMILIES)]
-    return cached_table(study, "timed_validation", inputs + _model_files(),
+    return cached_table(study, "timed_validation", _validation_inputs(study) + _model_files(),
                         lambda: _validation_rows(study))
 
 
-def spread_validation_rows(study, speeds, seed: int, sources: list[Path]) -> pd.DataFrame:
+def _validation_inputs(study) -> list[Path]:
+    return [results_path(study.data_dir / f) for f in (TRAINING, *TIMED_FAMILIES)]
+
+
+def spread_validation_rows(study, speeds, seed: int) -> pd.DataFrame:
     """`validation_rows` re-simulated with every point's CTAs at speeds drawn (with `seed`) from
-    a measured sample `speeds` (`Exposure.cta_speed`), cached; `sources`: the files the sample
-    is computed from (for the cache key)."""
-    inputs = [results_path(study.data_dir / f) for f in (TRAINING, *TIMED_FAMILIES)]
+    a measured sample `speeds` (`Exposure.cta_speed`), cached (keyed on the speeds and seed)."""
     exposure = Exposure(cta_speed=tuple(float(x) for x in speeds), seed=seed)
-    return cached_table(study, "timed_validation_spread", inputs + _model_files() + sources,
-                        lambda: _validation_rows(study, exposure=exposure))
+    return cached_table(study, "timed_validation_spread",
+                        _validation_inputs(study) + _model_files(),
+                        lambda: _validation_rows(study, exposure=exposure),
+                        values=f"{seed}:{','.join(f'{x:.9g}' for x in exposure.cta_speed)}")
 
 
 VALIDATION_NUDGES = (-1, 1)  # the held-out rows re-simulated at item_ns x (1 + k x 1e-15)
@@ -179,8 +182,8 @@ def nudged_validation(study) -> pd.DataFrame:
     """Per GPU, held-out family and nudge k (VALIDATION_NUDGES): the validation re-simulated with
     every calibration's item_ns x (1 + k x CALIBRATION_NUDGE): how many points' predictions
     moved, by how much at most, and how far each score moved (cached; minutes to compute)."""
-    inputs = [results_path(study.data_dir / f) for f in (TRAINING, *TIMED_FAMILIES)]
-    return cached_table(study, "timed_validation_nudged", inputs + _model_files(),
+    return cached_table(study, "timed_validation_nudged",
+                        _validation_inputs(study) + _model_files(),
                         lambda: _nudged_validation_table(study))
 
 
