@@ -27,7 +27,7 @@ from wavefront.report.exposure import interval_text, paired, records
 
 DATASETS = ()
 RECORDS = ("cta_convoy",)
-ROUNDS = 24  # the GPUs run power-capped: a pair whose clock states differ is dropped
+ROUNDS = 48  # the GPUs run power-capped: a pair whose clock states differ is dropped
 NCU_REPEATS = 3
 ORDERS = ("persistent", "dynamic", "grid")  # static persistent, dynamic persistent, grid
 SEQLENS = (65536, 131072, 262144)
