@@ -364,6 +364,8 @@ def held_out(study) -> pd.DataFrame:
     (`report.timed.spread_validation_rows`): median |relative error| and median
     predicted/measured ratio of DRAM reads, median |relative error| of time. Points whose launch
     is one of the clocked launches are left out (not held out)."""
+    from pathlib import Path
+
     from wavefront.model.fits import ABOVE_KNEE
     from wavefront.point import GpuShape
     from wavefront.report.analysis import short_gpu
@@ -371,7 +373,8 @@ def held_out(study) -> pd.DataFrame:
     speeds = pooled_speeds(study)["speed"]
     if not len(speeds):
         return pd.DataFrame()
-    drawn = spread_validation_rows(study, speeds.to_numpy(), SEED)
+    records = sorted((study.data_dir / "item_clocks").glob("*.jsonl*"))
+    drawn = spread_validation_rows(study, speeds.to_numpy(), SEED, [*records, Path(__file__)])
     keys = ["gpu", "family", "point"]
     rows = validation_rows(study).merge(drawn, on=keys, suffixes=("", " drawn"))
     # H100 and H200 both have 132 SMs: one key per clocked launch

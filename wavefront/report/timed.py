@@ -139,14 +139,15 @@ def _validation_inputs(study) -> list[Path]:
     return [results_path(study.data_dir / f) for f in (TRAINING, *TIMED_FAMILIES)]
 
 
-def spread_validation_rows(study, speeds, seed: int) -> pd.DataFrame:
+def spread_validation_rows(study, speeds, seed: int, sources: list[Path]) -> pd.DataFrame:
     """`validation_rows` re-simulated with every point's CTAs at speeds drawn (with `seed`) from
-    a measured sample `speeds` (`Exposure.cta_speed`), cached (keyed on the speeds and seed)."""
+    a measured sample `speeds` (`Exposure.cta_speed`), cached. The key is the files the speeds
+    are computed from (`sources`: the records and the code that reads them) and the seed, not
+    the speeds' digits, which another machine's numpy may round differently."""
     exposure = Exposure(cta_speed=tuple(float(x) for x in speeds), seed=seed)
     return cached_table(study, "timed_validation_spread",
-                        _validation_inputs(study) + _model_files(),
-                        lambda: _validation_rows(study, exposure=exposure),
-                        values=f"{seed}:{','.join(f'{x:.9g}' for x in exposure.cta_speed)}")
+                        _validation_inputs(study) + _model_files() + list(sources),
+                        lambda: _validation_rows(study, exposure=exposure), values=f"seed {seed}")
 
 
 VALIDATION_NUDGES = (-1, 1)  # the held-out rows re-simulated at item_ns x (1 + k x 1e-15)
