@@ -80,33 +80,24 @@ def measure(out_dir) -> int:
 def _profile(write) -> int:
     """Nsight Compute's DRAM reads of every launch (`wavefront profile`, cold L2): one call per
     mask, its orders and lengths interleaved by the sweep."""
-    import subprocess
-    import sys
-    import tempfile
-    from pathlib import Path
+    from wavefront.measure.profiling import ProfilerError, profile_in_process
     failures = 0
-    groups = ((False, "128x64", SEQLENS, ORDERS), (True, "64x64", (131072,), CAUSAL_ORDERS))
-    for causal, tiles, seqlens, orders in groups:
-        with tempfile.TemporaryDirectory() as tmp:
-            cmd = [sys.executable, "-m", "wavefront.cli", "profile", "--batch", "1", "--heads",
-                   "1", "--seqlen", ",".join(map(str, seqlens)), "--head-dim", "128", "--tile",
-                   tiles, "--occupancy", "2", "--schedule",
-                   ",".join(f"{o}+linear" for o in orders), "--repeats", str(NCU_REPEATS),
-                   "--out", tmp, "--causal" if causal else "--no-causal"]
-            run = subprocess.run(cmd, capture_output=True, text=True)
-            results = Path(tmp) / "results.csv"
-            if run.returncode or not results.exists():
-                failures += 1
-                write({"kind": "ncu", "causal": causal,
-                       "error": (run.stderr or run.stdout)[-300:]})
-                continue
-            for row in pd.read_csv(results).to_dict("records"):
-                write({"kind": "ncu", "point": _name(int(row["seqlen"]), causal,
-                                                     row["cta_schedule"]),
-                       "repeat": row.get("repeat"), "status": row.get("status"),
-                       "dram_read_bytes": row.get("dram_read_bytes"),
-                       "compulsory_read_bytes": row.get("compulsory_read_bytes"),
-                       "ncu_duration_ns": row.get("ncu_duration_ns")})
+    pts = points()
+    groups = ((False, SEQLENS, ORDERS), (True, (131072,), CAUSAL_ORDERS))
+    for causal, seqlens, orders in groups:
+        try:
+            rows = profile_in_process([pts[_name(s, causal, o)] for s in seqlens for o in orders],
+                                      repeats=NCU_REPEATS)
+        except ProfilerError as exc:
+            failures += 1
+            write({"kind": "ncu", "causal": causal, "error": str(exc)})
+            continue
+        for row in rows:
+            write({"kind": "ncu", "point": _name(int(row["seqlen"]), causal, row["cta_schedule"]),
+                   "repeat": row.get("repeat"), "status": row.get("status"),
+                   "dram_read_bytes": row.get("dram_read_bytes"),
+                   "compulsory_read_bytes": row.get("compulsory_read_bytes"),
+                   "ncu_duration_ns": row.get("ncu_duration_ns")})
     return failures
 
 

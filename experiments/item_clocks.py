@@ -121,33 +121,23 @@ def _profile(write) -> int:
     binary goes first alternating from round to round; the clock itself cannot run under ncu
     (it serialises the host's copies behind the launch), so the clocked binary's tickets
     count. Each row is written as a record."""
-    import subprocess
-    import sys
-    import tempfile
-    from pathlib import Path
+    from wavefront.measure.profiling import ProfilerError, profile_in_process
     failures = 0
     for name, p in points().items():
         for r in range(NCU_ROUNDS):
             for binary in BINARIES if r % 2 == 0 else BINARIES[::-1]:
-                with tempfile.TemporaryDirectory() as tmp:
-                    cmd = [sys.executable, "-m", "wavefront.cli", "profile", "--batch",
-                           str(p.batch), "--heads", str(p.heads), "--seqlen", str(p.seqlen),
-                           "--head-dim", str(p.head_dim), "--tile", p.tiles, "--occupancy",
-                           str(p.occupancy), "--schedule", p.schedule, "--repeats", "1",
-                           "--out", tmp, "--causal" if p.causal else "--no-causal",
-                           *(["--record-order"] if binary == "clocked" else [])]
-                    run = subprocess.run(cmd, capture_output=True, text=True)
-                    results = Path(tmp) / "results.csv"
-                    if run.returncode or not results.exists():
-                        failures += 1
-                        write({"kind": "ncu", "point": name, "binary": binary, "repeat": r,
-                               "error": (run.stderr or run.stdout)[-300:]})
-                        continue
-                    for row in pd.read_csv(results).to_dict("records"):
-                        write({"kind": "ncu", "point": name, "binary": binary, "repeat": r,
-                               "status": row.get("status"),
-                               "dram_read_bytes": row.get("dram_read_bytes"),
-                               "ncu_duration_ns": row.get("ncu_duration_ns")})
+                try:
+                    rows = profile_in_process([p], repeats=1, record_order=binary == "clocked")
+                except ProfilerError as exc:
+                    failures += 1
+                    write({"kind": "ncu", "point": name, "binary": binary, "repeat": r,
+                           "error": str(exc)})
+                    continue
+                for row in rows:
+                    write({"kind": "ncu", "point": name, "binary": binary, "repeat": r,
+                           "status": row.get("status"),
+                           "dram_read_bytes": row.get("dram_read_bytes"),
+                           "ncu_duration_ns": row.get("ncu_duration_ns")})
     return failures
 
 
@@ -350,12 +340,16 @@ def pooled_speeds(study) -> pd.DataFrame:
     """Every clocked launch's CTA speeds (each against its launch's median CTA), pooled, with
     the GPU that ran it: the measured sample a held-out launch's CTAs are drawn from."""
     from wavefront.model.simulation import item_steps
-    out = []
-    for _, r in _clocks(study).iterrows():
-        launch = _launch(r)
-        speeds = cta_speeds(_item_clocks(r), _static_slots(launch), item_steps(launch))
-        out.append(pd.DataFrame({"GPU": r["GPU"], "speed": speeds}))
-    return pd.concat(out, ignore_index=True) if out else pd.DataFrame(columns=["GPU", "speed"])
+
+    def pooled():
+        out = []
+        for _, r in _clocks(study).iterrows():
+            launch = _launch(r)
+            speeds = cta_speeds(_item_clocks(r), _static_slots(launch), item_steps(launch))
+            out.append(pd.DataFrame({"GPU": r["GPU"], "speed": speeds}))
+        return (pd.concat(out, ignore_index=True) if out
+                else pd.DataFrame(columns=["GPU", "speed"]))
+    return study.once("item_clocks.speeds", pooled).copy()
 
 
 def held_out(study) -> pd.DataFrame:

@@ -1,7 +1,6 @@
 """Per-item clocks on the CPU: what `ItemClocks` derives from a launch's item times (first
 wave, each CTA's ns per K/V step) and where `experiments/item_clocks.py` reads the CTAs' spread
 along K/V, on timelines whose answers are known."""
-import importlib.util
 from pathlib import Path
 
 import numpy as np
@@ -10,14 +9,12 @@ import pytest
 from wavefront.measure.item_clocks import ItemClocks
 from wavefront.model.simulation import item_steps
 from wavefront.point import GpuShape, Point
+from wavefront.report.experiments import load_experiment
 
 
 def _experiment():
     path = Path(__file__).resolve().parents[1] / "experiments" / "item_clocks.py"
-    spec = importlib.util.spec_from_file_location("item_clocks", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_experiment(path).module
 
 
 LAUNCH = Point(batch=1, heads=1, seqlen=8192, head_dim=64, tiles="64x64", occupancy=1,

@@ -228,3 +228,31 @@ def test_the_stall_summary_groups_instructions_by_how_often_they_ran(tmp_path):
     assert out.exit_code == 0, out.output
     assert "== full" in out.output and "ours: 100 samples, 4 instructions" in out.output
     assert json.loads((tmp_path / "s.json").read_text())["full"] == [ours, peer]
+
+
+def test_the_profile_command_profiles_a_grid_and_refuses_what_it_cannot_pass(tmp_path):
+    """`profile_command` (the experiments' counter step): one `wavefront profile` call for a
+    grid of lengths x schedules, parsed by the CLI as written; points that are no grid, or that
+    set a field it does not pass, are refused by name."""
+    import click
+
+    from wavefront.cli import main
+    from wavefront.measure.profiling import profile_command
+    from wavefront.point import Point
+    grid = [Point(batch=1, heads=1, seqlen=s, head_dim=128, tiles="128x64", occupancy=2,
+                  schedule=f"{o}+linear") for s in (65536, 131072) for o in ("persistent",
+                                                                           "dynamic")]
+    cmd = profile_command(grid, repeats=3, out_dir=tmp_path, record_order=True)
+    assert cmd[cmd.index("--seqlen") + 1] == "65536,131072"
+    assert cmd[cmd.index("--schedule") + 1] == "persistent+linear,dynamic+linear"
+    assert "--record-order" in cmd and "--no-causal" in cmd
+    command = main.get_command(click.Context(main), "profile")
+    params = command.make_context("profile", cmd[cmd.index("profile") + 1:]).params
+    assert params["seqlen"] == [65536, 131072] and params["head_dim"] == [128]
+    assert params["schedule"] == ["persistent+linear", "dynamic+linear"]
+    assert (params["tiles"], params["occupancy"], params["causal"]) == ("128x64", 2, False)
+    assert params["record_order"] and params["repeats"] == 3
+    with pytest.raises(ValueError, match="points: expected one grid"):
+        profile_command(grid[:3], repeats=1, out_dir=tmp_path)
+    with pytest.raises(ValueError, match="points: only batch"):
+        profile_command([grid[0].replace(kv_heads=1)], repeats=1, out_dir=tmp_path)

@@ -361,3 +361,54 @@ def _sha256(path: str) -> str:
         for block in iter(lambda: f.read(1 << 20), b""):
             h.update(block)
     return h.hexdigest()
+
+
+# ---------------------------------------------------------------------------------------------
+# `wavefront profile` in a process of its own (what the experiments' counter steps run)
+# ---------------------------------------------------------------------------------------------
+
+def profile_command(points, *, repeats: int, out_dir, record_order: bool = False) -> list[str]:
+    """The `wavefront profile` command line that profiles `points` (Points forming one grid of
+    lengths x schedules, every other field shared and passed as an option here), `repeats`
+    launches each, into `out_dir`; `record_order`: the ticket-taking binary."""
+    from wavefront.point import Point
+    points = list(points)
+    if not points:
+        raise ValueError("points: expected at least one Point")
+    first = points[0]
+    seqlens = sorted({p.seqlen for p in points})
+    schedules = list(dict.fromkeys(p.schedule for p in points))
+    grid = {(s, c) for s in seqlens for c in schedules}
+    if ({(p.seqlen, p.schedule) for p in points} != grid or len(points) != len(grid)
+            or any(p.replace(seqlen=first.seqlen, schedule=first.schedule) != first
+                   for p in points)):
+        raise ValueError("points: expected one grid of sequence lengths x schedules, every "
+                         "other field the same")
+    passed = dict(batch=first.batch, heads=first.heads, head_dim=first.head_dim,
+                  tiles=first.tiles, occupancy=first.occupancy, causal=first.causal)
+    if Point(seqlen=first.seqlen, schedule=first.schedule, **passed) != first:
+        raise ValueError("points: only batch, heads, seqlen, head_dim, tiles, occupancy, "
+                         "schedule and causal are passed to `wavefront profile`; "
+                         f"{first} sets another field")
+    return [sys.executable, "-m", "wavefront.cli", "profile", "--batch", str(first.batch),
+            "--heads", str(first.heads), "--seqlen", ",".join(map(str, seqlens)),
+            "--head-dim", str(first.head_dim), "--tile", str(first.tiles),
+            "--occupancy", str(first.occupancy), "--schedule", ",".join(schedules),
+            "--repeats", str(repeats), "--out", str(out_dir),
+            "--causal" if first.causal else "--no-causal",
+            *(["--record-order"] if record_order else [])]
+
+
+def profile_in_process(points, *, repeats: int, record_order: bool = False) -> list[dict]:
+    """`profile_command` run in a process of its own (a crash under Nsight Compute does not take
+    the caller with it) -> its results rows; ProfilerError with the output's tail if it
+    failed."""
+    import pandas as pd
+    with tempfile.TemporaryDirectory() as tmp:
+        run = subprocess.run(profile_command(points, repeats=repeats, out_dir=tmp,
+                                             record_order=record_order),
+                             capture_output=True, text=True)
+        results = Path(tmp) / "results.csv"
+        if run.returncode or not results.exists():
+            raise ProfilerError((run.stderr or run.stdout)[-300:])
+        return pd.read_csv(results).to_dict("records")
