@@ -36,8 +36,11 @@ RECORDS = ("item_clocks",)
 REPEATS = 3
 # Nsight Compute rounds per point, one launch of each binary per round
 NCU_ROUNDS = 6
-# the binaries profiled: the plain one, and the one whose tickets carry the clock
-BINARIES = ("plain", "clocked")
+# the binaries profiled: the plain one, and the one whose tickets carry the clock, its
+# tickets from the launch's one counter or (since 2026-11-28) from a counter per CTA
+BINARIES = ("plain", "clocked", "clocked_per_cta")
+# the clocked binary's ticket counters (`kernel.attention.ORDER_COUNTERS`), by binary
+COUNTERS = {"clocked": "shared", "clocked_per_cta": "per_cta"}
 SEED = 5
 # the rounds of work items in whose middle the CTAs' spread along K/V is read (shares of the
 # launch's full rounds)
@@ -57,9 +60,9 @@ def points():
 
 def measure(out_dir) -> int:
     """Per point: checked against the float32 reference (tickets included), outputs of the
-    plain and clocked binaries compared, then REPEATS interleaved rounds (plain, clocked
-    without and with the clock), then Nsight Compute's DRAM reads of the plain binary;
-    appended to <out_dir>/clocks.jsonl. -> failures."""
+    plain and clocked binaries (each counter kind) compared, then REPEATS interleaved rounds
+    (plain, each clocked binary without the clock, then each with it), then Nsight Compute's
+    DRAM reads of every binary; appended to <out_dir>/clocks.jsonl. -> failures."""
     import click
     import cupy
 
@@ -82,32 +85,38 @@ def measure(out_dir) -> int:
             for name, point in bar:
                 try:
                     q, k, v = random_inputs(point, SEED)
-                    plain, _ = launcher_for(q, k, v, **point.attention_kwargs())
-                    clocked, _ = launcher_for(q, k, v, record_order=True,
-                                              **point.attention_kwargs())
-                    err = relative_error(point, SEED + 1, record_order=True,
-                                         launcher=clocked)
-                    if not err < CORRECTNESS_TOLERANCE:
-                        raise IncorrectResult(f"{name}: relative error {err:.3g}")
+                    launchers = {"plain": launcher_for(q, k, v, **point.attention_kwargs())[0]}
+                    equal = {}
                     outs = [cupy.full(q.shape, cupy.nan, dtype=q.dtype) for _ in range(2)]
-                    plain(q, k, v, outs[0], stream.ptr)
-                    clock.record(clocked, q, k, v, outs[1], stream)  # outputs compared
-                    equal = bool(cupy.array_equal(outs[0], outs[1]))
+                    launchers["plain"](q, k, v, outs[0], stream.ptr)
+                    for binary, counters in COUNTERS.items():
+                        lau, _ = launcher_for(q, k, v, record_order=counters,
+                                              **point.attention_kwargs())
+                        err = relative_error(point, SEED + 1, record_order=counters,
+                                             launcher=lau)
+                        if not err < CORRECTNESS_TOLERANCE:
+                            raise IncorrectResult(f"{name}, {binary}: relative error {err:.3g}")
+                        outs[1].fill(cupy.nan)
+                        clock.record(lau, q, k, v, outs[1], stream)  # outputs compared
+                        equal[binary] = bool(cupy.array_equal(outs[0], outs[1]))
+                        launchers[binary] = lau
                     for r in range(REPEATS):
                         ms = {}
-                        for label, lau in (("plain", plain), ("clocked", clocked)):
+                        for label, lau in launchers.items():
                             t0, t1 = cupy.cuda.Event(), cupy.cuda.Event()
                             t0.record(stream)
                             lau(q, k, v, outs[0], stream.ptr)
                             t1.record(stream)
                             t1.synchronize()
                             ms[label] = cupy.cuda.get_elapsed_time(t0, t1)
-                        c = clock.record(clocked, q, k, v, outs[1], stream)
-                        write({"kind": "clocks", "point": name, "repeat": r,
-                               "plain_ms": ms["plain"], "clocked_ms": ms["clocked"],
-                               "timed_ms": c.launch_ms, "outputs_equal": equal,
-                               "clock_copies": c.copies, "clock_step_ns": c.step_ns,
-                               "start_ns": c.start_ns.tolist(), "end_ns": c.end_ns.tolist()})
+                        for binary, counters in COUNTERS.items():
+                            c = clock.record(launchers[binary], q, k, v, outs[1], stream)
+                            write({"kind": "clocks", "point": name, "repeat": r,
+                                   "counters": counters, "plain_ms": ms["plain"],
+                                   "clocked_ms": ms[binary], "timed_ms": c.launch_ms,
+                                   "outputs_equal": equal[binary], "clock_copies": c.copies,
+                                   "clock_step_ns": c.step_ns, "start_ns": c.start_ns.tolist(),
+                                   "end_ns": c.end_ns.tolist()})
                 except Exception as exc:  # recorded, the rest goes on
                     failures += 1
                     write({"kind": "clocks", "point": name, "error": str(exc)[:300]})
@@ -116,10 +125,10 @@ def measure(out_dir) -> int:
 
 
 def _profile(write) -> int:
-    """Nsight Compute's DRAM reads of each point's plain binary and of the clocked binary
-    (`wavefront profile`, cold L2), NCU_ROUNDS interleaved rounds of one launch each, which
-    binary goes first alternating from round to round; the clock itself cannot run under ncu
-    (it serialises the host's copies behind the launch), so the clocked binary's tickets
+    """Nsight Compute's DRAM reads of each point's plain binary and of the clocked binary, each
+    counter kind (`wavefront profile`, cold L2), NCU_ROUNDS interleaved rounds of one launch
+    each, the binaries' order reversed from round to round; the clock itself cannot run under
+    ncu (it serialises the host's copies behind the launch), so the clocked binary's tickets
     count. Each row is written as a record."""
     from wavefront.measure.profiling import ProfilerError, profile_in_process
     failures = 0
@@ -127,7 +136,8 @@ def _profile(write) -> int:
         for r in range(NCU_ROUNDS):
             for binary in BINARIES if r % 2 == 0 else BINARIES[::-1]:
                 try:
-                    rows = profile_in_process([p], repeats=1, record_order=binary == "clocked")
+                    rows = profile_in_process([p], repeats=1,
+                                              record_order=COUNTERS.get(binary, False))
                 except ProfilerError as exc:
                     failures += 1
                     write({"kind": "ncu", "point": name, "binary": binary, "repeat": r,
@@ -150,8 +160,12 @@ def _records(study, kind: str) -> pd.DataFrame:
     return d[d["error"].isna()] if "error" in d else d
 
 
-def _clocks(study) -> pd.DataFrame:
-    return _records(study, "clocks")
+def _clocks(study, counters: str = "shared") -> pd.DataFrame:
+    """The clocked launches whose tickets came from `counters` (runs before per-CTA counters
+    existed: the shared one)."""
+    c = _records(study, "clocks")
+    kind = c["counters"].fillna("shared") if "counters" in c else "shared"
+    return c[kind == counters]
 
 
 def _ncu(study, binary: str | None = "plain") -> pd.DataFrame:
@@ -168,14 +182,15 @@ def binary_dram(study) -> pd.DataFrame:
     clocked binary (median, range, launches), whether the ranges overlap, and whether the
     binaries took turns (one run profiled each binary's launches in a row)."""
     n = _ncu(study, None)
+    n = n[n["binary"].isin(("plain", "clocked"))]
     keys = ["GPU", "point", "run"]
-    n = n[n.groupby(keys)["binary"].transform("nunique") == len(BINARIES)]
+    n = n[n.groupby(keys)["binary"].transform("nunique") == 2]
     if n.empty:
         return pd.DataFrame()
     t = n.groupby([*keys, "binary"])["dram_read_bytes"].agg(
         ["median", "min", "max", "count"]).unstack("binary")
     out = pd.DataFrame(index=t.index)
-    for b in BINARIES:
+    for b in ("plain", "clocked"):
         for col in ("median", "min", "max"):
             out[f"{b} GB {col}"] = t[(col, b)] / 1e9
         out[f"{b} launches"] = t[("count", b)]

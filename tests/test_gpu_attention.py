@@ -181,6 +181,45 @@ def test_recorded_order_is_one_ticket_per_event_and_changes_nothing(schedule, ca
     assert np.array_equal(cupy.asnumpy(out.view(cupy.uint16)), cupy.asnumpy(ref.view(cupy.uint16)))
 
 
+@pytest.mark.parametrize("schedule", ["persistent+linear", "dynamic+linear"])
+def test_per_cta_ticket_counters_count_each_ctas_own_items(schedule):
+    """record_order="per_cta": each CTA takes its tickets from a word of its own, so a CTA's
+    items hold consecutive tickets (start, end, start, ...) launch after launch, every item's
+    two tickets are its CTA's, and the output is the plain binary's bit for bit."""
+    import cupy
+    import numpy as np
+
+    from wavefront.kernel.launcher import launcher_for
+    from wavefront.kernel.streams import current_stream
+    from wavefront.measure.bench import random_inputs
+    cfg = Config(batch=2, heads=4, seqlen=1000, head_dim=64, schedule=schedule, ctas=7)
+    q, k, v = random_inputs(cfg, 79)
+    launcher, _ = launcher_for(q, k, v, record_order="per_cta", **cfg.attention_kwargs())
+    assert launcher.order_counters == "per_cta" and launcher.counter_words().size == 7
+    out = cupy.full(q.shape, cupy.nan, dtype=q.dtype)
+    launches = 3
+    for _ in range(launches):
+        launcher(q, k, v, out, current_stream("cupy"))
+    cupy.cuda.Device().synchronize()
+    start, end = launcher.tickets()
+    assert (start < end).all() and (end - start == 1).all()  # nothing else ticks a CTA's word
+    counts = cupy.asnumpy(launcher.counter_words())
+    assert counts.sum() == 2 * launcher.launch.num_items * launches
+    if not launcher.launch.cta.dynamic:
+        n = launcher.launch.num_ctas
+        for cta in range(n):
+            ticks = np.ravel(np.column_stack([start[cta::n], end[cta::n]]))
+            assert (np.diff(ticks) == 1).all()
+            assert counts[cta] == 2 * len(start[cta::n]) * launches
+    plain, _ = launcher_for(q, k, v, **cfg.attention_kwargs())
+    ref = cupy.full(q.shape, cupy.nan, dtype=q.dtype)
+    plain(q, k, v, ref, current_stream("cupy"))
+    cupy.cuda.Device().synchronize()
+    assert np.array_equal(cupy.asnumpy(out.view(cupy.uint16)), cupy.asnumpy(ref.view(cupy.uint16)))
+    with pytest.raises(ValueError, match="record_order must be"):
+        launcher_for(q, k, v, record_order="per_sm", **cfg.attention_kwargs())
+
+
 @pytest.mark.parametrize("schedule,levers", [
     ("dynamic+sawtooth", {}), ("grouped_dynamic+linear", {}),
     ("grouped_dynamic+linear", dict(tiles="128x128", occupancy=2, cluster=2, kv_latency=8)),

@@ -10,8 +10,9 @@ pytestmark = pytest.mark.gpu
 cupy = pytest.importorskip("cupy")
 
 
+@pytest.mark.parametrize("counters", ["shared", "per_cta"])
 @pytest.mark.parametrize("causal", [False, True])
-def test_item_clocks_are_times_of_the_items(causal):
+def test_item_clocks_are_times_of_the_items(causal, counters):
     from wavefront.kernel.launcher import launcher_for
     from wavefront.measure.bench import random_inputs
     from wavefront.measure.item_clocks import ItemClock
@@ -23,7 +24,7 @@ def test_item_clocks_are_times_of_the_items(causal):
                   occupancy=2, schedule="persistent+linear")
     q, k, v = random_inputs(point, 3)
     plain, _ = launcher_for(q, k, v, **point.attention_kwargs())
-    clocked, _ = launcher_for(q, k, v, record_order=True, **point.attention_kwargs())
+    clocked, _ = launcher_for(q, k, v, record_order=counters, **point.attention_kwargs())
     stream = cupy.cuda.Stream(non_blocking=True)
     outs = [cupy.full(q.shape, cupy.nan, dtype=q.dtype) for _ in range(2)]
     plain(q, k, v, outs[0], stream.ptr)

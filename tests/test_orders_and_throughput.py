@@ -88,7 +88,10 @@ def test_record_order_travels_from_spec_to_tasks_and_needs_a_directory():
     assert all(t["record_order"] for t in tasks)
     plain = expand(parse_spec(base.format("")), gpu="H100", sms=132, l2_bytes=50 << 20)
     assert not any("record_order" in t for t in plain)
-    with pytest.raises(ValueError, match="record_order must be true or false"):
+    per_cta = expand(parse_spec(base.format('record_order = "per_cta"')), gpu="H100", sms=132,
+                     l2_bytes=50 << 20)
+    assert all(t["record_order"] == "per_cta" for t in per_cta)
+    with pytest.raises(ValueError, match="record_order must be true, false or one of"):
         parse_spec(base.format('record_order = "yes"'))
     with pytest.raises(ValueError, match="order_dir"):
         SubprocessRunner()._run_counters(tasks, spec, lambda *a: None, None)

@@ -245,13 +245,18 @@ def test_the_profile_command_profiles_a_grid_and_refuses_what_it_cannot_pass(tmp
     cmd = profile_command(grid, repeats=3, out_dir=tmp_path, record_order=True)
     assert cmd[cmd.index("--seqlen") + 1] == "65536,131072"
     assert cmd[cmd.index("--schedule") + 1] == "persistent+linear,dynamic+linear"
-    assert "--record-order" in cmd and "--no-causal" in cmd
+    assert "--record-order=shared" in cmd and "--no-causal" in cmd
     command = main.get_command(click.Context(main), "profile")
     params = command.make_context("profile", cmd[cmd.index("profile") + 1:]).params
     assert params["seqlen"] == [65536, 131072] and params["head_dim"] == [128]
     assert params["schedule"] == ["persistent+linear", "dynamic+linear"]
     assert (params["tiles"], params["occupancy"], params["causal"]) == ("128x64", 2, False)
-    assert params["record_order"] and params["repeats"] == 3
+    assert params["record_order"] == "shared" and params["repeats"] == 3
+    per_cta = profile_command(grid, repeats=1, out_dir=tmp_path, record_order="per_cta")
+    assert command.make_context("profile", per_cta[per_cta.index("profile") + 1:]).params[
+        "record_order"] == "per_cta"
+    # the flag alone, as a user types it, is the shared counter
+    assert command.make_context("profile", ["--record-order"]).params["record_order"] == "shared"
     with pytest.raises(ValueError, match="points: expected one grid"):
         profile_command(grid[:3], repeats=1, out_dir=tmp_path)
     with pytest.raises(ValueError, match="points: only batch"):

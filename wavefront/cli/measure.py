@@ -583,9 +583,11 @@ def _sweep_runner(out_dir):
                    "new temporary directory, printed.")
 @click.option("--timeout", "timeout_s", type=FiniteFloatRange(min=1), default=300,
               show_default=True, help="Per launch, wall clock.")
-@click.option("--record-order", is_flag=True,
+@click.option("--record-order", type=click.Choice(["shared", "per_cta"]), default=None,
+              is_flag=False, flag_value="shared",
               help="Profile the binary that takes a ticket as each work item starts and ends "
-                   "(the order and clock recorder); tickets under <out>/orders.")
+                   "(the order and clock recorder), from one shared counter (tickets under "
+                   "<out>/orders) or one per CTA.")
 @click.option("--json", "as_json", is_flag=True)
 def profile(points, repeats, out_dir, timeout_s, record_order, as_json):
     """Points under Nsight Compute: DRAM reads (the primary miss metric), L2 sectors (SM side
@@ -594,7 +596,8 @@ def profile(points, repeats, out_dir, timeout_s, record_order, as_json):
     from wavefront.results.sweep import SweepSpec, grid_of
     dev = _require_gpu()
     spec = SweepSpec(name="profile", grid=[grid_of(p) for p in points], measure=["counters"],
-                     repeats=repeats, timeout_s=timeout_s, record_order=record_order)
+                     repeats=repeats, timeout_s=timeout_s,
+                     record_order=(record_order == "shared" or record_order or False))
     target = out_dir or tempfile.mkdtemp(prefix="wavefront-profile-")
     summary = _run_sweep(spec, target, dev, retry_failed=True)
     from wavefront.results.store import load_results, results_path

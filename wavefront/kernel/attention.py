@@ -194,15 +194,27 @@ def _store_normalised(Out, Lse, acc, row_max, row_sum, batch, head, q_tile,
         ct.store(Lse, index=(batch, head, q_tile), tile=lse.reshape((1, 1, TILE_M)))
 
 
-def _take_ticket(Order, slot):
-    """Order[slot] = the next value of the global counter Order[0]: where this event falls in
-    the launch's interleaving. The counter is never reset, so back-to-back launches need no
-    memset; the host subtracts the launch's first ticket.
+# whose counter RECORD_ORDER's tickets come from: one shared by the launch, or one per CTA
+ORDER_COUNTERS = ("shared", "per_cta")
+
+
+def _take_ticket(Order, Work, slot):
+    """Order[slot] = the next value of a ticket counter: where this event falls in the launch's
+    interleaving. The counter is never reset, so back-to-back launches need no memset; the
+    host subtracts the launch's first ticket.
+
+    Which counter: Order[0], shared by every CTA, unless the word after the tickets (Order[1
+    + 2 x table rows], the launcher's `order_counters="per_cta"`) is 1; then each CTA counts
+    on a word of its own after it. One shared word queues every CTA's tickets at one L2
+    slice; a word per CTA queues none, with the same instructions (the flag is read, not
+    compiled in), so the two can be compared on one binary.
 
     Relaxed: a ticket needs atomicity, not ordering. The default acquire-release order made each
     item wait for the previous item's stores, measured up to 6x slower (causal, one CTA per SM)
     and a different interleaving from the plain kernel's."""
-    ticket = ct.atomic_add(Order, 0, 1, memory_order=ct.MemoryOrder.RELAXED)
+    flag = 1 + 2 * Work.shape[0]
+    counter = ct.gather(Order, flag) * (flag + 1 + ct.bid(0))
+    ticket = ct.atomic_add(Order, counter, 1, memory_order=ct.MemoryOrder.RELAXED)
     ct.scatter(Order, slot, ticket)
 
 
@@ -224,7 +236,7 @@ def _attend_work_item(Q, K, V, Out, Lse, PartO, PartM, PartL, Work, Order, item,
     sequence is sliced out of them (`Array.slice`, no copy), so tile indices, masks and the
     ragged end are the sequence's own, and a tile never reads or writes a neighbour's rows."""
     if RECORD_ORDER:
-        _take_ticket(Order, 1 + 2 * item)
+        _take_ticket(Order, Work, 1 + 2 * item)
     if VARLEN:
         q_start = _work(Work, item, WORK_Q_START)
         q_stop = q_start + _work(Work, item, WORK_SEQLEN_Q)
@@ -310,7 +322,7 @@ def _attend_work_item(Q, K, V, Out, Lse, PartO, PartM, PartL, Work, Order, item,
         _store_normalised(Out, Lse, acc, m_i, l_i, batch, head, q_tile, HEAD_DIM, TILE_M,
                           WRITE_LSE)
     if RECORD_ORDER:
-        _take_ticket(Order, 2 + 2 * item)
+        _take_ticket(Order, Work, 2 + 2 * item)
 
 
 def _reset_when_last(NextItem, num_items):
@@ -348,8 +360,9 @@ def flash_attention_fwd(Q, K, V, Out, Lse, PartO, PartM, PartL, Work, NextItem, 
     (`_reset_when_last`), so a launch needs no host state: the same launch captured in a CUDA
     graph replays correctly, and back-to-back launches need no memset between them.
 
-    RECORD_ORDER (off by default) takes a ticket from a global atomic counter as each work
-    item starts and ends, so the host learns the launch's true interleaving of work items.
+    RECORD_ORDER (off by default) takes a ticket from an atomic counter (`_take_ticket`) as
+    each work item starts and ends, so the host learns the launch's true interleaving of work
+    items, or, with the host's clock copied into the counters, their times.
 
     VARLEN: the item count is `NextItem[2]`, written with the table, since a packed batch's
     table may be written on the GPU from lengths the host never sees; `num_items` is then the
@@ -468,7 +481,8 @@ ATTENTION_PARAMS = _contract(flash_attention_fwd, {
     "Work": ("int32", 2),  # (items, WORK_COLUMNS): the launch's work table
     # [item counter, CTAs finished] (DYNAMIC; zero between launches), item count (VARLEN)
     "NextItem": ("int32", 1),
-    # RECORD_ORDER only: [counter, start and end ticket of each work item]
+    # RECORD_ORDER only: [counter, start and end ticket of each work item, per-CTA flag,
+    # per-CTA counters] (`_take_ticket`)
     "Order": ("int32", 1),
 })
 COMBINE_PARAMS = _contract(combine_partials._pyfunc, {

@@ -44,6 +44,7 @@ from wavefront.kernel.attention import (
     COMBINE_PARAMS,
     COMBINE_TILE_M,
     LOG2_E,
+    ORDER_COUNTERS,
     KernelVariant,
     combine_partials,
     flash_attention_fwd,
@@ -83,7 +84,7 @@ class AttentionLauncher:
     """
 
     def __init__(self, launch: Launch, q_view: _ArrayView, *, scale: float | None = None,
-                 return_lse: bool = False, record_order: bool = False, **levers):
+                 return_lse: bool = False, record_order: bool | str = False, **levers):
         p = launch.problem
         if scale is None:
             scale = 1.0 / math.sqrt(p.head_dim)
@@ -94,7 +95,13 @@ class AttentionLauncher:
         self.view = q_view
         self.tiled = launch.kv.writes_partials
         self.return_lse = bool(return_lse)
+        if record_order not in (False, True, *ORDER_COUNTERS):
+            raise ValueError(f"record_order must be False, True or one of {ORDER_COUNTERS}, got "
+                             f"{record_order!r}")
         self.record_order = bool(record_order)
+        # whose counter the tickets come from (`attention._take_ticket`)
+        self.order_counters = ((record_order if isinstance(record_order, str) else "shared")
+                               if record_order else None)
         check_levers(**levers)
         levers = {**KERNEL_LEVERS, **levers}
         cluster = levers["cluster"]
@@ -121,15 +128,22 @@ class AttentionLauncher:
         # resets it), so nothing on the host changes between launches.
         self._table, self._table_built = _device_work_table(q_view, launch)
         items = launch.num_items
-        # [counter, (start, end) ticket per work item]; zeroed once, never reset (see tickets).
-        order = (_described(_owned(q_view, 1 + 2 * launch.num_items, "int32", zeroed=True),
-                            "int32")
-                 if record_order else _stand_in(q_view, "Order", (1,), "int32"))
+        self.cluster = cluster
+        self.grid = _grid(launch, cluster)
+        # [shared counter, (start, end) ticket per work item, per-CTA flag, a counter per CTA];
+        # zeroed once, never reset (see tickets).
+        if record_order:
+            flag = 1 + 2 * items
+            own = _owned(q_view, flag + 1 + self.grid[0], "int32", zeroed=True)
+            own[flag:flag + 1] = int(self.order_counters == "per_cta")
+            import cupy
+            cupy.cuda.Device(q_view.device).synchronize()  # a launch on any stream reads it
+            order = _described(own, "int32")
+        else:
+            order = _stand_in(q_view, "Order", (1,), "int32")
         self.order = _array_of(order)
         scalars = {"qk_scale_log2": float(scale * LOG2_E), "num_items": launch.num_items,
                    "alternate": launch.alternate}
-        self.cluster = cluster
-        self.grid = _grid(launch, cluster)
         self.combine_grid = (-(-p.seqlen_q // COMBINE_TILE_M), p.batch * p.heads, 1)
         # The argument tuple, bound by name once, less the per-call arrays that lead it: a
         # launch prepends them (one tuple concatenation, not a list filled slot by slot).
@@ -487,12 +501,23 @@ class AttentionLauncher:
         if capturing:
             _waited_on_in_graphs.append(self._table_built)
 
+    def ticket_words(self):
+        """The device words the tickets are written to: (start, end) per work item."""
+        if not self.record_order:
+            raise ValueError("tickets need a launcher made with record_order=True")
+        return self.order[1:1 + 2 * self.launch.num_items]
+
+    def counter_words(self):
+        """The device words the tickets are taken from: Order[0] (shared), or one per CTA."""
+        if not self.record_order:
+            raise ValueError("counters need a launcher made with record_order=True")
+        return (self.order[:1] if self.order_counters == "shared"
+                else self.order[2 + 2 * self.launch.num_items:])
+
     def tickets(self):
         """(start, end) ticket of every work item of the last launch, as NumPy int64 arrays
         counted from the launch's first event (0 .. 2 x items - 1). Synchronise first."""
-        if not self.record_order:
-            raise ValueError("tickets need a launcher made with record_order=True")
-        order = self.order[1:]
+        order = self.ticket_words()
         host = np.asarray(order.get() if hasattr(order, "get") else order.cpu().numpy(),
                           dtype=np.int64)
         host -= host.min()

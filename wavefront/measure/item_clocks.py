@@ -1,12 +1,13 @@
 """Per-work-item start and end times, in nanoseconds, from the kernel's RECORD_ORDER tickets.
 
-cuTile offers no clock, but the RECORD_ORDER binary already takes a ticket from a global
-counter (`Order[0]`, a relaxed atomic add) as each work item starts and ends. While the launch
-runs, the host keeps overwriting that counter with its own clock (nanoseconds since the launch
-was queued) through the copy engine: a 4-byte copy from pinned memory, the next one issued
-when the last has landed. So each ticket the attention takes reads the time, plus the few
-tickets taken since the last copy. No attention instruction changes and no SM is taken: the
-same binary that records the order records the clock.
+cuTile offers no clock, but the RECORD_ORDER binary already takes a ticket from a counter
+(a relaxed atomic add) as each work item starts and ends: `Order[0]`, shared by the launch, or
+one word per CTA (a launcher made with `record_order="per_cta"`). While the launch runs, the
+host keeps overwriting the counters with its own clock (nanoseconds since the launch was
+queued) through the copy engine: one copy from pinned memory, the next one issued when the
+last has landed. So each ticket the attention takes reads the time, plus the few tickets
+taken since the last copy. No attention instruction changes and no SM is taken: the same
+binary that records the order records the clock.
 
 A GPU-side timer (a one-thread kernel writing `%globaltimer` into the counter) was tried first
 and dropped: beside the S256k launch of 264 persistent CTAs (two per SM) the launch took 1.6x
@@ -26,6 +27,8 @@ from dataclasses import dataclass
 import numpy as np
 
 _H2D = 1  # cudaMemcpyHostToDevice
+# The most ticket counters the clock copies into (one per CTA of a per-CTA launcher)
+MAX_COUNTERS = 4096
 # The gate gives up after this long on the GPU's clock (the host died or never copied)
 GATE_TIMEOUT_NS = 5_000_000_000
 
@@ -78,16 +81,17 @@ class ItemClock:
     def __init__(self):
         import cupy
         self.cupy = cupy
-        self.pinned = cupy.cuda.alloc_pinned_memory(4)
-        self.value = np.frombuffer(self.pinned, np.int32, 1)
+        self.pinned = cupy.cuda.alloc_pinned_memory(4 * MAX_COUNTERS)
+        self.value = np.frombuffer(self.pinned, np.int32, MAX_COUNTERS)
         self.copy_stream = cupy.cuda.Stream(non_blocking=True)
         self.gate_kernel = cupy.RawKernel(_GATE_SOURCE, "clock_gate")
         self.gate = cupy.zeros(1, dtype=cupy.int32)
         self._loaded = weakref.WeakSet()  # launchers already launched once
 
-    def _write(self, word_ptr: int, value: int) -> None:
-        self.value[0] = value
-        self.cupy.cuda.runtime.memcpyAsync(word_ptr, self.pinned.ptr, 4, _H2D,
+    def _write(self, word_ptr: int, value: int, words: int = 1) -> None:
+        """`value` into `words` device words from `word_ptr`, in one copy."""
+        self.value[:words] = value
+        self.cupy.cuda.runtime.memcpyAsync(word_ptr, self.pinned.ptr, 4 * words, _H2D,
                                            self.copy_stream.ptr)
         self.copy_stream.synchronize()
 
@@ -103,7 +107,11 @@ class ItemClock:
             own(q, k, v, out, stream.ptr)
             stream.synchronize()
             self._loaded.add(own)
-        word = own.order.data.ptr  # Order[0]: the ticket counter the attention adds to
+        counters = own.counter_words()  # the ticket counters the attention adds to
+        word, words = counters.data.ptr, counters.size
+        if words > MAX_COUNTERS:
+            raise ValueError(f"launcher: {words} ticket counters, more than the clock's "
+                             f"{MAX_COUNTERS}")
         self.gate.fill(0)
         cupy.cuda.Device().synchronize()
         self.gate_kernel((1,), (1,), (self.gate, cupy.uint64(GATE_TIMEOUT_NS)), stream=stream)
@@ -112,15 +120,15 @@ class ItemClock:
         own(q, k, v, out, stream.ptr)
         t1.record(stream)
         base = time.perf_counter_ns()
-        self._write(word, 1)
+        self._write(word, 1, words)
         self._write(self.gate.data.ptr, 1)  # the attention may start
         copies, first = 0, time.perf_counter_ns()
         while not t1.done:
-            self._write(word, time.perf_counter_ns() - base)
+            self._write(word, time.perf_counter_ns() - base, words)
             copies += 1
         last = time.perf_counter_ns()
         stream.synchronize()
-        order = np.asarray(own.order[1:].get(), dtype=np.int64)
+        order = np.asarray(own.ticket_words().get(), dtype=np.int64)
         start, end = order[0::2], order[1::2]
         begin = start.min()
         ms = float(cupy.cuda.get_elapsed_time(t0, t1))

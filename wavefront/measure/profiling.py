@@ -367,10 +367,12 @@ def _sha256(path: str) -> str:
 # `wavefront profile` in a process of its own (what the experiments' counter steps run)
 # ---------------------------------------------------------------------------------------------
 
-def profile_command(points, *, repeats: int, out_dir, record_order: bool = False) -> list[str]:
+def profile_command(points, *, repeats: int, out_dir,
+                    record_order: bool | str = False) -> list[str]:
     """The `wavefront profile` command line that profiles `points` (Points forming one grid of
     lengths x schedules, every other field shared and passed as an option here), `repeats`
-    launches each, into `out_dir`; `record_order`: the ticket-taking binary."""
+    launches each, into `out_dir`; `record_order`: the ticket-taking binary (True, or its
+    counters by name: `kernel.attention.ORDER_COUNTERS`)."""
     from wavefront.point import Point
     points = list(points)
     if not points:
@@ -396,10 +398,12 @@ def profile_command(points, *, repeats: int, out_dir, record_order: bool = False
             "--occupancy", str(first.occupancy), "--schedule", ",".join(schedules),
             "--repeats", str(repeats), "--out", str(out_dir),
             "--causal" if first.causal else "--no-causal",
-            *(["--record-order"] if record_order else [])]
+            *([f"--record-order={'shared' if record_order is True else record_order}"]
+              if record_order else [])]
 
 
-def profile_in_process(points, *, repeats: int, record_order: bool = False) -> list[dict]:
+def profile_in_process(points, *, repeats: int,
+                       record_order: bool | str = False) -> list[dict]:
     """`profile_command` run in a process of its own (a crash under Nsight Compute does not take
     the caller with it) -> its results rows; ProfilerError with the output's tail if it
     failed."""

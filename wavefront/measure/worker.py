@@ -27,7 +27,7 @@ def _time_task(task: dict, peers: bool, reps: int) -> dict:
     from wavefront.measure.conditions import ConditionsSampler
     point = Point.from_record(task)
     with ConditionsSampler() as sampler:
-        timing = measure(point, reps=reps, record_order=bool(task.get("record_order")))
+        timing = measure(point, reps=reps, record_order=task.get("record_order") or False)
         peer = measure_peers(point, reps=reps) if peers else {}
     result = asdict(timing)
     for name, res in peer.items():
@@ -48,7 +48,7 @@ def _launch_for_counters(task: dict) -> int:
     point = Point.from_record(task)
     q, k, v = random_inputs(point, seed=7 + int(task.get("repeat", 0)))
     out = cupy.empty_like(q)
-    record_order = bool(task.get("record_order"))
+    record_order = task.get("record_order") or False
     launcher, _ = launcher_for(q, k, v, record_order=record_order, **point.attention_kwargs())
     stream = current_stream("cupy")
     launcher(q, k, v, out, stream)  # compiles; not profiled
@@ -61,12 +61,14 @@ def _launch_for_counters(task: dict) -> int:
     cupy.cuda.runtime.profilerStop()
     if record_order:
         # The order of the very launch whose counters ncu reports (the last replay pass's
-        # tickets: the "dram" metric set needs one pass).
+        # tickets: the "dram" metric set needs one pass). Per-CTA counters order no launch.
         from wavefront.measure.bench import check_tickets
         from wavefront.results.orders import save_order
         start, end = launcher.tickets()
-        check_tickets(start, end)
-        save_order(task["order_dir"], task["point"], int(task.get("repeat", 0)), start, end)
+        check_tickets(start, end, per_cta=launcher.order_counters == "per_cta")
+        if launcher.order_counters == "shared":
+            save_order(task["order_dir"], task["point"], int(task.get("repeat", 0)), start,
+                       end)
     return 2 if launcher.tiled else 1  # the tiled schedule adds the combine kernel
 
 

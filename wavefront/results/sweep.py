@@ -125,8 +125,9 @@ class SweepSpec:
     batch_points: int = 8
     metric_set: str = "full"
     # Launch the RECORD_ORDER kernel: timings measure its overhead, counter runs save each
-    # launch's work-item tickets beside the results (`wavefront.results.orders`).
-    record_order: bool = False
+    # launch's work-item tickets beside the results (`wavefront.results.orders`). "per_cta":
+    # its tickets from a counter per CTA (no launch order; `kernel.attention._take_ticket`).
+    record_order: bool | str = False
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -193,7 +194,10 @@ def parse_spec(text: str, source: str = "spec") -> SweepSpec:
                          f"{metric_set!r}")
     record_order = raw.get("record_order", False)
     if not isinstance(record_order, bool):
-        raise ValueError(f"{source}: record_order must be true or false, got {record_order!r}")
+        from wavefront.kernel.attention import ORDER_COUNTERS
+        if record_order not in ORDER_COUNTERS:
+            raise ValueError(f"{source}: record_order must be true, false or one of "
+                             f"{ORDER_COUNTERS}, got {record_order!r}")
     name = raw.get("name", Path(source).stem)
     if not isinstance(name, str) or not name:
         raise ValueError(f"{source}: name must be a non-empty string, got {name!r}")
@@ -359,7 +363,7 @@ def expand(spec: SweepSpec, *, gpu: str, sms: int, l2_bytes: int,
                     seen.add(ident)
                     task = {**rec, "measurement": measurement, "repeat": repeat}
                     if spec.record_order:
-                        task["record_order"] = True
+                        task["record_order"] = spec.record_order
                     tasks.append(task)
     return tasks
 
