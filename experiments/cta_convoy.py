@@ -7,7 +7,10 @@ takes items c, c + P, ...), dynamic persistent CTAs (a CTA takes the next item f
 atomic counter when it finishes one: FlashAttention-3's dynamic scheduler) and one CTA per item
 (the hardware hands out the next CTA). At 64k the K and V of the head (32 MiB) fit in the L2
 of both GPUs: the control, where no order can save a DRAM byte. At 128k and 256k they do not.
-Also the causal S128k launch with 64x64 tiles (the second launch `item_clocks` clocks).
+Also the causal S128k launch with 64x64 tiles (the second launch `item_clocks` clocks). And
+(since 2026-11-28) a binary control on the static persistent order: the ticket-taking binary
+of `item_clocks` (clock off), its tickets from the launch's one counter or from a counter per
+CTA, whose item boundaries alone differ from the plain binary's.
 
 Per launch: correct against the float32 reference, then ROUNDS rounds in which every launch
 runs once in a random order (CUDA events, SM clock and throttle state sampled), then Nsight
@@ -33,6 +36,9 @@ ORDERS = ("persistent", "dynamic", "grid")  # static persistent, dynamic persist
 SEQLENS = (65536, 131072, 262144)
 CONTROL_SEQLEN = 65536  # K and V of the head: 32 MiB, in the L2 of both GPUs
 CAUSAL_ORDERS = ("persistent", "dynamic")
+# the static persistent order on the ticket-taking binary (`item_clocks`), by its counters
+# (`kernel.attention.ORDER_COUNTERS`): non-causal launches only
+TICKET_BINARIES = {"tickets": "shared", "tickets_per_cta": "per_cta"}
 
 
 def _name(seqlen: int, causal: bool, order: str) -> str:
@@ -48,7 +54,15 @@ def points():
                                               causal=True, tiles="64x64", occupancy=2,
                                               schedule=f"{o}+linear")
                 for o in CAUSAL_ORDERS})
+    out.update({_name(s, False, b): out[_name(s, False, "persistent")]
+                for s in SEQLENS for b in TICKET_BINARIES})
     return out
+
+
+def _launcher_options(name: str) -> dict:
+    """What a launch's launcher is made with beyond its Point (the ticket binaries)."""
+    order = name.split("|")[1]
+    return {"record_order": TICKET_BINARIES[order]} if order in TICKET_BINARIES else {}
 
 
 def measure(out_dir) -> int:
@@ -67,7 +81,8 @@ def measure(out_dir) -> int:
                                                "l2_bytes": dev.l2_bytes, **row}))
         try:
             with click.progressbar(length=ROUNDS, label="convoy rounds") as bar:
-                for row in paired_rounds(points(), {"alone": None}, rounds=ROUNDS,
+                launches = {name: (p, _launcher_options(name)) for name, p in points().items()}
+                for row in paired_rounds(launches, {"alone": None}, rounds=ROUNDS,
                                          spare_ctas=0, progress=lambda env, r: bar.update(1)):
                     sink.write(EXPOSURE_RECORDS.stamp({"kind": "round", **row}))
         except Exception as exc:  # recorded; the counters still run
@@ -79,21 +94,24 @@ def measure(out_dir) -> int:
 
 def _profile(write) -> int:
     """Nsight Compute's DRAM reads of every launch (`wavefront profile`, cold L2): one call per
-    mask, its orders and lengths interleaved by the sweep."""
+    mask and binary, its orders and lengths interleaved by the sweep."""
     from wavefront.measure.profiling import ProfilerError, profile_in_process
     failures = 0
     pts = points()
-    groups = ((False, SEQLENS, ORDERS), (True, (131072,), CAUSAL_ORDERS))
-    for causal, seqlens, orders in groups:
+    groups = ((False, SEQLENS, ORDERS, None), (True, (131072,), CAUSAL_ORDERS, None),
+              *((False, SEQLENS, ("persistent",), b) for b in TICKET_BINARIES))
+    for causal, seqlens, orders, binary in groups:
         try:
             rows = profile_in_process([pts[_name(s, causal, o)] for s in seqlens for o in orders],
-                                      repeats=NCU_REPEATS)
+                                      repeats=NCU_REPEATS,
+                                      record_order=TICKET_BINARIES.get(binary, False))
         except ProfilerError as exc:
             failures += 1
-            write({"kind": "ncu", "causal": causal, "error": str(exc)})
+            write({"kind": "ncu", "causal": causal, "binary": binary, "error": str(exc)})
             continue
         for row in rows:
-            write({"kind": "ncu", "point": _name(int(row["seqlen"]), causal, row["cta_schedule"]),
+            write({"kind": "ncu", "point": _name(int(row["seqlen"]), causal,
+                                                 binary or row["cta_schedule"]),
                    "repeat": row.get("repeat"), "status": row.get("status"),
                    "dram_read_bytes": row.get("dram_read_bytes"),
                    "compulsory_read_bytes": row.get("compulsory_read_bytes"),
@@ -191,7 +209,7 @@ def table(study) -> pd.DataFrame:
                            "throttled rounds": p["throttled rounds"]})
     t = dram.merge(pd.DataFrame(speeds), on=["GPU", "launch", "order"], how="left")
     t = t.merge(predictions(study), on=["gpu", "point"], how="left")
-    rank = {o: i for i, o in enumerate(ORDERS)}
+    rank = {o: i for i, o in enumerate((*ORDERS, *TICKET_BINARIES))}
     launches = {x: i for i, x in enumerate(_launch_order(t))}
     return t.sort_values(["GPU", "launch", "order"], key=lambda c: c.map(
         rank if c.name == "order" else launches) if c.name != "GPU" else c).reset_index(drop=True)
@@ -207,15 +225,16 @@ def figure(study):
     t = table(study)
     launches = _launch_order(t)
     fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    hues = [o for o in (*ORDERS, *TICKET_BINARIES) if o in set(t["order"])]
     sns.barplot(data=t, x="launch", y="dram_gb", hue="order", ax=axes[0], order=launches,
-                hue_order=list(ORDERS), errorbar=None)
+                hue_order=hues, errorbar=None)
     axes[0].set(yscale="log", xlabel="launch (B1 H1 D128 bf16)",
                 ylabel="DRAM reads (GB, Nsight Compute median)")
-    colours = dict(zip(ORDERS, sns.color_palette(n_colors=len(ORDERS))))
+    colours = dict(zip(hues, sns.color_palette(n_colors=len(hues))))
+    offset = dict(zip(hues[1:], np.linspace(-0.2, 0.2, max(2, len(hues) - 1))))
     static = t[t["order"] == "persistent"].set_index(["GPU", "launch"])["median ms"]
     for (gpu, order), g in t[t["order"] != "persistent"].groupby(["GPU", "order"]):
-        x = np.array([launches.index(x) for x in g["launch"]]) + (0.1 if order == "grid"
-                                                                   else -0.1)
+        x = np.array([launches.index(x) for x in g["launch"]]) + offset[order]
         ok = g["lo"].notna().to_numpy()
         axes[1].errorbar(x[ok], g["speed vs static"][ok],
                          yerr=[(g["speed vs static"] - g["lo"])[ok],
@@ -234,7 +253,8 @@ def figure(study):
         ax.tick_params(axis="x", labelsize=9)
     gpus = ", ".join(sorted(t["GPU"].unique()))
     fig.suptitle(f"CTA orders of one kernel: static persistent, dynamic persistent, one CTA per "
-                 f"item ({gpus})\n128x64 tiles non-causal, 64x64 causal, two CTAs per SM; "
+                 f"item; tickets: static persistent on the ticket-taking binary ({gpus})\n"
+                 f"128x64 tiles non-causal, 64x64 causal, two CTAs per SM; "
                  f"time: {rounds_per_run(study)} rounds in its runs, paired by round",
                  fontsize=9)
     fig.tight_layout()
@@ -247,24 +267,24 @@ def speed_interval(r) -> str:
                           "hi": r["hi"]})
 
 
-def dynamic_gains(study, t: pd.DataFrame) -> pd.DataFrame:
-    """Per GPU: the dynamic order's median time below static persistent's over all rounds
-    (lowest and highest over the launches), and at the launch where it saves the most bytes,
-    its speed-up over the control's, paired by round: (static / dynamic there) over (static /
-    dynamic at the control) in each round, every round kept, median and 95% interval."""
+def dynamic_gains(study, t: pd.DataFrame, order: str = "dynamic") -> pd.DataFrame:
+    """Per GPU: `order`'s median time below static persistent's over all rounds (lowest and
+    highest over the launches), and at the launch where it saves the most bytes, its speed-up
+    over the control's, paired by round: (static / `order` there) over (static / `order` at the
+    control) in each round, every round kept, median and 95% interval."""
     from wavefront.results.measurement import median_ci95
     r = _records(study, "round")
     ctrl = f"S{CONTROL_SEQLEN // 1024}k non-causal"
     out = []
     for gpu, g in t.groupby("GPU"):
         piv = g.pivot_table(index="launch", columns="order", values=["median ms", "dram_gb"])
-        if "dynamic" not in piv["median ms"] or ctrl not in piv.index:
+        if order not in piv["median ms"] or ctrl not in piv.index:
             continue
-        below = 1 - piv[("median ms", "dynamic")] / piv[("median ms", "persistent")]
-        fewer = piv[("dram_gb", "persistent")] / piv[("dram_gb", "dynamic")]
+        below = 1 - piv[("median ms", order)] / piv[("median ms", "persistent")]
+        fewer = piv[("dram_gb", "persistent")] / piv[("dram_gb", order)]
         most = fewer.idxmax()
         ms = r[r["GPU"] == gpu].pivot_table(index="round", columns="point", values="ms")
-        speed = {x: ms[f"{x}|persistent"] / ms[f"{x}|dynamic"] for x in (most, ctrl)}
+        speed = {x: ms[f"{x}|persistent"] / ms[f"{x}|{order}"] for x in (most, ctrl)}
         q = (speed[most] / speed[ctrl]).dropna()
         lo, hi = median_ci95(q.to_numpy())
         out.append({"GPU": gpu, "lowest": float(below.min()), "highest": float(below.max()),
@@ -307,7 +327,7 @@ def section(study) -> Section:
         s.text = "## CTA orders and the convoy\n\nNo run is in `data/cta_convoy` yet."
         return s
     ctrl = f"S{CONTROL_SEQLEN // 1024}k non-causal"
-    for gpu, control in t[t["launch"] == ctrl].groupby("GPU"):
+    for gpu, control in t[(t["launch"] == ctrl) & t["order"].isin(ORDERS)].groupby("GPU"):
         spread = control["dram_gb"].max() / control["dram_gb"].min()
         model = (control["model GB"] / control["dram_gb"]).dropna()
         s.claim(f"{gpu}: at {ctrl} every order reads the same DRAM bytes "

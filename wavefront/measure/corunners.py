@@ -388,8 +388,9 @@ def l2_left_from_probe(rows: list[dict]) -> float | None:
 # ---- rounds: the attention's schedules beside a co-runner -----------------------------------
 
 def checked_launchers(points: dict, seed: int) -> dict:
-    """{name: (launcher, q, k, v, out)} for each point ({name: Point}), each checked against
-    the float32 reference first (IncorrectResult otherwise): a wrong kernel is not timed."""
+    """{name: (launcher, q, k, v, out)} for each point ({name: Point, or (Point, launcher
+    options such as {"record_order": "per_cta"})}), each checked against the float32 reference
+    first (IncorrectResult otherwise): a wrong kernel is not timed."""
     import cupy
 
     from wavefront.kernel.launcher import launcher_for
@@ -397,11 +398,13 @@ def checked_launchers(points: dict, seed: int) -> dict:
     from wavefront.results.measurement import CORRECTNESS_TOLERANCE
     runs = {}
     for name, point in points.items():
-        err = relative_error(point, seed)
+        point, options = point if isinstance(point, tuple) else (point, {})
+        q, k, v = random_inputs(point, seed + 1)
+        launcher, _ = launcher_for(q, k, v, **options, **point.attention_kwargs())
+        err = relative_error(point, seed, record_order=options.get("record_order", False),
+                             launcher=launcher)
         if not err < CORRECTNESS_TOLERANCE:
             raise IncorrectResult(f"{name}: relative error {err:.3g}")
-        q, k, v = random_inputs(point, seed + 1)
-        launcher, _ = launcher_for(q, k, v, **point.attention_kwargs())
         runs[name] = (launcher, q, k, v, cupy.empty_like(q))
     return runs
 
