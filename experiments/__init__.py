@@ -36,7 +36,7 @@ APPENDICES = {
     "counters": ("counter_variance", "kernel_drift", "throughput_vs_misses"),
     "tables": ("knee", "headline", "tiled_fit", "predictions"),
     "regimes": ("ablation", "starved_launch", "dram_bound", "ctas_in_flight", "tiled",
-                "cta_convoy"),
+                "cta_convoy", "binary_spills"),
     "model": ("timed_model", "item_clocks", "advisor_picks"),
     "backward": ("backward_bench",),
 }

@@ -168,7 +168,7 @@ def test_preparing_loads_the_binary_the_jit_compiled(monkeypatch):
     monkeypatch.setattr(prepared, "_driver", FakeDriver())
     monkeypatch.setattr(prepared, "gpu_code", lambda device: "sm_90")
     got = prepared._loaded_function(kernel, signature, "flash_attention_fwd", 3)
-    assert got == (1234, "flash_attention_fwd_Kt2", "jit")
+    assert got == (1234, "flash_attention_fwd_Kt2", "jit", b"the JIT's cubin")
     assert loaded == [(b"the JIT's cubin", "flash_attention_fwd_Kt2", 3)]
     # only the latest JIT_BINARIES_KEPT are kept
     monkeypatch.setattr(prepared, "JIT_BINARIES_KEPT", 2)

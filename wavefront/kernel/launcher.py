@@ -234,6 +234,21 @@ class AttentionLauncher:
         self.plain_ready = (self._device_free and not self.tiled and not self.return_lse
                             and not self.record_order)
 
+    def prepared_for(self, q, k, v, out, free_shapes: bool = False) -> PreparedLaunch:
+        """A prepared launch of this launcher for these arrays (launched as
+        `.launch(stream handle, self.addresses(q, k, v, out))`), its binary the JIT's or, with
+        `free_shapes`, one compiled without the shapes the JIT bakes in of q, k, v and out (a
+        batch or head count of 1): an experiment's handle on the binary itself (`.cubin`).
+        The launcher's own launches are not changed."""
+        return PreparedLaunch(self.kernel, flash_attention_fwd.__name__,
+                              (q, k, v, out, self._lse_argument) + self._bound_args,
+                              len(PER_CALL_PARAMS), self.grid, self.view.device,
+                              free_shapes=tuple(range(4)) if free_shapes else ())
+
+    def addresses(self, q, k, v, out) -> tuple:
+        """The per-call arrays' addresses, as a prepared launch takes them."""
+        return self._addresses(q, k, v, out, self._lse_argument)
+
     def _fits_prepared(self, arrays: tuple, addresses: tuple) -> bool:
         """Whether a direct call's per-call arrays are laid out as those the launcher prepared
         from, with an `out` that overlaps no input."""

@@ -172,9 +172,11 @@ def record_jit_binaries(kernel) -> None:
         pass
 
 
-def _loaded_function(kernel, signature, name: str, device: int) -> tuple[int, str, str]:
+def _loaded_function(kernel, signature, name: str, device: int,
+                     compile_ok: bool = False) -> tuple[int, str, str, bytes]:
     """-> (the kernel's function for `signature` on `device`, its symbol, where its binary came
-    from: "jit" or "export"), loaded once per process."""
+    from: "jit" or "export", the binary), loaded once per process. `compile_ok`: export even
+    with cuTile's disk cache off (a signature the JIT never compiles)."""
     global _driver
     key = (kernel, repr(signature.parameters), device)
     found = _loaded.get(key)
@@ -187,7 +189,7 @@ def _loaded_function(kernel, signature, name: str, device: int) -> tuple[int, st
             if found is not None:
                 cubin, symbol = found
             else:
-                if not disk_cache_on():
+                if not (compile_ok or disk_cache_on()):
                     raise Unprepared("cuTile's disk cache is off (CUDA_TILE_CACHE_DIR) and the "
                                      "JIT's binary was not recorded: exporting it would "
                                      "compile the kernel again, inside a call")
@@ -199,7 +201,7 @@ def _loaded_function(kernel, signature, name: str, device: int) -> tuple[int, st
             if _driver is None:
                 _driver = _Driver()
             _loaded[key] = (_driver.function(cubin, symbol, device), symbol,
-                            "jit" if found is not None else "export")
+                            "jit" if found is not None else "export", cubin)
         return _loaded[key]
 
 
@@ -254,22 +256,36 @@ class PreparedLaunch:
     addresses. `per_call` leading parameters change from call to call (their addresses only)."""
 
     def __init__(self, kernel, name: str, args: tuple, per_call: int, grid: tuple,
-                 device: int):
+                 device: int, free_shapes: tuple[int, ...] = ()):
         """`kernel` (a `ct.kernel`) of the Python function called `name`, launched with
         `args` on `grid` on GPU `device`. Takes about 0.4 ms of host time (cuTile derives the
-        signature: 0.27 ms on the H100 host), so launchers prepare only once used a while."""
+        signature: 0.27 ms on the H100 host), so launchers prepare only once used a while.
+
+        `free_shapes`: parameters (indices) whose shapes the binary must not bake in. The JIT
+        compiles a dimension it sees of size 1 (one head, a batch of one) as a constant, and
+        that alone can change the compiler's register allocation (`experiments/binary_spills.py`);
+        these parameters' shape constants are dropped from the signature the binary is
+        exported for (compiled here, not the JIT's). The argument buffer is the same: the
+        calling convention passes every array's shape whatever the binary assumes of it."""
         from cuda.tile.compilation import CallingConvention, KernelSignature
         signature = KernelSignature.from_kernel_args(
             kernel, args, CallingConvention.cutile_python_v2(), symbol=_UNNAMED)
+        binary_signature = signature
+        if free_shapes:
+            import dataclasses
+            params = list(signature.parameters)
+            for i in free_shapes:
+                params[i] = dataclasses.replace(params[i], shape_constant=None)
+            binary_signature = dataclasses.replace(signature, parameters=params)
         values, addresses, alignment = pack_arguments(signature, args, per_call)
         # Each address must be divisible by what the signature assumes (powers of two): a
         # launch tests them all at once against the largest, then one by one if that fails.
         if any(a & (a - 1) for a in alignment):
             raise Unprepared(f"alignments {alignment} are not powers of two")
-        self.signature = signature
+        self.signature = binary_signature
         # binary_from: "jit" (the binary the JIT compiled, recorded) or "export"
-        self.function, self.symbol, self.binary_from = _loaded_function(kernel, signature, name,
-                                                                        device)
+        self.function, self.symbol, self.binary_from, self.cubin = _loaded_function(
+            kernel, binary_signature, name, device, compile_ok=bool(free_shapes))
         self._values = values  # the buffer points into these: they live as long as it does
         self._buffer = (ctypes.c_void_p * len(values))(*map(ctypes.addressof, values))
         self._buffer_address = ctypes.addressof(self._buffer)

@@ -80,6 +80,28 @@ def check_bytes(cfg: Point) -> int:
     return arrays + 4 * 4 * cfg.batch * heads * rows * cfg.seqlen
 
 
+def output_error(cfg: Point, q, k, v, out, tile_m: int) -> float:
+    """||out - ref|| / ||ref|| of an output some binary wrote for q, k, v (poisoned with NaN
+    before, by the caller): inf where any element is not finite."""
+    return _output_error(cfg, q, k, v, out, tile_m)[0]
+
+
+def _output_error(cfg: Point, q, k, v, out, tile_m: int):
+    """-> (relative error, the rows and heads compared, the reference LSE of those)."""
+    import cupy
+    if not bool(cupy.isfinite(out).all()):  # every element written, even where not compared
+        return math.inf, None, None, None
+    rows = check_rows(cfg.seqlen, tile_m)
+    heads, kv_heads = _checked_heads(cfg)
+    ref, ref_lse = reference_attention(q[:, heads], k[:, kv_heads], v[:, kv_heads],
+                                       causal=cfg.causal, rows=rows)
+    got = out[:, heads] if rows is None else out[:, heads][:, :, rows]
+    got = got.astype(cupy.float32)
+    if not bool(cupy.isfinite(got).all()):
+        return math.inf, rows, heads, ref_lse
+    return float(cupy.linalg.norm(got - ref) / cupy.linalg.norm(ref)), rows, heads, ref_lse
+
+
 def relative_error(cfg: Point, seed: int = 0, check_lse: bool = False,
                    record_order: bool | str = False, launcher=None) -> float:
     """||out - ref|| / ||ref|| on fresh random inputs; the output is poisoned with NaN first, so
@@ -100,18 +122,9 @@ def relative_error(cfg: Point, seed: int = 0, check_lse: bool = False,
     cupy.cuda.get_current_stream().synchronize()
     if record_order:
         check_tickets(*launcher.tickets(), per_cta=launcher.order_counters == "per_cta")
-    if not bool(cupy.isfinite(out).all()):  # every element written, even where not compared
-        return math.inf
-    rows = check_rows(cfg.seqlen, launcher.launch.problem.tile_m)
-    heads, kv_heads = _checked_heads(cfg)
-    ref, ref_lse = reference_attention(q[:, heads], k[:, kv_heads], v[:, kv_heads],
-                                       causal=cfg.causal, rows=rows)
-    got = out[:, heads] if rows is None else out[:, heads][:, :, rows]
-    got = got.astype(cupy.float32)
-    if not bool(cupy.isfinite(got).all()):
-        return math.inf
-    err = float(cupy.linalg.norm(got - ref) / cupy.linalg.norm(ref))
-    if check_lse:
+    err, rows, heads, ref_lse = _output_error(cfg, q, k, v, out,
+                                              launcher.launch.problem.tile_m)
+    if check_lse and math.isfinite(err):
         lse = result[1][:, heads] if rows is None else result[1][:, heads][:, :, rows]
         if not bool(cupy.isfinite(lse).all()):
             return math.inf
