@@ -288,10 +288,10 @@ def _static_slots(launch) -> np.ndarray:
     return np.arange(launch.num_items) % launch.num_ctas
 
 
-def _rows(study) -> pd.DataFrame:
+def _rows(study, counters: str = "shared") -> pd.DataFrame:
     from wavefront.model.simulation import item_steps
     from wavefront.model.timed import Exposure, simulate_timed
-    c = _clocks(study)
+    c = _clocks(study, counters)
     rows = []
     for (gpu, name), g in c.groupby(["gpu", "point"]):
         first = g.iloc[0]
@@ -342,7 +342,8 @@ def _rows(study) -> pd.DataFrame:
     out = pd.DataFrame(rows)
     if out.empty:
         return out
-    for binary, prefix in (("plain", "measured GB"), ("clocked", "clocked binary GB")):
+    own = next(b for b, c in COUNTERS.items() if c == counters)
+    for binary, prefix in (("plain", "measured GB"), (own, "clocked binary GB")):
         n = _ncu(study, binary)
         dram = n.groupby(["gpu", "point"])["dram_read_bytes"].agg(["median", "min", "max"])
         for col in ("median", "min", "max"):
@@ -411,20 +412,55 @@ def _scores(g) -> dict:
     return row
 
 
-def table(study) -> pd.DataFrame:
-    """Per GPU, point and repeat: the clocked launch's CTA speeds and spreads along K/V, the
-    model's, and the DRAM reads measured and predicted three ways; cached with the model's
-    other predictions (`data/model_cache`), keyed on the records, the model and this file."""
+def table(study, counters: str = "shared") -> pd.DataFrame:
+    """Per GPU, point and repeat: the launch clocked through `counters`, its CTA speeds and
+    spreads along K/V, the model's, and the DRAM reads measured (its own binary's: "clocked
+    binary GB") and predicted three ways; cached with the model's other predictions
+    (`data/model_cache`), keyed on the records, the model and this file."""
     from pathlib import Path
 
     from wavefront.report.analysis import cached_table
     from wavefront.report.timed import model_inputs
+    name = "item_clocks" if counters == "shared" else f"item_clocks_{counters}"
 
     def cached():
         records = sorted((study.data_dir / "item_clocks").glob("*.jsonl*"))
-        return cached_table(study, "item_clocks", [*records, *model_inputs(study),
-                                                   Path(__file__)], lambda: _rows(study))
-    return study.once("item_clocks.rows", cached).copy()
+        return cached_table(study, name, [*records, *model_inputs(study), Path(__file__)],
+                            lambda: _rows(study, counters))
+    return study.once(f"{name}.rows", cached).copy()
+
+
+def per_cta_gaps(study) -> pd.DataFrame:
+    """Per GPU, point and run that profiled the binary with a ticket counter per CTA: its DRAM
+    reads (median, range) beside the plain binary's and the shared counter's, its share of the
+    plain binary's, whether their ranges overlap, each clocked binary's time over the plain
+    one's (medians of the run's rounds, the clock off), and its own clocked item timelines
+    replayed through the partitioned LRU against its reads."""
+    n = _ncu(study, None)
+    keys = ["GPU", "point", "run"]
+    n = n[n.groupby(keys)["binary"].transform(lambda b: set(BINARIES) <= set(b))]
+    t = table(study, "per_cta")
+    if n.empty or t.empty:
+        return pd.DataFrame()
+    d = n.groupby([*keys, "binary"])["dram_read_bytes"].agg(["median", "min", "max"]).unstack()
+    out = pd.DataFrame(index=d.index)
+    for b in BINARIES:
+        for col in ("median", "min", "max"):
+            out[f"{b} GB {col}"] = d[(col, b)] / 1e9
+    out["per-CTA share"] = out["clocked_per_cta GB median"] / out["plain GB median"]
+    out["shared share"] = out["clocked GB median"] / out["plain GB median"]
+    out["overlaps plain"] = ((out["clocked_per_cta GB min"] <= out["plain GB max"])
+                             & (out["plain GB min"] <= out["clocked_per_cta GB max"]))
+    shared = table(study).groupby(keys).apply(
+        lambda g: (g["clocked ms"] / g["plain ms"]).median(), include_groups=False)
+    mine = t.groupby(keys)
+    out["per-CTA time"] = mine.apply(lambda g: (g["clocked ms"] / g["plain ms"]).median(),
+                                     include_groups=False)
+    out["shared time"] = shared.reindex(out.index)
+    out["rounds"] = mine.size()
+    out["replay over per-CTA"] = (mine["replayed timeline GB"].median()
+                                  / out["clocked_per_cta GB median"])
+    return out.reset_index()
 
 
 def figure(study):
@@ -451,10 +487,12 @@ def figure(study):
     return g.figure
 
 
-def _binaries_paragraph(s: Section, gaps: pd.DataFrame, t: pd.DataFrame) -> str:
+def _binaries_paragraph(s: Section, gaps: pd.DataFrame, t: pd.DataFrame,
+                        per_cta: pd.DataFrame) -> str:
     """Where the two binaries' DRAM reads are apart in every run that counted both: how far,
-    at what time, and how close each run's replayed item timelines come to the clocked
-    binary's own reads (claims added to `s`)."""
+    at what time, how close each run's replayed item timelines come to the clocked binary's
+    own reads, and what a ticket counter per CTA (`per_cta`: `per_cta_gaps`) changes (claims
+    added to `s`)."""
     if gaps.empty:
         return ""
     apart = gaps.groupby(["GPU", "point"])["ranges overlap"].agg(lambda x: not x.any())
@@ -465,26 +503,58 @@ def _binaries_paragraph(s: Section, gaps: pd.DataFrame, t: pd.DataFrame) -> str:
     for gpu, name in apart[apart].index:
         runs = gaps[(gaps["GPU"] == gpu) & (gaps["point"] == name)]
         mine = t[(t["GPU"] == gpu) & (t["point"] == name)]
+        times = mine.groupby("run").apply(lambda g: (g["clocked ms"] / g["plain ms"]).median(),
+                                          include_groups=False)
         first = len(s.claims)
         s.claim(f"At {name} ({gpu}) the clocked binary read "
                 f"{span(runs['clocked share'], '.2f')}x the plain binary's DRAM bytes (medians, "
-                f"{len(runs)} runs) and took {(mine['clocked ms'] / mine['plain ms']).median():.3f}"
-                f"x its time (median of {len(mine)} rounds, the clock off); each run's clocked "
+                f"{len(runs)} runs) and took {span(times, '.3f')}x its time (each run's median "
+                f"of {REPEATS} rounds, the clock off); each run's clocked "
                 "item timelines, replayed through the partitioned LRU, read "
                 f"{span(runs['replay over clocked'], '.2f')}x that run's clocked-binary reads",
-                bool(runs["replay over clocked"].notna().all()),
-                runs[["run", "clocked share", "replay over clocked"]].round(3)
-                .to_dict("records"))
+                bool(runs["replay over clocked"].notna().all() and len(times)),
+                {"runs": runs[["run", "clocked share", "replay over clocked"]].round(3)
+                 .to_dict("records"), "time": times.round(4).to_dict()})
         claim = s.claims[first].text
         texts.append(f"""**The clocked binary is not the plain one at {name}.** {claim}.
 In their machine code the K/V loop (its instruction mix, its K and V rings) is the same, and the
-clocked binary's only atomics are its two tickets per work item, on the one counter
-(`tests/test_item_clocks.py` checks both): the difference sits at the work items' boundaries
-(a hypothesis for how it acts: the CTAs meet at their items' ends, queue on the one counter,
-and the queue pulls stragglers back into the convoy; untested). The speeds and item timelines
-above are those of the clocked launch; its DRAM reads come from other launches of the same
-binary, with its tickets counting.""")
+clocked binary's only atomics are its two tickets per work item (`tests/test_item_clocks.py`
+checks both): the difference sits at the work items' boundaries. Since run 9e446e7 a ticket
+also reads one flag (one load per ticket) that says which counter to count on. The speeds and
+item timelines above are those of the clocked launch; its DRAM reads come from other launches
+of the same binary, with its tickets counting.""")
+        texts.append(_per_cta_text(s, per_cta[(per_cta["GPU"] == gpu)
+                                              & (per_cta["point"] == name)] if len(per_cta)
+                                   else per_cta, name))
     return "\n\n".join(texts) + "\n"
+
+
+def _per_cta_text(s: Section, g: pd.DataFrame, name: str) -> str:
+    """The test of the one-counter hypothesis at one point: the binary with a counter per CTA
+    against the plain one and the shared counter, run by run (claims added to `s`)."""
+    if g.empty:
+        return ("Whether the CTAs' queue on the one counter regroups them was not tested at "
+                f"{name}: no run profiled the binary with a counter per CTA.")
+    first = len(s.claims)
+    s.claim(f"At {name}, with a ticket counter per CTA (no counter shared by two CTAs) the "
+            f"clocked binary read {span(g['per-CTA share'], '.2f')}x the plain binary's DRAM "
+            f"bytes (the shared counter, same runs: {span(g['shared share'], '.2f')}x; ranges "
+            + ("apart from" if not g["overlaps plain"].any() else "overlapping")
+            + " the plain binary's) and took "
+            f"{span(g['per-CTA time'], '.3f')}x its time ({span(g['shared time'], '.3f')}x; "
+            f"medians of {int(g['rounds'].min())} rounds, the clock off); its own clocked item "
+            f"timelines, replayed, read {span(g['replay over per-CTA'], '.2f')}x its reads",
+            bool(g["per-CTA share"].notna().all()),
+            g.drop(columns=["GPU", "point"]).round(4).to_dict("records"))
+    return (f"**Not the queue on one counter.** {s.claims[first].text} "
+            f"({len(g)} run{'s' if len(g) > 1 else ''}: "
+            + ", ".join(r.split("_")[-1] for r in g["run"]) + "). "
+            + ("So a queue on one word is not what moves the reads. "
+               if not g["overlaps plain"].any() else
+               "With no counter shared the reads are the plain binary's again: the queue on one "
+               "word is what moves them. ")
+            + "Appendix F times the ticket binary on the static order with the clock off, "
+            "against the plain binary, at lengths where the K/V fit in the L2 too.")
 
 
 def section(study) -> Section:
@@ -566,7 +636,7 @@ def section(study) -> Section:
                 f"{r['replayed timeline']:.2f} GB ({rep:.2f}x the {whose} binary's)",
                 bool(np.isfinite(rep)), r.to_dict())
     main_claims = len(s.claims)
-    binaries = _binaries_paragraph(s, binary_gaps(study), t)
+    binaries = _binaries_paragraph(s, binary_gaps(study), t, per_cta_gaps(study))
     point_claims = len(s.claims)
     h = held_out(study)
     if not h.empty:

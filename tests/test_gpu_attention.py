@@ -381,6 +381,34 @@ def test_the_prepared_launch_is_the_jit_launch_bit_for_bit(schedule, causal):
     assert not cupy.isnan(lse).any()
 
 
+def test_a_binary_compiled_with_free_shapes_is_another_binary_with_the_same_output():
+    """`prepared_for(free_shapes=True)`: at one head the JIT bakes the batch and head counts
+    of 1 into its signature; the shape-free binary is exported (not the JIT's), launches from
+    the same argument buffer, and is correct against the float32 reference; the launcher's
+    own launches are unchanged."""
+    import cupy
+
+    from wavefront.kernel.launcher import launcher_for
+    from wavefront.measure.bench import output_error, random_inputs
+    cfg = Config(batch=1, heads=1, seqlen=4096, head_dim=128, tiles="128x64", occupancy=2,
+                 schedule="persistent+linear")
+    q, k, v = random_inputs(cfg, 91)
+    launcher, _ = launcher_for(q, k, v, **cfg.attention_kwargs())
+    stream = cupy.cuda.Stream(non_blocking=True)
+    outs = {}
+    for free in (False, True):
+        out = cupy.full(q.shape, cupy.nan, dtype=q.dtype)
+        prepared = launcher.prepared_for(q, k, v, out, free_shapes=free)
+        assert prepared.launch(stream.ptr, launcher.addresses(q, k, v, out))
+        stream.synchronize()
+        assert output_error(cfg, q, k, v, out, 128) < TOLERANCE
+        outs[free] = (prepared, out)
+    assert outs[True][0].binary_from == "export"
+    assert outs[True][0].cubin != outs[False][0].cubin
+    assert outs[True][0].signature != outs[False][0].signature
+    assert launcher._prepared is None  # its own launches: ct.launch until it prepares
+
+
 @pytest.mark.usefixtures("prepare_after_one_launch")
 def test_the_public_call_falls_back_where_the_prepared_launch_does_not_fit():
     """The prepared binary assumes 16-byte aligned arrays and an output that overlaps no
