@@ -15,7 +15,8 @@ Per launch: every binary's output checked against the float32 reference, then RO
 in which each binary runs once in a random order (prepared launches, CUDA events), the speed
 over the plain JIT binary paired by round. The spill census: the JIT's plain and ticket
 binaries, and their shape-free twins, at several batch and head counts (local loads and
-stores in the SASS, `kernel.sass.summarise`).
+stores in the SASS, `kernel.sass.summarise`). Then each binary's DRAM reads at S256k, under
+Nsight Compute (`wavefront profile --free-shapes`, cold L2), in NCU_ROUNDS interleaved rounds.
 
     python experiments/binary_spills.py run            # on a GPU: data/binary_spills/
     python experiments/binary_spills.py plot --out DIR # anywhere: figure, table
@@ -41,6 +42,8 @@ BASE = "plain, jit"  # what every speed is paired against
 CENSUS = ((1, 1, "128x64"), (1, 2, "128x64"), (2, 1, "128x64"), (2, 8, "128x64"),
           (4, 32, "128x64"), (1, 1, "64x64"), (4, 32, "64x64"))
 SEED = 11
+NCU_LAUNCH = 262144  # where the binaries' DRAM reads are counted (the control's are equal)
+NCU_ROUNDS = 3  # Nsight Compute rounds, one launch of each binary per round
 
 
 def _point(seqlen: int, batch: int = 1, heads: int = 1, tiles: str = "128x64"):
@@ -133,6 +136,32 @@ def measure(out_dir) -> int:
             except Exception as exc:  # recorded, the rest goes on
                 failures += 1
                 write({"kind": "round", "seqlen": seqlen, "error": str(exc)[:300]})
+        failures += _profile(write)
+    return failures
+
+
+def _profile(write) -> int:
+    """Nsight Compute's DRAM reads of every binary at NCU_LAUNCH, NCU_ROUNDS rounds, the
+    binaries' order reversed from round to round. -> failures."""
+    from wavefront.measure.profiling import ProfilerError, profile_in_process
+    failures = 0
+    binaries = [(code, sig) for code in CODES for sig in SIGNATURES]
+    for r in range(NCU_ROUNDS):
+        for code, sig in binaries if r % 2 == 0 else binaries[::-1]:
+            row = {"kind": "ncu", "seqlen": NCU_LAUNCH, "code": code, "signature": sig,
+                   "repeat": r}
+            try:
+                got = profile_in_process([_point(NCU_LAUNCH)], repeats=1,
+                                         record_order=CODES[code],
+                                         free_shapes=sig == "free shapes")
+            except ProfilerError as exc:
+                failures += 1
+                write({**row, "error": str(exc)})
+                continue
+            for g in got:
+                write({**row, "status": g.get("status"),
+                       "dram_read_bytes": g.get("dram_read_bytes"),
+                       "ncu_duration_ns": g.get("ncu_duration_ns")})
     return failures
 
 
@@ -157,9 +186,21 @@ def census(study) -> pd.DataFrame:
          "kv_loop_instructions"]].reset_index(drop=True)
 
 
+def dram(study) -> pd.DataFrame:
+    """Per GPU, length and binary: Nsight Compute's DRAM reads (GB: median, range, launches)."""
+    n = _records(study, "ncu")
+    if n.empty:
+        return n
+    n = n[n["status"] == "ok"]
+    return n.groupby(["GPU", "seqlen", "binary"])["dram_read_bytes"].agg(
+        dram_gb=lambda x: x.median() / 1e9, dram_lo=lambda x: x.min() / 1e9,
+        dram_hi=lambda x: x.max() / 1e9, ncu_launches="size").reset_index()
+
+
 def table(study) -> pd.DataFrame:
-    """Per GPU, length and binary: its spills, median time (range) and speed over the plain JIT
-    binary paired by round, with the 95% interval of the median."""
+    """Per GPU, length and binary: its spills, median time (range), speed over the plain JIT
+    binary paired by round with the 95% interval of the median, and its DRAM reads where
+    counted."""
     from wavefront.results.measurement import median_ci95
     r, ch = _records(study, "round"), _records(study, "check")
     if r.empty or ch.empty:
@@ -179,7 +220,11 @@ def table(study) -> pd.DataFrame:
                         "ms hi": float(g[b].max()), "rounds": len(ratio),
                         "speed": float(np.median(ratio)), "lo": lo, "hi": hi})
     rank = {f"{c}, {s}": i for i, (c, s) in enumerate((c, s) for c in CODES for s in SIGNATURES)}
-    return pd.DataFrame(out).sort_values(["GPU", "seqlen", "binary"], key=lambda x: x.map(
+    out = pd.DataFrame(out)
+    d = dram(study)
+    if not d.empty:
+        out = out.merge(d, on=["GPU", "seqlen", "binary"], how="left")
+    return out.sort_values(["GPU", "seqlen", "binary"], key=lambda x: x.map(
         rank) if x.name == "binary" else x).reset_index(drop=True)
 
 
@@ -245,6 +290,22 @@ def section(study) -> Section:
                     f"[{r['lo'] - 1:+.1%}, {r['hi'] - 1:+.1%}]" for _, r in others.iterrows()),
                 bool(len(clean) and base_spills > 0 and (clean["lo"] > 1).all()),
                 g.round(4).to_dict("records"))
+    if "dram_gb" in t and t["dram_gb"].notna().any():
+        d = t.dropna(subset=["dram_gb"])
+        clean, spilled = d[d["spills"] == 0], d[d["spills"] > 0]
+        apart = (clean["dram_hi"].max() < spilled["dram_lo"].min()
+                 or spilled["dram_hi"].max() < clean["dram_lo"].min())
+        s.claim(f"Under Nsight Compute at {d['launch'].iloc[0]} ({int(d['ncu_launches'].min())} "
+                "launches each, cold L2) the binaries without spills read "
+                + ", ".join(f"{r['binary']} {r['dram_gb']:.2f} GB ({r['dram_lo']:.2f}-"
+                            f"{r['dram_hi']:.2f})" for _, r in clean.iterrows())
+                + ", those with them "
+                + ", ".join(f"{r['binary']} {r['dram_gb']:.2f} ({r['dram_lo']:.2f}-"
+                            f"{r['dram_hi']:.2f})" for _, r in spilled.iterrows())
+                + (": the two groups' ranges are apart" if apart else
+                   ": the groups' ranges overlap"), bool(len(clean) and len(spilled)),
+                d[["binary", "spills", "dram_gb", "dram_lo", "dram_hi"]].round(3)
+                .to_dict("records"))
     follows = all(((g["spills"] > 0) == (g["speed"] < 1.03)).all() for _, g in t.groupby(
         ["GPU", "launch"]))
     s.claim("At both lengths every binary that spills runs within 3% of the plain JIT binary "
@@ -257,7 +318,10 @@ def section(study) -> Section:
                                zip(t["median ms"], t["ms lo"], t["ms hi"])],
         f"speed over {BASE} [95%] (rounds)": [
             f"{r['speed'] - 1:+.1%} [{r['lo'] - 1:+.1%}, {r['hi'] - 1:+.1%}] ({r['rounds']})"
-            for _, r in t.iterrows()]})
+            for _, r in t.iterrows()],
+        "DRAM GB, ncu (range)": [
+            f"{r['dram_gb']:.2f} ({r['dram_lo']:.2f}-{r['dram_hi']:.2f})"
+            if np.isfinite(r.get("dram_gb", np.nan)) else "-" for _, r in t.iterrows()]})
     main_claims, census_text = len(s.claims), ""
     if not c.empty:
         c = c.assign(spills=c["local_loads"] + c["local_stores"])

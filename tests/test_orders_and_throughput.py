@@ -93,6 +93,13 @@ def test_record_order_travels_from_spec_to_tasks_and_needs_a_directory():
     assert all(t["record_order"] == "per_cta" for t in per_cta)
     with pytest.raises(ValueError, match="record_order must be true, false or one of"):
         parse_spec(base.format('record_order = "yes"'))
+    free = expand(parse_spec(base.format("free_shapes = true")), gpu="H100", sms=132,
+                  l2_bytes=50 << 20)
+    assert all(t["free_shapes"] is True for t in free)
+    with pytest.raises(ValueError, match="free_shapes must be true or false"):
+        parse_spec(base.format('free_shapes = "yes"'))
+    with pytest.raises(ValueError, match="free_shapes applies to counter runs only"):
+        parse_spec(base.format("free_shapes = true").replace('"counters"', '"timing"'))
     with pytest.raises(ValueError, match="order_dir"):
         SubprocessRunner()._run_counters(tasks, spec, lambda *a: None, None)
 

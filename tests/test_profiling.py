@@ -255,6 +255,9 @@ def test_the_profile_command_profiles_a_grid_and_refuses_what_it_cannot_pass(tmp
     per_cta = profile_command(grid, repeats=1, out_dir=tmp_path, record_order="per_cta")
     assert command.make_context("profile", per_cta[per_cta.index("profile") + 1:]).params[
         "record_order"] == "per_cta"
+    free = profile_command(grid, repeats=1, out_dir=tmp_path, free_shapes=True)
+    assert command.make_context("profile", free[free.index("profile") + 1:]).params[
+        "free_shapes"] is True
     # the flag alone, as a user types it, is the shared counter
     assert command.make_context("profile", ["--record-order"]).params["record_order"] == "shared"
     with pytest.raises(ValueError, match="points: expected one grid"):

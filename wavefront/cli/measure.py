@@ -588,8 +588,11 @@ def _sweep_runner(out_dir):
               help="Profile the binary that takes a ticket as each work item starts and ends "
                    "(the order and clock recorder), from one shared counter (tickets under "
                    "<out>/orders) or one per CTA.")
+@click.option("--free-shapes", is_flag=True,
+              help="Profile the binary compiled without the shapes the JIT bakes in of q, k, "
+                   "v and out (a batch or head count of 1), not the JIT's own.")
 @click.option("--json", "as_json", is_flag=True)
-def profile(points, repeats, out_dir, timeout_s, record_order, as_json):
+def profile(points, repeats, out_dir, timeout_s, record_order, free_shapes, as_json):
     """Points under Nsight Compute: DRAM reads (the primary miss metric), L2 sectors (SM side
     and fabric), vs the closed-form count. Kernel replay, cold L2 each pass, each launch in its
     own NVTX range."""
@@ -597,7 +600,8 @@ def profile(points, repeats, out_dir, timeout_s, record_order, as_json):
     dev = _require_gpu()
     spec = SweepSpec(name="profile", grid=[grid_of(p) for p in points], measure=["counters"],
                      repeats=repeats, timeout_s=timeout_s,
-                     record_order=(record_order == "shared" or record_order or False))
+                     record_order=(record_order == "shared" or record_order or False),
+                     free_shapes=free_shapes)
     target = out_dir or tempfile.mkdtemp(prefix="wavefront-profile-")
     summary = _run_sweep(spec, target, dev, retry_failed=True)
     from wavefront.results.store import load_results, results_path

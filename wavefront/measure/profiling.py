@@ -367,12 +367,13 @@ def _sha256(path: str) -> str:
 # `wavefront profile` in a process of its own (what the experiments' counter steps run)
 # ---------------------------------------------------------------------------------------------
 
-def profile_command(points, *, repeats: int, out_dir,
-                    record_order: bool | str = False) -> list[str]:
+def profile_command(points, *, repeats: int, out_dir, record_order: bool | str = False,
+                    free_shapes: bool = False) -> list[str]:
     """The `wavefront profile` command line that profiles `points` (Points forming one grid of
     lengths x schedules, every other field shared and passed as an option here), `repeats`
     launches each, into `out_dir`; `record_order`: the ticket-taking binary (True, or its
-    counters by name: `kernel.attention.ORDER_COUNTERS`)."""
+    counters by name: `kernel.attention.ORDER_COUNTERS`); `free_shapes`: the binary compiled
+    without the JIT's size-1 shape constants."""
     from wavefront.point import Point
     points = list(points)
     if not points:
@@ -399,18 +400,19 @@ def profile_command(points, *, repeats: int, out_dir,
             "--repeats", str(repeats), "--out", str(out_dir),
             "--causal" if first.causal else "--no-causal",
             *([f"--record-order={'shared' if record_order is True else record_order}"]
-              if record_order else [])]
+              if record_order else []), *(["--free-shapes"] if free_shapes else [])]
 
 
-def profile_in_process(points, *, repeats: int,
-                       record_order: bool | str = False) -> list[dict]:
+def profile_in_process(points, *, repeats: int, record_order: bool | str = False,
+                       free_shapes: bool = False) -> list[dict]:
     """`profile_command` run in a process of its own (a crash under Nsight Compute does not take
     the caller with it) -> its results rows; ProfilerError with the output's tail if it
     failed."""
     import pandas as pd
     with tempfile.TemporaryDirectory() as tmp:
         run = subprocess.run(profile_command(points, repeats=repeats, out_dir=tmp,
-                                             record_order=record_order),
+                                             record_order=record_order,
+                                             free_shapes=free_shapes),
                              capture_output=True, text=True)
         results = Path(tmp) / "results.csv"
         if run.returncode or not results.exists():

@@ -110,7 +110,7 @@ def _grid_check(p) -> Callable[[object], str | None]:
 GRID_KEYS = {name: _grid_check(p) for name, p in PARAMS.items()}
 REQUIRED_GRID_KEYS = tuple(name for name, p in PARAMS.items() if p.grid_required)
 TOP_KEYS = {"name", "measure", "repeats", "timeout_s", "reps", "peers", "batch_points",
-            "metric_set", "record_order", "grid"}
+            "metric_set", "record_order", "free_shapes", "grid"}
 
 
 @dataclass
@@ -128,6 +128,9 @@ class SweepSpec:
     # launch's work-item tickets beside the results (`wavefront.results.orders`). "per_cta":
     # its tickets from a counter per CTA (no launch order; `kernel.attention._take_ticket`).
     record_order: bool | str = False
+    # Counter runs launch the binary compiled without the shapes the JIT bakes in of q, k, v
+    # and out (a batch or head count of 1; `PreparedLaunch(free_shapes=...)`), not the JIT's.
+    free_shapes: bool = False
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -198,6 +201,12 @@ def parse_spec(text: str, source: str = "spec") -> SweepSpec:
         if record_order not in ORDER_COUNTERS:
             raise ValueError(f"{source}: record_order must be true, false or one of "
                              f"{ORDER_COUNTERS}, got {record_order!r}")
+    free_shapes = raw.get("free_shapes", False)
+    if not isinstance(free_shapes, bool):
+        raise ValueError(f"{source}: free_shapes must be true or false, got {free_shapes!r}")
+    if free_shapes and measure != ["counters"]:
+        raise ValueError(f"{source}: free_shapes applies to counter runs only (measure = "
+                         f"[\"counters\"]), got measure = {measure!r}")
     name = raw.get("name", Path(source).stem)
     if not isinstance(name, str) or not name:
         raise ValueError(f"{source}: name must be a non-empty string, got {name!r}")
@@ -215,7 +224,8 @@ def parse_spec(text: str, source: str = "spec") -> SweepSpec:
                          f"{len(measure)} measurements = {tasks} tasks, more than the limit of "
                          f"{MAX_TASKS} (MAX_TASKS)")
     spec = SweepSpec(name=name, grid=grids, measure=measure, timeout_s=float(timeout),
-                     peers=peers, metric_set=metric_set, record_order=record_order, **values)
+                     peers=peers, metric_set=metric_set, record_order=record_order,
+                     free_shapes=free_shapes, **values)
     return spec
 
 
@@ -364,6 +374,8 @@ def expand(spec: SweepSpec, *, gpu: str, sms: int, l2_bytes: int,
                     task = {**rec, "measurement": measurement, "repeat": repeat}
                     if spec.record_order:
                         task["record_order"] = spec.record_order
+                    if spec.free_shapes:
+                        task["free_shapes"] = True
                     tasks.append(task)
     return tasks
 
@@ -387,7 +399,7 @@ def row_for(task: dict, run_id: str, result: dict | None, error: str | None) -> 
 
 
 # What decides how a point is measured, as opposed to which points there are.
-MEASUREMENT_SETTINGS = ("metric_set", "reps", "peers", "record_order")
+MEASUREMENT_SETTINGS = ("metric_set", "reps", "peers", "record_order", "free_shapes")
 
 
 def check_same_settings(out_dir, runs: dict, spec: SweepSpec) -> None:
