@@ -37,7 +37,7 @@ SEQLENS = (65536, 131072, 262144)
 CONTROL_SEQLEN = 65536  # K and V of the head: 32 MiB, in the L2 of both GPUs
 CAUSAL_ORDERS = ("persistent", "dynamic")
 # the static persistent order on the ticket-taking binary (`item_clocks`), by its counters
-# (`kernel.attention.ORDER_COUNTERS`): non-causal launches only
+# (`point.ORDER_COUNTERS`): non-causal launches only
 TICKET_BINARIES = {"tickets": "shared", "tickets_per_cta": "per_cta"}
 
 

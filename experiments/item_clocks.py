@@ -39,7 +39,7 @@ NCU_ROUNDS = 6
 # the binaries profiled: the plain one, and the one whose tickets carry the clock, its
 # tickets from the launch's one counter or (since 2026-11-28) from a counter per CTA
 BINARIES = ("plain", "clocked", "clocked_per_cta")
-# the clocked binary's ticket counters (`kernel.attention.ORDER_COUNTERS`), by binary
+# the clocked binary's ticket counters (`point.ORDER_COUNTERS`), by binary
 COUNTERS = {"clocked": "shared", "clocked_per_cta": "per_cta"}
 SEED = 5
 # the rounds of work items in whose middle the CTAs' spread along K/V is read (shares of the
@@ -553,8 +553,10 @@ def _per_cta_text(s: Section, g: pd.DataFrame, name: str) -> str:
                if not g["overlaps plain"].any() else
                "With no counter shared the reads are the plain binary's again: the queue on one "
                "word is what moves them. ")
-            + "Appendix F times the ticket binary on the static order with the clock off, "
-            "against the plain binary, at lengths where the K/V fit in the L2 too.")
+            + "Appendix F compares the binaries' machine code as they were compiled: at one "
+            "head the plain binary spills registers and the ticket-taking one does not, and "
+            "against the plain code compiled without spills the tickets (clock off) move "
+            "neither the bytes nor the time (its `binary_spills` section).")
 
 
 def section(study) -> Section:

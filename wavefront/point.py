@@ -279,6 +279,9 @@ LEVER_BY_NAME = {lever.name: lever for lever in LEVERS}
 NO_LEVER_VALUES = (None,) * len(LEVERS)
 # The levers' defaults by name, in declaration order (the public call's positional order).
 KERNEL_LEVERS = {lever.name: lever.default for lever in LEVERS}
+# whose counter the RECORD_ORDER binary's tickets come from (`kernel.attention._take_ticket`):
+# one shared by the launch, or one per CTA
+ORDER_COUNTERS = ("shared", "per_cta")
 
 
 def lever_values(levers: dict) -> tuple:

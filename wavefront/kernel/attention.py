@@ -194,10 +194,6 @@ def _store_normalised(Out, Lse, acc, row_max, row_sum, batch, head, q_tile,
         ct.store(Lse, index=(batch, head, q_tile), tile=lse.reshape((1, 1, TILE_M)))
 
 
-# whose counter RECORD_ORDER's tickets come from: one shared by the launch, or one per CTA
-ORDER_COUNTERS = ("shared", "per_cta")
-
-
 def _take_ticket(Order, Work, slot):
     """Order[slot] = the next value of a ticket counter: where this event falls in the launch's
     interleaving. The counter is never reset, so back-to-back launches need no memset; the

@@ -44,7 +44,6 @@ from wavefront.kernel.attention import (
     COMBINE_PARAMS,
     COMBINE_TILE_M,
     LOG2_E,
-    ORDER_COUNTERS,
     KernelVariant,
     combine_partials,
     flash_attention_fwd,
@@ -61,7 +60,7 @@ from wavefront.kernel.streams import (
     _stream_handle,
     _waited_on_in_graphs,
 )
-from wavefront.point import KERNEL_LEVERS, check_levers, plan
+from wavefront.point import KERNEL_LEVERS, ORDER_COUNTERS, check_levers, plan
 from wavefront.schedules import WORK_COLUMNS, Launch
 
 

@@ -372,7 +372,7 @@ def profile_command(points, *, repeats: int, out_dir, record_order: bool | str =
     """The `wavefront profile` command line that profiles `points` (Points forming one grid of
     lengths x schedules, every other field shared and passed as an option here), `repeats`
     launches each, into `out_dir`; `record_order`: the ticket-taking binary (True, or its
-    counters by name: `kernel.attention.ORDER_COUNTERS`); `free_shapes`: the binary compiled
+    counters by name: `point.ORDER_COUNTERS`); `free_shapes`: the binary compiled
     without the JIT's size-1 shape constants."""
     from wavefront.point import Point
     points = list(points)

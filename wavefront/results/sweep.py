@@ -42,7 +42,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from wavefront.point import MAX_POINT_SEQLEN, PARAMS, GpuShape, Point
+from wavefront.point import MAX_POINT_SEQLEN, ORDER_COUNTERS, PARAMS, GpuShape, Point
 from wavefront.results.measurement import METRIC_SETS, Measurement
 from wavefront.results.progress import Progress
 from wavefront.results.store import (
@@ -197,7 +197,6 @@ def parse_spec(text: str, source: str = "spec") -> SweepSpec:
                          f"{metric_set!r}")
     record_order = raw.get("record_order", False)
     if not isinstance(record_order, bool):
-        from wavefront.kernel.attention import ORDER_COUNTERS
         if record_order not in ORDER_COUNTERS:
             raise ValueError(f"{source}: record_order must be true, false or one of "
                              f"{ORDER_COUNTERS}, got {record_order!r}")
