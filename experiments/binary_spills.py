@@ -1,8 +1,7 @@
 """Does the static order lose its time at one long head to its binary's register spills?
 
 At one head (B1 H1 D128 bf16, 128x64 tiles, two CTAs per SM) the static persistent order ran
-about 10% slower than the dynamic order and than itself on the ticket-taking binary, at every
-length, also where the K and V fit in the L2 and every binary reads the same bytes
+slower than the dynamic order and than itself on the ticket-taking binary, at every length, also where the K and V fit in the L2 and every binary reads the same bytes
 (`cta_convoy`). cuTile's JIT compiles each launch for a signature derived from its arguments,
 and bakes a dimension of size 1 (one head, a batch of one) into it as a constant. Read from
 the binaries the JIT compiled there, the plain static binary spills registers to local memory
@@ -112,7 +111,8 @@ def measure(out_dir) -> int:
                 runs = _binaries(point, SEED + 1)
                 for (code, sig), (prepared, addresses, (q, k, v, o), launcher) in runs.items():
                     o.fill(cupy.nan)
-                    assert prepared.launch(stream.ptr, addresses)
+                    if not prepared.launch(stream.ptr, addresses):
+                        raise RuntimeError(f"{code}, {sig}: the launch was refused")
                     stream.synchronize()
                     err = output_error(point, q, k, v, o, point.launch(dev).problem.tile_m)
                     write({"kind": "check", "seqlen": seqlen, "code": code, "signature": sig,
@@ -127,7 +127,8 @@ def measure(out_dir) -> int:
                             prepared, addresses, *_ = runs[names[i]]
                             t0, t1 = cupy.cuda.Event(), cupy.cuda.Event()
                             t0.record(stream)
-                            prepared.launch(stream.ptr, addresses)
+                            if not prepared.launch(stream.ptr, addresses):
+                                raise RuntimeError(f"{names[i]}: the launch was refused")
                             t1.record(stream)
                             t1.synchronize()
                             write({"kind": "round", "seqlen": seqlen, "round": r,
@@ -299,13 +300,15 @@ def _verdict(follows: bool, bytes_follow: bool) -> str:
 
 
 def section(study) -> Section:
+    from wavefront.results.measurement import CORRECTNESS_TOLERANCE
     s = Section()
     t, c = table(study), census(study)
     if t.empty:
         s.text = "## Register spills of one head\n\nNo run is in `data/binary_spills` yet."
         return s
     s.claim("Every binary's output is within the float32 reference's tolerance "
-            f"(largest relative error {t['error'].max():.2g})", bool(t["error"].max() < 2e-2),
+            f"(largest relative error {t['error'].max():.2g})",
+            bool(t["error"].max() < CORRECTNESS_TOLERANCE),
             t[["launch", "binary", "error"]].round(5).to_dict("records"))
     for (gpu, launch), g in t.groupby(["GPU", "launch"], sort=False):
         spilled, clean = g[g["spills"] > 0], g[g["spills"] == 0]
@@ -353,8 +356,8 @@ def section(study) -> Section:
                 + ("against a binary with the same spills the tickets move neither the bytes "
                    "nor the time beyond 1%" if quiet else
                    "the tickets still move the bytes or the time"), True, check)
-    follows = all(((g["spills"] > 0) == (g["speed"] < 1.03)).all() for _, g in t.groupby(
-        ["GPU", "launch"]))
+    follows = all((np.where(g["spills"] > 0, (g["speed"] - 1).abs() < 0.03,
+                            g["speed"] > 1.03)).all() for _, g in t.groupby(["GPU", "launch"]))
     s.claim("At both lengths every binary that spills runs within 3% of the plain JIT binary "
             "and every one that does not runs more than 3% faster, whichever its code",
             bool(follows), t[["launch", "binary", "spills", "speed"]].round(4).to_dict("records"))
@@ -395,8 +398,8 @@ D128, static persistent (local loads plus stores in the SASS):
 """
     s.text = f"""## Register spills of one head: the time follows the spills, not the code
 
-At one head the static persistent order ran about 10% slower than the dynamic order and than
-itself on the ticket-taking binary, at every length, the control included (`cta_convoy`).
+At one head the static persistent order ran slower than the dynamic order and than itself on
+the ticket-taking binary, at every length, the control included (`cta_convoy`).
 cuTile's JIT compiles a launch for a signature that bakes in its arguments' dimensions of size
 1; at one head the plain binary compiled so spills registers to local memory inside its K/V
 loop. Each of the plain and the ticket-taking code, compiled for the JIT's signature and for

@@ -239,6 +239,8 @@ class AttentionLauncher:
         `free_shapes`, one compiled without the shapes the JIT bakes in of q, k, v and out (a
         batch or head count of 1): an experiment's handle on the binary itself (`.cubin`).
         The launcher's own launches are not changed."""
+        if self._table_built is not None:  # its launches do not wait for the table: be built
+            self._table_built.synchronize()
         return PreparedLaunch(self.kernel, flash_attention_fwd.__name__,
                               (q, k, v, out, self._lse_argument) + self._bound_args,
                               len(PER_CALL_PARAMS), self.grid, self.view.device,

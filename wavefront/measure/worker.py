@@ -53,6 +53,9 @@ def _launch_for_counters(task: dict) -> int:
     stream = current_stream("cupy")
     launch = launcher
     if task.get("free_shapes"):
+        if launcher.tiled or launcher.launch.varlen:
+            raise ValueError("free_shapes: a tiled or packed launch runs more than the one "
+                             "prepared kernel; expected a schedule that is neither")
         # the binary without the JIT's size-1 shape constants, launched as it was compiled
         prepared = launcher.prepared_for(q, k, v, out, free_shapes=True)
         addresses = launcher.addresses(q, k, v, out)
