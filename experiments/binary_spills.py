@@ -1,9 +1,10 @@
 """Does the static order lose its time at one long head to its binary's register spills?
 
 At one head (B1 H1 D128 bf16, 128x64 tiles, two CTAs per SM) the static persistent order ran
-slower than the dynamic order and than itself on the ticket-taking binary, at every length, also where the K and V fit in the L2 and every binary reads the same bytes
-(`cta_convoy`). cuTile's JIT compiles each launch for a signature derived from its arguments,
-and bakes a dimension of size 1 (one head, a batch of one) into it as a constant. Read from
+slower than the dynamic order and than itself on the ticket-taking binary, at every length,
+also where the K and V fit in the L2 and every binary reads the same bytes (`cta_convoy`).
+cuTile's JIT compiles each launch for a signature derived from its arguments, and bakes a
+dimension of size 1 (one head, a batch of one) into it as a constant. Read from
 the binaries the JIT compiled there, the plain static binary spills registers to local memory
 inside its K/V loop and the ticket-taking one does not. The test: each binary compiled twice,
 for the JIT's signature and for the same signature with q, k, v and out's shapes left free
