@@ -201,9 +201,8 @@ def _take_ticket(Order, Work, slot):
 
     Which counter: Order[0], shared by every CTA, unless the word after the tickets (Order[1
     + 2 x table rows], the launcher's `order_counters="per_cta"`) is 1; then each CTA counts
-    on a word of its own after it. One shared word queues every CTA's tickets at one L2
-    slice; a word per CTA queues none, with the same instructions (the flag is read, not
-    compiled in), so the two can be compared on one binary.
+    on a word of its own after it (adjacent words: CTAs still share cache lines and L2
+    slices, never a word). The flag is read, not compiled in, so the two are one binary.
 
     Relaxed: a ticket needs atomicity, not ordering. The default acquire-release order made each
     item wait for the previous item's stores, measured up to 6x slower (causal, one CTA per SM)
