@@ -28,7 +28,7 @@ import seaborn as sns
 
 from wavefront.report.draft import Section, md_table, span
 from wavefront.report.experiments import run_as_script
-from wavefront.report.exposure import records
+from wavefront.report.exposure import measured
 
 DATASETS = ()
 RECORDS = ("binary_spills",)
@@ -115,7 +115,7 @@ def measure(out_dir) -> int:
                     if not prepared.launch(stream.ptr, addresses):
                         raise RuntimeError(f"{code}, {sig}: the launch was refused")
                     stream.synchronize()
-                    err = output_error(point, q, k, v, o, point.launch(dev).problem.tile_m)
+                    err = output_error(point, q, k, v, o, launcher.launch.problem.tile_m)
                     write({"kind": "check", "seqlen": seqlen, "code": code, "signature": sig,
                            "error_vs_float32": err, **_spills(prepared)})
                     if not err < CORRECTNESS_TOLERANCE:
@@ -145,34 +145,22 @@ def measure(out_dir) -> int:
 def _profile(write) -> int:
     """Nsight Compute's DRAM reads of every binary at NCU_LAUNCH, NCU_ROUNDS rounds, the
     binaries' order reversed from round to round. -> failures."""
-    from wavefront.measure.profiling import ProfilerError, profile_in_process
+    from wavefront.measure.profiling import profile_records
     failures = 0
     binaries = [(code, sig) for code in CODES for sig in SIGNATURES]
     for r in range(NCU_ROUNDS):
         for code, sig in binaries if r % 2 == 0 else binaries[::-1]:
-            row = {"kind": "ncu", "seqlen": NCU_LAUNCH, "code": code, "signature": sig,
-                   "repeat": r}
-            try:
-                got = profile_in_process([_point(NCU_LAUNCH)], repeats=1,
-                                         record_order=CODES[code],
-                                         free_shapes=sig == "free shapes")
-            except ProfilerError as exc:
-                failures += 1
-                write({**row, "error": str(exc)})
-                continue
-            for g in got:
-                write({**row, "status": g.get("status"),
-                       "dram_read_bytes": g.get("dram_read_bytes"),
-                       "ncu_duration_ns": g.get("ncu_duration_ns")})
+            failures += profile_records(
+                write, [_point(NCU_LAUNCH)], {"kind": "ncu", "seqlen": NCU_LAUNCH, "code": code,
+                                              "signature": sig, "repeat": r},
+                repeats=1, record_order=CODES[code], free_shapes=sig == "free shapes")
     return failures
 
 
 # ---- analysis (anywhere) ----------------------------------------------------------------------
 
 def _records(study, kind: str) -> pd.DataFrame:
-    d = records(study, "binary_spills", with_run=True)
-    d = d[d["kind"] == kind]
-    d = d[d["error"].isna()] if "error" in d else d
+    d = measured(study, "binary_spills", kind)
     return d.assign(binary=d["code"] + ", " + d["signature"])
 
 

@@ -26,7 +26,7 @@ import seaborn as sns
 
 from wavefront.report.draft import Section, md_table, span
 from wavefront.report.experiments import run_as_script
-from wavefront.report.exposure import interval_text, paired, records
+from wavefront.report.exposure import interval_text, measured, paired
 
 DATASETS = ()
 RECORDS = ("cta_convoy",)
@@ -95,27 +95,19 @@ def measure(out_dir) -> int:
 def _profile(write) -> int:
     """Nsight Compute's DRAM reads of every launch (`wavefront profile`, cold L2): one call per
     mask and binary, its orders and lengths interleaved by the sweep."""
-    from wavefront.measure.profiling import ProfilerError, profile_in_process
+    from wavefront.measure.profiling import profile_records
     failures = 0
     pts = points()
     groups = ((False, SEQLENS, ORDERS, None), (True, (131072,), CAUSAL_ORDERS, None),
               *((False, SEQLENS, ("persistent",), b) for b in TICKET_BINARIES))
     for causal, seqlens, orders, binary in groups:
-        try:
-            rows = profile_in_process([pts[_name(s, causal, o)] for s in seqlens for o in orders],
-                                      repeats=NCU_REPEATS,
-                                      record_order=TICKET_BINARIES.get(binary, False))
-        except ProfilerError as exc:
-            failures += 1
-            write({"kind": "ncu", "causal": causal, "binary": binary, "error": str(exc)})
-            continue
-        for row in rows:
-            write({"kind": "ncu", "point": _name(int(row["seqlen"]), causal,
-                                                 binary or row["cta_schedule"]),
-                   "repeat": row.get("repeat"), "status": row.get("status"),
-                   "dram_read_bytes": row.get("dram_read_bytes"),
-                   "compulsory_read_bytes": row.get("compulsory_read_bytes"),
-                   "ncu_duration_ns": row.get("ncu_duration_ns")})
+        failures += profile_records(
+            write, [pts[_name(s, causal, o)] for s in seqlens for o in orders],
+            {"kind": "ncu", "causal": causal, "binary": binary}, repeats=NCU_REPEATS,
+            record_order=TICKET_BINARIES.get(binary, False),
+            row_fields=lambda row, causal=causal, binary=binary: {
+                "point": _name(int(row["seqlen"]), causal, binary or row["cta_schedule"]),
+                "repeat": row.get("repeat")})
     return failures
 
 
@@ -123,11 +115,9 @@ def _profile(write) -> int:
 
 def _records(study, kind: str) -> pd.DataFrame:
     """One kind of record of every run, each round named by its run (rounds pair within one)."""
-    d = records(study, "cta_convoy", with_run=True)
+    d = measured(study, "cta_convoy", kind)
     if "round" in d:
-        d["round"] = d["run"] + ":" + d["round"].astype("Int64").astype(str)
-    d = d[d["kind"] == kind]
-    d = d[d["error"].isna()] if "error" in d else d
+        d = d.assign(round=d["run"] + ":" + d["round"].astype("Int64").astype(str))
     if kind == "ncu":
         d = d[d["status"] == "ok"]
     parts = d["point"].str.split("|", expand=True)

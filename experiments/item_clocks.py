@@ -29,7 +29,7 @@ import seaborn as sns
 
 from wavefront.report.draft import Section, md_table, span
 from wavefront.report.experiments import run_as_script
-from wavefront.report.exposure import records
+from wavefront.report.exposure import measured
 
 DATASETS = ()
 RECORDS = ("item_clocks",)
@@ -130,34 +130,21 @@ def _profile(write) -> int:
     each, the binaries' order reversed from round to round; the clock itself cannot run under
     ncu (it serialises the host's copies behind the launch), so the clocked binary's tickets
     count. Each row is written as a record."""
-    from wavefront.measure.profiling import ProfilerError, profile_in_process
+    from wavefront.measure.profiling import profile_records
     failures = 0
     for name, p in points().items():
         for r in range(NCU_ROUNDS):
             for binary in BINARIES if r % 2 == 0 else BINARIES[::-1]:
-                try:
-                    rows = profile_in_process([p], repeats=1,
-                                              record_order=COUNTERS.get(binary, False))
-                except ProfilerError as exc:
-                    failures += 1
-                    write({"kind": "ncu", "point": name, "binary": binary, "repeat": r,
-                           "error": str(exc)})
-                    continue
-                for row in rows:
-                    write({"kind": "ncu", "point": name, "binary": binary, "repeat": r,
-                           "status": row.get("status"),
-                           "dram_read_bytes": row.get("dram_read_bytes"),
-                           "ncu_duration_ns": row.get("ncu_duration_ns")})
+                failures += profile_records(
+                    write, [p], {"kind": "ncu", "point": name, "binary": binary, "repeat": r},
+                    repeats=1, record_order=COUNTERS.get(binary, False))
     return failures
 
 
 # ---- analysis (anywhere) ----------------------------------------------------------------------
 
 def _records(study, kind: str) -> pd.DataFrame:
-    """The `kind` records of every run that did not fail, with the run each came from."""
-    d = records(study, "item_clocks", with_run=True)
-    d = d[d["kind"] == kind]
-    return d[d["error"].isna()] if "error" in d else d
+    return measured(study, "item_clocks", kind)
 
 
 def _clocks(study, counters: str = "shared") -> pd.DataFrame:

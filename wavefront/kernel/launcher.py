@@ -134,9 +134,11 @@ class AttentionLauncher:
         if record_order:
             flag = 1 + 2 * items
             own = _owned(q_view, flag + 1 + self.grid[0], "int32", zeroed=True)
-            own[flag:flag + 1] = int(self.order_counters == "per_cta")
             import cupy
-            cupy.cuda.Device(q_view.device).synchronize()  # a launch on any stream reads it
+            device = cupy.cuda.Device(q_view.device)
+            with device:
+                own[flag:flag + 1] = int(self.order_counters == "per_cta")
+            device.synchronize()  # a launch on any stream reads it
             order = _described(own, "int32")
         else:
             order = _stand_in(q_view, "Order", (1,), "int32")

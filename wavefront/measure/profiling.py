@@ -418,3 +418,24 @@ def profile_in_process(points, *, repeats: int, record_order: bool | str = False
         if run.returncode or not results.exists():
             raise ProfilerError((run.stderr or run.stdout)[-300:])
         return pd.read_csv(results).to_dict("records")
+
+
+# What an experiment keeps of each profiled launch (`profile_records`)
+RECORDED_COUNTERS = ("status", "dram_read_bytes", "compulsory_read_bytes", "ncu_duration_ns")
+
+
+def profile_records(write, points, base: dict, *, repeats: int, row_fields=None,
+                    record_order: bool | str = False, free_shapes: bool = False) -> int:
+    """`profile_in_process`, each results row written (`write`) as one record: `base`, what
+    `row_fields(row)` adds (if given) and the row's RECORDED_COUNTERS. A profile that failed is
+    one record, `base` with its error, and the caller goes on. -> failures (0 or 1)."""
+    try:
+        rows = profile_in_process(points, repeats=repeats, record_order=record_order,
+                                  free_shapes=free_shapes)
+    except ProfilerError as exc:
+        write({**base, "error": str(exc)})
+        return 1
+    for row in rows:
+        write({**base, **(row_fields(row) if row_fields else {}),
+               **{name: row.get(name) for name in RECORDED_COUNTERS}})
+    return 0

@@ -32,6 +32,14 @@ def records(study, dataset: str, pattern: str = "*.jsonl", kind=EXPOSURE_RECORDS
     return frame
 
 
+def measured(study, dataset: str, kind: str) -> pd.DataFrame:
+    """The records of data/<dataset>/ whose `kind` field is `kind` and that did not fail
+    (no error), each with the run it came from (`records(with_run=True)`)."""
+    d = records(study, dataset, with_run=True)
+    d = d[d["kind"] == kind]
+    return d[d["error"].isna()] if "error" in d else d
+
+
 def _same_state(a: pd.Series, b: pd.Series) -> bool:
     if bool(a.get("throttled")) != bool(b.get("throttled")):
         return False
