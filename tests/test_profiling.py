@@ -264,3 +264,25 @@ def test_the_profile_command_profiles_a_grid_and_refuses_what_it_cannot_pass(tmp
         profile_command(grid[:3], repeats=1, out_dir=tmp_path)
     with pytest.raises(ValueError, match="points: only batch"):
         profile_command([grid[0].replace(kv_heads=1)], repeats=1, out_dir=tmp_path)
+
+
+def test_profile_records_writes_each_row_and_a_failed_profile_once(monkeypatch):
+    """`profile_records`: each results row becomes `base` + the row's fields + its counters; a
+    profile that fails is one record with its error, counted as a failure."""
+    from wavefront.measure import profiling
+    rows = [{"seqlen": 1024, "status": "ok", "dram_read_bytes": 5.0, "ncu_duration_ns": 7.0,
+             "compulsory_read_bytes": 4.0, "other": 1}]
+    monkeypatch.setattr(profiling, "profile_in_process", lambda points, **kw: rows)
+    written = []
+    assert profiling.profile_records(written.append, [], {"kind": "ncu"}, repeats=1,
+                                     row_fields=lambda r: {"n": r["seqlen"]}) == 0
+    assert written == [{"kind": "ncu", "n": 1024, "status": "ok", "dram_read_bytes": 5.0,
+                        "compulsory_read_bytes": 4.0, "ncu_duration_ns": 7.0}]
+
+    def fails(points, **kw):
+        raise profiling.ProfilerError("ncu died")
+    monkeypatch.setattr(profiling, "profile_in_process", fails)
+    written.clear()
+    assert profiling.profile_records(written.append, [], {"kind": "ncu", "repeat": 2},
+                                     repeats=1) == 1
+    assert written == [{"kind": "ncu", "repeat": 2, "error": "ncu died"}]
